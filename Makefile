@@ -1,0 +1,195 @@
+# radiance: GNU make build.
+#
+#   make                     CPU-only daemon, client library, radiancectl
+#   make check               build and run every test (installs missing Debian packages)
+#   make check SAN=address,undefined   the same under sanitizers (separate build dir)
+#   make demo                the main job on the CPU backend and the shipped checkpoint
+#   make GPU=cuda | GPU=hip  add the GPU backend (nvcc for sm_90a / hipcc for gfx1201)
+#   make install PREFIX=/usr DESTDIR=...
+#
+# Every directory's sources are picked up by wildcard: one file, one responsibility.
+
+VERSION    := 0.1.0
+PREFIX     ?= /usr/local
+BINDIR     ?= $(PREFIX)/bin
+SBINDIR    ?= $(PREFIX)/sbin
+LIBDIR     ?= $(PREFIX)/lib
+INCLUDEDIR ?= $(PREFIX)/include
+SYSCONFDIR ?= /etc
+UNITDIR    ?= $(PREFIX)/lib/systemd/system
+SYSUSERSDIR?= $(PREFIX)/lib/sysusers.d
+TMPFILESDIR?= $(PREFIX)/lib/tmpfiles.d
+
+GPU ?=
+SAN ?=
+STATIC_DEPS ?= 0
+
+ifneq ($(SAN),)
+BUILD ?= build-san
+SANFLAGS := -fsanitize=$(SAN) -fno-omit-frame-pointer -fno-sanitize-recover=all
+else ifneq ($(GPU),)
+BUILD ?= build-$(GPU)
+else
+BUILD ?= build
+endif
+
+CC      ?= cc
+CFLAGS  ?= -O2 -g
+WARN    := -Wall -Wextra -Werror -Wno-unused-parameter
+INC     := -Icommon -Iproto -Ikernels -Idaemon -Iclient -I$(BUILD)/gen
+DEFS    := -D_GNU_SOURCE -DRADIANCE_VERSION=\"$(VERSION)\"
+ALLCFLAGS = -std=c11 $(WARN) $(INC) $(DEFS) -fPIC $(SANFLAGS) $(CFLAGS) $(GPU_DEFS)
+
+# Libraries found through pkg-config. STATIC_DEPS=1 links libuv, protobuf-c,
+# jansson and inih statically (for hosts without them, such as the H200 host).
+PKGS := libuv libprotobuf-c jansson inih libsystemd
+PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+ifeq ($(STATIC_DEPS),1)
+LIBDIR_SYS := $(shell pkg-config --variable=libdir libuv 2>/dev/null)
+DEP_LIBS := $(LIBDIR_SYS)/libuv_a.a $(LIBDIR_SYS)/libprotobuf-c.a $(LIBDIR_SYS)/libjansson.a \
+            $(LIBDIR_SYS)/libinih.a -lsystemd -lpthread -ldl -lm
+else
+DEP_LIBS := $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lpthread -lm
+endif
+ALLCFLAGS += $(PKG_CFLAGS)
+
+# GPU backend: kernels/*.hip built by nvcc (as CUDA) or hipcc.
+GPU_OBJS :=
+GPU_LIBS :=
+GPU_DEFS :=
+ifeq ($(GPU),cuda)
+NVCC      ?= nvcc
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(shell command -v $(NVCC)))
+CUDA_ARCH ?= sm_90a
+GPU_DEFS  := -DRADIANCE_GPU=1 -DRADIANCE_GPU_CUDA=1 -I$(CUDA_HOME)/include
+GPU_LIBS  := -L$(CUDA_HOME)/lib64 -lcudart_static -lcublas_static -lcublasLt_static -lculibos -lrt -ldl -lstdc++
+else ifeq ($(GPU),hip)
+HIPCC     ?= $(firstword $(wildcard /opt/rocm/bin/hipcc) hipcc)
+HIP_ARCH  ?= gfx1201
+ROCM_PATH ?= /opt/rocm
+GPU_DEFS  := -DRADIANCE_GPU=1 -DRADIANCE_GPU_HIP=1 -D__HIP_PLATFORM_AMD__ -I$(ROCM_PATH)/include
+GPU_LIBS  := -L$(ROCM_PATH)/lib -lamdhip64 -lhipblaslt -lstdc++
+endif
+
+PROTO_C  := $(BUILD)/gen/radiance.pb-c.c
+PROTO_H  := $(BUILD)/gen/radiance.pb-c.h
+
+COMMON_SRC := $(wildcard common/*.c)
+CORE_SRC   := $(wildcard kernels/*.c) $(filter-out daemon/main.c,$(wildcard daemon/*.c))
+CLIENT_SRC := $(filter-out client/radiancectl.c,$(wildcard client/*.c))
+TEST_SRC   := $(wildcard tests/test_*.c)
+HIP_SRC    := $(wildcard kernels/*.hip)
+
+obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(1))
+
+COMMON_OBJ := $(call obj,$(COMMON_SRC)) $(BUILD)/obj/gen/radiance.pb-c.o
+CORE_OBJ   := $(call obj,$(CORE_SRC))
+CLIENT_OBJ := $(call obj,$(CLIENT_SRC))
+TEST_BIN   := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
+
+ifneq ($(GPU),)
+GPU_OBJS := $(patsubst kernels/%.hip,$(BUILD)/obj/kernels/%.gpu.o,$(HIP_SRC))
+endif
+
+LIB_COMMON := $(BUILD)/libradiance-common.a
+LIB_CORE   := $(BUILD)/libradiance-core.a
+LIB_CLIENT_A  := $(BUILD)/libradiance.a
+LIB_CLIENT_SO := $(BUILD)/libradiance.so.0
+RADIANCED  := $(BUILD)/radianced
+RADIANCECTL:= $(BUILD)/radiancectl
+EXTRA_BIN  := $(patsubst %.c,$(BUILD)/%,$(wildcard bench/*.c tools/*.c examples/*.c))
+
+.PHONY: all deps check demo install clean gpu-check-code
+all: $(RADIANCED) $(RADIANCECTL) $(LIB_CLIENT_A) $(LIB_CLIENT_SO) $(BUILD)/radiance.pc $(TEST_BIN) $(EXTRA_BIN)
+
+$(PROTO_C) $(PROTO_H): proto/radiance.proto
+	@mkdir -p $(BUILD)/gen
+	protoc-c --proto_path=proto --c_out=$(BUILD)/gen $<
+
+$(BUILD)/obj/gen/radiance.pb-c.o: $(PROTO_C)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALLCFLAGS) -Wno-error -c $< -o $@
+
+$(BUILD)/obj/%.o: %.c $(PROTO_H)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALLCFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/obj/kernels/%.gpu.o: kernels/%.hip $(wildcard kernels/*.h)
+	@mkdir -p $(dir $@)
+ifeq ($(GPU),cuda)
+	$(NVCC) -x cu -std=c++17 -O3 -arch=$(CUDA_ARCH) -Xcompiler -fPIC -Ikernels -Idaemon -DRADIANCE_GPU_CUDA=1 -c $< -o $@
+else
+	$(HIPCC) -x hip -std=c++17 -O3 --offload-arch=$(HIP_ARCH) -fPIC -Ikernels -Idaemon -c $< -o $@
+endif
+
+$(LIB_COMMON): $(COMMON_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(LIB_CORE): $(CORE_OBJ) $(GPU_OBJS)
+	@rm -f $@
+	ar rcs $@ $^
+
+LINK_CORE = $(LIB_CORE) $(LIB_COMMON) $(DEP_LIBS) $(GPU_LIBS)
+
+$(RADIANCED): $(BUILD)/obj/daemon/main.o $(LIB_CORE) $(LIB_COMMON)
+	$(CC) $(SANFLAGS) -o $@ $< $(LINK_CORE)
+
+# The client library exports radiance_* only (client/libradiance.sym).
+$(LIB_CLIENT_A): $(CLIENT_OBJ) $(COMMON_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(LIB_CLIENT_SO): $(CLIENT_OBJ) $(LIB_COMMON) client/libradiance.sym
+	$(CC) $(SANFLAGS) -shared -Wl,-soname,libradiance.so.0 -Wl,--version-script=client/libradiance.sym \
+		-o $@ $(CLIENT_OBJ) $(LIB_COMMON) $(DEP_LIBS)
+	ln -sf libradiance.so.0 $(BUILD)/libradiance.so
+
+$(RADIANCECTL): $(BUILD)/obj/client/radiancectl.o $(LIB_CLIENT_A)
+	$(CC) $(SANFLAGS) -o $@ $< $(LIB_CLIENT_A) $(DEP_LIBS)
+
+$(BUILD)/radiance.pc: client/radiance.pc.in
+	sed -e 's|@PREFIX@|$(PREFIX)|; s|@LIBDIR@|$(LIBDIR)|; s|@INCLUDEDIR@|$(INCLUDEDIR)|; s|@VERSION@|$(VERSION)|' $< > $@
+
+# Tests link everything (core, client, common) plus cmocka.
+$(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(LIB_CORE) $(LIB_CLIENT_A) $(LIB_COMMON)
+	@mkdir -p $(dir $@)
+	$(CC) $(SANFLAGS) -o $@ $< $(LIB_CORE) $(LIB_CLIENT_A) $(LIB_COMMON) -lcmocka $(DEP_LIBS) $(GPU_LIBS)
+
+$(EXTRA_BIN): $(BUILD)/%: $(BUILD)/obj/%.o $(LIB_CORE) $(LIB_CLIENT_A) $(LIB_COMMON)
+	@mkdir -p $(dir $@)
+	$(CC) $(SANFLAGS) -o $@ $< $(LIB_CORE) $(LIB_CLIENT_A) $(LIB_COMMON) $(DEP_LIBS) $(GPU_LIBS)
+
+deps:
+	@sh tools/install-deps.sh
+
+check: deps
+	$(MAKE) all
+	@BUILD=$(BUILD) sh tests/run.sh
+
+demo: deps
+	$(MAKE) all
+	@BUILD=$(BUILD) sh tools/demo.sh
+
+install: all
+	install -d $(DESTDIR)$(SBINDIR) $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR)/pkgconfig \
+		$(DESTDIR)$(INCLUDEDIR) $(DESTDIR)$(UNITDIR) $(DESTDIR)$(SYSUSERSDIR) \
+		$(DESTDIR)$(TMPFILESDIR) $(DESTDIR)$(SYSCONFDIR)/radiance
+	install -m 0755 $(RADIANCED) $(DESTDIR)$(SBINDIR)/radianced
+	install -m 0755 $(RADIANCECTL) $(DESTDIR)$(BINDIR)/radiancectl
+	install -m 0644 $(LIB_CLIENT_A) $(DESTDIR)$(LIBDIR)/libradiance.a
+	install -m 0755 $(LIB_CLIENT_SO) $(DESTDIR)$(LIBDIR)/libradiance.so.0
+	ln -sf libradiance.so.0 $(DESTDIR)$(LIBDIR)/libradiance.so
+	install -m 0644 client/radiance.h $(DESTDIR)$(INCLUDEDIR)/radiance.h
+	install -m 0644 $(BUILD)/radiance.pc $(DESTDIR)$(LIBDIR)/pkgconfig/radiance.pc
+	sed 's|@SBINDIR@|$(SBINDIR)|' systemd/radianced.service > $(DESTDIR)$(UNITDIR)/radianced.service
+	install -m 0644 systemd/radianced.socket $(DESTDIR)$(UNITDIR)/radianced.socket
+	install -m 0644 systemd/radiance.sysusers $(DESTDIR)$(SYSUSERSDIR)/radiance.conf
+	install -m 0644 systemd/radiance.tmpfiles $(DESTDIR)$(TMPFILESDIR)/radiance.conf
+	test -e $(DESTDIR)$(SYSCONFDIR)/radiance/radianced.conf || \
+		install -m 0644 systemd/radianced.conf $(DESTDIR)$(SYSCONFDIR)/radiance/radianced.conf
+
+clean:
+	rm -rf build build-*
+
+-include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

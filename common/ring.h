@@ -1,0 +1,56 @@
+/*
+ * The SQ/CQ rings of proto/shm.h, one side's view. Shared by daemon and
+ * client. A struct radiance_ring holds the producer's or consumer's PRIVATE
+ * copies of the geometry (entries, slot base), taken when the segment was set
+ * up, never re-read from shared memory: the peer can scribble over the
+ * header at any time.
+ *
+ * Thread safety: one producer thread and one consumer thread per ring.
+ */
+#ifndef RADIANCE_RING_H
+#define RADIANCE_RING_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "shm.h"
+
+struct radiance_ring {
+	struct radiance_shm_ring *ctl;   /* head/tail/sleeping words in shared memory */
+	uint8_t *slots;                  /* entries * RADIANCE_SLOT_BYTES */
+	uint32_t entries;                /* private copy; power of two */
+	uint32_t mask;
+	uint32_t local;                  /* producer: our tail; consumer: our head */
+};
+
+void radiance_ring_init(struct radiance_ring *r, struct radiance_shm_ring *ctl, uint8_t *slots,
+			uint32_t entries);
+
+/* Producer: copy a payload of len bytes (1..RADIANCE_SLOT_BYTES-4) into the
+ * next slot and publish it. 0, -EAGAIN when full, -EMSGSIZE when too long.
+ * Does not ring the doorbell: call radiance_ring_needs_wakeup() after. */
+int radiance_ring_push(struct radiance_ring *r, const void *payload, size_t len);
+
+/* Consumer: copy the next slot's payload out of shared memory into buf
+ * (RADIANCE_SLOT_BYTES bytes) and consume it. Returns the payload length
+ * (> 0), 0 when empty, -EPROTO when the peer corrupted the ring (tail ran
+ * more than `entries` ahead of head, or a slot length out of range; the
+ * session is then broken). */
+int radiance_ring_pop(struct radiance_ring *r, void *buf);
+
+/* Consumer: entries available (0 if none); -EPROTO as above. */
+int radiance_ring_ready(struct radiance_ring *r);
+
+/* Consumer: about to sleep. Sets `sleeping`, then re-checks: returns 1 when
+ * it may sleep (still empty), 0 when work arrived (sleeping cleared). */
+int radiance_ring_prepare_sleep(struct radiance_ring *r);
+/* Consumer: woke up; clears `sleeping`. */
+void radiance_ring_end_sleep(struct radiance_ring *r);
+/* Producer, after a push: 1 when the consumer asked to be woken. */
+int radiance_ring_needs_wakeup(struct radiance_ring *r);
+
+/* Doorbell helpers over an eventfd: ring adds 1; drain reads the count. */
+int radiance_doorbell_ring(int efd);
+int radiance_doorbell_drain(int efd);
+
+#endif

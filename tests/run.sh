@@ -1,0 +1,91 @@
+#!/bin/sh
+# radiance test runner: runs every test binary (cmocka), script and Python
+# test, each isolated in its own process, and ends with one summary line
+# "check: N passed, N failed" (counting individual test cases).
+#
+# Env: BUILD (build dir, default build), RADIANCE_TEST_DATA (default tests/data),
+#      TESTS (space-separated subset of names, e.g. "test_ring test_numerics").
+set -u
+BUILD=${BUILD:-build}
+export RADIANCE_TEST_DATA=${RADIANCE_TEST_DATA:-tests/data}
+export RADIANCED=${RADIANCED:-$BUILD/radianced}
+export RADIANCECTL=${RADIANCECTL:-$BUILD/radiancectl}
+export RADIANCE_BUILD=$BUILD
+passed=0
+failed=0
+failed_names=""
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+
+want() {
+	[ -z "${TESTS:-}" ] && return 0
+	for t in $TESTS; do [ "$t" = "$1" ] && return 0; done
+	return 1
+}
+
+count() {   # name rc: add cmocka's per-binary counts, or 1 for a plain test
+	name=$1 rc=$2
+	# cmocka's "[  PASSED  ] N test(s)." or our scripts' "name: N passed, N failed"
+	p=$(sed -n -e 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' \
+		-e 's/^[a-z_-]*: \([0-9]*\) passed, [0-9]* failed.*/\1/p' "$log" | tail -n 1)
+	f=$(sed -n -e 's/^\[  FAILED  \] \([0-9]*\) test.*/\1/p' \
+		-e 's/^[a-z_-]*: [0-9]* passed, \([0-9]*\) failed.*/\1/p' "$log" | tail -n 1)
+	if [ -n "$p" ] || [ -n "$f" ]; then
+		passed=$((passed + ${p:-0}))
+		failed=$((failed + ${f:-0}))
+		# a crash after some passes still fails the binary
+		if [ "$rc" != 0 ] && [ "${f:-0}" = 0 ]; then failed=$((failed + 1)); fi
+	elif [ "$rc" = 0 ]; then
+		passed=$((passed + 1))
+	else
+		failed=$((failed + 1))
+	fi
+	if [ "$rc" != 0 ]; then
+		failed_names="$failed_names $name"
+		echo "FAIL: $name (exit $rc)"
+	fi
+}
+
+for t in "$BUILD"/tests/test_*; do
+	[ -x "$t" ] || continue
+	name=$(basename "$t")
+	want "$name" || continue
+	echo "== $name"
+	"$t" >"$log" 2>&1
+	rc=$?
+	cat "$log"
+	count "$name" $rc
+done
+
+for t in tests/test_*.sh; do
+	[ -f "$t" ] || continue
+	name=$(basename "$t" .sh)
+	want "$name" || continue
+	echo "== $name"
+	sh "$t" >"$log" 2>&1
+	rc=$?
+	cat "$log"
+	count "$name" $rc
+done
+
+# Python tests check our numerics against independent implementations
+# (ml_dtypes, numpy) from PyPI, in a venv of their own.
+if ls tests/test_*.py >/dev/null 2>&1; then
+	venv=$BUILD/pyenv
+	if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import numpy, ml_dtypes' 2>/dev/null; then
+		python3 -m venv "$venv" && "$venv/bin/pip" install -q numpy ml_dtypes
+	fi
+	for t in tests/test_*.py; do
+		name=$(basename "$t" .py)
+		want "$name" || continue
+		echo "== $name"
+		"$venv/bin/python" "$t" >"$log" 2>&1
+		rc=$?
+		cat "$log"
+		count "$name" $rc
+	done
+fi
+
+[ -n "$failed_names" ] && echo "failed:$failed_names"
+echo "check: $passed passed, $failed failed"
+[ "$failed" = 0 ]

@@ -1,0 +1,23 @@
+#!/bin/sh
+# Install the Debian packages radiance builds and tests with, if any is missing.
+# Runs as root on Debian 12 (apt-get); as another user it prints the command.
+set -eu
+PKGS="build-essential pkg-config libuv1-dev libprotobuf-c-dev protobuf-c-compiler
+libjansson-dev libinih-dev libsystemd-dev libcmocka-dev systemd python3 python3-venv"
+# The GPU compile check (CI) also wants clang-19 and the HIP headers.
+if [ "${RADIANCE_DEPS_GPU_CHECK:-0}" = 1 ]; then
+	PKGS="$PKGS clang-19 lld-19 libamdhip64-dev"
+fi
+missing=""
+for p in $PKGS; do
+	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
+done
+[ -z "$missing" ] && exit 0
+echo "radiance: installing missing Debian packages:$missing"
+if [ "$(id -u)" != 0 ]; then
+	echo "radiance: not root; run: apt-get install -y$missing" >&2
+	exit 1
+fi
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends $missing

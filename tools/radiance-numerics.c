@@ -1,0 +1,128 @@
+/*
+ * radiance-numerics: exposes the numerics of kernels/numerics.h to scripts,
+ * so independent implementations (ml_dtypes, numpy) can check them. Reads
+ * little-endian binary on stdin, writes binary on stdout.
+ *
+ *   radiance-numerics e4m3-encode      fp32[n]            -> uint8[n]
+ *   radiance-numerics e4m3-decode      uint8[n]           -> fp32[n]
+ *   radiance-numerics bf16-encode      fp32[n]            -> uint16[n]
+ *   radiance-numerics f16-decode       uint16[n]          -> fp32[n]
+ *   radiance-numerics quant-rows M K   bf16[M][K]         -> fp32 s[M], uint8 codes[M][K]
+ *   radiance-numerics w4a8 M N K       bf16 x[M][K], uint32 qweight[N][K/8],
+ *                                      uint16 scales[N][K/128], fp32 bias[N]
+ *                                                         -> bf16 y[M][N]
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "numerics.h"
+#include "w4a8_cpu.h"
+
+static void *read_all(size_t *len)
+{
+	size_t cap = 1 << 16, n = 0;
+	char *buf = malloc(cap);
+	size_t r;
+	while (buf && (r = fread(buf + n, 1, cap - n, stdin)) > 0) {
+		n += r;
+		if (n == cap) {
+			char *nb = realloc(buf, cap *= 2);
+			if (!nb) {
+				free(buf);
+				return NULL;
+			}
+			buf = nb;
+		}
+	}
+	*len = n;
+	return buf;
+}
+
+static int usage(void)
+{
+	fprintf(stderr, "usage: radiance-numerics e4m3-encode|e4m3-decode|bf16-encode|f16-decode\n"
+			"       radiance-numerics quant-rows M K | w4a8 M N K  (binary stdin -> stdout)\n");
+	return 2;
+}
+
+int main(int argc, char **argv)
+{
+	size_t len;
+	if (argc < 2)
+		return usage();
+	unsigned char *in = read_all(&len);
+	if (!in) {
+		fprintf(stderr, "radiance-numerics: out of memory\n");
+		return 1;
+	}
+	const char *op = argv[1];
+	int rc = 0;
+	if (strcmp(op, "e4m3-encode") == 0) {
+		for (size_t i = 0; i + 4 <= len; i += 4) {
+			float f;
+			memcpy(&f, in + i, 4);
+			putchar(radiance_e4m3_from_f32(f));
+		}
+	} else if (strcmp(op, "e4m3-decode") == 0) {
+		for (size_t i = 0; i < len; i++) {
+			float f = radiance_e4m3_to_f32(in[i]);
+			fwrite(&f, 4, 1, stdout);
+		}
+	} else if (strcmp(op, "bf16-encode") == 0) {
+		for (size_t i = 0; i + 4 <= len; i += 4) {
+			float f;
+			memcpy(&f, in + i, 4);
+			uint16_t h = radiance_bf16_from_f32(f);
+			fwrite(&h, 2, 1, stdout);
+		}
+	} else if (strcmp(op, "f16-decode") == 0) {
+		for (size_t i = 0; i + 2 <= len; i += 2) {
+			uint16_t h;
+			memcpy(&h, in + i, 2);
+			float f = radiance_f16_to_f32(h);
+			fwrite(&f, 4, 1, stdout);
+		}
+	} else if (strcmp(op, "quant-rows") == 0 && argc == 4) {
+		unsigned long m = strtoul(argv[2], NULL, 10), k = strtoul(argv[3], NULL, 10);
+		if (len != m * k * 2) {
+			fprintf(stderr, "radiance-numerics: quant-rows wants %lu bytes, got %zu\n", m * k * 2, len);
+			rc = 1;
+		} else {
+			uint8_t *codes = malloc(m * k + 1);
+			float *s = malloc(m * sizeof *s + 1);
+			for (unsigned long r = 0; r < m; r++)
+				s[r] = radiance_quant_row_e4m3((const uint16_t *)in + r * k, RADIANCE_DTYPE_BF16,
+							       (uint32_t)k, codes + r * k);
+			fwrite(s, sizeof *s, m, stdout);
+			fwrite(codes, 1, m * k, stdout);
+			free(codes);
+			free(s);
+		}
+	} else if (strcmp(op, "w4a8") == 0 && argc == 5) {
+		unsigned long m = strtoul(argv[2], NULL, 10), n = strtoul(argv[3], NULL, 10),
+			      k = strtoul(argv[4], NULL, 10);
+		size_t want = m * k * 2 + n * (k / 8) * 4 + n * (k / 128) * 2 + n * 4;
+		if (k % 128 || len != want) {
+			fprintf(stderr, "radiance-numerics: w4a8 wants K %% 128 == 0 and %zu bytes, got %zu\n",
+				want, len);
+			rc = 1;
+		} else {
+			const uint16_t *x = (const uint16_t *)in;
+			const uint32_t *qw = (const uint32_t *)(in + m * k * 2);
+			const uint16_t *sc = (const uint16_t *)((const unsigned char *)qw + n * (k / 8) * 4);
+			const float *bias = (const float *)((const unsigned char *)sc + n * (k / 128) * 2);
+			uint16_t *y = malloc(m * n * 2 + 2);
+			void *scratch = aligned_alloc(16, (radiance_cpu_w4a8_scratch_bytes(m, k) + 15) & ~15ul);
+			radiance_cpu_w4a8(x, RADIANCE_DTYPE_BF16, m, qw, sc, bias, n, k, y, scratch);
+			fwrite(y, 2, m * n, stdout);
+			free(y);
+			free(scratch);
+		}
+	} else {
+		rc = usage();
+	}
+	free(in);
+	return rc;
+}
