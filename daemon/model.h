@@ -57,7 +57,7 @@ struct radiance_tensor_info {
 };
 
 struct radiance_model {
-	char *name;                /* model name: config "_name_or_path" basename, else dir name */
+	char *name;                /* load_dir: the directory basename; from fds: config.json's "_name_or_path" basename, else "model" */
 	struct radiance_layer *layers;
 	size_t n_layers;
 	struct radiance_tensor_info *other;   /* tensors of no linear */

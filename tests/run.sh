@@ -19,7 +19,7 @@ trap 'rm -f "$log"' EXIT
 
 want() {
 	[ -z "${TESTS:-}" ] && return 0
-	for t in $TESTS; do [ "$t" = "$1" ] && return 0; done
+	for w in $TESTS; do [ "$w" = "$1" ] && return 0; done
 	return 1
 }
 

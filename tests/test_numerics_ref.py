@@ -175,5 +175,5 @@ elem = np.abs(y - ref) / np.maximum(np.abs(ref), 1e-3)
 check(f"w4a8 per-element error within bf16 rounding ({elem.max():.2e} <= 2^-8)",
       elem.max() <= 2.0**-8)
 
-print(f"numerics: {passed} passed, {failed} failed")
+print(f"numerics_ref: {passed} passed, {failed} failed")
 sys.exit(1 if failed else 0)

@@ -1,0 +1,107 @@
+/*
+ * Checkpoint loader: AutoRound int4 (auto_round:auto_gptq packing) safetensors
+ * checkpoints into a struct radiance_model (daemon/model.h), validated and
+ * repacked once to the canonical host layout. docs/loader.md lists every
+ * check, the routing rule and the error catalog.
+ *
+ * In short:
+ *   - safetensors files (model.safetensors, or model.safetensors.index.json
+ *     plus its shards) are mmapped and validated as the format's reference
+ *     implementation does (daemon/safetensors.h); only the tensors of linear
+ *     layers are read, and copied once into the model;
+ *   - the quantization config (config.json's "quantization_config" and/or
+ *     quantization_config.json, which must agree when both are present) must
+ *     be AutoRound, auto_round:auto_gptq packing, bits 4, group_size 128,
+ *     sym true (daemon/quant_config.h);
+ *   - routing as engines do it: a module with a qweight inside
+ *     block_name_to_quantize (or named by a 4-bit extra_config entry) is a
+ *     W4A8 layer; a module held at >= 16 bits by extra_config, or a 2-D
+ *     BF16/F16/F32 `<m>.weight` outside the blocks, is a bf16 linear; a
+ *     tensor whose name contains "embed" (case-insensitive) or has a path
+ *     component "wte"/"wpe" is an embedding, never a linear; every tensor of
+ *     no linear is listed in model->other;
+ *   - per W4A8 layer: qweight I32 [K/8, N], scales F16 [K/128, N] and finite,
+ *     qzeros I32 [K/128, ceil(N/8)] with every word 0x77777777, g_idx absent
+ *     or I32/I64 [K] equal to k/128, K % 128 == 0, bias [N] BF16/F16/F32;
+ *     dtypes always from the safetensors header, never config.json's dtype.
+ *
+ * Errors: every function returns 0 (or a count) on success and -errno on
+ * failure, and then writes one NUL-terminated message to err (errlen bytes;
+ * err may be NULL when errlen is 0) naming the file, the tensor or layer,
+ * what was found and what was expected:
+ *   -EINVAL  the checkpoint is malformed, contradicts its config, or uses
+ *            something the kernels do not support; also bad arguments
+ *   -ENOENT  a required file is missing (config, weights, a shard)
+ *   -ENOMEM  out of memory
+ *   -EIO     a read failed or a file changed size while being read
+ *   other -errno from open/fstat/mmap (e.g. -EACCES) for the *_dir calls.
+ *
+ * Thread safety: the loader has no global state. Any number of loads may run
+ * concurrently on different threads, even on the same fds (files are read
+ * with pread and mmap, never through the fd's file position). The progress
+ * callback runs on the calling thread.
+ */
+#ifndef RADIANCE_CHECKPOINT_H
+#define RADIANCE_CHECKPOINT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model.h"
+
+/* One checkpoint file handed to the loader. name is its basename as in the
+ * checkpoint directory: "config.json", "quantization_config.json",
+ * "model.safetensors", "model.safetensors.index.json",
+ * "model-00001-of-00002.safetensors". fd is open for reading; the loader
+ * neither closes it nor moves its file position. Files with other names
+ * (tokenizer.json, ...) are ignored. */
+struct radiance_file {
+	const char *name;
+	int fd;
+};
+
+/* Load progress: done_bytes of total_bytes of checkpoint tensor data that
+ * goes into linear layers (qweight, scales, qzeros, g_idx, weight, bias) has
+ * been verified and repacked. Called with done 0 before the first layer,
+ * after every layer, and last with done == total; done never decreases. */
+typedef void (*radiance_progress_fn)(void *user, uint64_t done_bytes, uint64_t total_bytes);
+
+/* Loads the checkpoint made of files[0..nfiles) into *out (free it with
+ * radiance_model_destroy()). Required: model.safetensors.index.json with
+ * every shard it names (it wins when model.safetensors is given too, as in
+ * vLLM), or model.safetensors; and a quantization
+ * config (config.json with "quantization_config", or
+ * quantization_config.json). name: the model's name; NULL means config.json's
+ * "_name_or_path" basename, else "model". progress may be NULL.
+ * Returns 0, -EINVAL, -ENOENT, -ENOMEM or -EIO (see above); *out is NULL on
+ * failure. */
+int radiance_checkpoint_load(const struct radiance_file *files, size_t nfiles, const char *name,
+			     radiance_progress_fn progress, void *user,
+			     struct radiance_model **out, char *err, size_t errlen);
+
+/* radiance_checkpoint_list_files(dir) + open each + radiance_checkpoint_load
+ * + close. name NULL means the directory's basename. Also returns -errno of
+ * open/fstat. */
+int radiance_checkpoint_load_dir(const char *dir, const char *name, radiance_progress_fn progress,
+				 void *user, struct radiance_model **out, char *err, size_t errlen);
+
+/* The files of dir a client must send (for LoadModel): config.json
+ * (required), quantization_config.json if present, then either
+ * model.safetensors.index.json and every shard it names (strcmp order, each
+ * once) or, when there is no index, model.safetensors. Returns the count and sets *names to a malloc'ed
+ * array of malloc'ed basenames (free each, then the array), or -errno
+ * (-ENOENT for a missing required file or shard, -EINVAL for a bad index,
+ * -ENOMEM) with *names NULL. */
+int radiance_checkpoint_list_files(const char *dir, char ***names, char *err, size_t errlen);
+
+/* Identity of a set of checkpoint files, to detect "the same checkpoint
+ * loaded twice" without reading it: a hash of the (name, st_dev, st_ino,
+ * st_size, st_mtim) tuples of files[0..n), sorted by name, so the order of
+ * files does not matter. Files are the same checkpoint exactly when they
+ * are the same inodes, unchanged since; a copy elsewhere or a rewrite gets
+ * another identity. out: 64 lowercase hex digits and a NUL (four FNV-1a 64
+ * lanes, each finished with a 64-bit mixer; not cryptographic).
+ * Returns 0, -EINVAL (n == 0, a NULL name) or -errno of fstat. */
+int radiance_checkpoint_identity(const struct radiance_file *files, size_t n, char out[65]);
+
+#endif

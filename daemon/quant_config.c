@@ -1,0 +1,477 @@
+/* AutoRound quantization config parsing and routing; see quant_config.h. */
+#include "quant_config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void qc_err(char *err, size_t errlen, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+static void qc_err(char *err, size_t errlen, const char *fmt, ...)
+{
+	va_list ap;
+	if (!err || !errlen)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(err, errlen, fmt, ap);
+	va_end(ap);
+}
+
+/* A JSON value as compact text for messages ("8", "\"fp\"", "false").
+ * Static-size buffer, truncated. */
+static const char *dump(const json_t *v, char *buf, size_t len)
+{
+	if (!v) {
+		snprintf(buf, len, "missing");
+		return buf;
+	}
+	char *s = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
+	snprintf(buf, len, "%s", s ? s : "?");
+	free(s);
+	return buf;
+}
+
+/* An integer, or a real holding an integer (some writers emit 4.0). */
+static bool get_int(const json_t *v, long long *out)
+{
+	if (json_is_integer(v)) {
+		*out = json_integer_value(v);
+		return true;
+	}
+	if (json_is_real(v)) {
+		double d = json_real_value(v);
+		if (d >= -1e15 && d <= 1e15 && d == (double)(long long)d) {
+			*out = (long long)d;
+			return true;
+		}
+	}
+	return false;
+}
+
+static bool method_ok(const char *m)
+{
+	char buf[64];
+	size_t n = strlen(m);
+	if (n >= sizeof buf)
+		return false;
+	for (size_t i = 0; i <= n; i++)
+		buf[i] = m[i] == '_' ? '-' : (char)tolower((unsigned char)m[i]);
+	return strcmp(buf, "auto-round") == 0 || strcmp(buf, "intel/auto-round") == 0;
+}
+
+static bool packing_ok(const char *p)
+{
+	return strcmp(p, "auto_round:auto_gptq") == 0 || strcmp(p, "auto_round:gptq") == 0;
+}
+
+static bool int_data_type(const char *d)
+{
+	return strcmp(d, "int") == 0 || strcmp(d, "int_sym") == 0;
+}
+
+static bool float_data_type(const char *d)
+{
+	return strcmp(d, "fp") == 0 || strcmp(d, "float") == 0;
+}
+
+static bool has_regex_char(const char *s)
+{
+	return strpbrk(s, "^$*+?[]{}()|\\") != NULL;
+}
+
+void radiance_quant_config_finish(struct radiance_quant_config *c)
+{
+	for (size_t i = 0; i < c->n_blocks; i++)
+		free(c->blocks[i]);
+	for (size_t i = 0; i < c->n_overrides; i++) {
+		if (c->overrides[i].is_regex)
+			regfree(&c->overrides[i].re);
+		free(c->overrides[i].key);
+	}
+	free(c->blocks);
+	free(c->overrides);
+	free(c->source);
+	free(c->quant_method);
+	free(c->packing_format);
+	memset(c, 0, sizeof *c);
+}
+
+static int add_block(struct radiance_quant_config *c, const char *s, size_t len)
+{
+	while (len && isspace((unsigned char)*s)) {
+		s++;
+		len--;
+	}
+	while (len && (isspace((unsigned char)s[len - 1]) || s[len - 1] == '.'))
+		len--;
+	if (!len)
+		return 0;
+	char **nb = realloc(c->blocks, (c->n_blocks + 1) * sizeof *nb);
+	if (!nb)
+		return -ENOMEM;
+	c->blocks = nb;
+	c->blocks[c->n_blocks] = strndup(s, len);
+	if (!c->blocks[c->n_blocks])
+		return -ENOMEM;
+	c->n_blocks++;
+	return 0;
+}
+
+static int add_blocks_str(struct radiance_quant_config *c, const char *s)
+{
+	int rc;
+	for (;;) {
+		const char *comma = strchr(s, ',');
+		size_t len = comma ? (size_t)(comma - s) : strlen(s);
+		if ((rc = add_block(c, s, len)))
+			return rc;
+		if (!comma)
+			return 0;
+		s = comma + 1;
+	}
+}
+
+static int parse_blocks(struct radiance_quant_config *c, const json_t *v, const char *key,
+			char *err, size_t errlen)
+{
+	char vb[160];
+	size_t i;
+	json_t *e;
+	int rc;
+
+	if (!v || json_is_null(v))
+		return 0;
+	if (json_is_string(v))
+		return add_blocks_str(c, json_string_value(v));
+	if (!json_is_array(v))
+		goto bad;
+	json_array_foreach(v, i, e) {
+		if (json_is_string(e)) {
+			rc = add_blocks_str(c, json_string_value(e));
+		} else if (json_is_array(e)) {
+			/* multimodal configs nest one list per tower */
+			size_t j;
+			json_t *s;
+			rc = 0;
+			json_array_foreach(e, j, s) {
+				if (!json_is_string(s))
+					goto bad;
+				if ((rc = add_blocks_str(c, json_string_value(s))))
+					break;
+			}
+		} else {
+			goto bad;
+		}
+		if (rc)
+			return rc;
+	}
+	return 0;
+bad:
+	qc_err(err, errlen, "%s: quantization_config.%s is %s, expected a string of comma-separated "
+	       "module prefixes or an array of them", c->source, key, dump(v, vb, sizeof vb));
+	return -EINVAL;
+}
+
+/* One extra_config entry. A module held at 16 bits is fine whatever else the
+ * entry says; a module still quantized must match the kernel exactly. */
+static int parse_override(struct radiance_quant_config *c, const char *key, const json_t *v,
+			  char *err, size_t errlen)
+{
+	struct radiance_quant_override *o = &c->overrides[c->n_overrides];
+	const json_t *bits_j, *gs_j, *sym_j, *dt_j;
+	char vb[160];
+	long long bits = c->bits, gs;
+	const char *dt = NULL;
+
+	if (!json_is_object(v)) {
+		qc_err(err, errlen, "%s: quantization_config.extra_config[\"%s\"] is %s, expected an object "
+		       "(layer \"%s\")", c->source, key, dump(v, vb, sizeof vb), key);
+		return -EINVAL;
+	}
+	bits_j = json_object_get(v, "bits");
+	gs_j = json_object_get(v, "group_size");
+	sym_j = json_object_get(v, "sym");
+	dt_j = json_object_get(v, "data_type");
+	if (bits_j && !json_is_null(bits_j) && !get_int(bits_j, &bits)) {
+		qc_err(err, errlen, "%s: layer \"%s\": quantization_config.extra_config[\"%s\"].bits is %s, "
+		       "expected an integer", c->source, key, key, dump(bits_j, vb, sizeof vb));
+		return -EINVAL;
+	}
+	if (dt_j && !json_is_null(dt_j)) {
+		if (!json_is_string(dt_j)) {
+			qc_err(err, errlen, "%s: layer \"%s\": quantization_config.extra_config[\"%s\"].data_type "
+			       "is %s, expected a string", c->source, key, key, dump(dt_j, vb, sizeof vb));
+			return -EINVAL;
+		}
+		dt = json_string_value(dt_j);
+	}
+
+	o->held_16bit = bits >= 16 || (dt && float_data_type(dt));
+	if (!o->held_16bit) {
+		if (bits != 4) {
+			qc_err(err, errlen, "%s: layer \"%s\": quantization_config.extra_config[\"%s\"].bits is %lld, "
+			       "expected 4 (int4 kernels) or >= 16 (kept as a bf16 linear)",
+			       c->source, key, key, bits);
+			return -EINVAL;
+		}
+		if (gs_j && !json_is_null(gs_j) && (!get_int(gs_j, &gs) || gs != 128)) {
+			qc_err(err, errlen, "%s: layer \"%s\": quantization_config.extra_config[\"%s\"].group_size "
+			       "is %s, expected 128", c->source, key, key, dump(gs_j, vb, sizeof vb));
+			return -EINVAL;
+		}
+		if (sym_j && !json_is_null(sym_j) && !json_is_true(sym_j)) {
+			qc_err(err, errlen, "%s: layer \"%s\": quantization_config.extra_config[\"%s\"].sym is %s, "
+			       "expected true", c->source, key, key, dump(sym_j, vb, sizeof vb));
+			return -EINVAL;
+		}
+		if (dt && !int_data_type(dt)) {
+			qc_err(err, errlen, "%s: layer \"%s\": quantization_config.extra_config[\"%s\"].data_type "
+			       "is \"%s\", expected \"int\" (or \"fp\"/\"float\" with bits >= 16)",
+			       c->source, key, key, dt);
+			return -EINVAL;
+		}
+	}
+
+	o->key = strdup(key);
+	if (!o->key)
+		return -ENOMEM;
+	if (has_regex_char(key)) {
+		size_t n = strlen(key) + 5;
+		char *pat = malloc(n);
+		if (!pat) {
+			free(o->key);
+			return -ENOMEM;
+		}
+		snprintf(pat, n, "^(%s)$", key);
+		int r = regcomp(&o->re, pat, REG_EXTENDED | REG_NOSUB);
+		free(pat);
+		if (r) {
+			qc_err(err, errlen, "%s: quantization_config.extra_config key \"%s\" is neither a module "
+			       "name nor a valid POSIX extended regular expression", c->source, key);
+			free(o->key);
+			return r == REG_ESPACE ? -ENOMEM : -EINVAL;
+		}
+		o->is_regex = true;
+	}
+	c->n_overrides++;
+	return 0;
+}
+
+static int get_string_key(struct radiance_quant_config *c, const json_t *qc, const char *key,
+			  const char *expected, char **out, char *err, size_t errlen)
+{
+	char vb[160];
+	const json_t *v = json_object_get(qc, key);
+	if (!v || !json_is_string(v)) {
+		qc_err(err, errlen, "%s: quantization_config.%s is %s, expected %s", c->source, key,
+		       dump(v, vb, sizeof vb), expected);
+		return -EINVAL;
+	}
+	*out = strdup(json_string_value(v));
+	return *out ? 0 : -ENOMEM;
+}
+
+static int get_required_int(struct radiance_quant_config *c, const json_t *qc, const char *key,
+			    long long expected, const char *why, char *err, size_t errlen)
+{
+	char vb[160];
+	long long i;
+	const json_t *v = json_object_get(qc, key);
+	if (!v || !get_int(v, &i) || i != expected) {
+		qc_err(err, errlen, "%s: quantization_config.%s is %s, expected %lld (%s)", c->source, key,
+		       dump(v, vb, sizeof vb), expected, why);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+int radiance_quant_config_init(struct radiance_quant_config *c, const json_t *qc,
+			       const char *source, char *err, size_t errlen)
+{
+	char vb[160];
+	const json_t *v;
+	int rc;
+
+	memset(c, 0, sizeof *c);
+	c->source = strdup(source ? source : "quantization_config");
+	if (!c->source)
+		return -ENOMEM;
+	if (!json_is_object(qc)) {
+		qc_err(err, errlen, "%s: quantization_config is %s, expected an object", c->source,
+		       dump(qc, vb, sizeof vb));
+		rc = -EINVAL;
+		goto fail;
+	}
+
+	rc = get_string_key(c, qc, "quant_method", "\"auto-round\"", &c->quant_method, err, errlen);
+	if (rc)
+		goto fail;
+	if (!method_ok(c->quant_method)) {
+		qc_err(err, errlen, "%s: quantization_config.quant_method is \"%s\", expected \"auto-round\" "
+		       "(or \"intel/auto-round\")", c->source, c->quant_method);
+		rc = -EINVAL;
+		goto fail;
+	}
+	rc = get_string_key(c, qc, "packing_format", "\"auto_round:auto_gptq\"", &c->packing_format,
+			    err, errlen);
+	if (rc)
+		goto fail;
+	if (!packing_ok(c->packing_format)) {
+		qc_err(err, errlen, "%s: quantization_config.packing_format is \"%s\": that packing is not "
+		       "supported, expected \"auto_round:auto_gptq\" (alias \"auto_round:gptq\")",
+		       c->source, c->packing_format);
+		rc = -EINVAL;
+		goto fail;
+	}
+	if ((rc = get_required_int(c, qc, "bits", 4, "the kernels are int4", err, errlen)) ||
+	    (rc = get_required_int(c, qc, "group_size", 128, "the kernels' K groups are 128 wide",
+				   err, errlen)))
+		goto fail;
+	c->bits = 4;
+	c->group_size = 128;
+	v = json_object_get(qc, "sym");
+	if (!json_is_true(v)) {
+		qc_err(err, errlen, "%s: quantization_config.sym is %s, expected true (the kernels fold the "
+		       "constant zero point 8; asymmetric zero points are not carried)",
+		       c->source, dump(v, vb, sizeof vb));
+		rc = -EINVAL;
+		goto fail;
+	}
+	c->sym = true;
+	v = json_object_get(qc, "data_type");
+	if (v && !json_is_null(v) && (!json_is_string(v) || !int_data_type(json_string_value(v)))) {
+		qc_err(err, errlen, "%s: quantization_config.data_type is %s, expected \"int\"", c->source,
+		       dump(v, vb, sizeof vb));
+		rc = -EINVAL;
+		goto fail;
+	}
+
+	const char *bkey = "block_name_to_quantize";
+	v = json_object_get(qc, bkey);
+	if (!v || json_is_null(v)) {
+		bkey = "to_quant_block_names";
+		v = json_object_get(qc, bkey);
+	}
+	if ((rc = parse_blocks(c, v, bkey, err, errlen)))
+		goto fail;
+
+	v = json_object_get(qc, "extra_config");
+	if (v && !json_is_null(v)) {
+		const char *key;
+		json_t *e;
+		if (!json_is_object(v)) {
+			qc_err(err, errlen, "%s: quantization_config.extra_config is %s, expected an object of "
+			       "per-module overrides", c->source, dump(v, vb, sizeof vb));
+			rc = -EINVAL;
+			goto fail;
+		}
+		c->overrides = calloc(json_object_size(v) + 1, sizeof *c->overrides);
+		if (!c->overrides) {
+			rc = -ENOMEM;
+			goto fail;
+		}
+		json_object_foreach((json_t *)v, key, e) {
+			if ((rc = parse_override(c, key, e, err, errlen)))
+				goto fail;
+		}
+	}
+	return 0;
+
+fail:
+	if (rc == -ENOMEM)
+		qc_err(err, errlen, "%s: out of memory parsing quantization_config", c->source);
+	radiance_quant_config_finish(c);
+	return rc;
+}
+
+bool radiance_quant_config_in_blocks(const struct radiance_quant_config *c, const char *module,
+				     const char **block)
+{
+	if (block)
+		*block = NULL;
+	if (!c->n_blocks)
+		return true;
+	for (size_t i = 0; i < c->n_blocks; i++) {
+		size_t n = strlen(c->blocks[i]);
+		if (strncmp(module, c->blocks[i], n) == 0 && (module[n] == '\0' || module[n] == '.')) {
+			if (block)
+				*block = c->blocks[i];
+			return true;
+		}
+	}
+	return false;
+}
+
+const struct radiance_quant_override *
+radiance_quant_config_override(const struct radiance_quant_config *c, const char *module)
+{
+	for (size_t i = 0; i < c->n_overrides; i++)
+		if (strcmp(c->overrides[i].key, module) == 0)
+			return &c->overrides[i];
+	for (size_t i = 0; i < c->n_overrides; i++)
+		if (c->overrides[i].is_regex && regexec(&c->overrides[i].re, module, 0, NULL, 0) == 0)
+			return &c->overrides[i];
+	return NULL;
+}
+
+static bool block_listed(const struct radiance_quant_config *c, const char *b)
+{
+	for (size_t i = 0; i < c->n_blocks; i++)
+		if (strcmp(c->blocks[i], b) == 0)
+			return true;
+	return false;
+}
+
+static const struct radiance_quant_override *find_key(const struct radiance_quant_config *c,
+						       const char *key)
+{
+	for (size_t i = 0; i < c->n_overrides; i++)
+		if (strcmp(c->overrides[i].key, key) == 0)
+			return &c->overrides[i];
+	return NULL;
+}
+
+static int compare_overrides(const struct radiance_quant_config *a,
+			     const struct radiance_quant_config *b, char *err, size_t errlen)
+{
+	for (size_t i = 0; i < a->n_overrides; i++) {
+		const struct radiance_quant_override *o = &a->overrides[i];
+		const struct radiance_quant_override *p = find_key(b, o->key);
+		if (!p || p->held_16bit != o->held_16bit) {
+			qc_err(err, errlen, "%s and %s disagree on quantization_config.extra_config[\"%s\"] "
+			       "(layer \"%s\"): %s in %s, %s in %s", a->source, b->source, o->key, o->key,
+			       o->held_16bit ? "16-bit" : "4-bit", a->source,
+			       !p ? "absent" : p->held_16bit ? "16-bit" : "4-bit", b->source);
+			return -EINVAL;
+		}
+	}
+	return 0;
+}
+
+int radiance_quant_config_compare(const struct radiance_quant_config *a,
+				  const struct radiance_quant_config *b, char *err, size_t errlen)
+{
+	int rc;
+
+	/* bits, group_size and sym were already pinned by init; both packings
+	 * accepted are the same layout. What remains is routing. */
+	for (size_t i = 0; i < a->n_blocks; i++)
+		if (!block_listed(b, a->blocks[i]))
+			goto blocks;
+	for (size_t i = 0; i < b->n_blocks; i++)
+		if (!block_listed(a, b->blocks[i]))
+			goto blocks;
+	if ((rc = compare_overrides(a, b, err, errlen)) || (rc = compare_overrides(b, a, err, errlen)))
+		return rc;
+	return 0;
+blocks:
+	qc_err(err, errlen, "%s and %s disagree on quantization_config.block_name_to_quantize "
+	       "(%zu prefixes, first \"%s\", vs %zu prefixes, first \"%s\")", a->source, b->source,
+	       a->n_blocks, a->n_blocks ? a->blocks[0] : "", b->n_blocks,
+	       b->n_blocks ? b->blocks[0] : "");
+	return -EINVAL;
+}

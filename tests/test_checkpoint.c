@@ -1,0 +1,965 @@
+/*
+ * Checkpoint loader: a tiny handmade AutoRound checkpoint (written by the
+ * test into a fresh temp dir), loaded whole, single-file and sharded, with
+ * routing, repacked values and progress checked exactly; then one refusal
+ * per rule, each a one-line mutation of that checkpoint, checking the
+ * return code and that the message names the layer and the cause.
+ *
+ * The tiny model (blocks "encoder.layer"):
+ *   encoder.layer.0.attention.self.query   int4, N 16, K 256, F16 bias
+ *   encoder.layer.0.attention.self.key     int4, N 12 (qzeros padding), K 128,
+ *                                          identity g_idx, no bias
+ *   encoder.layer.0.output.dense           extra_config bits 16: BF16 [8, 128] + BF16 bias
+ *   encoder.layer.0.intermediate.dense     extra_config regex, data_type float: F16 [16, 40]
+ *   pooler.dense                           outside the blocks: F32 [4, 16] + F32 bias
+ *   embeddings.word_embeddings.weight      F32 [10, 16]: an embedding, in `other`
+ *   embeddings.LayerNorm.{weight,bias}     F32 [16], embeddings.position_ids I64 [1, 8],
+ *   encoder.layer.0.output.LayerNorm.weight BF16 [16]: all in `other`
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/stat.h>
+
+#include <cmocka.h>
+#include <jansson.h>
+
+#include "checkpoint.h"
+#include "numerics.h"
+#include "st_writer.h"
+
+#define Q "encoder.layer.0.attention.self.query"
+#define KEY "encoder.layer.0.attention.self.key"
+#define OUT "encoder.layer.0.output.dense"
+#define INTER "encoder.layer.0.intermediate.dense"
+#define POOL "pooler.dense"
+
+struct fixture {
+	char *dir;
+	int fds;
+	struct stw w;
+	json_t *config;            /* config.json, with quantization_config */
+	char err[2048];
+	char path[4096];
+};
+
+/* ---- the tiny checkpoint ---------------------------------------------- */
+
+/* Codes vary along both n and k, and across groups, so any transposition or
+ * nibble-order slip changes some value. */
+static uint32_t code_of(uint32_t n, uint32_t k)
+{
+	return (n * 3u + k * 7u + (k / 128u) * 5u + (k * k) / 13u) % 16u;
+}
+
+static uint16_t scale_of(uint32_t n, uint32_t g)
+{
+	return (uint16_t)(0x2C00u + n * 37u + g * 11u);   /* distinct finite fp16 */
+}
+
+/* W4A8 layer in the checkpoint's layout: qweight [K/8, N], scales [K/128, N],
+ * qzeros [K/128, ceil(N/8)] all 7s (padding nibbles past N are 0, as some
+ * exporters leave them). */
+static void add_w4(struct stw *w, const char *module, uint32_t n, uint32_t k)
+{
+	char name[256];
+	uint32_t words = k / 8, groups = k / 128, zw = (n + 7) / 8;
+	uint32_t *qw = calloc((size_t)words * n, 4);
+	uint16_t *sc = calloc((size_t)groups * n, 2);
+	uint32_t *qz = calloc((size_t)groups * zw, 4);
+	assert_non_null(qw);
+	for (uint32_t wd = 0; wd < words; wd++)
+		for (uint32_t j = 0; j < n; j++) {
+			uint32_t v = 0;
+			for (uint32_t b = 0; b < 8; b++)
+				v |= code_of(j, wd * 8 + b) << (4 * b);
+			qw[wd * n + j] = v;
+		}
+	for (uint32_t g = 0; g < groups; g++) {
+		for (uint32_t j = 0; j < n; j++)
+			sc[g * n + j] = scale_of(j, g);
+		for (uint32_t z = 0; z < zw; z++) {
+			uint32_t cols = n - z * 8 < 8 ? n - z * 8 : 8;
+			qz[g * zw + z] = cols == 8 ? 0x77777777u : (uint32_t)((1ull << (4 * cols)) - 1) & 0x77777777u;
+		}
+	}
+	snprintf(name, sizeof name, "%s.qweight", module);
+	stw_add(w, name, "I32", 2, (uint64_t[]){ words, n }, qw, (size_t)words * n * 4);
+	snprintf(name, sizeof name, "%s.scales", module);
+	stw_add(w, name, "F16", 2, (uint64_t[]){ groups, n }, sc, (size_t)groups * n * 2);
+	snprintf(name, sizeof name, "%s.qzeros", module);
+	stw_add(w, name, "I32", 2, (uint64_t[]){ groups, zw }, qz, (size_t)groups * zw * 4);
+	free(qw);
+	free(sc);
+	free(qz);
+}
+
+static uint16_t bf16_of(uint32_t i)
+{
+	return (uint16_t)(0x3E00u + (i * 29u) % 0x400u);
+}
+
+static uint16_t f16_of(uint32_t i)
+{
+	return (uint16_t)(0x3000u + (i * 53u) % 0x1000u);
+}
+
+static float f32_of(uint32_t i)
+{
+	/* values off the bf16 grid, ties included: i % 5 == 0 puts the value
+	 * exactly half a bf16 ulp (2^-8 near 1) above a grid point, whose
+	 * mantissa is even (i % 10 == 0: rounds down) or odd (else: rounds up) */
+	float base = 1.0f + (float)(i % 7) / 8.0f;
+	if (i % 5 == 0)
+		return base + (i % 10 == 0 ? 0x1p-8f : 3 * 0x1p-8f);
+	return base * (1.0f + (float)i * 1e-3f);
+}
+
+static void build_model(struct stw *w)
+{
+	uint16_t b16[16 * 128];
+	float f32[16 * 16];
+	int64_t pos[8];
+	uint32_t gidx[128] = { 0 };
+
+	stw_init(w);
+	add_w4(w, Q, 16, 256);
+	for (uint32_t i = 0; i < 16; i++)
+		b16[i] = (uint16_t)(0x3C00u + i);                   /* F16 bias */
+	stw_add(w, Q ".bias", "F16", 1, (uint64_t[]){ 16 }, b16, 32);
+	add_w4(w, KEY, 12, 128);
+	stw_add(w, KEY ".g_idx", "I32", 1, (uint64_t[]){ 128 }, gidx, sizeof gidx);
+
+	for (uint32_t i = 0; i < 8 * 128; i++)
+		b16[i] = bf16_of(i);
+	stw_add(w, OUT ".weight", "BF16", 2, (uint64_t[]){ 8, 128 }, b16, 8 * 128 * 2);
+	for (uint32_t i = 0; i < 8; i++)
+		b16[i] = (uint16_t)(0xBF80u + i);                   /* BF16 bias */
+	stw_add(w, OUT ".bias", "BF16", 1, (uint64_t[]){ 8 }, b16, 16);
+
+	for (uint32_t i = 0; i < 16 * 40; i++)
+		b16[i] = f16_of(i);
+	stw_add(w, INTER ".weight", "F16", 2, (uint64_t[]){ 16, 40 }, b16, 16 * 40 * 2);
+
+	for (uint32_t i = 0; i < 64; i++)
+		f32[i] = f32_of(i);
+	stw_add(w, POOL ".weight", "F32", 2, (uint64_t[]){ 4, 16 }, f32, 64 * 4);
+	for (uint32_t i = 0; i < 4; i++)
+		f32[i] = -0.5f * (float)i;
+	stw_add(w, POOL ".bias", "F32", 1, (uint64_t[]){ 4 }, f32, 16);
+
+	for (uint32_t i = 0; i < 160; i++)
+		f32[i] = (float)i;
+	stw_add(w, "embeddings.word_embeddings.weight", "F32", 2, (uint64_t[]){ 10, 16 }, f32, 640);
+	stw_add(w, "embeddings.LayerNorm.weight", "F32", 1, (uint64_t[]){ 16 }, f32, 64);
+	stw_add(w, "embeddings.LayerNorm.bias", "F32", 1, (uint64_t[]){ 16 }, f32, 64);
+	for (int i = 0; i < 8; i++)
+		pos[i] = i;
+	stw_add(w, "embeddings.position_ids", "I64", 2, (uint64_t[]){ 1, 8 }, pos, sizeof pos);
+	stw_add(w, "encoder.layer.0.output.LayerNorm.weight", "BF16", 1, (uint64_t[]){ 16 }, b16, 32);
+}
+
+static json_t *build_config(void)
+{
+	json_error_t e;
+	json_t *c = json_loads(
+		"{\"architectures\": [\"BertModel\"], \"_name_or_path\": \"org/tiny-bert/\","
+		" \"torch_dtype\": \"float16\","
+		" \"quantization_config\": {"
+		"  \"quant_method\": \"auto-round\", \"packing_format\": \"auto_round:auto_gptq\","
+		"  \"bits\": 4, \"group_size\": 128, \"sym\": true, \"data_type\": \"int\","
+		"  \"block_name_to_quantize\": \"encoder.layer\","
+		"  \"extra_config\": {"
+		"   \"encoder.layer.0.output.dense\": {\"bits\": 16, \"data_type\": \"float\"},"
+		"   \"encoder\\\\.layer\\\\.[0-9]+\\\\.intermediate\\\\.dense\": {\"data_type\": \"fp\"}"
+		"  }}}", 0, &e);
+	assert_non_null(c);
+	return c;
+}
+
+static json_t *qc(struct fixture *fx)
+{
+	return json_object_get(fx->config, "quantization_config");
+}
+
+static json_t *extra(struct fixture *fx)
+{
+	return json_object_get(qc(fx), "extra_config");
+}
+
+static struct stw_tensor *tensor(struct fixture *fx, const char *name)
+{
+	struct stw_tensor *t = stw_get(&fx->w, name);
+	assert_non_null(t);
+	return t;
+}
+
+static void write_config(struct fixture *fx)
+{
+	assert_int_equal(json_dump_file(fx->config, path_join(fx->path, sizeof fx->path, fx->dir,
+							      "config.json"), 0), 0);
+}
+
+static void write_ckpt(struct fixture *fx)
+{
+	write_config(fx);
+	assert_int_equal(stw_write(&fx->w, path_join(fx->path, sizeof fx->path, fx->dir,
+						     "model.safetensors")), 0);
+}
+
+/* Splits the tensors in two shards at tensor `split` and writes the index. */
+static void write_sharded(struct fixture *fx, size_t split)
+{
+	const char *s1 = "model-00001-of-00002.safetensors", *s2 = "model-00002-of-00002.safetensors";
+	json_t *idx = json_pack("{s:{s:i}, s:{}}", "metadata", "total_size", 0, "weight_map");
+	json_t *wm = json_object_get(idx, "weight_map");
+	for (size_t i = 0; i < fx->w.n; i++)
+		json_object_set_new(wm, fx->w.t[i].name, json_string(i < split ? s1 : s2));
+	write_config(fx);
+	assert_int_equal(stw_write_range(&fx->w, 0, split, path_join(fx->path, sizeof fx->path,
+								   fx->dir, s1)), 0);
+	assert_int_equal(stw_write_range(&fx->w, split, fx->w.n - split,
+					 path_join(fx->path, sizeof fx->path, fx->dir, s2)), 0);
+	assert_int_equal(json_dump_file(idx, path_join(fx->path, sizeof fx->path, fx->dir,
+						       "model.safetensors.index.json"), 0), 0);
+	json_decref(idx);
+}
+
+static int setup(void **state)
+{
+	struct fixture *fx = calloc(1, sizeof *fx);
+	assert_non_null(fx);
+	fx->dir = tmpdir_create();
+	fx->fds = count_open_fds();
+	build_model(&fx->w);
+	fx->config = build_config();
+	*state = fx;
+	return 0;
+}
+
+static int teardown(void **state)
+{
+	struct fixture *fx = *state;
+	assert_int_equal(count_open_fds(), fx->fds);
+	stw_finish(&fx->w);
+	json_decref(fx->config);
+	tmpdir_remove(fx->dir);
+	free(fx);
+	return 0;
+}
+
+static int load(struct fixture *fx, struct radiance_model **m)
+{
+	fx->err[0] = '\0';
+	int rc = radiance_checkpoint_load_dir(fx->dir, NULL, NULL, NULL, m, fx->err, sizeof fx->err);
+	if (rc)
+		print_message("  -> %s\n", fx->err);
+	return rc;
+}
+
+/* Loads, expects rc and every needle in the message. */
+static void expect_refused(struct fixture *fx, int want, const char *n1, const char *n2)
+{
+	struct radiance_model *m = (void *)1;
+	int rc = load(fx, &m);
+	assert_int_equal(rc, want);
+	assert_null(m);
+	if (n1)
+		assert_non_null(strstr(fx->err, n1));
+	if (n2)
+		assert_non_null(strstr(fx->err, n2));
+}
+
+/* ---- valid ------------------------------------------------------------ */
+
+struct progress_log {
+	uint64_t done[64], total[64];
+	int n;
+};
+
+static void on_progress(void *user, uint64_t done, uint64_t total)
+{
+	struct progress_log *p = user;
+	assert_true(p->n < 64);
+	p->done[p->n] = done;
+	p->total[p->n] = total;
+	p->n++;
+}
+
+static const struct radiance_layer *layer(const struct radiance_model *m, const char *name)
+{
+	long i = radiance_model_find_layer(m, name);
+	assert_true(i >= 0);
+	return &m->layers[i];
+}
+
+static void check_model(struct fixture *fx, const struct radiance_model *m)
+{
+	(void)fx;
+	assert_int_equal(m->n_layers, 5);
+	assert_int_equal(m->bits, 4);
+	assert_int_equal(m->group_size, 128);
+
+	/* int4: canonical [N][K/8] words hold k = 8w..8w+7 in nibbles 0..7 */
+	const struct radiance_layer *l = layer(m, Q);
+	assert_int_equal(l->kind, RADIANCE_LAYER_W4A8);
+	assert_int_equal(l->n, 16);
+	assert_int_equal(l->k, 256);
+	assert_null(l->weight);
+	for (uint32_t n = 0; n < 16; n++)
+		for (uint32_t k = 0; k < 256; k++)
+			assert_int_equal((l->qweight[n * 32 + k / 8] >> (4 * (k % 8))) & 0xF, code_of(n, k));
+	for (uint32_t n = 0; n < 16; n++)
+		for (uint32_t g = 0; g < 2; g++)
+			assert_int_equal(l->scales[n * 2 + g], scale_of(n, g));
+	assert_non_null(l->bias);
+	for (uint32_t n = 0; n < 16; n++)
+		assert_true(l->bias[n] == radiance_f16_to_f32((uint16_t)(0x3C00u + n)));
+	assert_int_equal(l->bytes, 16 * 32 * 4 + 16 * 2 * 2 + 16 * 4);
+
+	l = layer(m, KEY);
+	assert_int_equal(l->kind, RADIANCE_LAYER_W4A8);
+	assert_int_equal(l->n, 12);
+	assert_int_equal(l->k, 128);
+	assert_null(l->bias);
+	for (uint32_t n = 0; n < 12; n++)
+		for (uint32_t k = 0; k < 128; k++)
+			assert_int_equal((l->qweight[n * 16 + k / 8] >> (4 * (k % 8))) & 0xF, code_of(n, k));
+
+	/* held at 16 bits by an exact extra_config key: BF16 copied */
+	l = layer(m, OUT);
+	assert_int_equal(l->kind, RADIANCE_LAYER_BF16);
+	assert_int_equal(l->n, 8);
+	assert_int_equal(l->k, 128);
+	assert_null(l->qweight);
+	assert_null(l->scales);
+	for (uint32_t i = 0; i < 8 * 128; i++)
+		assert_int_equal(l->weight[i], bf16_of(i));
+	for (uint32_t i = 0; i < 8; i++)
+		assert_true(l->bias[i] == radiance_bf16_to_f32((uint16_t)(0xBF80u + i)));
+	assert_int_equal(l->bytes, 8 * 128 * 2 + 8 * 4);
+
+	/* held by a regex key: F16 -> bf16 RNE */
+	l = layer(m, INTER);
+	assert_int_equal(l->kind, RADIANCE_LAYER_BF16);
+	assert_int_equal(l->n, 16);
+	assert_int_equal(l->k, 40);
+	for (uint32_t i = 0; i < 16 * 40; i++)
+		assert_int_equal(l->weight[i], radiance_bf16_from_f32(radiance_f16_to_f32(f16_of(i))));
+
+	/* outside the blocks: F32 -> bf16 RNE; ties go to even */
+	l = layer(m, POOL);
+	assert_int_equal(l->kind, RADIANCE_LAYER_BF16);
+	assert_int_equal(l->n, 4);
+	assert_int_equal(l->k, 16);
+	for (uint32_t i = 0; i < 64; i++)
+		assert_int_equal(l->weight[i], radiance_bf16_from_f32(f32_of(i)));
+	assert_int_equal(l->weight[0], 0x3F80);   /* 1 + 2^-8: tie, down to even 0x3F80 */
+	assert_int_equal(l->weight[5], 0x3FD2);   /* 1.625 + 3 * 2^-8: tie, up to even 0x3FD2 */
+	for (uint32_t i = 0; i < 4; i++)
+		assert_true(l->bias[i] == -0.5f * (float)i);
+
+	uint64_t resident = 0;
+	for (size_t i = 0; i < m->n_layers; i++)
+		resident += m->layers[i].bytes;
+	assert_int_equal(m->resident_bytes, resident);
+
+	/* everything else, listed, nothing dropped */
+	static const char *const other[] = {
+		"embeddings.LayerNorm.bias", "embeddings.LayerNorm.weight", "embeddings.position_ids",
+		"embeddings.word_embeddings.weight", "encoder.layer.0.output.LayerNorm.weight",
+	};
+	assert_int_equal(m->n_other, 5);
+	for (size_t i = 0; i < 5; i++)
+		assert_string_equal(m->other[i].name, other[i]);
+	assert_string_equal(m->other[2].dtype, "I64");
+	assert_int_equal(m->other[2].ndim, 2);
+	assert_int_equal(m->other[2].shape[1], 8);
+	assert_int_equal(m->other[2].bytes, 64);
+	assert_string_equal(m->other[3].dtype, "F32");
+	assert_int_equal(m->other[3].shape[0], 10);
+	assert_int_equal(m->other[3].shape[1], 16);
+	assert_int_equal(radiance_model_find_layer(m, "embeddings.word_embeddings"), -1);
+}
+
+/* checkpoint bytes of the tensors that go into linears */
+static uint64_t linear_bytes(struct fixture *fx)
+{
+	uint64_t b = 0;
+	for (size_t i = 0; i < fx->w.n; i++)
+		if (!strstr(fx->w.t[i].name, "embeddings.") && !strstr(fx->w.t[i].name, "LayerNorm"))
+			b += fx->w.t[i].nbytes;
+	return b;
+}
+
+static void test_valid(void **state)
+{
+	struct fixture *fx = *state;
+	struct radiance_model *m;
+	struct progress_log p = { .n = 0 };
+
+	write_ckpt(fx);
+	int rc = radiance_checkpoint_load_dir(fx->dir, "tiny", on_progress, &p, &m, fx->err,
+					      sizeof fx->err);
+	if (rc)
+		print_message("%s\n", fx->err);
+	assert_int_equal(rc, 0);
+	assert_string_equal(m->name, "tiny");
+	check_model(fx, m);
+
+	assert_true(p.n >= 2);
+	assert_int_equal(p.done[0], 0);
+	for (int i = 0; i < p.n; i++) {
+		assert_int_equal(p.total[i], linear_bytes(fx));
+		if (i)
+			assert_true(p.done[i] >= p.done[i - 1]);
+	}
+	assert_int_equal(p.done[p.n - 1], p.total[p.n - 1]);
+	radiance_model_destroy(m);
+
+	/* name from the directory when not given */
+	assert_int_equal(radiance_checkpoint_load_dir(fx->dir, NULL, NULL, NULL, &m, fx->err,
+						      sizeof fx->err), 0);
+	assert_string_equal(m->name, strrchr(fx->dir, '/') + 1);
+	radiance_model_destroy(m);
+}
+
+/* load from fds: name from _name_or_path, other files ignored, fds untouched */
+static void test_valid_fds(void **state)
+{
+	struct fixture *fx = *state;
+	struct radiance_model *m;
+	static const char *const names[] = { "config.json", "model.safetensors", "tokenizer.json" };
+	struct radiance_file files[3];
+
+	write_ckpt(fx);
+	assert_int_equal(write_text(path_join(fx->path, sizeof fx->path, fx->dir, "tokenizer.json"),
+				    "{}"), 0);
+	for (int i = 0; i < 3; i++) {
+		files[i].name = names[i];
+		files[i].fd = open(path_join(fx->path, sizeof fx->path, fx->dir, names[i]), O_RDONLY);
+		assert_true(files[i].fd >= 0);
+		lseek(files[i].fd, 3, SEEK_SET);
+	}
+	assert_int_equal(radiance_checkpoint_load(files, 3, NULL, NULL, NULL, &m, fx->err,
+						  sizeof fx->err), 0);
+	assert_string_equal(m->name, "tiny-bert");
+	check_model(fx, m);
+	radiance_model_destroy(m);
+	for (int i = 0; i < 3; i++) {
+		assert_int_equal(lseek(files[i].fd, 0, SEEK_CUR), 3);   /* not moved, not closed */
+		close(files[i].fd);
+	}
+
+	/* no _name_or_path: "model" */
+	json_object_del(fx->config, "_name_or_path");
+	write_ckpt(fx);
+	for (int i = 0; i < 2; i++)
+		files[i].fd = open(path_join(fx->path, sizeof fx->path, fx->dir, names[i]), O_RDONLY);
+	assert_int_equal(radiance_checkpoint_load(files, 2, NULL, NULL, NULL, &m, fx->err,
+						  sizeof fx->err), 0);
+	assert_string_equal(m->name, "model");
+	radiance_model_destroy(m);
+	for (int i = 0; i < 2; i++)
+		close(files[i].fd);
+}
+
+static void test_valid_sharded(void **state)
+{
+	struct fixture *fx = *state;
+	struct radiance_model *m;
+	char **names;
+
+	write_sharded(fx, 5);
+	/* a stray model.safetensors next to the index is ignored: the index wins */
+	assert_int_equal(write_text(path_join(fx->path, sizeof fx->path, fx->dir, "model.safetensors"),
+				    "stale"), 0);
+	int n = radiance_checkpoint_list_files(fx->dir, &names, fx->err, sizeof fx->err);
+	assert_int_equal(n, 4);
+	assert_string_equal(names[0], "config.json");
+	assert_string_equal(names[1], "model.safetensors.index.json");
+	assert_string_equal(names[2], "model-00001-of-00002.safetensors");
+	assert_string_equal(names[3], "model-00002-of-00002.safetensors");
+	for (int i = 0; i < n; i++)
+		free(names[i]);
+	free(names);
+	assert_int_equal(load(fx, &m), 0);
+	check_model(fx, m);
+	radiance_model_destroy(m);
+}
+
+/* quantization_config.json alone; the older "intel/auto-round" spelling */
+static void test_valid_quant_config_file(void **state)
+{
+	struct fixture *fx = *state;
+	struct radiance_model *m;
+	char **names;
+
+	json_t *q = json_deep_copy(qc(fx));
+	json_object_set_new(q, "quant_method", json_string("intel/auto-round"));
+	json_object_del(fx->config, "quantization_config");
+	write_ckpt(fx);
+	assert_int_equal(json_dump_file(q, path_join(fx->path, sizeof fx->path, fx->dir,
+						     "quantization_config.json"), 0), 0);
+	assert_int_equal(load(fx, &m), 0);
+	check_model(fx, m);
+	radiance_model_destroy(m);
+	int n = radiance_checkpoint_list_files(fx->dir, &names, fx->err, sizeof fx->err);
+	assert_int_equal(n, 3);
+	assert_string_equal(names[1], "quantization_config.json");
+	for (int i = 0; i < n; i++)
+		free(names[i]);
+	free(names);
+
+	/* both present and agreeing */
+	json_object_set(fx->config, "quantization_config", q);
+	write_ckpt(fx);
+	assert_int_equal(load(fx, &m), 0);
+	radiance_model_destroy(m);
+
+	/* both present, disagreeing on the blocks */
+	json_object_set_new(q, "block_name_to_quantize", json_string("encoder"));
+	assert_int_equal(json_dump_file(q, path_join(fx->path, sizeof fx->path, fx->dir,
+						     "quantization_config.json"), 0), 0);
+	expect_refused(fx, -EINVAL, "disagree", "block_name_to_quantize");
+	json_decref(q);
+}
+
+/* a list of prefixes works like the comma-separated string */
+static void test_valid_block_list(void **state)
+{
+	struct fixture *fx = *state;
+	struct radiance_model *m;
+	json_object_set_new(qc(fx), "block_name_to_quantize",
+			    json_pack("[ss]", "decoder.layers", "encoder.layer"));
+	write_ckpt(fx);
+	assert_int_equal(load(fx, &m), 0);
+	check_model(fx, m);
+	radiance_model_destroy(m);
+	json_object_set_new(qc(fx), "block_name_to_quantize", json_string("decoder.layers, encoder.layer"));
+	write_ckpt(fx);
+	assert_int_equal(load(fx, &m), 0);
+	radiance_model_destroy(m);
+}
+
+static void test_identity(void **state)
+{
+	struct fixture *fx = *state;
+	static const char *const names[] = { "config.json", "model.safetensors" };
+	struct radiance_file a[2], b[2];
+	char ida[65], idb[65];
+
+	write_ckpt(fx);
+	for (int i = 0; i < 2; i++) {
+		a[i].name = names[i];
+		a[i].fd = open(path_join(fx->path, sizeof fx->path, fx->dir, names[i]), O_RDONLY);
+		b[1 - i] = a[i];
+	}
+	assert_int_equal(radiance_checkpoint_identity(a, 2, ida), 0);
+	assert_int_equal(strlen(ida), 64);
+	assert_int_equal(strspn(ida, "0123456789abcdef"), 64);
+	/* order does not matter; a second open of the same files gives the same id */
+	assert_int_equal(radiance_checkpoint_identity(b, 2, idb), 0);
+	assert_string_equal(ida, idb);
+	int fd2 = open(path_join(fx->path, sizeof fx->path, fx->dir, names[1]), O_RDONLY);
+	b[0].fd = fd2;
+	b[0].name = names[1];
+	b[1] = a[0];
+	assert_int_equal(radiance_checkpoint_identity(b, 2, idb), 0);
+	assert_string_equal(ida, idb);
+	close(fd2);
+	/* a subset, or a rewritten file, is another checkpoint */
+	assert_int_equal(radiance_checkpoint_identity(a, 1, idb), 0);
+	assert_string_not_equal(ida, idb);
+	/* the old inode stays open, so the rewrite is surely another inode even
+	 * within one timestamp tick */
+	int old = a[1].fd;
+	unlink(path_join(fx->path, sizeof fx->path, fx->dir, names[1]));
+	write_ckpt(fx);
+	a[1].fd = open(path_join(fx->path, sizeof fx->path, fx->dir, names[1]), O_RDONLY);
+	assert_int_equal(radiance_checkpoint_identity(a, 2, idb), 0);
+	assert_string_not_equal(ida, idb);
+	close(old);
+	close(a[0].fd);
+	close(a[1].fd);
+	assert_int_equal(radiance_checkpoint_identity(a, 0, idb), -EINVAL);
+}
+
+/* ---- refusals: quantization config -------------------------------------- */
+
+static void test_packing_other(void **state)
+{
+	struct fixture *fx = *state;
+	json_object_set_new(qc(fx), "packing_format", json_string("auto_round:auto_awq"));
+	write_ckpt(fx);
+	expect_refused(fx, -EINVAL, "packing_format is \"auto_round:auto_awq\"", "auto_round:auto_gptq");
+	json_object_set_new(qc(fx), "packing_format", json_string("auto_round:gptq"));   /* alias */
+	write_ckpt(fx);
+	struct radiance_model *m;
+	assert_int_equal(load(fx, &m), 0);
+	radiance_model_destroy(m);
+	json_object_del(qc(fx), "packing_format");
+	write_ckpt(fx);
+	expect_refused(fx, -EINVAL, "packing_format is missing", NULL);
+}
+
+static void test_quant_method(void **state)
+{
+	struct fixture *fx = *state;
+	json_object_set_new(qc(fx), "quant_method", json_string("gptq"));
+	write_ckpt(fx);
+	expect_refused(fx, -EINVAL, "quant_method is \"gptq\"", "auto-round");
+}
+
+static void test_bits_8(void **state)
+{
+	struct fixture *fx = *state;
+	json_object_set_new(qc(fx), "bits", json_integer(8));
+	write_ckpt(fx);
+	expect_refused(fx, -EINVAL, "config.json: quantization_config.bits is 8, expected 4", NULL);
+}
+
+static void test_group_size_64(void **state)
+{
+	struct fixture *fx = *state;
+	json_object_set_new(qc(fx), "group_size", json_integer(64));
+	write_ckpt(fx);
+	expect_refused(fx, -EINVAL, "group_size is 64, expected 128", NULL);
+}
+
+static void test_sym_false(void **state)
+{
+	struct fixture *fx = *state;
+	json_object_set_new(qc(fx), "sym", json_false());
+	write_ckpt(fx);
+	expect_refused(fx, -EINVAL, "sym is false, expected true", NULL);
+}
+
+static void test_extra_config_bits_8(void **state)
+{
+	struct fixture *fx = *state;
+	json_object_set_new(extra(fx), KEY, json_pack("{si}", "bits", 8));
+	write_ckpt(fx);
+	expect_refused(fx, -EINVAL, "layer \"" KEY "\"", "bits is 8, expected 4");
+	json_object_set_new(extra(fx), KEY, json_pack("{sisi}", "bits", 4, "group_size", 32));
+	write_ckpt(fx);
+	expect_refused(fx, -EINVAL, "layer \"" KEY "\"", "group_size is 32, expected 128");
+}
+
+static void test_no_quant_config(void **state)
+{
+	struct fixture *fx = *state;
+	json_object_del(fx->config, "quantization_config");
+	write_ckpt(fx);
+	expect_refused(fx, -ENOENT, "no \"quantization_config\"", "quantization_config.json");
+}
+
+/* ---- refusals: tensors vs the kernels ---------------------------------- */
+
+static void test_qzeros_not_symmetric(void **state)
+{
+	struct fixture *fx = *state;
+	uint32_t *qz = tensor(fx, Q ".qzeros")->data;
+	qz[3] = 0x77777778u;
+	write_ckpt(fx);
+	expect_refused(fx, -EINVAL, "layer \"" Q "\": 1 of 4 qzeros words differ from 0x77777777",
+		       "qzeros[1][1] = 0x77777778");
+	/* all 8s: an asymmetric export, every word wrong */
+	for (int i = 0; i < 4; i++)
+		qz[i] = 0x88888888u;
+	write_ckpt(fx);
+	expect_refused(fx, -EINVAL, "4 of 4 qzeros words", NULL);
+}
+
+static void test_g_idx_act_order(void **state)
+{
+	struct fixture *fx = *state;
+	int32_t g[256];
+	for (int k = 0; k < 256; k++)
+		g[k] = k % 2;
+	stw_add(&fx->w, Q ".g_idx", "I32", 1, (uint64_t[]){ 256 }, g, sizeof g);
+	write_ckpt(fx);
+	expect_refused(fx, -EINVAL, "layer \"" Q "\": g_idx[1] = 1, expected 0", "act-order");
+}
+
+static void test_k_not_multiple_of_128(void **state)
+{
+	struct fixture *fx = *state;
+	struct stw_tensor *t = tensor(fx, KEY ".qweight");
+	t->shape[0] = 20;                        /* K = 160 */
+	t->nbytes = 20 * 12 * 4;
+	t->data = realloc(t->data, t->nbytes);
+	memset(t->data, 0x88, t->nbytes);
+	write_ckpt(fx);
+	expect_refused(fx, -EINVAL, "layer \"" KEY "\": K = 160", "not a multiple of 128");
+}
+
+static void test_qweight_wrong_dtype(void **state)
+{
+	struct fixture *fx = *state;
+	snprintf(tensor(fx, Q ".qweight")->dtype, 16, "F32");
+	write_ckpt(fx);
+	expect_refused(fx, -EINVAL, "layer \"" Q "\": qweight \"" Q ".qweight\" has dtype F32",
+		       "expected I32");
+}
+
+static void test_qweight_wrong_shape(void **state)
+{
+	struct fixture *fx = *state;
+	struct stw_tensor *t = tensor(fx, Q ".qweight");
+	t->ndim = 1;
+	t->shape[0] = 32 * 16;
+	write_ckpt(fx);
+	expect_refused(fx, -EINVAL, "qweight \"" Q ".qweight\" has shape [512]", "[K/8, N]");
+}
+
+static void test_scales_wrong_shape(void **state)
+{
+	struct fixture *fx = *state;
+	struct stw_tensor *t = tensor(fx, Q ".scales");
+	t->shape[0] = 16;                        /* transposed: [N, K/128] */
+	t->shape[1] = 2;
+	write_ckpt(fx);
+	expect_refused(fx, -EINVAL, "scales \"" Q ".scales\" has shape [16, 2]", "expected [2, 16]");
+}
+
+static void test_scales_wrong_dtype(void **state)
+{
+	struct fixture *fx = *state;
+	snprintf(tensor(fx, Q ".scales")->dtype, 16, "BF16");
+	write_ckpt(fx);
+	expect_refused(fx, -EINVAL, "scales \"" Q ".scales\" has dtype BF16", "expected F16");
+}
+
+static void test_scales_not_finite(void **state)
+{
+	struct fixture *fx = *state;
+	uint16_t *s = tensor(fx, Q ".scales")->data;
+	s[16 + 5] = 0x7C00;                      /* +Inf at [1][5] */
+	s[20] = 0x7E00;                          /* NaN */
+	s[0] = 0x0000;                           /* zero is legal */
+	write_ckpt(fx);
+	expect_refused(fx, -EINVAL, "layer \"" Q "\": 2 of 32 scales are not finite",
+		       "scales[1][4] = 0x7e00, NaN");
+}
+
+static void test_missing_scales(void **state)
+{
+	struct fixture *fx = *state;
+	stw_remove(&fx->w, Q ".scales");
+	write_ckpt(fx);
+	expect_refused(fx, -EINVAL, "layer \"" Q "\": has a qweight but no \"" Q ".scales\"", NULL);
+}
+
+static void test_missing_qweight(void **state)
+{
+	struct fixture *fx = *state;
+	stw_remove(&fx->w, Q ".qweight");
+	write_ckpt(fx);
+	expect_refused(fx, -EINVAL, "layer \"" Q "\": has \"" Q ".qzeros\" but no qweight", NULL);
+}
+
+/* ---- refusals: config vs tensors --------------------------------------- */
+
+static void test_16bit_module_has_qweight(void **state)
+{
+	struct fixture *fx = *state;
+	json_object_set_new(extra(fx), Q, json_pack("{si}", "bits", 16));
+	write_ckpt(fx);
+	expect_refused(fx, -EINVAL, "layer \"" Q "\"", "holds it at 16 bits, but the checkpoint has its qweight");
+}
+
+static void test_qweight_outside_blocks(void **state)
+{
+	struct fixture *fx = *state;
+	/* "encoder.layer.0" must not match "encoder.layer.01..."; here nothing matches */
+	json_object_set_new(qc(fx), "block_name_to_quantize", json_string("encoder.layer.1"));
+	write_ckpt(fx);
+	expect_refused(fx, -EINVAL, "layer \"" KEY "\": has a qweight but lies outside the quantized blocks",
+		       "\"encoder.layer.1\"");
+}
+
+static void test_float_weight_inside_blocks(void **state)
+{
+	struct fixture *fx = *state;
+	json_object_del(extra(fx), OUT);
+	write_ckpt(fx);
+	expect_refused(fx, -EINVAL, "layer \"" OUT "\": inside the quantized block \"encoder.layer\"",
+		       "BF16 weight [8, 128] and no qweight");
+}
+
+static void test_both_qweight_and_weight(void **state)
+{
+	struct fixture *fx = *state;
+	stw_add(&fx->w, Q ".weight", "BF16", 2, (uint64_t[]){ 16, 256 }, NULL, 16 * 256 * 2);
+	write_ckpt(fx);
+	expect_refused(fx, -EINVAL, "layer \"" Q "\": has both", NULL);
+}
+
+static void test_misc_refusals(void **state)
+{
+	struct fixture *fx = *state;
+	json_object_set_new(qc(fx), "data_type", json_string("mx_fp"));
+	write_ckpt(fx);
+	expect_refused(fx, -EINVAL, "data_type is \"mx_fp\", expected \"int\"", NULL);
+	json_object_set_new(qc(fx), "data_type", json_string("int"));
+
+	json_object_set_new(extra(fx), "(", json_pack("{si}", "bits", 16));
+	write_ckpt(fx);
+	expect_refused(fx, -EINVAL, "key \"(\" is neither a module name nor a valid", NULL);
+	json_object_del(extra(fx), "(");
+
+	tensor(fx, POOL ".bias")->shape[0] = 2;          /* 16 bytes: [2] F32 is 8 */
+	snprintf(tensor(fx, POOL ".bias")->dtype, 16, "F64");
+	write_ckpt(fx);
+	expect_refused(fx, -EINVAL, "layer \"pooler.dense\": bias \"pooler.dense.bias\" has dtype F64",
+		       "expected BF16, F16 or F32");
+	snprintf(tensor(fx, POOL ".bias")->dtype, 16, "F32");
+	tensor(fx, POOL ".bias")->shape[0] = 4;
+
+	snprintf(tensor(fx, POOL ".weight")->dtype, 16, "I32");
+	write_ckpt(fx);
+	expect_refused(fx, -EINVAL, "weight \"pooler.dense.weight\" has dtype I32",
+		       "expected BF16, F16 or F32 for a 16-bit linear");
+}
+
+static void test_files_given_twice(void **state)
+{
+	struct fixture *fx = *state;
+	struct radiance_model *m;
+	write_ckpt(fx);
+	int fd = open(path_join(fx->path, sizeof fx->path, fx->dir, "model.safetensors"), O_RDONLY);
+	struct radiance_file files[2] = { { "model.safetensors", fd }, { "model.safetensors", fd } };
+	assert_int_equal(radiance_checkpoint_load(files, 2, NULL, NULL, NULL, &m, fx->err,
+						  sizeof fx->err), -EINVAL);
+	assert_non_null(strstr(fx->err, "given twice"));
+	/* weights alone: no quantization config */
+	assert_int_equal(radiance_checkpoint_load(files, 1, NULL, NULL, NULL, &m, fx->err,
+						  sizeof fx->err), -ENOENT);
+	assert_non_null(strstr(fx->err, "neither config.json nor quantization_config.json"));
+	close(fd);
+}
+
+static void test_bad_shard_name(void **state)
+{
+	struct fixture *fx = *state;
+	write_sharded(fx, 5);
+	write_text(path_join(fx->path, sizeof fx->path, fx->dir, "model.safetensors.index.json"),
+		   "{\"weight_map\": {\"a\": \"../etc/passwd\"}}");
+	expect_refused(fx, -EINVAL, "weight_map[\"a\"] is not a shard file name", NULL);
+}
+
+/* ---- refusals: files ----------------------------------------------------- */
+
+static void test_shard_missing(void **state)
+{
+	struct fixture *fx = *state;
+	char **names = (void *)1;
+	write_sharded(fx, 5);
+	unlink(path_join(fx->path, sizeof fx->path, fx->dir, "model-00002-of-00002.safetensors"));
+	assert_int_equal(radiance_checkpoint_list_files(fx->dir, &names, fx->err, sizeof fx->err),
+			 -ENOENT);
+	assert_null(names);
+	assert_non_null(strstr(fx->err, "model-00002-of-00002.safetensors"));
+
+	/* from fds: the index names a shard that was not sent */
+	static const char *const fn[] = { "config.json", "model.safetensors.index.json",
+					  "model-00001-of-00002.safetensors" };
+	struct radiance_file files[3];
+	struct radiance_model *m;
+	for (int i = 0; i < 3; i++) {
+		files[i].name = fn[i];
+		files[i].fd = open(path_join(fx->path, sizeof fx->path, fx->dir, fn[i]), O_RDONLY);
+	}
+	assert_int_equal(radiance_checkpoint_load(files, 3, NULL, NULL, NULL, &m, fx->err,
+						  sizeof fx->err), -ENOENT);
+	print_message("  -> %s\n", fx->err);
+	assert_non_null(strstr(fx->err, "shard \"model-00002-of-00002.safetensors\""));
+	assert_non_null(strstr(fx->err, "missing"));
+	for (int i = 0; i < 3; i++)
+		close(files[i].fd);
+}
+
+static void test_index_lists_absent_tensor(void **state)
+{
+	struct fixture *fx = *state;
+	write_sharded(fx, 5);
+	json_error_t e;
+	path_join(fx->path, sizeof fx->path, fx->dir, "model.safetensors.index.json");
+	json_t *idx = json_load_file(fx->path, 0, &e);
+	json_object_set_new(json_object_get(idx, "weight_map"), "encoder.layer.0.ghost.weight",
+			    json_string("model-00001-of-00002.safetensors"));
+	assert_int_equal(json_dump_file(idx, fx->path, 0), 0);
+	json_decref(idx);
+	expect_refused(fx, -EINVAL, "lists tensor \"encoder.layer.0.ghost.weight\" in shard "
+		       "\"model-00001-of-00002.safetensors\"", "no such tensor");
+}
+
+static void test_shard_holds_unlisted_tensor(void **state)
+{
+	struct fixture *fx = *state;
+	write_sharded(fx, 5);
+	json_error_t e;
+	path_join(fx->path, sizeof fx->path, fx->dir, "model.safetensors.index.json");
+	json_t *idx = json_load_file(fx->path, 0, &e);
+	json_object_del(json_object_get(idx, "weight_map"), "pooler.dense.bias");
+	assert_int_equal(json_dump_file(idx, fx->path, 0), 0);
+	json_decref(idx);
+	expect_refused(fx, -EINVAL, "holds tensor \"pooler.dense.bias\"", "does not list it");
+}
+
+static void test_no_weights(void **state)
+{
+	struct fixture *fx = *state;
+	write_config(fx);
+	expect_refused(fx, -ENOENT, "no weights", NULL);
+	/* a broken weights file is the safetensors reader's message, -EINVAL */
+	write_text(path_join(fx->path, sizeof fx->path, fx->dir, "model.safetensors"), "garbage!");
+	expect_refused(fx, -EINVAL, "model.safetensors: header length", NULL);
+}
+
+#define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		T(test_valid),
+		T(test_valid_fds),
+		T(test_valid_sharded),
+		T(test_valid_quant_config_file),
+		T(test_valid_block_list),
+		T(test_identity),
+		T(test_packing_other),
+		T(test_quant_method),
+		T(test_bits_8),
+		T(test_group_size_64),
+		T(test_sym_false),
+		T(test_extra_config_bits_8),
+		T(test_no_quant_config),
+		T(test_qzeros_not_symmetric),
+		T(test_g_idx_act_order),
+		T(test_k_not_multiple_of_128),
+		T(test_qweight_wrong_dtype),
+		T(test_qweight_wrong_shape),
+		T(test_scales_wrong_shape),
+		T(test_scales_wrong_dtype),
+		T(test_scales_not_finite),
+		T(test_missing_scales),
+		T(test_missing_qweight),
+		T(test_16bit_module_has_qweight),
+		T(test_qweight_outside_blocks),
+		T(test_float_weight_inside_blocks),
+		T(test_both_qweight_and_weight),
+		T(test_misc_refusals),
+		T(test_files_given_twice),
+		T(test_bad_shard_name),
+		T(test_shard_missing),
+		T(test_index_lists_absent_tensor),
+		T(test_shard_holds_unlisted_tensor),
+		T(test_no_weights),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
