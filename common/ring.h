@@ -23,11 +23,17 @@ struct radiance_ring {
 	uint32_t local;                  /* producer: our tail; consumer: our head */
 };
 
+/* Sets up one side's view of a ring in a freshly created segment (head and
+ * tail 0; `local` starts at 0). entries must be a power of two, validated by
+ * the caller. Either side uses the same init; the functions used pick the
+ * role. Never reads shared memory. */
 void radiance_ring_init(struct radiance_ring *r, struct radiance_shm_ring *ctl, uint8_t *slots,
 			uint32_t entries);
 
 /* Producer: copy a payload of len bytes (1..RADIANCE_SLOT_BYTES-4) into the
- * next slot and publish it. 0, -EAGAIN when full, -EMSGSIZE when too long.
+ * next slot and publish it. 0, -EAGAIN when full, -EMSGSIZE when too long or
+ * empty, -EPROTO when the consumer's head is not within `entries` behind our
+ * tail (the peer corrupted the ring).
  * Does not ring the doorbell: call radiance_ring_needs_wakeup() after. */
 int radiance_ring_push(struct radiance_ring *r, const void *payload, size_t len);
 
@@ -46,10 +52,18 @@ int radiance_ring_ready(struct radiance_ring *r);
 int radiance_ring_prepare_sleep(struct radiance_ring *r);
 /* Consumer: woke up; clears `sleeping`. */
 void radiance_ring_end_sleep(struct radiance_ring *r);
-/* Producer, after a push: 1 when the consumer asked to be woken. */
+/* Producer, after a push: 1 when the consumer asked to be woken. The tail
+ * store of push and this load, and prepare_sleep's store of `sleeping` and
+ * its load of tail, are all seq_cst (Dekker), so a wakeup is never lost. */
 int radiance_ring_needs_wakeup(struct radiance_ring *r);
 
-/* Doorbell helpers over an eventfd: ring adds 1; drain reads the count. */
+/* Producer: slots free for pushing (entries - in flight); -EPROTO as push. */
+int radiance_ring_space(struct radiance_ring *r);
+
+/* Doorbell helpers over a non-blocking eventfd. ring adds 1: 0 or -errno
+ * (a saturated counter, -EAGAIN, counts as rung: 0). drain reads and resets
+ * the count: returns it (capped at INT_MAX), 0 when nothing was pending, or
+ * -errno. */
 int radiance_doorbell_ring(int efd);
 int radiance_doorbell_drain(int efd);
 

@@ -66,10 +66,12 @@ void radiance_conn_finish(struct radiance_conn *c);
  * -EPROTO when more fds arrived than max_fds allows (in total queued) or a
  * control message was truncated (all fds of that recvmsg are closed),
  * -EMSGSIZE when a length prefix is 0 or above max_frame, or another -errno.
- * Any error but -EAGAIN/-EINTR leaves the connection unusable. */
+ * Any error but -EAGAIN leaves the connection unusable. When a complete frame
+ * is already buffered it reads nothing and returns 1: drain next_frame()
+ * first. */
 int radiance_conn_read(struct radiance_conn *c);
 
-/* Pops the next complete frame. Returns 1 and sets *data/*len (valid until
+/* Pops the next complete frame. Returns 1 and sets *data and *len (valid until
  * the next read/next_frame call), 0 when more bytes are needed, -EMSGSIZE when
  * the length prefix is 0 or above max_frame (the connection is unusable). */
 int radiance_conn_next_frame(struct radiance_conn *c, const uint8_t **data, size_t *len);

@@ -35,6 +35,30 @@
  *
  * The client can write anything into this memory at any time: the daemon
  * copies a slot out before decoding it and treats every field as hostile.
+ *
+ * Refinements (daemon side, protocol still version 1):
+ * - Requests in flight together are independent: the daemon groups them by
+ *   (model, layer) across sessions into one launch, so completions may come
+ *   in another order than submissions. Submit a request that reads another's
+ *   output only after that one completed; match results by request_id.
+ * - The daemon takes an SQ entry only when the CQ has room for its result
+ *   (backpressure, never an overflow), and answers EBUSY when more than its
+ *   max_inflight requests are submitted and not completed.
+ * - Status values of LinearResult: ENOENT (model not referenced by this
+ *   session, layer out of range), EINVAL (rows outside 1..max_rows, dtype,
+ *   offsets not 16-aligned, input and output overlapping), EFAULT (a range
+ *   outside the arena), EBUSY, or the backend's EIO/E2BIG.
+ * - Protocol violations end the session (its socket closes after an
+ *   Error(EPROTO) naming the reason, when the socket takes it): tail more
+ *   than `entries` ahead of the daemon's head, a slot length outside
+ *   1..slot_bytes-4, a slot that is not a LinearRequest, a CQ head not
+ *   within `entries` of the daemon's tail.
+ * - Both eventfds are created EFD_NONBLOCK; O_NONBLOCK is shared by every
+ *   copy of the fd, so wait on the CQ doorbell with poll(), and do not
+ *   change its flags. The daemon never reads the SQ doorbell (edge-triggered
+ *   epoll), so only writing it matters.
+ * - The header's sq/cq `entries` and offsets are written once by the
+ *   daemon before RingReady; the daemon itself never re-reads them.
  */
 #ifndef RADIANCE_SHM_H
 #define RADIANCE_SHM_H

@@ -1,0 +1,105 @@
+/* protobuf-c <-> frames and slots. */
+#include "proto_util.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int queue_packed(struct radiance_conn *c, const ProtobufCMessage *m, const int *fds,
+			size_t nfds)
+{
+	size_t len = protobuf_c_message_get_packed_size(m);
+	if (len == 0 || len > c->max_frame)
+		return -EMSGSIZE;
+	uint8_t stackbuf[512];
+	uint8_t *buf = len <= sizeof stackbuf ? stackbuf : malloc(len);
+	if (!buf)
+		return -ENOMEM;
+	protobuf_c_message_pack(m, buf);
+	int rc = radiance_conn_queue(c, buf, len, fds, nfds);
+	if (buf != stackbuf)
+		free(buf);
+	return rc;
+}
+
+int radiance_proto_queue_client(struct radiance_conn *c, const Radiance__ClientMessage *m,
+				const int *fds, size_t nfds)
+{
+	return queue_packed(c, &m->base, fds, nfds);
+}
+
+int radiance_proto_queue_server(struct radiance_conn *c, const Radiance__ServerMessage *m,
+				const int *fds, size_t nfds)
+{
+	return queue_packed(c, &m->base, fds, nfds);
+}
+
+Radiance__ClientMessage *radiance_proto_unpack_client(const uint8_t *data, size_t len)
+{
+	return radiance__client_message__unpack(NULL, len, data);
+}
+
+Radiance__ServerMessage *radiance_proto_unpack_server(const uint8_t *data, size_t len)
+{
+	return radiance__server_message__unpack(NULL, len, data);
+}
+
+size_t radiance_proto_client_fds(const Radiance__ClientMessage *m)
+{
+	if (m->msg_case == RADIANCE__CLIENT_MESSAGE__MSG_LOAD_MODEL && m->load_model)
+		return m->load_model->n_file_names;
+	return 0;
+}
+
+size_t radiance_proto_server_fds(const Radiance__ServerMessage *m)
+{
+	if (m->msg_case == RADIANCE__SERVER_MESSAGE__MSG_RING_READY)
+		return RADIANCE_RING_READY_FDS;
+	return 0;
+}
+
+const char *radiance_proto_client_name(const Radiance__ClientMessage *m)
+{
+	switch (m->msg_case) {
+	case RADIANCE__CLIENT_MESSAGE__MSG_HELLO: return "hello";
+	case RADIANCE__CLIENT_MESSAGE__MSG_LOAD_MODEL: return "load_model";
+	case RADIANCE__CLIENT_MESSAGE__MSG_ATTACH_MODEL: return "attach_model";
+	case RADIANCE__CLIENT_MESSAGE__MSG_RELEASE_MODEL: return "release_model";
+	case RADIANCE__CLIENT_MESSAGE__MSG_GET_MODEL: return "get_model";
+	case RADIANCE__CLIENT_MESSAGE__MSG_LIST_MODELS: return "list_models";
+	case RADIANCE__CLIENT_MESSAGE__MSG_OPEN_RING: return "open_ring";
+	case RADIANCE__CLIENT_MESSAGE__MSG_GET_STATS: return "get_stats";
+	default: return "none";
+	}
+}
+
+const char *radiance_proto_server_name(const Radiance__ServerMessage *m)
+{
+	switch (m->msg_case) {
+	case RADIANCE__SERVER_MESSAGE__MSG_WELCOME: return "welcome";
+	case RADIANCE__SERVER_MESSAGE__MSG_ERROR: return "error";
+	case RADIANCE__SERVER_MESSAGE__MSG_MODEL_INFO: return "model_info";
+	case RADIANCE__SERVER_MESSAGE__MSG_LOAD_PROGRESS: return "load_progress";
+	case RADIANCE__SERVER_MESSAGE__MSG_MODEL_LIST: return "model_list";
+	case RADIANCE__SERVER_MESSAGE__MSG_RING_READY: return "ring_ready";
+	case RADIANCE__SERVER_MESSAGE__MSG_STATS: return "stats";
+	case RADIANCE__SERVER_MESSAGE__MSG_OK: return "ok";
+	default: return "none";
+	}
+}
+
+int radiance_proto_pack_slot(const ProtobufCMessage *m, uint8_t *buf, size_t cap)
+{
+	size_t len = protobuf_c_message_get_packed_size(m);
+	if (len == 0) {
+		if (cap < 2)
+			return -EMSGSIZE;
+		buf[0] = 0x08;   /* field 1, varint */
+		buf[1] = 0x00;
+		return 2;
+	}
+	if (len > cap)
+		return -EMSGSIZE;
+	protobuf_c_message_pack(m, buf);
+	return (int)len;
+}

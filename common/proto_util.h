@@ -1,0 +1,55 @@
+/*
+ * Glue between protobuf-c messages (proto/radiance.proto) and the transport
+ * and rings. Shared by daemon and client; as small as it can be.
+ *
+ * Thread safety: stateless functions; a conn is driven by one thread.
+ */
+#ifndef RADIANCE_PROTO_UTIL_H
+#define RADIANCE_PROTO_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "radiance.pb-c.h"
+#include "transport.h"
+
+/* RingReady carries the segment memfd, the SQ doorbell, the CQ doorbell, in
+ * this order. */
+#define RADIANCE_RING_READY_FDS 3u
+enum { RADIANCE_FD_SEGMENT = 0, RADIANCE_FD_SQ_DOORBELL = 1, RADIANCE_FD_CQ_DOORBELL = 2 };
+
+/* Serializes m and queues it as one frame with nfds fds (dup'ed; the caller
+ * keeps its own). 0, -EMSGSIZE when the packed message is empty or above
+ * the conn's max_frame, -ENOMEM, or an error of radiance_conn_queue(). */
+int radiance_proto_queue_client(struct radiance_conn *c, const Radiance__ClientMessage *m,
+				const int *fds, size_t nfds);
+int radiance_proto_queue_server(struct radiance_conn *c, const Radiance__ServerMessage *m,
+				const int *fds, size_t nfds);
+
+/* Decodes a frame. NULL when the bytes are not a valid message (or out of
+ * memory). Free with radiance__client_message__free_unpacked(m, NULL) /
+ * radiance__server_message__free_unpacked(m, NULL). An empty oneof
+ * (msg_case == ..._MSG__NOT_SET) decodes fine: the caller rejects it. */
+Radiance__ClientMessage *radiance_proto_unpack_client(const uint8_t *data, size_t len);
+Radiance__ServerMessage *radiance_proto_unpack_server(const uint8_t *data, size_t len);
+
+/* How many fds a message declares it carries: LoadModel one per file name,
+ * RingReady RADIANCE_RING_READY_FDS, everything else 0. A frame that came
+ * with a different number of fds is a protocol violation. */
+size_t radiance_proto_client_fds(const Radiance__ClientMessage *m);
+size_t radiance_proto_server_fds(const Radiance__ServerMessage *m);
+
+/* Short name of the message in the oneof, for logs ("hello", "load_model",
+ * ..., "none"). Static strings. */
+const char *radiance_proto_client_name(const Radiance__ClientMessage *m);
+const char *radiance_proto_server_name(const Radiance__ServerMessage *m);
+
+/* Serializes a ring slot payload (LinearRequest or LinearResult) into buf of
+ * cap bytes (RADIANCE_SLOT_BYTES - 4 for a slot). Returns the length (>= 1)
+ * or -EMSGSIZE when it does not fit. An all-default proto3 message packs to
+ * 0 bytes but a slot needs >= 1, so that case is written as field 1
+ * (request_id, a varint in both messages) explicitly set to 0: bytes 08 00,
+ * which every decoder reads back as the same all-default message. */
+int radiance_proto_pack_slot(const ProtobufCMessage *m, uint8_t *buf, size_t cap);
+
+#endif

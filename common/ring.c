@@ -1,0 +1,123 @@
+/*
+ * SQ/CQ rings in shared memory (proto/shm.h). Each side keeps its own counter
+ * privately and only trusts what it reads from the peer after range checks:
+ * the peer can write anything into the segment at any time.
+ */
+#include "ring.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+void radiance_ring_init(struct radiance_ring *r, struct radiance_shm_ring *ctl, uint8_t *slots,
+			uint32_t entries)
+{
+	r->ctl = ctl;
+	r->slots = slots;
+	r->entries = entries;
+	r->mask = entries - 1;
+	r->local = 0;
+}
+
+int radiance_ring_space(struct radiance_ring *r)
+{
+	uint32_t head = __atomic_load_n(&r->ctl->head, __ATOMIC_ACQUIRE);
+	uint32_t used = r->local - head;
+	if (used > r->entries)
+		return -EPROTO;
+	return (int)(r->entries - used);
+}
+
+int radiance_ring_push(struct radiance_ring *r, const void *payload, size_t len)
+{
+	if (len == 0 || len > RADIANCE_SLOT_BYTES - 4)
+		return -EMSGSIZE;
+	int space = radiance_ring_space(r);
+	if (space < 0)
+		return space;
+	if (space == 0)
+		return -EAGAIN;
+	uint8_t *slot = r->slots + (size_t)(r->local & r->mask) * RADIANCE_SLOT_BYTES;
+	uint32_t l = (uint32_t)len;
+	memcpy(slot, &l, 4);
+	memcpy(slot + 4, payload, len);
+	r->local++;
+	/* seq_cst, not just release: with the seq_cst `sleeping` accesses it
+	 * forms the Dekker pair with prepare_sleep (no lost wakeup) */
+	__atomic_store_n(&r->ctl->tail, r->local, __ATOMIC_SEQ_CST);
+	return 0;
+}
+
+int radiance_ring_ready(struct radiance_ring *r)
+{
+	uint32_t tail = __atomic_load_n(&r->ctl->tail, __ATOMIC_ACQUIRE);
+	uint32_t n = tail - r->local;
+	if (n > r->entries)
+		return -EPROTO;
+	return (int)n;
+}
+
+int radiance_ring_pop(struct radiance_ring *r, void *buf)
+{
+	int n = radiance_ring_ready(r);
+	if (n <= 0)
+		return n;
+	const uint8_t *slot = r->slots + (size_t)(r->local & r->mask) * RADIANCE_SLOT_BYTES;
+	/* Read the length once, check it, then copy: the peer may rewrite the
+	 * slot concurrently, but only our private copy is decoded. */
+	uint32_t len = __atomic_load_n((const uint32_t *)slot, __ATOMIC_RELAXED);
+	if (len == 0 || len > RADIANCE_SLOT_BYTES - 4)
+		return -EPROTO;
+	memcpy(buf, slot + 4, len);
+	r->local++;
+	__atomic_store_n(&r->ctl->head, r->local, __ATOMIC_RELEASE);
+	return (int)len;
+}
+
+int radiance_ring_prepare_sleep(struct radiance_ring *r)
+{
+	__atomic_store_n(&r->ctl->sleeping, 1, __ATOMIC_SEQ_CST);
+	uint32_t tail = __atomic_load_n(&r->ctl->tail, __ATOMIC_SEQ_CST);
+	if (tail != r->local) {
+		/* Work (or corruption, which the next pop reports) arrived. */
+		__atomic_store_n(&r->ctl->sleeping, 0, __ATOMIC_RELAXED);
+		return 0;
+	}
+	return 1;
+}
+
+void radiance_ring_end_sleep(struct radiance_ring *r)
+{
+	__atomic_store_n(&r->ctl->sleeping, 0, __ATOMIC_RELAXED);
+}
+
+int radiance_ring_needs_wakeup(struct radiance_ring *r)
+{
+	return __atomic_load_n(&r->ctl->sleeping, __ATOMIC_SEQ_CST) != 0;
+}
+
+int radiance_doorbell_ring(int efd)
+{
+	uint64_t one = 1;
+	ssize_t n;
+	do
+		n = write(efd, &one, sizeof one);
+	while (n < 0 && errno == EINTR);
+	if (n < 0 && errno != EAGAIN)
+		return -errno;
+	return 0;
+}
+
+int radiance_doorbell_drain(int efd)
+{
+	uint64_t v = 0;
+	ssize_t n;
+	do
+		n = read(efd, &v, sizeof v);
+	while (n < 0 && errno == EINTR);
+	if (n < 0)
+		return errno == EAGAIN ? 0 : -errno;
+	return v > INT_MAX ? INT_MAX : (int)v;
+}

@@ -1,0 +1,53 @@
+/*
+ * radianced's settings: built-in defaults, then the config file (INI, parsed
+ * with libinih; keys at top level or in a [radianced] section), then the
+ * command line, each overriding the one before. docs/daemon.md lists every
+ * option; `radianced --help` prints them.
+ *
+ * Thread safety: filled once at start by the main thread, read-only after.
+ */
+#ifndef RADIANCE_CONFIG_H
+#define RADIANCE_CONFIG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define RADIANCE_DEFAULT_CONFIG "/etc/radiance/radianced.conf"
+#define RADIANCE_DEFAULT_ROOT_SOCKET "/run/radiance/radiance.sock"
+
+struct radiance_config {
+	char *config_path;          /* the file that was read, or NULL */
+	char *socket_path;          /* listening socket (ignored when socket-activated) */
+	char *socket_group;         /* chgrp the socket to this and make it 0660; NULL: 0600 */
+	char *backend;              /* "auto", "cpu", "gpu" */
+	int device;                 /* GPU ordinal */
+	char **preload;             /* checkpoint directories to load at start */
+	size_t n_preload;
+	uint32_t max_sessions;      /* connected clients at once */
+	uint64_t max_arena_bytes;   /* largest arena one session may ask for, bytes */
+	uint64_t arena_bytes;       /* arena of an OpenRing that asks for 0 (<= max) */
+	uint32_t max_rows;          /* largest M of a request, and of one merged launch */
+	uint32_t max_inflight;      /* requests per session submitted but not completed */
+	uint32_t max_sq_entries;    /* largest SQ (and CQ) a session may ask for; power of two */
+	uint32_t sq_entries;        /* SQ/CQ entries of an OpenRing that asks for 0 */
+	uint32_t max_k, max_n;      /* largest layer K and N the backend is sized for */
+	int log_level;              /* enum radiance_log_level */
+};
+
+/* Fills cfg from defaults, the config file and argv. Returns 0 to run, 1 when
+ * --help or --version was answered on stdout (exit 0), or -EINVAL / -ENOENT /
+ * -ENOMEM with a one-line message in err naming the option or
+ * file:line key and the bad value. cfg must be finished in every case. */
+int config_load(struct radiance_config *cfg, int argc, char **argv, char *err, size_t errlen);
+
+/* Defaults only (no file, no argv): what config_load starts from. */
+int config_init(struct radiance_config *cfg);
+
+/* Applies one INI file over cfg. 0, -ENOENT/-errno when it cannot be
+ * opened, -EINVAL for a bad line, unknown key or bad value (err says which). */
+int config_parse_file(struct radiance_config *cfg, const char *path, char *err, size_t errlen);
+
+/* Frees everything cfg owns; safe on a zeroed or half-filled cfg. */
+void config_finish(struct radiance_config *cfg);
+
+#endif

@@ -1,0 +1,839 @@
+/* The compute thread; see executor.h for the threading contract. */
+#include "executor.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "proto_util.h"
+
+/* protobuf-c's unpack allocates; a per-executor bump arena keeps the hot
+ * path off malloc. A slot is at most 252 bytes, so even a slot of nothing
+ * but unknown fields (which protobuf-c keeps, ~32 bytes each) fits. */
+#define BUMP_BYTES 16384
+
+struct bump {
+	size_t used;
+	_Alignas(16) uint8_t buf[BUMP_BYTES];
+};
+
+struct radiance_executor {
+	uv_loop_t *loop;
+	uv_async_t async;
+	pthread_t thread;
+	struct executor_options opt;
+	struct radiance_backend *backend;
+	struct radiance_backend_info info;
+
+	/* start-up handshake */
+	pthread_mutex_t lock;      /* guards jobs, done and started */
+	pthread_cond_t cond;
+	int started;               /* 1 ok, -errno failed */
+	char start_err[256];
+
+	struct exec_job *jobs, *jobs_tail;   /* loop -> executor */
+	struct exec_job *done, *done_tail;   /* executor -> loop */
+	atomic_int jobs_pending;
+	atomic_int stop;
+	int ctl_efd;
+	int epfd;
+
+	/* executor-private */
+	struct exec_ring **rings;
+	size_t nrings;
+	size_t rr;                            /* round-robin start */
+	struct exec_job *uploading;           /* UPLOAD jobs in progress, FIFO */
+	struct exec_entry **batch;            /* max_rings * EXEC_BATCH */
+	size_t nbatch;
+	struct radiance_rows *rows;           /* max_rows */
+	struct bump bump;
+};
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+	__builtin_ia32_pause();
+#elif defined(__aarch64__)
+	__asm__ volatile("yield");
+#endif
+}
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* ---- model references ---- */
+
+void exec_refs_init(struct exec_refs *r)
+{
+	pthread_mutex_init(&r->lock, NULL);
+	r->v = NULL;
+	r->n = r->cap = 0;
+}
+
+void exec_refs_finish(struct exec_refs *r)
+{
+	free(r->v);
+	r->v = NULL;
+	r->n = r->cap = 0;
+	pthread_mutex_destroy(&r->lock);
+}
+
+int exec_refs_add(struct exec_refs *r, struct exec_model *m)
+{
+	int rc = 0;
+	pthread_mutex_lock(&r->lock);
+	for (size_t i = 0; i < r->n; i++)
+		if (r->v[i].model_id == m->id) {
+			rc = -EEXIST;
+			goto out;
+		}
+	if (r->n == r->cap) {
+		size_t cap = r->cap ? r->cap * 2 : 4;
+		struct exec_ref *v = realloc(r->v, cap * sizeof *v);
+		if (!v) {
+			rc = -ENOMEM;
+			goto out;
+		}
+		r->v = v;
+		r->cap = cap;
+	}
+	r->v[r->n++] = (struct exec_ref){ m->id, m };
+out:
+	pthread_mutex_unlock(&r->lock);
+	return rc;
+}
+
+int exec_refs_remove(struct exec_refs *r, uint32_t model_id)
+{
+	int rc = -ENOENT;
+	pthread_mutex_lock(&r->lock);
+	for (size_t i = 0; i < r->n; i++)
+		if (r->v[i].model_id == model_id) {
+			r->v[i] = r->v[--r->n];
+			rc = 0;
+			break;
+		}
+	pthread_mutex_unlock(&r->lock);
+	return rc;
+}
+
+struct exec_model *exec_refs_find(struct exec_refs *r, uint32_t model_id)
+{
+	struct exec_model *m = NULL;
+	pthread_mutex_lock(&r->lock);
+	for (size_t i = 0; i < r->n; i++)
+		if (r->v[i].model_id == model_id) {
+			m = r->v[i].model;
+			break;
+		}
+	pthread_mutex_unlock(&r->lock);
+	return m;
+}
+
+void exec_ring_init(struct exec_ring *r, void (*broken_done)(struct exec_job *), void *user)
+{
+	memset(&r->broken, 0, sizeof r->broken);
+	r->broken.kind = EXEC_JOB_NOTICE;
+	r->broken.done = broken_done;
+	r->broken.user = user;
+	r->broken.ring = r;
+	r->dead = 0;
+	r->need_doorbell = 0;
+}
+
+/* ---- executor -> loop ---- */
+
+static void on_async_closed(uv_handle_t *h)
+{
+	free(h->data);
+}
+
+static void post_done(struct radiance_executor *e, struct exec_job *job)
+{
+	job->next = NULL;
+	pthread_mutex_lock(&e->lock);
+	if (e->done_tail)
+		e->done_tail->next = job;
+	else
+		e->done = job;
+	e->done_tail = job;
+	pthread_mutex_unlock(&e->lock);
+	uv_async_send(&e->async);
+}
+
+static void on_async(uv_async_t *h)
+{
+	struct radiance_executor *e = h->data;
+	pthread_mutex_lock(&e->lock);
+	struct exec_job *job = e->done;
+	e->done = e->done_tail = NULL;
+	pthread_mutex_unlock(&e->lock);
+	while (job) {
+		struct exec_job *next = job->next;
+		job->done(job);
+		job = next;
+	}
+}
+
+static void ring_violation(struct radiance_executor *e, struct exec_ring *r, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+static void ring_violation(struct radiance_executor *e, struct exec_ring *r, const char *fmt, ...)
+{
+	if (r->dead)
+		return;
+	r->dead = 1;
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(r->broken.err, sizeof r->broken.err, fmt, ap);
+	va_end(ap);
+	r->broken.status = -EPROTO;
+	post_done(e, &r->broken);
+}
+
+/* ---- results ---- */
+
+static void post_result(struct radiance_executor *e, struct exec_ring *r, uint64_t request_id,
+			int status, const char *error, uint64_t queue_ns, uint64_t exec_ns)
+{
+	if (r->dead)
+		return;
+	Radiance__LinearResult res = RADIANCE__LINEAR_RESULT__INIT;
+	char text[192];
+	res.request_id = request_id;
+	res.status = status;
+	res.queue_ns = queue_ns;
+	res.exec_ns = exec_ns;
+	if (status && error) {
+		/* an error text always fits a slot: cut it rather than drop it */
+		snprintf(text, sizeof text, "%s", error);
+		res.error = text;
+	}
+	uint8_t buf[RADIANCE_SLOT_BYTES - 4];
+	int len = radiance_proto_pack_slot(&res.base, buf, sizeof buf);
+	int rc = len < 0 ? len : radiance_ring_push(&r->cq, buf, (size_t)len);
+	if (rc == -EPROTO) {
+		ring_violation(e, r, "CQ head corrupted (not within %u entries of tail)", r->cq.entries);
+		return;
+	}
+	if (rc < 0) {
+		/* cannot happen: CQ room is reserved before an SQ entry is taken */
+		ring_violation(e, r, "cannot post a result: %s", strerror(-rc));
+		return;
+	}
+	r->need_doorbell = 1;
+}
+
+static void reject(struct radiance_executor *e, struct exec_ring *r, uint64_t request_id,
+		   uint64_t t_seen, int status, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+
+static void reject(struct radiance_executor *e, struct exec_ring *r, uint64_t request_id,
+		   uint64_t t_seen, int status, const char *fmt, ...)
+{
+	char msg[192];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof msg, fmt, ap);
+	va_end(ap);
+	uint64_t lat = now_ns() - t_seen;
+	post_result(e, r, request_id, status, msg, lat, 0);
+	stats_record(r->stats, 0, 0, 0, lat, status);
+	stats_record(e->opt.global_stats, 0, 0, 0, lat, status);
+	log_debug("session %llu: request %llu refused: %s", (unsigned long long)r->session_id,
+		  (unsigned long long)request_id, msg);
+}
+
+/* ---- decode and validate ---- */
+
+static void *bump_alloc(void *data, size_t size)
+{
+	struct bump *b = data;
+	size_t at = (b->used + 15) & ~(size_t)15;
+	if (size > BUMP_BYTES || at > BUMP_BYTES - size)
+		return NULL;
+	b->used = at + size;
+	return b->buf + at;
+}
+
+static void bump_free(void *data, void *p)
+{
+}
+
+/* Range [off, off + rows*dim*2) inside the arena, with every product and sum
+ * overflow-checked; the byte count in *bytes. */
+static int arena_range(const struct exec_ring *r, uint64_t off, uint32_t rows, uint32_t dim,
+		       uint64_t *bytes)
+{
+	uint64_t n, end;
+	if (__builtin_mul_overflow((uint64_t)rows, (uint64_t)dim, &n) ||
+	    __builtin_mul_overflow(n, (uint64_t)2, &n) || __builtin_add_overflow(off, n, &end) ||
+	    end > r->arena_bytes)
+		return -EFAULT;
+	*bytes = n;
+	return 0;
+}
+
+/* Takes what one SQ offers this pass into the batch. */
+static void collect_ring(struct radiance_executor *e, struct exec_ring *r)
+{
+	int space = radiance_ring_space(&r->cq);
+	if (space < 0) {
+		ring_violation(e, r, "CQ head corrupted (not within %u entries of tail)", r->cq.entries);
+		return;
+	}
+	uint32_t budget = (uint32_t)space < EXEC_BATCH ? (uint32_t)space : EXEC_BATCH;
+	uint32_t taken = 0;
+	uint8_t slot[RADIANCE_SLOT_BYTES];
+	ProtobufCAllocator alloc = { bump_alloc, bump_free, &e->bump };
+
+	while (taken < budget) {
+		int len = radiance_ring_pop(&r->sq, slot);
+		if (len == 0)
+			break;
+		if (len < 0) {
+			ring_violation(e, r, "SQ corrupted (tail not within %u entries of head, or a "
+				       "slot length outside 1..%u)", r->sq.entries, RADIANCE_SLOT_BYTES - 4);
+			return;
+		}
+		uint64_t t_seen = now_ns();
+		taken++;
+		e->bump.used = 0;
+		Radiance__LinearRequest *req =
+			radiance__linear_request__unpack(&alloc, (size_t)len, slot);
+		if (!req) {
+			ring_violation(e, r, "SQ entry %u is not a LinearRequest (%d bytes)",
+				       r->sq.local - 1, len);
+			return;
+		}
+		/* req lives in the bump arena: copy what we keep, nothing to free */
+		uint64_t id = req->request_id;
+		int ready = radiance_ring_ready(&r->sq);
+		uint64_t inflight = (uint64_t)(ready > 0 ? ready : 0) + taken;
+		if (inflight > r->max_inflight) {
+			reject(e, r, id, t_seen, EBUSY, "%llu requests in flight exceed the limit of %u",
+			       (unsigned long long)inflight, r->max_inflight);
+			continue;
+		}
+		struct exec_model *m = exec_refs_find(r->refs, req->model_id);
+		if (!m) {
+			reject(e, r, id, t_seen, ENOENT, "model_id %u is not loaded by this session",
+			       req->model_id);
+			continue;
+		}
+		if (req->layer >= m->model->n_layers) {
+			reject(e, r, id, t_seen, ENOENT, "layer %u out of range: model %u has %zu layers",
+			       req->layer, m->id, m->model->n_layers);
+			continue;
+		}
+		const struct radiance_layer *l = &m->model->layers[req->layer];
+		if (req->rows == 0 || req->rows > e->opt.backend.max_rows) {
+			reject(e, r, id, t_seen, EINVAL, "rows %u outside 1..%u", req->rows,
+			       e->opt.backend.max_rows);
+			continue;
+		}
+		if (req->dtype != RADIANCE__DTYPE__DTYPE_BF16 && req->dtype != RADIANCE__DTYPE__DTYPE_FP16) {
+			reject(e, r, id, t_seen, EINVAL, "dtype %d is not bf16 (1) or fp16 (2)",
+			       (int)req->dtype);
+			continue;
+		}
+		if (req->input_offset % RADIANCE_ARENA_ALIGN || req->output_offset % RADIANCE_ARENA_ALIGN) {
+			reject(e, r, id, t_seen, EINVAL,
+			       "input_offset %llu / output_offset %llu not %u-byte aligned",
+			       (unsigned long long)req->input_offset,
+			       (unsigned long long)req->output_offset, RADIANCE_ARENA_ALIGN);
+			continue;
+		}
+		uint64_t in_bytes, out_bytes;
+		if (arena_range(r, req->input_offset, req->rows, l->k, &in_bytes) < 0) {
+			reject(e, r, id, t_seen, EFAULT,
+			       "input [%llu, +%u rows x K=%u x 2) outside the arena of %llu bytes",
+			       (unsigned long long)req->input_offset, req->rows, l->k,
+			       (unsigned long long)r->arena_bytes);
+			continue;
+		}
+		if (arena_range(r, req->output_offset, req->rows, l->n, &out_bytes) < 0) {
+			reject(e, r, id, t_seen, EFAULT,
+			       "output [%llu, +%u rows x N=%u x 2) outside the arena of %llu bytes",
+			       (unsigned long long)req->output_offset, req->rows, l->n,
+			       (unsigned long long)r->arena_bytes);
+			continue;
+		}
+		if (req->input_offset < req->output_offset + out_bytes &&
+		    req->output_offset < req->input_offset + in_bytes) {
+			reject(e, r, id, t_seen, EINVAL, "input and output ranges overlap");
+			continue;
+		}
+		struct exec_entry *en = &r->entries[taken - 1];
+		*en = (struct exec_entry){
+			.ring = r,
+			.model = m,
+			.layer = req->layer,
+			.request_id = id,
+			.t_seen = t_seen,
+			.bytes_in = in_bytes,
+			.bytes_out = out_bytes,
+			.rows = {
+				.x = r->arena + req->input_offset,
+				.y = (uint16_t *)(void *)(r->arena + req->output_offset),
+				.m = req->rows,
+				.dtype = (enum radiance_dtype)req->dtype,
+			},
+		};
+		e->batch[e->nbatch++] = en;
+	}
+}
+
+/* Orders the batch by (model, layer), keeping each session's order within a
+ * group. Insertion sort: no allocation, and batches are small. This is
+ * where a priority (decode rows first) would become the leading key. */
+static int entry_before(const struct exec_entry *a, const struct exec_entry *b)
+{
+	if (a->model != b->model)
+		return a->model->id < b->model->id;
+	return a->layer < b->layer;
+}
+
+static void sort_batch(struct exec_entry **v, size_t n)
+{
+	for (size_t i = 1; i < n; i++) {
+		struct exec_entry *x = v[i];
+		size_t j = i;
+		while (j > 0 && entry_before(x, v[j - 1])) {
+			v[j] = v[j - 1];
+			j--;
+		}
+		v[j] = x;
+	}
+}
+
+/* Runs entries [0, n) (one model, one layer, rows summing <= max_rows) as
+ * one launch and posts their results. */
+static void launch(struct radiance_executor *e, struct exec_entry **v, size_t n)
+{
+	struct exec_model *m = v[0]->model;
+	const struct radiance_layer *l = &m->model->layers[v[0]->layer];
+	char err[192] = "";
+	for (size_t i = 0; i < n; i++)
+		e->rows[i] = v[i]->rows;
+	uint64_t start = now_ns();
+	int rc = radiance_backend_linear(e->backend, l, m->handles[v[0]->layer], e->rows, n, err,
+					 sizeof err);
+	uint64_t end = now_ns();
+	if (rc < 0)
+		log_warn("model %u layer %u (%s): launch of %zu requests failed: %s", m->id,
+			 v[0]->layer, l->name, n, err);
+	for (size_t i = 0; i < n; i++) {
+		struct exec_entry *en = v[i];
+		struct exec_ring *r = en->ring;
+		post_result(e, r, en->request_id, rc < 0 ? -rc : 0, err, start - en->t_seen, end - start);
+		stats_record(r->stats, en->rows.m, en->bytes_in, en->bytes_out, end - en->t_seen, -rc);
+		stats_record(e->opt.global_stats, en->rows.m, en->bytes_in, en->bytes_out,
+			     end - en->t_seen, -rc);
+	}
+}
+
+static void group_and_run(struct radiance_executor *e)
+{
+	struct exec_entry **v = e->batch;
+	size_t n = e->nbatch;
+	sort_batch(v, n);
+	for (size_t i = 0; i < n;) {
+		size_t j = i;
+		uint32_t rows = 0;
+		/* a group: same model and layer, skipping rings that died meanwhile */
+		while (j < n && v[j]->model == v[i]->model && v[j]->layer == v[i]->layer &&
+		       rows + v[j]->rows.m <= e->opt.backend.max_rows) {
+			rows += v[j]->rows.m;
+			j++;
+		}
+		size_t k = i, live = i;
+		for (; k < j; k++)
+			if (!v[k]->ring->dead)
+				v[live++] = v[k];
+		if (live > i)
+			launch(e, v + i, live - i);
+		i = j;
+	}
+	e->nbatch = 0;
+}
+
+/* Rings the CQ doorbell without ever blocking on it. The client shares the
+ * eventfd's open file description: it could clear O_NONBLOCK and saturate
+ * the counter, which would block a plain write here. So: a doorbell made
+ * blocking is a protocol violation, and one already readable needs no write
+ * (the sleeper wakes on a nonzero count); a write then only meets a
+ * saturated counter if the client wins a race against itself. */
+static void cq_doorbell(struct radiance_executor *e, struct exec_ring *r)
+{
+	int fl = fcntl(r->cq_efd, F_GETFL);
+	if (fl < 0 || !(fl & O_NONBLOCK)) {
+		ring_violation(e, r, "the CQ doorbell eventfd was made blocking");
+		return;
+	}
+	struct pollfd p = { .fd = r->cq_efd, .events = POLLIN };
+	if (poll(&p, 1, 0) == 1 && (p.revents & POLLIN))
+		return;
+	radiance_doorbell_ring(r->cq_efd);
+}
+
+/* One pass over every ring. Returns the number of requests taken. */
+static size_t serve_pass(struct radiance_executor *e, struct exec_ring *only)
+{
+	size_t taken = 0;
+	e->nbatch = 0;
+	if (only) {
+		uint32_t before = only->sq.local;
+		collect_ring(e, only);
+		taken += only->sq.local - before;
+	} else {
+		for (size_t i = 0; i < e->nrings; i++) {
+			struct exec_ring *r = e->rings[(e->rr + i) % e->nrings];
+			if (r->dead)
+				continue;
+			uint32_t before = r->sq.local;
+			collect_ring(e, r);
+			taken += r->sq.local - before;
+		}
+		e->rr = e->nrings ? (e->rr + 1) % e->nrings : 0;
+	}
+	group_and_run(e);
+	for (size_t i = 0; i < e->nrings; i++) {
+		struct exec_ring *r = e->rings[i];
+		if (r->need_doorbell && !r->dead && radiance_ring_needs_wakeup(&r->cq))
+			cq_doorbell(e, r);
+		r->need_doorbell = 0;
+	}
+	return taken;
+}
+
+/* ---- jobs ---- */
+
+static void ring_add(struct radiance_executor *e, struct exec_job *job)
+{
+	struct exec_ring *r = job->ring;
+	if (e->nrings == e->opt.max_rings) {
+		job->status = -EBUSY;
+		snprintf(job->err, sizeof job->err, "executor serves %u rings already", e->opt.max_rings);
+		return;
+	}
+	int rc = radiance_backend_register_host(e->backend, r->arena, r->arena_bytes, job->err,
+						sizeof job->err);
+	if (rc < 0) {
+		job->status = rc;
+		return;
+	}
+	/* Edge-triggered, and never read: the client holds the same open file
+	 * description and could make it blocking (O_NONBLOCK is shared) and
+	 * then steal the count, which would hang a read here. An eventfd write
+	 * wakes an edge-triggered epoll every time, so nothing is lost. */
+	struct epoll_event ev = { .events = EPOLLIN | EPOLLET, .data.ptr = r };
+	if (epoll_ctl(e->epfd, EPOLL_CTL_ADD, r->sq_efd, &ev) < 0) {
+		job->status = -errno;
+		snprintf(job->err, sizeof job->err, "epoll_ctl: %s", strerror(errno));
+		radiance_backend_unregister_host(e->backend, r->arena);
+		return;
+	}
+	e->rings[e->nrings++] = r;
+}
+
+static void ring_remove(struct radiance_executor *e, struct exec_job *job)
+{
+	struct exec_ring *r = job->ring;
+	size_t i;
+	for (i = 0; i < e->nrings; i++)
+		if (e->rings[i] == r)
+			break;
+	if (i == e->nrings) {
+		job->status = -ENOENT;
+		return;
+	}
+	/* Drain: run what the client had already submitted (at most one SQ's
+	 * worth, so a client that keeps submitting cannot hold us). */
+	for (uint32_t budget = r->sq.entries; job->drain && !r->dead && budget > 0;) {
+		size_t n = serve_pass(e, r);
+		if (n == 0)
+			break;
+		budget = n >= budget ? 0 : budget - (uint32_t)n;
+	}
+	epoll_ctl(e->epfd, EPOLL_CTL_DEL, r->sq_efd, NULL);
+	radiance_backend_unregister_host(e->backend, r->arena);
+	e->rings[i] = e->rings[--e->nrings];
+	e->rr = 0;
+}
+
+static void model_free(struct radiance_executor *e, struct exec_model *m)
+{
+	for (size_t i = 0; i < m->model->n_layers; i++) {
+		radiance_backend_layer_free(e->backend, m->handles[i]);
+		m->handles[i] = NULL;
+	}
+	m->uploaded = 0;
+}
+
+/* Uploads one layer of the oldest UPLOAD job; finishes the job when done.
+ * One layer per step keeps other sessions served while a model loads. */
+static void upload_step(struct radiance_executor *e)
+{
+	struct exec_job *job = e->uploading;
+	struct exec_model *m = job->model;
+	if (m->uploaded < m->model->n_layers) {
+		const struct radiance_layer *l = &m->model->layers[m->uploaded];
+		char err[200];
+		int rc = radiance_backend_layer_upload(e->backend, l, &m->handles[m->uploaded], err,
+						       sizeof err);
+		if (rc < 0) {
+			job->status = rc;
+			snprintf(job->err, sizeof job->err, "uploading layer %zu (%s): %s", m->uploaded,
+				 l->name, err);
+			model_free(e, m);
+		} else {
+			m->uploaded++;
+			if (m->uploaded < m->model->n_layers)
+				return;
+		}
+	}
+	e->uploading = job->next;
+	post_done(e, job);
+}
+
+static void run_jobs(struct radiance_executor *e)
+{
+	if (!atomic_load(&e->jobs_pending))
+		return;
+	pthread_mutex_lock(&e->lock);
+	struct exec_job *job = e->jobs;
+	e->jobs = e->jobs_tail = NULL;
+	atomic_store(&e->jobs_pending, 0);
+	pthread_mutex_unlock(&e->lock);
+	while (job) {
+		struct exec_job *next = job->next;
+		job->status = 0;
+		job->err[0] = 0;
+		switch (job->kind) {
+		case EXEC_JOB_RING_ADD:
+			ring_add(e, job);
+			break;
+		case EXEC_JOB_RING_REMOVE:
+			ring_remove(e, job);
+			break;
+		case EXEC_JOB_MODEL_UPLOAD: {
+			job->next = NULL;
+			job->model->uploaded = 0;
+			struct exec_job **p = &e->uploading;
+			while (*p)
+				p = &(*p)->next;
+			*p = job;
+			job = next;
+			continue;   /* done later, by upload_step */
+		}
+		case EXEC_JOB_MODEL_FREE:
+			model_free(e, job->model);
+			break;
+		case EXEC_JOB_PING:
+		case EXEC_JOB_NOTICE:
+			break;
+		}
+		post_done(e, job);
+		job = next;
+	}
+}
+
+void executor_submit(struct radiance_executor *e, struct exec_job *job)
+{
+	job->next = NULL;
+	pthread_mutex_lock(&e->lock);
+	if (e->jobs_tail)
+		e->jobs_tail->next = job;
+	else
+		e->jobs = job;
+	e->jobs_tail = job;
+	atomic_store(&e->jobs_pending, 1);
+	pthread_mutex_unlock(&e->lock);
+	radiance_doorbell_ring(e->ctl_efd);
+}
+
+/* ---- the thread ---- */
+
+static void idle_sleep(struct radiance_executor *e)
+{
+	size_t slept = 0;
+	int wake = 0;
+	for (; slept < e->nrings; slept++) {
+		struct exec_ring *r = e->rings[slept];
+		if (r->dead)
+			continue;
+		if (!radiance_ring_prepare_sleep(&r->sq)) {
+			wake = 1;
+			break;
+		}
+	}
+	if (!wake && !atomic_load(&e->jobs_pending) && !atomic_load(&e->stop)) {
+		struct epoll_event evs[16];
+		int n = epoll_wait(e->epfd, evs, 16, -1);
+		for (int i = 0; i < n; i++)
+			if (!evs[i].data.ptr)
+				radiance_doorbell_drain(e->ctl_efd);
+	}
+	for (size_t i = 0; i < slept && i < e->nrings; i++)
+		radiance_ring_end_sleep(&e->rings[i]->sq);
+}
+
+static void *executor_main(void *arg)
+{
+	struct radiance_executor *e = arg;
+	char err[256] = "";
+	int rc = radiance_backend_create(&e->opt.backend, &e->backend, err, sizeof err);
+	pthread_mutex_lock(&e->lock);
+	if (rc == 0)
+		radiance_backend_info(e->backend, &e->info);
+	e->started = rc == 0 ? 1 : rc;
+	snprintf(e->start_err, sizeof e->start_err, "%s", err);
+	pthread_cond_signal(&e->cond);
+	pthread_mutex_unlock(&e->lock);
+	if (rc < 0)
+		return NULL;
+
+	uint64_t spin_ns = (uint64_t)e->opt.spin_us * 1000u;
+	uint64_t last_work = now_ns();
+	while (!atomic_load(&e->stop)) {
+		run_jobs(e);
+		size_t n = serve_pass(e, NULL);
+		if (e->uploading) {
+			upload_step(e);
+			n++;
+		}
+		uint64_t t = now_ns();
+		if (n) {
+			last_work = t;
+			continue;
+		}
+		if (t - last_work < spin_ns) {
+			cpu_relax();
+			continue;
+		}
+		idle_sleep(e);
+		last_work = now_ns();
+	}
+	run_jobs(e);
+	radiance_backend_destroy(e->backend);
+	e->backend = NULL;
+	return NULL;
+}
+
+int executor_create(uv_loop_t *loop, const struct executor_options *opt,
+		    struct radiance_executor **out, char *err, size_t errlen)
+{
+	struct radiance_executor *e = calloc(1, sizeof *e);
+	int rc = -ENOMEM;
+	if (!e)
+		goto fail;
+	e->loop = loop;
+	e->opt = *opt;
+	e->ctl_efd = e->epfd = -1;
+	e->rings = calloc(opt->max_rings, sizeof *e->rings);
+	e->batch = calloc((size_t)opt->max_rings * EXEC_BATCH, sizeof *e->batch);
+	e->rows = calloc(opt->backend.max_rows, sizeof *e->rows);
+	if (!e->rings || !e->batch || !e->rows)
+		goto fail_alloc;
+	e->ctl_efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	e->epfd = epoll_create1(EPOLL_CLOEXEC);
+	if (e->ctl_efd < 0 || e->epfd < 0) {
+		rc = -errno;
+		snprintf(err, errlen, "executor: eventfd/epoll: %s", strerror(errno));
+		goto fail_fds;
+	}
+	struct epoll_event ev = { .events = EPOLLIN, .data.ptr = NULL };
+	epoll_ctl(e->epfd, EPOLL_CTL_ADD, e->ctl_efd, &ev);
+	pthread_mutex_init(&e->lock, NULL);
+	pthread_cond_init(&e->cond, NULL);
+	rc = uv_async_init(loop, &e->async, on_async);
+	if (rc < 0) {
+		snprintf(err, errlen, "executor: uv_async_init: %s", uv_strerror(rc));
+		goto fail_sync;
+	}
+	e->async.data = e;
+	rc = -pthread_create(&e->thread, NULL, executor_main, e);
+	if (rc < 0) {
+		snprintf(err, errlen, "executor: pthread_create: %s", strerror(-rc));
+		goto fail_async;
+	}
+	pthread_mutex_lock(&e->lock);
+	while (!e->started)
+		pthread_cond_wait(&e->cond, &e->lock);
+	pthread_mutex_unlock(&e->lock);
+	if (e->started < 0) {
+		rc = e->started;
+		snprintf(err, errlen, "%s", e->start_err);
+		pthread_join(e->thread, NULL);
+		goto fail_async;
+	}
+	pthread_setname_np(e->thread, "radiance-exec");
+	*out = e;
+	return 0;
+
+fail_async:
+	pthread_cond_destroy(&e->cond);
+	pthread_mutex_destroy(&e->lock);
+	close(e->ctl_efd);
+	close(e->epfd);
+	free(e->rings);
+	free(e->batch);
+	free(e->rows);
+	/* the handle is part of e: e is freed once libuv lets go of it */
+	e->async.data = e;
+	uv_close((uv_handle_t *)&e->async, on_async_closed);
+	return rc;
+fail_sync:
+	pthread_cond_destroy(&e->cond);
+	pthread_mutex_destroy(&e->lock);
+fail_fds:
+	if (e->ctl_efd >= 0)
+		close(e->ctl_efd);
+	if (e->epfd >= 0)
+		close(e->epfd);
+fail_alloc:
+	free(e->rings);
+	free(e->batch);
+	free(e->rows);
+	free(e);
+fail:
+	if (rc == -ENOMEM)
+		snprintf(err, errlen, "executor: out of memory");
+	return rc;
+}
+
+const struct radiance_backend_info *executor_backend_info(const struct radiance_executor *e)
+{
+	return &e->info;
+}
+
+void executor_destroy(struct radiance_executor *e)
+{
+	atomic_store(&e->stop, 1);
+	radiance_doorbell_ring(e->ctl_efd);
+	pthread_join(e->thread, NULL);
+	/* jobs finished in the last run_jobs still want their done callbacks */
+	on_async(&e->async);
+	pthread_cond_destroy(&e->cond);
+	pthread_mutex_destroy(&e->lock);
+	close(e->ctl_efd);
+	close(e->epfd);
+	free(e->rings);
+	free(e->batch);
+	free(e->rows);
+	uv_close((uv_handle_t *)&e->async, on_async_closed);
+}

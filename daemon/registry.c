@@ -1,0 +1,643 @@
+/* Resident models: load off the loop, upload on the executor, refcount. */
+#include "registry.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "log.h"
+
+struct radiance_registry {
+	uv_loop_t *loop;
+	struct radiance_executor *exec;
+	uv_async_t progress_async;
+	struct radiance_resident *list;
+	uint32_t next_id;
+	int shutting_down;
+	void (*shutdown_cb)(void *user);
+	void *shutdown_user;
+};
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void check_shutdown(struct radiance_registry *reg)
+{
+	if (reg->shutting_down && !reg->list && reg->shutdown_cb) {
+		void (*cb)(void *) = reg->shutdown_cb;
+		reg->shutdown_cb = NULL;
+		cb(reg->shutdown_user);
+	}
+}
+
+static void files_close(struct radiance_resident *res)
+{
+	for (size_t i = 0; i < res->nfiles; i++) {
+		if (res->files[i].fd >= 0)
+			close(res->files[i].fd);
+		free((char *)res->files[i].name);
+	}
+	free(res->files);
+	res->files = NULL;
+	res->nfiles = 0;
+}
+
+static void unlink_resident(struct radiance_resident *res)
+{
+	struct radiance_resident **p = &res->reg->list;
+	while (*p && *p != res)
+		p = &(*p)->next;
+	if (*p)
+		*p = res->next;
+}
+
+static void resident_free(struct radiance_resident *res)
+{
+	struct radiance_registry *reg = res->reg;
+	unlink_resident(res);
+	files_close(res);
+	radiance_model_destroy((struct radiance_model *)res->em.model);
+	free(res->em.handles);
+	free(res->name);
+	free(res->dir);
+	free(res->want_name);
+	free(res);
+	check_shutdown(reg);
+}
+
+/* Answers every waiter with an error and frees the resident. */
+static void resident_fail(struct radiance_resident *res)
+{
+	struct registry_waiter *w = res->waiters;
+	res->waiters = NULL;
+	log_warn("model load failed: %s", res->err);
+	while (w) {
+		struct registry_waiter *next = w->next;
+		w->res = NULL;
+		w->done(w, NULL, res->status, res->err);
+		w = next;
+	}
+	resident_free(res);
+}
+
+static void on_model_freed(struct exec_job *job)
+{
+	struct radiance_resident *res = job->user;
+	log_info("model %u '%s' unloaded", res->em.id, res->name);
+	resident_free(res);
+}
+
+static void unload(struct radiance_resident *res)
+{
+	res->state = RESIDENT_UNLOADING;
+	memset(&res->job, 0, sizeof res->job);
+	res->job.kind = EXEC_JOB_MODEL_FREE;
+	res->job.model = &res->em;
+	res->job.done = on_model_freed;
+	res->job.user = res;
+	executor_submit(res->reg->exec, &res->job);
+}
+
+/* Hands every waiter a reference (or nothing, on error). */
+static void answer_waiters(struct radiance_resident *res)
+{
+	struct registry_waiter *w = res->waiters;
+	res->waiters = NULL;
+	while (w) {
+		struct registry_waiter *next = w->next;
+		w->res = NULL;
+		res->users++;
+		w->done(w, res, 0, NULL);
+		w = next;
+	}
+}
+
+static void maybe_unload(struct radiance_resident *res)
+{
+	/* waiters on a READY model are attaches being answered (answer_later) */
+	if (res->state == RESIDENT_READY && res->users == 0 && !res->waiters &&
+	    (!res->preloaded || res->reg->shutting_down))
+		unload(res);
+}
+
+static void on_uploaded(struct exec_job *job)
+{
+	struct radiance_resident *res = job->user;
+	if (job->status < 0) {
+		res->status = job->status;
+		snprintf(res->err, sizeof res->err, "%s: %s", res->name, job->err);
+		resident_fail(res);
+		return;
+	}
+	res->state = RESIDENT_READY;
+	log_info("model %u '%s' resident: %zu layers, %llu bytes%s", res->em.id, res->name,
+		 res->em.model->n_layers, (unsigned long long)res->em.model->resident_bytes,
+		 res->preloaded ? " (preloaded)" : "");
+	answer_waiters(res);
+	maybe_unload(res);
+}
+
+/* Any resident of this name or identity other than `self`, still usable. */
+static struct radiance_resident *find_live(struct radiance_registry *reg,
+					   const struct radiance_resident *self, const char *name,
+					   const char *identity)
+{
+	for (struct radiance_resident *r = reg->list; r; r = r->next) {
+		if (r == self || r->state == RESIDENT_UNLOADING)
+			continue;
+		if (name && r->name && strcmp(r->name, name) == 0)
+			return r;
+		if (identity && *identity && strcmp(r->identity, identity) == 0)
+			return r;
+	}
+	return NULL;
+}
+
+/* Moves res's waiters to `other` (the same checkpoint, found late). */
+static void merge_into(struct radiance_resident *res, struct radiance_resident *other)
+{
+	struct registry_waiter *w = res->waiters;
+	res->waiters = NULL;
+	while (w) {
+		struct registry_waiter *next = w->next;
+		if (other->state == RESIDENT_READY) {
+			w->res = NULL;
+			other->users++;
+			w->done(w, other, 0, NULL);
+		} else {
+			w->res = other;
+			w->next = other->waiters;
+			other->waiters = w;
+		}
+		w = next;
+	}
+	if (res->preloaded)
+		other->preloaded = true;
+	resident_free(res);
+}
+
+/* ---- threadpool side ---- */
+
+static void on_progress(void *user, uint64_t done, uint64_t total)
+{
+	struct radiance_resident *res = user;
+	atomic_store(&res->total_bytes, total);
+	atomic_store(&res->done_bytes, done);
+	uv_async_send(&res->reg->progress_async);
+}
+
+static void load_work(uv_work_t *work)
+{
+	struct radiance_resident *res = work->data;
+	struct radiance_model *model = NULL;
+	int rc;
+
+	if (res->dir) {
+		char **names = NULL;
+		rc = radiance_checkpoint_list_files(res->dir, &names, res->err, sizeof res->err);
+		if (rc < 0)
+			goto out;
+		res->files = calloc((size_t)rc, sizeof *res->files);
+		if (!res->files) {
+			for (int i = 0; i < rc; i++)
+				free(names[i]);
+			free(names);
+			rc = -ENOMEM;
+			snprintf(res->err, sizeof res->err, "out of memory");
+			goto out;
+		}
+		res->nfiles = (size_t)rc;
+		for (size_t i = 0; i < res->nfiles; i++) {
+			res->files[i].name = names[i];
+			res->files[i].fd = -1;
+		}
+		free(names);
+		int dfd = open(res->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		if (dfd < 0) {
+			rc = -errno;
+			snprintf(res->err, sizeof res->err, "%s: %s", res->dir, strerror(errno));
+			goto out;
+		}
+		for (size_t i = 0; i < res->nfiles; i++) {
+			res->files[i].fd = openat(dfd, res->files[i].name, O_RDONLY | O_CLOEXEC);
+			if (res->files[i].fd < 0) {
+				rc = -errno;
+				snprintf(res->err, sizeof res->err, "%s/%s: %s", res->dir,
+					 res->files[i].name, strerror(errno));
+				close(dfd);
+				goto out;
+			}
+		}
+		close(dfd);
+		rc = radiance_checkpoint_identity(res->files, res->nfiles, res->identity);
+		if (rc < 0) {
+			snprintf(res->err, sizeof res->err, "%s: identity: %s", res->dir, strerror(-rc));
+			goto out;
+		}
+	}
+	rc = radiance_checkpoint_load(res->files, res->nfiles, res->want_name, on_progress, res,
+				      &model, res->err, sizeof res->err);
+out:
+	res->status = rc < 0 ? rc : 0;
+	res->em.model = rc < 0 ? NULL : model;
+}
+
+/* ---- loop side ---- */
+
+static void send_progress(struct radiance_resident *res, int force)
+{
+	uint64_t total = atomic_load(&res->total_bytes), done = atomic_load(&res->done_bytes);
+	uint64_t t = now_ns();
+	if (done == res->sent_bytes && res->sent_ns)
+		return;
+	if (!force && done != total && done - res->sent_bytes < total / 100 &&
+	    t - res->sent_ns < 100000000ull)
+		return;
+	res->sent_bytes = done;
+	res->sent_ns = t;
+	for (struct registry_waiter *w = res->waiters; w; w = w->next)
+		if (w->progress)
+			w->progress(w, done, total);
+}
+
+static void on_progress_async(uv_async_t *h)
+{
+	struct radiance_registry *reg = h->data;
+	for (struct radiance_resident *r = reg->list; r; r = r->next)
+		if (r->state == RESIDENT_LOADING)
+			send_progress(r, 0);
+}
+
+static void load_after(uv_work_t *work, int status)
+{
+	struct radiance_resident *res = work->data;
+	struct radiance_registry *reg = res->reg;
+
+	files_close(res);
+	if (status == UV_ECANCELED) {
+		res->status = -ECANCELED;
+		snprintf(res->err, sizeof res->err, "load cancelled: the daemon is stopping");
+	}
+	if (res->status < 0) {
+		resident_fail(res);
+		return;
+	}
+	send_progress(res, 1);
+	const struct radiance_model *m = res->em.model;
+	if (!res->name) {
+		res->name = strdup(m->name ? m->name : "model");
+		if (!res->name) {
+			res->status = -ENOMEM;
+			snprintf(res->err, sizeof res->err, "out of memory");
+			resident_fail(res);
+			return;
+		}
+	}
+	struct radiance_resident *other = find_live(reg, res, res->name, res->identity);
+	if (other) {
+		log_info("model '%s' is already resident as %u: attaching", res->name, other->em.id);
+		merge_into(res, other);
+		return;
+	}
+	if (reg->shutting_down && !res->waiters) {
+		resident_free(res);
+		return;
+	}
+	res->em.handles = calloc(m->n_layers ? m->n_layers : 1, sizeof *res->em.handles);
+	if (!res->em.handles) {
+		res->status = -ENOMEM;
+		snprintf(res->err, sizeof res->err, "out of memory");
+		resident_fail(res);
+		return;
+	}
+	res->state = RESIDENT_UPLOADING;
+	memset(&res->job, 0, sizeof res->job);
+	res->job.kind = EXEC_JOB_MODEL_UPLOAD;
+	res->job.model = &res->em;
+	res->job.done = on_uploaded;
+	res->job.user = res;
+	executor_submit(reg->exec, &res->job);
+}
+
+static struct radiance_resident *resident_new(struct radiance_registry *reg)
+{
+	struct radiance_resident *res = calloc(1, sizeof *res);
+	if (!res)
+		return NULL;
+	res->reg = reg;
+	res->em.id = reg->next_id++;
+	if (reg->next_id == 0)
+		reg->next_id = 1;
+	res->state = RESIDENT_LOADING;
+	res->work.data = res;
+	atomic_init(&res->done_bytes, 0);
+	atomic_init(&res->total_bytes, 0);
+	res->next = reg->list;
+	reg->list = res;
+	return res;
+}
+
+static void add_waiter(struct radiance_resident *res, struct registry_waiter *w)
+{
+	w->res = res;
+	w->next = res->waiters;
+	res->waiters = w;
+}
+
+/* A READY model answers at once, but never from inside the caller's call:
+ * a zero-delay idle would do; a tiny job through the executor keeps the
+ * order of replies simple and costs one round trip. */
+struct late_answer {
+	struct exec_job job;
+	struct registry_waiter *w;
+	struct radiance_resident *res;
+};
+
+static void on_late_answer(struct exec_job *job)
+{
+	struct late_answer *la = job->user;
+	struct registry_waiter *w = la->w;
+	struct radiance_resident *res = la->res;
+	free(la);
+	if (!w)
+		return;   /* cancelled meanwhile: registry_cancel cleared la->w */
+	w->late = NULL;
+	/* still waiting on it: take it off the list and answer */
+	struct registry_waiter **p = &res->waiters;
+	while (*p && *p != w)
+		p = &(*p)->next;
+	if (*p)
+		*p = w->next;
+	w->res = NULL;
+	res->users++;
+	w->done(w, res, 0, NULL);
+	maybe_unload(res);
+}
+
+static int answer_later(struct radiance_resident *res, struct registry_waiter *w)
+{
+	struct late_answer *la = calloc(1, sizeof *la);
+	if (!la)
+		return -ENOMEM;
+	la->w = w;
+	la->res = res;
+	la->job.kind = EXEC_JOB_PING;
+	la->job.done = on_late_answer;
+	la->job.user = la;
+	w->late = la;
+	/* park the waiter on the ready model so cancel and unload see it */
+	add_waiter(res, w);
+	executor_submit(res->reg->exec, &la->job);
+	return 0;
+}
+
+static int valid_file_name(const char *n)
+{
+	return n && *n && strlen(n) < 256 && !strchr(n, '/') && strcmp(n, ".") && strcmp(n, "..");
+}
+
+int registry_load_files(struct radiance_registry *reg, const struct radiance_file *files,
+			size_t nfiles, const char *name, struct registry_waiter *w, char *err,
+			size_t errlen)
+{
+	char identity[65] = "";
+	struct radiance_resident *res;
+	int rc;
+
+	if (reg->shutting_down) {
+		rc = -ESHUTDOWN;
+		snprintf(err, errlen, "the daemon is stopping");
+		goto fail;
+	}
+	if (nfiles == 0) {
+		rc = -EINVAL;
+		snprintf(err, errlen, "LoadModel names no files");
+		goto fail;
+	}
+	if (name && (!*name || strlen(name) > 255)) {
+		rc = -EINVAL;
+		snprintf(err, errlen, "model name must be 1..255 bytes");
+		goto fail;
+	}
+	for (size_t i = 0; i < nfiles; i++) {
+		struct stat st;
+		if (!valid_file_name(files[i].name)) {
+			rc = -EINVAL;
+			snprintf(err, errlen, "file_names[%zu] '%s' is not a plain file name", i,
+				 files[i].name ? files[i].name : "");
+			goto fail;
+		}
+		for (size_t j = 0; j < i; j++)
+			if (strcmp(files[i].name, files[j].name) == 0) {
+				rc = -EINVAL;
+				snprintf(err, errlen, "file '%s' is named twice", files[i].name);
+				goto fail;
+			}
+		/* the loader blocks a threadpool thread on reads: take regular files only */
+		if (fstat(files[i].fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+			rc = -EINVAL;
+			snprintf(err, errlen, "file '%s': the fd is not a regular file", files[i].name);
+			goto fail;
+		}
+	}
+	rc = radiance_checkpoint_identity(files, nfiles, identity);
+	if (rc < 0) {
+		snprintf(err, errlen, "file identity: %s", strerror(-rc));
+		goto fail;
+	}
+
+	res = find_live(reg, NULL, name, identity);
+	if (res) {
+		for (size_t i = 0; i < nfiles; i++)
+			close(files[i].fd);
+		if (res->state == RESIDENT_READY)
+			return answer_later(res, w);
+		add_waiter(res, w);
+		return 0;
+	}
+
+	res = resident_new(reg);
+	if (!res) {
+		rc = -ENOMEM;
+		snprintf(err, errlen, "out of memory");
+		goto fail;
+	}
+	memcpy(res->identity, identity, sizeof identity);
+	res->files = calloc(nfiles, sizeof *res->files);
+	if (!res->files || (name && !(res->want_name = strdup(name))) ||
+	    (name && !(res->name = strdup(name)))) {
+		resident_free(res);
+		rc = -ENOMEM;
+		snprintf(err, errlen, "out of memory");
+		goto fail;
+	}
+	for (size_t i = 0; i < nfiles; i++)
+		res->files[res->nfiles++] = (struct radiance_file){ strdup(files[i].name), files[i].fd };
+	for (size_t i = 0; i < nfiles; i++)
+		if (!res->files[i].name) {
+			resident_free(res);   /* closes the fds */
+			snprintf(err, errlen, "out of memory");
+			return -ENOMEM;
+		}
+	add_waiter(res, w);
+	rc = uv_queue_work(reg->loop, &res->work, load_work, load_after);
+	if (rc < 0) {
+		res->waiters = NULL;
+		w->res = NULL;
+		resident_free(res);
+		snprintf(err, errlen, "uv_queue_work: %s", uv_strerror(rc));
+		return rc;
+	}
+	log_info("model %u: loading %zu files%s%s", res->em.id, nfiles, name ? " as " : "",
+		 name ? name : "");
+	return 0;
+
+fail:
+	for (size_t i = 0; i < nfiles; i++)
+		if (files[i].fd >= 0)
+			close(files[i].fd);
+	return rc;
+}
+
+int registry_preload(struct radiance_registry *reg, const char *dir, struct registry_waiter *w)
+{
+	struct radiance_resident *res = resident_new(reg);
+	if (!res)
+		return -ENOMEM;
+	res->preloaded = true;
+	res->dir = strdup(dir);
+	char *copy = strdup(dir);
+	if (!res->dir || !copy) {
+		free(copy);
+		resident_free(res);
+		return -ENOMEM;
+	}
+	/* like radiance_checkpoint_load_dir: named after the directory */
+	size_t len = strlen(copy);
+	while (len > 1 && copy[len - 1] == '/')
+		copy[--len] = 0;
+	res->want_name = strdup(basename(copy));
+	res->name = res->want_name ? strdup(res->want_name) : NULL;
+	free(copy);
+	if (!res->name) {
+		resident_free(res);
+		return -ENOMEM;
+	}
+	add_waiter(res, w);
+	int rc = uv_queue_work(reg->loop, &res->work, load_work, load_after);
+	if (rc < 0) {
+		res->waiters = NULL;
+		w->res = NULL;
+		resident_free(res);
+		return rc;
+	}
+	log_info("model %u: preloading %s", res->em.id, dir);
+	return 0;
+}
+
+void registry_cancel(struct registry_waiter *w)
+{
+	struct radiance_resident *res = w->res;
+	if (w->late) {
+		((struct late_answer *)w->late)->w = NULL;
+		w->late = NULL;
+	}
+	if (!res)
+		return;
+	struct registry_waiter **p = &res->waiters;
+	while (*p && *p != w)
+		p = &(*p)->next;
+	if (*p)
+		*p = w->next;
+	w->res = NULL;
+	maybe_unload(res);
+}
+
+struct radiance_resident *registry_find_id(struct radiance_registry *reg, uint32_t id)
+{
+	for (struct radiance_resident *r = reg->list; r; r = r->next)
+		if (r->state == RESIDENT_READY && r->em.id == id)
+			return r;
+	return NULL;
+}
+
+struct radiance_resident *registry_find_name(struct radiance_registry *reg, const char *name)
+{
+	for (struct radiance_resident *r = reg->list; r; r = r->next)
+		if (r->state == RESIDENT_READY && strcmp(r->name, name) == 0)
+			return r;
+	return NULL;
+}
+
+struct radiance_resident *registry_next(struct radiance_registry *reg, struct radiance_resident *r)
+{
+	for (r = r ? r->next : reg->list; r; r = r->next)
+		if (r->state == RESIDENT_READY)
+			return r;
+	return NULL;
+}
+
+void registry_ref(struct radiance_resident *res)
+{
+	res->users++;
+}
+
+void registry_unref(struct radiance_resident *res)
+{
+	if (res->users > 0)
+		res->users--;
+	maybe_unload(res);
+}
+
+int registry_create(uv_loop_t *loop, struct radiance_executor *exec, struct radiance_registry **out)
+{
+	struct radiance_registry *reg = calloc(1, sizeof *reg);
+	if (!reg)
+		return -ENOMEM;
+	reg->loop = loop;
+	reg->exec = exec;
+	reg->next_id = 1;
+	int rc = uv_async_init(loop, &reg->progress_async, on_progress_async);
+	if (rc < 0) {
+		free(reg);
+		return rc;
+	}
+	reg->progress_async.data = reg;
+	*out = reg;
+	return 0;
+}
+
+void registry_shutdown(struct radiance_registry *reg, void (*cb)(void *user), void *user)
+{
+	reg->shutting_down = 1;
+	reg->shutdown_cb = cb;
+	reg->shutdown_user = user;
+	for (struct radiance_resident *r = reg->list, *next; r; r = next) {
+		next = r->next;
+		if (r->state == RESIDENT_LOADING)
+			uv_cancel((uv_req_t *)&r->work);   /* runs load_after with UV_ECANCELED if queued */
+		else
+			maybe_unload(r);
+	}
+	check_shutdown(reg);
+}
+
+static void on_registry_closed(uv_handle_t *h)
+{
+	free(h->data);
+}
+
+void registry_destroy(struct radiance_registry *reg)
+{
+	uv_close((uv_handle_t *)&reg->progress_async, on_registry_closed);
+}

@@ -1,0 +1,115 @@
+/*
+ * The resident models: each checkpoint loaded once, shared by every session
+ * that loads or attaches it, found by id, by name, or by the identity of its
+ * files (daemon/checkpoint.h, radiance_checkpoint_identity). A model is
+ * refcounted by sessions (users) and unloaded when its last user lets go,
+ * unless it was preloaded from the daemon's config.
+ *
+ * Loading runs off the loop: the checkpoint is parsed and repacked on the
+ * libuv threadpool (uv_queue_work), then its layers are uploaded to the
+ * backend by the executor (an EXEC_JOB_MODEL_UPLOAD job: the backend is
+ * single-threaded). Progress reaches waiters on the loop thread, throttled
+ * to one report per 1% or 100 ms. A second load of the same checkpoint
+ * (same name or identity) while the first runs just waits for it.
+ *
+ * Unloading: the model's backend layers are freed by an EXEC_JOB_MODEL_FREE
+ * job; the host copy is freed when that job is done (no pass can use it
+ * then; see executor.h).
+ *
+ * Thread safety: loop thread only, except where noted.
+ */
+#ifndef RADIANCE_REGISTRY_H
+#define RADIANCE_REGISTRY_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "checkpoint.h"
+#include "executor.h"
+
+struct radiance_registry;
+struct radiance_resident;
+
+enum resident_state {
+	RESIDENT_LOADING,     /* parsing on the threadpool */
+	RESIDENT_UPLOADING,   /* layers going to the backend */
+	RESIDENT_READY,
+	RESIDENT_UNLOADING,   /* backend layers being freed; invisible to lookups */
+};
+
+/* Someone waiting for a load (a session's LoadModel, or a preload). On
+ * success the registry has taken one user reference for the waiter before
+ * calling done. */
+struct registry_waiter {
+	void (*progress)(struct registry_waiter *w, uint64_t done_bytes, uint64_t total_bytes);
+	void (*done)(struct registry_waiter *w, struct radiance_resident *res, int status,
+		     const char *err);
+	/* private */
+	struct radiance_resident *res;
+	struct registry_waiter *next;
+	void *late;                    /* a pending answer for a READY model */
+};
+
+struct radiance_resident {
+	struct exec_model em;          /* em.id is the model_id clients use */
+	char *name;
+	char identity[65];             /* "" until known (preloads: after parsing) */
+	enum resident_state state;
+	uint32_t users;                /* sessions holding a reference */
+	bool preloaded;
+	struct radiance_registry *reg;
+	struct radiance_resident *next;
+	/* load */
+	struct registry_waiter *waiters;
+	struct radiance_file *files;   /* client-sent files (names owned), or NULL */
+	size_t nfiles;
+	char *dir;                     /* preload directory, or NULL */
+	char *want_name;               /* name asked for, or NULL */
+	uv_work_t work;
+	int status;
+	char err[512];
+	_Atomic uint64_t done_bytes, total_bytes;   /* written by the loader thread */
+	uint64_t sent_bytes, sent_ns;               /* progress throttle */
+	struct exec_job job;
+};
+
+int registry_create(uv_loop_t *loop, struct radiance_executor *exec, struct radiance_registry **out);
+/* Frees the registry; registry_shutdown must have completed. */
+void registry_destroy(struct radiance_registry *reg);
+
+/* Loads (or attaches to) the checkpoint whose files a client sent. Takes
+ * ownership of files[i].fd (closed when no longer needed, on every path) and
+ * copies the names. name may be NULL. w->done is always called later (never
+ * from inside this call) unless registry_cancel() is called first.
+ * Returns 0, or -errno (then w is not called and every fd is closed) with
+ * err set: -EINVAL for bad file names, -ESHUTDOWN, -ENOMEM. */
+int registry_load_files(struct radiance_registry *reg, const struct radiance_file *files,
+			size_t nfiles, const char *name, struct registry_waiter *w, char *err,
+			size_t errlen);
+
+/* Loads a checkpoint directory at start; it is preloaded (never unloaded
+ * before shutdown). w as above. */
+int registry_preload(struct radiance_registry *reg, const char *dir, struct registry_waiter *w);
+
+/* The waiter no longer wants its answer (its session closed). */
+void registry_cancel(struct registry_waiter *w);
+
+/* READY residents only; NULL when none. */
+struct radiance_resident *registry_find_id(struct radiance_registry *reg, uint32_t id);
+struct radiance_resident *registry_find_name(struct radiance_registry *reg, const char *name);
+
+/* Iterates READY residents: pass NULL first. */
+struct radiance_resident *registry_next(struct radiance_registry *reg, struct radiance_resident *r);
+
+/* Takes / drops a user reference. Dropping the last of a model that is not
+ * preloaded unloads it. */
+void registry_ref(struct radiance_resident *res);
+void registry_unref(struct radiance_resident *res);
+
+/* Unloads everything (preloaded models too) once running loads finish;
+ * every session must have dropped its references. cb runs on the loop when
+ * nothing is resident or loading any more. */
+void registry_shutdown(struct radiance_registry *reg, void (*cb)(void *user), void *user);
+
+#endif

@@ -1,0 +1,790 @@
+/* A client's control-plane state and its shared-memory rings. */
+#include "session.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "proto_util.h"
+#include "server.h"
+#include "shm.h"
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* ---- replies ---- */
+
+static void send_msg(struct radiance_session *s, Radiance__ServerMessage *m, const int *fds,
+		     size_t nfds)
+{
+	if (s->state == SESSION_CLOSING)
+		return;
+	int rc = radiance_proto_queue_server(&s->conn, m, fds, nfds);
+	if (rc == -EMSGSIZE && m->msg_case != RADIANCE__SERVER_MESSAGE__MSG_ERROR) {
+		Radiance__Error e = RADIANCE__ERROR__INIT;
+		Radiance__ServerMessage em = RADIANCE__SERVER_MESSAGE__INIT;
+		e.code = EMSGSIZE;
+		e.message = "the reply does not fit in one frame";
+		em.tag = m->tag;
+		em.msg_case = RADIANCE__SERVER_MESSAGE__MSG_ERROR;
+		em.error = &e;
+		rc = radiance_proto_queue_server(&s->conn, &em, NULL, 0);
+	}
+	if (rc < 0) {
+		session_close(s, 0, "cannot queue a reply: %s", strerror(-rc));
+		return;
+	}
+	server_session_update(s);
+}
+
+static void send_error(struct radiance_session *s, uint64_t tag, int code, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+
+static void send_error(struct radiance_session *s, uint64_t tag, int code, const char *fmt, ...)
+{
+	char text[512];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(text, sizeof text, fmt, ap);
+	va_end(ap);
+	Radiance__Error e = RADIANCE__ERROR__INIT;
+	Radiance__ServerMessage m = RADIANCE__SERVER_MESSAGE__INIT;
+	e.code = code;
+	e.message = text;
+	m.tag = tag;
+	m.msg_case = RADIANCE__SERVER_MESSAGE__MSG_ERROR;
+	m.error = &e;
+	log_debug("session %llu: error %d: %s", (unsigned long long)s->id, code, text);
+	send_msg(s, &m, NULL, 0);
+}
+
+static void send_ok(struct radiance_session *s, uint64_t tag)
+{
+	Radiance__Ok ok = RADIANCE__OK__INIT;
+	Radiance__ServerMessage m = RADIANCE__SERVER_MESSAGE__INIT;
+	m.tag = tag;
+	m.msg_case = RADIANCE__SERVER_MESSAGE__MSG_OK;
+	m.ok = &ok;
+	send_msg(s, &m, NULL, 0);
+}
+
+/* ModelInfo of a resident model. Pointers go into the model (immutable);
+ * the arrays are malloc'ed here and freed by model_info_free(). */
+struct model_info {
+	Radiance__ModelInfo mi;
+	Radiance__LayerInfo *layers;
+	Radiance__LayerInfo **layer_ptrs;
+	Radiance__TensorInfo *tensors;
+	Radiance__TensorInfo **tensor_ptrs;
+};
+
+static void model_info_free(struct model_info *info)
+{
+	free(info->layers);
+	free(info->layer_ptrs);
+	free(info->tensors);
+	free(info->tensor_ptrs);
+}
+
+static int model_info_fill(struct model_info *info, struct radiance_resident *res, int detailed)
+{
+	const struct radiance_model *m = res->em.model;
+	memset(info, 0, sizeof *info);
+	radiance__model_info__init(&info->mi);
+	info->mi.model_id = res->em.id;
+	info->mi.name = res->name;
+	info->mi.resident_bytes = m->resident_bytes;
+	info->mi.preloaded = res->preloaded;
+	info->mi.users = res->users;
+	if (!detailed)
+		return 0;
+	size_t nl = m->n_layers, nt = m->n_other;
+	info->layers = calloc(nl ? nl : 1, sizeof *info->layers);
+	info->layer_ptrs = calloc(nl ? nl : 1, sizeof *info->layer_ptrs);
+	info->tensors = calloc(nt ? nt : 1, sizeof *info->tensors);
+	info->tensor_ptrs = calloc(nt ? nt : 1, sizeof *info->tensor_ptrs);
+	if (!info->layers || !info->layer_ptrs || !info->tensors || !info->tensor_ptrs) {
+		model_info_free(info);
+		return -ENOMEM;
+	}
+	for (size_t i = 0; i < nl; i++) {
+		const struct radiance_layer *l = &m->layers[i];
+		Radiance__LayerInfo *li = &info->layers[i];
+		radiance__layer_info__init(li);
+		li->index = (uint32_t)i;
+		li->name = l->name;
+		li->kind = l->kind == RADIANCE_LAYER_W4A8 ? RADIANCE__LAYER_KIND__LAYER_KIND_W4A8
+							  : RADIANCE__LAYER_KIND__LAYER_KIND_BF16;
+		li->n = l->n;
+		li->k = l->k;
+		li->has_bias = l->bias != NULL;
+		li->bytes = l->bytes;
+		info->layer_ptrs[i] = li;
+	}
+	for (size_t i = 0; i < nt; i++) {
+		const struct radiance_tensor_info *t = &m->other[i];
+		Radiance__TensorInfo *ti = &info->tensors[i];
+		radiance__tensor_info__init(ti);
+		ti->name = t->name;
+		ti->dtype = (char *)t->dtype;
+		ti->n_shape = t->ndim <= 8 ? t->ndim : 8;
+		ti->shape = (uint64_t *)t->shape;
+		info->tensor_ptrs[i] = ti;
+	}
+	info->mi.n_layers = nl;
+	info->mi.layers = info->layer_ptrs;
+	info->mi.n_other_tensors = nt;
+	info->mi.other_tensors = info->tensor_ptrs;
+	return 0;
+}
+
+static void send_model_info(struct radiance_session *s, uint64_t tag, struct radiance_resident *res)
+{
+	struct model_info info;
+	if (model_info_fill(&info, res, 1) < 0) {
+		send_error(s, tag, ENOMEM, "out of memory describing model %u", res->em.id);
+		return;
+	}
+	Radiance__ServerMessage m = RADIANCE__SERVER_MESSAGE__INIT;
+	m.tag = tag;
+	m.msg_case = RADIANCE__SERVER_MESSAGE__MSG_MODEL_INFO;
+	m.model_info = &info.mi;
+	send_msg(s, &m, NULL, 0);
+	model_info_free(&info);
+}
+
+/* ---- model references ---- */
+
+static int session_has_model(struct radiance_session *s, struct radiance_resident *res)
+{
+	for (size_t i = 0; i < s->nmodels; i++)
+		if (s->models[i] == res)
+			return 1;
+	return 0;
+}
+
+/* Records a reference the caller already took on res (registry_ref or a
+ * load's waiter); a second reference to the same model is dropped again. */
+static int session_add_model(struct radiance_session *s, struct radiance_resident *res)
+{
+	if (session_has_model(s, res)) {
+		registry_unref(res);
+		return 0;
+	}
+	if (s->nmodels == s->models_cap) {
+		size_t cap = s->models_cap ? s->models_cap * 2 : 4;
+		struct radiance_resident **v = realloc(s->models, cap * sizeof *v);
+		if (!v)
+			goto oom;
+		s->models = v;
+		s->models_cap = cap;
+	}
+	if (exec_refs_add(&s->refs, &res->em) < 0)
+		goto oom;
+	s->models[s->nmodels++] = res;
+	log_info("session %llu: uses model %u '%s' (%u users)", (unsigned long long)s->id,
+		 res->em.id, res->name, res->users);
+	return 0;
+oom:
+	registry_unref(res);
+	return -ENOMEM;
+}
+
+static void session_drop_model(struct radiance_session *s, size_t i)
+{
+	struct radiance_resident *res = s->models[i];
+	exec_refs_remove(&s->refs, res->em.id);
+	s->models[i] = s->models[--s->nmodels];
+	registry_unref(res);
+}
+
+/* ---- async completions ---- */
+
+static void session_idle(struct radiance_session *s)
+{
+	s->busy = 0;
+	server_session_update(s);
+}
+
+static void on_load_progress(struct registry_waiter *w, uint64_t done, uint64_t total)
+{
+	struct radiance_session *s = (struct radiance_session *)((char *)w -
+				      offsetof(struct radiance_session, waiter));
+	Radiance__LoadProgress p = RADIANCE__LOAD_PROGRESS__INIT;
+	Radiance__ServerMessage m = RADIANCE__SERVER_MESSAGE__INIT;
+	p.done_bytes = done;
+	p.total_bytes = total;
+	m.tag = s->busy_tag;
+	m.msg_case = RADIANCE__SERVER_MESSAGE__MSG_LOAD_PROGRESS;
+	m.load_progress = &p;
+	send_msg(s, &m, NULL, 0);
+}
+
+static void on_load_done(struct registry_waiter *w, struct radiance_resident *res, int status,
+			 const char *err)
+{
+	struct radiance_session *s = (struct radiance_session *)((char *)w -
+				      offsetof(struct radiance_session, waiter));
+	s->waiting = 0;
+	if (status < 0) {
+		send_error(s, s->busy_tag, -status, "%s", err ? err : strerror(-status));
+	} else if (session_add_model(s, res) < 0) {
+		send_error(s, s->busy_tag, ENOMEM, "out of memory");
+	} else {
+		send_model_info(s, s->busy_tag, res);
+	}
+	session_idle(s);
+}
+
+/* ---- handlers ---- */
+
+static void handle_hello(struct radiance_session *s, uint64_t tag, const Radiance__Hello *h)
+{
+	if (s->state != SESSION_HANDSHAKE) {
+		session_close(s, 1, "a second Hello");
+		return;
+	}
+	if (h->client_name) {
+		size_t i = 0;
+		for (; h->client_name[i] && i < sizeof s->client_name - 1; i++) {
+			char c = h->client_name[i];
+			s->client_name[i] = (c >= 0x20 && c < 0x7f) ? c : '?';
+		}
+		s->client_name[i] = 0;
+	}
+	if (h->protocol_version != RADIANCE_PROTOCOL_VERSION) {
+		send_error(s, tag, EPROTONOSUPPORT,
+			   "protocol version %u is not supported (radianced %s speaks %u)",
+			   h->protocol_version, RADIANCE_VERSION, RADIANCE_PROTOCOL_VERSION);
+		session_close(s, 0, "client '%s' speaks protocol %u, not %u", s->client_name,
+			      h->protocol_version, RADIANCE_PROTOCOL_VERSION);
+		return;
+	}
+	const struct radiance_backend_info *bi = executor_backend_info(s->server->exec);
+	Radiance__Welcome w = RADIANCE__WELCOME__INIT;
+	Radiance__ServerMessage m = RADIANCE__SERVER_MESSAGE__INIT;
+	w.protocol_version = RADIANCE_PROTOCOL_VERSION;
+	w.server_version = RADIANCE_VERSION;
+	w.backend = (char *)bi->name;
+	w.device = (char *)bi->device;
+	w.session_id = s->id;
+	w.max_rows = s->server->cfg->max_rows;
+	m.tag = tag;
+	m.msg_case = RADIANCE__SERVER_MESSAGE__MSG_WELCOME;
+	m.welcome = &w;
+	s->state = SESSION_READY;
+	log_info("session %llu: hello from '%s' (pid %d uid %u)", (unsigned long long)s->id,
+		 s->client_name, (int)s->pid, (unsigned)s->uid);
+	send_msg(s, &m, NULL, 0);
+}
+
+static void handle_load(struct radiance_session *s, uint64_t tag, const Radiance__LoadModel *lm,
+			const int *fds, size_t nfds)
+{
+	struct radiance_file files[RADIANCE_MAX_FDS];
+	char err[512];
+	for (size_t i = 0; i < nfds; i++)
+		files[i] = (struct radiance_file){ lm->file_names[i], fds[i] };
+	memset(&s->waiter, 0, sizeof s->waiter);
+	s->waiter.progress = on_load_progress;
+	s->waiter.done = on_load_done;
+	s->busy = 1;
+	s->busy_tag = tag;
+	s->waiting = 1;
+	const char *name = lm->name && *lm->name ? lm->name : NULL;
+	int rc = registry_load_files(s->server->reg, files, nfds, name, &s->waiter, err, sizeof err);
+	if (rc < 0) {
+		s->busy = 0;
+		s->waiting = 0;
+		send_error(s, tag, -rc, "%s", err);
+	}
+}
+
+static void handle_attach(struct radiance_session *s, uint64_t tag, const Radiance__AttachModel *a)
+{
+	const char *name = a->name ? a->name : "";
+	struct radiance_resident *res = registry_find_name(s->server->reg, name);
+	if (!res) {
+		send_error(s, tag, ENOENT, "no model named '%s' is resident", name);
+		return;
+	}
+	registry_ref(res);
+	if (session_add_model(s, res) < 0) {
+		send_error(s, tag, ENOMEM, "out of memory");
+		return;
+	}
+	send_model_info(s, tag, res);
+}
+
+static void handle_release(struct radiance_session *s, uint64_t tag, uint32_t model_id)
+{
+	for (size_t i = 0; i < s->nmodels; i++) {
+		if (s->models[i]->em.id == model_id) {
+			log_info("session %llu: releases model %u", (unsigned long long)s->id, model_id);
+			session_drop_model(s, i);
+			send_ok(s, tag);
+			return;
+		}
+	}
+	send_error(s, tag, ENOENT, "model_id %u is not loaded by this session", model_id);
+}
+
+static void handle_get_model(struct radiance_session *s, uint64_t tag, uint32_t model_id)
+{
+	struct radiance_resident *res = registry_find_id(s->server->reg, model_id);
+	if (!res) {
+		send_error(s, tag, ENOENT, "no resident model has model_id %u", model_id);
+		return;
+	}
+	send_model_info(s, tag, res);
+}
+
+static void handle_list(struct radiance_session *s, uint64_t tag)
+{
+	size_t n = 0;
+	for (struct radiance_resident *r = registry_next(s->server->reg, NULL); r;
+	     r = registry_next(s->server->reg, r))
+		n++;
+	struct model_info *infos = calloc(n ? n : 1, sizeof *infos);
+	Radiance__ModelInfo **ptrs = calloc(n ? n : 1, sizeof *ptrs);
+	if (!infos || !ptrs) {
+		free(infos);
+		free(ptrs);
+		send_error(s, tag, ENOMEM, "out of memory");
+		return;
+	}
+	size_t i = 0;
+	for (struct radiance_resident *r = registry_next(s->server->reg, NULL); r && i < n;
+	     r = registry_next(s->server->reg, r), i++) {
+		model_info_fill(&infos[i], r, 0);
+		ptrs[i] = &infos[i].mi;
+	}
+	Radiance__ModelList list = RADIANCE__MODEL_LIST__INIT;
+	Radiance__ServerMessage m = RADIANCE__SERVER_MESSAGE__INIT;
+	list.n_models = n;
+	list.models = ptrs;
+	m.tag = tag;
+	m.msg_case = RADIANCE__SERVER_MESSAGE__MSG_MODEL_LIST;
+	m.model_list = &list;
+	send_msg(s, &m, NULL, 0);
+	free(infos);
+	free(ptrs);
+}
+
+static void stats_msg_fill(struct radiance_session *s, Radiance__Stats *out)
+{
+	radiance__stats__init(out);
+	stats_fill(&s->stats, out);
+}
+
+static void handle_stats(struct radiance_session *s, uint64_t tag)
+{
+	struct radiance_server *srv = s->server;
+	Radiance__Stats global, mine;
+	radiance__stats__init(&global);
+	stats_fill(&srv->stats, &global);
+	global.sessions = srv->nsessions;
+	global.uptime_ns = now_ns() - srv->start_ns;
+	stats_msg_fill(s, &mine);
+	mine.uptime_ns = global.uptime_ns;
+
+	size_t n = srv->nsessions;
+	Radiance__SessionStats *ss = calloc(n ? n : 1, sizeof *ss);
+	Radiance__SessionStats **ssp = calloc(n ? n : 1, sizeof *ssp);
+	Radiance__Stats *st = calloc(n ? n : 1, sizeof *st);
+	if (!ss || !ssp || !st) {
+		free(ss);
+		free(ssp);
+		free(st);
+		send_error(s, tag, ENOMEM, "out of memory");
+		return;
+	}
+	size_t i = 0;
+	for (struct radiance_session *o = srv->sessions; o && i < n; o = o->next, i++) {
+		radiance__session_stats__init(&ss[i]);
+		stats_msg_fill(o, &st[i]);
+		ss[i].session_id = o->id;
+		ss[i].client_name = o->client_name;
+		ss[i].pid = o->pid;
+		ss[i].uid = o->uid;
+		ss[i].stats = &st[i];
+		ssp[i] = &ss[i];
+	}
+	Radiance__StatsReply reply = RADIANCE__STATS_REPLY__INIT;
+	Radiance__ServerMessage m = RADIANCE__SERVER_MESSAGE__INIT;
+	reply.global = &global;
+	reply.session = &mine;
+	reply.n_sessions = i;
+	reply.sessions = ssp;
+	m.tag = tag;
+	m.msg_case = RADIANCE__SERVER_MESSAGE__MSG_STATS;
+	m.stats = &reply;
+	send_msg(s, &m, NULL, 0);
+	free(ss);
+	free(ssp);
+	free(st);
+}
+
+/* ---- the shared-memory segment ---- */
+
+static uint64_t align_up(uint64_t v, uint64_t a)
+{
+	return (v + a - 1) & ~(a - 1);
+}
+
+static void segment_release(struct radiance_session *s)
+{
+	if (s->segment)
+		munmap(s->segment, s->segment_bytes);
+	s->segment = NULL;
+	if (s->memfd >= 0)
+		close(s->memfd);
+	s->memfd = -1;
+	if (s->ring.sq_efd >= 0)
+		close(s->ring.sq_efd);
+	if (s->ring.cq_efd >= 0)
+		close(s->ring.cq_efd);
+	s->ring.sq_efd = s->ring.cq_efd = -1;
+}
+
+static void on_ring_removed(struct exec_job *job)
+{
+	struct radiance_session *s = job->user;
+	segment_release(s);
+	s->ring_state = SESSION_RING_NONE;
+	log_debug("session %llu: ring released", (unsigned long long)s->id);
+	session_maybe_free(s);
+}
+
+static void ring_remove(struct radiance_session *s)
+{
+	memset(&s->ring_job, 0, sizeof s->ring_job);
+	s->ring_job.kind = EXEC_JOB_RING_REMOVE;
+	s->ring_job.ring = &s->ring;
+	s->ring_job.drain = s->server->stopping;
+	s->ring_job.done = on_ring_removed;
+	s->ring_job.user = s;
+	s->ring_state = SESSION_RING_REMOVING;
+	executor_submit(s->server->exec, &s->ring_job);
+}
+
+static void on_ring_broken(struct exec_job *job)
+{
+	struct radiance_session *s = job->user;
+	session_close(s, 1, "%s", job->err);
+}
+
+static void on_ring_added(struct exec_job *job)
+{
+	struct radiance_session *s = job->user;
+	if (job->status < 0) {
+		s->ring_state = SESSION_RING_NONE;
+		segment_release(s);
+		if (s->state == SESSION_CLOSING) {
+			session_maybe_free(s);   /* may free s */
+			return;
+		}
+		send_error(s, s->busy_tag, -job->status, "cannot register the arena: %s", job->err);
+		session_idle(s);
+		return;
+	}
+	s->ring_state = SESSION_RING_ACTIVE;
+	if (s->state == SESSION_CLOSING) {
+		ring_remove(s);
+		return;
+	}
+	Radiance__RingReady rr = RADIANCE__RING_READY__INIT;
+	Radiance__ServerMessage m = RADIANCE__SERVER_MESSAGE__INIT;
+	int fds[RADIANCE_RING_READY_FDS];
+	fds[RADIANCE_FD_SEGMENT] = s->memfd;
+	fds[RADIANCE_FD_SQ_DOORBELL] = s->ring.sq_efd;
+	fds[RADIANCE_FD_CQ_DOORBELL] = s->ring.cq_efd;
+	rr.segment_bytes = s->segment_bytes;
+	m.tag = s->busy_tag;
+	m.msg_case = RADIANCE__SERVER_MESSAGE__MSG_RING_READY;
+	m.ring_ready = &rr;
+	log_info("session %llu: ring open: sq %u, cq %u, arena %llu bytes",
+		 (unsigned long long)s->id, s->ring.sq.entries, s->ring.cq.entries,
+		 (unsigned long long)s->ring.arena_bytes);
+	send_msg(s, &m, fds, RADIANCE_RING_READY_FDS);
+	/* the client has its own copy of the memfd now; ours is not needed */
+	close(s->memfd);
+	s->memfd = -1;
+	session_idle(s);
+}
+
+static void handle_open_ring(struct radiance_session *s, uint64_t tag, const Radiance__OpenRing *o)
+{
+	const struct radiance_config *cfg = s->server->cfg;
+	if (s->ring_state != SESSION_RING_NONE) {
+		send_error(s, tag, EBUSY, "this session's ring is already open");
+		return;
+	}
+	uint32_t sq = o->sq_entries ? o->sq_entries : cfg->sq_entries;
+	uint32_t cq = o->cq_entries ? o->cq_entries : (sq > cfg->sq_entries ? sq : cfg->sq_entries);
+	uint64_t arena = o->arena_bytes ? o->arena_bytes : cfg->arena_bytes;
+	if (sq & (sq - 1) || sq > cfg->max_sq_entries) {
+		send_error(s, tag, EINVAL, "sq_entries %u is not a power of two in 1..%u", sq,
+			   cfg->max_sq_entries);
+		return;
+	}
+	if (cq & (cq - 1) || cq > cfg->max_sq_entries || cq < sq) {
+		send_error(s, tag, EINVAL, "cq_entries %u is not a power of two in %u..%u", cq, sq,
+			   cfg->max_sq_entries);
+		return;
+	}
+	if (arena > cfg->max_arena_bytes) {
+		send_error(s, tag, EINVAL, "arena_bytes %llu exceeds the limit of %llu",
+			   (unsigned long long)arena, (unsigned long long)cfg->max_arena_bytes);
+		return;
+	}
+	arena = align_up(arena, RADIANCE_SHM_ALIGN);
+	uint64_t sq_off = RADIANCE_SHM_HEADER_BYTES;
+	uint64_t cq_off = sq_off + align_up((uint64_t)sq * RADIANCE_SLOT_BYTES, RADIANCE_SHM_ALIGN);
+	uint64_t arena_off = cq_off + align_up((uint64_t)cq * RADIANCE_SLOT_BYTES, RADIANCE_SHM_ALIGN);
+	uint64_t total = arena_off + arena;
+
+	char name[64];
+	snprintf(name, sizeof name, "radiance-session-%llu", (unsigned long long)s->id);
+	s->memfd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (s->memfd < 0)
+		goto fail_errno;
+	if (ftruncate(s->memfd, (off_t)total) < 0)
+		goto fail_errno;
+	s->segment = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_SHARED, s->memfd, 0);
+	if (s->segment == MAP_FAILED) {
+		s->segment = NULL;
+		goto fail_errno;
+	}
+	s->segment_bytes = total;
+	if (fcntl(s->memfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0)
+		goto fail_errno;
+	s->ring.sq_efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	s->ring.cq_efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	if (s->ring.sq_efd < 0 || s->ring.cq_efd < 0)
+		goto fail_errno;
+
+	uint8_t *base = s->segment;
+	struct radiance_shm_header *h = s->segment;
+	h->magic = RADIANCE_SHM_MAGIC;
+	h->version = RADIANCE_SHM_VERSION;
+	h->header_bytes = RADIANCE_SHM_HEADER_BYTES;
+	h->segment_bytes = total;
+	h->slot_bytes = RADIANCE_SLOT_BYTES;
+	h->sq_offset = sq_off;
+	h->cq_offset = cq_off;
+	h->arena_offset = arena_off;
+	h->arena_bytes = arena;
+	h->sq.entries = sq;
+	h->cq.entries = cq;
+
+	radiance_ring_init(&s->ring.sq, &h->sq, base + sq_off, sq);
+	radiance_ring_init(&s->ring.cq, &h->cq, base + cq_off, cq);
+	s->ring.session_id = s->id;
+	s->ring.arena = base + arena_off;
+	s->ring.arena_bytes = arena;
+	s->ring.max_inflight = cfg->max_inflight;
+	s->ring.refs = &s->refs;
+	s->ring.stats = &s->stats;
+	exec_ring_init(&s->ring, on_ring_broken, s);
+
+	memset(&s->ring_job, 0, sizeof s->ring_job);
+	s->ring_job.kind = EXEC_JOB_RING_ADD;
+	s->ring_job.ring = &s->ring;
+	s->ring_job.done = on_ring_added;
+	s->ring_job.user = s;
+	s->ring_state = SESSION_RING_ADDING;
+	s->busy = 1;
+	s->busy_tag = tag;
+	executor_submit(s->server->exec, &s->ring_job);
+	return;
+
+fail_errno: {
+		int e = errno;
+		segment_release(s);
+		send_error(s, tag, e, "cannot create the shared-memory segment (%llu bytes): %s",
+			   (unsigned long long)total, strerror(e));
+	}
+}
+
+/* ---- dispatch ---- */
+
+void session_handle_frame(struct radiance_session *s, const uint8_t *data, size_t len)
+{
+	size_t nfds = radiance_conn_queued_fds(&s->conn);
+	Radiance__ClientMessage *m = radiance_proto_unpack_client(data, len);
+	if (!m) {
+		radiance_conn_close_fds(&s->conn);
+		session_close(s, 1, "undecodable message (%zu bytes)", len);
+		return;
+	}
+	size_t declared = radiance_proto_client_fds(m);
+	if (declared != nfds) {
+		radiance_conn_close_fds(&s->conn);
+		session_close(s, 1, "%s declares %zu fds but %zu came with it",
+			      radiance_proto_client_name(m), declared, nfds);
+		goto out;
+	}
+	if (m->msg_case == RADIANCE__CLIENT_MESSAGE__MSG__NOT_SET) {
+		session_close(s, 1, "empty or unknown message (no known field of the oneof is set)");
+		goto out;
+	}
+	if (s->state == SESSION_HANDSHAKE && m->msg_case != RADIANCE__CLIENT_MESSAGE__MSG_HELLO) {
+		radiance_conn_close_fds(&s->conn);
+		session_close(s, 1, "the first message must be hello, not %s",
+			      radiance_proto_client_name(m));
+		goto out;
+	}
+	log_debug("session %llu: %s (tag %llu)", (unsigned long long)s->id,
+		  radiance_proto_client_name(m), (unsigned long long)m->tag);
+	switch (m->msg_case) {
+	case RADIANCE__CLIENT_MESSAGE__MSG_HELLO:
+		handle_hello(s, m->tag, m->hello);
+		break;
+	case RADIANCE__CLIENT_MESSAGE__MSG_LOAD_MODEL: {
+		int fds[RADIANCE_MAX_FDS];
+		radiance_conn_take_fds(&s->conn, fds, nfds);
+		handle_load(s, m->tag, m->load_model, fds, nfds);
+		break;
+	}
+	case RADIANCE__CLIENT_MESSAGE__MSG_ATTACH_MODEL:
+		handle_attach(s, m->tag, m->attach_model);
+		break;
+	case RADIANCE__CLIENT_MESSAGE__MSG_RELEASE_MODEL:
+		handle_release(s, m->tag, m->release_model->model_id);
+		break;
+	case RADIANCE__CLIENT_MESSAGE__MSG_GET_MODEL:
+		handle_get_model(s, m->tag, m->get_model->model_id);
+		break;
+	case RADIANCE__CLIENT_MESSAGE__MSG_LIST_MODELS:
+		handle_list(s, m->tag);
+		break;
+	case RADIANCE__CLIENT_MESSAGE__MSG_OPEN_RING:
+		handle_open_ring(s, m->tag, m->open_ring);
+		break;
+	case RADIANCE__CLIENT_MESSAGE__MSG_GET_STATS:
+		handle_stats(s, m->tag);
+		break;
+	default:
+		session_close(s, 1, "unknown message");
+		break;
+	}
+out:
+	radiance__client_message__free_unpacked(m, NULL);
+}
+
+/* ---- life cycle ---- */
+
+static void on_poll_closed(uv_handle_t *h)
+{
+	struct radiance_session *s = h->data;
+	s->poll_closed = 1;
+	session_maybe_free(s);
+}
+
+struct radiance_session *session_create(struct radiance_server *srv, int fd)
+{
+	struct radiance_session *s = calloc(1, sizeof *s);
+	if (!s) {
+		close(fd);
+		errno = ENOMEM;
+		return NULL;
+	}
+	s->server = srv;
+	s->memfd = -1;
+	s->ring.sq_efd = s->ring.cq_efd = -1;
+	s->poll_events = -1;
+	s->id = ++srv->next_session_id;
+	stats_init(&s->stats);
+	exec_refs_init(&s->refs);
+	snprintf(s->client_name, sizeof s->client_name, "?");
+
+	struct ucred cred;
+	socklen_t clen = sizeof cred;
+	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) == 0) {
+		s->pid = cred.pid;
+		s->uid = cred.uid;
+		s->gid = cred.gid;
+	} else {
+		s->pid = -1;
+		s->uid = s->gid = (uid_t)-1;
+	}
+	if (radiance_conn_init(&s->conn, fd, RADIANCE_MAX_FRAME, RADIANCE_MAX_FDS) < 0) {
+		close(fd);
+		exec_refs_finish(&s->refs);
+		free(s);
+		errno = ENOMEM;
+		return NULL;
+	}
+	int rc = uv_poll_init(srv->loop, &s->poll, fd);
+	if (rc < 0) {
+		radiance_conn_finish(&s->conn);
+		exec_refs_finish(&s->refs);
+		free(s);
+		errno = -rc;
+		return NULL;
+	}
+	s->poll.data = s;
+	log_info("session %llu: connected: pid %d uid %u gid %u", (unsigned long long)s->id,
+		 (int)s->pid, (unsigned)s->uid, (unsigned)s->gid);
+	return s;
+}
+
+void session_close(struct radiance_session *s, int violation, const char *fmt, ...)
+{
+	if (s->state == SESSION_CLOSING)
+		return;
+	char reason[512];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(reason, sizeof reason, fmt, ap);
+	va_end(ap);
+
+	if (violation) {
+		log_warn("session %llu (pid %d, '%s'): protocol violation: %s; closing",
+			 (unsigned long long)s->id, (int)s->pid, s->client_name, reason);
+		/* best effort: tell the client why, if the socket takes it now */
+		send_error(s, 0, EPROTO, "protocol violation: %s", reason);
+	} else {
+		log_info("session %llu (pid %d, '%s'): closing: %s", (unsigned long long)s->id,
+			 (int)s->pid, s->client_name, reason);
+	}
+	radiance_conn_flush(&s->conn);
+	s->state = SESSION_CLOSING;
+	if (s->waiting) {
+		registry_cancel(&s->waiter);
+		s->waiting = 0;
+	}
+	/* closing the socket: the client sees EOF; queued fds are closed */
+	uv_close((uv_handle_t *)&s->poll, on_poll_closed);
+	radiance_conn_finish(&s->conn);
+	if (s->ring_state == SESSION_RING_ACTIVE)
+		ring_remove(s);
+	/* ADDING: on_ring_added sees CLOSING and removes it */
+}
+
+void session_maybe_free(struct radiance_session *s)
+{
+	if (s->state != SESSION_CLOSING || !s->poll_closed || s->ring_state != SESSION_RING_NONE)
+		return;
+	while (s->nmodels)
+		session_drop_model(s, s->nmodels - 1);
+	free(s->models);
+	exec_refs_finish(&s->refs);
+	segment_release(s);
+	server_session_gone(s);
+	free(s);
+}

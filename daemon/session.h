@@ -1,0 +1,103 @@
+/*
+ * A client's state: handshake, the models it references, its shared-memory
+ * segment and rings, its stats. Control messages are handled here; the
+ * server (server.c) does the socket I/O and calls session_handle_frame()
+ * for each complete frame.
+ *
+ * States: HANDSHAKE (only Hello is allowed) -> READY -> CLOSING. A session
+ * is `busy` while a request awaits an asynchronous answer (LoadModel,
+ * OpenRing, an attach): it then reads no further frames, so replies stay in
+ * request order, but still notices a hang-up.
+ *
+ * Teardown (session_close): the socket and every received fd are closed at
+ * once, a pending load is cancelled, and the ring is handed back through an
+ * EXEC_JOB_RING_REMOVE job; only when that job is done (the executor will
+ * never touch the segment again) is the segment unmapped, the eventfds
+ * closed and the model references dropped. See executor.h.
+ *
+ * Thread safety: loop thread only (the executor reads `ring`, `refs` and
+ * writes `stats` under the rules of executor.h).
+ */
+#ifndef RADIANCE_SESSION_H
+#define RADIANCE_SESSION_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include <uv.h>
+
+#include "executor.h"
+#include "registry.h"
+#include "stats.h"
+#include "transport.h"
+
+struct radiance_server;
+
+enum session_state {
+	SESSION_HANDSHAKE,
+	SESSION_READY,
+	SESSION_CLOSING,
+};
+
+enum session_ring_state {
+	SESSION_RING_NONE,
+	SESSION_RING_ADDING,     /* RING_ADD job in flight */
+	SESSION_RING_ACTIVE,
+	SESSION_RING_REMOVING,   /* RING_REMOVE job in flight */
+};
+
+struct radiance_session {
+	struct radiance_server *server;
+	struct radiance_session *prev, *next;
+	uint64_t id;
+	enum session_state state;
+
+	struct radiance_conn conn;
+	uv_poll_t poll;
+	int poll_events;          /* what poll is started with now, -1 none */
+	int poll_closed;          /* uv_close finished */
+
+	pid_t pid;
+	uid_t uid;
+	gid_t gid;
+	char client_name[64];
+
+	int busy;
+	uint64_t busy_tag;
+
+	/* models */
+	struct exec_refs refs;
+	struct radiance_resident **models;
+	size_t nmodels, models_cap;
+	struct registry_waiter waiter;   /* a LoadModel in progress */
+	int waiting;
+
+	/* data plane */
+	enum session_ring_state ring_state;
+	struct exec_ring ring;
+	struct exec_job ring_job;
+	void *segment;
+	size_t segment_bytes;
+	int memfd;
+
+	struct radiance_stats stats;
+};
+
+/* Creates a session for an accepted connection fd (taken over) and starts
+ * polling it. NULL with errno set on failure (fd closed). */
+struct radiance_session *session_create(struct radiance_server *srv, int fd);
+
+/* One complete frame with radiance_conn_queued_fds() fds. Any reply is
+ * queued on the conn; a protocol violation closes the session. */
+void session_handle_frame(struct radiance_session *s, const uint8_t *data, size_t len);
+
+/* Ends the session (idempotent). reason is logged once; `violation` logs it
+ * as a warning and first tries to send it as an Error(EPROTO). */
+void session_close(struct radiance_session *s, int violation, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+/* Frees what is left once the poll handle is closed and the ring is
+ * removed; calls server_session_gone(). */
+void session_maybe_free(struct radiance_session *s);
+
+#endif

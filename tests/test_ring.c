@@ -1,0 +1,274 @@
+/* common/ring: SQ/CQ rings over an in-memory segment, incl. a hostile peer. */
+#include <errno.h>
+#include <pthread.h>
+#include <poll.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "proto_util.h"
+#include "ring.h"
+
+#define ENTRIES 8u
+
+struct fixture {
+	struct radiance_shm_ring ctl;
+	uint8_t slots[ENTRIES * RADIANCE_SLOT_BYTES];
+	struct radiance_ring prod, cons;
+};
+
+static int setup(void **state)
+{
+	struct fixture *f = aligned_alloc(64, sizeof(struct fixture) + 64 - sizeof(struct fixture) % 64);
+	memset(f, 0, sizeof *f);
+	radiance_ring_init(&f->prod, &f->ctl, f->slots, ENTRIES);
+	radiance_ring_init(&f->cons, &f->ctl, f->slots, ENTRIES);
+	*state = f;
+	return 0;
+}
+
+static int teardown(void **state)
+{
+	free(*state);
+	return 0;
+}
+
+static void test_push_pop_wrap(void **state)
+{
+	struct fixture *f = *state;
+	uint8_t buf[RADIANCE_SLOT_BYTES];
+	assert_int_equal(radiance_ring_pop(&f->cons, buf), 0);
+	for (uint32_t round = 0; round < 5; round++) {
+		for (uint32_t i = 0; i < ENTRIES; i++) {
+			uint32_t v = round * 100 + i;
+			assert_int_equal(radiance_ring_space(&f->prod), (int)(ENTRIES - i));
+			assert_int_equal(radiance_ring_push(&f->prod, &v, sizeof v), 0);
+		}
+		uint32_t x = 0;
+		assert_int_equal(radiance_ring_push(&f->prod, &x, sizeof x), -EAGAIN);
+		assert_int_equal(radiance_ring_ready(&f->cons), (int)ENTRIES);
+		for (uint32_t i = 0; i < ENTRIES; i++) {
+			uint32_t v;
+			assert_int_equal(radiance_ring_pop(&f->cons, buf), 4);
+			memcpy(&v, buf, 4);
+			assert_int_equal(v, round * 100 + i);
+		}
+		assert_int_equal(radiance_ring_pop(&f->cons, buf), 0);
+	}
+	/* free-running counters crossing 2^32 */
+	f->ctl.head = f->ctl.tail = UINT32_MAX - 2;
+	f->prod.local = f->cons.local = UINT32_MAX - 2;
+	for (uint32_t i = 0; i < 6; i++) {
+		assert_int_equal(radiance_ring_push(&f->prod, &i, sizeof i), 0);
+		uint32_t v;
+		assert_int_equal(radiance_ring_pop(&f->cons, buf), 4);
+		memcpy(&v, buf, 4);
+		assert_int_equal(v, i);
+	}
+}
+
+static void test_payload_sizes(void **state)
+{
+	struct fixture *f = *state;
+	uint8_t big[RADIANCE_SLOT_BYTES] = { 0 }, buf[RADIANCE_SLOT_BYTES];
+	assert_int_equal(radiance_ring_push(&f->prod, big, 0), -EMSGSIZE);
+	assert_int_equal(radiance_ring_push(&f->prod, big, RADIANCE_SLOT_BYTES - 3), -EMSGSIZE);
+	memset(big, 0xab, sizeof big);
+	assert_int_equal(radiance_ring_push(&f->prod, big, RADIANCE_SLOT_BYTES - 4), 0);
+	assert_int_equal(radiance_ring_pop(&f->cons, buf), RADIANCE_SLOT_BYTES - 4);
+	assert_memory_equal(buf, big, RADIANCE_SLOT_BYTES - 4);
+}
+
+static void test_corrupted_tail(void **state)
+{
+	struct fixture *f = *state;
+	uint8_t buf[RADIANCE_SLOT_BYTES];
+	uint32_t v = 1;
+	assert_int_equal(radiance_ring_push(&f->prod, &v, 4), 0);
+	/* the peer writes a tail more than `entries` ahead of our head */
+	f->ctl.tail = ENTRIES + 1;
+	assert_int_equal(radiance_ring_ready(&f->cons), -EPROTO);
+	assert_int_equal(radiance_ring_pop(&f->cons, buf), -EPROTO);
+	/* or behind it (tail - head wraps to a huge count) */
+	f->ctl.tail = (uint32_t)-1;
+	assert_int_equal(radiance_ring_pop(&f->cons, buf), -EPROTO);
+	/* exactly `entries` ahead is a full ring, legal */
+	f->ctl.tail = ENTRIES;
+	assert_int_equal(radiance_ring_ready(&f->cons), (int)ENTRIES);
+	/* the consumer never re-reads head from shared memory */
+	f->ctl.head = 12345;
+	assert_int_equal(radiance_ring_pop(&f->cons, buf), 4);
+	assert_int_equal(f->ctl.head, 1);
+}
+
+static void test_corrupted_slot_length(void **state)
+{
+	struct fixture *f = *state;
+	uint8_t buf[RADIANCE_SLOT_BYTES];
+	uint32_t v = 1, bad;
+	assert_int_equal(radiance_ring_push(&f->prod, &v, 4), 0);
+	bad = 0;
+	memcpy(f->slots, &bad, 4);
+	assert_int_equal(radiance_ring_pop(&f->cons, buf), -EPROTO);
+	bad = RADIANCE_SLOT_BYTES - 3;
+	memcpy(f->slots, &bad, 4);
+	assert_int_equal(radiance_ring_pop(&f->cons, buf), -EPROTO);
+	bad = 0xffffffffu;
+	memcpy(f->slots, &bad, 4);
+	assert_int_equal(radiance_ring_pop(&f->cons, buf), -EPROTO);
+	assert_int_equal(f->ctl.head, 0);   /* nothing consumed */
+}
+
+static void test_corrupted_head(void **state)
+{
+	struct fixture *f = *state;
+	uint32_t v = 1;
+	/* a consumer claiming to have read what was never produced */
+	f->ctl.head = 3;
+	assert_int_equal(radiance_ring_push(&f->prod, &v, 4), -EPROTO);
+	assert_int_equal(radiance_ring_space(&f->prod), -EPROTO);
+	/* the producer never re-reads tail */
+	f->ctl.head = 0;
+	f->ctl.tail = 7;
+	assert_int_equal(radiance_ring_push(&f->prod, &v, 4), 0);
+	assert_int_equal(f->ctl.tail, 1);
+}
+
+static void test_sleep_protocol(void **state)
+{
+	struct fixture *f = *state;
+	uint8_t buf[RADIANCE_SLOT_BYTES];
+	uint32_t v = 9;
+	assert_int_equal(radiance_ring_needs_wakeup(&f->prod), 0);
+	assert_int_equal(radiance_ring_prepare_sleep(&f->cons), 1);
+	assert_int_equal(f->ctl.sleeping, 1);
+	assert_int_equal(radiance_ring_push(&f->prod, &v, 4), 0);
+	assert_int_equal(radiance_ring_needs_wakeup(&f->prod), 1);
+	radiance_ring_end_sleep(&f->cons);
+	assert_int_equal(radiance_ring_needs_wakeup(&f->prod), 0);
+	/* work present: prepare_sleep refuses and clears the flag */
+	assert_int_equal(radiance_ring_prepare_sleep(&f->cons), 0);
+	assert_int_equal(f->ctl.sleeping, 0);
+	assert_int_equal(radiance_ring_pop(&f->cons, buf), 4);
+}
+
+static void test_doorbell(void **state)
+{
+	int efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	assert_true(efd >= 0);
+	assert_int_equal(radiance_doorbell_drain(efd), 0);
+	assert_int_equal(radiance_doorbell_ring(efd), 0);
+	assert_int_equal(radiance_doorbell_ring(efd), 0);
+	assert_int_equal(radiance_doorbell_drain(efd), 2);
+	assert_int_equal(radiance_doorbell_drain(efd), 0);
+	close(efd);
+	assert_true(radiance_doorbell_ring(efd) < 0);
+}
+
+static void test_pack_slot(void **state)
+{
+	uint8_t buf[RADIANCE_SLOT_BYTES - 4];
+	Radiance__LinearResult res = RADIANCE__LINEAR_RESULT__INIT;
+	int len = radiance_proto_pack_slot(&res.base, buf, sizeof buf);
+	assert_int_equal(len, 2);
+	Radiance__LinearResult *back = radiance__linear_result__unpack(NULL, (size_t)len, buf);
+	assert_non_null(back);
+	assert_int_equal(back->request_id, 0);
+	assert_int_equal(back->status, 0);
+	radiance__linear_result__free_unpacked(back, NULL);
+
+	Radiance__LinearRequest req = RADIANCE__LINEAR_REQUEST__INIT;
+	req.request_id = UINT64_MAX;
+	req.model_id = UINT32_MAX;
+	req.layer = UINT32_MAX;
+	req.rows = UINT32_MAX;
+	req.dtype = RADIANCE__DTYPE__DTYPE_FP16;
+	req.input_offset = UINT64_MAX;
+	req.output_offset = UINT64_MAX;
+	len = radiance_proto_pack_slot(&req.base, buf, sizeof buf);
+	assert_true(len > 0 && len < 64);   /* the largest request fits with room */
+	/* an error text too long for a slot is refused, not truncated */
+	char text[300];
+	memset(text, 'e', sizeof text - 1);
+	text[sizeof text - 1] = 0;
+	res.error = text;
+	assert_int_equal(radiance_proto_pack_slot(&res.base, buf, sizeof buf), -EMSGSIZE);
+}
+
+/* One producer and one consumer thread, with the full sleep/doorbell
+ * handshake: every message arrives once, in order, and no wakeup is lost. */
+struct stress {
+	struct fixture *f;
+	int efd;
+	uint32_t count;
+};
+
+static void *producer(void *arg)
+{
+	struct stress *s = arg;
+	for (uint32_t i = 0; i < s->count;) {
+		int rc = radiance_ring_push(&s->f->prod, &i, sizeof i);
+		if (rc == -EAGAIN)
+			continue;
+		if (rc != 0)
+			abort();
+		if (radiance_ring_needs_wakeup(&s->f->prod))
+			radiance_doorbell_ring(s->efd);
+		i++;
+	}
+	return NULL;
+}
+
+static void test_threaded_stress(void **state)
+{
+	struct fixture *f = *state;
+	struct stress s = { f, eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC), 200000 };
+	pthread_t t;
+	uint8_t buf[RADIANCE_SLOT_BYTES];
+	pthread_create(&t, NULL, producer, &s);
+	uint32_t expect = 0, sleeps = 0;
+	while (expect < s.count) {
+		int rc = radiance_ring_pop(&f->cons, buf);
+		assert_true(rc >= 0);
+		if (rc > 0) {
+			uint32_t v;
+			memcpy(&v, buf, 4);
+			assert_int_equal(v, expect);
+			expect++;
+			continue;
+		}
+		if (radiance_ring_prepare_sleep(&f->cons)) {
+			struct pollfd p = { .fd = s.efd, .events = POLLIN };
+			/* a lost wakeup would hang here: the timeout turns it into a failure */
+			assert_int_equal(poll(&p, 1, 5000), 1);
+			radiance_doorbell_drain(s.efd);
+			radiance_ring_end_sleep(&f->cons);
+			sleeps++;
+		}
+	}
+	pthread_join(t, NULL);
+	close(s.efd);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup_teardown(test_push_pop_wrap, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_payload_sizes, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_corrupted_tail, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_corrupted_slot_length, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_corrupted_head, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_sleep_protocol, setup, teardown),
+		cmocka_unit_test(test_doorbell),
+		cmocka_unit_test(test_pack_slot),
+		cmocka_unit_test_setup_teardown(test_threaded_stress, setup, teardown),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
