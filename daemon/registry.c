@@ -147,17 +147,30 @@ static void on_uploaded(struct exec_job *job)
 	maybe_unload(res);
 }
 
-/* Any resident of this name or identity other than `self`, still usable. */
-static struct radiance_resident *find_live(struct radiance_registry *reg,
-					   const struct radiance_resident *self, const char *name,
-					   const char *identity)
+/* A usable resident other than `self` loaded from the same files (identity:
+ * device, inode, size and mtime of every file), or NULL. Only identity makes
+ * two loads the same checkpoint: a name alone never does. */
+static struct radiance_resident *find_same_files(struct radiance_registry *reg,
+						 const struct radiance_resident *self,
+						 const char *identity)
+{
+	for (struct radiance_resident *r = reg->list; r; r = r->next) {
+		if (r == self || r->state == RESIDENT_UNLOADING)
+			continue;
+		if (identity && *identity && strcmp(r->identity, identity) == 0)
+			return r;
+	}
+	return NULL;
+}
+
+/* A usable resident other than `self` that already goes by `name`. */
+static struct radiance_resident *find_named(struct radiance_registry *reg,
+					    const struct radiance_resident *self, const char *name)
 {
 	for (struct radiance_resident *r = reg->list; r; r = r->next) {
 		if (r == self || r->state == RESIDENT_UNLOADING)
 			continue;
 		if (name && r->name && strcmp(r->name, name) == 0)
-			return r;
-		if (identity && *identity && strcmp(r->identity, identity) == 0)
 			return r;
 	}
 	return NULL;
@@ -303,10 +316,20 @@ static void load_after(uv_work_t *work, int status)
 			return;
 		}
 	}
-	struct radiance_resident *other = find_live(reg, res, res->name, res->identity);
+	struct radiance_resident *other = find_same_files(reg, res, res->identity);
 	if (other) {
 		log_info("model '%s' is already resident as %u: attaching", res->name, other->em.id);
 		merge_into(res, other);
+		return;
+	}
+	other = find_named(reg, res, res->name);
+	if (other) {
+		/* same name, other files: attaching would compute with the wrong weights */
+		res->status = -EEXIST;
+		snprintf(res->err, sizeof res->err,
+			 "a different checkpoint named '%s' is already resident as model %u; "
+			 "load this one under another name", res->name, other->em.id);
+		resident_fail(res);
 		return;
 	}
 	if (reg->shutting_down && !res->waiters) {
@@ -456,7 +479,13 @@ int registry_load_files(struct radiance_registry *reg, const struct radiance_fil
 		goto fail;
 	}
 
-	res = find_live(reg, NULL, name, identity);
+	if (!find_same_files(reg, NULL, identity) && name && (res = find_named(reg, NULL, name))) {
+		rc = -EEXIST;
+		snprintf(err, errlen, "a different checkpoint named '%s' is already resident as "
+			 "model %u; load this one under another name", name, res->em.id);
+		goto fail;
+	}
+	res = find_same_files(reg, NULL, identity);
 	if (res) {
 		for (size_t i = 0; i < nfiles; i++)
 			close(files[i].fd);
@@ -596,6 +625,12 @@ void registry_unref(struct radiance_resident *res)
 {
 	if (res->users > 0)
 		res->users--;
+	maybe_unload(res);
+}
+
+void registry_unpin(struct radiance_resident *res)
+{
+	res->preloaded = false;
 	maybe_unload(res);
 }
 

@@ -107,6 +107,10 @@ struct radiance_resident *registry_next(struct radiance_registry *reg, struct ra
 void registry_ref(struct radiance_resident *res);
 void registry_unref(struct radiance_resident *res);
 
+/* Drops the daemon's own hold on a preloaded model: it is unloaded now if no
+ * session uses it, else when the last one lets go. */
+void registry_unpin(struct radiance_resident *res);
+
 /* Unloads everything (preloaded models too) once running loads finish;
  * every session must have dropped its references. cb runs on the loop when
  * nothing is resident or loading any more. */

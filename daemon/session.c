@@ -339,6 +339,22 @@ static void handle_release(struct radiance_session *s, uint64_t tag, uint32_t mo
 			return;
 		}
 	}
+	/* Not held by this session: a preloaded model may be unpinned by root or
+	 * by the daemon's own user (the people who could edit its config). */
+	struct radiance_resident *res = registry_find_id(s->server->reg, model_id);
+	if (res && res->preloaded) {
+		if (s->uid != 0 && s->uid != geteuid()) {
+			send_error(s, tag, EPERM, "model %u is preloaded; only root or uid %u may "
+				   "unload it (peer uid %u)", model_id, (unsigned)geteuid(),
+				   (unsigned)s->uid);
+			return;
+		}
+		log_info("session %llu (uid %u): unloads preloaded model %u '%s'",
+			 (unsigned long long)s->id, (unsigned)s->uid, model_id, res->name);
+		registry_unpin(res);
+		send_ok(s, tag);
+		return;
+	}
 	send_error(s, tag, ENOENT, "model_id %u is not loaded by this session", model_id);
 }
 

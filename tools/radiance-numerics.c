@@ -109,16 +109,31 @@ int main(int argc, char **argv)
 				want, len);
 			rc = 1;
 		} else {
-			const uint16_t *x = (const uint16_t *)in;
-			const uint32_t *qw = (const uint32_t *)(in + m * k * 2);
-			const uint16_t *sc = (const uint16_t *)((const unsigned char *)qw + n * (k / 8) * 4);
-			const float *bias = (const float *)((const unsigned char *)sc + n * (k / 128) * 2);
+			/* the sections of stdin are packed back to back: copy each to
+			 * its own (aligned) buffer before reading it as its type */
+			size_t xb = m * k * 2, qb = n * (k / 8) * 4, sb = n * (k / 128) * 2;
+			uint16_t *x = malloc(xb + 1);
+			uint32_t *qw = malloc(qb + 1);
+			uint16_t *sc = malloc(sb + 1);
+			float *bias = malloc(n * 4 + 1);
+			if (!x || !qw || !sc || !bias) {
+				fprintf(stderr, "radiance-numerics: out of memory\n");
+				return 1;
+			}
+			memcpy(x, in, xb);
+			memcpy(qw, in + xb, qb);
+			memcpy(sc, in + xb + qb, sb);
+			memcpy(bias, in + xb + qb + sb, n * 4);
 			uint16_t *y = malloc(m * n * 2 + 2);
 			void *scratch = aligned_alloc(16, (radiance_cpu_w4a8_scratch_bytes(m, k) + 15) & ~15ul);
 			radiance_cpu_w4a8(x, RADIANCE_DTYPE_BF16, m, qw, sc, bias, n, k, y, scratch);
 			fwrite(y, 2, m * n, stdout);
 			free(y);
 			free(scratch);
+			free(x);
+			free(qw);
+			free(sc);
+			free(bias);
 		}
 	} else {
 		rc = usage();

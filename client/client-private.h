@@ -1,0 +1,147 @@
+/*
+ * libradiance internals shared by the client library sources. Nothing here is
+ * exported from libradiance.so (client/libradiance.sym lists the public
+ * names); internal non-static names carry the radiance__ prefix.
+ */
+#ifndef RADIANCE_CLIENT_PRIVATE_H
+#define RADIANCE_CLIENT_PRIVATE_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <syslog.h>
+
+#include "radiance.h"
+#include "radiance.pb-c.h"
+#include "ring.h"
+#include "shm.h"
+#include "transport.h"
+
+#define RADIANCE__DEFAULT_SPIN_US 30
+#define RADIANCE__ARENA_ALIGN 64u   /* a cache line: no false sharing between buffers */
+
+/* --- arena.c: first-fit allocator over the shared arena ------------------ */
+
+/* One extent of the arena. The list is kept privately (never inside the
+ * shared memory, where the daemon writes outputs) and sorted by offset;
+ * neighbouring free extents are always merged. */
+struct radiance__client_extent {
+	uint64_t off;
+	uint64_t len;
+	bool used;
+};
+
+struct radiance__client_arena {
+	uint8_t *base;
+	uint64_t bytes;
+	struct radiance__client_extent *ext;
+	size_t n, cap;
+};
+
+int radiance__client_arena_init(struct radiance__client_arena *a, void *base, uint64_t bytes);
+void radiance__client_arena_finish(struct radiance__client_arena *a);
+/* NULL when no free extent fits (or bytes is 0 / absurd). */
+void *radiance__client_arena_alloc(struct radiance__client_arena *a, size_t bytes);
+/* 0, or -EINVAL when p is not the start of a used block. */
+int radiance__client_arena_free(struct radiance__client_arena *a, void *p);
+/* Bytes in the largest free extent. */
+uint64_t radiance__client_arena_largest_free(const struct radiance__client_arena *a);
+
+/* --- checkpoint_files.c -------------------------------------------------- */
+
+/* The files of a checkpoint directory the daemon needs, in the order
+ * LoadModel sends them: config.json, quantization_config.json (if present),
+ * then model.safetensors.index.json and its shards (sorted, unique) or
+ * model.safetensors. *names is a NULL-terminated array the caller frees with
+ * radiance__client_checkpoint_files_free(). 0, -ENOENT (config.json or the weights
+ * missing), -EINVAL (bad index JSON; err says why), -ENOMEM. */
+int radiance__client_checkpoint_files(const char *dir, char ***names, char *err, size_t errlen);
+void radiance__client_checkpoint_files_free(char **names);
+
+/* --- client.c / data.c --------------------------------------------------- */
+
+struct radiance__client_held {
+	uint32_t model_id;
+	struct radiance_model_info *info; /* with layers */
+};
+
+/* A completion taken off the CQ while waiting for another request. */
+struct radiance__client_stashed {
+	uint64_t request_id;
+	int status;
+	uint64_t queue_ns, exec_ns;
+	char error[RADIANCE_SLOT_BYTES];
+};
+
+struct radiance {
+	struct radiance_conn conn;
+	int error;                        /* sticky; 0 or -errno */
+	char message[512];                /* radiance_error_message() */
+
+	/* options, copied */
+	char *client_name;
+	radiance_log_fn log;
+	void *log_user;
+	int log_priority;              /* syslog priority */
+	uint32_t want_sq, want_cq;
+	uint64_t want_arena;
+	int32_t spin_us;
+	int timeout_ms;                   /* -1: forever */
+
+	uint64_t next_tag;
+	struct radiance_server_info server;
+	char *server_version, *backend, *device;
+
+	struct radiance__client_held *held;
+	size_t n_held, cap_held;
+
+	/* data plane, once radiance_open_rings() succeeded */
+	bool rings_open;
+	uint8_t *segment;
+	size_t segment_bytes;
+	int sq_doorbell, cq_doorbell;     /* eventfds */
+	struct radiance_ring sq, cq;
+	uint32_t sq_entries, cq_entries;  /* private copies */
+	struct radiance__client_arena arena;
+	uint64_t next_request_id;
+	unsigned in_flight;
+	struct radiance__client_stashed *stash;  /* ring of stash_cap, grows */
+	uint32_t stash_head, stash_len, stash_cap;
+	char completion_error[RADIANCE_SLOT_BYTES];
+};
+
+void radiance__client_log(struct radiance *r, int level, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+/* Records a non-sticky failure's text; returns err. */
+int radiance__client_fail(struct radiance *r, int err, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+/* Ends the connection with err (the first such error sticks); returns the
+ * sticky error. */
+int radiance__client_break(struct radiance *r, int err, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+/* One control round trip: assigns msg->tag, sends msg with fds, reads
+ * until the reply with that tag. LoadProgress replies go to progress (may be
+ * NULL). An Error reply returns its -code (text recorded, not sticky) and
+ * *reply stays NULL. On 0 the caller owns *reply
+ * (radiance__server_message__free_unpacked(*reply, NULL)). */
+int radiance__client_request(struct radiance *r, Radiance__ClientMessage *msg, const int *fds,
+		      size_t nfds, radiance_load_progress_fn progress, void *progress_user,
+		      Radiance__ServerMessage **reply);
+
+/* The control socket is readable while no request is outstanding: the daemon
+ * only writes then to say it ends the session. Reads what is there and
+ * breaks the connection accordingly. Returns the sticky error, or 0 if
+ * nothing conclusive was read yet. */
+int radiance__client_socket_event(struct radiance *r);
+
+struct radiance__client_held *radiance__client_find_held(const struct radiance *r, uint32_t model_id);
+
+/* data.c */
+void radiance__client_rings_close(struct radiance *r);
+
+/* models.c */
+int radiance__client_model_from_pb(const Radiance__ModelInfo *pb, struct radiance_model_info **out);
+
+#endif

@@ -1,0 +1,488 @@
+/*
+ * The connection: socket path, handshake, the control-plane round trip,
+ * sticky errors and the opt-in log. Models live in models.c, the data plane
+ * in data.c, stats in stats.c.
+ *
+ * The socket is non-blocking and every wait is a poll() with the handle's
+ * timeout, so a daemon that stops answering cannot hang a client forever
+ * unless it asked for that (timeout_ms 0).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "client-private.h"
+#include "proto_util.h"
+
+#ifndef RADIANCE_VERSION
+#define RADIANCE_VERSION "unknown"
+#endif
+
+const char *radiance_version(void)
+{
+	return RADIANCE_VERSION;
+}
+
+const char *radiance_strerror(int err)
+{
+	if (err < 0)
+		err = -err;
+	switch (err) {
+	case 0:
+		return "success";
+	case EPROTO:
+		return "protocol error (the daemon or the client broke the wire contract)";
+	case ECONNRESET:
+		return "the daemon closed the connection";
+	case ETIMEDOUT:
+		return "timed out waiting for the daemon";
+	case EAGAIN:
+		return "too many requests in flight (reap a completion first)";
+	case ENOTCONN:
+		return "the data plane (rings) is not open";
+	case EFAULT:
+		return "buffer not inside the shared arena";
+	case ERANGE:
+		return "layer index out of range";
+	}
+	const char *s = strerrordesc_np(err);
+	return s ? s : "unknown error";
+}
+
+/* --- logging and errors --------------------------------------------------- */
+
+static void vlog(struct radiance *r, int level, const char *fmt, va_list ap)
+{
+	if (!r->log || level > r->log_priority)
+		return;
+	char buf[1024];
+	vsnprintf(buf, sizeof buf, fmt, ap);
+	r->log(r->log_user, level, buf);
+}
+
+void radiance__client_log(struct radiance *r, int level, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vlog(r, level, fmt, ap);
+	va_end(ap);
+}
+
+int radiance__client_fail(struct radiance *r, int err, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(r->message, sizeof r->message, fmt, ap);
+	va_end(ap);
+	radiance__client_log(r, LOG_INFO, "%s", r->message);
+	return err;
+}
+
+int radiance__client_break(struct radiance *r, int err, const char *fmt, ...)
+{
+	if (r->error)
+		return r->error;
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(r->message, sizeof r->message, fmt, ap);
+	va_end(ap);
+	r->error = err;
+	radiance__client_log(r, LOG_ERR, "connection ended: %s", r->message);
+	return err;
+}
+
+int radiance_get_error(const struct radiance *r)
+{
+	return r->error;
+}
+
+const char *radiance_error_message(const struct radiance *r)
+{
+	return r->message;
+}
+
+/* --- socket path ---------------------------------------------------------- */
+
+static int put_path(char *buf, size_t size, const char *a, const char *b)
+{
+	int n = snprintf(buf, size, "%s%s", a, b);
+	return (n < 0 || (size_t)n >= size) ? -ENAMETOOLONG : 0;
+}
+
+int radiance_default_socket_path(char *buf, size_t size)
+{
+	const char *env = getenv("RADIANCE_SOCKET");
+	if (env && *env)
+		return put_path(buf, size, env, "");
+	if (geteuid() != 0) {
+		const char *xdg = getenv("XDG_RUNTIME_DIR");
+		struct stat st;
+		if (xdg && *xdg && put_path(buf, size, xdg, "/radiance.sock") == 0 &&
+		    stat(buf, &st) == 0 && S_ISSOCK(st.st_mode))
+			return 0;
+	}
+	return put_path(buf, size, "/run/radiance/radiance.sock", "");
+}
+
+/* --- framing -------------------------------------------------------------- */
+
+static int64_t now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* poll() one fd, restarting on EINTR with what is left of timeout_ms (-1:
+ * forever). 0 when ready, -ETIMEDOUT, or -errno. */
+static int wait_fd(int fd, short events, int timeout_ms)
+{
+	int64_t deadline = timeout_ms >= 0 ? now_ms() + timeout_ms : 0;
+	for (;;) {
+		struct pollfd p = { .fd = fd, .events = events };
+		int left = timeout_ms >= 0 ? (int)(deadline - now_ms()) : -1;
+		if (timeout_ms >= 0 && left < 0)
+			left = 0;
+		int n = poll(&p, 1, left);
+		if (n > 0)
+			return 0;
+		if (n == 0)
+			return -ETIMEDOUT;
+		if (errno != EINTR)
+			return -errno;
+	}
+}
+
+static int flush_all(struct radiance *r)
+{
+	for (;;) {
+		int rc = radiance_conn_flush(&r->conn);
+		if (rc == 0)
+			return 0;
+		if (rc != -EAGAIN)
+			return radiance__client_break(r, rc == -EPIPE ? -ECONNRESET : rc,
+					       "sending to the daemon: %s", strerror(-rc));
+		rc = wait_fd(r->conn.fd, POLLOUT, r->timeout_ms);
+		if (rc == -ETIMEDOUT)
+			return radiance__client_break(r, rc, "the daemon does not read its socket");
+		if (rc < 0)
+			return radiance__client_break(r, rc, "poll: %s", strerror(-rc));
+	}
+}
+
+/* Reads the next server message. timeout_ms -1 waits forever, 0 only takes
+ * what is already there (-EAGAIN if nothing). Every protocol failure is
+ * sticky; so is EOF. */
+static int read_message(struct radiance *r, int timeout_ms, Radiance__ServerMessage **out)
+{
+	*out = NULL;
+	for (;;) {
+		const uint8_t *data;
+		size_t len;
+		int rc = radiance_conn_next_frame(&r->conn, &data, &len);
+		if (rc == 1) {
+			Radiance__ServerMessage *m = radiance_proto_unpack_server(data, len);
+			if (!m)
+				return radiance__client_break(r, -EPROTO, "undecodable message from the daemon (%zu bytes)",
+						       len);
+			if (m->msg_case == RADIANCE__SERVER_MESSAGE__MSG__NOT_SET) {
+				radiance__server_message__free_unpacked(m, NULL);
+				return radiance__client_break(r, -EPROTO, "empty message from the daemon");
+			}
+			*out = m;
+			return 0;
+		}
+		if (rc < 0)
+			return radiance__client_break(r, -EPROTO, "bad frame length from the daemon");
+		rc = radiance_conn_read(&r->conn);
+		if (rc > 0)
+			continue;
+		if (rc == 0)
+			return radiance__client_break(r, -ECONNRESET, "the daemon closed the connection");
+		if (rc == -EAGAIN) {
+			if (timeout_ms == 0)
+				return -EAGAIN;
+			rc = wait_fd(r->conn.fd, POLLIN, timeout_ms);
+			if (rc == -ETIMEDOUT)
+				return radiance__client_fail(r, rc, "no reply from the daemon within %d ms", timeout_ms);
+			if (rc < 0)
+				return radiance__client_break(r, rc, "poll: %s", strerror(-rc));
+			continue;
+		}
+		if (rc == -EPROTO)
+			return radiance__client_break(r, rc, "the daemon sent too many file descriptors");
+		return radiance__client_break(r, rc == -EPIPE ? -ECONNRESET : rc, "receiving from the daemon: %s",
+				       strerror(-rc));
+	}
+}
+
+static int error_code(const Radiance__Error *e)
+{
+	/* A positive errno on the wire; anything else is the daemon's bug, but
+	 * the request still failed. */
+	return (e && e->code > 0 && e->code < 4096) ? -e->code : -EIO;
+}
+
+int radiance__client_request(struct radiance *r, Radiance__ClientMessage *msg, const int *fds,
+		      size_t nfds, radiance_load_progress_fn progress, void *progress_user,
+		      Radiance__ServerMessage **reply)
+{
+	*reply = NULL;
+	if (r->error)
+		return r->error;
+	msg->tag = r->next_tag++;
+	int rc = radiance_proto_queue_client(&r->conn, msg, fds, nfds);
+	if (rc < 0)
+		return radiance__client_fail(r, rc, "cannot queue %s: %s", radiance_proto_client_name(msg),
+				      strerror(-rc));
+	if ((rc = flush_all(r)) < 0)
+		return rc;
+	for (;;) {
+		Radiance__ServerMessage *m;
+		if ((rc = read_message(r, r->timeout_ms, &m)) < 0) {
+			if (rc == -ETIMEDOUT)
+				/* The reply may still come and would then be out of
+				 * step with the next request: the connection is over. */
+				return radiance__client_break(r, rc, "no reply to %s within %d ms",
+						       radiance_proto_client_name(msg), r->timeout_ms);
+			return rc;
+		}
+		size_t want_fds = radiance_proto_server_fds(m);
+		if (radiance_conn_queued_fds(&r->conn) < want_fds) {
+			radiance__server_message__free_unpacked(m, NULL);
+			return radiance__client_break(r, -EPROTO, "reply declares %zu fds, fewer arrived", want_fds);
+		}
+		if (want_fds == 0)
+			radiance_conn_close_fds(&r->conn);   /* fds nobody declared */
+		if (m->tag != msg->tag) {
+			if (m->msg_case == RADIANCE__SERVER_MESSAGE__MSG_ERROR) {
+				/* The daemon ends the session over something it
+				 * noticed out of band (e.g. a corrupted ring). */
+				rc = error_code(m->error);
+				radiance__client_break(r, rc, "the daemon ended the session: %s",
+						m->error->message ? m->error->message : "");
+			} else {
+				rc = radiance__client_break(r, -EPROTO, "reply tag %llu to request tag %llu",
+						     (unsigned long long)m->tag,
+						     (unsigned long long)msg->tag);
+			}
+			radiance__server_message__free_unpacked(m, NULL);
+			return r->error;
+		}
+		switch (m->msg_case) {
+		case RADIANCE__SERVER_MESSAGE__MSG_LOAD_PROGRESS:
+			if (progress)
+				progress(progress_user, m->load_progress->done_bytes,
+					 m->load_progress->total_bytes);
+			radiance__server_message__free_unpacked(m, NULL);
+			continue;
+		case RADIANCE__SERVER_MESSAGE__MSG_ERROR:
+			rc = radiance__client_fail(r, error_code(m->error), "%s: %s",
+					    radiance_proto_client_name(msg),
+					    m->error->message && *m->error->message
+						    ? m->error->message
+						    : radiance_strerror(error_code(m->error)));
+			radiance__server_message__free_unpacked(m, NULL);
+			return rc;
+		default:
+			*reply = m;
+			return 0;
+		}
+	}
+}
+
+int radiance__client_socket_event(struct radiance *r)
+{
+	if (r->error)
+		return r->error;
+	Radiance__ServerMessage *m;
+	int rc = read_message(r, 0, &m);
+	if (rc == -EAGAIN)
+		return 0;
+	if (rc < 0)
+		return r->error ? r->error : rc;
+	radiance_conn_close_fds(&r->conn);
+	if (m->msg_case == RADIANCE__SERVER_MESSAGE__MSG_ERROR)
+		radiance__client_break(r, error_code(m->error), "the daemon ended the session: %s",
+				m->error->message ? m->error->message : "");
+	else
+		radiance__client_break(r, -EPROTO, "unsolicited %s from the daemon",
+				radiance_proto_server_name(m));
+	radiance__server_message__free_unpacked(m, NULL);
+	return r->error;
+}
+
+/* --- connect -------------------------------------------------------------- */
+
+static char *dup_or_empty(const char *s)
+{
+	return strdup(s ? s : "");
+}
+
+static int handshake(struct radiance *r)
+{
+	Radiance__Hello hello = RADIANCE__HELLO__INIT;
+	hello.protocol_version = RADIANCE_PROTOCOL_VERSION;
+	hello.client_name = r->client_name;
+	Radiance__ClientMessage msg = RADIANCE__CLIENT_MESSAGE__INIT;
+	msg.msg_case = RADIANCE__CLIENT_MESSAGE__MSG_HELLO;
+	msg.hello = &hello;
+	Radiance__ServerMessage *reply;
+	int rc = radiance__client_request(r, &msg, NULL, 0, NULL, NULL, &reply);
+	if (rc < 0)
+		return rc;
+	if (reply->msg_case != RADIANCE__SERVER_MESSAGE__MSG_WELCOME) {
+		rc = radiance__client_break(r, -EPROTO, "hello answered with %s",
+				     radiance_proto_server_name(reply));
+		goto out;
+	}
+	const Radiance__Welcome *w = reply->welcome;
+	if (w->protocol_version != RADIANCE_PROTOCOL_VERSION) {
+		rc = radiance__client_break(r, -EPROTO, "daemon speaks protocol %u, this library %u",
+				     w->protocol_version, RADIANCE_PROTOCOL_VERSION);
+		goto out;
+	}
+	r->server_version = dup_or_empty(w->server_version);
+	r->backend = dup_or_empty(w->backend);
+	r->device = dup_or_empty(w->device);
+	if (!r->server_version || !r->backend || !r->device) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	r->server = (struct radiance_server_info){
+		.protocol_version = w->protocol_version,
+		.server_version = r->server_version,
+		.backend = r->backend,
+		.device = r->device,
+		.session_id = w->session_id,
+		.max_rows = w->max_rows,
+	};
+	radiance__client_log(r, LOG_DEBUG, "session %llu: radianced %s, backend %s (%s), max_rows %u",
+		      (unsigned long long)w->session_id, r->server_version, r->backend, r->device,
+		      w->max_rows);
+out:
+	radiance__server_message__free_unpacked(reply, NULL);
+	return rc;
+}
+
+static int open_socket(const char *path, int *out)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	if (strlen(path) >= sizeof sa.sun_path)
+		return -ENAMETOOLONG;
+	strcpy(sa.sun_path, path);
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return -errno;
+	/* Connect blocking (a Unix connect completes at once or fails), then
+	 * go non-blocking for the poll()-driven exchanges. */
+	int rc;
+	do
+		rc = connect(fd, (struct sockaddr *)&sa, sizeof sa);
+	while (rc < 0 && errno == EINTR);
+	if (rc < 0 || fcntl(fd, F_SETFL, O_NONBLOCK) < 0) {
+		rc = -errno;
+		close(fd);
+		return rc;
+	}
+	*out = fd;
+	return 0;
+}
+
+struct radiance *radiance_connect(const char *socket_path, const struct radiance_options *opt)
+{
+	struct radiance_options o = RADIANCE_OPTIONS_INIT;
+	char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+	int rc;
+
+	if (opt) {
+		if (opt->size < offsetof(struct radiance_options, log)) {
+			errno = EINVAL;
+			return NULL;
+		}
+		memcpy(&o, opt, opt->size < sizeof o ? opt->size : sizeof o);
+	}
+	if (!socket_path) {
+		if ((rc = radiance_default_socket_path(path, sizeof path)) < 0) {
+			errno = -rc;
+			return NULL;
+		}
+		socket_path = path;
+	}
+
+	struct radiance *r = calloc(1, sizeof *r);
+	if (!r) {
+		errno = ENOMEM;
+		return NULL;
+	}
+	r->conn.fd = -1;
+	r->sq_doorbell = r->cq_doorbell = -1;
+	r->log = o.log;
+	r->log_user = o.log_user;
+	r->log_priority = o.log_priority > 0 ? o.log_priority : LOG_WARNING;
+	r->want_sq = o.sq_entries;
+	r->want_cq = o.cq_entries;
+	r->want_arena = o.arena_bytes;
+	r->spin_us = o.spin_us == 0 ? RADIANCE__DEFAULT_SPIN_US : (o.spin_us < 0 ? 0 : o.spin_us);
+	r->timeout_ms = o.timeout_ms > 0 ? o.timeout_ms : -1;
+	r->next_tag = 1;
+	r->next_request_id = 1;
+	r->client_name = strdup(o.client_name && *o.client_name ? o.client_name : "libradiance");
+	if (!r->client_name) {
+		rc = -ENOMEM;
+		goto err_free;
+	}
+
+	int fd = -1;
+	if ((rc = open_socket(socket_path, &fd)) < 0) {
+		radiance__client_log(r, LOG_WARNING, "cannot connect to %s: %s", socket_path,
+			      strerror(-rc));
+		goto err_free;
+	}
+	if ((rc = radiance_conn_init(&r->conn, fd, RADIANCE_MAX_FRAME, RADIANCE_MAX_FDS)) < 0) {
+		close(fd);
+		r->conn.fd = -1;
+		goto err_free;
+	}
+	if ((rc = handshake(r)) < 0) {
+		radiance__client_log(r, LOG_WARNING, "handshake with %s failed: %s", socket_path,
+			      r->message);
+		goto err_free;
+	}
+	return r;
+
+err_free:
+	radiance_disconnect(r);
+	errno = -rc;
+	return NULL;
+}
+
+void radiance_disconnect(struct radiance *r)
+{
+	if (!r)
+		return;
+	radiance__client_rings_close(r);
+	if (r->conn.fd >= 0 || r->conn.in_fds)
+		radiance_conn_finish(&r->conn);
+	for (size_t i = 0; i < r->n_held; i++)
+		radiance_model_info_free(r->held[i].info);
+	free(r->held);
+	free(r->server_version);
+	free(r->backend);
+	free(r->device);
+	free(r->client_name);
+	free(r);
+}
+
+const struct radiance_server_info *radiance_get_server_info(const struct radiance *r)
+{
+	return &r->server;
+}

@@ -1,0 +1,550 @@
+/*
+ * The data plane: the session's shared segment (proto/shm.h), the arena
+ * allocator on top of it, submissions into the SQ and completions out of the
+ * CQ, and the synchronous radiance_linear() built from them.
+ *
+ * The segment header is read once, checked, and copied: after that only the
+ * private copies are used, since the daemon's memory is as untrusted to us as
+ * ours is to it. The client never has more than cq_entries requests in
+ * flight, which is what lets the daemon never find the CQ full.
+ */
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "client-private.h"
+#include "proto_util.h"
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+	__builtin_ia32_pause();
+#elif defined(__aarch64__)
+	__asm__ volatile("yield");
+#endif
+}
+
+static bool is_pow2(uint32_t v)
+{
+	return v && !(v & (v - 1));
+}
+
+/* [off, off + len) inside [lo, hi), without overflow. */
+static bool within(uint64_t off, uint64_t len, uint64_t lo, uint64_t hi)
+{
+	return off >= lo && off <= hi && len <= hi - off;
+}
+
+/* --- segment -------------------------------------------------------------- */
+
+void radiance__client_rings_close(struct radiance *r)
+{
+	if (r->segment)
+		munmap(r->segment, r->segment_bytes);
+	r->segment = NULL;
+	if (r->sq_doorbell >= 0)
+		close(r->sq_doorbell);
+	if (r->cq_doorbell >= 0)
+		close(r->cq_doorbell);
+	r->sq_doorbell = r->cq_doorbell = -1;
+	radiance__client_arena_finish(&r->arena);
+	free(r->stash);
+	r->stash = NULL;
+	r->stash_cap = r->stash_head = r->stash_len = 0;
+	r->rings_open = false;
+}
+
+/* Maps the segment and checks the header against proto/shm.h. */
+static int map_segment(struct radiance *r, int memfd, uint64_t segment_bytes)
+{
+	struct stat st;
+	if (fstat(memfd, &st) < 0)
+		return radiance__client_break(r, -errno, "fstat(segment): %s", strerror(errno));
+	if (segment_bytes < RADIANCE_SHM_HEADER_BYTES || segment_bytes > (uint64_t)st.st_size ||
+	    segment_bytes > SIZE_MAX)
+		return radiance__client_break(r, -EPROTO, "segment of %llu bytes, memfd of %lld",
+				       (unsigned long long)segment_bytes, (long long)st.st_size);
+	void *p = mmap(NULL, segment_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
+	if (p == MAP_FAILED)
+		return radiance__client_break(r, -errno, "mmap(segment): %s", strerror(errno));
+	r->segment = p;
+	r->segment_bytes = segment_bytes;
+
+	struct radiance_shm_header h;
+	memcpy(&h, p, sizeof h);   /* one snapshot, checked and then trusted */
+	uint32_t sq_entries = __atomic_load_n(&((struct radiance_shm_header *)p)->sq.entries,
+					      __ATOMIC_RELAXED);
+	uint32_t cq_entries = __atomic_load_n(&((struct radiance_shm_header *)p)->cq.entries,
+					      __ATOMIC_RELAXED);
+	const char *why = NULL;
+	if (h.magic != RADIANCE_SHM_MAGIC || h.version != RADIANCE_SHM_VERSION ||
+	    h.header_bytes != RADIANCE_SHM_HEADER_BYTES || h.slot_bytes != RADIANCE_SLOT_BYTES)
+		why = "magic, version, header or slot size";
+	else if (h.segment_bytes != segment_bytes)
+		why = "segment_bytes differs from RingReady's";
+	else if (!is_pow2(sq_entries) || !is_pow2(cq_entries) || cq_entries < sq_entries ||
+		 sq_entries > (1u << 20) || cq_entries > (1u << 20))
+		why = "ring entries";
+	else if (h.sq_offset % RADIANCE_SHM_ALIGN || h.cq_offset % RADIANCE_SHM_ALIGN ||
+		 h.arena_offset % RADIANCE_SHM_ALIGN)
+		why = "unaligned offsets";
+	else if (!within(h.sq_offset, (uint64_t)sq_entries * RADIANCE_SLOT_BYTES,
+			 RADIANCE_SHM_HEADER_BYTES, segment_bytes) ||
+		 !within(h.cq_offset, (uint64_t)cq_entries * RADIANCE_SLOT_BYTES,
+			 RADIANCE_SHM_HEADER_BYTES, segment_bytes) ||
+		 !within(h.arena_offset, h.arena_bytes, RADIANCE_SHM_HEADER_BYTES, segment_bytes))
+		why = "a region outside the segment";
+	if (why)
+		return radiance__client_break(r, -EPROTO, "bad shared segment header: %s", why);
+
+	struct radiance_shm_header *sh = p;
+	r->sq_entries = sq_entries;
+	r->cq_entries = cq_entries;
+	radiance_ring_init(&r->sq, &sh->sq, r->segment + h.sq_offset, sq_entries);
+	radiance_ring_init(&r->cq, &sh->cq, r->segment + h.cq_offset, cq_entries);
+	/* A fresh segment starts at 0/0; adopt what is there in case the
+	 * daemon started elsewhere, and let the ring code range-check it. */
+	r->sq.local = __atomic_load_n(&sh->sq.tail, __ATOMIC_ACQUIRE);
+	r->cq.local = __atomic_load_n(&sh->cq.head, __ATOMIC_ACQUIRE);
+	if (radiance__client_arena_init(&r->arena, r->segment + h.arena_offset, h.arena_bytes) < 0)
+		return radiance__client_fail(r, -ENOMEM, "out of memory");
+	return 0;
+}
+
+int radiance_open_rings(struct radiance *r)
+{
+	if (r->error)
+		return r->error;
+	if (r->rings_open)
+		return 0;
+	Radiance__OpenRing open = RADIANCE__OPEN_RING__INIT;
+	open.sq_entries = r->want_sq;
+	open.cq_entries = r->want_cq;
+	open.arena_bytes = r->want_arena;
+	Radiance__ClientMessage msg = RADIANCE__CLIENT_MESSAGE__INIT;
+	msg.msg_case = RADIANCE__CLIENT_MESSAGE__MSG_OPEN_RING;
+	msg.open_ring = &open;
+	Radiance__ServerMessage *reply;
+	int rc = radiance__client_request(r, &msg, NULL, 0, NULL, NULL, &reply);
+	if (rc < 0)
+		return rc;
+	if (reply->msg_case != RADIANCE__SERVER_MESSAGE__MSG_RING_READY) {
+		rc = radiance__client_break(r, -EPROTO, "open_ring answered with %s",
+				     radiance_proto_server_name(reply));
+		radiance__server_message__free_unpacked(reply, NULL);
+		return rc;
+	}
+	uint64_t segment_bytes = reply->ring_ready->segment_bytes;
+	radiance__server_message__free_unpacked(reply, NULL);
+
+	int fds[RADIANCE_RING_READY_FDS];
+	if (radiance_conn_take_fds(&r->conn, fds, RADIANCE_RING_READY_FDS) < 0)
+		return radiance__client_break(r, -EPROTO, "ring_ready without its descriptors");
+	radiance_conn_close_fds(&r->conn);
+	r->sq_doorbell = fds[RADIANCE_FD_SQ_DOORBELL];
+	r->cq_doorbell = fds[RADIANCE_FD_CQ_DOORBELL];
+	rc = map_segment(r, fds[RADIANCE_FD_SEGMENT], segment_bytes);
+	close(fds[RADIANCE_FD_SEGMENT]);   /* the mapping keeps it alive */
+	if (rc < 0) {
+		radiance__client_rings_close(r);
+		return rc;
+	}
+	r->rings_open = true;
+	radiance__client_log(r, LOG_DEBUG, "rings open: sq %u, cq %u, arena %llu bytes",
+		      r->sq_entries, r->cq_entries, (unsigned long long)r->arena.bytes);
+	return 0;
+}
+
+int radiance_get_ring_info(const struct radiance *r, struct radiance_ring_info *info)
+{
+	if (!r->rings_open)
+		return -ENOTCONN;
+	*info = (struct radiance_ring_info){
+		.sq_entries = r->sq_entries,
+		.cq_entries = r->cq_entries,
+		.arena_bytes = r->arena.bytes,
+		.arena = r->arena.base,
+	};
+	return 0;
+}
+
+/* --- arena ---------------------------------------------------------------- */
+
+void *radiance_arena_alloc(struct radiance *r, size_t bytes)
+{
+	int rc = radiance_open_rings(r);
+	if (rc < 0) {
+		errno = -rc;
+		return NULL;
+	}
+	if (bytes == 0) {
+		errno = EINVAL;
+		return NULL;
+	}
+	void *p = radiance__client_arena_alloc(&r->arena, bytes);
+	if (!p) {
+		radiance__client_fail(r, -ENOMEM, "arena: no free extent of %zu bytes (largest %llu)", bytes,
+			       (unsigned long long)radiance__client_arena_largest_free(&r->arena));
+		errno = ENOMEM;
+	}
+	return p;
+}
+
+void radiance_arena_free(struct radiance *r, void *p)
+{
+	if (!p)
+		return;
+	if (!r->rings_open || radiance__client_arena_free(&r->arena, p) < 0)
+		radiance__client_log(r, LOG_WARNING, "radiance_arena_free(%p): not an arena block", p);
+}
+
+/* --- submit --------------------------------------------------------------- */
+
+static int check_buffer(struct radiance *r, const void *p, uint64_t bytes, uint64_t *off,
+			const char *what)
+{
+	const uint8_t *b = p;
+	if (!b || b < r->arena.base || b >= r->arena.base + r->arena.bytes ||
+	    !within((uint64_t)(b - r->arena.base), bytes, 0, r->arena.bytes))
+		return radiance__client_fail(r, -EFAULT, "%s (%llu bytes at %p) not inside the arena", what,
+				      (unsigned long long)bytes, p);
+	*off = (uint64_t)(b - r->arena.base);
+	if (*off % RADIANCE_ARENA_ALIGN)
+		return radiance__client_fail(r, -EINVAL, "%s not %u-byte aligned", what, RADIANCE_ARENA_ALIGN);
+	return 0;
+}
+
+int radiance_submit(struct radiance *r, uint32_t model_id, uint32_t layer, uint32_t rows,
+		    enum radiance_elem dtype, const void *x, void *y, uint64_t *request_id)
+{
+	int rc = radiance_open_rings(r);
+	if (rc < 0)
+		return rc;
+	const struct radiance__client_held *h = radiance__client_find_held(r, model_id);
+	if (!h)
+		return radiance__client_fail(r, -ENOENT, "this session holds no model %u", model_id);
+	if (layer >= h->info->n_layers)
+		return radiance__client_fail(r, -ERANGE, "model %u has %zu layers, not %u", model_id,
+				      h->info->n_layers, layer + 1);
+	if (rows == 0 || rows > r->server.max_rows)
+		return radiance__client_fail(r, -EINVAL, "rows %u outside 1..%u", rows, r->server.max_rows);
+	if (dtype != RADIANCE_BF16 && dtype != RADIANCE_FP16)
+		return radiance__client_fail(r, -EINVAL, "dtype %d", (int)dtype);
+	const struct radiance_layer_info *l = &h->info->layers[layer];
+	uint64_t in_off, out_off;
+	if ((rc = check_buffer(r, x, (uint64_t)rows * l->k * 2, &in_off, "x")) < 0 ||
+	    (rc = check_buffer(r, y, (uint64_t)rows * l->n * 2, &out_off, "y")) < 0)
+		return rc;
+	if (r->in_flight >= r->cq_entries)
+		return -EAGAIN;
+
+	Radiance__LinearRequest req = RADIANCE__LINEAR_REQUEST__INIT;
+	req.request_id = r->next_request_id;
+	req.model_id = model_id;
+	req.layer = layer;
+	req.rows = rows;
+	req.dtype = (Radiance__DType)dtype;
+	req.input_offset = in_off;
+	req.output_offset = out_off;
+	uint8_t slot[RADIANCE_SLOT_BYTES - 4];
+	int len = radiance_proto_pack_slot(&req.base, slot, sizeof slot);
+	if (len < 0)
+		return radiance__client_fail(r, len, "request does not fit a slot");
+	rc = radiance_ring_push(&r->sq, slot, (size_t)len);
+	if (rc == -EAGAIN)
+		return rc;
+	if (rc < 0)
+		return radiance__client_break(r, -EPROTO, "the daemon corrupted the SQ head");
+	if (radiance_ring_needs_wakeup(&r->sq) && (rc = radiance_doorbell_ring(r->sq_doorbell)) < 0)
+		return radiance__client_break(r, rc, "SQ doorbell: %s", strerror(-rc));
+	r->in_flight++;
+	if (request_id)
+		*request_id = r->next_request_id;
+	r->next_request_id++;
+	return 0;
+}
+
+unsigned radiance_in_flight(const struct radiance *r)
+{
+	return r->in_flight + r->stash_len;
+}
+
+/* --- completions ---------------------------------------------------------- */
+
+/* protobuf-c allocates while it decodes; completions decode into a stack
+ * bump buffer instead of malloc. 16 KiB holds even a slot made only of
+ * unknown fields (each kept with ~40 bytes of overhead). */
+struct bump {
+	size_t used;
+	_Alignas(16) uint8_t buf[16384];
+};
+
+static void *bump_alloc(void *data, size_t size)
+{
+	struct bump *b = data;
+	size_t at = (b->used + 15) & ~(size_t)15;
+	if (size > sizeof b->buf || at > sizeof b->buf - size)
+		return NULL;
+	b->used = at + size;
+	return b->buf + at;
+}
+
+static void bump_free(void *data, void *p)
+{
+}
+
+/* Takes one result off the CQ. 1, 0 when empty, or a sticky error. */
+static int reap_one(struct radiance *r, struct radiance__client_stashed *out)
+{
+	uint8_t slot[RADIANCE_SLOT_BYTES];
+	int len = radiance_ring_pop(&r->cq, slot);
+	if (len == 0)
+		return 0;
+	if (len < 0)
+		return radiance__client_break(r, -EPROTO, "the daemon corrupted the CQ");
+	struct bump bump;
+	bump.used = 0;
+	ProtobufCAllocator alloc = { bump_alloc, bump_free, &bump };
+	Radiance__LinearResult *res = radiance__linear_result__unpack(&alloc, (size_t)len, slot);
+	if (!res)
+		return radiance__client_break(r, -EPROTO, "undecodable CQ entry (%d bytes)", len);
+	if (r->in_flight == 0)
+		return radiance__client_break(r, -EPROTO, "completion for nothing in flight");
+	r->in_flight--;
+	out->request_id = res->request_id;
+	out->status = res->status == 0 ? 0 : (res->status > 0 && res->status < 4096 ? -res->status : -EIO);
+	out->queue_ns = res->queue_ns;
+	out->exec_ns = res->exec_ns;
+	snprintf(out->error, sizeof out->error, "%s", res->error ? res->error : "");
+	return 1;   /* res lives in the bump buffer: nothing to free */
+}
+
+/* Waits for one result off the CQ: spin, then sleep on the CQ doorbell
+ * while watching the control socket. timeout_ms -1: forever. 1, -ETIMEDOUT,
+ * or a sticky error. */
+static int reap_wait(struct radiance *r, struct radiance__client_stashed *out, int timeout_ms)
+{
+	int rc = reap_one(r, out);
+	if (rc != 0 || timeout_ms == 0)
+		return rc ? rc : -ETIMEDOUT;
+	uint64_t start = now_ns();
+	uint64_t spin_end = start + (uint64_t)r->spin_us * 1000u;
+	uint64_t deadline = timeout_ms > 0 ? start + (uint64_t)timeout_ms * 1000000u : UINT64_MAX;
+	while (now_ns() < spin_end) {
+		for (int i = 0; i < 64; i++)
+			cpu_relax();
+		if ((rc = reap_one(r, out)) != 0)
+			return rc;
+	}
+	for (;;) {
+		if (radiance_ring_prepare_sleep(&r->cq)) {
+			struct pollfd p[2] = {
+				{ .fd = r->cq_doorbell, .events = POLLIN },
+				{ .fd = r->conn.fd, .events = POLLIN },
+			};
+			int left = -1;
+			if (deadline != UINT64_MAX) {
+				uint64_t now = now_ns();
+				left = now >= deadline ? 0 : (int)((deadline - now + 999999u) / 1000000u);
+			}
+			int n = poll(p, 2, left);
+			int err = errno;
+			radiance_ring_end_sleep(&r->cq);
+			if (n < 0 && err != EINTR)
+				return radiance__client_break(r, -err, "poll: %s", strerror(err));
+			if (n > 0 && (p[0].revents & POLLIN))
+				radiance_doorbell_drain(r->cq_doorbell);
+			if (n > 0 && p[1].revents) {
+				/* Results written before the daemon ended the
+				 * session are still valid: take them first. */
+				if ((rc = reap_one(r, out)) != 0)
+					return rc;
+				if ((rc = radiance__client_socket_event(r)) < 0)
+					return rc;
+			}
+		}
+		if ((rc = reap_one(r, out)) != 0)
+			return rc;
+		if (now_ns() >= deadline)
+			return -ETIMEDOUT;
+	}
+}
+
+/* Keeps a completion for a later poll/wait. The stash grows: a caller may
+ * leave completions unreaped while it submits more (only the requests in
+ * flight are bounded by the CQ), so there is no fixed bound. */
+static int stash_push(struct radiance *r, const struct radiance__client_stashed *s)
+{
+	if (r->stash_len == r->stash_cap) {
+		uint32_t cap = r->stash_cap ? 2 * r->stash_cap : 16;
+		struct radiance__client_stashed *p = malloc((size_t)cap * sizeof *p);
+		if (!p)
+			return radiance__client_break(r, -ENOMEM, "out of memory keeping a completion");
+		for (uint32_t i = 0; i < r->stash_len; i++)
+			p[i] = r->stash[(r->stash_head + i) % r->stash_cap];
+		free(r->stash);
+		r->stash = p;
+		r->stash_cap = cap;
+		r->stash_head = 0;
+	}
+	r->stash[(r->stash_head + r->stash_len) % r->stash_cap] = *s;
+	r->stash_len++;
+	return 0;
+}
+
+static void deliver(struct radiance *r, const struct radiance__client_stashed *s,
+		    struct radiance_completion *c)
+{
+	memset(c, 0, sizeof *c);
+	c->request_id = s->request_id;
+	c->status = s->status;
+	c->queue_ns = s->queue_ns;
+	c->exec_ns = s->exec_ns;
+	if (s->status) {
+		snprintf(r->completion_error, sizeof r->completion_error, "%s",
+			 s->error[0] ? s->error : radiance_strerror(s->status));
+		c->error = r->completion_error;
+		radiance__client_fail(r, s->status, "request %llu: %s", (unsigned long long)s->request_id,
+			       r->completion_error);
+	}
+}
+
+static bool stash_pop(struct radiance *r, struct radiance_completion *c)
+{
+	if (!r->stash_len)
+		return false;
+	deliver(r, &r->stash[r->stash_head], c);
+	r->stash_head = (r->stash_head + 1) % r->stash_cap;
+	r->stash_len--;
+	return true;
+}
+
+int radiance_poll(struct radiance *r, struct radiance_completion *c)
+{
+	if (r->error)
+		return r->error;
+	if (!r->rings_open)
+		return 0;
+	if (stash_pop(r, c))
+		return 1;
+	struct radiance__client_stashed s;
+	int rc = reap_one(r, &s);
+	if (rc == 1)
+		deliver(r, &s, c);
+	return rc;
+}
+
+int radiance_wait(struct radiance *r, struct radiance_completion *c, int timeout_ms)
+{
+	if (r->error)
+		return r->error;
+	if (r->rings_open && stash_pop(r, c))
+		return 1;
+	if (!r->rings_open || r->in_flight == 0)
+		return -ENOENT;
+	struct radiance__client_stashed s;
+	int rc = reap_wait(r, &s, timeout_ms < 0 ? -1 : timeout_ms);
+	if (rc == 1)
+		deliver(r, &s, c);
+	return rc;
+}
+
+/* --- synchronous linear --------------------------------------------------- */
+
+/* Submits, making room first by reaping (and stashing) others' completions. */
+static int submit_room(struct radiance *r, uint32_t model_id, uint32_t layer, uint32_t rows,
+		       enum radiance_elem dtype, const void *x, void *y, uint64_t *id)
+{
+	for (;;) {
+		int rc = radiance_submit(r, model_id, layer, rows, dtype, x, y, id);
+		if (rc != -EAGAIN)
+			return rc;
+		if (r->in_flight == 0)
+			return radiance__client_break(r, -EPROTO, "SQ full with nothing in flight");
+		struct radiance__client_stashed s;
+		if ((rc = reap_wait(r, &s, r->timeout_ms)) < 0 || (rc = stash_push(r, &s)) < 0)
+			return rc;
+	}
+}
+
+static int wait_for(struct radiance *r, uint64_t id, struct radiance__client_stashed *out)
+{
+	for (;;) {
+		int rc = reap_wait(r, out, r->timeout_ms);
+		if (rc < 0)
+			return rc;
+		if (out->request_id == id)
+			return 0;
+		if ((rc = stash_push(r, out)) < 0)
+			return rc;
+	}
+}
+
+int radiance_linear(struct radiance *r, uint32_t model_id, uint32_t layer, uint32_t rows,
+		    enum radiance_elem dtype, const void *x, void *y)
+{
+	int rc = radiance_open_rings(r);
+	if (rc < 0)
+		return rc;
+	const struct radiance__client_held *h = radiance__client_find_held(r, model_id);
+	if (!h)
+		return radiance__client_fail(r, -ENOENT, "this session holds no model %u", model_id);
+	if (layer >= h->info->n_layers)
+		return radiance__client_fail(r, -ERANGE, "model %u has %zu layers, not %u", model_id,
+				      h->info->n_layers, layer + 1);
+	if (rows == 0 || !x || !y)
+		return radiance__client_fail(r, -EINVAL, "rows 0 or NULL buffer");
+	uint64_t in_row = (uint64_t)h->info->layers[layer].k * 2;
+	uint64_t out_row = (uint64_t)h->info->layers[layer].n * 2;
+	uint64_t in_pad = (in_row + RADIANCE__ARENA_ALIGN - 1) & ~(uint64_t)(RADIANCE__ARENA_ALIGN - 1);
+
+	/* One staging block for x then y, as many rows as fit. */
+	uint32_t chunk = rows < r->server.max_rows ? rows : r->server.max_rows;
+	uint64_t fit = radiance__client_arena_largest_free(&r->arena) / (in_pad + out_row + RADIANCE__ARENA_ALIGN);
+	if (fit < chunk)
+		chunk = (uint32_t)fit;
+	if (chunk == 0)
+		return radiance__client_fail(r, -ENOMEM, "the arena cannot hold one row of layer %u", layer);
+	uint64_t x_bytes = ((uint64_t)chunk * in_row + RADIANCE__ARENA_ALIGN - 1) &
+			   ~(uint64_t)(RADIANCE__ARENA_ALIGN - 1);
+	uint8_t *stage = radiance__client_arena_alloc(&r->arena, x_bytes + (uint64_t)chunk * out_row);
+	if (!stage)
+		return radiance__client_fail(r, -ENOMEM, "arena exhausted");
+
+	for (uint32_t done = 0; done < rows;) {
+		uint32_t m = rows - done < chunk ? rows - done : chunk;
+		uint64_t id;
+		memcpy(stage, (const uint8_t *)x + done * in_row, m * in_row);
+		if ((rc = submit_room(r, model_id, layer, m, dtype, stage, stage + x_bytes, &id)) < 0)
+			break;
+		struct radiance__client_stashed s;
+		if ((rc = wait_for(r, id, &s)) < 0)
+			break;
+		if (s.status) {
+			snprintf(r->completion_error, sizeof r->completion_error, "%s", s.error);
+			rc = radiance__client_fail(r, s.status, "layer %u: %s", layer,
+					    s.error[0] ? s.error : radiance_strerror(s.status));
+			break;
+		}
+		memcpy((uint8_t *)y + done * out_row, stage + x_bytes, m * out_row);
+		done += m;
+	}
+	/* After a sticky error the request may still be running in the daemon;
+	 * its memory then stays allocated until disconnect. */
+	if (!r->error)
+		radiance__client_arena_free(&r->arena, stage);
+	return rc;
+}

@@ -1,0 +1,431 @@
+/*
+ * libradiance: the client library of radianced.
+ *
+ * radianced owns one compute device, keeps AutoRound int4 checkpoints
+ * resident once, and runs W4A8 linear layers for many client processes. A
+ * client connects over a Unix socket (the control plane: handshake, models,
+ * stats) and gets a per-session shared-memory segment (the data plane: a
+ * submission queue, a completion queue and an arena that holds activations
+ * and outputs).
+ *
+ * Tensors. A request runs one linear layer of a resident model:
+ *
+ *     y[rows, N] = x[rows, K] * W^T + bias
+ *
+ *   x  [rows][K]  row-major, bf16 or fp16 (RADIANCE_BF16 / RADIANCE_FP16),
+ *                 raw 16-bit patterns in host (little-endian) order;
+ *   y  [rows][N]  row-major, always bf16;
+ *   N, K          the layer's, from struct radiance_layer_info.
+ * W4A8 layers quantize each row of x to fp8 e4m3 with a per-token scale the
+ * way vLLM's dynamic per-token fp8 quant does (scaled_fp8_quant with
+ * use_per_token_if_dynamic), multiply with the int4 weights (symmetric, zero
+ * point 8, group size 128 along K), accumulate in fp32 and round once to bf16
+ * (round to nearest even). bf16 layers skip the fp8 step. The exact rules are
+ * in docs/numerics.md; a row holding Inf or NaN yields a NaN output row.
+ *
+ * Errors. Functions return 0 (or a count) on success and a negative errno
+ * value on failure; radiance_strerror() names it. Constructors return NULL
+ * and set errno. Errors that end the connection (the daemon went away, or one
+ * side broke the protocol) are sticky: every later call on that handle
+ * returns the same code, see radiance_get_error(). Errors the daemon reports
+ * for one request (an unknown model name, a bad checkpoint) are not sticky.
+ * radiance_error_message() gives the text behind the most recent failure.
+ *
+ * Logging. The library writes nothing to stdout or stderr. Set
+ * radiance_options.log to receive its messages.
+ *
+ * Thread safety. A handle is NOT thread-safe: one thread at a time may call
+ * functions on it (use one handle per thread, or serialize with your own
+ * lock). Different handles are independent and may be used concurrently from
+ * different threads. Functions that take no handle (radiance_strerror,
+ * radiance_default_socket_path, radiance_find_layer, the *_free functions on
+ * their own objects, radiance_version) are safe from any thread. A handle must
+ * not be used across fork(): the child connects its own. (A child may call
+ * radiance_disconnect() on an inherited handle to free its copy: that closes
+ * only the child's descriptors and mappings; the parent's session goes on.)
+ *
+ * ABI. Structs the caller fills (options) start with a `size` field that the
+ * caller sets to sizeof(the struct), so new fields can be appended; use the
+ * *_INIT macros. Structs the library returns are allocated by the library and
+ * may grow at the end.
+ *
+ * Link with `pkg-config --cflags --libs radiance`.
+ */
+#ifndef RADIANCE_CLIENT_H
+#define RADIANCE_CLIENT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct radiance;   /* a connection (session) to radianced; opaque */
+
+/* Element type of x. Values match the wire protocol's DType. */
+enum radiance_elem {
+	RADIANCE_BF16 = 1,
+	RADIANCE_FP16 = 2,
+};
+
+/* What a layer holds. Values match the wire protocol's LayerKind. */
+enum radiance_linear_kind {
+	RADIANCE_LINEAR_W4A8 = 1,   /* int4 weights, fp8 e4m3 activations */
+	RADIANCE_LINEAR_BF16 = 2,   /* weights kept at 16 bits in the checkpoint */
+};
+
+/* Receives one message of the library (no trailing newline) with its syslog
+ * priority (<syslog.h>: LOG_ERR, LOG_WARNING, LOG_INFO, LOG_DEBUG). Called
+ * from inside the library function that produced it, on the caller's thread;
+ * must not call back into the same handle. */
+typedef void (*radiance_log_fn)(void *user, int priority, const char *message);
+
+/* Connection options. Zero fields take the defaults given. */
+struct radiance_options {
+	uint32_t size;              /* sizeof(struct radiance_options) */
+	const char *client_name;    /* shown in the daemon's logs and stats;
+	                               default "libradiance"; copied */
+	radiance_log_fn log;        /* default NULL: silent */
+	void *log_user;
+	int log_priority;           /* most verbose syslog priority passed to
+	                               log; 0 (LOG_EMERG, unused) = LOG_WARNING */
+	/* Data plane, asked for when the rings are opened. 0 = the daemon's
+	 * default; the daemon refuses values above its limits (-EINVAL). */
+	uint32_t sq_entries;        /* power of two */
+	uint32_t cq_entries;        /* power of two, >= sq_entries */
+	uint64_t arena_bytes;       /* bytes of shared arena for x and y buffers */
+	/* How long a wait spins on the completion queue before it sleeps on
+	 * the doorbell, in microseconds. 0 = default 30; -1 = never spin. */
+	int32_t spin_us;
+	/* Longest wait for one control reply (or one load progress step), in
+	 * milliseconds. 0 = wait forever (the default). */
+	int32_t timeout_ms;
+};
+
+#define RADIANCE_OPTIONS_INIT { .size = sizeof(struct radiance_options) }
+
+/* --- version, errors ------------------------------------------------------ */
+
+/* The library's version string, e.g. "0.1.0". Static storage. */
+const char *radiance_version(void);
+
+/* Text for a return code of this library: err may be negative (as returned)
+ * or positive. Never NULL; static storage; any thread. */
+const char *radiance_strerror(int err);
+
+/* --- connection ----------------------------------------------------------- */
+
+/* Writes the socket path radiance_connect(NULL, ...) uses into buf (size
+ * bytes, NUL-terminated): $RADIANCE_SOCKET if set and non-empty; otherwise
+ * /run/radiance/radiance.sock for root; otherwise
+ * $XDG_RUNTIME_DIR/radiance.sock when $XDG_RUNTIME_DIR is set and that socket
+ * exists, else /run/radiance/radiance.sock (a per-user daemon first, then
+ * the system one). Returns 0 or -ENAMETOOLONG. Any thread. */
+int radiance_default_socket_path(char *buf, size_t size);
+
+/* Connects to radianced at socket_path (NULL: radiance_default_socket_path)
+ * and performs the handshake (protocol version RADIANCE_PROTOCOL_VERSION 1).
+ * opt may be NULL. Blocks until the daemon answers (opt->timeout_ms).
+ * Returns a new handle, owned by the caller (radiance_disconnect), or NULL
+ * with errno set:
+ *   ENOENT, ECONNREFUSED, EACCES  no daemon listens there, or no permission;
+ *   ENAMETOOLONG                  the path does not fit a sockaddr_un;
+ *   EPROTO                        the daemon speaks another protocol version,
+ *                                 or sent something that is not protocol;
+ *   ECONNRESET                    the daemon closed the connection;
+ *   ETIMEDOUT                     no answer within opt->timeout_ms;
+ *   EINVAL                        opt->size is 0 or options invalid;
+ *   ENOMEM, or an errno of socket()/connect().
+ * The daemon's reason for a refusal goes to opt->log. */
+struct radiance *radiance_connect(const char *socket_path, const struct radiance_options *opt);
+
+/* Closes the connection: the daemon drops every model reference and the
+ * rings of this session; in-flight requests are abandoned. Unmaps the arena:
+ * pointers from radiance_arena_alloc() die. Sends nothing: it closes the
+ * socket, so it is also how a forked child frees an inherited handle.
+ * NULL is a no-op. */
+void radiance_disconnect(struct radiance *r);
+
+/* 0, or the sticky error that ended this connection (negative errno:
+ * -ECONNRESET the daemon closed it, -EPROTO a protocol violation by either
+ * side, -EPIPE, -ENOMEM while receiving, ...). Once nonzero it never changes
+ * and every call on the handle (other than these getters and disconnect)
+ * returns it. */
+int radiance_get_error(const struct radiance *r);
+
+/* Text of the most recent failure on this handle: the daemon's message for
+ * an Error reply or a failed request, or the library's own description.
+ * "" if none. Owned by the handle, valid until the next call on it. */
+const char *radiance_error_message(const struct radiance *r);
+
+/* The daemon's description of itself, from the handshake. */
+struct radiance_server_info {
+	uint32_t protocol_version;
+	const char *server_version; /* radianced's version string */
+	const char *backend;        /* "cpu", "cuda", "hip" */
+	const char *device;         /* e.g. "NVIDIA H200", or the CPU model */
+	uint64_t session_id;        /* this connection's session */
+	uint32_t max_rows;          /* largest rows (M) one request may carry */
+};
+
+/* Owned by the handle; valid until radiance_disconnect. Never NULL. */
+const struct radiance_server_info *radiance_get_server_info(const struct radiance *r);
+
+/* --- models --------------------------------------------------------------- */
+
+struct radiance_layer_info {
+	uint32_t index;                  /* what requests name as `layer` */
+	const char *name;                /* module path, e.g.
+	                                    "encoder.layer.0.attention.self.query" */
+	enum radiance_linear_kind kind;
+	uint32_t n;                      /* output features (N) */
+	uint32_t k;                      /* input features (K) */
+	bool has_bias;
+	uint64_t bytes;                  /* resident bytes of its weights */
+};
+
+/* A checkpoint tensor that belongs to no linear layer (norms, embeddings). */
+struct radiance_other_tensor {
+	const char *name;
+	const char *dtype;               /* safetensors dtype, e.g. "F32" */
+	uint32_t ndim;
+	const uint64_t *shape;           /* [ndim] */
+};
+
+struct radiance_model_info {
+	uint32_t model_id;               /* what requests name as `model_id` */
+	const char *name;
+	uint64_t resident_bytes;         /* all layers, on the device */
+	bool preloaded;                  /* from the daemon's config, never unloaded */
+	uint32_t users;                  /* sessions holding a reference */
+	size_t n_layers;                 /* 0 in radiance_list_models() results */
+	const struct radiance_layer_info *layers;   /* [n_layers], by index */
+	size_t n_other;
+	const struct radiance_other_tensor *other;   /* [n_other] */
+};
+
+/* Called while a load runs; bytes of checkpoint data read by the daemon. */
+typedef void (*radiance_load_progress_fn)(void *user, uint64_t done_bytes, uint64_t total_bytes);
+
+struct radiance_load_options {
+	uint32_t size;                   /* sizeof(struct radiance_load_options) */
+	const char *name;                /* model name; default: the basename of
+	                                    the directory (as the daemon names
+	                                    preloaded checkpoints) */
+	radiance_load_progress_fn progress;   /* may be NULL */
+	void *progress_user;
+};
+
+#define RADIANCE_LOAD_OPTIONS_INIT { .size = sizeof(struct radiance_load_options) }
+
+/* Loads the checkpoint in directory dir (AutoRound auto_round:auto_gptq int4,
+ * group size 128: config.json, quantization_config.json when present,
+ * model.safetensors or model.safetensors.index.json and its shards). The
+ * library opens those files itself, read-only, and passes their descriptors
+ * to the daemon, so the daemon reads exactly what this process can read. If
+ * the daemon already holds the same checkpoint (same name, or the same files)
+ * the session attaches to it instead: a model is resident once however many
+ * sessions load it. The session holds one reference (loading or attaching a
+ * model it already holds changes nothing) until radiance_release_model() or
+ * disconnect; a model nobody references (and not preloaded) is unloaded. Blocks for the whole load; opt->progress is called
+ * as the daemon reports progress. opt may be NULL.
+ * On success *model_id is set and radiance_held_model() describes it.
+ * Returns 0, or:
+ *   -ENOENT     dir or a required file is missing;
+ *   -EACCES     a file cannot be read by this process;
+ *   -EINVAL     the checkpoint is malformed or unsupported (daemon's message
+ *               in radiance_error_message());
+ *   -ENOMEM     the daemon (or this process) is out of memory;
+ *   -E2BIG      more files than one message may carry (64);
+ *   -ETIMEDOUT  no progress within the timeout;
+ *   another daemon-reported errno, or a sticky connection error. */
+int radiance_load_model(struct radiance *r, const char *dir,
+			const struct radiance_load_options *opt, uint32_t *model_id);
+
+/* Attaches to a model the daemon already holds (preloaded, or loaded by
+ * another session) by name, taking a reference as radiance_load_model does.
+ * Returns 0 and sets *model_id, or -ENOENT (no such model), -EINVAL (name
+ * NULL or empty), or a sticky error. */
+int radiance_attach_model(struct radiance *r, const char *name, uint32_t *model_id);
+
+/* Drops this session's reference to model_id (taken by load or attach).
+ * Requests for it must have completed. The radiance_held_model() pointer
+ * dies. Returns 0, -ENOENT (this session holds no such reference), -EBUSY
+ * (requests still in flight on this handle), or a sticky error. */
+int radiance_release_model(struct radiance *r, uint32_t model_id);
+
+/* The description of a model this session holds (layers included), or NULL
+ * when it holds no reference to model_id. Owned by the handle, valid until
+ * that reference is released or the handle disconnected. No I/O. */
+const struct radiance_model_info *radiance_held_model(const struct radiance *r,
+						       uint32_t model_id);
+
+/* Index of the layer called `name` in m (0..n_layers-1), or -ENOENT. Any
+ * thread. */
+int radiance_find_layer(const struct radiance_model_info *m, const char *name);
+
+/* Asks the daemon for any resident model's description, layers included
+ * (no reference is taken). *out is allocated; free it with
+ * radiance_model_info_free(). Returns 0, -ENOENT, or a sticky error. */
+int radiance_get_model(struct radiance *r, uint32_t model_id, struct radiance_model_info **out);
+void radiance_model_info_free(struct radiance_model_info *m);
+
+struct radiance_model_list {
+	size_t count;
+	struct radiance_model_info *models;   /* [count]; layers not filled */
+};
+
+/* Every resident model. *out is allocated; free it with
+ * radiance_model_list_free(). Returns 0 or a sticky error. */
+int radiance_list_models(struct radiance *r, struct radiance_model_list **out);
+void radiance_model_list_free(struct radiance_model_list *list);
+
+/* --- data plane ----------------------------------------------------------- */
+
+/* Asks the daemon for this session's shared-memory segment (SQ, CQ, arena;
+ * sizes from the connect options) and maps it. Called implicitly by the
+ * first radiance_arena_alloc(), radiance_submit() or radiance_linear();
+ * call it explicitly to fail early. A second call is a no-op.
+ * Returns 0, -EINVAL (sizes refused), -ENOMEM, -EPROTO (the segment does not
+ * have the layout of proto/shm.h; sticky), or a sticky error. */
+int radiance_open_rings(struct radiance *r);
+
+/* Geometry of the open rings (after radiance_open_rings). */
+struct radiance_ring_info {
+	uint32_t sq_entries;
+	uint32_t cq_entries;             /* most requests in flight at once */
+	uint64_t arena_bytes;
+	void *arena;                     /* start of the arena in this process */
+};
+
+/* Fills *info. Returns 0, or -ENOTCONN when the rings are not open. */
+int radiance_get_ring_info(const struct radiance *r, struct radiance_ring_info *info);
+
+/* Allocates bytes (> 0) of the shared arena, 64-byte aligned, for x and y of
+ * asynchronous requests: data written there reaches the daemon without a
+ * copy. Opens the rings first if needed. Returns a pointer into the arena,
+ * or NULL with errno ENOMEM (no free extent large enough), EINVAL (bytes 0),
+ * or the errno of radiance_open_rings(). The memory is shared with the
+ * daemon: it reads x and writes y while a request using them is in flight. */
+void *radiance_arena_alloc(struct radiance *r, size_t bytes);
+
+/* Returns a block from radiance_arena_alloc() to the arena. NULL is a no-op.
+ * Do not free a buffer a request in flight uses. Pointers not from
+ * radiance_arena_alloc() are ignored (and logged). */
+void radiance_arena_free(struct radiance *r, void *p);
+
+/* Submits y = layer(x) without waiting.
+ *   model_id  a model this session holds (load/attach);
+ *   layer     a layer index of that model (struct radiance_layer_info.index);
+ *   rows      M, 1 <= rows <= server max_rows;
+ *   dtype     element type of x;
+ *   x         arena pointer to [rows][K] elements of dtype;
+ *   y         arena pointer to [rows][N] bf16, written by the daemon;
+ * both from radiance_arena_alloc() memory, 16-byte aligned, the whole tensor
+ * inside the arena, x and y not overlapping (the daemon refuses that with
+ * status -EINVAL). Requests in flight together must be independent: the
+ * daemon batches equal layers across sessions, so they may complete in any
+ * order. Neither x nor y may be touched until the request completes
+ * (radiance_poll / radiance_wait). *request_id (may be NULL) receives the
+ * id the completion will carry; ids increase by one per request, from 1.
+ * At most cq_entries requests are in flight on a handle.
+ * Returns 0, or:
+ *   -EAGAIN   cq_entries requests in flight, not completed by the daemon
+ *             yet (or the SQ is full): reap a completion first;
+ *   -ENOENT   this session holds no model model_id;
+ *   -ERANGE   layer out of range for the model;
+ *   -EINVAL   rows out of range, bad dtype, or x/y misaligned;
+ *   -EFAULT   x or y (with its whole extent) not inside the arena;
+ *   or a sticky error. */
+int radiance_submit(struct radiance *r, uint32_t model_id, uint32_t layer, uint32_t rows,
+		    enum radiance_elem dtype, const void *x, void *y, uint64_t *request_id);
+
+/* One finished request. */
+struct radiance_completion {
+	uint64_t request_id;
+	int status;              /* 0, or negative errno (e.g. -EINVAL bad request,
+	                            -EIO device fault) */
+	uint64_t queue_ns;       /* in the daemon, from pickup to execution start */
+	uint64_t exec_ns;        /* execution, including copies */
+	const char *error;       /* the daemon's reason when status != 0, else
+	                            NULL; valid until the next poll/wait/linear
+	                            call on the handle */
+	uint64_t reserved[4];
+};
+
+/* Reaps one completion without blocking. Completions come in the order the
+ * daemon finishes requests, which need not be submission order.
+ * Returns 1 (and fills *c), 0 when none is ready, or a sticky error. */
+int radiance_poll(struct radiance *r, struct radiance_completion *c);
+
+/* Reaps one completion, blocking up to timeout_ms milliseconds (-1: no
+ * limit, 0: just poll). Spins for spin_us first, then sleeps on the CQ
+ * doorbell; also watches the control socket, so a daemon that goes away
+ * ends the wait with -ECONNRESET instead of hanging.
+ * Returns 1 (and fills *c), -ETIMEDOUT, -ENOENT when nothing is in flight,
+ * or a sticky error. -EINTR is never returned (waits restart). */
+int radiance_wait(struct radiance *r, struct radiance_completion *c, int timeout_ms);
+
+/* Number of requests submitted whose completion radiance_poll/radiance_wait
+ * has not returned yet (in the daemon, or completed and kept aside by
+ * radiance_linear). */
+unsigned radiance_in_flight(const struct radiance *r);
+
+/* Synchronous linear on caller memory: copies x into the arena, submits,
+ * waits, copies y out. Any rows >= 1: more than max_rows (or than fits the
+ * arena) are split into several requests, run one after another.
+ *   x  [rows][K] of dtype, caller memory (not the arena);
+ *   y  [rows][N] bf16, caller memory; written only on success (on failure
+ *      its contents are unspecified).
+ * Completions of asynchronous requests that arrive meanwhile are kept for
+ * radiance_poll/radiance_wait. Returns 0, the request's status (negative
+ * errno, text in radiance_error_message()), -ENOENT / -ERANGE / -EINVAL as
+ * radiance_submit, -ENOMEM when the arena cannot hold even one row, or a
+ * sticky error. */
+int radiance_linear(struct radiance *r, uint32_t model_id, uint32_t layer, uint32_t rows,
+		    enum radiance_elem dtype, const void *x, void *y);
+
+/* --- stats ---------------------------------------------------------------- */
+
+struct radiance_stats {
+	uint64_t requests;
+	uint64_t rows;
+	uint64_t bytes_in;               /* activation bytes read */
+	uint64_t bytes_out;              /* output bytes written */
+	uint64_t errors;                 /* requests that failed */
+	uint64_t latency_p50_ns;         /* in the daemon: queue + exec */
+	uint64_t latency_p99_ns;
+	uint64_t latency_max_ns;
+	uint32_t sessions;               /* global only: live sessions */
+	uint64_t uptime_ns;              /* global only: daemon uptime */
+};
+
+struct radiance_session_stats {
+	uint64_t session_id;
+	const char *client_name;
+	int32_t pid;
+	uint32_t uid;
+	struct radiance_stats stats;
+};
+
+struct radiance_stats_reply {
+	struct radiance_stats global;
+	struct radiance_stats session;   /* this session's own */
+	size_t n_sessions;
+	struct radiance_session_stats *sessions;   /* [n_sessions]; may be empty
+	                                              when the daemon shows only
+	                                              the caller's */
+};
+
+/* Asks the daemon for its counters. *out is allocated; free it with
+ * radiance_stats_free(). Returns 0 or a sticky error. */
+int radiance_get_stats(struct radiance *r, struct radiance_stats_reply **out);
+void radiance_stats_free(struct radiance_stats_reply *s);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

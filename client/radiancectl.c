@@ -1,0 +1,589 @@
+/*
+ * radiancectl: inspect and drive radianced from the command line, through
+ * libradiance like any other client. Human tables by default, --json (one
+ * JSON document on stdout, via jansson) for scripts.
+ *
+ * Exit codes (also in --help and docs/client.md):
+ *   0  success
+ *   1  the daemon refused or the operation failed (unknown model, bad
+ *      checkpoint, ...)
+ *   2  usage error
+ *   3  cannot reach the daemon, or the connection broke
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <syslog.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "radiance.h"
+
+enum {
+	EXIT_OK = 0,
+	EXIT_FAILED = 1,
+	EXIT_USAGE = 2,
+	EXIT_CONNECT = 3,
+};
+
+struct ctl {
+	const char *socket;
+	bool json;
+	const char *name;     /* load --name */
+	bool hold;            /* load --hold */
+	bool verbose;
+	struct radiance *r;
+	/* progress */
+	bool tty;
+	int last_decile;
+};
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"Usage: radiancectl [OPTIONS] COMMAND [ARGS]\n"
+		"\n"
+		"Commands:\n"
+		"  status              daemon version, backend, device, sessions, uptime\n"
+		"  models              resident models\n"
+		"  layers MODEL        linear layers of a resident model (name or id)\n"
+		"  load DIR [--name NAME] [--hold]\n"
+		"                      load the checkpoint in DIR (progress bar on a TTY).\n"
+		"                      The model stays resident only while some session\n"
+		"                      holds it: without --hold it is unloaded when\n"
+		"                      radiancectl exits unless another client uses it or it\n"
+		"                      was already resident; --hold keeps this session (and\n"
+		"                      the model) until SIGINT/SIGTERM. For permanent\n"
+		"                      residency, preload it in radianced.conf.\n"
+		"  unload MODEL        drop the daemon's own reference to a preloaded MODEL;\n"
+		"                      it is freed once no client session holds it. Models\n"
+		"                      loaded by clients belong to their sessions: they are\n"
+		"                      freed when the last one releases or disconnects.\n"
+		"  stats               request counters and latency, global and per session\n"
+		"\n"
+		"Options:\n"
+		"  -s, --socket PATH   daemon socket (default: $RADIANCE_SOCKET, else\n"
+		"                      /run/radiance/radiance.sock for root, else\n"
+		"                      $XDG_RUNTIME_DIR/radiance.sock if it exists)\n"
+		"  -j, --json          print one JSON document on stdout\n"
+		"  -n, --name NAME     (load) model name\n"
+		"      --hold          (load) keep the model loaded until interrupted\n"
+		"  -v, --verbose       log what libradiance does to stderr\n"
+		"  -h, --help          this text\n"
+		"  -V, --version       print versions\n"
+		"\n"
+		"Exit status: 0 success, 1 the operation failed, 2 usage error,\n"
+		"3 cannot reach the daemon (or the connection broke).\n");
+}
+
+static void log_stderr(void *user, int priority, const char *message)
+{
+	fprintf(stderr, "radiancectl: libradiance: %s\n", message);
+}
+
+static int fail(struct ctl *c, int rc, const char *what)
+{
+	const char *msg = c->r ? radiance_error_message(c->r) : "";
+	fprintf(stderr, "radiancectl: %s: %s\n", what, *msg ? msg : radiance_strerror(rc));
+	if (c->r && radiance_get_error(c->r))
+		return EXIT_CONNECT;
+	return EXIT_FAILED;
+}
+
+static int print_json(json_t *j)
+{
+	if (!j) {
+		fprintf(stderr, "radiancectl: out of memory\n");
+		return EXIT_FAILED;
+	}
+	char *s = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+	json_decref(j);
+	if (!s) {
+		fprintf(stderr, "radiancectl: out of memory\n");
+		return EXIT_FAILED;
+	}
+	puts(s);
+	free(s);
+	return EXIT_OK;
+}
+
+static void human_bytes(char *buf, size_t n, uint64_t b)
+{
+	if (b >= (1ull << 30))
+		snprintf(buf, n, "%.2f GiB", (double)b / (1ull << 30));
+	else if (b >= (1ull << 20))
+		snprintf(buf, n, "%.2f MiB", (double)b / (1ull << 20));
+	else if (b >= (1ull << 10))
+		snprintf(buf, n, "%.1f KiB", (double)b / (1ull << 10));
+	else
+		snprintf(buf, n, "%" PRIu64 " B", b);
+}
+
+static void human_duration(char *buf, size_t n, uint64_t ns)
+{
+	uint64_t s = ns / 1000000000u;
+	uint64_t d = s / 86400;
+	s %= 86400;
+	if (d)
+		snprintf(buf, n, "%" PRIu64 "d %02u:%02u:%02u", d, (unsigned)(s / 3600),
+			 (unsigned)(s / 60 % 60), (unsigned)(s % 60));
+	else
+		snprintf(buf, n, "%02u:%02u:%02u", (unsigned)(s / 3600), (unsigned)(s / 60 % 60),
+			 (unsigned)(s % 60));
+}
+
+/* MODEL on the command line: a resident model's name, else its numeric id. */
+static int resolve_model(struct ctl *c, const char *arg, uint32_t *id)
+{
+	struct radiance_model_list *list;
+	int rc = radiance_list_models(c->r, &list);
+	if (rc < 0)
+		return fail(c, rc, "list models");
+	rc = -1;
+	for (size_t i = 0; i < list->count && rc < 0; i++)
+		if (strcmp(list->models[i].name, arg) == 0) {
+			*id = list->models[i].model_id;
+			rc = 0;
+		}
+	if (rc < 0) {
+		char *end;
+		errno = 0;
+		unsigned long v = strtoul(arg, &end, 10);
+		for (size_t i = 0; i < list->count && rc < 0 && !errno && *arg && !*end; i++)
+			if (list->models[i].model_id == v) {
+				*id = (uint32_t)v;
+				rc = 0;
+			}
+	}
+	radiance_model_list_free(list);
+	if (rc < 0) {
+		fprintf(stderr, "radiancectl: no resident model \"%s\"\n", arg);
+		return EXIT_FAILED;
+	}
+	return EXIT_OK;
+}
+
+/* --- commands ------------------------------------------------------------- */
+
+static json_t *stats_json(const struct radiance_stats *s, bool global)
+{
+	json_t *j = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "requests",
+			      (json_int_t)s->requests, "rows", (json_int_t)s->rows, "bytes_in",
+			      (json_int_t)s->bytes_in, "bytes_out", (json_int_t)s->bytes_out, "errors",
+			      (json_int_t)s->errors, "latency_p50_ns", (json_int_t)s->latency_p50_ns,
+			      "latency_p99_ns", (json_int_t)s->latency_p99_ns, "latency_max_ns",
+			      (json_int_t)s->latency_max_ns);
+	if (j && global) {
+		json_object_set_new(j, "sessions", json_integer(s->sessions));
+		json_object_set_new(j, "uptime_ns", json_integer((json_int_t)s->uptime_ns));
+	}
+	return j;
+}
+
+static int cmd_status(struct ctl *c)
+{
+	const struct radiance_server_info *si = radiance_get_server_info(c->r);
+	struct radiance_stats_reply *st;
+	struct radiance_model_list *ml;
+	int rc = radiance_get_stats(c->r, &st);
+	if (rc < 0)
+		return fail(c, rc, "stats");
+	if ((rc = radiance_list_models(c->r, &ml)) < 0) {
+		radiance_stats_free(st);
+		return fail(c, rc, "list models");
+	}
+	int ret;
+	if (c->json) {
+		ret = print_json(json_pack("{s:s, s:i, s:s, s:s, s:i, s:i, s:I, s:i, s:s}", "server_version",
+					   si->server_version, "protocol_version", (int)si->protocol_version,
+					   "backend", si->backend, "device", si->device, "max_rows",
+					   (int)si->max_rows, "sessions", (int)st->global.sessions,
+					   "uptime_ns", (json_int_t)st->global.uptime_ns, "models",
+					   (int)ml->count, "client_version", radiance_version()));
+	} else {
+		char up[64];
+		human_duration(up, sizeof up, st->global.uptime_ns);
+		printf("radianced %s (protocol %u)\n", si->server_version, si->protocol_version);
+		printf("  backend:   %s\n", si->backend);
+		printf("  device:    %s\n", si->device);
+		printf("  max rows:  %u per request\n", si->max_rows);
+		printf("  sessions:  %u (this one included)\n", st->global.sessions);
+		printf("  models:    %zu resident\n", ml->count);
+		printf("  uptime:    %s\n", up);
+		printf("  requests:  %" PRIu64 " (%" PRIu64 " errors)\n", st->global.requests,
+		       st->global.errors);
+		ret = EXIT_OK;
+	}
+	radiance_model_list_free(ml);
+	radiance_stats_free(st);
+	return ret;
+}
+
+static int cmd_models(struct ctl *c)
+{
+	struct radiance_model_list *ml;
+	int rc = radiance_list_models(c->r, &ml);
+	if (rc < 0)
+		return fail(c, rc, "list models");
+	if (c->json) {
+		json_t *a = json_array();
+		for (size_t i = 0; a && i < ml->count; i++) {
+			const struct radiance_model_info *m = &ml->models[i];
+			json_array_append_new(a, json_pack("{s:i, s:s, s:I, s:b, s:i}", "model_id",
+							   (int)m->model_id, "name", m->name,
+							   "resident_bytes", (json_int_t)m->resident_bytes,
+							   "preloaded", m->preloaded, "users",
+							   (int)m->users));
+		}
+		radiance_model_list_free(ml);
+		return print_json(json_pack("{s:o}", "models", a));
+	}
+	if (ml->count == 0)
+		printf("no resident models\n");
+	else
+		printf("%4s  %-32s %12s %6s  %s\n", "ID", "NAME", "RESIDENT", "USERS", "PRELOADED");
+	for (size_t i = 0; i < ml->count; i++) {
+		const struct radiance_model_info *m = &ml->models[i];
+		char b[32];
+		human_bytes(b, sizeof b, m->resident_bytes);
+		printf("%4u  %-32s %12s %6u  %s\n", m->model_id, m->name, b, m->users,
+		       m->preloaded ? "yes" : "no");
+	}
+	radiance_model_list_free(ml);
+	return EXIT_OK;
+}
+
+static const char *kind_name(enum radiance_linear_kind k)
+{
+	return k == RADIANCE_LINEAR_W4A8 ? "w4a8" : k == RADIANCE_LINEAR_BF16 ? "bf16" : "?";
+}
+
+static int cmd_layers(struct ctl *c, const char *model)
+{
+	uint32_t id;
+	int ret = resolve_model(c, model, &id);
+	if (ret != EXIT_OK)
+		return ret;
+	struct radiance_model_info *m;
+	int rc = radiance_get_model(c->r, id, &m);
+	if (rc < 0)
+		return fail(c, rc, "get model");
+	if (c->json) {
+		json_t *a = json_array();
+		for (size_t i = 0; a && i < m->n_layers; i++) {
+			const struct radiance_layer_info *l = &m->layers[i];
+			json_array_append_new(a, json_pack("{s:i, s:s, s:s, s:i, s:i, s:b, s:I}", "index",
+							   (int)l->index, "name", l->name, "kind",
+							   kind_name(l->kind), "n", (int)l->n, "k",
+							   (int)l->k, "has_bias", l->has_bias, "bytes",
+							   (json_int_t)l->bytes));
+		}
+		json_t *o = json_array();
+		for (size_t i = 0; o && i < m->n_other; i++) {
+			json_t *shape = json_array();
+			for (uint32_t d = 0; shape && d < m->other[i].ndim; d++)
+				json_array_append_new(shape, json_integer((json_int_t)m->other[i].shape[d]));
+			json_array_append_new(o, json_pack("{s:s, s:s, s:o}", "name", m->other[i].name,
+							   "dtype", m->other[i].dtype, "shape", shape));
+		}
+		ret = print_json(json_pack("{s:i, s:s, s:I, s:o, s:o}", "model_id", (int)m->model_id,
+					   "name", m->name, "resident_bytes",
+					   (json_int_t)m->resident_bytes, "layers", a, "other_tensors", o));
+	} else {
+		char b[32];
+		human_bytes(b, sizeof b, m->resident_bytes);
+		printf("model %u \"%s\": %zu linear layers, %s resident\n", m->model_id, m->name,
+		       m->n_layers, b);
+		printf("%5s  %-48s %-5s %6s %6s %4s %10s\n", "INDEX", "NAME", "KIND", "N", "K", "BIAS",
+		       "BYTES");
+		for (size_t i = 0; i < m->n_layers; i++) {
+			const struct radiance_layer_info *l = &m->layers[i];
+			human_bytes(b, sizeof b, l->bytes);
+			printf("%5u  %-48s %-5s %6u %6u %4s %10s\n", l->index, l->name, kind_name(l->kind),
+			       l->n, l->k, l->has_bias ? "yes" : "no", b);
+		}
+		if (m->n_other)
+			printf("%zu other tensors (no linear layer): norms, embeddings, ...\n", m->n_other);
+		ret = EXIT_OK;
+	}
+	radiance_model_info_free(m);
+	return ret;
+}
+
+static void progress(void *user, uint64_t done, uint64_t total)
+{
+	struct ctl *c = user;
+	int pct = total ? (int)(done * 100 / total) : 100;
+	if (c->tty) {
+		char bar[41];
+		int fill = pct * 40 / 100;
+		memset(bar, '#', (size_t)fill);
+		memset(bar + fill, '.', (size_t)(40 - fill));
+		bar[40] = '\0';
+		fprintf(stderr, "\rloading [%s] %3d%%  %.1f / %.1f MiB", bar, pct,
+			(double)done / (1 << 20), (double)total / (1 << 20));
+		if (done >= total)
+			fputc('\n', stderr);
+		fflush(stderr);
+	} else if (pct / 10 > c->last_decile || (done >= total && c->last_decile < 10)) {
+		c->last_decile = pct / 10;
+		fprintf(stderr, "loading: %d%% (%" PRIu64 " of %" PRIu64 " bytes)\n", pct, done, total);
+	}
+}
+
+static volatile sig_atomic_t stop;
+
+static void on_signal(int sig)
+{
+	stop = 1;
+}
+
+static int cmd_load(struct ctl *c, const char *dir)
+{
+	struct radiance_load_options lo = RADIANCE_LOAD_OPTIONS_INIT;
+	lo.name = c->name;
+	lo.progress = progress;
+	lo.progress_user = c;
+	c->tty = isatty(STDERR_FILENO);
+	c->last_decile = -1;
+	uint32_t id;
+	int rc = radiance_load_model(c->r, dir, &lo, &id);
+	if (rc < 0)
+		return fail(c, rc, dir);
+	const struct radiance_model_info *m = radiance_held_model(c->r, id);
+	if (c->json) {
+		print_json(json_pack("{s:i, s:s, s:I, s:i, s:i, s:b, s:b}", "model_id", (int)m->model_id,
+				     "name", m->name, "resident_bytes", (json_int_t)m->resident_bytes,
+				     "layers", (int)m->n_layers, "users", (int)m->users, "preloaded",
+				     m->preloaded, "held", c->hold));
+	} else {
+		char b[32];
+		human_bytes(b, sizeof b, m->resident_bytes);
+		printf("model %u \"%s\": %zu layers, %s resident, %u session(s) using it\n", m->model_id,
+		       m->name, m->n_layers, b, m->users);
+		if (!c->hold && m->users <= 1 && !m->preloaded)
+			printf("note: no other session holds it, so it is unloaded when radiancectl exits "
+			       "(use --hold, or preload it in radianced.conf)\n");
+	}
+	fflush(stdout);
+	if (!c->hold)
+		return EXIT_OK;
+
+	struct sigaction sa = { .sa_handler = on_signal };
+	sigemptyset(&sa.sa_mask);
+	sigaction(SIGINT, &sa, NULL);
+	sigaction(SIGTERM, &sa, NULL);
+	if (!c->json)
+		printf("holding model %u until interrupted (Ctrl-C)\n", id);
+	fflush(stdout);
+	/* Wake up now and then to notice a daemon that went away. */
+	while (!stop) {
+		struct radiance_model_list *ml;
+		sleep(1);
+		if (stop)
+			break;
+		if ((rc = radiance_list_models(c->r, &ml)) < 0)
+			return fail(c, rc, "holding the model");
+		radiance_model_list_free(ml);
+	}
+	if ((rc = radiance_release_model(c->r, id)) < 0)
+		return fail(c, rc, "release");
+	if (!c->json)
+		printf("released model %u\n", id);
+	return EXIT_OK;
+}
+
+/* A model stays resident while any session holds a reference; a preloaded
+ * one also holds the daemon's own. unload can only drop the latter: client
+ * sessions' references are theirs (they end with release or disconnect). */
+static int cmd_unload(struct ctl *c, const char *model)
+{
+	uint32_t id;
+	int ret = resolve_model(c, model, &id);
+	if (ret != EXIT_OK)
+		return ret;
+	struct radiance_model_info *m;
+	int rc = radiance_get_model(c->r, id, &m);
+	if (rc < 0)
+		return fail(c, rc, "get model");
+	bool preloaded = m->preloaded;
+	uint32_t users = m->users;
+	radiance_model_info_free(m);
+	if (!preloaded) {
+		fprintf(stderr,
+			"radiancectl: model %u is not preloaded: it is held by %u client session(s) and "
+			"is unloaded when the last of them releases it or disconnects\n",
+			id, users);
+		return EXIT_FAILED;
+	}
+	rc = radiance_release_model(c->r, id);
+	if (rc < 0)
+		return fail(c, rc, "unload (dropping the daemon's preload reference)");
+	if (c->json)
+		return print_json(json_pack("{s:i, s:b, s:i}", "model_id", (int)id, "released", 1,
+					    "users", (int)users));
+	if (users)
+		printf("model %u: preload reference dropped; unloaded when its %u session(s) release it\n",
+		       id, users);
+	else
+		printf("model %u unloaded\n", id);
+	return EXIT_OK;
+}
+
+static void print_stats_row(const char *who, const struct radiance_stats *s)
+{
+	char in[32], out[32];
+	human_bytes(in, sizeof in, s->bytes_in);
+	human_bytes(out, sizeof out, s->bytes_out);
+	printf("%-28s %10" PRIu64 " %10" PRIu64 " %7" PRIu64 " %11s %11s %9.1f %9.1f %9.1f\n", who,
+	       s->requests, s->rows, s->errors, in, out, s->latency_p50_ns / 1e3,
+	       s->latency_p99_ns / 1e3, s->latency_max_ns / 1e3);
+}
+
+static int cmd_stats(struct ctl *c)
+{
+	struct radiance_stats_reply *st;
+	int rc = radiance_get_stats(c->r, &st);
+	if (rc < 0)
+		return fail(c, rc, "stats");
+	if (c->json) {
+		json_t *a = json_array();
+		for (size_t i = 0; a && i < st->n_sessions; i++) {
+			const struct radiance_session_stats *s = &st->sessions[i];
+			json_array_append_new(a, json_pack("{s:I, s:s, s:i, s:i, s:o}", "session_id",
+							   (json_int_t)s->session_id, "client_name",
+							   s->client_name, "pid", (int)s->pid, "uid",
+							   (int)s->uid, "stats",
+							   stats_json(&s->stats, false)));
+		}
+		json_t *j = json_pack("{s:o, s:o, s:o}", "global", stats_json(&st->global, true),
+				      "session", stats_json(&st->session, false), "sessions", a);
+		radiance_stats_free(st);
+		return print_json(j);
+	}
+	char up[64];
+	human_duration(up, sizeof up, st->global.uptime_ns);
+	printf("uptime %s, %u live sessions; latency in the daemon (queue + exec), microseconds\n",
+	       up, st->global.sessions);
+	printf("%-28s %10s %10s %7s %11s %11s %9s %9s %9s\n", "", "REQUESTS", "ROWS", "ERRORS",
+	       "IN", "OUT", "P50", "P99", "MAX");
+	print_stats_row("all sessions", &st->global);
+	for (size_t i = 0; i < st->n_sessions; i++) {
+		const struct radiance_session_stats *s = &st->sessions[i];
+		char who[64];
+		snprintf(who, sizeof who, "%" PRIu64 " %.14s pid %d", s->session_id, s->client_name,
+			 s->pid);
+		print_stats_row(who, &s->stats);
+	}
+	radiance_stats_free(st);
+	return EXIT_OK;
+}
+
+int main(int argc, char **argv)
+{
+	struct ctl c = { 0 };
+	enum { OPT_HOLD = 256 };
+	static const struct option opts[] = {
+		{ "socket", required_argument, NULL, 's' },
+		{ "json", no_argument, NULL, 'j' },
+		{ "name", required_argument, NULL, 'n' },
+		{ "hold", no_argument, NULL, OPT_HOLD },
+		{ "verbose", no_argument, NULL, 'v' },
+		{ "help", no_argument, NULL, 'h' },
+		{ "version", no_argument, NULL, 'V' },
+		{ 0 },
+	};
+	int o;
+	while ((o = getopt_long(argc, argv, "s:jn:vhV", opts, NULL)) != -1) {
+		switch (o) {
+		case 's':
+			c.socket = optarg;
+			break;
+		case 'j':
+			c.json = true;
+			break;
+		case 'n':
+			c.name = optarg;
+			break;
+		case OPT_HOLD:
+			c.hold = true;
+			break;
+		case 'v':
+			c.verbose = true;
+			break;
+		case 'h':
+			usage(stdout);
+			return EXIT_OK;
+		case 'V':
+			printf("radiancectl %s (libradiance %s)\n", RADIANCE_VERSION, radiance_version());
+			return EXIT_OK;
+		default:
+			usage(stderr);
+			return EXIT_USAGE;
+		}
+	}
+	if (optind >= argc) {
+		usage(stderr);
+		return EXIT_USAGE;
+	}
+	const char *cmd = argv[optind];
+	int nargs = argc - optind - 1;
+	char **args = argv + optind + 1;
+	int want = -1;
+	if (!strcmp(cmd, "status") || !strcmp(cmd, "models") || !strcmp(cmd, "stats"))
+		want = 0;
+	else if (!strcmp(cmd, "layers") || !strcmp(cmd, "load") || !strcmp(cmd, "unload"))
+		want = 1;
+	if (want < 0) {
+		fprintf(stderr, "radiancectl: unknown command \"%s\" (see --help)\n", cmd);
+		return EXIT_USAGE;
+	}
+	if (nargs != want) {
+		fprintf(stderr, "radiancectl: %s takes %d argument%s (see --help)\n", cmd, want,
+			want == 1 ? "" : "s");
+		return EXIT_USAGE;
+	}
+	if ((c.name || c.hold) && strcmp(cmd, "load")) {
+		fprintf(stderr, "radiancectl: --name and --hold belong to load\n");
+		return EXIT_USAGE;
+	}
+
+	struct radiance_options ro = RADIANCE_OPTIONS_INIT;
+	ro.client_name = "radiancectl";
+	if (c.verbose) {
+		ro.log = log_stderr;
+		ro.log_priority = LOG_DEBUG;
+	}
+	c.r = radiance_connect(c.socket, &ro);
+	if (!c.r) {
+		int e = errno;
+		char path[108] = "";
+		if (c.socket)
+			snprintf(path, sizeof path, "%s", c.socket);
+		else
+			radiance_default_socket_path(path, sizeof path);
+		fprintf(stderr, "radiancectl: cannot connect to %s: %s\n", path, radiance_strerror(e));
+		return EXIT_CONNECT;
+	}
+
+	int ret;
+	if (!strcmp(cmd, "status"))
+		ret = cmd_status(&c);
+	else if (!strcmp(cmd, "models"))
+		ret = cmd_models(&c);
+	else if (!strcmp(cmd, "stats"))
+		ret = cmd_stats(&c);
+	else if (!strcmp(cmd, "layers"))
+		ret = cmd_layers(&c, args[0]);
+	else if (!strcmp(cmd, "load"))
+		ret = cmd_load(&c, args[0]);
+	else
+		ret = cmd_unload(&c, args[0]);
+	radiance_disconnect(c.r);
+	return ret;
+}

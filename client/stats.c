@@ -1,0 +1,83 @@
+/*
+ * The daemon's counters (GetStats), copied into library-owned structs.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client-private.h"
+#include "proto_util.h"
+
+static void stats_from_pb(struct radiance_stats *s, const Radiance__Stats *pb)
+{
+	memset(s, 0, sizeof *s);
+	if (!pb)
+		return;
+	s->requests = pb->requests;
+	s->rows = pb->rows;
+	s->bytes_in = pb->bytes_in;
+	s->bytes_out = pb->bytes_out;
+	s->errors = pb->errors;
+	s->latency_p50_ns = pb->latency_p50_ns;
+	s->latency_p99_ns = pb->latency_p99_ns;
+	s->latency_max_ns = pb->latency_max_ns;
+	s->sessions = pb->sessions;
+	s->uptime_ns = pb->uptime_ns;
+}
+
+void radiance_stats_free(struct radiance_stats_reply *s)
+{
+	if (!s)
+		return;
+	for (size_t i = 0; i < s->n_sessions; i++)
+		free((char *)s->sessions[i].client_name);
+	free(s->sessions);
+	free(s);
+}
+
+int radiance_get_stats(struct radiance *r, struct radiance_stats_reply **out)
+{
+	*out = NULL;
+	if (r->error)
+		return r->error;
+	Radiance__GetStats get = RADIANCE__GET_STATS__INIT;
+	Radiance__ClientMessage msg = RADIANCE__CLIENT_MESSAGE__INIT;
+	msg.msg_case = RADIANCE__CLIENT_MESSAGE__MSG_GET_STATS;
+	msg.get_stats = &get;
+	Radiance__ServerMessage *reply;
+	int rc = radiance__client_request(r, &msg, NULL, 0, NULL, NULL, &reply);
+	if (rc < 0)
+		return rc;
+	if (reply->msg_case != RADIANCE__SERVER_MESSAGE__MSG_STATS) {
+		rc = radiance__client_break(r, -EPROTO, "get_stats answered with %s",
+				     radiance_proto_server_name(reply));
+		goto out;
+	}
+	const Radiance__StatsReply *pb = reply->stats;
+	struct radiance_stats_reply *s = calloc(1, sizeof *s);
+	if (!s || (pb->n_sessions && !(s->sessions = calloc(pb->n_sessions, sizeof *s->sessions)))) {
+		free(s);
+		rc = radiance__client_fail(r, -ENOMEM, "out of memory");
+		goto out;
+	}
+	stats_from_pb(&s->global, pb->global);
+	stats_from_pb(&s->session, pb->session);
+	for (size_t i = 0; i < pb->n_sessions; i++) {
+		const Radiance__SessionStats *ps = pb->sessions[i];
+		struct radiance_session_stats *ss = &s->sessions[i];
+		s->n_sessions = i + 1;
+		ss->session_id = ps->session_id;
+		ss->pid = ps->pid;
+		ss->uid = ps->uid;
+		stats_from_pb(&ss->stats, ps->stats);
+		if (!(ss->client_name = strdup(ps->client_name ? ps->client_name : ""))) {
+			radiance_stats_free(s);
+			rc = radiance__client_fail(r, -ENOMEM, "out of memory");
+			goto out;
+		}
+	}
+	*out = s;
+out:
+	radiance__server_message__free_unpacked(reply, NULL);
+	return rc;
+}

@@ -1,0 +1,321 @@
+/*
+ * Test harness for the tests that drive the real radianced binary
+ * (test_daemon, test_faults, test_radiancectl): start it on a socket in a
+ * fresh mkdtemp directory, wait for the socket, stop it, and compute CPU
+ * reference outputs for the real checkpoint's captured activations.
+ *
+ * Header-only (static functions) because the Makefile builds each
+ * tests/test_*.c into its own binary.
+ *
+ * Environment (exported by tests/run.sh):
+ *   RADIANCED           the daemon binary (default build/radianced)
+ *   RADIANCECTL         radiancectl (default build/radiancectl)
+ *   RADIANCE_TEST_DATA  tests/data
+ *   RADIANCE_TEST_BACKEND  --backend for the daemon (default cpu)
+ *   RADIANCE_TEST_VERBOSE  set: print the daemon's log after every test
+ */
+#ifndef RADIANCE_DAEMON_HARNESS_H
+#define RADIANCE_DAEMON_HARNESS_H
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "radiance.h"
+#include "reference.h"
+
+/* --- the daemon ----------------------------------------------------------- */
+
+struct h_daemon {
+	pid_t pid;
+	char dir[64];
+	char socket[128];
+	char log[128];
+	int exit_status;      /* wait status once reaped, else -1 */
+};
+
+static inline int h_try_connect(const char *path)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	if (strlen(path) >= sizeof sa.sun_path)
+		return -ENAMETOOLONG;
+	memcpy(sa.sun_path, path, strlen(path) + 1);
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return -errno;
+	if (connect(fd, (struct sockaddr *)&sa, sizeof sa) < 0) {
+		int e = errno;
+		close(fd);
+		return -e;
+	}
+	return fd;
+}
+
+static inline void h_daemon_dump_log(const struct h_daemon *d)
+{
+	FILE *f = fopen(d->log, "r");
+	if (!f)
+		return;
+	char line[1024];
+	fprintf(stderr, "---- radianced log (%s) ----\n", d->log);
+	while (fgets(line, sizeof line, f))
+		fputs(line, stderr);
+	fprintf(stderr, "---- end of log ----\n");
+	fclose(f);
+}
+
+/* Removes the daemon's mkdtemp directory and whatever a test left in it. */
+static inline void h_daemon_cleanup(struct h_daemon *d)
+{
+	if (d->dir[0]) {
+		char cmd[128];
+		snprintf(cmd, sizeof cmd, "rm -rf '%s'", d->dir);
+		if (system(cmd) != 0)
+			fprintf(stderr, "could not remove %s\n", d->dir);
+		d->dir[0] = '\0';
+	}
+}
+
+/* Starts radianced with the given extra arguments (NULL-terminated list,
+ * may be empty) and waits up to 10 s for its socket to accept. 0 or -1. */
+static inline int h_daemon_start_argv(struct h_daemon *d, const char *const *extra)
+{
+	memset(d, 0, sizeof *d);
+	d->exit_status = -1;
+	snprintf(d->dir, sizeof d->dir, "/tmp/radiance-test-XXXXXX");
+	if (!mkdtemp(d->dir)) {
+		perror("mkdtemp");
+		return -1;
+	}
+	snprintf(d->socket, sizeof d->socket, "%s/radiance.sock", d->dir);
+	snprintf(d->log, sizeof d->log, "%s/radianced.log", d->dir);
+	const char *bin = h_env("RADIANCED", "build/radianced");
+	const char *argv[48] = { bin,     "--no-config", "--socket",
+				 d->socket, "--backend", h_env("RADIANCE_TEST_BACKEND", "cpu"),
+				 "--log-level", "info" };
+	int argc = 8;
+	for (size_t i = 0; extra && extra[i] && argc < 46; i++)
+		argv[argc++] = extra[i];
+	argv[argc] = NULL;
+
+	fflush(NULL);
+	d->pid = fork();
+	if (d->pid < 0) {
+		perror("fork");
+		return -1;
+	}
+	if (d->pid == 0) {
+		int fd = open(d->log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+		if (fd >= 0) {
+			dup2(fd, 1);
+			dup2(fd, 2);
+		}
+		int null = open("/dev/null", O_RDONLY);
+		if (null >= 0)
+			dup2(null, 0);
+		execv(bin, (char *const *)argv);
+		fprintf(stderr, "exec %s: %s\n", bin, strerror(errno));
+		_exit(127);
+	}
+	double deadline = h_now() + 10.0;
+	while (h_now() < deadline) {
+		int st;
+		if (waitpid(d->pid, &st, WNOHANG) == d->pid) {
+			d->exit_status = st;
+			fprintf(stderr, "radianced exited during startup (status 0x%x)\n", st);
+			d->pid = 0;
+			h_daemon_dump_log(d);
+			h_daemon_cleanup(d);
+			return -1;
+		}
+		int fd = h_try_connect(d->socket);
+		if (fd >= 0) {
+			close(fd);
+			return 0;
+		}
+		h_sleep_ms(10);
+	}
+	fprintf(stderr, "radianced: no socket at %s after 10 s\n", d->socket);
+	h_daemon_dump_log(d);
+	kill(d->pid, SIGKILL);
+	waitpid(d->pid, NULL, 0);
+	d->pid = 0;
+	h_daemon_cleanup(d);
+	return -1;
+}
+
+static inline int h_daemon_start(struct h_daemon *d)
+{
+	return h_daemon_start_argv(d, NULL);
+}
+
+/* Waits up to timeout_s for the daemon to exit; 1 if it did (status in
+ * d->exit_status), 0 if not. */
+static inline int h_daemon_wait(struct h_daemon *d, double timeout_s)
+{
+	if (d->pid <= 0)
+		return 1;
+	double deadline = h_now() + timeout_s;
+	do {
+		int st;
+		pid_t p = waitpid(d->pid, &st, WNOHANG);
+		if (p == d->pid || (p < 0 && errno == ECHILD)) {
+			d->exit_status = p == d->pid ? st : -1;
+			d->pid = 0;
+			return 1;
+		}
+		h_sleep_ms(5);
+	} while (h_now() < deadline);
+	return 0;
+}
+
+/* SIGTERM, then SIGKILL after 10 s; removes the directory. Returns the wait
+ * status (or -1). Safe to call twice. */
+static inline int h_daemon_stop(struct h_daemon *d)
+{
+	if (d->pid > 0) {
+		kill(d->pid, SIGTERM);
+		if (!h_daemon_wait(d, 10.0)) {
+			fprintf(stderr, "radianced ignored SIGTERM for 10 s: SIGKILL\n");
+			kill(d->pid, SIGKILL);
+			h_daemon_wait(d, 5.0);
+		}
+	}
+	if (getenv("RADIANCE_TEST_VERBOSE") ||
+	    (d->exit_status != -1 && !(WIFEXITED(d->exit_status) && WEXITSTATUS(d->exit_status) == 0)))
+		h_daemon_dump_log(d);
+	h_daemon_cleanup(d);
+	return d->exit_status;
+}
+
+/* Is the daemon still running (not a zombie)? */
+static inline int h_daemon_alive(struct h_daemon *d)
+{
+	if (d->pid <= 0)
+		return 0;
+	int st;
+	pid_t p = waitpid(d->pid, &st, WNOHANG);
+	if (p == d->pid) {
+		d->exit_status = st;
+		d->pid = 0;
+		fprintf(stderr, "radianced died: status 0x%x\n", st);
+		h_daemon_dump_log(d);
+		return 0;
+	}
+	return 1;
+}
+
+static inline int h_count_fds(pid_t pid)
+{
+	char path[64];
+	snprintf(path, sizeof path, "/proc/%d/fd", (int)pid);
+	DIR *dir = opendir(path);
+	if (!dir)
+		return -1;
+	int n = 0;
+	struct dirent *e;
+	while ((e = readdir(dir)))
+		if (e->d_name[0] != '.')
+			n++;
+	closedir(dir);
+	return n;
+}
+
+/* VmRSS of pid in KiB, or -1. */
+static inline long h_rss_kib(pid_t pid)
+{
+	char path[64], line[256];
+	snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return -1;
+	long kib = -1;
+	while (fgets(line, sizeof line, f))
+		if (sscanf(line, "VmRSS: %ld kB", &kib) == 1)
+			break;
+	fclose(f);
+	return kib;
+}
+
+/* Runs captured layer hl through the daemon on handle r (model_id held) and
+ * compares with the CPU reference. Returns the number of elements beyond
+ * the bf16 floor (0 = pass), or -1 when the request failed. */
+static inline long h_check_layer(struct radiance *r, uint32_t model_id, const struct h_layer *hl,
+				 enum radiance_elem dt, size_t *exact_out)
+{
+	const struct radiance_model_info *mi = radiance_held_model(r, model_id);
+	int idx = radiance_find_layer(mi, hl->name);
+	if (idx < 0) {
+		fprintf(stderr, "daemon model lacks layer %s\n", hl->name);
+		return -1;
+	}
+	size_t mn = (size_t)hl->m * hl->n;
+	uint16_t *y = malloc(mn * 2);
+	int rc = radiance_linear(r, model_id, (uint32_t)idx, hl->m, dt,
+				 dt == RADIANCE_BF16 ? hl->x_bf16 : hl->x_fp16, y);
+	if (rc < 0) {
+		fprintf(stderr, "radiance_linear(%s): %s (%s)\n", hl->name, radiance_strerror(rc),
+			radiance_error_message(r));
+		free(y);
+		return -1;
+	}
+	size_t exact;
+	double ulps;
+	size_t bad = h_compare_bf16(y, dt == RADIANCE_BF16 ? hl->ref_bf16 : hl->ref_fp16, mn, &exact,
+				    &ulps);
+	if (bad)
+		fprintf(stderr, "%s (%s): %zu of %zu elements beyond 1 bf16 ulp (max %.1f ulps)\n",
+			hl->name, dt == RADIANCE_BF16 ? "bf16" : "fp16", bad, mn, ulps);
+	if (exact_out)
+		*exact_out = exact;
+	free(y);
+	return (long)bad;
+}
+
+/* A well-behaved client: connects, loads the checkpoint (attaching to the
+ * resident copy if there is one), checks three layers of different shapes
+ * against the reference, disconnects. 0 when all is right, else -1. */
+static inline int h_good_client(const char *socket, const struct h_ref *ref)
+{
+	char ckpt[512];
+	h_path(ckpt, sizeof ckpt, H_CHECKPOINT);
+	struct radiance_options o = RADIANCE_OPTIONS_INIT;
+	o.client_name = "good-client";
+	o.timeout_ms = 20000;
+	struct radiance *r = radiance_connect(socket, &o);
+	if (!r) {
+		fprintf(stderr, "good client: connect: %s\n", radiance_strerror(errno));
+		return -1;
+	}
+	uint32_t id;
+	int rc = radiance_load_model(r, ckpt, NULL, &id);
+	if (rc < 0) {
+		fprintf(stderr, "good client: load: %s\n", radiance_error_message(r));
+		radiance_disconnect(r);
+		return -1;
+	}
+	int ret = 0;
+	for (size_t i = 0; h_good_layers[i]; i++) {
+		const struct h_layer *hl = h_ref_find(ref, h_good_layers[i]);
+		if (!hl || h_check_layer(r, id, hl, RADIANCE_BF16, NULL) != 0)
+			ret = -1;
+	}
+	radiance_disconnect(r);
+	return ret;
+}
+
+#endif

@@ -1,0 +1,302 @@
+/*
+ * libradiance without a daemon: the arena allocator, the checkpoint file
+ * list LoadModel sends (checked against the loader's own list), the default
+ * socket path rules, error texts, and connect failures.
+ */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "checkpoint.h"
+#include "client-private.h"
+#include "radiance.h"
+
+/* --- arena ---------------------------------------------------------------- */
+
+static void arena_first_fit_and_merge(void **state)
+{
+	static uint8_t mem[4096] __attribute__((aligned(64)));
+	struct radiance__client_arena a;
+	assert_int_equal(radiance__client_arena_init(&a, mem, sizeof mem), 0);
+
+	uint8_t *p1 = radiance__client_arena_alloc(&a, 100);   /* rounds to 128 */
+	uint8_t *p2 = radiance__client_arena_alloc(&a, 64);
+	uint8_t *p3 = radiance__client_arena_alloc(&a, 1);
+	assert_ptr_equal(p1, mem);
+	assert_ptr_equal(p2, mem + 128);
+	assert_ptr_equal(p3, mem + 192);
+	assert_int_equal(radiance__client_arena_largest_free(&a), 4096 - 256);
+
+	/* freeing the middle block leaves a hole that a fitting request reuses */
+	assert_int_equal(radiance__client_arena_free(&a, p2), 0);
+	assert_ptr_equal(radiance__client_arena_alloc(&a, 50), mem + 128);
+	assert_int_equal(radiance__client_arena_free(&a, mem + 128), 0);
+
+	/* double free, interior pointers and foreign pointers are refused */
+	assert_int_equal(radiance__client_arena_free(&a, p2), -EINVAL);
+	assert_int_equal(radiance__client_arena_free(&a, p1 + 64), -EINVAL);
+	assert_int_equal(radiance__client_arena_free(&a, mem + sizeof mem), -EINVAL);
+	assert_int_equal(radiance__client_arena_free(&a, &a), -EINVAL);
+
+	/* everything freed: one extent again, the whole arena allocatable */
+	assert_int_equal(radiance__client_arena_free(&a, p1), 0);
+	assert_int_equal(radiance__client_arena_free(&a, p3), 0);
+	assert_int_equal(a.n, 1);
+	assert_ptr_equal(radiance__client_arena_alloc(&a, sizeof mem), mem);
+	assert_null(radiance__client_arena_alloc(&a, 1));
+	assert_null(radiance__client_arena_alloc(&a, 0));
+	radiance__client_arena_finish(&a);
+}
+
+static void arena_random_stress(void **state)
+{
+	enum { BYTES = 1 << 20, SLOTS = 64 };
+	uint8_t *mem = aligned_alloc(64, BYTES);
+	struct radiance__client_arena a;
+	assert_int_equal(radiance__client_arena_init(&a, mem, BYTES), 0);
+	uint8_t *ptr[SLOTS] = { 0 };
+	size_t len[SLOTS] = { 0 };
+	unsigned seed = 12345;
+	for (int it = 0; it < 20000; it++) {
+		seed = seed * 1103515245u + 12345u;
+		int i = (int)((seed >> 8) % SLOTS);
+		if (ptr[i]) {
+			/* contents survived: no overlap with any other block */
+			for (size_t j = 0; j < len[i]; j++)
+				assert_int_equal(ptr[i][j], (uint8_t)i);
+			assert_int_equal(radiance__client_arena_free(&a, ptr[i]), 0);
+			ptr[i] = NULL;
+		} else {
+			len[i] = 1 + (seed >> 12) % 40000;
+			ptr[i] = radiance__client_arena_alloc(&a, len[i]);
+			if (ptr[i]) {
+				assert_int_equal((uintptr_t)ptr[i] % 64, 0);
+				assert_true(ptr[i] + len[i] <= mem + BYTES);
+				memset(ptr[i], i, len[i]);
+			}
+		}
+	}
+	for (int i = 0; i < SLOTS; i++)
+		if (ptr[i])
+			assert_int_equal(radiance__client_arena_free(&a, ptr[i]), 0);
+	assert_int_equal(a.n, 1);
+	assert_int_equal(radiance__client_arena_largest_free(&a), BYTES);
+	radiance__client_arena_finish(&a);
+	free(mem);
+}
+
+/* --- checkpoint files ----------------------------------------------------- */
+
+static void write_file(const char *dir, const char *name, const char *text)
+{
+	char path[512];
+	snprintf(path, sizeof path, "%s/%s", dir, name);
+	FILE *f = fopen(path, "w");
+	assert_non_null(f);
+	fputs(text, f);
+	fclose(f);
+}
+
+static void rm_dir(const char *dir)
+{
+	char cmd[600];
+	snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+	assert_int_equal(system(cmd), 0);
+}
+
+/* Same list, same order, as the daemon-side loader's. */
+static void assert_same_as_loader(const char *dir)
+{
+	char **mine, **theirs, err[256];
+	int rc1 = radiance__client_checkpoint_files(dir, &mine, err, sizeof err);
+	int rc2 = radiance_checkpoint_list_files(dir, &theirs, err, sizeof err);
+	assert_int_equal(rc1 < 0 ? rc1 : 0, rc2 < 0 ? rc2 : 0);
+	if (rc1 < 0)
+		return;
+	size_t n = 0;
+	for (; mine[n]; n++) {
+		assert_true((int)n < rc2);
+		assert_string_equal(mine[n], theirs[n]);
+	}
+	assert_int_equal((int)n, rc2);
+	for (int i = 0; i < rc2; i++)
+		free(theirs[i]);
+	free(theirs);
+	radiance__client_checkpoint_files_free(mine);
+}
+
+static void checkpoint_files_real(void **state)
+{
+	char dir[512], **names, err[256];
+	snprintf(dir, sizeof dir, "%s/minilm-w4g128",
+		 getenv("RADIANCE_TEST_DATA") ? getenv("RADIANCE_TEST_DATA") : "tests/data");
+	assert_int_equal(radiance__client_checkpoint_files(dir, &names, err, sizeof err), 0);
+	/* configs and weights only: tokenizer files stay home */
+	assert_string_equal(names[0], "config.json");
+	assert_string_equal(names[1], "quantization_config.json");
+	assert_string_equal(names[2], "model.safetensors");
+	assert_null(names[3]);
+	radiance__client_checkpoint_files_free(names);
+	assert_same_as_loader(dir);
+}
+
+static void checkpoint_files_sharded(void **state)
+{
+	char dir[] = "/tmp/radiance-ckpt-XXXXXX", **names, err[256];
+	assert_non_null(mkdtemp(dir));
+	write_file(dir, "config.json", "{}");
+	write_file(dir, "model.safetensors.index.json",
+		   "{\"metadata\": {}, \"weight_map\": {\"b\": \"model-00002-of-00002.safetensors\","
+		   " \"a\": \"model-00001-of-00002.safetensors\","
+		   " \"c\": \"model-00001-of-00002.safetensors\"}}");
+	write_file(dir, "model-00001-of-00002.safetensors", "");
+	write_file(dir, "model-00002-of-00002.safetensors", "");
+	write_file(dir, "tokenizer.json", "{}");
+	assert_int_equal(radiance__client_checkpoint_files(dir, &names, err, sizeof err), 0);
+	assert_string_equal(names[0], "config.json");
+	assert_string_equal(names[1], "model.safetensors.index.json");
+	assert_string_equal(names[2], "model-00001-of-00002.safetensors");
+	assert_string_equal(names[3], "model-00002-of-00002.safetensors");
+	assert_null(names[4]);
+	radiance__client_checkpoint_files_free(names);
+	assert_same_as_loader(dir);
+
+	/* a shard name with a path in it is refused (it would escape dir) */
+	write_file(dir, "model.safetensors.index.json",
+		   "{\"weight_map\": {\"a\": \"../etc/passwd\"}}");
+	assert_int_equal(radiance__client_checkpoint_files(dir, &names, err, sizeof err), -EINVAL);
+	assert_null(names);
+	rm_dir(dir);
+}
+
+static void checkpoint_files_missing(void **state)
+{
+	char dir[] = "/tmp/radiance-ckpt-XXXXXX", **names, err[256];
+	assert_non_null(mkdtemp(dir));
+	assert_int_equal(radiance__client_checkpoint_files(dir, &names, err, sizeof err), -ENOENT);
+	assert_non_null(strstr(err, "config.json"));
+	write_file(dir, "config.json", "{}");
+	assert_int_equal(radiance__client_checkpoint_files(dir, &names, err, sizeof err), -ENOENT);
+	assert_non_null(strstr(err, "model.safetensors"));
+	assert_int_equal(radiance__client_checkpoint_files("/nonexistent/dir", &names, err,
+							   sizeof err),
+			 -ENOENT);
+	rm_dir(dir);
+}
+
+/* --- socket path, errors, connect ----------------------------------------- */
+
+static void default_socket_path(void **state)
+{
+	char buf[256];
+	setenv("RADIANCE_SOCKET", "/tmp/some/where.sock", 1);
+	assert_int_equal(radiance_default_socket_path(buf, sizeof buf), 0);
+	assert_string_equal(buf, "/tmp/some/where.sock");
+	assert_int_equal(radiance_default_socket_path(buf, 5), -ENAMETOOLONG);
+	unsetenv("RADIANCE_SOCKET");
+	assert_int_equal(radiance_default_socket_path(buf, sizeof buf), 0);
+	if (geteuid() == 0)
+		assert_string_equal(buf, "/run/radiance/radiance.sock");
+	else
+		assert_non_null(strstr(buf, "radiance.sock"));
+}
+
+static void strerror_texts(void **state)
+{
+	assert_string_equal(radiance_strerror(0), "success");
+	assert_string_equal(radiance_strerror(-EPROTO), radiance_strerror(EPROTO));
+	assert_non_null(strstr(radiance_strerror(-ECONNRESET), "closed"));
+	assert_non_null(strstr(radiance_strerror(-ENOENT), "No such file"));
+	assert_non_null(radiance_strerror(-99999));
+	assert_non_null(radiance_version());
+	assert_string_equal(radiance_version(), RADIANCE_VERSION);
+}
+
+static void log_collect(void *user, int priority, const char *msg)
+{
+	(*(int *)user)++;
+}
+
+static void connect_failures(void **state)
+{
+	errno = 0;
+	assert_null(radiance_connect("/nonexistent/radiance.sock", NULL));
+	assert_int_equal(errno, ENOENT);
+
+	/* a socket file nobody listens on */
+	char dir[] = "/tmp/radiance-sock-XXXXXX", path[128];
+	assert_non_null(mkdtemp(dir));
+	snprintf(path, sizeof path, "%s/s", dir);
+	int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	strcpy(sa.sun_path, path);
+	assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+	close(fd);
+	int logged = 0;
+	struct radiance_options o = RADIANCE_OPTIONS_INIT;
+	o.log = log_collect;
+	o.log_user = &logged;
+	assert_null(radiance_connect(path, &o));
+	assert_int_equal(errno, ECONNREFUSED);
+	assert_true(logged > 0);   /* the log callback heard about it */
+	unlink(path);
+	rmdir(dir);
+
+	char longp[300];
+	memset(longp, 'a', sizeof longp - 1);
+	longp[0] = '/';
+	longp[sizeof longp - 1] = '\0';
+	assert_null(radiance_connect(longp, NULL));
+	assert_int_equal(errno, ENAMETOOLONG);
+
+	/* options without size are refused rather than misread */
+	struct radiance_options bad = { 0 };
+	assert_null(radiance_connect(path, &bad));
+	assert_int_equal(errno, EINVAL);
+
+	/* NULL frees are no-ops */
+	radiance_disconnect(NULL);
+	radiance_model_info_free(NULL);
+	radiance_model_list_free(NULL);
+	radiance_stats_free(NULL);
+}
+
+static void find_layer(void **state)
+{
+	struct radiance_layer_info layers[2] = {
+		{ .index = 0, .name = "a.q" },
+		{ .index = 1, .name = "a.k" },
+	};
+	struct radiance_model_info m = { .n_layers = 2, .layers = layers };
+	assert_int_equal(radiance_find_layer(&m, "a.k"), 1);
+	assert_int_equal(radiance_find_layer(&m, "a.q"), 0);
+	assert_int_equal(radiance_find_layer(&m, "a.v"), -ENOENT);
+	assert_int_equal(radiance_find_layer(NULL, "a.v"), -ENOENT);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(arena_first_fit_and_merge),
+		cmocka_unit_test(arena_random_stress),
+		cmocka_unit_test(checkpoint_files_real),
+		cmocka_unit_test(checkpoint_files_sharded),
+		cmocka_unit_test(checkpoint_files_missing),
+		cmocka_unit_test(default_socket_path),
+		cmocka_unit_test(strerror_texts),
+		cmocka_unit_test(connect_failures),
+		cmocka_unit_test(find_layer),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

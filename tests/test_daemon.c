@@ -1,0 +1,696 @@
+/*
+ * Integration tests against the real radianced binary ($RADIANCED) on the
+ * CPU backend: several client processes at once on the real checkpoint's
+ * captured activations, each checked against the CPU reference computed here
+ * from the locally loaded checkpoint; load deduplication; the async API's
+ * contract; fd and memory leak bounds over many sessions; SIGTERM.
+ *
+ * Each test gets its own daemon on a socket in a fresh mkdtemp directory
+ * (per-test setup/teardown); the reference is computed once per binary.
+ */
+#include <errno.h>
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "daemon_harness.h"
+
+static struct h_ref ref;
+static struct h_daemon daemon_;
+static char ckpt[512];
+
+static int group_setup(void **state)
+{
+	h_path(ckpt, sizeof ckpt, H_CHECKPOINT);
+	double t = h_now();
+	if (h_ref_load(&ref) < 0)
+		return -1;
+	fprintf(stderr, "reference: %zu layers in %.2f s\n", ref.n_layers, h_now() - t);
+	return 0;
+}
+
+static int group_teardown(void **state)
+{
+	h_ref_free(&ref);
+	return 0;
+}
+
+static int start(void **state)
+{
+	return h_daemon_start(&daemon_);
+}
+
+static int start_small_rows(void **state)
+{
+	static const char *const args[] = { "--max-rows", "16", "--sq-entries", "8", NULL };
+	return h_daemon_start_argv(&daemon_, args);
+}
+
+static int start_preload(void **state)
+{
+	static const char *args[3] = { "--preload", ckpt, NULL };
+	return h_daemon_start_argv(&daemon_, args);
+}
+
+static int stop(void **state)
+{
+	int alive = h_daemon_alive(&daemon_);
+	int st = h_daemon_stop(&daemon_);
+	/* every test leaves a daemon that still runs and exits cleanly */
+	if (!alive || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+		fprintf(stderr, "daemon %s; exit status 0x%x\n", alive ? "alive" : "had died", st);
+		return -1;
+	}
+	return 0;
+}
+
+static struct radiance *connect_named(const char *name)
+{
+	struct radiance_options o = RADIANCE_OPTIONS_INIT;
+	o.client_name = name;
+	o.timeout_ms = 30000;
+	struct radiance *r = radiance_connect(daemon_.socket, &o);
+	if (!r)
+		fprintf(stderr, "connect: %s\n", radiance_strerror(errno));
+	return r;
+}
+
+/* --- several processes at once -------------------------------------------- */
+
+/* One child's work: every captured layer synchronously, then all of them
+ * again asynchronously with arena buffers (as many in flight as the CQ
+ * allows). Returns the number of failures. */
+static int child_run(int which, uint32_t expect_model)
+{
+	char name[32];
+	snprintf(name, sizeof name, "test-child-%d", which);
+	struct radiance *r = connect_named(name);
+	if (!r)
+		return 1;
+	int fails = 0;
+	uint32_t id;
+	int rc = (which % 2) ? radiance_attach_model(r, ref.model_name, &id)
+			     : radiance_load_model(r, ckpt, NULL, &id);
+	if (rc < 0) {
+		fprintf(stderr, "child %d: %s: %s\n", which, which % 2 ? "attach" : "load",
+			radiance_error_message(r));
+		radiance_disconnect(r);
+		return 1;
+	}
+	if (id != expect_model) {
+		fprintf(stderr, "child %d: model_id %u, the parent's is %u (not deduplicated)\n", which,
+			id, expect_model);
+		fails++;
+	}
+	enum radiance_elem dt = which == 2 ? RADIANCE_FP16 : RADIANCE_BF16;
+
+	for (size_t i = 0; i < ref.n_layers; i++)
+		if (h_check_layer(r, id, &ref.layers[i], dt, NULL) != 0)
+			fails++;
+
+	/* async: x and y of every layer in the arena, submitted back to back */
+	const struct radiance_model_info *mi = radiance_held_model(r, id);
+	size_t n = ref.n_layers;
+	void **x = calloc(n, sizeof *x), **y = calloc(n, sizeof *y);
+	int *layer = calloc(n, sizeof *layer);
+	uint64_t *rid = calloc(n, sizeof *rid);
+	for (size_t i = 0; i < n; i++) {
+		const struct h_layer *hl = &ref.layers[i];
+		layer[i] = radiance_find_layer(mi, hl->name);
+		x[i] = radiance_arena_alloc(r, (size_t)hl->m * hl->k * 2);
+		y[i] = radiance_arena_alloc(r, (size_t)hl->m * hl->n * 2);
+		if (layer[i] < 0 || !x[i] || !y[i]) {
+			fprintf(stderr, "child %d: arena/layer setup failed for %s\n", which, hl->name);
+			fails++;
+			goto out;
+		}
+		memcpy(x[i], dt == RADIANCE_BF16 ? hl->x_bf16 : hl->x_fp16, (size_t)hl->m * hl->k * 2);
+		memset(y[i], 0xFF, (size_t)hl->m * hl->n * 2);
+	}
+	size_t submitted = 0, reaped = 0;
+	while (reaped < n) {
+		while (submitted < n) {
+			const struct h_layer *hl = &ref.layers[submitted];
+			rc = radiance_submit(r, id, (uint32_t)layer[submitted], hl->m, dt, x[submitted],
+					     y[submitted], &rid[submitted]);
+			if (rc == -EAGAIN)
+				break;
+			if (rc < 0) {
+				fprintf(stderr, "child %d: submit: %s\n", which, radiance_error_message(r));
+				fails++;
+				goto out;
+			}
+			submitted++;
+		}
+		struct radiance_completion c;
+		rc = radiance_wait(r, &c, 20000);
+		if (rc != 1 || c.status != 0) {
+			fprintf(stderr, "child %d: wait: %s / status %d %s\n", which, radiance_strerror(rc),
+				rc == 1 ? c.status : 0, rc == 1 && c.error ? c.error : "");
+			fails++;
+			goto out;
+		}
+		size_t i = 0;
+		while (i < submitted && rid[i] != c.request_id)
+			i++;
+		if (i == submitted) {
+			fprintf(stderr, "child %d: completion for unknown id %llu\n", which,
+				(unsigned long long)c.request_id);
+			fails++;
+			goto out;
+		}
+		const struct h_layer *hl = &ref.layers[i];
+		if (h_compare_bf16(y[i], dt == RADIANCE_BF16 ? hl->ref_bf16 : hl->ref_fp16,
+				   (size_t)hl->m * hl->n, NULL, NULL)) {
+			fprintf(stderr, "child %d: async %s differs from the reference\n", which, hl->name);
+			fails++;
+		}
+		reaped++;
+	}
+	if (radiance_in_flight(r) != 0)
+		fails++;
+out:
+	for (size_t i = 0; i < n; i++) {
+		radiance_arena_free(r, x[i]);
+		radiance_arena_free(r, y[i]);
+	}
+	free(x);
+	free(y);
+	free(layer);
+	free(rid);
+	radiance_disconnect(r);
+	return fails;
+}
+
+static void several_clients_real_checkpoint(void **state)
+{
+	enum { CHILDREN = 3 };
+	/* The parent loads first, so children that attach find the model. */
+	struct radiance *r = connect_named("test-parent");
+	assert_non_null(r);
+	uint32_t id;
+	assert_int_equal(radiance_load_model(r, ckpt, NULL, &id), 0);
+	const struct radiance_model_info *mi = radiance_held_model(r, id);
+	assert_non_null(mi);
+	assert_int_equal(mi->n_layers, ref.n_layers);
+	assert_string_equal(mi->name, ref.model_name);
+
+	pid_t pids[CHILDREN];
+	fflush(NULL);
+	for (int i = 0; i < CHILDREN; i++) {
+		pids[i] = fork();
+		assert_true(pids[i] >= 0);
+		if (pids[i] == 0) {
+			/* A handle is never used across fork: the child only
+			 * frees its copy (closing its copies of the fds; the
+			 * parent's session is untouched), then connects its
+			 * own. Exit with the failure count. */
+			radiance_disconnect(r);
+			int fails = child_run(i, id);
+			exit(fails > 100 ? 100 : fails);
+		}
+	}
+	/* While they run, the daemon sees all the sessions. */
+	struct radiance_stats_reply *st;
+	assert_int_equal(radiance_get_stats(r, &st), 0);
+	assert_true(st->global.sessions >= 1);
+	radiance_stats_free(st);
+
+	for (int i = 0; i < CHILDREN; i++) {
+		int status;
+		assert_int_equal(waitpid(pids[i], &status, 0), pids[i]);
+		if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+			fprintf(stderr, "child %d: status 0x%x\n", i, status);
+		assert_true(WIFEXITED(status));
+		assert_int_equal(WEXITSTATUS(status), 0);
+	}
+	assert_int_equal(radiance_get_stats(r, &st), 0);
+	/* 3 children x (sync + async) x every layer */
+	assert_true(st->global.requests >= CHILDREN * 2 * ref.n_layers);
+	assert_int_equal(st->global.errors, 0);
+	radiance_stats_free(st);
+	radiance_disconnect(r);
+}
+
+/* --- models --------------------------------------------------------------- */
+
+/* The daemon notices a disconnect asynchronously: poll up to 2 s for the
+ * model list (count models; users of the first) to settle at what we want. */
+static void wait_models(struct radiance *r, size_t count, uint32_t users)
+{
+	struct radiance_model_list *l = NULL;
+	for (int i = 0; i < 200; i++) {
+		radiance_model_list_free(l);
+		assert_int_equal(radiance_list_models(r, &l), 0);
+		if (l->count == count && (count == 0 || l->models[0].users == users))
+			break;
+		h_sleep_ms(10);
+	}
+	assert_int_equal(l->count, count);
+	if (count)
+		assert_int_equal(l->models[0].users, users);
+	radiance_model_list_free(l);
+}
+
+static void wait_sessions(struct radiance *r, uint32_t want)
+{
+	struct radiance_stats_reply *st = NULL;
+	for (int i = 0; i < 200; i++) {
+		radiance_stats_free(st);
+		assert_int_equal(radiance_get_stats(r, &st), 0);
+		if (st->global.sessions == want)
+			break;
+		h_sleep_ms(10);
+	}
+	assert_int_equal(st->global.sessions, want);
+	radiance_stats_free(st);
+}
+
+static void load_twice_is_resident_once(void **state)
+{
+	struct radiance *a = connect_named("a"), *b = connect_named("b");
+	assert_non_null(a);
+	assert_non_null(b);
+	uint32_t ida, idb;
+	assert_int_equal(radiance_load_model(a, ckpt, NULL, &ida), 0);
+	assert_int_equal(radiance_load_model(b, ckpt, NULL, &idb), 0);
+	assert_int_equal(ida, idb);
+
+	struct radiance_model_list *l;
+	assert_int_equal(radiance_list_models(a, &l), 0);
+	assert_int_equal(l->count, 1);
+	assert_int_equal(l->models[0].model_id, ida);
+	assert_int_equal(l->models[0].users, 2);
+	assert_false(l->models[0].preloaded);
+	assert_true(l->models[0].resident_bytes > 0);
+	radiance_model_list_free(l);
+
+	/* the full description, layers included, for anyone who asks */
+	struct radiance_model_info *m;
+	assert_int_equal(radiance_get_model(b, ida, &m), 0);
+	assert_int_equal(m->n_layers, ref.n_layers);
+	for (size_t i = 0; i < m->n_layers; i++) {
+		const struct h_layer *hl = h_ref_find(&ref, m->layers[i].name);
+		assert_non_null(hl);
+		assert_int_equal(m->layers[i].n, hl->n);
+		assert_int_equal(m->layers[i].k, hl->k);
+		assert_int_equal(m->layers[i].index, i);
+	}
+	radiance_model_info_free(m);
+
+	/* b leaves: one user; a releases: nobody holds it, it is unloaded */
+	radiance_disconnect(b);
+	wait_models(a, 1, 1);
+	assert_int_equal(radiance_release_model(a, ida), 0);
+	assert_null(radiance_held_model(a, ida));
+	assert_int_equal(radiance_list_models(a, &l), 0);
+	assert_int_equal(l->count, 0);
+	radiance_model_list_free(l);
+	/* releasing what we no longer hold is the daemon's ENOENT, not sticky */
+	assert_int_equal(radiance_release_model(a, ida), -ENOENT);
+	assert_int_equal(radiance_get_error(a), 0);
+	radiance_disconnect(a);
+}
+
+/* Copies the checkpoint to dir/minilm-w4g128 with one bias value changed:
+ * another checkpoint with the same directory name. */
+static void make_modified_copy(const char *dir, char *out, size_t n)
+{
+	char cmd[4096];
+	snprintf(out, n, "%s/" H_CHECKPOINT, dir);
+	snprintf(cmd, sizeof cmd, "mkdir -p '%s' && cp '%s'/config.json '%s'/quantization_config.json "
+		 "'%s'/model.safetensors '%s'/", out, ckpt, ckpt, ckpt, out);
+	assert_int_equal(system(cmd), 0);
+	char path[1024];
+	snprintf(path, sizeof path, "%s/model.safetensors", out);
+	FILE *f = fopen(path, "r+b");
+	assert_non_null(f);
+	uint64_t hlen;
+	assert_int_equal(fread(&hlen, 8, 1, f), 1);
+	char *hdr = calloc(1, hlen + 1);
+	assert_int_equal(fread(hdr, 1, hlen, f), hlen);
+	json_t *j = json_loads(hdr, 0, NULL);
+	assert_non_null(j);
+	json_t *t = json_object_get(j, "encoder.layer.0.attention.self.query.bias");
+	json_int_t begin = json_integer_value(json_array_get(json_object_get(t, "data_offsets"), 0));
+	uint16_t one = 0x3C00;   /* fp16 1.0 */
+	assert_int_equal(fseek(f, (long)(8 + hlen + (uint64_t)begin), SEEK_SET), 0);
+	assert_int_equal(fwrite(&one, 2, 1, f), 1);
+	fclose(f);
+	json_decref(j);
+	free(hdr);
+}
+
+/* Two different checkpoints that happen to share a name (here: the same
+ * directory name, the library's default) must not be served as one: the
+ * daemon dedupes by file identity only, and refuses the name clash. */
+static void same_name_other_checkpoint(void **state)
+{
+	char other[256];
+	make_modified_copy(daemon_.dir, other, sizeof other);
+	struct radiance *a = connect_named("orig"), *b = connect_named("copy");
+	uint32_t ida, idb;
+	assert_int_equal(radiance_load_model(a, ckpt, NULL, &ida), 0);
+	int rc = radiance_load_model(b, other, NULL, &idb);
+	if (rc == 0) {
+		/* if it loads, it must be its own model, with its own bias */
+		assert_int_not_equal(idb, ida);
+		const struct h_layer *hl = h_ref_find(&ref, "encoder.layer.0.attention.self.query");
+		assert_true(h_check_layer(b, idb, hl, RADIANCE_BF16, NULL) > 0);
+	} else {
+		assert_int_equal(rc, -EEXIST);
+	}
+	radiance_disconnect(a);
+	radiance_disconnect(b);
+	char cmd[300];
+	snprintf(cmd, sizeof cmd, "rm -rf '%.256s'", other);
+	assert_int_equal(system(cmd), 0);
+}
+
+static void attach_and_errors_are_not_sticky(void **state)
+{
+	struct radiance *r = connect_named("attach");
+	assert_non_null(r);
+	uint32_t id;
+	assert_int_equal(radiance_attach_model(r, "no-such-model", &id), -ENOENT);
+	assert_int_equal(radiance_get_error(r), 0);
+	assert_true(strlen(radiance_error_message(r)) > 0);
+	assert_int_equal(radiance_load_model(r, "/nonexistent", NULL, &id), -ENOENT);
+	struct radiance_model_info *m;
+	assert_int_equal(radiance_get_model(r, 4242, &m), -ENOENT);
+	assert_null(m);
+	/* ... and the handle still works */
+	assert_int_equal(h_good_client(daemon_.socket, &ref), 0);
+	assert_int_equal(radiance_load_model(r, ckpt, NULL, &id), 0);
+	const struct h_layer *hl = h_ref_find(&ref, "encoder.layer.3.attention.self.key");
+	assert_non_null(hl);
+	assert_int_equal(h_check_layer(r, id, hl, RADIANCE_BF16, NULL), 0);
+	radiance_disconnect(r);
+}
+
+static void preloaded_model(void **state)
+{
+	struct radiance *r = connect_named("preload");
+	assert_non_null(r);
+	struct radiance_model_list *l;
+	assert_int_equal(radiance_list_models(r, &l), 0);
+	assert_int_equal(l->count, 1);
+	assert_true(l->models[0].preloaded);
+	assert_int_equal(l->models[0].users, 0);
+	radiance_model_list_free(l);
+	uint32_t id;
+	assert_int_equal(radiance_attach_model(r, ref.model_name, &id), 0);
+	const struct h_layer *hl = h_ref_find(&ref, "encoder.layer.1.output.dense");
+	assert_int_equal(h_check_layer(r, id, hl, RADIANCE_BF16, NULL), 0);
+	/* a load of the same files attaches to the preloaded copy */
+	uint32_t id2;
+	assert_int_equal(radiance_load_model(r, ckpt, NULL, &id2), 0);
+	assert_int_equal(id2, id);
+	radiance_disconnect(r);
+	/* nobody holds it now, and it stays: preloaded */
+	r = connect_named("preload-2");
+	wait_models(r, 1, 0);
+	radiance_disconnect(r);
+}
+
+/* --- the data-plane API contract ------------------------------------------ */
+
+static void async_api_contract(void **state)
+{
+	/* daemon: --max-rows 16 --sq-entries 8 */
+	struct radiance *r = connect_named("contract");
+	assert_non_null(r);
+	assert_int_equal(radiance_get_server_info(r)->max_rows, 16);
+	assert_string_equal(radiance_get_server_info(r)->backend,
+			    h_env("RADIANCE_TEST_BACKEND", "cpu"));
+	uint32_t id;
+	assert_int_equal(radiance_load_model(r, ckpt, NULL, &id), 0);
+	struct radiance_completion c;
+	assert_int_equal(radiance_poll(r, &c), 0);
+	assert_int_equal(radiance_wait(r, &c, 0), -ENOENT);   /* nothing in flight */
+
+	assert_int_equal(radiance_open_rings(r), 0);
+	struct radiance_ring_info ri;
+	assert_int_equal(radiance_get_ring_info(r, &ri), 0);
+	assert_int_equal(ri.sq_entries, 8);
+	assert_true(ri.cq_entries >= 8);
+	assert_true(ri.arena_bytes > 0);
+
+	const struct h_layer *hl = h_ref_find(&ref, "encoder.layer.0.attention.self.query");
+	int layer = radiance_find_layer(radiance_held_model(r, id), hl->name);
+	assert_true(layer >= 0);
+	uint16_t *x = radiance_arena_alloc(r, 16 * 384 * 2);
+	uint16_t *y = radiance_arena_alloc(r, 16 * 384 * 2);
+	assert_non_null(x);
+	assert_non_null(y);
+	memcpy(x, hl->x_bf16, 16 * 384 * 2);
+	uint16_t stack_buf[384];
+
+	/* refused before reaching the ring */
+	assert_int_equal(radiance_submit(r, id, (uint32_t)layer, 0, RADIANCE_BF16, x, y, NULL), -EINVAL);
+	assert_int_equal(radiance_submit(r, id, (uint32_t)layer, 17, RADIANCE_BF16, x, y, NULL), -EINVAL);
+	assert_int_equal(radiance_submit(r, id, 999, 1, RADIANCE_BF16, x, y, NULL), -ERANGE);
+	assert_int_equal(radiance_submit(r, id + 77, (uint32_t)layer, 1, RADIANCE_BF16, x, y, NULL),
+			 -ENOENT);
+	assert_int_equal(radiance_submit(r, id, (uint32_t)layer, 1, RADIANCE_BF16, stack_buf, y, NULL),
+			 -EFAULT);
+	assert_int_equal(radiance_submit(r, id, (uint32_t)layer, 1, RADIANCE_BF16, x + 1, y, NULL),
+			 -EINVAL);
+	assert_int_equal(radiance_submit(r, id, (uint32_t)layer, 1, (enum radiance_elem)9, x, y, NULL),
+			 -EINVAL);
+	uint8_t *end = (uint8_t *)ri.arena + ri.arena_bytes;
+	assert_int_equal(radiance_submit(r, id, (uint32_t)layer, 16, RADIANCE_BF16, x,
+					 (void *)(end - 16 * 384 * 2 + 16), NULL),
+			 -EFAULT);
+	assert_int_equal(radiance_get_error(r), 0);
+
+	/* fill the CQ: the (cq_entries + 1)th submit is EAGAIN, never sent */
+	uint64_t first = 0, rid;
+	unsigned n = 0;
+	int rc;
+	while ((rc = radiance_submit(r, id, (uint32_t)layer, 1, RADIANCE_BF16, x, y, &rid)) == 0) {
+		if (!n)
+			first = rid;
+		else
+			assert_int_equal(rid, first + n);   /* ids increase by one */
+		n++;
+		assert_true(n <= ri.cq_entries);
+	}
+	assert_int_equal(rc, -EAGAIN);
+	assert_int_equal(n, ri.cq_entries);
+	assert_int_equal(radiance_in_flight(r), n);
+	assert_int_equal(radiance_release_model(r, id), -EBUSY);
+	/* a synchronous linear meanwhile makes room, and keeps the others'
+	 * completions for wait */
+	uint16_t yy[2 * 384];
+	assert_int_equal(radiance_linear(r, id, (uint32_t)layer, 2, RADIANCE_BF16, hl->x_bf16, yy), 0);
+	assert_int_equal(h_compare_bf16(yy, hl->ref_bf16, 2 * 384, NULL, NULL), 0);
+	unsigned got = 0;
+	while (radiance_in_flight(r) || got < n) {
+		rc = radiance_wait(r, &c, 10000);
+		assert_int_equal(rc, 1);
+		assert_int_equal(c.status, 0);
+		assert_null(c.error);
+		assert_true(c.request_id >= first && c.request_id < first + n);
+		got++;
+	}
+	assert_int_equal(got, n);
+	assert_int_equal(radiance_wait(r, &c, 0), -ENOENT);
+
+	/* Completions left unreaped do not limit submissions (only requests
+	 * in the daemon do): fill the CQ, let a sync linear set all of them
+	 * aside, fill it again, and again; then reap every one. */
+	for (int round = 0; round < 3; round++) {
+		for (unsigned i = 0; i < ri.cq_entries; i++)
+			assert_int_equal(radiance_submit(r, id, (uint32_t)layer, 1, RADIANCE_BF16, x, y, NULL), 0);
+		assert_int_equal(radiance_linear(r, id, (uint32_t)layer, 2, RADIANCE_BF16, hl->x_bf16, yy), 0);
+		assert_int_equal(radiance_in_flight(r), (round + 1u) * ri.cq_entries);
+	}
+	assert_int_equal(radiance_in_flight(r), 3 * ri.cq_entries);
+	got = 0;
+	while ((rc = radiance_wait(r, &c, 10000)) == 1) {
+		assert_int_equal(c.status, 0);
+		got++;
+	}
+	assert_int_equal(rc, -ENOENT);
+	assert_int_equal(got, 3 * ri.cq_entries);
+	assert_int_equal(radiance_in_flight(r), 0);
+	/* every result is row 0 of the layer's reference (all used x row 0) */
+	assert_int_equal(h_compare_bf16(y, hl->ref_bf16, 384, NULL, NULL), 0);
+
+	/* radiance_linear splits M=36 > max_rows=16 into 16+16+4 */
+	size_t mn = (size_t)hl->m * hl->n;
+	uint16_t *yl = malloc(mn * 2);
+	assert_int_equal(radiance_linear(r, id, (uint32_t)layer, hl->m, RADIANCE_BF16, hl->x_bf16, yl), 0);
+	assert_int_equal(h_compare_bf16(yl, hl->ref_bf16, mn, NULL, NULL), 0);
+	free(yl);
+
+	/* a failed request: status in the completion, not sticky. The
+	 * daemon refuses overlapping x and y. */
+	assert_int_equal(radiance_submit(r, id, (uint32_t)layer, 1, RADIANCE_BF16, x, x, &rid), 0);
+	assert_int_equal(radiance_wait(r, &c, 10000), 1);
+	assert_int_equal(c.request_id, rid);
+	assert_int_equal(c.status, -EINVAL);
+	assert_non_null(c.error);
+	assert_int_equal(radiance_get_error(r), 0);
+
+	radiance_arena_free(r, x);
+	radiance_arena_free(r, y);
+	assert_int_equal(radiance_release_model(r, id), 0);
+	assert_int_equal(radiance_linear(r, id, (uint32_t)layer, 1, RADIANCE_BF16, hl->x_bf16, yy),
+			 -ENOENT);
+	radiance_disconnect(r);
+}
+
+static void stats_count_requests(void **state)
+{
+	struct radiance *r = connect_named("stats");
+	uint32_t id;
+	assert_int_equal(radiance_load_model(r, ckpt, NULL, &id), 0);
+	const struct h_layer *hl = h_ref_find(&ref, "encoder.layer.4.attention.output.dense");
+	for (int i = 0; i < 5; i++)
+		assert_int_equal(h_check_layer(r, id, hl, RADIANCE_BF16, NULL), 0);
+	struct radiance_stats_reply *st;
+	assert_int_equal(radiance_get_stats(r, &st), 0);
+	assert_int_equal(st->session.requests, 5);
+	assert_int_equal(st->session.rows, 5 * hl->m);
+	assert_int_equal(st->session.bytes_in, 5ull * hl->m * hl->k * 2);
+	assert_int_equal(st->session.bytes_out, 5ull * hl->m * hl->n * 2);
+	assert_int_equal(st->session.errors, 0);
+	assert_true(st->session.latency_p50_ns > 0);
+	assert_true(st->session.latency_p99_ns >= st->session.latency_p50_ns);
+	assert_true(st->session.latency_max_ns >= st->session.latency_p99_ns);
+	assert_int_equal(st->global.sessions, 1);
+	assert_true(st->global.uptime_ns > 0);
+	radiance_stats_free(st);
+	radiance_disconnect(r);
+}
+
+/* --- lifetimes ------------------------------------------------------------ */
+
+static void no_leaks_over_many_sessions(void **state)
+{
+	/* A session holding a model keeps it resident across the cycles, so
+	 * loads below are attachments (the cheap path we want to cycle). */
+	struct radiance *holder = connect_named("holder");
+	uint32_t id;
+	assert_int_equal(radiance_load_model(holder, ckpt, NULL, &id), 0);
+	const struct h_layer *hl = h_ref_find(&ref, "encoder.layer.0.attention.self.query");
+
+	int fds0 = 0, self0 = h_count_fds(getpid());
+	long rss0 = 0;
+	for (int i = 0; i < 220; i++) {
+		if (i == 20) {   /* after warm-up: allocator pools, lazily built state */
+			fds0 = h_count_fds(daemon_.pid);
+			rss0 = h_rss_kib(daemon_.pid);
+		}
+		struct radiance_options o = RADIANCE_OPTIONS_INIT;
+		o.arena_bytes = 1 << 20;
+		struct radiance *r = radiance_connect(daemon_.socket, &o);
+		assert_non_null(r);
+		assert_int_equal(radiance_open_rings(r), 0);
+		if (i % 10 == 0) {   /* some cycles also load and compute */
+			uint32_t mid;
+			assert_int_equal(radiance_load_model(r, ckpt, NULL, &mid), 0);
+			assert_int_equal(mid, id);
+			assert_int_equal(h_check_layer(r, mid, hl, RADIANCE_BF16, NULL), 0);
+		}
+		radiance_disconnect(r);
+	}
+	/* the daemon notices the last disconnects asynchronously */
+	int fds1 = -1;
+	for (int t = 0; t < 200; t++) {
+		fds1 = h_count_fds(daemon_.pid);
+		if (fds1 <= fds0)
+			break;
+		h_sleep_ms(10);
+	}
+	long rss1 = h_rss_kib(daemon_.pid);
+	fprintf(stderr, "daemon fds %d -> %d, VmRSS %ld -> %ld KiB over 200 sessions\n", fds0, fds1,
+		rss0, rss1);
+	assert_true(fds0 > 0);
+	assert_true(fds1 <= fds0);
+	/* and the library closed every fd it opened in this process */
+	assert_int_equal(h_count_fds(getpid()), self0);
+	/* 200 sessions with 1 MiB arenas: a leak of one arena each would be
+	 * 200 MiB; allow a few MiB of allocator noise */
+	assert_true(rss1 - rss0 < 16 * 1024);
+
+	wait_sessions(holder, 1);
+	radiance_disconnect(holder);
+}
+
+static void sigterm_exits_cleanly(void **state)
+{
+	struct radiance *r = connect_named("sigterm");
+	uint32_t id;
+	assert_int_equal(radiance_load_model(r, ckpt, NULL, &id), 0);
+	assert_int_equal(radiance_open_rings(r), 0);
+	assert_int_equal(kill(daemon_.pid, SIGTERM), 0);
+	assert_int_equal(h_daemon_wait(&daemon_, 10.0), 1);
+	assert_true(WIFEXITED(daemon_.exit_status));
+	assert_int_equal(WEXITSTATUS(daemon_.exit_status), 0);
+	assert_int_equal(access(daemon_.socket, F_OK), -1);   /* socket removed */
+	/* the client learns the daemon is gone, and that sticks */
+	const struct h_layer *hl = h_ref_find(&ref, "encoder.layer.0.attention.self.query");
+	uint16_t y[384];
+	int rc = radiance_linear(r, id, 0, 1, RADIANCE_BF16, hl->x_bf16, y);
+	assert_int_equal(rc, -ECONNRESET);
+	assert_int_equal(radiance_get_error(r), -ECONNRESET);
+	struct radiance_model_list *l;
+	assert_int_equal(radiance_list_models(r, &l), -ECONNRESET);
+	radiance_disconnect(r);
+}
+
+static int stop_after_sigterm(void **state)
+{
+	h_daemon_stop(&daemon_);   /* already exited: only removes the directory */
+	return 0;
+}
+
+static void daemon_death_ends_waits(void **state)
+{
+	struct radiance *r = connect_named("orphan");
+	uint32_t id;
+	assert_int_equal(radiance_load_model(r, ckpt, NULL, &id), 0);
+	assert_int_equal(radiance_open_rings(r), 0);
+	kill(daemon_.pid, SIGKILL);
+	assert_int_equal(h_daemon_wait(&daemon_, 10.0), 1);
+	daemon_.exit_status = -1;   /* killed on purpose: no log dump */
+	/* a request that will never complete: the wait must see the socket
+	 * close rather than sleep on the doorbell forever */
+	uint16_t *x = radiance_arena_alloc(r, 384 * 2), *y = radiance_arena_alloc(r, 384 * 2);
+	memset(x, 0, 384 * 2);
+	assert_int_equal(radiance_submit(r, id, 0, 1, RADIANCE_BF16, x, y, NULL), 0);
+	struct radiance_completion c;
+	double t = h_now();
+	assert_int_equal(radiance_wait(r, &c, -1), -ECONNRESET);
+	assert_true(h_now() - t < 5.0);
+	radiance_disconnect(r);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup_teardown(several_clients_real_checkpoint, start, stop),
+		cmocka_unit_test_setup_teardown(load_twice_is_resident_once, start, stop),
+		cmocka_unit_test_setup_teardown(same_name_other_checkpoint, start, stop),
+		cmocka_unit_test_setup_teardown(attach_and_errors_are_not_sticky, start, stop),
+		cmocka_unit_test_setup_teardown(preloaded_model, start_preload, stop),
+		cmocka_unit_test_setup_teardown(async_api_contract, start_small_rows, stop),
+		cmocka_unit_test_setup_teardown(stats_count_requests, start, stop),
+		cmocka_unit_test_setup_teardown(no_leaks_over_many_sessions, start, stop),
+		cmocka_unit_test_setup_teardown(sigterm_exits_cleanly, start, stop_after_sigterm),
+		cmocka_unit_test_setup_teardown(daemon_death_ends_waits, start, stop_after_sigterm),
+	};
+	return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}

@@ -1,0 +1,905 @@
+/*
+ * Hostile and broken clients against the real radianced: every bad input we
+ * could think of on the control socket (framing, protobuf, fds, handshake)
+ * and in the shared rings (descriptors, offsets, shapes, ids, corrupted
+ * counters and slots), and a client SIGKILLed mid-stream. After each, the
+ * daemon must still be alive, hold no leaked descriptor, and serve a good
+ * client correct results (checked against the CPU reference); teardown also
+ * checks it exits 0 on SIGTERM.
+ *
+ * The control-plane tests speak raw frames through common/transport and the
+ * generated protobuf-c structs. The data-plane tests set a session up with
+ * libradiance and then write into its rings directly (client-private.h).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "client-private.h"
+#include "daemon_harness.h"
+#include "proto_util.h"
+
+static struct h_ref ref;
+static struct h_daemon daemon_;
+static char ckpt[512];
+static int fds_at_start;
+
+static int group_setup(void **state)
+{
+	h_path(ckpt, sizeof ckpt, H_CHECKPOINT);
+	return h_ref_load_some(&ref, h_good_layers);
+}
+
+static int group_teardown(void **state)
+{
+	h_ref_free(&ref);
+	return 0;
+}
+
+static int start(void **state)
+{
+	if (h_daemon_start(&daemon_) < 0)
+		return -1;
+	fds_at_start = h_count_fds(daemon_.pid);
+	return 0;
+}
+
+/* Waits up to 2 s for the daemon's descriptor count to come back to what it
+ * was; returns the last count. */
+static int settle_fds(int want)
+{
+	int n = -1;
+	for (int i = 0; i < 200; i++) {
+		n = h_count_fds(daemon_.pid);
+		if (n <= want)
+			break;
+		h_sleep_ms(10);
+	}
+	return n;
+}
+
+/* After every test: the daemon lives, serves a good client correctly, has
+ * closed every descriptor the test made it take, and exits 0 on SIGTERM. */
+static int check_and_stop(void **state)
+{
+	int ok = 1;
+	if (!h_daemon_alive(&daemon_)) {
+		fprintf(stderr, "the daemon died\n");
+		ok = 0;
+	} else {
+		if (h_good_client(daemon_.socket, &ref) != 0) {
+			fprintf(stderr, "the good client failed after the fault\n");
+			ok = 0;
+		}
+		int n = settle_fds(fds_at_start);
+		if (n > fds_at_start) {
+			fprintf(stderr, "daemon fds: %d at start, %d now (leak)\n", fds_at_start, n);
+			ok = 0;
+		}
+	}
+	int st = h_daemon_stop(&daemon_);
+	if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+		fprintf(stderr, "daemon exit status 0x%x\n", st);
+		ok = 0;
+	}
+	return ok ? 0 : -1;
+}
+
+/* --- raw control-plane client --------------------------------------------- */
+
+struct raw {
+	struct radiance_conn conn;
+	uint64_t tag;
+};
+
+static void raw_open(struct raw *w)
+{
+	int fd = h_try_connect(daemon_.socket);
+	assert_true(fd >= 0);
+	assert_int_equal(radiance_conn_init(&w->conn, fd, RADIANCE_MAX_FRAME, 256), 0);
+	w->tag = 1;
+}
+
+static void raw_close(struct raw *w)
+{
+	radiance_conn_finish(&w->conn);
+}
+
+/* Bytes exactly as given (no framing added), with fds on the first byte. */
+static void raw_send_bytes(struct raw *w, const void *buf, size_t len, const int *fds, size_t nfds)
+{
+	union {
+		char b[CMSG_SPACE(sizeof(int) * 253)];
+		struct cmsghdr align;
+	} ctl;
+	struct iovec iov = { .iov_base = (void *)buf, .iov_len = len };
+	struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1 };
+	if (nfds) {
+		memset(ctl.b, 0, sizeof ctl.b);
+		msg.msg_control = ctl.b;
+		msg.msg_controllen = CMSG_SPACE(sizeof(int) * nfds);
+		struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+		cm->cmsg_level = SOL_SOCKET;
+		cm->cmsg_type = SCM_RIGHTS;
+		cm->cmsg_len = CMSG_LEN(sizeof(int) * nfds);
+		memcpy(CMSG_DATA(cm), fds, sizeof(int) * nfds);
+	}
+	ssize_t n = sendmsg(w->conn.fd, &msg, MSG_NOSIGNAL);
+	/* the daemon may already have hung up on an earlier fault */
+	assert_true(n == (ssize_t)len || (n < 0 && (errno == EPIPE || errno == ECONNRESET)));
+}
+
+/* A frame around payload: length prefix + bytes. */
+static void raw_send_frame(struct raw *w, const void *payload, uint32_t len, const int *fds,
+			   size_t nfds)
+{
+	uint8_t *buf = malloc(4 + (size_t)len);
+	memcpy(buf, &len, 4);   /* little-endian host */
+	memcpy(buf + 4, payload, len);
+	raw_send_bytes(w, buf, 4 + (size_t)len, fds, nfds);
+	free(buf);
+}
+
+static void raw_send(struct raw *w, Radiance__ClientMessage *m, const int *fds, size_t nfds)
+{
+	m->tag = w->tag++;
+	size_t len = protobuf_c_message_get_packed_size(&m->base);   /* > 0: tag >= 1 */
+	uint8_t *buf = malloc(len);
+	protobuf_c_message_pack(&m->base, buf);
+	raw_send_frame(w, buf, (uint32_t)len, fds, nfds);
+	free(buf);
+}
+
+/* Next server message: 1 (*out set), 0 on EOF/reset, -ETIMEDOUT. */
+static int raw_recv(struct raw *w, Radiance__ServerMessage **out, int timeout_ms)
+{
+	*out = NULL;
+	for (;;) {
+		const uint8_t *data;
+		size_t len;
+		int rc = radiance_conn_next_frame(&w->conn, &data, &len);
+		if (rc == 1) {
+			*out = radiance_proto_unpack_server(data, len);
+			assert_non_null(*out);
+			radiance_conn_close_fds(&w->conn);
+			return 1;
+		}
+		assert_int_equal(rc, 0);
+		struct pollfd p = { .fd = w->conn.fd, .events = POLLIN };
+		if (poll(&p, 1, timeout_ms) == 0)
+			return -ETIMEDOUT;
+		rc = radiance_conn_read(&w->conn);
+		if (rc == 0 || rc == -ECONNRESET)
+			return 0;
+		if (rc == -EAGAIN)
+			continue;
+		assert_true(rc > 0);
+	}
+}
+
+static Radiance__ServerMessage *raw_call(struct raw *w, Radiance__ClientMessage *m)
+{
+	Radiance__ServerMessage *reply;
+	raw_send(w, m, NULL, 0);
+	assert_int_equal(raw_recv(w, &reply, 10000), 1);
+	assert_int_equal(reply->tag, m->tag);
+	return reply;
+}
+
+static void raw_hello(struct raw *w)
+{
+	Radiance__Hello h = RADIANCE__HELLO__INIT;
+	h.protocol_version = RADIANCE_PROTOCOL_VERSION;
+	h.client_name = "raw";
+	Radiance__ClientMessage m = RADIANCE__CLIENT_MESSAGE__INIT;
+	m.msg_case = RADIANCE__CLIENT_MESSAGE__MSG_HELLO;
+	m.hello = &h;
+	Radiance__ServerMessage *reply = raw_call(w, &m);
+	assert_int_equal(reply->msg_case, RADIANCE__SERVER_MESSAGE__MSG_WELCOME);
+	radiance__server_message__free_unpacked(reply, NULL);
+}
+
+/* The daemon ends this session: maybe an Error first, then EOF within 5 s.
+ * Returns the Error's code (0 if it sent none). */
+static int raw_expect_closed(struct raw *w)
+{
+	int code = 0;
+	for (;;) {
+		Radiance__ServerMessage *m;
+		int rc = raw_recv(w, &m, 5000);
+		assert_int_not_equal(rc, -ETIMEDOUT);
+		if (rc == 0)
+			return code;
+		if (m->msg_case == RADIANCE__SERVER_MESSAGE__MSG_ERROR)
+			code = m->error->code;
+		radiance__server_message__free_unpacked(m, NULL);
+	}
+}
+
+/* The session survives: a ListModels round trip still works. */
+static void raw_expect_alive(struct raw *w)
+{
+	Radiance__ListModels lm = RADIANCE__LIST_MODELS__INIT;
+	Radiance__ClientMessage m = RADIANCE__CLIENT_MESSAGE__INIT;
+	m.msg_case = RADIANCE__CLIENT_MESSAGE__MSG_LIST_MODELS;
+	m.list_models = &lm;
+	Radiance__ServerMessage *reply = raw_call(w, &m);
+	assert_int_equal(reply->msg_case, RADIANCE__SERVER_MESSAGE__MSG_MODEL_LIST);
+	radiance__server_message__free_unpacked(reply, NULL);
+}
+
+static int open_fds(int *fds, int n)
+{
+	for (int i = 0; i < n; i++) {
+		fds[i] = open("/dev/null", O_RDONLY | O_CLOEXEC);
+		assert_true(fds[i] >= 0);
+	}
+	return n;
+}
+
+static void close_fds(int *fds, int n)
+{
+	for (int i = 0; i < n; i++)
+		close(fds[i]);
+}
+
+/* --- framing and decoding -------------------------------------------------- */
+
+static void garbage_bytes(void **state)
+{
+	struct raw w;
+	raw_open(&w);
+	/* a valid length around bytes that are no protobuf (wire type 7) */
+	static const uint8_t junk[] = { 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x0F };
+	raw_send_frame(&w, junk, sizeof junk, NULL, 0);
+	raw_expect_closed(&w);
+	raw_close(&w);
+
+	/* unframed noise */
+	raw_open(&w);
+	uint8_t noise[256];
+	unsigned seed = 7;
+	for (size_t i = 0; i < sizeof noise; i++)
+		noise[i] = (uint8_t)((seed = seed * 1103515245u + 12345u) >> 16);
+	raw_send_bytes(&w, noise, sizeof noise, NULL, 0);
+	raw_expect_closed(&w);
+	raw_close(&w);
+}
+
+static void bad_protobuf_after_hello(void **state)
+{
+	struct raw w;
+	raw_open(&w);
+	raw_hello(&w);
+	/* field 2 (hello), length 16, but only one byte follows */
+	static const uint8_t truncated[] = { 0x08, 0x02, 0x12, 0x10, 0x08 };
+	raw_send_frame(&w, truncated, sizeof truncated, NULL, 0);
+	raw_expect_closed(&w);
+	raw_close(&w);
+}
+
+static void oversized_frame_length(void **state)
+{
+	static const uint32_t lens[] = { 0xFFFFFFFFu, RADIANCE_MAX_FRAME + 1, 0 };
+	for (size_t i = 0; i < sizeof lens / sizeof lens[0]; i++) {
+		struct raw w;
+		raw_open(&w);
+		uint8_t buf[16] = { 0 };
+		memcpy(buf, &lens[i], 4);
+		raw_send_bytes(&w, buf, sizeof buf, NULL, 0);
+		raw_expect_closed(&w);
+		raw_close(&w);
+	}
+	/* the daemon did not try to allocate 4 GiB and is fine */
+	assert_true(h_rss_kib(daemon_.pid) < 1024 * 1024);
+}
+
+static void half_frame_then_hang_up(void **state)
+{
+	struct raw w;
+	raw_open(&w);
+	uint32_t len = 1000;
+	uint8_t buf[4 + 10] = { 0 };
+	memcpy(buf, &len, 4);
+	raw_send_bytes(&w, buf, sizeof buf, NULL, 0);
+	/* while that one dawdles, another client is served */
+	assert_int_equal(h_good_client(daemon_.socket, &ref), 0);
+	raw_close(&w);
+}
+
+static void unknown_message(void **state)
+{
+	/* an empty oneof, before and after the handshake */
+	for (int hello = 0; hello < 2; hello++) {
+		struct raw w;
+		raw_open(&w);
+		if (hello)
+			raw_hello(&w);
+		Radiance__ClientMessage m = RADIANCE__CLIENT_MESSAGE__INIT;
+		raw_send(&w, &m, NULL, 0);
+		raw_expect_closed(&w);
+		raw_close(&w);
+	}
+	/* a field number from the future: unknown fields, no oneof set */
+	struct raw w;
+	raw_open(&w);
+	raw_hello(&w);
+	static const uint8_t future[] = { 0x08, 0x05, 0xA2, 0x06, 0x00 };   /* tag 5, field 100 */
+	raw_send_frame(&w, future, sizeof future, NULL, 0);
+	raw_expect_closed(&w);
+	raw_close(&w);
+}
+
+/* --- handshake ------------------------------------------------------------ */
+
+static void protocol_version_mismatch(void **state)
+{
+	struct raw w;
+	raw_open(&w);
+	Radiance__Hello h = RADIANCE__HELLO__INIT;
+	h.protocol_version = RADIANCE_PROTOCOL_VERSION + 1;
+	h.client_name = "from-the-future";
+	Radiance__ClientMessage m = RADIANCE__CLIENT_MESSAGE__INIT;
+	m.msg_case = RADIANCE__CLIENT_MESSAGE__MSG_HELLO;
+	m.hello = &h;
+	raw_send(&w, &m, NULL, 0);
+	int code = raw_expect_closed(&w);
+	assert_int_not_equal(code, 0);   /* an Error explains the refusal */
+	raw_close(&w);
+}
+
+static void request_before_hello_and_hello_twice(void **state)
+{
+	struct raw w;
+	raw_open(&w);
+	Radiance__ListModels lm = RADIANCE__LIST_MODELS__INIT;
+	Radiance__ClientMessage m = RADIANCE__CLIENT_MESSAGE__INIT;
+	m.msg_case = RADIANCE__CLIENT_MESSAGE__MSG_LIST_MODELS;
+	m.list_models = &lm;
+	raw_send(&w, &m, NULL, 0);
+	raw_expect_closed(&w);
+	raw_close(&w);
+
+	raw_open(&w);
+	raw_hello(&w);
+	Radiance__Hello h = RADIANCE__HELLO__INIT;
+	h.protocol_version = RADIANCE_PROTOCOL_VERSION;
+	Radiance__ClientMessage m2 = RADIANCE__CLIENT_MESSAGE__INIT;
+	m2.msg_case = RADIANCE__CLIENT_MESSAGE__MSG_HELLO;
+	m2.hello = &h;
+	raw_send(&w, &m2, NULL, 0);
+	raw_expect_closed(&w);
+	raw_close(&w);
+}
+
+/* --- descriptors ---------------------------------------------------------- */
+
+static void fds_on_a_message_declaring_none(void **state)
+{
+	int fds[3];
+	open_fds(fds, 3);
+	struct raw w;
+	raw_open(&w);
+	Radiance__Hello h = RADIANCE__HELLO__INIT;
+	h.protocol_version = RADIANCE_PROTOCOL_VERSION;
+	Radiance__ClientMessage m = RADIANCE__CLIENT_MESSAGE__INIT;
+	m.msg_case = RADIANCE__CLIENT_MESSAGE__MSG_HELLO;
+	m.hello = &h;
+	raw_send(&w, &m, fds, 3);
+	raw_expect_closed(&w);
+	raw_close(&w);
+
+	raw_open(&w);
+	raw_hello(&w);
+	Radiance__ListModels lm = RADIANCE__LIST_MODELS__INIT;
+	Radiance__ClientMessage m2 = RADIANCE__CLIENT_MESSAGE__INIT;
+	m2.msg_case = RADIANCE__CLIENT_MESSAGE__MSG_LIST_MODELS;
+	m2.list_models = &lm;
+	raw_send(&w, &m2, fds, 1);
+	raw_expect_closed(&w);
+	raw_close(&w);
+	close_fds(fds, 3);
+	/* teardown checks the daemon closed every one of them */
+}
+
+static void too_many_fds(void **state)
+{
+	static const int counts[] = { RADIANCE_MAX_FDS + 1, 253 };
+	int fds[253];
+	open_fds(fds, 253);
+	for (size_t c = 0; c < sizeof counts / sizeof counts[0]; c++) {
+		int n = counts[c];
+		struct raw w;
+		raw_open(&w);
+		raw_hello(&w);
+		/* a LoadModel that even declares them all */
+		char **names = calloc((size_t)n, sizeof *names);
+		for (int i = 0; i < n; i++)
+			names[i] = "model.safetensors";
+		Radiance__LoadModel lm = RADIANCE__LOAD_MODEL__INIT;
+		lm.n_file_names = (size_t)n;
+		lm.file_names = names;
+		Radiance__ClientMessage m = RADIANCE__CLIENT_MESSAGE__INIT;
+		m.msg_case = RADIANCE__CLIENT_MESSAGE__MSG_LOAD_MODEL;
+		m.load_model = &lm;
+		raw_send(&w, &m, fds, (size_t)n);
+		raw_expect_closed(&w);
+		raw_close(&w);
+		free(names);
+	}
+	close_fds(fds, 253);
+}
+
+static void load_model_fd_count_mismatch(void **state)
+{
+	int fds[1];
+	open_fds(fds, 1);
+	struct raw w;
+	raw_open(&w);
+	raw_hello(&w);
+	char *names[] = { "config.json", "quantization_config.json", "model.safetensors" };
+	Radiance__LoadModel lm = RADIANCE__LOAD_MODEL__INIT;
+	lm.n_file_names = 3;
+	lm.file_names = names;
+	Radiance__ClientMessage m = RADIANCE__CLIENT_MESSAGE__INIT;
+	m.msg_case = RADIANCE__CLIENT_MESSAGE__MSG_LOAD_MODEL;
+	m.load_model = &lm;
+	raw_send(&w, &m, fds, 1);
+	raw_expect_closed(&w);
+	raw_close(&w);
+	close_fds(fds, 1);
+}
+
+static void load_model_bogus_files(void **state)
+{
+	/* Descriptors that are all wrong: /dev/null, a pipe, a directory, a
+	 * truncated copy. The load fails with an Error; the session goes on. */
+	struct raw w;
+	raw_open(&w);
+	raw_hello(&w);
+	int p[2];
+	assert_int_equal(pipe(p), 0);
+	int dir = open("/tmp", O_RDONLY | O_DIRECTORY);
+	int null = open("/dev/null", O_RDONLY);
+	const int sets[][3] = { { null, null, null }, { null, null, p[0] }, { null, null, dir } };
+	char *names[] = { "config.json", "quantization_config.json", "model.safetensors" };
+	for (size_t s = 0; s < 3; s++) {
+		Radiance__LoadModel lm = RADIANCE__LOAD_MODEL__INIT;
+		lm.n_file_names = 3;
+		lm.file_names = names;
+		Radiance__ClientMessage m = RADIANCE__CLIENT_MESSAGE__INIT;
+		m.msg_case = RADIANCE__CLIENT_MESSAGE__MSG_LOAD_MODEL;
+		m.load_model = &lm;
+		raw_send(&w, &m, sets[s], 3);
+		Radiance__ServerMessage *reply;
+		do {
+			assert_int_equal(raw_recv(&w, &reply, 20000), 1);
+			if (reply->msg_case == RADIANCE__SERVER_MESSAGE__MSG_LOAD_PROGRESS)
+				radiance__server_message__free_unpacked(reply, NULL);
+			else
+				break;
+		} while (1);
+		assert_int_equal(reply->msg_case, RADIANCE__SERVER_MESSAGE__MSG_ERROR);
+		assert_true(reply->error->code > 0);
+		radiance__server_message__free_unpacked(reply, NULL);
+	}
+	raw_expect_alive(&w);
+	raw_close(&w);
+	close(p[0]);
+	close(p[1]);
+	close(dir);
+	close(null);
+}
+
+/* --- control requests with bad arguments (not fatal) ---------------------- */
+
+static void bad_control_arguments(void **state)
+{
+	struct radiance_options o = RADIANCE_OPTIONS_INIT;
+	o.sq_entries = 3;   /* not a power of two */
+	struct radiance *r = radiance_connect(daemon_.socket, &o);
+	assert_non_null(r);
+	assert_int_equal(radiance_open_rings(r), -EINVAL);
+	assert_int_equal(radiance_get_error(r), 0);
+	radiance_disconnect(r);
+
+	o.sq_entries = 16;
+	o.cq_entries = 8;   /* fewer CQ than SQ entries */
+	r = radiance_connect(daemon_.socket, &o);
+	assert_int_equal(radiance_open_rings(r), -EINVAL);
+	radiance_disconnect(r);
+
+	o.sq_entries = 0;
+	o.cq_entries = 0;
+	o.arena_bytes = 1ull << 50;   /* beyond max_arena_bytes */
+	r = radiance_connect(daemon_.socket, &o);
+	int rc = radiance_open_rings(r);
+	assert_true(rc == -EINVAL || rc == -E2BIG);
+	/* still usable: the unknown ids below are plain errors */
+	struct radiance_model_info *m;
+	assert_int_equal(radiance_get_model(r, 12345, &m), -ENOENT);
+	assert_int_equal(radiance_release_model(r, 12345), -ENOENT);
+	uint32_t id;
+	assert_int_equal(radiance_attach_model(r, "nope", &id), -ENOENT);
+	assert_int_equal(radiance_get_error(r), 0);
+	radiance_disconnect(r);
+}
+
+/* --- data plane ----------------------------------------------------------- */
+
+struct dp {
+	struct radiance *r;
+	uint32_t model_id;
+	uint32_t layer;            /* 384 x 384 */
+	uint64_t x_off, y_off;     /* a valid pair in the arena */
+	uint16_t *x, *y;
+};
+
+static void dp_open(struct dp *d)
+{
+	struct radiance_options o = RADIANCE_OPTIONS_INIT;
+	o.timeout_ms = 20000;
+	o.client_name = "data-plane-faults";
+	d->r = radiance_connect(daemon_.socket, &o);
+	assert_non_null(d->r);
+	assert_int_equal(radiance_load_model(d->r, ckpt, NULL, &d->model_id), 0);
+	int l = radiance_find_layer(radiance_held_model(d->r, d->model_id), h_good_layers[0]);
+	assert_true(l >= 0);
+	d->layer = (uint32_t)l;
+	d->x = radiance_arena_alloc(d->r, 36 * 384 * 2);
+	d->y = radiance_arena_alloc(d->r, 36 * 384 * 2);
+	assert_non_null(d->x);
+	assert_non_null(d->y);
+	memcpy(d->x, h_ref_find(&ref, h_good_layers[0])->x_bf16, 36 * 384 * 2);
+	d->x_off = (uint64_t)((uint8_t *)d->x - d->r->arena.base);
+	d->y_off = (uint64_t)((uint8_t *)d->y - d->r->arena.base);
+}
+
+/* Pushes a request as given, bypassing every check of radiance_submit. */
+static void dp_push(struct dp *d, const Radiance__LinearRequest *req)
+{
+	uint8_t slot[RADIANCE_SLOT_BYTES - 4];
+	int len = radiance_proto_pack_slot(&req->base, slot, sizeof slot);
+	assert_true(len > 0);
+	assert_int_equal(radiance_ring_push(&d->r->sq, slot, (size_t)len), 0);
+	radiance_doorbell_ring(d->r->sq_doorbell);
+	d->r->in_flight++;
+}
+
+static Radiance__LinearRequest dp_good(struct dp *d)
+{
+	Radiance__LinearRequest req = RADIANCE__LINEAR_REQUEST__INIT;
+	req.request_id = 1000;
+	req.model_id = d->model_id;
+	req.layer = d->layer;
+	req.rows = 36;
+	req.dtype = RADIANCE__DTYPE__DTYPE_BF16;
+	req.input_offset = d->x_off;
+	req.output_offset = d->y_off;
+	return req;
+}
+
+/* The request fails with `status` (positive errno) and the session lives. */
+static void dp_expect_status(struct dp *d, const Radiance__LinearRequest *req, int status)
+{
+	dp_push(d, req);
+	struct radiance_completion c;
+	assert_int_equal(radiance_wait(d->r, &c, 10000), 1);
+	assert_int_equal(c.request_id, req->request_id);
+	if (c.status != -status)
+		fprintf(stderr, "request %llu: status %d (%s), expected %d\n",
+			(unsigned long long)req->request_id, c.status, c.error ? c.error : "", -status);
+	assert_int_equal(c.status, -status);
+	assert_non_null(c.error);
+	assert_int_equal(radiance_get_error(d->r), 0);
+}
+
+/* The session still computes right after the faults. */
+static void dp_expect_good(struct dp *d)
+{
+	const struct h_layer *hl = h_ref_find(&ref, h_good_layers[0]);
+	Radiance__LinearRequest req = dp_good(d);
+	memset(d->y, 0xFF, 36 * 384 * 2);
+	dp_push(d, &req);
+	struct radiance_completion c;
+	assert_int_equal(radiance_wait(d->r, &c, 10000), 1);
+	assert_int_equal(c.status, 0);
+	assert_int_equal(h_compare_bf16(d->y, hl->ref_bf16, 36 * 384, NULL, NULL), 0);
+}
+
+/* The daemon ends the session: the next wait fails with a sticky error. */
+static void dp_expect_killed(struct dp *d)
+{
+	struct radiance_completion c;
+	int rc;
+	double t = h_now();
+	/* results pushed before the violation may still arrive */
+	while ((rc = radiance_wait(d->r, &c, 10000)) == 1)
+		;
+	assert_true(h_now() - t < 10.0);
+	assert_true(rc == -EPROTO || rc == -ECONNRESET);
+	assert_int_equal(radiance_get_error(d->r), rc);
+}
+
+static void descriptor_outside_arena(void **state)
+{
+	struct dp d;
+	dp_open(&d);
+	uint64_t arena = d.r->arena.bytes;
+	Radiance__LinearRequest req = dp_good(&d);
+	req.input_offset = arena;                       /* just past the end */
+	dp_expect_status(&d, &req, EFAULT);
+	req = dp_good(&d);
+	req.output_offset = arena - 16;                 /* starts inside, ends outside */
+	dp_expect_status(&d, &req, EFAULT);
+	req = dp_good(&d);
+	req.input_offset = arena * 4096;                /* far away */
+	dp_expect_status(&d, &req, EFAULT);
+	dp_expect_good(&d);
+	radiance_disconnect(d.r);
+}
+
+static void overflowing_and_overlapping_offsets(void **state)
+{
+	struct dp d;
+	dp_open(&d);
+	Radiance__LinearRequest req = dp_good(&d);
+	req.input_offset = UINT64_MAX & ~(uint64_t)15;  /* offset + bytes wraps around */
+	dp_expect_status(&d, &req, EFAULT);
+	req = dp_good(&d);
+	req.output_offset = UINT64_MAX - 15;
+	dp_expect_status(&d, &req, EFAULT);
+	req = dp_good(&d);
+	req.output_offset = req.input_offset + 16 * 384 * 2;   /* y over x's later rows */
+	dp_expect_status(&d, &req, EINVAL);
+	req = dp_good(&d);
+	req.output_offset = req.input_offset;
+	dp_expect_status(&d, &req, EINVAL);
+	req = dp_good(&d);
+	req.input_offset += 8;                          /* misaligned */
+	dp_expect_status(&d, &req, EINVAL);
+	dp_expect_good(&d);
+	radiance_disconnect(d.r);
+}
+
+static void wrong_shape_and_dtype(void **state)
+{
+	struct dp d;
+	dp_open(&d);
+	Radiance__LinearRequest req = dp_good(&d);
+	req.rows = 0;
+	dp_expect_status(&d, &req, EINVAL);
+	req.rows = d.r->server.max_rows + 1;
+	dp_expect_status(&d, &req, EINVAL);
+	req.rows = UINT32_MAX;
+	dp_expect_status(&d, &req, EINVAL);
+	req = dp_good(&d);
+	req.dtype = (Radiance__DType)0;
+	dp_expect_status(&d, &req, EINVAL);
+	req.dtype = (Radiance__DType)77;
+	dp_expect_status(&d, &req, EINVAL);
+	dp_expect_good(&d);
+	radiance_disconnect(d.r);
+}
+
+static void unknown_layer_and_model(void **state)
+{
+	struct dp d;
+	dp_open(&d);
+	Radiance__LinearRequest req = dp_good(&d);
+	req.layer = (uint32_t)radiance_held_model(d.r, d.model_id)->n_layers;   /* one past */
+	dp_expect_status(&d, &req, ENOENT);
+	req.layer = UINT32_MAX;
+	dp_expect_status(&d, &req, ENOENT);
+	req = dp_good(&d);
+	req.model_id = d.model_id + 1000;
+	dp_expect_status(&d, &req, ENOENT);
+	dp_expect_good(&d);
+
+	/* a model this session released: no longer referenced by it, even
+	 * though another session keeps it resident */
+	struct radiance *other = radiance_connect(daemon_.socket, NULL);
+	uint32_t oid;
+	assert_int_equal(radiance_load_model(other, ckpt, NULL, &oid), 0);
+	assert_int_equal(oid, d.model_id);
+	assert_int_equal(radiance_release_model(d.r, d.model_id), 0);
+	req = dp_good(&d);
+	dp_expect_status(&d, &req, ENOENT);
+	/* and one nobody holds any more */
+	assert_int_equal(radiance_release_model(other, oid), 0);
+	dp_expect_status(&d, &req, ENOENT);
+	radiance_disconnect(other);
+	radiance_disconnect(d.r);
+}
+
+static void corrupted_sq_tail(void **state)
+{
+	struct dp d;
+	dp_open(&d);
+	dp_expect_good(&d);
+	/* the tail runs far ahead of the head */
+	struct radiance_shm_header *h = (struct radiance_shm_header *)d.r->segment;
+	uint32_t head = __atomic_load_n(&h->sq.head, __ATOMIC_ACQUIRE);
+	__atomic_store_n(&h->sq.tail, head + d.r->sq_entries + 5, __ATOMIC_RELEASE);
+	radiance_doorbell_ring(d.r->sq_doorbell);
+	d.r->in_flight++;   /* so the library waits */
+	dp_expect_killed(&d);
+	radiance_disconnect(d.r);
+}
+
+static void corrupted_sq_slot(void **state)
+{
+	/* slot lengths 0 and > slot size, and a payload that is no protobuf */
+	for (int kind = 0; kind < 3; kind++) {
+		struct dp d;
+		dp_open(&d);
+		dp_expect_good(&d);
+		struct radiance_ring *sq = &d.r->sq;
+		uint8_t *slot = sq->slots + (size_t)(sq->local & sq->mask) * RADIANCE_SLOT_BYTES;
+		uint32_t bad_len = kind == 0 ? 0 : kind == 1 ? 4096 : 8;
+		memcpy(slot, &bad_len, 4);
+		memset(slot + 4, 0xFF, 8);
+		sq->local++;
+		__atomic_store_n(&sq->ctl->tail, sq->local, __ATOMIC_RELEASE);
+		radiance_doorbell_ring(d.r->sq_doorbell);
+		d.r->in_flight++;
+		dp_expect_killed(&d);
+		radiance_disconnect(d.r);
+	}
+}
+
+static void corrupted_cq_head(void **state)
+{
+	struct dp d;
+	dp_open(&d);
+	dp_expect_good(&d);
+	struct radiance_shm_header *h = (struct radiance_shm_header *)d.r->segment;
+	__atomic_store_n(&h->cq.head, 0x80000000u, __ATOMIC_RELEASE);
+	Radiance__LinearRequest req = dp_good(&d);
+	dp_push(&d, &req);
+	/* the daemon cannot post the result: it ends the session */
+	struct radiance_completion c;
+	int rc = radiance_wait(d.r, &c, 10000);
+	assert_true(rc == -EPROTO || rc == -ECONNRESET);
+	radiance_disconnect(d.r);
+}
+
+static void header_scribbled(void **state)
+{
+	/* The client rewrites the whole header: geometry is the daemon's
+	 * private copy, so nothing changes for it except the ring words. */
+	struct dp d;
+	dp_open(&d);
+	struct radiance_shm_header *h = (struct radiance_shm_header *)d.r->segment;
+	h->magic = 0;
+	h->sq_offset = h->cq_offset = UINT64_MAX;
+	h->arena_bytes = UINT64_MAX;
+	h->arena_offset = 0;
+	h->sq.entries = h->cq.entries = 3;
+	dp_expect_good(&d);
+	Radiance__LinearRequest req = dp_good(&d);
+	req.input_offset = d.r->arena.bytes;   /* the real arena size still rules */
+	dp_expect_status(&d, &req, EFAULT);
+	radiance_disconnect(d.r);
+}
+
+/* --- a client killed mid-stream ------------------------------------------- */
+
+static void sigkill_client_mid_stream(void **state)
+{
+	/* victim: keeps the SQ full of requests until it is killed */
+	fflush(NULL);
+	pid_t victim = fork();
+	assert_true(victim >= 0);
+	if (victim == 0) {
+		struct dp d;
+		dp_open(&d);
+		for (;;) {
+			uint64_t id;
+			int rc = radiance_submit(d.r, d.model_id, d.layer, 36, RADIANCE_BF16, d.x, d.y, &id);
+			if (rc == -EAGAIN) {
+				struct radiance_completion c;
+				radiance_wait(d.r, &c, 1000);
+			} else if (rc < 0) {
+				_exit(3);
+			}
+		}
+	}
+	/* meanwhile good clients keep getting right answers: one in this
+	 * process, and one in a loop in another across the kill */
+	h_sleep_ms(300);
+	assert_int_equal(h_good_client(daemon_.socket, &ref), 0);
+	pid_t good = fork();
+	assert_true(good >= 0);
+	if (good == 0) {
+		double end = h_now() + 1.0;
+		int n = 0;
+		while (h_now() < end || n < 3) {
+			if (h_good_client(daemon_.socket, &ref) != 0)
+				_exit(1);
+			n++;
+		}
+		_exit(0);
+	}
+	h_sleep_ms(300);
+	assert_int_equal(kill(victim, SIGKILL), 0);
+	int st;
+	assert_int_equal(waitpid(victim, &st, 0), victim);
+	assert_true(WIFSIGNALED(st));
+	assert_int_equal(waitpid(good, &st, 0), good);
+	assert_true(WIFEXITED(st));
+	assert_int_equal(WEXITSTATUS(st), 0);
+	for (int i = 0; i < 3; i++)
+		assert_int_equal(h_good_client(daemon_.socket, &ref), 0);
+	/* the victim's session goes away */
+	struct radiance *r = radiance_connect(daemon_.socket, NULL);
+	struct radiance_stats_reply *s = NULL;
+	for (int i = 0; i < 200; i++) {
+		radiance_stats_free(s);
+		assert_int_equal(radiance_get_stats(r, &s), 0);
+		if (s->global.sessions == 1)
+			break;
+		h_sleep_ms(10);
+	}
+	assert_int_equal(s->global.sessions, 1);
+	radiance_stats_free(s);
+	radiance_disconnect(r);
+}
+
+static void sigkill_client_while_loading(void **state)
+{
+	fflush(NULL);
+	pid_t victim = fork();
+	assert_true(victim >= 0);
+	if (victim == 0) {
+		struct radiance *r = radiance_connect(daemon_.socket, NULL);
+		uint32_t id;
+		radiance_load_model(r, ckpt, NULL, &id);
+		_exit(0);
+	}
+	h_sleep_ms(20);
+	kill(victim, SIGKILL);
+	waitpid(victim, NULL, 0);
+}
+
+int main(void)
+{
+#define T(f) cmocka_unit_test_setup_teardown(f, start, check_and_stop)
+	const struct CMUnitTest tests[] = {
+		T(garbage_bytes),
+		T(bad_protobuf_after_hello),
+		T(oversized_frame_length),
+		T(half_frame_then_hang_up),
+		T(unknown_message),
+		T(protocol_version_mismatch),
+		T(request_before_hello_and_hello_twice),
+		T(fds_on_a_message_declaring_none),
+		T(too_many_fds),
+		T(load_model_fd_count_mismatch),
+		T(load_model_bogus_files),
+		T(bad_control_arguments),
+		T(descriptor_outside_arena),
+		T(overflowing_and_overlapping_offsets),
+		T(wrong_shape_and_dtype),
+		T(unknown_layer_and_model),
+		T(corrupted_sq_tail),
+		T(corrupted_sq_slot),
+		T(corrupted_cq_head),
+		T(header_scribbled),
+		T(sigkill_client_mid_stream),
+		T(sigkill_client_while_loading),
+	};
+	return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}

@@ -1,0 +1,78 @@
+#!/bin/sh
+# libradiance as a user gets it: the shared library exports exactly the
+# functions of client/radiance.h (through client/libradiance.sym, nothing of
+# the shared common/ code or the generated protobuf-c code), radiance.pc
+# works with pkg-config, the header compiles alone as C and C++, and
+# examples/linear.c builds and links against the .so and the .a.
+set -u
+BUILD=${RADIANCE_BUILD:-${BUILD:-build}}
+so=$BUILD/libradiance.so.0
+fail=0
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+ok() { echo "ok: $*"; }
+bad() { echo "FAIL: $*"; fail=1; }
+
+[ -f "$so" ] || { echo "FAIL: $so missing"; exit 1; }
+
+# 1. exports == header declarations == version script
+cc -fpreprocessed -dD -E client/radiance.h 2>/dev/null |
+	grep -oE '\bradiance_[a-z0-9_]+\(' | tr -d '(' | sort -u >"$tmp/header"
+nm -D --defined-only "$so" | awk '$2 == "T" { sub(/@.*/, "", $3); print $3 }' | sort -u >"$tmp/exported"
+grep -oE '^\s*radiance_[a-z0-9_]+;' client/libradiance.sym | tr -d ' \t;' | sort -u >"$tmp/script"
+if cmp -s "$tmp/header" "$tmp/exported"; then
+	ok "$(wc -l <"$tmp/exported") exported functions, exactly the header's"
+else
+	bad "exports differ from the header (< header, > exported):"
+	diff "$tmp/header" "$tmp/exported"
+fi
+cmp -s "$tmp/header" "$tmp/script" || { bad "libradiance.sym differs from the header"; diff "$tmp/header" "$tmp/script"; }
+leaked=$(nm -D --defined-only "$so" | awk '{print $3}' | grep -E '^(radiance__|radiance_conn_|radiance_ring_|radiance_proto_|radiance_doorbell_|protobuf_)' || true)
+[ -z "$leaked" ] && ok "no internal symbol exported" || bad "internal symbols exported: $leaked"
+objdump -p "$so" | grep -q 'SONAME *libradiance.so.0' && ok "SONAME libradiance.so.0" || bad "SONAME"
+
+# 2. pkg-config
+pc=$BUILD/radiance.pc
+if [ -f "$pc" ]; then
+	grep -q '@' "$pc" && bad "radiance.pc has unsubstituted @VARS@"
+	v=$(PKG_CONFIG_PATH=$BUILD pkg-config --modversion radiance 2>&1)
+	[ -n "$v" ] && ok "pkg-config: radiance $v ($(PKG_CONFIG_PATH=$BUILD pkg-config --libs radiance))" ||
+		bad "pkg-config cannot read radiance.pc"
+else
+	bad "$pc missing"
+fi
+
+# 3. the header alone, strict C11 and C++
+printf '#include "radiance.h"\nint main(void) { return radiance_version() == 0; }\n' >"$tmp/h.c"
+cc -std=c11 -Wall -Wextra -Werror -pedantic -Iclient -c "$tmp/h.c" -o "$tmp/h.o" &&
+	ok "radiance.h compiles alone (C11, -pedantic)" || bad "radiance.h alone (C)"
+if command -v c++ >/dev/null; then
+	cp "$tmp/h.c" "$tmp/h.cc"
+	c++ -std=c++17 -Wall -Wextra -Werror -Iclient -c "$tmp/h.cc" -o "$tmp/hpp.o" &&
+		ok "radiance.h compiles as C++17" || bad "radiance.h as C++"
+fi
+
+# 4. examples/linear.c against the .so and the .a; without a daemon it
+# reports the connect failure and exits 1. A sanitizer build's library needs
+# the program built with the same sanitizers.
+san=""
+objdump -p "$so" | grep -q 'NEEDED.*libasan' && san="$san -fsanitize=address"
+objdump -p "$so" | grep -q 'NEEDED.*libubsan' && san="$san -fsanitize=undefined"
+if cc $san -std=c11 -Wall -Wextra -Werror -Iclient examples/linear.c -L"$BUILD" -lradiance \
+	-o "$tmp/linear-so" 2>"$tmp/cc.err"; then
+	RADIANCE_SOCKET=/nonexistent/radiance.sock LD_LIBRARY_PATH=$BUILD "$tmp/linear-so" /x >"$tmp/out" 2>&1
+	rc=$?
+	[ $rc = 1 ] && grep -q 'connect' "$tmp/out" && ok "examples/linear.c links against libradiance.so" ||
+		bad "linear (shared) exit $rc: $(cat "$tmp/out")"
+else
+	bad "examples/linear.c does not build against the .so: $(cat "$tmp/cc.err")"
+fi
+if cc $san -std=c11 -Iclient examples/linear.c "$BUILD/libradiance.a" -lprotobuf-c -ljansson -lpthread \
+	-o "$tmp/linear-a" 2>"$tmp/cc.err"; then
+	ok "examples/linear.c links against libradiance.a"
+else
+	bad "examples/linear.c does not link against the .a: $(cat "$tmp/cc.err")"
+fi
+
+exit $fail
