@@ -53,22 +53,30 @@ DEP_LIBS := $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lpthread -lm
 endif
 ALLCFLAGS += $(PKG_CFLAGS)
 
-# GPU backend: kernels/*.hip built by nvcc (as CUDA) or hipcc.
+# GPU backend: kernels/*.hip built by nvcc (as CUDA) or hipcc. The kernels'
+# vendor mapping is kernels/gpu_compat.h; tools/gpu-compile-check.sh is the CI
+# compile check (sm_90a with nvcc, gfx1201 with Debian's clang-19).
 GPU_OBJS :=
 GPU_LIBS :=
 GPU_DEFS :=
 ifeq ($(GPU),cuda)
-NVCC      ?= nvcc
-CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(shell command -v $(NVCC)))
-CUDA_ARCH ?= sm_90a
+NVCC      ?= $(firstword $(shell command -v nvcc 2>/dev/null) /usr/local/cuda/bin/nvcc)
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+# wgmma needs sm_90a; the -gencode form keeps nvcc from adding a plain sm_90 pass
+CUDA_GENCODE ?= -gencode=arch=compute_90a,code=sm_90a
 GPU_DEFS  := -DRADIANCE_GPU=1 -DRADIANCE_GPU_CUDA=1 -I$(CUDA_HOME)/include
-GPU_LIBS  := -L$(CUDA_HOME)/lib64 -lcudart_static -lcublas_static -lcublasLt_static -lculibos -lrt -ldl -lstdc++
+# The CUDA runtime links statically (nvcc's default); cuBLAS too where the
+# toolkit ships its static libraries, else the shared libcublas.so.13.
+CUBLAS_LIBS := $(if $(wildcard $(CUDA_HOME)/lib64/libcublas_static.a),-lcublas_static -lcublasLt_static -lculibos,-lcublas -lcublasLt)
+GPU_LIBS  := -L$(CUDA_HOME)/lib64 $(CUBLAS_LIBS) -lcudart_static -lrt -ldl -lpthread -lstdc++
+GPU_CXX    = $(NVCC) -x cu -std=c++17 -O3 $(CUDA_GENCODE) -Xcompiler -fPIC -Ikernels -Idaemon -DRADIANCE_GPU_CUDA=1
 else ifeq ($(GPU),hip)
 HIPCC     ?= $(firstword $(wildcard /opt/rocm/bin/hipcc) hipcc)
 HIP_ARCH  ?= gfx1201
 ROCM_PATH ?= /opt/rocm
 GPU_DEFS  := -DRADIANCE_GPU=1 -DRADIANCE_GPU_HIP=1 -D__HIP_PLATFORM_AMD__ -I$(ROCM_PATH)/include
-GPU_LIBS  := -L$(ROCM_PATH)/lib -lamdhip64 -lhipblaslt -lstdc++
+GPU_LIBS  := -L$(ROCM_PATH)/lib -Wl,-rpath,$(ROCM_PATH)/lib -lamdhip64 -lhipblas -lstdc++
+GPU_CXX    = $(HIPCC) -x hip -std=c++17 -O3 --offload-arch=$(HIP_ARCH) -fPIC -Ikernels -Idaemon
 endif
 
 PROTO_C  := $(BUILD)/gen/radiance.pb-c.c
@@ -116,11 +124,10 @@ $(BUILD)/obj/%.o: %.c $(PROTO_H)
 
 $(BUILD)/obj/kernels/%.gpu.o: kernels/%.hip $(wildcard kernels/*.h)
 	@mkdir -p $(dir $@)
-ifeq ($(GPU),cuda)
-	$(NVCC) -x cu -std=c++17 -O3 -arch=$(CUDA_ARCH) -Xcompiler -fPIC -Ikernels -Idaemon -DRADIANCE_GPU_CUDA=1 -c $< -o $@
-else
-	$(HIPCC) -x hip -std=c++17 -O3 --offload-arch=$(HIP_ARCH) -fPIC -Ikernels -Idaemon -c $< -o $@
-endif
+	$(GPU_CXX) -c $< -o $@
+
+gpu-check-code:
+	@sh tools/gpu-compile-check.sh
 
 $(LIB_COMMON): $(COMMON_OBJ)
 	@rm -f $@
@@ -193,3 +200,85 @@ clean:
 	rm -rf build build-*
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
+
+# ---- fuzzing (docs/fuzzing.md) ---------------------------------------------
+#   make fuzz                      libFuzzer targets, clang + ASan + UBSan:
+#                                  $(BUILD)/fuzz/fuzz_<name> for tests/fuzz/fuzz_<name>.c
+#   make fuzz-run FUZZ_SECONDS=30  each target that long on its corpus (FUZZ_TARGETS
+#                                  picks some, FUZZ_ARGS adds libFuzzer flags)
+# The same targets linked with tests/fuzz/replay.c instead of libFuzzer, with
+# the normal $(CC) and $(SANFLAGS), are $(BUILD)/fuzz-replay/fuzz_<name>: built
+# by `all`, they replay the seed corpora tests/fuzz/corpus/ in make check
+# (tests/test_fuzz_corpus.sh).
+FUZZ_CC      ?= clang-19
+FUZZ_SAN     ?= address,undefined
+FUZZ_SECONDS ?= 60
+FUZZ_TIMEOUT ?= 10
+FUZZ_RSS_MB  ?= 2048
+FUZZ_ARGS    ?=
+# UBSan check kinds built recoverable, so tests/fuzz/ubsan-known.supp can
+# suppress known findings during fuzz-run (UBSAN_OPTIONS halt_on_error=1
+# keeps every other report fatal). Empty: everything fatal, no suppression.
+FUZZ_RECOVER ?= pointer-overflow
+FUZZ_SRC     := $(wildcard tests/fuzz/fuzz_*.c)
+FUZZ_NAMES   := $(patsubst tests/fuzz/%.c,%,$(FUZZ_SRC))
+FUZZ_TARGETS ?= $(FUZZ_NAMES)
+FUZZ_DIR     := $(BUILD)/fuzz
+FUZZ_BIN     := $(addprefix $(FUZZ_DIR)/,$(FUZZ_NAMES))
+FUZZ_REPLAY  := $(addprefix $(BUILD)/fuzz-replay/,$(FUZZ_NAMES))
+FUZZ_LIB     := $(FUZZ_DIR)/libradiance-fuzz.a
+FUZZ_LIB_OBJ := $(patsubst %.c,$(FUZZ_DIR)/obj/%.o,$(COMMON_SRC) $(CORE_SRC)) \
+                $(FUZZ_DIR)/obj/gen/radiance.pb-c.o
+# Product code is instrumented for coverage (fuzzer-no-link) as well as the
+# targets; no GPU backend: the targets use the CPU one.
+FUZZ_CFLAGS   = -std=c11 $(WARN) $(INC) $(DEFS) $(PKG_CFLAGS) -g -O1 -fno-omit-frame-pointer \
+                -fsanitize=fuzzer-no-link,$(FUZZ_SAN) -fno-sanitize-recover=all \
+                $(if $(FUZZ_RECOVER),-fsanitize-recover=$(FUZZ_RECOVER))
+
+.PHONY: fuzz fuzz-deps fuzz-run
+.SECONDARY: $(patsubst tests/fuzz/%.c,$(BUILD)/obj/tests/fuzz/%.o,$(FUZZ_SRC) tests/fuzz/replay.c) \
+            $(patsubst tests/fuzz/%.c,$(FUZZ_DIR)/obj/tests/fuzz/%.o,$(FUZZ_SRC))
+all: $(FUZZ_REPLAY)
+
+fuzz-deps:
+	@RADIANCE_DEPS_FUZZ=1 sh tools/install-deps.sh
+
+fuzz: fuzz-deps
+	$(MAKE) $(FUZZ_BIN)
+
+$(FUZZ_DIR)/obj/gen/radiance.pb-c.o: $(PROTO_C)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -Wno-error -c $< -o $@
+
+$(FUZZ_DIR)/obj/%.o: %.c $(PROTO_H)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -MMD -MP -c $< -o $@
+
+$(FUZZ_LIB): $(FUZZ_LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(FUZZ_DIR)/fuzz_%: $(FUZZ_DIR)/obj/tests/fuzz/fuzz_%.o $(FUZZ_LIB)
+	$(FUZZ_CC) -fsanitize=fuzzer,$(FUZZ_SAN) -o $@ $< $(FUZZ_LIB) $(DEP_LIBS)
+
+$(BUILD)/fuzz-replay/fuzz_%: $(BUILD)/obj/tests/fuzz/fuzz_%.o $(BUILD)/obj/tests/fuzz/replay.o \
+			     $(LIB_CORE) $(LIB_COMMON)
+	@mkdir -p $(dir $@)
+	$(CC) $(SANFLAGS) -o $@ $< $(BUILD)/obj/tests/fuzz/replay.o $(LIB_CORE) $(LIB_COMMON) \
+		$(DEP_LIBS) $(GPU_LIBS)
+
+# New inputs go to $(FUZZ_DIR)/corpus/<target> (the seeds in tests/fuzz/corpus
+# are read, never written); crashes to $(FUZZ_DIR)/artifacts/<target>/.
+fuzz-run: fuzz
+	@status=0; for t in $(FUZZ_TARGETS); do \
+		mkdir -p $(FUZZ_DIR)/corpus/$$t $(FUZZ_DIR)/artifacts/$$t; \
+		dict=; [ -f tests/fuzz/$$t.dict ] && dict=-dict=tests/fuzz/$$t.dict; \
+		echo "== $$t: $(FUZZ_SECONDS) s"; \
+		UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1:suppressions=tests/fuzz/ubsan-known.supp \
+		$(FUZZ_DIR)/$$t -max_total_time=$(FUZZ_SECONDS) -timeout=$(FUZZ_TIMEOUT) \
+			-rss_limit_mb=$(FUZZ_RSS_MB) -print_final_stats=1 $$dict \
+			-artifact_prefix=$(FUZZ_DIR)/artifacts/$$t/ $(FUZZ_ARGS) \
+			$(FUZZ_DIR)/corpus/$$t tests/fuzz/corpus/$$t || status=1; \
+	done; exit $$status
+
+-include $(shell find $(FUZZ_DIR)/obj -name '*.d' 2>/dev/null)

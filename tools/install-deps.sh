@@ -3,10 +3,13 @@
 # Runs as root on Debian 12 (apt-get); as another user it prints the command.
 set -eu
 PKGS="build-essential pkg-config libuv1-dev libprotobuf-c-dev protobuf-c-compiler
-libjansson-dev libinih-dev libsystemd-dev libcmocka-dev systemd python3 python3-venv"
-# The GPU compile check (CI) also wants clang-19 and the HIP headers.
-if [ "${RADIANCE_DEPS_GPU_CHECK:-0}" = 1 ]; then
-	PKGS="$PKGS clang-19 lld-19 libamdhip64-dev"
+libjansson-dev libinih-dev libsystemd-dev libcmocka-dev systemd python3 python3-venv
+clang-19 lld-19 libamdhip64-dev"
+# (clang-19, lld-19 and the HIP headers: make check compiles the HIP kernels
+# for gfx1201 and inspects the code object, tests/test_gpu_compile.sh.)
+# make fuzz (libFuzzer targets) wants clang-19 and its sanitizer runtimes.
+if [ "${RADIANCE_DEPS_FUZZ:-0}" = 1 ]; then
+	PKGS="$PKGS clang-19 libclang-rt-19-dev"
 fi
 missing=""
 for p in $PKGS; do

@@ -1,0 +1,491 @@
+/*
+ * W4A8 benchmark: our decode and prefill kernels against the ceiling (a
+ * streaming-read probe over the same weight buffers) and the vendor peer
+ * (bf16 GEMM through cuBLAS/hipBLAS on the dequantized weights), all in this
+ * one process on the same data. Torch peers (bench/peers.py) run in a
+ * separate process of the same run; pass their CSV with --peers to merge.
+ *
+ *   bench_w4a8 [--quick] [--peers peers.csv] [--out DIR]
+ *
+ * Every configuration rotates through enough copies of its weights that the
+ * working set is at least 4x the last-level cache, so decode is timed from
+ * DRAM. Times are the median of 7 batches of 20 launches (device events
+ * around each batch, divided by 20). Writes DIR/w4a8-<date>.md and .csv.
+ */
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#ifdef RADIANCE_GPU
+#include <math.h>
+
+#include "numerics.h"
+#include "w4a8_gpu.h"
+
+#define BATCH 20
+#define REPS 7
+
+struct shape {
+	uint32_t n, k;
+	const char *role;
+	uint32_t count27b;     /* layers of this shape in the 27B model */
+};
+
+/* A 27B hybrid model (Qwen3.6-27B-like: d_model 5120, 64 layers, MLP
+ * 17408, 3 of 4 layers linear attention): every layer has gate_up 34816x5120,
+ * down 5120x17408 and an out projection 5120x6144; 48 linear-attention layers
+ * have a 16384x5120 input projection, 16 full-attention layers a 14336x5120
+ * qkv projection. 24.3 G int4 weights, 12.5 GB with scales. */
+static const struct shape shapes[] = {
+	{16384, 5120, "qkv (linear attn)", 48},
+	{14336, 5120, "qkv (full attn)", 16},
+	{5120, 6144, "out proj", 64},
+	{34816, 5120, "gate_up", 64},
+	{5120, 17408, "down", 64},
+};
+static const uint32_t ms[] = {1, 4, 8, 16, 32, 64, 256, 2048};
+#define NSHAPES (sizeof shapes / sizeof shapes[0])
+#define NMS (sizeof ms / sizeof ms[0])
+
+struct peer {
+	uint32_t n, k, m;
+	char name[32];
+	double us;
+};
+static struct peer *peers;
+static size_t npeers;
+
+struct result {
+	uint32_t n, k, m;
+	char plan[48];
+	double us, us_quant, us_probe, us_blas, us_wgmma, bytes, flops;
+};
+
+static struct radiance__gpu_device dev;
+static void *stream, *ev0, *ev1, *blas;
+static uint32_t *sink;
+
+#define CHECK(call)                                                                         \
+	do {                                                                                \
+		int rc_ = (call);                                                           \
+		if (rc_) {                                                                  \
+			fprintf(stderr, "bench: %s failed (%d): %s\n", #call, rc_,           \
+				radiance__gpu_last_error());                                \
+			exit(1);                                                            \
+		}                                                                           \
+	} while (0)
+
+static uint64_t rng = 88172645463325252ull;
+static uint32_t rnd(void)
+{
+	rng ^= rng << 13;
+	rng ^= rng >> 7;
+	rng ^= rng << 17;
+	return (uint32_t)(rng >> 16);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return (x > y) - (x < y);
+}
+
+/* Median over REPS batches of the microseconds of one call of fn(i). */
+typedef void (*launch_fn)(void *ctx, uint32_t i);
+static double time_us(launch_fn fn, void *ctx)
+{
+	double t[REPS];
+	for (uint32_t i = 0; i < 3; i++)
+		fn(ctx, i);
+	uint32_t it = 0;
+	for (int r = 0; r < REPS; r++) {
+		CHECK(radiance__gpu_event_record(ev0, stream));
+		for (int b = 0; b < BATCH; b++)
+			fn(ctx, it++);
+		CHECK(radiance__gpu_event_record(ev1, stream));
+		float ms_ = 0;
+		CHECK(radiance__gpu_event_elapsed(ev0, ev1, &ms_));
+		t[r] = ms_ * 1000.0 / BATCH;
+	}
+	qsort(t, REPS, sizeof t[0], cmp_double);
+	return t[REPS / 2];
+}
+
+struct ctx {
+	uint32_t n, k, m, copies, bcopies;
+	void **w, **sc;
+	uint16_t **wb;
+	size_t wbytes, sbytes;
+	uint16_t *x;
+	uint8_t *codes;
+	float *s;
+	uint16_t *y;
+	float *partials;
+	size_t partials_bytes;
+	uint32_t *counters;
+	size_t counters_n;
+	enum radiance__w4a8_path path;
+};
+
+static struct radiance__w4a8_args args_for(struct ctx *c, uint32_t i)
+{
+	struct radiance__w4a8_args a = {
+		.codes = c->codes, .s = c->s, .m = c->m, .n = c->n, .k = c->k, .w = c->w[i % c->copies],
+		.sc = c->sc[i % c->copies], .y = c->y, .partials = c->partials, .partials_bytes = c->partials_bytes,
+		.counters = c->counters, .counters_n = c->counters_n, .path = c->path,
+		.max_decode_rows = 64,
+	};
+	return a;
+}
+
+static void run_gemm(void *p, uint32_t i)
+{
+	struct ctx *c = p;
+	struct radiance__w4a8_args a = args_for(c, i);
+	CHECK(radiance__w4a8_gemm(&dev, &a, stream));
+}
+
+/* what the backend runs: quant, then the GEMM launched to overlap it */
+static void run_quant_gemm(void *p, uint32_t i)
+{
+	struct ctx *c = p;
+	struct radiance__w4a8_args a = args_for(c, i);
+	struct radiance__w4a8_plan plan;
+	radiance__w4a8_plan(&dev, &a, &plan);
+	CHECK(radiance__gpu_quant(c->x, RADIANCE_DTYPE_BF16, c->m, c->k, plan.order, c->codes, c->s, stream));
+	a.pdl = 1;
+	CHECK(radiance__w4a8_gemm(&dev, &a, stream));
+}
+
+static void run_probe(void *p, uint32_t i)
+{
+	struct ctx *c = p;
+	CHECK(radiance__gpu_read_probe(c->w[i % c->copies], c->wbytes + c->sbytes, sink, stream));
+}
+
+static void run_blas(void *p, uint32_t i)
+{
+	struct ctx *c = p;
+	CHECK(radiance__blas_bf16_bf16(blas, c->x, c->m, c->wb[i % c->bcopies], c->n, c->k, c->y));
+}
+
+static const struct peer *peer_find(uint32_t n, uint32_t k, uint32_t m, const char *name)
+{
+	for (size_t i = 0; i < npeers; i++)
+		if (peers[i].n == n && peers[i].k == k && peers[i].m == m && strcmp(peers[i].name, name) == 0)
+			return &peers[i];
+	return NULL;
+}
+
+static void load_peers(const char *path)
+{
+	FILE *f = fopen(path, "r");
+	char line[256];
+	if (!f) {
+		fprintf(stderr, "bench: no peers file %s (%s); torch columns left empty\n", path, strerror(errno));
+		return;
+	}
+	while (fgets(line, sizeof line, f)) {
+		struct peer p;
+		if (sscanf(line, "%u,%u,%u,%31[^,],%lf", &p.n, &p.k, &p.m, p.name, &p.us) != 5)
+			continue;
+		peers = realloc(peers, (npeers + 1) * sizeof *peers);
+		peers[npeers++] = p;
+	}
+	fclose(f);
+}
+
+static void fmt_ratio(char *buf, size_t len, const struct peer *p, double us)
+{
+	if (p && p->us > 0)
+		snprintf(buf, len, "%.2fx", p->us / us);
+	else
+		snprintf(buf, len, "n/a");
+}
+
+int main(int argc, char **argv)
+{
+	const char *outdir = "bench/results", *peers_path = NULL;
+	int quick = 0, variants = 0;
+	uint32_t only_n = 0, only_m = 0;
+	for (int i = 1; i < argc; i++) {
+		if (strcmp(argv[i], "--quick") == 0)
+			quick = 1;
+		else if (strcmp(argv[i], "--variants") == 0)
+			variants = 1;
+		else if (strcmp(argv[i], "--n") == 0 && i + 1 < argc)
+			only_n = (uint32_t)atoi(argv[++i]);
+		else if (strcmp(argv[i], "--m") == 0 && i + 1 < argc)
+			only_m = (uint32_t)atoi(argv[++i]);
+		else if (strcmp(argv[i], "--peers") == 0 && i + 1 < argc)
+			peers_path = argv[++i];
+		else if (strcmp(argv[i], "--out") == 0 && i + 1 < argc)
+			outdir = argv[++i];
+		else {
+			fprintf(stderr, "usage: %s [--quick] [--variants] [--n N] [--m M] [--peers peers.csv] [--out DIR]\n",
+				argv[0]);
+			return 2;
+		}
+	}
+	if (peers_path)
+		load_peers(peers_path);
+	CHECK(radiance__gpu_init(0, &dev));
+	CHECK(radiance__gpu_stream_create(&stream));
+	CHECK(radiance__gpu_event_create(&ev0));
+	CHECK(radiance__gpu_event_create(&ev1));
+	void *ws = NULL;
+	CHECK(radiance__gpu_malloc(&ws, 32u << 20));
+	CHECK(radiance__blas_create(&blas, stream, ws, 32u << 20));
+	CHECK(radiance__gpu_malloc((void **)&sink, 64));
+	const double l2 = dev.l2_bytes ? (double)dev.l2_bytes : 64e6;
+	printf("bench: %s (%s), %d SMs, L2 %.0f MB, wgmma %d\n", dev.name, dev.vendor, dev.sm_count, l2 / 1e6,
+	       dev.wgmma);
+
+	struct result *res = calloc(NSHAPES * NMS, sizeof *res);
+	size_t nres = 0;
+	const uint32_t max_m = 2048;
+	for (size_t si = 0; si < NSHAPES; si++) {
+		const struct shape *sh = &shapes[si];
+		if (only_n && sh->n != only_n)
+			continue;
+		struct ctx c = {.n = sh->n, .k = sh->k};
+		c.wbytes = radiance__w4a8_weight_bytes(sh->n, sh->k);
+		c.sbytes = radiance__w4a8_scale_bytes(sh->n, sh->k);
+		c.copies = (uint32_t)ceil(4.0 * l2 / (double)(c.wbytes + c.sbytes));
+		if (c.copies < 2)
+			c.copies = 2;
+		const size_t wb_bytes = (size_t)sh->n * sh->k * 2;
+		c.bcopies = (uint32_t)ceil(4.0 * l2 / (double)wb_bytes);
+		if (c.bcopies < 2)
+			c.bcopies = 2;
+		/* random canonical weights, repacked into every copy */
+		const size_t qbytes = (size_t)sh->n * sh->k / 2, sbytes = (size_t)sh->n * (sh->k / 128) * 2;
+		uint32_t *q = malloc(qbytes);
+		uint16_t *s = malloc(sbytes);
+		for (size_t i = 0; i < qbytes / 4; i++)
+			q[i] = rnd() ^ (rnd() << 16);
+		for (size_t i = 0; i < sbytes / 2; i++)
+			s[i] = (uint16_t)(0x1C00 + rnd() % 0x800);   /* fp16 ~0.004..0.008 */
+		void *tq, *ts;
+		CHECK(radiance__gpu_malloc(&tq, qbytes));
+		CHECK(radiance__gpu_malloc(&ts, sbytes));
+		CHECK(radiance__gpu_h2d_async(tq, q, qbytes, stream));
+		CHECK(radiance__gpu_h2d_async(ts, s, sbytes, stream));
+		c.w = calloc(c.copies, sizeof *c.w);
+		c.sc = calloc(c.copies, sizeof *c.sc);
+		/* weights and scales of a copy in one buffer, so the probe reads
+		 * exactly the kernel's bytes in one launch */
+		for (uint32_t i = 0; i < c.copies; i++) {
+			CHECK(radiance__gpu_malloc(&c.w[i], c.wbytes + c.sbytes));
+			c.sc[i] = (uint8_t *)c.w[i] + c.wbytes;
+			CHECK(radiance__w4a8_repack(tq, ts, sh->n, sh->k, c.w[i], c.sc[i], stream));
+		}
+		c.wb = calloc(c.bcopies, sizeof *c.wb);
+		for (uint32_t i = 0; i < c.bcopies; i++) {
+			CHECK(radiance__gpu_malloc((void **)&c.wb[i], wb_bytes));
+			CHECK(radiance__w4a8_dequant_bf16(c.w[0], c.sc[0], sh->n, sh->k, c.wb[i], stream));
+		}
+		CHECK(radiance__gpu_stream_sync(stream));
+		radiance__gpu_free(tq);
+		radiance__gpu_free(ts);
+		free(q);
+		free(s);
+		/* activations: random bf16, same for every peer */
+		const size_t xcount = (size_t)max_m * sh->k;
+		uint16_t *x = malloc(xcount * 2);
+		for (size_t i = 0; i < xcount; i++)
+			x[i] = radiance_bf16_from_f32(((float)(rnd() % 2001) - 1000.0f) / 500.0f);
+		CHECK(radiance__gpu_malloc((void **)&c.x, xcount * 2));
+		CHECK(radiance__gpu_malloc((void **)&c.codes, xcount));
+		CHECK(radiance__gpu_malloc((void **)&c.s, max_m * 4));
+		CHECK(radiance__gpu_malloc((void **)&c.y, (size_t)max_m * sh->n * 2));
+		c.partials_bytes = radiance__w4a8_partials_bytes(64, sh->n);
+		CHECK(radiance__gpu_malloc((void **)&c.partials, c.partials_bytes));
+		c.counters_n = radiance__w4a8_counters_needed(sh->n);
+		CHECK(radiance__gpu_malloc((void **)&c.counters, c.counters_n * 4));
+		CHECK(radiance__gpu_memset_async(c.counters, 0, c.counters_n * 4, stream));
+		CHECK(radiance__gpu_h2d_async(c.x, x, xcount * 2, stream));
+		CHECK(radiance__gpu_stream_sync(stream));
+		free(x);
+
+		for (size_t mi = 0; mi < NMS; mi++) {
+			if (quick && ms[mi] != 1 && ms[mi] != 16 && ms[mi] != 2048)
+				continue;
+			if (only_m && ms[mi] != only_m)
+				continue;
+			c.m = ms[mi];
+			struct result *r = &res[nres++];
+			r->n = sh->n;
+			r->k = sh->k;
+			r->m = c.m;
+			struct radiance__w4a8_args a = args_for(&c, 0);
+			struct radiance__w4a8_plan plan;
+			radiance__w4a8_plan(&dev, &a, &plan);
+			/* the codes in the order this M's path reads */
+			CHECK(radiance__gpu_quant(c.x, RADIANCE_DTYPE_BF16, c.m, sh->k, plan.order, c.codes, c.s, stream));
+			static const char *pn[] = {"auto", "decode", "tiled", "wgmma", "portable"};
+			if (plan.path == RADIANCE_W4A8_DECODE || plan.path == RADIANCE_W4A8_TILED)
+				snprintf(r->plan, sizeof r->plan, "%s t%u wk%u s%u", pn[plan.path], plan.tok, plan.wk,
+					 plan.split);
+			else
+				snprintf(r->plan, sizeof r->plan, "%s", pn[plan.path]);
+			/* interleaved: probe, kernel, probe again (the median of both) */
+			double p1 = time_us(run_probe, &c);
+			r->us = time_us(run_gemm, &c);
+			double p2 = time_us(run_probe, &c);
+			r->us_probe = p1 < p2 ? p1 : p2;
+			r->us_quant = time_us(run_quant_gemm, &c);
+			r->us_blas = time_us(run_blas, &c);
+			/* prefill: the opt-in fp8 wgmma kernel too (its own code order) */
+			if (c.m > 64 && dev.wgmma) {
+				c.path = RADIANCE_W4A8_WGMMA;
+				CHECK(radiance__gpu_quant(c.x, RADIANCE_DTYPE_BF16, c.m, sh->k, RADIANCE_CODES_WGMMA, c.codes,
+							  c.s, stream));
+				r->us_wgmma = time_us(run_gemm, &c);
+				if (variants) {
+					radiance__w4a8_set_variant(1);
+					const double v1 = time_us(run_gemm, &c);
+					radiance__w4a8_set_variant(2);
+					const double v2 = time_us(run_gemm, &c);
+					radiance__w4a8_set_variant(0);
+					printf("  wgmma: %.2f us (128-token tiles %.2f us, 96-token tiles %.2f us)\n", r->us_wgmma,
+					       v1, v2);
+				}
+				c.path = RADIANCE_W4A8_AUTO;
+			}
+			r->bytes = (double)(c.wbytes + c.sbytes);
+			r->flops = 2.0 * c.m * sh->n * sh->k;
+			printf("%6ux%-6u M=%-5u %-22s %9.2f us %7.0f GB/s  probe %6.3f  quant+gemm %9.2f us  bf16 blas %9.2f us (%.2fx)\n",
+			       sh->n, sh->k, c.m, r->plan, r->us, r->bytes / r->us / 1e3, r->us_probe / r->us,
+			       r->us_quant, r->us_blas, r->us_blas / r->us);
+			fflush(stdout);
+		}
+		for (uint32_t i = 0; i < c.copies; i++)
+			radiance__gpu_free(c.w[i]);
+		for (uint32_t i = 0; i < c.bcopies; i++)
+			radiance__gpu_free(c.wb[i]);
+		free(c.w);
+		free(c.sc);
+		free(c.wb);
+		radiance__gpu_free(c.x);
+		radiance__gpu_free(c.codes);
+		radiance__gpu_free(c.s);
+		radiance__gpu_free(c.y);
+		radiance__gpu_free(c.partials);
+		radiance__gpu_free(c.counters);
+	}
+
+	/* the 27B decode step: sum of the M = 1 layer times */
+	double step_us = 0, step_probe = 0, step_blas = 0, step_bytes = 0, step_int4 = 0, step_fp8 = 0;
+	int have_int4 = 1, have_fp8 = 1;
+	for (size_t i = 0; i < nres; i++) {
+		if (res[i].m != 1)
+			continue;
+		for (size_t si = 0; si < NSHAPES; si++)
+			if (shapes[si].n == res[i].n && shapes[si].k == res[i].k) {
+				const double cnt = shapes[si].count27b;
+				step_us += cnt * res[i].us;
+				step_probe += cnt * res[i].us_probe;
+				step_blas += cnt * res[i].us_blas;
+				step_bytes += cnt * res[i].bytes;
+				const struct peer *p4 = peer_find(res[i].n, res[i].k, 1, "torch_int4");
+				const struct peer *p8 = peer_find(res[i].n, res[i].k, 1, "torch_fp8");
+				if (p4)
+					step_int4 += cnt * p4->us;
+				else
+					have_int4 = 0;
+				if (p8)
+					step_fp8 += cnt * p8->us;
+				else
+					have_fp8 = 0;
+			}
+	}
+
+	char date[32], path[512];
+	time_t now = time(NULL);
+	strftime(date, sizeof date, "%Y-%m-%d", gmtime(&now));
+	snprintf(path, sizeof path, "%s/w4a8-%s.csv", outdir, date);
+	FILE *csv = fopen(path, "w");
+	snprintf(path, sizeof path, "%s/w4a8-%s.md", outdir, date);
+	FILE *md = fopen(path, "w");
+	if (!csv || !md) {
+		fprintf(stderr, "bench: cannot write results under %s: %s\n", outdir, strerror(errno));
+		return 1;
+	}
+	fprintf(csv, "date,gpu,shape,m,plan,us,us_quant_gemm,gbps,tflops,probe_us,fraction_of_probe,"
+		     "bf16_blas_us,ratio_vs_bf16_blas,torch_int4_us,ratio_vs_torch_int4,torch_fp8_us,ratio_vs_torch_fp8,"
+		     "wgmma_fp8_us\n");
+	fprintf(md, "# W4A8 benchmark, %s, %s\n\n", date, dev.name);
+	fprintf(md, "Measured by `bench/bench_w4a8` (one process: our kernels, the streaming-read probe over the same\n"
+		    "weight buffers, and %s bf16 GEMM on the dequantized weights). Torch peers were measured by\n"
+		    "`bench/peers.py` in a separate process of the same run%s. Weights rotate over enough copies for\n"
+		    "a working set of >= 4x the %.0f MB L2. Time: median of %d batches of %d launches.\n"
+		    "us = GEMM kernel alone on pre-quantized activations; quant+gemm adds the per-token quant kernel\n"
+		    "(the GEMM launched to overlap it, as the backend does). Prefill (M > 64) runs the default, fp32-\n"
+		    "accumulating f16 HMMA kernel; the fp8 wgmma kernel (RADIANCE_PREFILL=wgmma) accumulates with\n"
+		    "~14-bit precision on Hopper and is shown in its own columns.\n"
+		    "GB/s and the probe fraction count weight + scale bytes; ratios are peer time / our time (> 1: we are faster).\n\n",
+		strcmp(dev.vendor, "cuda") == 0 ? "cuBLAS" : "hipBLAS", npeers ? "" : " (not available in this run)",
+		l2 / 1e6, REPS, BATCH);
+	fprintf(md, "| shape (N x K) | M | plan | us | quant+gemm us | GB/s | TFLOP/s | of probe | vs bf16 BLAS | vs torch int4 | vs torch fp8 | fp8 wgmma us (opt-in) | wgmma vs bf16 BLAS |\n");
+	fprintf(md, "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+	for (size_t i = 0; i < nres; i++) {
+		const struct result *r = &res[i];
+		const struct peer *p4 = peer_find(r->n, r->k, r->m, "torch_int4");
+		const struct peer *p8 = peer_find(r->n, r->k, r->m, "torch_fp8");
+		char r4[32], r8[32];
+		fmt_ratio(r4, sizeof r4, p4, r->us);
+		fmt_ratio(r8, sizeof r8, p8, r->us);
+		char wg[32] = "", wgr[32] = "";
+		if (r->us_wgmma > 0) {
+			snprintf(wg, sizeof wg, "%.2f", r->us_wgmma);
+			snprintf(wgr, sizeof wgr, "%.2fx", r->us_blas / r->us_wgmma);
+		}
+		fprintf(md, "| %ux%u | %u | %s | %.2f | %.2f | %.0f | %.1f | %.3f | %.2fx | %s | %s | %s | %s |\n", r->n, r->k,
+			r->m, r->plan, r->us, r->us_quant, r->bytes / r->us / 1e3, r->flops / r->us / 1e6,
+			r->us_probe / r->us, r->us_blas / r->us, r4, r8, wg, wgr);
+		fprintf(csv, "%s,%s,%ux%u,%u,%s,%.3f,%.3f,%.1f,%.2f,%.3f,%.4f,%.3f,%.4f,%.3f,%.4f,%.3f,%.4f,%.3f\n", date,
+			dev.name, r->n, r->k, r->m, r->plan, r->us, r->us_quant, r->bytes / r->us / 1e3,
+			r->flops / r->us / 1e6, r->us_probe, r->us_probe / r->us, r->us_blas, r->us_blas / r->us,
+			p4 ? p4->us : 0.0, p4 ? p4->us / r->us : 0.0, p8 ? p8->us : 0.0, p8 ? p8->us / r->us : 0.0,
+			r->us_wgmma);
+	}
+	fprintf(md, "\n## One decode step of a 27B hybrid model, M = 1\n\n"
+		    "Assumption (Qwen3.6-27B-like hybrid): 64 layers, d_model 5120; every layer has gate_up 34816x5120,\n"
+		    "down 5120x17408 and an output projection 5120x6144; 48 linear-attention layers have a 16384x5120\n"
+		    "input projection and 16 full-attention layers a 14336x5120 qkv projection. %.2f GB of int4 weights and\n"
+		    "scales. Step time = sum over layers of the measured M = 1 time of its shape (DRAM-resident).\n\n",
+		step_bytes / 1e9);
+	fprintf(md, "| | ms | GB/s |\n|---|---:|---:|\n");
+	fprintf(md, "| ours (W4A8 decode) | %.3f | %.0f |\n", step_us / 1e3, step_bytes / step_us / 1e3);
+	fprintf(md, "| streaming-read probe | %.3f | %.0f |\n", step_probe / 1e3, step_bytes / step_probe / 1e3);
+	fprintf(md, "| bf16 BLAS (dequantized) | %.3f | |\n", step_blas / 1e3);
+	if (have_int4 && npeers)
+		fprintf(md, "| torch _weight_int4pack_mm | %.3f | |\n", step_int4 / 1e3);
+	if (have_fp8 && npeers)
+		fprintf(md, "| torch _scaled_mm fp8 | %.3f | |\n", step_fp8 / 1e3);
+	fprintf(csv, "%s,%s,27b-decode-step,1,sum,%.3f,,%.1f,,%.3f,%.4f,%.3f,%.4f,%.3f,,%.3f,\n", date, dev.name, step_us,
+		step_bytes / step_us / 1e3, step_probe, step_probe / step_us, step_blas, step_blas / step_us,
+		have_int4 ? step_int4 : 0.0, have_fp8 ? step_fp8 : 0.0);
+	fclose(md);
+	fclose(csv);
+	printf("27B decode step (M=1): ours %.3f ms, probe %.3f ms, bf16 blas %.3f ms, torch int4 %.3f ms\n",
+	       step_us / 1e3, step_probe / 1e3, step_blas / 1e3, have_int4 ? step_int4 / 1e3 : 0.0);
+	printf("bench: wrote %s/w4a8-%s.{md,csv}\n", outdir, date);
+	radiance__blas_destroy(blas);
+	radiance__gpu_free(ws);
+	return 0;
+}
+
+#else
+
+int main(void)
+{
+	printf("bench_w4a8: built without a GPU backend (make GPU=cuda or GPU=hip)\n");
+	return 0;
+}
+
+#endif

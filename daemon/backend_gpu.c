@@ -1,0 +1,496 @@
+/*
+ * The GPU backend (make GPU=cuda or GPU=hip): W4A8 layers on the kernels of
+ * kernels/ (w4a8_gpu.h), bf16 layers on the vendor BLAS.
+ *
+ * Memory: everything a linear() needs is allocated once at create, sized from
+ * the options (max_rows, max_decode_rows, max_n, max_k): activation staging,
+ * e4m3 codes and per-token scales, output staging, the fp32 scratch that holds
+ * split-K partials (and bf16-layer GEMM results), the split-K counters and
+ * the BLAS workspace. Serving never allocates device memory.
+ *
+ * A linear() is: async copies of every request's x from its (registered,
+ * pinned) arena into one contiguous staging buffer, one quant launch and one
+ * GEMM over the stacked rows, async copies of each request's y back, one
+ * stream synchronize. Requests of different activation dtypes in one call
+ * are run as consecutive launches (one per dtype run).
+ *
+ * Numerics gate (opt-in, RADIANCE_NUMERICS_GATE=1): the first launch of each
+ * (layer, M) is recomputed by the CPU reference and the relative error is
+ * logged to stderr.
+ */
+#include "backend_impl.h"
+
+#ifdef RADIANCE_GPU
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "w4a8_cpu.h"
+#include "w4a8_gpu.h"
+
+#define BLAS_WORKSPACE_BYTES (32u << 20)   /* cuBLAS's recommendation for Hopper */
+#define BF16_CHUNK_ROWS 1024u              /* rows of one bf16-layer GEMM */
+
+struct registered {
+	void *base;
+	size_t len;
+	void *dev;
+};
+
+struct gate_seen {
+	const struct radiance_layer *layer;
+	uint32_t m;
+};
+
+struct gpu_state {
+	struct radiance__gpu_device dev;
+	void *stream;
+	void *blas;                /* NULL: bf16 layers on the portable kernel */
+	uint32_t max_rows, max_decode_rows, max_n, max_k;
+	uint16_t *x;               /* [max_rows][max_k] staging (bf16/fp16 bits) */
+	uint16_t *hilo;            /* [2 * chunk][max_k] fp16 -> bf16 hi/lo split */
+	uint8_t *codes;            /* [max_rows][max_k] e4m3 */
+	float *s;                  /* [max_rows] per-token scales */
+	uint16_t *y;               /* [max_rows][max_n] bf16 staging */
+	float *f32;                /* split-K partials / bf16 GEMM fp32 out */
+	size_t f32_bytes;
+	uint32_t *counters;
+	size_t counters_n;
+	void *blas_ws;
+	uint32_t bf16_chunk;       /* rows per bf16 GEMM (fp16 input: half of it) */
+	uint64_t scratch_bytes;
+	struct registered *regs;
+	size_t n_regs, cap_regs;
+	int gate;
+	struct gate_seen *seen;
+	size_t n_seen, cap_seen;
+};
+
+struct radiance_backend_layer {
+	enum radiance_layer_kind kind;
+	uint32_t n, k;
+	void *w;                   /* W4A8: device layout; BF16: bf16 [n][k] */
+	void *sc;                  /* W4A8 scale blocks */
+	float *bias;               /* [n] or NULL */
+};
+
+static int gpu_err(char *err, size_t errlen, int rc, const char *what)
+{
+	snprintf(err, errlen, "gpu backend: %s: %s", what, radiance__gpu_last_error());
+	return rc;
+}
+
+static void gpu_destroy(void *state)
+{
+	struct gpu_state *g = state;
+	if (!g)
+		return;
+	if (g->stream)
+		radiance__gpu_stream_sync(g->stream);
+	radiance__blas_destroy(g->blas);
+	radiance__gpu_free(g->blas_ws);
+	radiance__gpu_free(g->counters);
+	radiance__gpu_free(g->f32);
+	radiance__gpu_free(g->y);
+	radiance__gpu_free(g->s);
+	radiance__gpu_free(g->codes);
+	radiance__gpu_free(g->hilo);
+	radiance__gpu_free(g->x);
+	radiance__gpu_stream_destroy(g->stream);
+	for (size_t i = 0; i < g->n_regs; i++)
+		radiance__gpu_host_unregister(g->regs[i].base);
+	free(g->regs);
+	free(g->seen);
+	free(g);
+}
+
+static int alloc_dev(struct gpu_state *g, void **p, size_t bytes)
+{
+	int rc = radiance__gpu_malloc(p, bytes);
+	if (rc == 0)
+		g->scratch_bytes += bytes;
+	return rc;
+}
+
+static int gpu_create(const struct radiance_backend_options *opt, void **state, char *err, size_t errlen)
+{
+	struct gpu_state *g = calloc(1, sizeof *g);
+	int rc;
+	if (!g) {
+		snprintf(err, errlen, "gpu backend: out of memory");
+		return -ENOMEM;
+	}
+	rc = radiance__gpu_init(opt->device, &g->dev);
+	if (rc) {
+		gpu_err(err, errlen, rc, "init");
+		free(g);
+		return rc;
+	}
+	g->max_rows = opt->max_rows ? opt->max_rows : 1;
+	g->max_decode_rows = opt->max_decode_rows ? opt->max_decode_rows : 64;
+	if (g->max_decode_rows > 64)
+		g->max_decode_rows = 64;   /* the decode kernel's largest token tile */
+	g->max_n = opt->max_n ? opt->max_n : 4096;
+	g->max_k = opt->max_k ? opt->max_k : 4096;
+	const char *gate = getenv("RADIANCE_NUMERICS_GATE");
+	g->gate = gate && strcmp(gate, "1") == 0;
+
+	const size_t rows_pad = ((size_t)g->max_rows + 63) & ~(size_t)63;
+	const size_t partials = radiance__w4a8_partials_bytes(g->max_decode_rows, g->max_n);
+	g->bf16_chunk = g->max_rows < BF16_CHUNK_ROWS ? g->max_rows : BF16_CHUNK_ROWS;
+	/* fp16 activations of bf16 layers take two rows each (hi, lo) */
+	const size_t f32_rows = 2 * (size_t)((g->bf16_chunk + 1) / 2);
+	g->f32_bytes = f32_rows * g->max_n * sizeof(float);
+	if (g->f32_bytes < partials)
+		g->f32_bytes = partials;
+	g->counters_n = radiance__w4a8_counters_needed(g->max_n);
+
+	if ((rc = radiance__gpu_stream_create(&g->stream)))
+		goto fail;
+	if ((rc = alloc_dev(g, (void **)&g->x, rows_pad * g->max_k * 2)) ||
+	    (rc = alloc_dev(g, (void **)&g->hilo, f32_rows * g->max_k * 2)) ||
+	    (rc = alloc_dev(g, (void **)&g->codes, rows_pad * g->max_k)) ||
+	    (rc = alloc_dev(g, (void **)&g->s, rows_pad * sizeof(float))) ||
+	    (rc = alloc_dev(g, (void **)&g->y, (size_t)g->max_rows * g->max_n * 2)) ||
+	    (rc = alloc_dev(g, (void **)&g->f32, g->f32_bytes)) ||
+	    (rc = alloc_dev(g, (void **)&g->counters, g->counters_n * sizeof(uint32_t))) ||
+	    (rc = alloc_dev(g, &g->blas_ws, BLAS_WORKSPACE_BYTES)))
+		goto fail;
+	if ((rc = radiance__gpu_memset_async(g->counters, 0, g->counters_n * sizeof(uint32_t), g->stream)) ||
+	    (rc = radiance__gpu_stream_sync(g->stream)))
+		goto fail;
+	if (radiance__blas_create(&g->blas, g->stream, g->blas_ws, BLAS_WORKSPACE_BYTES) != 0)
+		g->blas = NULL;   /* bf16 layers fall back to the portable kernel */
+	*state = g;
+	return 0;
+fail:
+	gpu_err(err, errlen, rc, "allocating scratch at create");
+	gpu_destroy(g);
+	return rc;
+}
+
+static void gpu_info(void *state, struct radiance_backend_info *info)
+{
+	struct gpu_state *g = state;
+	snprintf(info->name, sizeof info->name, "%s", g->dev.vendor);
+	snprintf(info->device, sizeof info->device, "%s", g->dev.name);
+	info->scratch_bytes = g->scratch_bytes;
+}
+
+static void layer_release(struct radiance_backend_layer *h)
+{
+	if (!h)
+		return;
+	radiance__gpu_free(h->w);
+	radiance__gpu_free(h->sc);
+	radiance__gpu_free(h->bias);
+	free(h);
+}
+
+static int gpu_layer_upload(void *state, const struct radiance_layer *l, struct radiance_backend_layer **out,
+			    char *err, size_t errlen)
+{
+	struct gpu_state *g = state;
+	struct radiance_backend_layer *h = NULL;
+	void *tq = NULL, *ts = NULL;
+	int rc;
+
+	if (l->k > g->max_k || l->n > g->max_n) {
+		snprintf(err, errlen, "layer %s: %ux%u (n x k) exceeds the backend's max_n=%u/max_k=%u", l->name,
+			 l->n, l->k, g->max_n, g->max_k);
+		return -E2BIG;
+	}
+	if (l->kind == RADIANCE_LAYER_W4A8 && (l->k % RADIANCE_GROUP_SIZE || !l->qweight || !l->scales)) {
+		snprintf(err, errlen, "layer %s: W4A8 layer needs K %% 128 == 0, qweight and scales", l->name);
+		return -EINVAL;
+	}
+	if (l->kind == RADIANCE_LAYER_BF16 && !l->weight) {
+		snprintf(err, errlen, "layer %s: bf16 layer without weight", l->name);
+		return -EINVAL;
+	}
+	h = calloc(1, sizeof *h);
+	if (!h) {
+		snprintf(err, errlen, "out of memory");
+		return -ENOMEM;
+	}
+	h->kind = l->kind;
+	h->n = l->n;
+	h->k = l->k;
+	if (l->bias) {
+		if ((rc = radiance__gpu_malloc((void **)&h->bias, (size_t)l->n * sizeof(float))) ||
+		    (rc = radiance__gpu_h2d_async(h->bias, l->bias, (size_t)l->n * sizeof(float), g->stream)))
+			goto fail;
+	}
+	if (l->kind == RADIANCE_LAYER_W4A8) {
+		const size_t qbytes = (size_t)l->n * (l->k / 8) * 4, sbytes = (size_t)l->n * (l->k / 128) * 2;
+		/* canonical arrays go up once into temporaries and are repacked on
+		 * the device into the layout the kernels stream */
+		if ((rc = radiance__gpu_malloc(&h->w, radiance__w4a8_weight_bytes(l->n, l->k))) ||
+		    (rc = radiance__gpu_malloc(&h->sc, radiance__w4a8_scale_bytes(l->n, l->k))) ||
+		    (rc = radiance__gpu_malloc(&tq, qbytes)) || (rc = radiance__gpu_malloc(&ts, sbytes)) ||
+		    (rc = radiance__gpu_h2d_async(tq, l->qweight, qbytes, g->stream)) ||
+		    (rc = radiance__gpu_h2d_async(ts, l->scales, sbytes, g->stream)) ||
+		    (rc = radiance__w4a8_repack(tq, ts, l->n, l->k, h->w, h->sc, g->stream)))
+			goto fail;
+	} else {
+		const size_t wbytes = (size_t)l->n * l->k * 2;
+		if ((rc = radiance__gpu_malloc(&h->w, wbytes)) ||
+		    (rc = radiance__gpu_h2d_async(h->w, l->weight, wbytes, g->stream)))
+			goto fail;
+	}
+	if ((rc = radiance__gpu_stream_sync(g->stream)))
+		goto fail;
+	radiance__gpu_free(tq);
+	radiance__gpu_free(ts);
+	*out = h;
+	return 0;
+fail:
+	gpu_err(err, errlen, rc, l->name);
+	radiance__gpu_stream_sync(g->stream);
+	radiance__gpu_free(tq);
+	radiance__gpu_free(ts);
+	layer_release(h);
+	return rc;
+}
+
+static void gpu_layer_free(void *state, struct radiance_backend_layer *h)
+{
+	struct gpu_state *g = state;
+	radiance__gpu_stream_sync(g->stream);
+	layer_release(h);
+}
+
+static int gpu_register_host(void *state, void *base, size_t len, char *err, size_t errlen)
+{
+	struct gpu_state *g = state;
+	void *dev = NULL;
+	if (g->n_regs == g->cap_regs) {
+		size_t cap = g->cap_regs ? 2 * g->cap_regs : 16;
+		struct registered *r = realloc(g->regs, cap * sizeof *r);
+		if (!r) {
+			snprintf(err, errlen, "out of memory");
+			return -ENOMEM;
+		}
+		g->regs = r;
+		g->cap_regs = cap;
+	}
+	int rc = radiance__gpu_host_register(base, len, &dev);
+	if (rc)
+		return gpu_err(err, errlen, rc, "registering a host range");
+	g->regs[g->n_regs++] = (struct registered){base, len, dev};
+	return 0;
+}
+
+static void gpu_unregister_host(void *state, void *base)
+{
+	struct gpu_state *g = state;
+	for (size_t i = 0; i < g->n_regs; i++) {
+		if (g->regs[i].base == base) {
+			/* copies from or to the range may still be queued */
+			radiance__gpu_stream_sync(g->stream);
+			radiance__gpu_host_unregister(base);
+			g->regs[i] = g->regs[--g->n_regs];
+			return;
+		}
+	}
+}
+
+/* ------------------------------------------------------- numerics gate */
+
+static int gate_first(struct gpu_state *g, const struct radiance_layer *l, uint32_t m)
+{
+	for (size_t i = 0; i < g->n_seen; i++)
+		if (g->seen[i].layer == l && g->seen[i].m == m)
+			return 0;
+	if (g->n_seen == g->cap_seen) {
+		size_t cap = g->cap_seen ? 2 * g->cap_seen : 64;
+		struct gate_seen *s = realloc(g->seen, cap * sizeof *s);
+		if (!s)
+			return 0;
+		g->seen = s;
+		g->cap_seen = cap;
+	}
+	g->seen[g->n_seen++] = (struct gate_seen){l, m};
+	return 1;
+}
+
+/* The CPU reference for the requests of one launch, and the relative
+ * Frobenius error of the GPU's outputs against it (NaN must match NaN). */
+static void gate_check(struct gpu_state *g, const struct radiance_layer *l, const struct radiance_rows *rows,
+		       size_t nrows, uint32_t m_launch, const char *path)
+{
+	double num = 0, den = 0, max_abs = 0;
+	size_t nan_mismatch = 0;
+	for (size_t i = 0; i < nrows; i++) {
+		const struct radiance_rows *r = &rows[i];
+		size_t cnt = (size_t)r->m * l->n;
+		uint16_t *ref = malloc(cnt * sizeof *ref);
+		void *scratch = NULL;
+		if (l->kind == RADIANCE_LAYER_W4A8)
+			scratch = aligned_alloc(64, (radiance_cpu_w4a8_scratch_bytes(r->m, l->k) + 63) & ~(size_t)63);
+		if (!ref || (l->kind == RADIANCE_LAYER_W4A8 && !scratch)) {
+			free(ref);
+			free(scratch);
+			fprintf(stderr, "radiance: numerics gate: layer %s: out of memory, skipped\n", l->name);
+			return;
+		}
+		if (l->kind == RADIANCE_LAYER_W4A8)
+			radiance_cpu_w4a8(r->x, r->dtype, r->m, l->qweight, l->scales, l->bias, l->n, l->k, ref,
+					  scratch);
+		else
+			radiance_cpu_bf16(r->x, r->dtype, r->m, l->weight, l->bias, l->n, l->k, ref);
+		for (size_t j = 0; j < cnt; j++) {
+			double a = radiance_bf16_to_f32(r->y[j]), b = radiance_bf16_to_f32(ref[j]);
+			if (isnan(a) || isnan(b)) {
+				nan_mismatch += isnan(a) != isnan(b);
+				continue;
+			}
+			num += (a - b) * (a - b);
+			den += b * b;
+			if (fabs(a - b) > max_abs)
+				max_abs = fabs(a - b);
+		}
+		free(ref);
+		free(scratch);
+	}
+	double rel = den > 0 ? sqrt(num / den) : sqrt(num);
+	fprintf(stderr,
+		"radiance: numerics gate: layer %s (%ux%u, %s) m=%u path=%s: rel_err %.3e, max_abs %.3e, "
+		"nan_mismatch %zu: %s\n",
+		l->name, l->n, l->k, l->kind == RADIANCE_LAYER_W4A8 ? "w4a8" : "bf16", m_launch, path, rel,
+		max_abs, nan_mismatch, rel < 3e-3 && nan_mismatch == 0 ? "ok" : "OUT OF TOLERANCE");
+}
+
+/* --------------------------------------------------------------- linear */
+
+static const char *path_name(enum radiance__w4a8_path p)
+{
+	switch (p) {
+	case RADIANCE_W4A8_DECODE: return "decode";
+	case RADIANCE_W4A8_TILED: return "tiled";
+	case RADIANCE_W4A8_WGMMA: return "wgmma";
+	case RADIANCE_W4A8_PORTABLE: return "portable";
+	default: return "auto";
+	}
+}
+
+/* Rows [0, m) of g->x hold the stacked activations; results to g->y. */
+static int run_launch(struct gpu_state *g, struct radiance_backend_layer *h, enum radiance_dtype dtype, uint32_t m,
+		      const char **path)
+{
+	int rc;
+	if (h->kind == RADIANCE_LAYER_W4A8) {
+		struct radiance__w4a8_args a = {
+			.codes = g->codes, .s = g->s, .m = m, .n = h->n, .k = h->k, .w = h->w, .sc = h->sc,
+			.bias = h->bias, .y = g->y, .partials = g->f32, .partials_bytes = g->f32_bytes,
+			.counters = g->counters, .counters_n = g->counters_n, .path = RADIANCE_W4A8_AUTO,
+			.max_decode_rows = g->max_decode_rows, .pdl = 1,
+		};
+		struct radiance__w4a8_plan plan;
+		radiance__w4a8_plan(&g->dev, &a, &plan);
+		*path = path_name(plan.path);
+		if ((rc = radiance__gpu_quant(g->x, dtype, m, h->k, plan.order, g->codes, g->s, g->stream)))
+			return rc;
+		return radiance__w4a8_gemm(&g->dev, &a, g->stream);
+	}
+	if (!g->blas) {
+		*path = "bf16-portable";
+		return radiance__gpu_bf16_portable(g->x, dtype, m, h->w, h->bias, h->n, h->k, g->y, g->stream);
+	}
+	*path = "bf16-blas";
+	const int hilo = dtype == RADIANCE_DTYPE_FP16;
+	const uint32_t chunk = hilo ? (g->bf16_chunk + 1) / 2 : g->bf16_chunk;
+	for (uint32_t r0 = 0; r0 < m; r0 += chunk) {
+		const uint32_t rows = m - r0 < chunk ? m - r0 : chunk;
+		const uint16_t *x = g->x + (size_t)r0 * h->k;
+		if (hilo) {
+			if ((rc = radiance__gpu_split_f16(x, rows, h->k, g->hilo, g->stream)) ||
+			    (rc = radiance__blas_bf16_f32(g->blas, g->hilo, 2 * rows, h->w, h->n, h->k, g->f32)))
+				return rc;
+		} else if ((rc = radiance__blas_bf16_f32(g->blas, x, rows, h->w, h->n, h->k, g->f32))) {
+			return rc;
+		}
+		if ((rc = radiance__gpu_bias_bf16(g->f32, rows, h->n, hilo, h->bias, g->y + (size_t)r0 * h->n,
+						  g->stream)))
+			return rc;
+	}
+	return 0;
+}
+
+static int gpu_linear(void *state, const struct radiance_layer *l, struct radiance_backend_layer *h,
+		      const struct radiance_rows *rows, size_t nrows, char *err, size_t errlen)
+{
+	struct gpu_state *g = state;
+	uint64_t total = 0;
+	int rc = 0;
+
+	if (h->kind != l->kind || h->n != l->n || h->k != l->k) {
+		snprintf(err, errlen, "layer %s: handle does not match the layer", l->name);
+		return -EINVAL;
+	}
+	for (size_t i = 0; i < nrows; i++) {
+		if (rows[i].dtype != RADIANCE_DTYPE_BF16 && rows[i].dtype != RADIANCE_DTYPE_FP16) {
+			snprintf(err, errlen, "unknown activation dtype %d", (int)rows[i].dtype);
+			return -EINVAL;
+		}
+		total += rows[i].m;
+	}
+	if (total > g->max_rows) {
+		snprintf(err, errlen, "%llu rows exceed the backend's max_rows=%u", (unsigned long long)total,
+			 g->max_rows);
+		return -E2BIG;
+	}
+	const size_t xrow = (size_t)l->k * 2, yrow = (size_t)l->n * 2;
+	for (size_t i0 = 0; i0 < nrows;) {
+		/* one launch per run of requests with the same dtype */
+		size_t i1 = i0;
+		uint32_t m = 0;
+		while (i1 < nrows && rows[i1].dtype == rows[i0].dtype) {
+			if (rows[i1].m && (rc = radiance__gpu_h2d_async((uint8_t *)g->x + (size_t)m * xrow, rows[i1].x,
+								       rows[i1].m * xrow, g->stream)))
+				goto io;
+			m += rows[i1].m;
+			i1++;
+		}
+		const char *path = "";
+		if (m && (rc = run_launch(g, h, rows[i0].dtype, m, &path)))
+			goto io;
+		uint32_t off = 0;
+		for (size_t i = i0; i < i1; i++) {
+			if (rows[i].m && (rc = radiance__gpu_d2h_async(rows[i].y, (uint8_t *)g->y + (size_t)off * yrow,
+								      rows[i].m * yrow, g->stream)))
+				goto io;
+			off += rows[i].m;
+		}
+		if ((rc = radiance__gpu_stream_sync(g->stream)))
+			goto io;
+		if (g->gate && m && gate_first(g, l, m))
+			gate_check(g, l, rows + i0, i1 - i0, m, path);
+		i0 = i1;
+	}
+	return 0;
+io:
+	snprintf(err, errlen, "gpu backend: layer %s: %s", l->name, radiance__gpu_last_error());
+	radiance__gpu_stream_sync(g->stream);
+	return rc == -EINVAL ? rc : -EIO;
+}
+
+const struct radiance_backend_ops radiance__backend_gpu_ops = {
+	.name = "gpu",
+	.create = gpu_create,
+	.destroy = gpu_destroy,
+	.info = gpu_info,
+	.layer_upload = gpu_layer_upload,
+	.layer_free = gpu_layer_free,
+	.register_host = gpu_register_host,
+	.unregister_host = gpu_unregister_host,
+	.linear = gpu_linear,
+};
+
+#else
+/* CPU-only build: the GPU backend is not compiled (ISO C wants a declaration). */
+typedef int radiance__backend_gpu_unused;
+#endif

@@ -1,0 +1,659 @@
+/*
+ * GPU kernels and backend against the CPU reference (kernels/w4a8_cpu.c).
+ *
+ * Built in every configuration; without RADIANCE_GPU (the CPU-only build) or
+ * without a usable device every test is skipped. With a GPU:
+ *   - activation codes of the quant kernel equal the CPU's bit for bit, and
+ *     the per-token scales too (special rows: zeros, Inf, NaN, denormals,
+ *     huge, ties);
+ *   - every W4A8 path (decode, tiled, wgmma where built, portable) at
+ *     M in {1,2,3,5,8,13,16,17,33,64,65,128,512,2048} on shapes whose N is no
+ *     multiple of any tile and whose K spans several groups, codes random
+ *     along n and k; rows of y past M poisoned with NaN beforehand and
+ *     checked untouched; rel. Frobenius error < 3e-3 and each element within
+ *     2% (+1% of the RMS) of the reference; the portable path bit-exact;
+ *     a NaN row of x gives a NaN row of y;
+ *   - forced split-K (the last-block fixup) and the policy's own choice;
+ *   - the backend ops: stacked requests, mixed dtypes, bf16 layers with bf16
+ *     and fp16 activations (BLAS), -E2BIG, untouched arena bytes;
+ *   - every layer of the shipped MiniLM checkpoint with its captured
+ *     activations (tests/data), through the backend.
+ */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#ifdef RADIANCE_GPU
+#include <math.h>
+
+#include "backend.h"
+#include "checkpoint.h"
+#include "safetensors.h"
+#include "w4a8_cpu.h"
+#include "w4a8_gpu.h"
+
+static struct radiance__gpu_device dev;
+static int have_gpu;
+static void *stream;
+
+static uint64_t rng = 0x9E3779B97F4A7C15ull;
+static uint32_t rnd(void)
+{
+	rng ^= rng << 13;
+	rng ^= rng >> 7;
+	rng ^= rng << 17;
+	return (uint32_t)(rng >> 11);
+}
+static float frand(void) { return (float)(rnd() & 0xFFFFFF) / 16777216.0f; }   /* [0,1) */
+static float nrand(void)
+{
+	float u = frand() + 1e-7f, v = frand();
+	return sqrtf(-2.0f * logf(u)) * cosf(6.2831853f * v);
+}
+
+static uint16_t f32_to_f16(float f)   /* RNE, finite inputs in range */
+{
+	uint32_t u;
+	memcpy(&u, &f, 4);
+	uint32_t sign = (u >> 16) & 0x8000u;
+	float a = fabsf(f);
+	if (a < 6.103515625e-05f) {   /* subnormal: multiples of 2^-24 */
+		return (uint16_t)(sign | (uint32_t)nearbyintf(a * 16777216.0f));
+	}
+	uint32_t ua;
+	memcpy(&ua, &a, 4);
+	uint32_t exp = (ua >> 23) - 127 + 15, man = ua & 0x7FFFFF;
+	uint32_t keep = man >> 13, rest = man & 0x1FFF;
+	if (rest > 0x1000 || (rest == 0x1000 && (keep & 1)))
+		keep++;
+	if (keep == 0x400) {
+		keep = 0;
+		exp++;
+	}
+	return (uint16_t)(sign | (exp << 10) | keep);
+}
+
+static uint16_t to_dtype(float f, enum radiance_dtype dt)
+{
+	return dt == RADIANCE_DTYPE_FP16 ? f32_to_f16(f) : radiance_bf16_from_f32(f);
+}
+
+static void *dalloc(size_t bytes)
+{
+	void *p = NULL;
+	assert_int_equal(radiance__gpu_malloc(&p, bytes), 0);
+	return p;
+}
+
+static void h2d(void *d, const void *h, size_t n)
+{
+	assert_int_equal(radiance__gpu_h2d_async(d, h, n, stream), 0);
+	assert_int_equal(radiance__gpu_stream_sync(stream), 0);
+}
+
+static void d2h(void *h, const void *d, size_t n)
+{
+	assert_int_equal(radiance__gpu_d2h_async(h, d, n, stream), 0);
+	assert_int_equal(radiance__gpu_stream_sync(stream), 0);
+}
+
+static int setup(void **state)
+{
+	(void)state;
+	if (radiance__gpu_init(0, &dev) == 0 && radiance__gpu_stream_create(&stream) == 0) {
+		have_gpu = 1;
+		printf("# GPU: %s (%s, %d SMs, cc %d.%d, fp8 mma %d, wgmma %d)\n", dev.name, dev.vendor,
+		       dev.sm_count, dev.cc_major, dev.cc_minor, dev.fp8_mma, dev.wgmma);
+	} else {
+		printf("# no usable GPU: %s\n", radiance__gpu_last_error());
+	}
+	return 0;
+}
+
+static int teardown(void **state)
+{
+	(void)state;
+	radiance__gpu_stream_destroy(stream);
+	return 0;
+}
+
+#define NEED_GPU()               \
+	do {                     \
+		if (!have_gpu)   \
+			skip();  \
+	} while (0)
+
+/* ------------------------------------------------------------ quant */
+
+/* Fills an m x k activation matrix with rows that probe every branch of the
+ * e4m3 conversion; rows >= 8 are random with a per-row magnitude. */
+static void fill_x(uint16_t *x, uint32_t m, uint32_t k, enum radiance_dtype dt, int special)
+{
+	for (uint32_t r = 0; r < m; r++) {
+		uint16_t *xr = x + (size_t)r * k;
+		float mag = ldexpf(1.0f, (int)(rnd() % 24) - 12);
+		for (uint32_t i = 0; i < k; i++)
+			xr[i] = to_dtype(nrand() * mag * (i % 97 == 5 ? 30.0f : 1.0f), dt);
+		if (!special)
+			continue;
+		switch (r) {
+		case 0: /* all zero (and negative zeros) */
+			for (uint32_t i = 0; i < k; i++)
+				xr[i] = (i & 1) ? 0x8000 : 0;
+			break;
+		case 1: xr[k / 3] = dt == RADIANCE_DTYPE_FP16 ? 0x7E00 : 0x7FC0; break;   /* NaN */
+		case 2: xr[k - 1] = dt == RADIANCE_DTYPE_FP16 ? 0xFC00 : 0xFF80; break;   /* -Inf */
+		case 3: /* denormals only: the scale floor */
+			for (uint32_t i = 0; i < k; i++)
+				xr[i] = (uint16_t)((rnd() & 0x8000) | (1 + rnd() % 0x3F));
+			break;
+		case 4: /* exact ties: amax 448 -> s = 1, values on e4m3 midpoints */
+			for (uint32_t i = 0; i < k; i++) {
+				static const float ties[] = {0.5f * 0x1p-9f, 1.5f * 0x1p-9f, 1.0625f, 1.1875f,
+							     17.0f, 19.0f, 240.0f - 8.0f, 464.0f - 32.0f};
+				xr[i] = to_dtype(ties[i % 8] * ((i & 8) ? -1.0f : 1.0f), dt);
+			}
+			xr[0] = to_dtype(448.0f, dt);
+			break;
+		case 5: /* one huge value: most codes subnormal or zero */
+			xr[7] = to_dtype(dt == RADIANCE_DTYPE_FP16 ? 60000.0f : 3e30f, dt);
+			break;
+		default:
+			break;
+		}
+	}
+}
+
+static void check_quant(enum radiance_dtype dt, uint32_t m, uint32_t k)
+{
+	uint16_t *x = malloc((size_t)m * k * 2);
+	uint8_t *codes = malloc((size_t)m * k), *ref = malloc((size_t)m * k);
+	float *s = malloc(m * 4), *sref = malloc(m * 4);
+	assert_non_null(x);
+	fill_x(x, m, k, dt, 1);
+	void *dx = dalloc((size_t)m * k * 2), *dc = dalloc((size_t)m * k), *ds = dalloc(m * 4);
+	h2d(dx, x, (size_t)m * k * 2);
+	assert_int_equal(radiance__gpu_quant(dx, dt, m, k, RADIANCE_CODES_NATURAL, dc, ds, stream), 0);
+	d2h(codes, dc, (size_t)m * k);
+	d2h(s, ds, m * 4);
+	size_t bad = 0;
+	for (uint32_t r = 0; r < m; r++) {
+		sref[r] = radiance_quant_row_e4m3(x + (size_t)r * k, dt, k, ref + (size_t)r * k);
+		uint32_t a, b;
+		memcpy(&a, &s[r], 4);
+		memcpy(&b, &sref[r], 4);
+		if (!(isnan(s[r]) && isnan(sref[r])) && a != b) {
+			printf("# quant dtype %d row %u: scale %a, CPU %a\n", dt, r, s[r], sref[r]);
+			bad++;
+		}
+	}
+	for (size_t i = 0; i < (size_t)m * k; i++)
+		if (codes[i] != ref[i]) {
+			if (bad < 8)
+				printf("# quant dtype %d row %zu col %zu: code 0x%02x, CPU 0x%02x (x=0x%04x)\n", dt,
+				       i / k, i % k, codes[i], ref[i], x[i]);
+			bad++;
+		}
+	/* the wgmma order: the same codes, 4-byte words permuted per group */
+	if (k % 128 == 0) {
+		assert_int_equal(radiance__gpu_quant(dx, dt, m, k, RADIANCE_CODES_WGMMA, dc, ds, stream), 0);
+		d2h(codes, dc, (size_t)m * k);
+		for (size_t i = 0; i < (size_t)m * k / 4; i++) {
+			const size_t grp = i / 32, w = i % 32, t = w / 8, j = (w % 8) / 2, r = w % 2;
+			const size_t stored = grp * 32 + j * 8 + r * 4 + t;
+			if (memcmp(codes + stored * 4, ref + i * 4, 4) != 0 && bad++ < 8)
+				printf("# quant dtype %d wgmma order: word %zu misplaced\n", dt, i);
+		}
+	}
+	assert_int_equal(bad, 0);
+	radiance__gpu_free(dx);
+	radiance__gpu_free(dc);
+	radiance__gpu_free(ds);
+	free(x);
+	free(codes);
+	free(ref);
+	free(s);
+	free(sref);
+}
+
+static void test_quant_codes(void **state)
+{
+	(void)state;
+	NEED_GPU();
+	check_quant(RADIANCE_DTYPE_BF16, 37, 1152);
+	check_quant(RADIANCE_DTYPE_FP16, 37, 1152);
+	check_quant(RADIANCE_DTYPE_BF16, 64, 5120);
+	check_quant(RADIANCE_DTYPE_FP16, 3, 17408);
+}
+
+/* ------------------------------------------------------------- GEMM */
+
+struct layer_data {
+	uint32_t n, k;
+	uint32_t *qweight;    /* canonical [n][k/8] */
+	uint16_t *scales;     /* canonical [n][k/128] */
+	float *bias;
+	void *dw, *ds;        /* device layout */
+	float *dbias;
+};
+
+static void layer_make(struct layer_data *L, uint32_t n, uint32_t k, int with_bias)
+{
+	L->n = n;
+	L->k = k;
+	L->qweight = malloc((size_t)n * k / 2);
+	L->scales = malloc((size_t)n * (k / 128) * 2);
+	L->bias = with_bias ? malloc(n * 4) : NULL;
+	for (size_t i = 0; i < (size_t)n * k / 8; i++)
+		L->qweight[i] = rnd() ^ (rnd() << 16);
+	for (size_t i = 0; i < (size_t)n * (k / 128); i++)
+		L->scales[i] = f32_to_f16((0.002f + 0.03f * frand()) * ((rnd() & 1) ? -1.0f : 1.0f));
+	for (uint32_t i = 0; with_bias && i < n; i++)
+		L->bias[i] = nrand() * 0.5f;
+	void *tq = dalloc((size_t)n * k / 2), *ts = dalloc((size_t)n * (k / 128) * 2);
+	L->dw = dalloc(radiance__w4a8_weight_bytes(n, k));
+	L->ds = dalloc(radiance__w4a8_scale_bytes(n, k));
+	h2d(tq, L->qweight, (size_t)n * k / 2);
+	h2d(ts, L->scales, (size_t)n * (k / 128) * 2);
+	assert_int_equal(radiance__w4a8_repack(tq, ts, n, k, L->dw, L->ds, stream), 0);
+	assert_int_equal(radiance__gpu_stream_sync(stream), 0);
+	L->dbias = NULL;
+	if (with_bias) {
+		L->dbias = dalloc(n * 4);
+		h2d(L->dbias, L->bias, n * 4);
+	}
+	radiance__gpu_free(tq);
+	radiance__gpu_free(ts);
+}
+
+static void layer_drop(struct layer_data *L)
+{
+	radiance__gpu_free(L->dw);
+	radiance__gpu_free(L->ds);
+	radiance__gpu_free(L->dbias);
+	free(L->qweight);
+	free(L->scales);
+	free(L->bias);
+}
+
+/* Compares y against ref (m x n bf16); returns 0 when within tolerance. */
+static int compare(const char *what, const uint16_t *y, const uint16_t *ref, uint32_t m, uint32_t n, int exact)
+{
+	double num = 0, den = 0;
+	size_t nan_bad = 0, elem_bad = 0, diff_bits = 0;
+	for (size_t i = 0; i < (size_t)m * n; i++) {
+		double b = radiance_bf16_to_f32(ref[i]);
+		if (!isnan(b))
+			den += b * b;
+	}
+	const double rms = sqrt(den / ((double)m * n + 1));
+	for (size_t i = 0; i < (size_t)m * n; i++) {
+		double a = radiance_bf16_to_f32(y[i]), b = radiance_bf16_to_f32(ref[i]);
+		if (isnan(a) || isnan(b)) {
+			nan_bad += isnan(a) != isnan(b);
+			continue;
+		}
+		diff_bits += y[i] != ref[i];
+		num += (a - b) * (a - b);
+		if (fabs(a - b) > 0.02 * fabs(b) + 0.01 * rms) {
+			if (elem_bad < 3)
+				printf("#   %s: y[%zu][%zu] = %g, CPU %g\n", what, i / n, i % n, a, b);
+			elem_bad++;
+		}
+	}
+	const double rel = den > 0 ? sqrt(num / den) : sqrt(num);
+	const int ok = rel < 3e-3 && nan_bad == 0 && elem_bad == 0 && (!exact || diff_bits == 0);
+	if (!ok || getenv("RADIANCE_TEST_VERBOSE"))
+		printf("# %s: rel_err %.3e, elements out of tolerance %zu, NaN mismatches %zu, differing %zu%s\n", what,
+		       rel, elem_bad, nan_bad, diff_bits, ok ? "" : "  <-- FAIL");
+	return ok ? 0 : -1;
+}
+
+static const char *path_str(enum radiance__w4a8_path p)
+{
+	static const char *names[] = {"auto", "decode", "tiled", "wgmma", "portable"};
+	return names[p];
+}
+
+static int run_shape(uint32_t n, uint32_t k, const uint32_t *ms, size_t nms, int with_bias)
+{
+	struct layer_data L;
+	int failures = 0;
+	layer_make(&L, n, k, with_bias);
+	const uint32_t pad = 3;
+	const size_t part_bytes = radiance__w4a8_partials_bytes(64, n);
+	float *partials = dalloc(part_bytes);
+	const size_t ncnt = radiance__w4a8_counters_needed(n);
+	uint32_t *counters = dalloc(ncnt * 4);
+	assert_int_equal(radiance__gpu_memset_async(counters, 0, ncnt * 4, stream), 0);
+
+	for (size_t mi = 0; mi < nms; mi++) {
+		const uint32_t m = ms[mi];
+		const enum radiance_dtype dt = (mi & 1) ? RADIANCE_DTYPE_FP16 : RADIANCE_DTYPE_BF16;
+		uint16_t *x = malloc((size_t)m * k * 2), *ref = malloc((size_t)m * n * 2);
+		uint16_t *y = malloc((size_t)(m + pad) * n * 2);
+		uint8_t *codes = malloc((size_t)m * k), *gcodes = malloc((size_t)m * k);
+		void *scratch = aligned_alloc(64, (radiance_cpu_w4a8_scratch_bytes(m, k) + 63) & ~(size_t)63);
+		assert_non_null(scratch);
+		fill_x(x, m, k, dt, 0);
+		if (m >= 13)   /* a NaN row must come out as a NaN row */
+			x[(size_t)5 * k + 3] = dt == RADIANCE_DTYPE_FP16 ? 0x7E00 : 0x7FC0;
+		radiance_cpu_w4a8(x, dt, m, L.qweight, L.scales, L.bias, n, k, ref, scratch);
+		for (uint32_t r = 0; r < m; r++)
+			radiance_quant_row_e4m3(x + (size_t)r * k, dt, k, codes + (size_t)r * k);
+
+		void *dx = dalloc((size_t)m * k * 2), *dc = dalloc((size_t)m * k), *ds = dalloc(m * 4);
+		uint16_t *dy = dalloc((size_t)(m + pad) * n * 2);
+		h2d(dx, x, (size_t)m * k * 2);
+		assert_int_equal(radiance__gpu_quant(dx, dt, m, k, RADIANCE_CODES_NATURAL, dc, ds, stream), 0);
+		d2h(gcodes, dc, (size_t)m * k);
+		if (memcmp(gcodes, codes, (size_t)m * k) != 0) {
+			printf("# n=%u k=%u m=%u: activation codes differ from the CPU's  <-- FAIL\n", n, k, m);
+			failures++;
+		}
+		enum radiance__w4a8_path paths[] = {RADIANCE_W4A8_DECODE, RADIANCE_W4A8_TILED, RADIANCE_W4A8_WGMMA,
+						    RADIANCE_W4A8_PORTABLE, RADIANCE_W4A8_AUTO};
+		for (size_t pi = 0; pi < sizeof paths / sizeof paths[0]; pi++) {
+			const enum radiance__w4a8_path path = paths[pi];
+			if (path == RADIANCE_W4A8_DECODE && m > 64)
+				continue;
+			if (path == RADIANCE_W4A8_WGMMA && !dev.wgmma)
+				continue;
+			if ((path == RADIANCE_W4A8_DECODE || path == RADIANCE_W4A8_TILED || path == RADIANCE_W4A8_WGMMA) &&
+			    !dev.fp8_mma)
+				continue;
+			/* the decode path twice: the policy's split, then a forced 3-way
+			 * split; the wgmma path in each of its kernel variants */
+			const uint32_t reps = path == RADIANCE_W4A8_DECODE || path == RADIANCE_W4A8_WGMMA ? 2u : 1u;
+			for (uint32_t rep = 0; rep < reps; rep++) {
+				const uint32_t force = path == RADIANCE_W4A8_DECODE && rep ? 3u : 0u;
+				/* wgmma: 128-token tiles (variant 1), then 96 (variant 2) */
+				radiance__w4a8_set_variant(path == RADIANCE_W4A8_WGMMA ? (int)rep + 1 : 0);
+				struct radiance__w4a8_args a = {
+					.codes = dc, .s = ds, .m = m, .n = n, .k = k, .w = L.dw, .sc = L.ds,
+					.bias = L.dbias, .y = dy, .partials = partials, .partials_bytes = part_bytes,
+					.counters = counters, .counters_n = ncnt, .path = path, .max_decode_rows = 64,
+					.split = force,
+				};
+				struct radiance__w4a8_plan plan;
+				radiance__w4a8_plan(&dev, &a, &plan);
+				assert_int_equal(radiance__gpu_quant(dx, dt, m, k, plan.order, dc, ds, stream), 0);
+				for (size_t i = 0; i < (size_t)(m + pad) * n; i++)
+					y[i] = 0x7FC1;   /* poison */
+				h2d(dy, y, (size_t)(m + pad) * n * 2);
+				assert_int_equal(radiance__w4a8_gemm(&dev, &a, stream), 0);
+				assert_int_equal(radiance__gpu_stream_sync(stream), 0);
+				d2h(y, dy, (size_t)(m + pad) * n * 2);
+				char what[160];
+				snprintf(what, sizeof what, "n=%u k=%u m=%u %s %s tok=%u wk=%u split=%u variant=%u", n, k,
+					 m, dt == RADIANCE_DTYPE_FP16 ? "fp16" : "bf16", path_str(plan.path), plan.tok,
+					 plan.wk, plan.split, path == RADIANCE_W4A8_WGMMA ? rep + 1 : 0u);
+				size_t touched = 0;
+				for (size_t i = (size_t)m * n; i < (size_t)(m + pad) * n; i++)
+					touched += y[i] != 0x7FC1;
+				if (touched) {
+					printf("# %s: %zu output elements past row m were written  <-- FAIL\n", what,
+					       touched);
+					failures++;
+				}
+				failures += compare(what, y, ref, m, n, plan.path == RADIANCE_W4A8_PORTABLE) != 0;
+			}
+			radiance__w4a8_set_variant(0);
+		}
+		radiance__gpu_free(dx);
+		radiance__gpu_free(dc);
+		radiance__gpu_free(ds);
+		radiance__gpu_free(dy);
+		free(x);
+		free(ref);
+		free(y);
+		free(codes);
+		free(gcodes);
+		free(scratch);
+	}
+	radiance__gpu_free(partials);
+	radiance__gpu_free(counters);
+	layer_drop(&L);
+	return failures;
+}
+
+static const uint32_t all_m[] = {1, 2, 3, 5, 8, 13, 16, 17, 33, 64, 65, 128, 512, 2048};
+
+static void test_w4a8_narrow(void **state)
+{
+	(void)state;
+	NEED_GPU();
+	/* N = 200: 12.5 tiles of 16, not a multiple of 64 or 128; 5 groups */
+	assert_int_equal(run_shape(200, 640, all_m, sizeof all_m / sizeof all_m[0], 1), 0);
+}
+
+static void test_w4a8_splitk(void **state)
+{
+	(void)state;
+	NEED_GPU();
+	/* a narrow, deep layer: the policy splits K across blocks */
+	assert_int_equal(run_shape(72, 4096, all_m, sizeof all_m / sizeof all_m[0], 0), 0);
+}
+
+static void test_w4a8_wide(void **state)
+{
+	(void)state;
+	NEED_GPU();
+	static const uint32_t ms[] = {1, 5, 16, 33, 64, 65, 128, 300};
+	assert_int_equal(run_shape(1000, 1152, ms, sizeof ms / sizeof ms[0], 1), 0);
+}
+
+/* ---------------------------------------------------------- backend */
+
+static void test_backend_ops(void **state)
+{
+	(void)state;
+	NEED_GPU();
+	const uint32_t n = 200, k = 640, nb = 136, kb = 300;
+	struct layer_data L;
+	layer_make(&L, n, k, 1);
+	struct radiance_layer lw = {.name = "test.w4a8", .kind = RADIANCE_LAYER_W4A8, .n = n, .k = k,
+				    .qweight = L.qweight, .scales = L.scales, .bias = L.bias};
+	uint16_t *wb = malloc((size_t)nb * kb * 2);
+	float *bb = malloc(nb * 4);
+	for (size_t i = 0; i < (size_t)nb * kb; i++)
+		wb[i] = radiance_bf16_from_f32(nrand() * 0.05f);
+	for (uint32_t i = 0; i < nb; i++)
+		bb[i] = nrand();
+	struct radiance_layer lb = {.name = "test.bf16", .kind = RADIANCE_LAYER_BF16, .n = nb, .k = kb,
+				    .weight = wb, .bias = bb};
+
+	struct radiance_backend_options opt = {.kind = "gpu", .device = 0, .max_rows = 160,
+					       .max_decode_rows = 64, .max_n = 256, .max_k = 1024};
+	struct radiance_backend *be = NULL;
+	char err[256] = "";
+	int rc = radiance_backend_create(&opt, &be, err, sizeof err);
+	if (rc)
+		printf("# backend create: %s\n", err);
+	assert_int_equal(rc, 0);
+	struct radiance_backend_info info;
+	radiance_backend_info(be, &info);
+	printf("# backend %s on %s, %.1f MiB scratch\n", info.name, info.device, info.scratch_bytes / 1048576.0);
+	struct radiance_backend_layer *hw = NULL, *hb = NULL;
+	assert_int_equal(radiance_backend_layer_upload(be, &lw, &hw, err, sizeof err), 0);
+	assert_int_equal(radiance_backend_layer_upload(be, &lb, &hb, err, sizeof err), 0);
+
+	/* an arena like a session's: page-aligned, registered, requests inside */
+	const size_t arena_len = 8u << 20;
+	uint8_t *arena = aligned_alloc(4096, arena_len);
+	assert_non_null(arena);
+	memset(arena, 0xA5, arena_len);
+	assert_int_equal(radiance_backend_register_host(be, arena, arena_len, err, sizeof err), 0);
+
+	static const uint32_t groups[][4] = {{1, 5, 17, 0}, {64, 0, 0, 0}, {40, 60, 50, 0}, {3, 2, 1, 7}};
+	for (size_t gi = 0; gi < sizeof groups / sizeof groups[0]; gi++) {
+		for (int layer = 0; layer < 2; layer++) {
+			const struct radiance_layer *l = layer ? &lb : &lw;
+			struct radiance_rows rows[4];
+			size_t nrows = 0, off = 0;
+			for (size_t j = 0; j < 4 && groups[gi][j]; j++) {
+				const uint32_t m = groups[gi][j];
+				const enum radiance_dtype dt = ((gi + j) & 1) ? RADIANCE_DTYPE_FP16 : RADIANCE_DTYPE_BF16;
+				uint16_t *x = (uint16_t *)(arena + off);
+				off += ((size_t)m * l->k * 2 + 63) & ~(size_t)63;
+				uint16_t *y = (uint16_t *)(arena + off);
+				off += ((size_t)(m + 1) * l->n * 2 + 63) & ~(size_t)63;   /* + a guard row */
+				fill_x(x, m, l->k, dt, 0);
+				for (size_t i = 0; i < (size_t)(m + 1) * l->n; i++)
+					y[i] = 0x7FC1;
+				rows[nrows++] = (struct radiance_rows){.x = x, .y = y, .m = m, .dtype = dt};
+			}
+			rc = radiance_backend_linear(be, l, layer ? hb : hw, rows, nrows, err, sizeof err);
+			if (rc)
+				printf("# linear: %s\n", err);
+			assert_int_equal(rc, 0);
+			for (size_t j = 0; j < nrows; j++) {
+				const struct radiance_rows *r = &rows[j];
+				uint16_t *ref = malloc((size_t)r->m * l->n * 2);
+				if (layer) {
+					radiance_cpu_bf16(r->x, r->dtype, r->m, wb, bb, nb, kb, ref);
+				} else {
+					void *scr = aligned_alloc(64, (radiance_cpu_w4a8_scratch_bytes(r->m, k) + 63) & ~63ul);
+					radiance_cpu_w4a8(r->x, r->dtype, r->m, L.qweight, L.scales, L.bias, n, k, ref, scr);
+					free(scr);
+				}
+				char what[128];
+				snprintf(what, sizeof what, "backend %s request %zu of %zu (m=%u, %s)", l->name, j, nrows,
+					 r->m, r->dtype == RADIANCE_DTYPE_FP16 ? "fp16" : "bf16");
+				assert_int_equal(compare(what, r->y, ref, r->m, l->n, 0), 0);
+				for (uint32_t i = 0; i < l->n; i++)
+					assert_int_equal(r->y[(size_t)r->m * l->n + i], 0x7FC1);
+				free(ref);
+			}
+		}
+	}
+	/* more rows than max_rows: refused, nothing run */
+	struct radiance_rows big = {.x = arena, .y = (uint16_t *)(arena + (4u << 20)), .m = 161,
+				    .dtype = RADIANCE_DTYPE_BF16};
+	assert_int_equal(radiance_backend_linear(be, &lw, hw, &big, 1, err, sizeof err), -E2BIG);
+
+	radiance_backend_unregister_host(be, arena);
+	radiance_backend_layer_free(be, hw);
+	radiance_backend_layer_free(be, hb);
+	radiance_backend_destroy(be);
+	free(arena);
+	free(wb);
+	free(bb);
+	layer_drop(&L);
+}
+
+/* ------------------------------------------------------- checkpoint */
+
+static void test_checkpoint_layers(void **state)
+{
+	(void)state;
+	NEED_GPU();
+	const char *data = getenv("RADIANCE_TEST_DATA") ? getenv("RADIANCE_TEST_DATA") : "tests/data";
+	char dir[512], acts[512], err[512] = "";
+	snprintf(dir, sizeof dir, "%s/minilm-w4g128", data);
+	snprintf(acts, sizeof acts, "%s/minilm-acts.safetensors", data);
+	struct radiance_model *model = NULL;
+	struct radiance_st_file *st = NULL;
+	int rc = radiance_checkpoint_load_dir(dir, NULL, NULL, NULL, &model, err, sizeof err);
+	if (rc) {
+		printf("# checkpoint %s not loadable (%s): skipped\n", dir, err);
+		skip();
+	}
+	rc = radiance_st_open_path(acts, &st, err, sizeof err);
+	if (rc) {
+		printf("# activations %s not readable (%s): skipped\n", acts, err);
+		radiance_model_destroy(model);
+		skip();
+	}
+	uint32_t max_n = 0, max_k = 0, max_m = 1;
+	for (size_t i = 0; i < model->n_layers; i++) {
+		const struct radiance_layer *l = &model->layers[i];
+		char name[512];
+		snprintf(name, sizeof name, "%s.x", l->name);
+		const struct radiance_st_tensor *t = radiance_st_find(st, name);
+		max_n = l->n > max_n ? l->n : max_n;
+		max_k = l->k > max_k ? l->k : max_k;
+		if (t && t->ndim == 2 && t->shape[0] > max_m)
+			max_m = (uint32_t)t->shape[0];
+	}
+	struct radiance_backend_options opt = {.kind = "gpu", .max_rows = max_m, .max_decode_rows = 64,
+					       .max_n = max_n, .max_k = max_k};
+	struct radiance_backend *be = NULL;
+	assert_int_equal(radiance_backend_create(&opt, &be, err, sizeof err), 0);
+	size_t checked = 0, failed = 0;
+	for (size_t i = 0; i < model->n_layers; i++) {
+		const struct radiance_layer *l = &model->layers[i];
+		char name[512];
+		snprintf(name, sizeof name, "%s.x", l->name);
+		const struct radiance_st_tensor *t = radiance_st_find(st, name);
+		if (!t || t->dtype != RADIANCE_ST_F32 || t->ndim != 2 || t->shape[1] != l->k) {
+			printf("# layer %s: no captured activations\n", l->name);
+			continue;
+		}
+		const uint32_t m = (uint32_t)t->shape[0];
+		uint16_t *x = malloc((size_t)m * l->k * 2), *y = malloc((size_t)m * l->n * 2);
+		uint16_t *ref = malloc((size_t)m * l->n * 2);
+		for (uint64_t j = 0; j < (uint64_t)m * l->k; j++)
+			x[j] = radiance_bf16_from_f32(radiance_st_get_f32(t, j));
+		struct radiance_backend_layer *h = NULL;
+		assert_int_equal(radiance_backend_layer_upload(be, l, &h, err, sizeof err), 0);
+		struct radiance_rows r = {.x = x, .y = y, .m = m, .dtype = RADIANCE_DTYPE_BF16};
+		assert_int_equal(radiance_backend_linear(be, l, h, &r, 1, err, sizeof err), 0);
+		if (l->kind == RADIANCE_LAYER_W4A8) {
+			void *scr = aligned_alloc(64, (radiance_cpu_w4a8_scratch_bytes(m, l->k) + 63) & ~63ul);
+			radiance_cpu_w4a8(x, RADIANCE_DTYPE_BF16, m, l->qweight, l->scales, l->bias, l->n, l->k, ref,
+					  scr);
+			free(scr);
+		} else {
+			radiance_cpu_bf16(x, RADIANCE_DTYPE_BF16, m, l->weight, l->bias, l->n, l->k, ref);
+		}
+		char what[600];
+		snprintf(what, sizeof what, "checkpoint %s (%s %ux%u, m=%u)", l->name,
+			 l->kind == RADIANCE_LAYER_W4A8 ? "w4a8" : "bf16", l->n, l->k, m);
+		failed += compare(what, y, ref, m, l->n, 0) != 0;
+		checked++;
+		radiance_backend_layer_free(be, h);
+		free(x);
+		free(y);
+		free(ref);
+	}
+	printf("# checkpoint: %zu layers checked against the CPU reference, %zu out of tolerance\n", checked, failed);
+	radiance_backend_destroy(be);
+	radiance_st_close(st);
+	radiance_model_destroy(model);
+	assert_true(checked > 0);
+	assert_int_equal(failed, 0);
+}
+
+#else /* CPU-only build */
+
+static int setup(void **state) { (void)state; return 0; }
+static int teardown(void **state) { (void)state; return 0; }
+static void test_quant_codes(void **state) { (void)state; skip(); }
+static void test_w4a8_narrow(void **state) { (void)state; skip(); }
+static void test_w4a8_splitk(void **state) { (void)state; skip(); }
+static void test_w4a8_wide(void **state) { (void)state; skip(); }
+static void test_backend_ops(void **state) { (void)state; skip(); }
+static void test_checkpoint_layers(void **state) { (void)state; skip(); }
+
+#endif
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_quant_codes),
+		cmocka_unit_test(test_w4a8_narrow),
+		cmocka_unit_test(test_w4a8_splitk),
+		cmocka_unit_test(test_w4a8_wide),
+		cmocka_unit_test(test_backend_ops),
+		cmocka_unit_test(test_checkpoint_layers),
+	};
+	return cmocka_run_group_tests_name("test_gpu", tests, setup, teardown);
+}
