@@ -38,7 +38,9 @@ CFLAGS  ?= -O2 -g
 WARN    := -Wall -Wextra -Werror -Wno-unused-parameter
 INC     := -Icommon -Iproto -Ikernels -Idaemon -Iclient -I$(BUILD)/gen
 DEFS    := -D_GNU_SOURCE -DRADIANCE_VERSION=\"$(VERSION)\"
-ALLCFLAGS = -std=c11 $(WARN) $(INC) $(DEFS) -fPIC $(SANFLAGS) $(CFLAGS) $(GPU_DEFS)
+# -ffp-contract=off: the CPU reference rounds every product and sum as written
+# (a fused multiply-add would change results between machines).
+ALLCFLAGS = -std=c11 $(WARN) $(INC) $(DEFS) -fPIC -ffp-contract=off $(SANFLAGS) $(CFLAGS) $(GPU_DEFS)
 
 # Libraries found through pkg-config. STATIC_DEPS=1 links libuv, protobuf-c,
 # jansson and inih statically (for hosts without them, such as the H200 host).
@@ -227,7 +229,7 @@ FUZZ_DIR     := $(BUILD)/fuzz
 FUZZ_BIN     := $(addprefix $(FUZZ_DIR)/,$(FUZZ_NAMES))
 FUZZ_REPLAY  := $(addprefix $(BUILD)/fuzz-replay/,$(FUZZ_NAMES))
 FUZZ_LIB     := $(FUZZ_DIR)/libradiance-fuzz.a
-FUZZ_LIB_OBJ := $(patsubst %.c,$(FUZZ_DIR)/obj/%.o,$(COMMON_SRC) $(CORE_SRC)) \
+FUZZ_LIB_OBJ := $(patsubst %.c,$(FUZZ_DIR)/obj/%.o,$(COMMON_SRC) $(CORE_SRC) $(CLIENT_SRC)) \
                 $(FUZZ_DIR)/obj/gen/radiance.pb-c.o
 # Product code is instrumented for coverage (fuzzer-no-link) as well as the
 # targets; no GPU backend: the targets use the CPU one.
@@ -262,10 +264,10 @@ $(FUZZ_DIR)/fuzz_%: $(FUZZ_DIR)/obj/tests/fuzz/fuzz_%.o $(FUZZ_LIB)
 	$(FUZZ_CC) -fsanitize=fuzzer,$(FUZZ_SAN) -o $@ $< $(FUZZ_LIB) $(DEP_LIBS)
 
 $(BUILD)/fuzz-replay/fuzz_%: $(BUILD)/obj/tests/fuzz/fuzz_%.o $(BUILD)/obj/tests/fuzz/replay.o \
-			     $(LIB_CORE) $(LIB_COMMON)
+			     $(LIB_CORE) $(LIB_CLIENT_A) $(LIB_COMMON)
 	@mkdir -p $(dir $@)
-	$(CC) $(SANFLAGS) -o $@ $< $(BUILD)/obj/tests/fuzz/replay.o $(LIB_CORE) $(LIB_COMMON) \
-		$(DEP_LIBS) $(GPU_LIBS)
+	$(CC) $(SANFLAGS) -o $@ $< $(BUILD)/obj/tests/fuzz/replay.o $(LIB_CORE) $(LIB_CLIENT_A) \
+		$(LIB_COMMON) $(DEP_LIBS) $(GPU_LIBS)
 
 # New inputs go to $(FUZZ_DIR)/corpus/<target> (the seeds in tests/fuzz/corpus
 # are read, never written); crashes to $(FUZZ_DIR)/artifacts/<target>/.

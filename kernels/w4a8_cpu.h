@@ -4,8 +4,8 @@
  * they serve requests where there is no GPU.
  *
  * Layouts are the canonical host layouts of daemon/model.h. All functions are
- * reentrant and thread-safe (no global state); they allocate nothing except
- * radiance_cpu_w4a8(), which takes a caller-provided scratch.
+ * reentrant and thread-safe (no global state) and allocate nothing on the
+ * heap; radiance_cpu_w4a8() takes a caller-provided scratch.
  */
 #ifndef RADIANCE_W4A8_CPU_H
 #define RADIANCE_W4A8_CPU_H

@@ -522,15 +522,19 @@ __global__ void __launch_bounds__(256) rad_w4a8_portable(gemm_params P)
 	for (uint32_t g = 0; g < G; g++) {
 		const uint32_t *wg = wt + (size_t)g * 256;
 		const uint8_t *xg = xr + (size_t)g * RAD_GROUP;
-		float p = 0.f;
+		/* eight partial sums, element i of the group into sum i % 8, then
+		 * combined pairwise: the order of the CPU's dot_group() */
+		float pa[8] = { 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f };
 		for (uint32_t wi = 0; wi < 16; wi++) {
 			uint32_t w = wg[wi];
 			for (uint32_t q = 0; q < 8; q++) {
 				float xv = rad_e4m3_to_f32(xg[wi * 8 + q]);
 				float wv = (float)rad_word_int(w, q);
-				p = RAD_FADD(p, RAD_FMUL(xv, wv));
+				pa[q] = RAD_FADD(pa[q], RAD_FMUL(xv, wv));
 			}
 		}
+		float p = RAD_FADD(RAD_FADD(RAD_FADD(pa[0], pa[4]), RAD_FADD(pa[1], pa[5])),
+				   RAD_FADD(RAD_FADD(pa[2], pa[6]), RAD_FADD(pa[3], pa[7])));
 		float sc = rad_scale_of_row(P.sc + ((size_t)tile * G + g) * RAD_SCALE_BYTES, row);
 		acc = RAD_FADD(acc, RAD_FMUL(p, sc));
 	}

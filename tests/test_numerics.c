@@ -289,7 +289,7 @@ static void test_end_to_end_minus_36(void **state)
 	uint16_t x[K] = { 0 }, y[1];
 	uint32_t qw[K / 8];
 	uint16_t sc[1] = { 0x3C00 };
-	uint8_t scratch[256] __attribute__((aligned(16)));
+	uint8_t scratch[2048] __attribute__((aligned(16)));
 
 	assert_true(radiance_cpu_w4a8_scratch_bytes(1, K) <= sizeof scratch);
 	for (int i = 0; i < K / 8; i++)
