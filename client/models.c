@@ -321,21 +321,20 @@ int radiance_attach_model(struct radiance *r, const char *name, uint32_t *model_
 	return rc;
 }
 
-int radiance_release_model(struct radiance *r, uint32_t model_id)
+static int release(struct radiance *r, uint32_t model_id, bool drop_preload)
 {
 	if (r->error)
 		return r->error;
-	struct radiance__client_held *h = radiance__client_find_held(r, model_id);
+	struct radiance__client_held *h = drop_preload ? NULL : radiance__client_find_held(r, model_id);
 	if (h && r->in_flight)
 		return radiance__client_fail(r, -EBUSY, "%u requests in flight", r->in_flight);
 	Radiance__ReleaseModel rel = RADIANCE__RELEASE_MODEL__INIT;
 	rel.model_id = model_id;
+	rel.drop_preload = drop_preload;
 	Radiance__ClientMessage msg = RADIANCE__CLIENT_MESSAGE__INIT;
 	msg.msg_case = RADIANCE__CLIENT_MESSAGE__MSG_RELEASE_MODEL;
 	msg.release_model = &rel;
 	Radiance__ServerMessage *reply;
-	/* Sent even when this handle holds no reference: the daemon decides
-	 * (radiancectl's unload of a preloaded model goes this way). */
 	int rc = radiance__client_request(r, &msg, NULL, 0, NULL, NULL, &reply);
 	if (rc < 0)
 		return rc;
@@ -348,6 +347,16 @@ int radiance_release_model(struct radiance *r, uint32_t model_id)
 		*h = r->held[--r->n_held];
 	}
 	return rc;
+}
+
+int radiance_release_model(struct radiance *r, uint32_t model_id)
+{
+	return release(r, model_id, false);
+}
+
+int radiance_unload_preloaded(struct radiance *r, uint32_t model_id)
+{
+	return release(r, model_id, true);
 }
 
 /* --- queries -------------------------------------------------------------- */

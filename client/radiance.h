@@ -256,6 +256,13 @@ int radiance_attach_model(struct radiance *r, const char *name, uint32_t *model_
  * (requests still in flight on this handle), or a sticky error. */
 int radiance_release_model(struct radiance *r, uint32_t model_id);
 
+/* Drops the daemon's own hold on a preloaded model (radianced --preload):
+ * it is unloaded at once if no session holds it, else when the last one
+ * releases it. This session's own reference, if any, is not touched.
+ * Allowed to root and to the daemon's own user. Returns 0, -ENOENT (no
+ * preloaded model has that id), -EPERM, or a sticky error. */
+int radiance_unload_preloaded(struct radiance *r, uint32_t model_id);
+
 /* The description of a model this session holds (layers included), or NULL
  * when it holds no reference to model_id. Owned by the handle, valid until
  * that reference is released or the handle disconnected. No I/O. */

@@ -421,7 +421,7 @@ static int cmd_unload(struct ctl *c, const char *model)
 			id, users);
 		return EXIT_FAILED;
 	}
-	rc = radiance_release_model(c->r, id);
+	rc = radiance_unload_preloaded(c->r, id);
 	if (rc < 0)
 		return fail(c, rc, "unload (dropping the daemon's preload reference)");
 	if (c->json)

@@ -329,23 +329,20 @@ static void handle_attach(struct radiance_session *s, uint64_t tag, const Radian
 	send_model_info(s, tag, res);
 }
 
-static void handle_release(struct radiance_session *s, uint64_t tag, uint32_t model_id)
+static void handle_release(struct radiance_session *s, uint64_t tag,
+			   const Radiance__ReleaseModel *rel)
 {
-	for (size_t i = 0; i < s->nmodels; i++) {
-		if (s->models[i]->em.id == model_id) {
-			log_info("session %llu: releases model %u", (unsigned long long)s->id, model_id);
-			session_drop_model(s, i);
-			send_ok(s, tag);
+	uint32_t model_id = rel->model_id;
+	if (rel->drop_preload) {
+		/* the daemon's own hold: for the people who could edit its config */
+		struct radiance_resident *res = registry_find_id(s->server->reg, model_id);
+		if (!res || !res->preloaded) {
+			send_error(s, tag, ENOENT, "model_id %u is not a preloaded model", model_id);
 			return;
 		}
-	}
-	/* Not held by this session: a preloaded model may be unpinned by root or
-	 * by the daemon's own user (the people who could edit its config). */
-	struct radiance_resident *res = registry_find_id(s->server->reg, model_id);
-	if (res && res->preloaded) {
 		if (s->uid != 0 && s->uid != geteuid()) {
-			send_error(s, tag, EPERM, "model %u is preloaded; only root or uid %u may "
-				   "unload it (peer uid %u)", model_id, (unsigned)geteuid(),
+			send_error(s, tag, EPERM, "model %u is preloaded; only root%s may unload it "
+				   "(peer uid %u)", model_id, geteuid() ? " or the daemon's user" : "",
 				   (unsigned)s->uid);
 			return;
 		}
@@ -354,6 +351,14 @@ static void handle_release(struct radiance_session *s, uint64_t tag, uint32_t mo
 		registry_unpin(res);
 		send_ok(s, tag);
 		return;
+	}
+	for (size_t i = 0; i < s->nmodels; i++) {
+		if (s->models[i]->em.id == model_id) {
+			log_info("session %llu: releases model %u", (unsigned long long)s->id, model_id);
+			session_drop_model(s, i);
+			send_ok(s, tag);
+			return;
+		}
 	}
 	send_error(s, tag, ENOENT, "model_id %u is not loaded by this session", model_id);
 }
@@ -680,7 +685,7 @@ void session_handle_frame(struct radiance_session *s, const uint8_t *data, size_
 		handle_attach(s, m->tag, m->attach_model);
 		break;
 	case RADIANCE__CLIENT_MESSAGE__MSG_RELEASE_MODEL:
-		handle_release(s, m->tag, m->release_model->model_id);
+		handle_release(s, m->tag, m->release_model);
 		break;
 	case RADIANCE__CLIENT_MESSAGE__MSG_GET_MODEL:
 		handle_get_model(s, m->tag, m->get_model->model_id);

@@ -419,6 +419,16 @@ static void preloaded_model(void **state)
 	/* nobody holds it now, and it stays: preloaded */
 	r = connect_named("preload-2");
 	wait_models(r, 1, 0);
+	/* a double release is an error and never touches the daemon's hold */
+	assert_int_equal(radiance_attach_model(r, ref.model_name, &id), 0);
+	assert_int_equal(radiance_release_model(r, id), 0);
+	assert_int_equal(radiance_release_model(r, id), -ENOENT);
+	wait_models(r, 1, 0);
+	/* the explicit unload drops it (the tests run as root) ... */
+	assert_int_equal(radiance_unload_preloaded(r, id), 0);
+	wait_models(r, 0, 0);
+	/* ... and there is nothing left to unload */
+	assert_int_equal(radiance_unload_preloaded(r, id), -ENOENT);
 	radiance_disconnect(r);
 }
 
