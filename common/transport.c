@@ -170,6 +170,14 @@ int radiance_conn_next_frame(struct radiance_conn *c, const uint8_t **data, size
 	return 1;
 }
 
+uint32_t radiance_conn_bad_length(const struct radiance_conn *c)
+{
+	/* both read() and next_frame() leave the refused prefix at in_consumed */
+	if (c->in_len < c->in_consumed + 4)
+		return 0;
+	return get_le32(c->in + c->in_consumed);
+}
+
 size_t radiance_conn_queued_fds(const struct radiance_conn *c)
 {
 	return c->in_nfds;

@@ -76,6 +76,10 @@ int radiance_conn_read(struct radiance_conn *c);
  * the length prefix is 0 or above max_frame (the connection is unusable). */
 int radiance_conn_next_frame(struct radiance_conn *c, const uint8_t **data, size_t *len);
 
+/* After read() or next_frame() returned -EMSGSIZE: the length prefix that
+ * was refused (for the error message). */
+uint32_t radiance_conn_bad_length(const struct radiance_conn *c);
+
 /* Received fds not yet taken. Right after next_frame() returned 1, these are
  * the fds that came with that frame. */
 size_t radiance_conn_queued_fds(const struct radiance_conn *c);

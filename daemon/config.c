@@ -3,10 +3,12 @@
 
 #include <errno.h>
 #include <getopt.h>
+#include <grp.h>
 #include <ini.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "log.h"
@@ -36,7 +38,8 @@ static const struct setting settings[] = {
 	{ "preload", 'p', "DIR", V_PRELOAD, OFF(preload), 0, 0,
 	  "load this checkpoint at start and keep it resident (repeatable; the config "
 	  "key takes a space-separated list)" },
-	{ "max_sessions", 256, "N", V_U32, OFF(max_sessions), 1, 65536, "clients at once (64)" },
+	{ "max_sessions", 256, "N", V_U32, OFF(max_sessions), 1, 65536,
+	  "connections at once, counting those still in the handshake (64)" },
 	{ "max_arena_bytes", 257, "BYTES", V_BYTES, OFF(max_arena_bytes), 4096, 1ull << 40,
 	  "largest arena a session may ask for (1G)" },
 	{ "arena_bytes", 258, "BYTES", V_BYTES, OFF(arena_bytes), 4096, 1ull << 40,
@@ -53,11 +56,33 @@ static const struct setting settings[] = {
 	  "largest layer K the backend's scratch is sized for (32768)" },
 	{ "max_n", 264, "N", V_U32, OFF(max_n), 1, 1u << 22,
 	  "largest layer N the backend's scratch is sized for (65536)" },
+	{ "hello_timeout_ms", 265, "MS", V_U32, OFF(hello_timeout_ms), 1, 3600000,
+	  "close a connection that sends no Hello within this many ms (5000)" },
 	{ "log_level", 'l', "LEVEL", V_LOGLEVEL, OFF(log_level), 0, 0,
 	  "silent, error, warn, info or debug (info)" },
 };
 #define NSETTINGS (sizeof settings / sizeof settings[0])
 enum { OPT_CONFIG = 'c', OPT_NO_CONFIG = 300, OPT_HELP = 'h', OPT_VERSION = 'V' };
+
+/* Where each setting's value came from ("default", "--max-rows",
+ * "/etc/radiance/radianced.conf:12"), for errors about combinations. */
+struct origins {
+	char where[NSETTINGS][320];
+};
+
+static size_t setting_index(const char *key)
+{
+	for (size_t i = 0; i < NSETTINGS; i++)
+		if (strcmp(settings[i].key, key) == 0)
+			return i;
+	return NSETTINGS;
+}
+
+static const char *origin(const struct origins *o, const char *key)
+{
+	size_t i = setting_index(key);
+	return i < NSETTINGS && o->where[i][0] ? o->where[i] : "default";
+}
 
 int config_init(struct radiance_config *cfg)
 {
@@ -74,7 +99,9 @@ int config_init(struct radiance_config *cfg)
 	cfg->sq_entries = 256;
 	cfg->max_k = 32768;
 	cfg->max_n = 65536;
+	cfg->hello_timeout_ms = 5000;
 	cfg->log_level = RADIANCE_LOG_INFO;
+	cfg->socket_gid = (gid_t)-1;
 	return 0;
 }
 
@@ -216,12 +243,58 @@ static int apply(struct radiance_config *cfg, const struct setting *st, const ch
 
 struct file_ctx {
 	struct radiance_config *cfg;
+	struct origins *origins;     /* NULL: not tracked */
 	const char *path;
+	FILE *f;
 	int rc;
 	char *err;
 	size_t errlen;
-	int line;
+	int line;                    /* of the line inih is parsing */
+	int at_line_start;
 };
+
+/* libinih's reader: fgets that counts lines (so the handler can name them)
+ * and refuses a line longer than libinih's buffer instead of letting it
+ * split the line in two. */
+static char *config_read_line(char *str, int num, void *stream)
+{
+	struct file_ctx *ctx = stream;
+	if (!fgets(str, num, ctx->f))
+		return NULL;
+	size_t len = strlen(str);
+	if (ctx->at_line_start)
+		ctx->line++;
+	ctx->at_line_start = len > 0 && str[len - 1] == '\n';
+	if (!ctx->at_line_start && !feof(ctx->f)) {
+		if (!ctx->rc) {
+			snprintf(ctx->err, ctx->errlen, "%s:%d: line longer than %d bytes", ctx->path,
+				 ctx->line, num - 3);
+			ctx->rc = -EINVAL;
+		}
+		int c;
+		while ((c = getc(ctx->f)) != EOF && c != '\n')
+			;
+		ctx->at_line_start = 1;
+		str[0] = 0;   /* an empty line for libinih */
+	}
+	return str;
+}
+
+/* docs/daemon.md promises '#' and ';' comments after a value; libinih only
+ * strips ';' ones. A comment starts at a '#' or ';' that begins the value or
+ * follows whitespace ("a#b" stays a value). */
+static void strip_inline_comment(char *v)
+{
+	for (char *p = v; *p; p++) {
+		if ((*p == '#' || *p == ';') && (p == v || p[-1] == ' ' || p[-1] == '\t')) {
+			*p = 0;
+			break;
+		}
+	}
+	size_t n = strlen(v);
+	while (n && (v[n - 1] == ' ' || v[n - 1] == '\t'))
+		v[--n] = 0;
+}
 
 static int config_ini_line(void *user, const char *section, const char *name, const char *value
 #if INI_HANDLER_LINENO
@@ -233,10 +306,10 @@ static int config_ini_line(void *user, const char *section, const char *name, co
 	char where[512];
 	if (ctx->rc)
 		return 0;
-	snprintf(where, sizeof where, "%s: %s", ctx->path, name);
+	snprintf(where, sizeof where, "%s:%d: %s", ctx->path, ctx->line, name);
 	if (*section && strcmp(section, "radianced") != 0) {
-		snprintf(ctx->err, ctx->errlen, "%s: unknown section [%s] (expected none or "
-			 "[radianced])", ctx->path, section);
+		snprintf(ctx->err, ctx->errlen, "%s:%d: unknown section [%s] (expected none or "
+			 "[radianced])", ctx->path, ctx->line, section);
 		ctx->rc = -EINVAL;
 		return 0;
 	}
@@ -246,20 +319,32 @@ static int config_ini_line(void *user, const char *section, const char *name, co
 	for (char *p = key; *p; p++)
 		if (*p == '-')
 			*p = '_';
-	for (size_t i = 0; i < NSETTINGS; i++) {
-		if (strcmp(settings[i].key, key) == 0) {
-			int rc = apply(ctx->cfg, &settings[i], value, where, ctx->err, ctx->errlen);
-			if (rc < 0)
-				ctx->rc = rc;
-			return rc == 0;
-		}
+	size_t i = setting_index(key);
+	if (i == NSETTINGS) {
+		snprintf(ctx->err, ctx->errlen, "%s:%d: unknown key '%s'", ctx->path, ctx->line, name);
+		ctx->rc = -EINVAL;
+		return 0;
 	}
-	snprintf(ctx->err, ctx->errlen, "%s: unknown key '%s'", ctx->path, name);
-	ctx->rc = -EINVAL;
-	return 0;
+	char *v = strdup(value);
+	if (!v) {
+		ctx->rc = -ENOMEM;
+		return 0;
+	}
+	strip_inline_comment(v);
+	int rc = apply(ctx->cfg, &settings[i], v, where, ctx->err, ctx->errlen);
+	free(v);
+	if (rc < 0) {
+		ctx->rc = rc;
+		return 0;
+	}
+	if (ctx->origins)
+		snprintf(ctx->origins->where[i], sizeof ctx->origins->where[i], "%s:%d", ctx->path,
+			 ctx->line);
+	return 1;
 }
 
-int config_parse_file(struct radiance_config *cfg, const char *path, char *err, size_t errlen)
+static int parse_file(struct radiance_config *cfg, struct origins *origins, const char *path,
+		      char *err, size_t errlen)
 {
 	FILE *f = fopen(path, "re");
 	if (!f) {
@@ -267,18 +352,33 @@ int config_parse_file(struct radiance_config *cfg, const char *path, char *err, 
 		snprintf(err, errlen, "config file %s: %s", path, strerror(e));
 		return -e;
 	}
-	struct file_ctx ctx = { cfg, path, 0, err, errlen, 0 };
-	int line = ini_parse_file(f, config_ini_line, &ctx);
+	/* fopen takes a directory, and libinih would read it as an empty file */
+	struct stat st;
+	if (fstat(fileno(f), &st) < 0) {
+		int e = errno;
+		snprintf(err, errlen, "config file %s: %s", path, strerror(e));
+		fclose(f);
+		return -e;
+	}
+	if (!S_ISREG(st.st_mode)) {
+		int e = S_ISDIR(st.st_mode) ? EISDIR : EINVAL;
+		snprintf(err, errlen, "config file %s: %s", path,
+			 e == EISDIR ? "is a directory" : "is not a regular file");
+		fclose(f);
+		return -e;
+	}
+	struct file_ctx ctx = {
+		.cfg = cfg, .origins = origins, .path = path, .f = f,
+		.err = err, .errlen = errlen, .at_line_start = 1,
+	};
+	int line = ini_parse_stream(config_read_line, &ctx, config_ini_line, &ctx);
+	int read_error = ferror(f);
 	fclose(f);
-	if (ctx.rc) {
-		/* name the line too: libinih returns the first line its handler refused */
-		if (line > 0) {
-			char msg[512];
-			snprintf(msg, sizeof msg, "%s", err);
-			const char *rest = strncmp(msg, path, strlen(path)) == 0 ? msg + strlen(path) : msg;
-			snprintf(err, errlen, "%s:%d%s", path, line, rest);
-		}
+	if (ctx.rc)
 		return ctx.rc;
+	if (read_error) {
+		snprintf(err, errlen, "config file %s: read error", path);
+		return -EIO;
 	}
 	if (line != 0) {
 		snprintf(err, errlen, "%s:%d: syntax error (expected key = value)", path, line);
@@ -287,14 +387,46 @@ int config_parse_file(struct radiance_config *cfg, const char *path, char *err, 
 	return 0;
 }
 
+int config_parse_file(struct radiance_config *cfg, const char *path, char *err, size_t errlen)
+{
+	return parse_file(cfg, NULL, path, err, errlen);
+}
+
+/* Width of the option column of --help: the longest "-x, --name ARG". */
+#define USAGE_COLUMN 28
+
+#define USAGE_WIDTH 79
+
+/* One option: its help wrapped at word boundaries to USAGE_WIDTH. */
+static void usage_line(FILE *out, const char *opt, const char *help)
+{
+	const int room = USAGE_WIDTH - 3 - USAGE_COLUMN;
+	fprintf(out, "  %-*s ", USAGE_COLUMN, opt);
+	while (*help) {
+		int n = (int)strlen(help);
+		if (n > room) {
+			n = room;
+			while (n > 0 && help[n] != ' ')
+				n--;
+			if (n == 0)
+				n = (int)strcspn(help, " ");
+		}
+		fprintf(out, "%.*s\n", n, help);
+		help += n;
+		help += strspn(help, " ");
+		if (*help)
+			fprintf(out, "  %-*s ", USAGE_COLUMN, "");
+	}
+}
+
 static void usage(FILE *out)
 {
 	fprintf(out,
 		"Usage: radianced [OPTION]...\n"
-		"Serve W4A8 linear layers of resident int4 checkpoints to local clients.\n\n"
-		"  -c, --config PATH          config file (default " RADIANCE_DEFAULT_CONFIG
-		" if it exists)\n"
-		"      --no-config            read no config file\n");
+		"Serve W4A8 linear layers of resident int4 checkpoints to local clients.\n\n");
+	usage_line(out, "-c, --config PATH",
+		   "config file (default " RADIANCE_DEFAULT_CONFIG " if it exists)");
+	usage_line(out, "    --no-config", "read no config file");
 	for (size_t i = 0; i < NSETTINGS; i++) {
 		const struct setting *st = &settings[i];
 		char opt[64], name[48];
@@ -306,14 +438,27 @@ static void usage(FILE *out)
 			snprintf(opt, sizeof opt, "-%c, --%s %s", st->opt, name, st->arg);
 		else
 			snprintf(opt, sizeof opt, "    --%s %s", name, st->arg);
-		fprintf(out, "  %-26s %s\n", opt, st->help);
+		usage_line(out, opt, st->help);
 	}
+	usage_line(out, "-h, --help", "show this help");
+	usage_line(out, "-V, --version", "show the version");
 	fprintf(out,
-		"  -h, --help                 show this help\n"
-		"  -V, --version              show the version\n\n"
-		"The config file takes the long option names as keys (key = value, '_' or '-').\n"
-		"The command line overrides the file; --preload on the command line replaces\n"
-		"the file's preload list.\n");
+		"\n"
+		"The config file takes the long option names as keys (key = value, '_' or '-');\n"
+		"'#' and ';' start comments, also after a value. The command line overrides\n"
+		"the file; --preload on the command line replaces the file's preload list.\n"
+		"\n"
+		"Signals:\n"
+		"  TERM, INT     stop accepting, finish what clients submitted, exit 0\n"
+		"  HUP           logged and ignored: the configuration is read only at start\n"
+		"                (restart to apply changes); USR1 and USR2 are ignored too\n"
+		"  QUIT          the default action: exit with a core dump\n"
+		"\n"
+		"Exit status: 0 after TERM/INT (or --help, --version), 1 when start-up or\n"
+		"the daemon fails (the log says why), 2 for a bad command line or config file.\n"
+		"\n"
+		"Logs go to stderr, one line per event; under systemd that is the journal\n"
+		"(journalctl -u radianced). See docs/daemon.md.\n");
 }
 
 /* getopt_long table: settings + config/help/version. Names live in names[]. */
@@ -368,6 +513,34 @@ static int default_socket(struct radiance_config *cfg, char *err, size_t errlen)
 	return cfg->socket_path ? 0 : -ENOMEM;
 }
 
+/* Resolves the socket group now, so a typo is a command-line error (exit 2)
+ * and not a failure after the backend started. A number is taken as a gid. */
+static int resolve_group(struct radiance_config *cfg, const struct origins *o, char *err,
+			 size_t errlen)
+{
+	if (!cfg->socket_group)
+		return 0;
+	errno = 0;
+	struct group *g = getgrnam(cfg->socket_group);
+	if (g) {
+		cfg->socket_gid = g->gr_gid;
+		return 0;
+	}
+	int e = errno;
+	uint64_t v;
+	if (parse_u64(cfg->socket_group, 0, &v) == 0 && v < (gid_t)-1) {
+		cfg->socket_gid = (gid_t)v;
+		return 0;
+	}
+	const char *where = origin(o, "group");
+	if (e && e != ENOENT && e != ESRCH && e != EBADF && e != EPERM)
+		snprintf(err, errlen, "%s: looking up group '%s': %s", where, cfg->socket_group,
+			 strerror(e));
+	else
+		snprintf(err, errlen, "%s: group '%s' does not exist", where, cfg->socket_group);
+	return -EINVAL;
+}
+
 int config_load(struct radiance_config *cfg, int argc, char **argv, char *err, size_t errlen)
 {
 	struct opt_table t;
@@ -378,6 +551,9 @@ int config_load(struct radiance_config *cfg, int argc, char **argv, char *err, s
 	if (rc < 0)
 		return rc;
 	build_opts(&t);
+	struct origins *o = calloc(1, sizeof *o);
+	if (!o)
+		return -ENOMEM;
 
 	/* Pass 1: find the config file, answer --help/--version, reject unknown
 	 * options before anything else happens. */
@@ -393,33 +569,46 @@ int config_load(struct radiance_config *cfg, int argc, char **argv, char *err, s
 			break;
 		case OPT_HELP:
 			usage(stdout);
-			return 1;
+			rc = 1;
+			goto out;
 		case OPT_VERSION:
 			printf("radianced %s (protocol %u)\n", RADIANCE_VERSION, RADIANCE_PROTOCOL_VERSION);
-			return 1;
+			rc = 1;
+			goto out;
 		case ':':
 			snprintf(err, errlen, "option '%s' needs a value (see --help)", argv[optind - 1]);
-			return -EINVAL;
+			rc = -EINVAL;
+			goto out;
 		case '?':
 			snprintf(err, errlen, "unknown option '%s' (see --help)", argv[optind - 1]);
-			return -EINVAL;
+			rc = -EINVAL;
+			goto out;
 		}
 	}
 	if (optind < argc) {
 		snprintf(err, errlen, "unexpected argument '%s' (see --help)", argv[optind]);
-		return -EINVAL;
+		rc = -EINVAL;
+		goto out;
+	}
+	if (no_config && config_path) {
+		snprintf(err, errlen, "--config %s and --no-config contradict each other (see --help)",
+			 config_path);
+		rc = -EINVAL;
+		goto out;
 	}
 
 	if (!no_config) {
 		if (!config_path && access(RADIANCE_DEFAULT_CONFIG, F_OK) == 0)
 			config_path = RADIANCE_DEFAULT_CONFIG;
 		if (config_path) {
-			rc = config_parse_file(cfg, config_path, err, errlen);
+			rc = parse_file(cfg, o, config_path, err, errlen);
 			if (rc < 0)
-				return rc;
+				goto out;
 			cfg->config_path = strdup(config_path);
-			if (!cfg->config_path)
-				return -ENOMEM;
+			if (!cfg->config_path) {
+				rc = -ENOMEM;
+				goto out;
+			}
 		}
 	}
 
@@ -441,22 +630,33 @@ int config_load(struct radiance_config *cfg, int argc, char **argv, char *err, s
 			snprintf(where, sizeof where, "--%s", t.names[st - settings]);
 		rc = apply(cfg, st, optarg, where, err, errlen);
 		if (rc < 0)
-			return rc;
+			goto out;
+		snprintf(o->where[st - settings], sizeof o->where[0], "%s", where);
 	}
 
+	rc = -EINVAL;
 	if (cfg->arena_bytes > cfg->max_arena_bytes) {
-		snprintf(err, errlen, "arena_bytes %llu exceeds max_arena_bytes %llu",
-			 (unsigned long long)cfg->arena_bytes, (unsigned long long)cfg->max_arena_bytes);
-		return -EINVAL;
+		snprintf(err, errlen, "arena_bytes %llu (%s) exceeds max_arena_bytes %llu (%s)",
+			 (unsigned long long)cfg->arena_bytes, origin(o, "arena_bytes"),
+			 (unsigned long long)cfg->max_arena_bytes, origin(o, "max_arena_bytes"));
+		goto out;
 	}
 	if (cfg->sq_entries > cfg->max_sq_entries) {
-		snprintf(err, errlen, "sq_entries %u exceeds max_sq_entries %u", cfg->sq_entries,
-			 cfg->max_sq_entries);
-		return -EINVAL;
+		snprintf(err, errlen, "sq_entries %u (%s) exceeds max_sq_entries %u (%s)",
+			 cfg->sq_entries, origin(o, "sq_entries"), cfg->max_sq_entries,
+			 origin(o, "max_sq_entries"));
+		goto out;
 	}
 	if (cfg->max_k % 128) {
-		snprintf(err, errlen, "max_k %u is not a multiple of 128", cfg->max_k);
-		return -EINVAL;
+		snprintf(err, errlen, "%s: max_k %u is not a multiple of 128", origin(o, "max_k"),
+			 cfg->max_k);
+		goto out;
 	}
-	return default_socket(cfg, err, errlen);
+	rc = resolve_group(cfg, o, err, errlen);
+	if (rc < 0)
+		goto out;
+	rc = default_socket(cfg, err, errlen);
+out:
+	free(o);
+	return rc;
 }

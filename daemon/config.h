@@ -11,6 +11,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #define RADIANCE_DEFAULT_CONFIG "/etc/radiance/radianced.conf"
 #define RADIANCE_DEFAULT_ROOT_SOCKET "/run/radiance/radiance.sock"
@@ -19,6 +20,7 @@ struct radiance_config {
 	char *config_path;          /* the file that was read, or NULL */
 	char *socket_path;          /* listening socket (ignored when socket-activated) */
 	char *socket_group;         /* chgrp the socket to this and make it 0660; NULL: 0600 */
+	gid_t socket_gid;           /* socket_group resolved by config_load, or (gid_t)-1 */
 	char *backend;              /* "auto", "cpu", "gpu" */
 	int device;                 /* GPU ordinal */
 	char **preload;             /* checkpoint directories to load at start */
@@ -31,20 +33,25 @@ struct radiance_config {
 	uint32_t max_sq_entries;    /* largest SQ (and CQ) a session may ask for; power of two */
 	uint32_t sq_entries;        /* SQ/CQ entries of an OpenRing that asks for 0 */
 	uint32_t max_k, max_n;      /* largest layer K and N the backend is sized for */
+	uint32_t hello_timeout_ms;  /* a connection that sends no Hello this long is closed */
 	int log_level;              /* enum radiance_log_level */
 };
 
-/* Fills cfg from defaults, the config file and argv. Returns 0 to run, 1 when
- * --help or --version was answered on stdout (exit 0), or -EINVAL / -ENOENT /
- * -ENOMEM with a one-line message in err naming the option or
- * file:line key and the bad value. cfg must be finished in every case. */
+/* Fills cfg from defaults, the config file and argv, and resolves
+ * socket_group to socket_gid. Returns 0 to run, 1 when --help or --version
+ * was answered on stdout (exit 0), or a negative errno (-EINVAL, -ENOENT,
+ * -EISDIR, -ENOMEM, ...) with a one-line message in err naming the option or
+ * file:line key and the bad value; for a bad combination of values, where
+ * each one came from. cfg must be finished in every case. */
 int config_load(struct radiance_config *cfg, int argc, char **argv, char *err, size_t errlen);
 
 /* Defaults only (no file, no argv): what config_load starts from. */
 int config_init(struct radiance_config *cfg);
 
 /* Applies one INI file over cfg. 0, -ENOENT/-errno when it cannot be
- * opened, -EINVAL for a bad line, unknown key or bad value (err says which). */
+ * opened, -EISDIR/-EINVAL when it is not a regular file, -EINVAL for a bad
+ * or too long line, unknown key or bad value (err says which file:line).
+ * A '#' or ';' that starts a value or follows whitespace starts a comment. */
 int config_parse_file(struct radiance_config *cfg, const char *path, char *err, size_t errlen);
 
 /* Frees everything cfg owns; safe on a zeroed or half-filled cfg. */

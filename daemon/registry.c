@@ -80,7 +80,8 @@ static void resident_fail(struct radiance_resident *res)
 {
 	struct registry_waiter *w = res->waiters;
 	res->waiters = NULL;
-	log_warn("model load failed: %s", res->err);
+	if (!res->preloaded)   /* a failed preload is fatal; the server says so */
+		log_warn("model load failed: %s", res->err);
 	while (w) {
 		struct registry_waiter *next = w->next;
 		w->res = NULL;

@@ -3,14 +3,15 @@
  * that loads or attaches it, found by id, by name, or by the identity of its
  * files (daemon/checkpoint.h, radiance_checkpoint_identity). A model is
  * refcounted by sessions (users) and unloaded when its last user lets go,
- * unless it was preloaded from the daemon's config.
+ * unless it was preloaded from the daemon's config (until registry_unpin).
  *
  * Loading runs off the loop: the checkpoint is parsed and repacked on the
  * libuv threadpool (uv_queue_work), then its layers are uploaded to the
  * backend by the executor (an EXEC_JOB_MODEL_UPLOAD job: the backend is
  * single-threaded). Progress reaches waiters on the loop thread, throttled
  * to one report per 1% or 100 ms. A second load of the same checkpoint
- * (same name or identity) while the first runs just waits for it.
+ * (same file identity; a name alone never makes two loads the same) while
+ * the first runs just waits for it.
  *
  * Unloading: the model's backend layers are freed by an EXEC_JOB_MODEL_FREE
  * job; the host copy is freed when that job is done (no pass can use it

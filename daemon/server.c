@@ -2,11 +2,12 @@
 #include "server.h"
 
 #include <errno.h>
-#include <grp.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -23,6 +24,24 @@
 #define OUT_HIGH_WATER (8u << 20)
 #define FRAMES_PER_WAKE 32
 
+/* A connection refused at the session limit lingers this long at most (to
+ * read what it sent, so closing does not reset it), and at most this many
+ * linger at once; beyond that they are closed right after the Error. */
+#define REFUSED_LINGER_MS 2000
+#define REFUSED_MAX 64
+/* After an accept() error the listening socket is left alone this long. */
+#define ACCEPT_RETRY_MS 100
+/* One log line per this for conditions a peer can repeat at will. */
+#define LOG_INTERVAL_NS (5ull * 1000000000ull)
+/* Descriptors one session may hold: RADIANCE_MAX_FDS received and not yet
+ * handed to a loader (a busy session reads no further), its socket, two
+ * doorbell eventfds, the memfd while RingReady is queued. Plus what the
+ * daemon itself holds (libuv, threads, the GPU runtime, a preload's files,
+ * lingering refused connections). docs/daemon.md does the arithmetic for
+ * LimitNOFILE=. */
+#define FDS_PER_SESSION (RADIANCE_MAX_FDS + 4u)
+#define FDS_DAEMON (256u + REFUSED_MAX)
+
 static uint64_t now_ns(void)
 {
 	struct timespec ts;
@@ -31,6 +50,21 @@ static uint64_t now_ns(void)
 }
 
 static void server_stop(struct radiance_server *srv, int exit_code);
+
+/* 1 when a rate-limited message may be logged now; *missed is how many
+ * were held back since the last one. */
+static int ratelimit_pass(struct log_ratelimit *rl, uint64_t *missed)
+{
+	uint64_t now = now_ns();
+	if (now < rl->next_ns) {
+		rl->suppressed++;
+		return 0;
+	}
+	rl->next_ns = now + LOG_INTERVAL_NS;
+	*missed = rl->suppressed;
+	rl->suppressed = 0;
+	return 1;
+}
 
 /* ---- sessions ---- */
 
@@ -48,7 +82,8 @@ static void session_read(struct radiance_session *s)
 			return;
 		}
 		if (rc == -EMSGSIZE) {
-			session_close(s, 1, "frame length 0 or above %u bytes", RADIANCE_MAX_FRAME);
+			session_close(s, 1, "frame length %u is 0 or above %u bytes",
+				      radiance_conn_bad_length(&s->conn), RADIANCE_MAX_FRAME);
 			return;
 		}
 		if (rc == -EPROTO) {
@@ -66,7 +101,8 @@ static void session_read(struct radiance_session *s)
 		       (rc = radiance_conn_next_frame(&s->conn, &data, &len)) == 1)
 			session_handle_frame(s, data, len);
 		if (rc < 0 && s->state != SESSION_CLOSING) {
-			session_close(s, 1, "frame length 0 or above %u bytes", RADIANCE_MAX_FRAME);
+			session_close(s, 1, "frame length %u is 0 or above %u bytes",
+				      radiance_conn_bad_length(&s->conn), RADIANCE_MAX_FRAME);
 			return;
 		}
 	}
@@ -139,45 +175,268 @@ void server_session_gone(struct radiance_session *s)
 		registry_shutdown(srv->reg, registry_empty, srv);
 }
 
-/* ---- accepting ---- */
+/* ---- refusing ---- */
 
-static void refuse(int fd, int code, const char *text)
+static int queue_error(struct radiance_conn *c, int code, const char *text)
 {
-	struct radiance_conn c;
-	if (radiance_conn_init(&c, fd, RADIANCE_MAX_FRAME, 1) < 0) {
-		close(fd);
-		return;
-	}
 	Radiance__Error e = RADIANCE__ERROR__INIT;
 	Radiance__ServerMessage m = RADIANCE__SERVER_MESSAGE__INIT;
 	e.code = code;
 	e.message = (char *)text;
 	m.msg_case = RADIANCE__SERVER_MESSAGE__MSG_ERROR;
 	m.error = &e;
-	if (radiance_proto_queue_server(&c, &m, NULL, 0) == 0)
+	return radiance_proto_queue_server(c, &m, NULL, 0);
+}
+
+/* Best effort: the Error, then close. If the client already sent something
+ * (its Hello), the close resets the connection and it may never read the
+ * Error; refuse_gracefully() avoids that where it can afford to. */
+static void refuse_now(int fd, int code, const char *text)
+{
+	struct radiance_conn c;
+	if (radiance_conn_init(&c, fd, RADIANCE_MAX_FRAME, 1) < 0) {
+		close(fd);
+		return;
+	}
+	if (queue_error(&c, code, text) == 0)
 		radiance_conn_flush(&c);
 	radiance_conn_finish(&c);
+}
+
+/* A connection told Error(EBUSY): shut down for writing once the Error is
+ * out, then read and drop what the client sends until it hangs up. Closing
+ * a Unix socket with unread data makes the peer's next read fail with
+ * ECONNRESET, which can come before the Error it has not read yet. */
+struct refused_conn {
+	struct radiance_server *srv;
+	struct refused_conn *prev, *next;
+	struct radiance_conn conn;
+	uv_poll_t poll;
+	uv_timer_t timer;
+	int handles;       /* open libuv handles; freed at 0 */
+	int closing;
+	int shut;          /* the Error is out and SHUT_WR done */
+};
+
+static void on_refused_handle_closed(uv_handle_t *h)
+{
+	struct refused_conn *r = h->data;
+	if (--r->handles == 0) {
+		radiance_conn_finish(&r->conn);
+		free(r);
+	}
+}
+
+static void refused_close(struct refused_conn *r)
+{
+	if (r->closing)
+		return;
+	r->closing = 1;
+	struct radiance_server *srv = r->srv;
+	if (r->prev)
+		r->prev->next = r->next;
+	else
+		srv->refused = r->next;
+	if (r->next)
+		r->next->prev = r->prev;
+	srv->nrefused--;
+	uv_close((uv_handle_t *)&r->poll, on_refused_handle_closed);
+	uv_close((uv_handle_t *)&r->timer, on_refused_handle_closed);
+}
+
+static void on_refused_timer(uv_timer_t *t)
+{
+	refused_close(t->data);
+}
+
+/* Reads and drops what is there, closing any fds that came with it.
+ * 1 at EOF or on an error, 0 when the socket is drained for now. */
+static int refused_drain(struct refused_conn *r)
+{
+	for (int i = 0; i < 16; i++) {
+		char buf[4096];
+		union {
+			char b[CMSG_SPACE(sizeof(int) * 253)];
+			struct cmsghdr align;
+		} ctl;
+		struct iovec iov = { .iov_base = buf, .iov_len = sizeof buf };
+		struct msghdr msg = {
+			.msg_iov = &iov, .msg_iovlen = 1,
+			.msg_control = ctl.b, .msg_controllen = sizeof ctl.b,
+		};
+		ssize_t n = recvmsg(r->conn.fd, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+		if (n < 0)
+			return errno == EAGAIN || errno == EINTR ? 0 : 1;
+		for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm)) {
+			if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
+				continue;
+			size_t k = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+			for (size_t j = 0; j < k; j++) {
+				int fd;
+				memcpy(&fd, CMSG_DATA(cm) + j * sizeof(int), sizeof fd);
+				close(fd);
+			}
+		}
+		if (n == 0)
+			return 1;
+	}
+	return 0;
+}
+
+static void on_refused_poll(uv_poll_t *h, int status, int events)
+{
+	struct refused_conn *r = h->data;
+	if (status < 0) {
+		refused_close(r);
+		return;
+	}
+	if (!r->shut) {
+		int rc = radiance_conn_flush(&r->conn);
+		if (rc < 0 && rc != -EAGAIN) {
+			refused_close(r);
+			return;
+		}
+		if (rc == 0) {
+			shutdown(r->conn.fd, SHUT_WR);
+			r->shut = 1;
+			uv_poll_start(&r->poll, UV_READABLE | UV_DISCONNECT, on_refused_poll);
+		}
+	}
+	if ((events & (UV_READABLE | UV_DISCONNECT)) && refused_drain(r))
+		refused_close(r);
+}
+
+static void refuse_gracefully(struct radiance_server *srv, int fd, int code, const char *text)
+{
+	struct refused_conn *r = srv->nrefused < REFUSED_MAX ? calloc(1, sizeof *r) : NULL;
+	if (!r) {
+		refuse_now(fd, code, text);
+		return;
+	}
+	r->srv = srv;
+	if (radiance_conn_init(&r->conn, fd, RADIANCE_MAX_FRAME, 1) < 0) {
+		free(r);
+		refuse_now(fd, code, text);
+		return;
+	}
+	if (queue_error(&r->conn, code, text) < 0 || uv_poll_init(srv->loop, &r->poll, fd) < 0) {
+		radiance_conn_finish(&r->conn);   /* closes fd */
+		free(r);
+		return;
+	}
+	uv_timer_init(srv->loop, &r->timer);
+	r->poll.data = r->timer.data = r;
+	r->handles = 2;
+	r->next = srv->refused;
+	if (srv->refused)
+		srv->refused->prev = r;
+	srv->refused = r;
+	srv->nrefused++;
+	uv_timer_start(&r->timer, on_refused_timer, REFUSED_LINGER_MS, 0);
+	uv_poll_start(&r->poll, UV_WRITABLE | UV_READABLE | UV_DISCONNECT, on_refused_poll);
+}
+
+/* ---- accepting ---- */
+
+static void on_listen(uv_poll_t *h, int status, int events);
+
+static void on_accept_retry(uv_timer_t *t)
+{
+	struct radiance_server *srv = t->data;
+	if (srv->stopping)
+		return;
+	int rc = uv_poll_start(&srv->listen_poll, UV_READABLE, on_listen);
+	if (rc < 0) {
+		log_error("poll on the listening socket: %s", uv_strerror(rc));
+		server_stop(srv, 1);
+	}
+}
+
+/* A level-triggered poll on a socket accept() keeps failing on would spin:
+ * leave it alone for a moment. */
+static void accept_pause(struct radiance_server *srv)
+{
+	uv_poll_stop(&srv->listen_poll);
+	uv_timer_start(&srv->accept_retry, on_accept_retry, ACCEPT_RETRY_MS, 0);
+}
+
+/* Out of descriptors: what waits in the backlog stays there and keeps the
+ * listening socket readable. Give up the reserve descriptor to accept and
+ * close it (with an Error, best effort), take the reserve back, pause. */
+static void accept_without_fds(struct radiance_server *srv, int err)
+{
+	uint64_t closed = 0, missed;
+	if (srv->reserve_fd >= 0) {
+		close(srv->reserve_fd);
+		srv->reserve_fd = -1;
+		for (int i = 0; i < 1024; i++) {
+			int fd = accept4(srv->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+			if (fd < 0)
+				break;
+			refuse_now(fd, EMFILE, "the daemon is out of file descriptors; try again later");
+			closed++;
+		}
+		srv->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+	}
+	srv->fd_refused += closed;
+	if (ratelimit_pass(&srv->emfile_log, &missed)) {
+		struct rlimit rl = { 0, 0 };
+		getrlimit(RLIMIT_NOFILE, &rl);
+		log_warn("accept: %s (the limit is %llu): closing new connections until descriptors "
+			 "are freed; %llu closed so far", strerror(err),
+			 (unsigned long long)rl.rlim_cur, (unsigned long long)srv->fd_refused);
+		srv->fd_refused = 0;
+		srv->emfile_warned = 1;
+	}
+	accept_pause(srv);
 }
 
 static void on_listen(uv_poll_t *h, int status, int events)
 {
 	struct radiance_server *srv = h->data;
+	uint64_t missed;
 	for (int i = 0; i < 64 && !srv->stopping; i++) {
 		int fd = accept4(srv->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
 		if (fd < 0) {
-			if (errno == EAGAIN || errno == EINTR || errno == ECONNABORTED)
+			int e = errno;
+			if (e == EAGAIN || e == EINTR)
 				return;
-			/* EMFILE and friends: the pending connection stays queued; say so
-			 * once per wake rather than spin silently */
-			log_error("accept: %s", strerror(errno));
+			if (e == ECONNABORTED)
+				continue;
+			if (e == EMFILE || e == ENFILE) {
+				accept_without_fds(srv, e);
+				return;
+			}
+			if (ratelimit_pass(&srv->emfile_log, &missed))
+				log_error("accept: %s", strerror(e));
+			accept_pause(srv);
 			return;
 		}
+		if (srv->emfile_warned) {
+			log_info("accepting connections again (%llu more were closed for lack of "
+				 "descriptors)", (unsigned long long)srv->fd_refused);
+			srv->emfile_warned = 0;
+			srv->fd_refused = 0;
+		}
+		if (srv->reserve_fd < 0)   /* another thread took it last time */
+			srv->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
 		if (srv->nsessions >= srv->cfg->max_sessions) {
 			char text[128];
 			snprintf(text, sizeof text, "too many sessions (the limit is %u)",
 				 srv->cfg->max_sessions);
-			log_warn("refusing a connection: %s", text);
-			refuse(fd, EBUSY, text);
+			if (ratelimit_pass(&srv->busy_log, &missed)) {
+				struct ucred cred = { .pid = -1 };
+				socklen_t clen = sizeof cred;
+				getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen);
+				if (missed)
+					log_warn("refusing a connection from pid %d: %s (%llu more refused "
+						 "since the last message)", (int)cred.pid, text,
+						 (unsigned long long)missed);
+				else
+					log_warn("refusing a connection from pid %d: %s", (int)cred.pid,
+						 text);
+			}
+			refuse_gracefully(srv, fd, EBUSY, text);
 			continue;
 		}
 		struct radiance_session *s = session_create(srv, fd);
@@ -194,9 +453,108 @@ static void on_listen(uv_poll_t *h, int status, int events)
 	}
 }
 
+/* Raises the soft descriptor limit to the hard one (systemd's LimitNOFILE=
+ * sets both) and warns when that is still short of what max_sessions
+ * sessions may hold. */
+static void raise_fd_limit(const struct radiance_config *cfg)
+{
+	struct rlimit rl;
+	if (getrlimit(RLIMIT_NOFILE, &rl) < 0)
+		return;
+	if (rl.rlim_cur != rl.rlim_max) {
+		struct rlimit want = { rl.rlim_max, rl.rlim_max };
+		if (setrlimit(RLIMIT_NOFILE, &want) == 0)
+			rl = want;
+		else
+			log_warn("raising the descriptor limit to %llu: %s",
+				 (unsigned long long)rl.rlim_max, strerror(errno));
+	}
+	uint64_t need = (uint64_t)cfg->max_sessions * FDS_PER_SESSION + FDS_DAEMON;
+	if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < need)
+		log_warn("the descriptor limit is %llu, but %u sessions may hold %llu (%u each, "
+			 "plus %u): raise LimitNOFILE= or lower max_sessions",
+			 (unsigned long long)rl.rlim_cur, cfg->max_sessions,
+			 (unsigned long long)need, FDS_PER_SESSION, FDS_DAEMON);
+	else
+		log_debug("descriptor limit %llu", (unsigned long long)rl.rlim_cur);
+}
+
+/* bind() found something at the path. Only a socket nobody listens on
+ * (connect: ECONNREFUSED) is a leftover of ours to replace; a live daemon,
+ * a file, a directory, a device or a symlink is left alone. */
+static int remove_stale_socket(const struct sockaddr_un *addr, char *err, size_t errlen)
+{
+	const char *path = addr->sun_path;
+	struct stat st, again;
+	if (lstat(path, &st) < 0) {
+		int e = errno;
+		if (e == ENOENT)
+			return 0;   /* gone meanwhile: bind again */
+		snprintf(err, errlen, "bind %s: address in use, and lstat: %s", path, strerror(e));
+		return -e;
+	}
+	if (!S_ISSOCK(st.st_mode)) {
+		snprintf(err, errlen, "%s exists and is not a socket: not touching it (choose another "
+			 "--socket)", path);
+		return -EEXIST;
+	}
+	int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (probe < 0) {
+		int e = errno;
+		snprintf(err, errlen, "socket: %s", strerror(e));
+		return -e;
+	}
+	int e = connect(probe, (const struct sockaddr *)addr, sizeof *addr) < 0 ? errno : 0;
+	close(probe);
+	if (e == 0 || e == EAGAIN || e == EINPROGRESS) {
+		/* EAGAIN: it listens, its backlog is just full */
+		snprintf(err, errlen, "another daemon is listening on %s", path);
+		return -EADDRINUSE;
+	}
+	if (e != ECONNREFUSED) {
+		snprintf(err, errlen, "%s is a socket we cannot probe (connect: %s): not removing it",
+			 path, strerror(e));
+		return -EADDRINUSE;
+	}
+	if (lstat(path, &again) < 0 || again.st_dev != st.st_dev || again.st_ino != st.st_ino) {
+		snprintf(err, errlen, "%s changed while it was probed: not removing it", path);
+		return -EADDRINUSE;
+	}
+	log_info("removing stale socket %s (nobody listens on it)", path);
+	if (unlink(path) < 0 && errno != ENOENT) {
+		e = errno;
+		snprintf(err, errlen, "unlink stale socket %s: %s", path, strerror(e));
+		return -e;
+	}
+	return 0;
+}
+
+/* Removes the socket file at exit if the path still is the socket we bound:
+ * after `rm` and another daemon's start it is that daemon's. */
+static void unlink_own_socket(struct radiance_server *srv)
+{
+	if (!srv->socket_created)
+		return;
+	srv->socket_created = 0;
+	const char *path = srv->cfg->socket_path;
+	struct stat st;
+	if (lstat(path, &st) < 0) {
+		if (errno != ENOENT)
+			log_warn("lstat %s: %s", path, strerror(errno));
+		return;
+	}
+	if (st.st_dev != srv->socket_dev || st.st_ino != srv->socket_ino) {
+		log_warn("not removing %s: it is no longer the socket this daemon bound", path);
+		return;
+	}
+	if (unlink(path) < 0)
+		log_warn("unlink %s: %s", path, strerror(errno));
+}
+
 /* The socket systemd passed, or our own: bound with umask 0177 so it is
  * never reachable with wider permissions, then chgrp + 0660 if a group is
- * configured. A stale socket file (nobody answers) is replaced. */
+ * configured. A stale socket file (nobody answers) is replaced; anything
+ * else at the path is an error. */
 static int listen_socket(struct radiance_server *srv, char *err, size_t errlen)
 {
 	const struct radiance_config *cfg = srv->cfg;
@@ -217,16 +575,7 @@ static int listen_socket(struct radiance_server *srv, char *err, size_t errlen)
 		return -ENAMETOOLONG;
 	}
 	strcpy(addr.sun_path, cfg->socket_path);
-
-	gid_t gid = (gid_t)-1;
-	if (cfg->socket_group) {
-		struct group *g = getgrnam(cfg->socket_group);
-		if (!g) {
-			snprintf(err, errlen, "socket group '%s' does not exist", cfg->socket_group);
-			return -ENOENT;
-		}
-		gid = g->gr_gid;
-	}
+	gid_t gid = cfg->socket_gid;   /* resolved by config_load */
 
 	/* /run/radiance may not exist when started by hand: make the last
 	 * directory component (tmpfiles does it under systemd) */
@@ -247,18 +596,12 @@ static int listen_socket(struct radiance_server *srv, char *err, size_t errlen)
 	mode_t old = umask(0177);
 	int rc = bind(fd, (struct sockaddr *)&addr, sizeof addr);
 	if (rc < 0 && errno == EADDRINUSE) {
-		int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-		int alive = probe >= 0 && connect(probe, (struct sockaddr *)&addr, sizeof addr) == 0;
-		if (probe >= 0)
-			close(probe);
-		if (alive) {
+		rc = remove_stale_socket(&addr, err, errlen);
+		if (rc < 0) {
 			umask(old);
 			close(fd);
-			snprintf(err, errlen, "another daemon is listening on %s", cfg->socket_path);
-			return -EADDRINUSE;
+			return rc;
 		}
-		log_info("removing stale socket %s", cfg->socket_path);
-		unlink(cfg->socket_path);
 		rc = bind(fd, (struct sockaddr *)&addr, sizeof addr);
 	}
 	umask(old);
@@ -268,8 +611,16 @@ static int listen_socket(struct radiance_server *srv, char *err, size_t errlen)
 		snprintf(err, errlen, "bind %s: %s", cfg->socket_path, strerror(e));
 		return -e;
 	}
-	srv->socket_created = 1;
 	srv->listen_fd = fd;
+	struct stat st;
+	if (lstat(cfg->socket_path, &st) == 0) {
+		srv->socket_created = 1;
+		srv->socket_dev = st.st_dev;
+		srv->socket_ino = st.st_ino;
+	} else {
+		log_warn("lstat %s after bind: %s (it will not be removed at exit)", cfg->socket_path,
+			 strerror(errno));
+	}
 	if (gid != (gid_t)-1) {
 		if (chown(cfg->socket_path, (uid_t)-1, gid) < 0 || chmod(cfg->socket_path, 0660) < 0) {
 			int e = errno;
@@ -319,7 +670,16 @@ static void on_preloaded(struct registry_waiter *w, struct radiance_resident *re
 	struct radiance_server *srv = p->srv;
 	srv->preloads_pending--;
 	if (status < 0) {
-		log_error("preload %s: %s", p->dir, err);
+		/* the loader's message usually starts with the directory: say it once */
+		const char *why = err && *err ? err : strerror(-status);
+		size_t n = strlen(p->dir);
+		if (strncmp(why, p->dir, n) == 0 && (why[n] == '/' || why[n] == ':')) {
+			why += n;
+			why += strspn(why, "/");
+			if (*why == ':')
+				why += strspn(why, ": ");
+		}
+		log_error("preload %s failed: %s; stopping", p->dir, why);
 		server_stop(srv, 1);
 	} else {
 		/* preloaded models stay resident with no user */
@@ -346,7 +706,7 @@ static int start_preloads(struct radiance_server *srv)
 		if (rc < 0) {
 			srv->preloads_pending--;
 			free(p);
-			log_error("preload %s: %s", cfg->preload[i], strerror(-rc));
+			log_error("preload %s failed: %s; stopping", cfg->preload[i], strerror(-rc));
 			return rc;
 		}
 	}
@@ -409,14 +769,28 @@ static void server_stop(struct radiance_server *srv, int exit_code)
 
 	if (!uv_is_closing((uv_handle_t *)&srv->listen_poll))
 		uv_close((uv_handle_t *)&srv->listen_poll, NULL);
+	uv_close((uv_handle_t *)&srv->accept_retry, NULL);
 	if (srv->listen_fd >= 0)
 		close(srv->listen_fd);
 	srv->listen_fd = -1;
-	if (srv->socket_created && unlink(srv->cfg->socket_path) < 0)
-		log_warn("unlink %s: %s", srv->cfg->socket_path, strerror(errno));
+	if (srv->reserve_fd >= 0)
+		close(srv->reserve_fd);
+	srv->reserve_fd = -1;
+	unlink_own_socket(srv);
 	uv_close((uv_handle_t *)&srv->sigterm, NULL);
 	uv_close((uv_handle_t *)&srv->sigint, NULL);
 	uv_close((uv_handle_t *)&srv->watchdog, NULL);
+	/* Closing the last handle of a signal restores its default action: keep
+	 * HUP, USR1, USR2 harmless while sessions drain. */
+	uv_close((uv_handle_t *)&srv->sighup, NULL);
+	uv_close((uv_handle_t *)&srv->sigusr1, NULL);
+	uv_close((uv_handle_t *)&srv->sigusr2, NULL);
+	signal(SIGHUP, SIG_IGN);
+	signal(SIGUSR1, SIG_IGN);
+	signal(SIGUSR2, SIG_IGN);
+
+	while (srv->refused)
+		refused_close(srv->refused);
 
 	for (struct radiance_session *s = srv->sessions; s; s = s->next)
 		session_close(s, 0, "the daemon is stopping");
@@ -429,6 +803,18 @@ static void on_signal(uv_signal_t *h, int signum)
 	struct radiance_server *srv = h->data;
 	log_info("%s received", strsignal(signum));
 	server_stop(srv, 0);
+}
+
+/* SIGHUP conventionally means "reload"; there is nothing to reload (the
+ * configuration is read at start only), but dying of it -- the default
+ * action -- would drop every client. USR1/USR2 have no meaning either. */
+static void on_signal_ignored(uv_signal_t *h, int signum)
+{
+	if (signum == SIGHUP)
+		log_warn("SIGHUP received: reloading the configuration is not supported; restart "
+			 "radianced to apply changes (ignored)");
+	else
+		log_info("%s received: ignored", strsignal(signum));
 }
 
 static void on_walk(uv_handle_t *h, void *arg)
@@ -452,12 +838,17 @@ int server_run(const struct radiance_config *cfg)
 	stats_init(&srv.stats);
 	/* writes to a vanished client must fail with EPIPE, not kill us */
 	signal(SIGPIPE, SIG_IGN);
+	srv.reserve_fd = -1;
 
 	rc = uv_loop_init(&loop);
 	if (rc < 0) {
 		log_error("uv_loop_init: %s", uv_strerror(rc));
 		return 1;
 	}
+	raise_fd_limit(cfg);
+	srv.reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+	if (srv.reserve_fd < 0)
+		log_warn("open /dev/null (the reserve descriptor): %s", strerror(errno));
 
 	/* The backend (in the executor thread) first: it is the thing most likely
 	 * to fail, and HIP/CUDA want initialising before other threads run. */
@@ -495,11 +886,19 @@ int server_run(const struct radiance_config *cfg)
 	}
 	uv_poll_init(&loop, &srv.listen_poll, srv.listen_fd);
 	srv.listen_poll.data = &srv;
+	uv_timer_init(&loop, &srv.accept_retry);
+	srv.accept_retry.data = &srv;
 	uv_signal_init(&loop, &srv.sigterm);
 	uv_signal_init(&loop, &srv.sigint);
+	uv_signal_init(&loop, &srv.sighup);
+	uv_signal_init(&loop, &srv.sigusr1);
+	uv_signal_init(&loop, &srv.sigusr2);
 	srv.sigterm.data = srv.sigint.data = &srv;
 	uv_signal_start(&srv.sigterm, on_signal, SIGTERM);
 	uv_signal_start(&srv.sigint, on_signal, SIGINT);
+	uv_signal_start(&srv.sighup, on_signal_ignored, SIGHUP);
+	uv_signal_start(&srv.sigusr1, on_signal_ignored, SIGUSR1);
+	uv_signal_start(&srv.sigusr2, on_signal_ignored, SIGUSR2);
 	uv_timer_init(&loop, &srv.watchdog);
 	srv.watchdog.data = &srv;
 	srv.watchdog_usec = notify_watchdog_usec();
@@ -525,12 +924,13 @@ int server_run(const struct radiance_config *cfg)
 fail_socket:
 	if (srv.listen_fd >= 0)
 		close(srv.listen_fd);
-	if (srv.socket_created)
-		unlink(cfg->socket_path);
+	unlink_own_socket(&srv);
 	registry_destroy(srv.reg);
 fail_exec:
 	executor_destroy(srv.exec);
 fail_loop:
+	if (srv.reserve_fd >= 0)
+		close(srv.reserve_fd);
 	uv_run(&loop, UV_RUN_DEFAULT);   /* let closing handles finish */
 	uv_loop_close(&loop);
 	return 1;

@@ -5,8 +5,21 @@
  * watchdog, and the ordered shutdown. It owns the executor (and through it
  * the backend), the registry and every session.
  *
- * Shutdown (SIGTERM/SIGINT): stop accepting and remove the socket file,
- * STOPPING=1, close every session (its SQ is drained by the executor before
+ * Connections: at most cfg->max_sessions at once, counting those still in
+ * the handshake (which get cfg->hello_timeout_ms to send Hello). One over
+ * the limit is answered Error(EBUSY) and closed gracefully: shut down for
+ * writing, whatever it sent read and dropped until it hangs up (or 2 s), so
+ * the client always reads the Error instead of a reset. At the descriptor
+ * limit (EMFILE) a reserve descriptor is given up to accept and close the
+ * waiting connections, so the listening socket cannot spin the loop.
+ *
+ * Signals: SIGTERM/SIGINT stop (below); SIGHUP, SIGUSR1, SIGUSR2 are logged
+ * and ignored (no reload: the configuration is read at start only); SIGPIPE
+ * is ignored; SIGQUIT keeps its default action (core dump).
+ *
+ * Shutdown (SIGTERM/SIGINT): stop accepting and remove the socket file (only
+ * if the path is still the socket we bound, not one another daemon bound
+ * since), STOPPING=1, close every session (its SQ is drained by the executor before
  * its ring is removed), unload every model, stop the executor (which
  * destroys the backend), close every handle; uv_loop_close() must then
  * return 0.
@@ -17,6 +30,7 @@
 #define RADIANCE_SERVER_H
 
 #include <stdint.h>
+#include <sys/types.h>
 #include <uv.h>
 
 #include "config.h"
@@ -25,6 +39,14 @@
 #include "stats.h"
 
 struct radiance_session;
+struct refused_conn;
+
+/* At most one log line per interval for a condition that a peer can repeat
+ * at will; the lines in between are counted and the count reported. */
+struct log_ratelimit {
+	uint64_t next_ns;
+	uint64_t suppressed;
+};
 
 struct radiance_server {
 	uv_loop_t *loop;
@@ -37,14 +59,23 @@ struct radiance_server {
 	int listen_fd;
 	int activated;                        /* the socket came from systemd */
 	int socket_created;                   /* we bound it: unlink at exit */
+	dev_t socket_dev;                     /* ... if the path is still this inode */
+	ino_t socket_ino;
 	uv_poll_t listen_poll;
 	int listening;
+	uv_timer_t accept_retry;              /* listening paused after an accept error */
+	int reserve_fd;                       /* /dev/null, given up at EMFILE */
+	uint64_t fd_refused;                  /* connections closed for lack of fds */
+	int emfile_warned;                    /* ... and said so: say when it is over */
+	struct log_ratelimit emfile_log, busy_log;
 
 	struct radiance_session *sessions;    /* doubly linked */
-	uint32_t nsessions;
+	uint32_t nsessions;                   /* including those in the handshake */
 	uint64_t next_session_id;
+	struct refused_conn *refused;         /* told EBUSY, waiting for the hang-up */
+	uint32_t nrefused;
 
-	uv_signal_t sigterm, sigint, sigpipe;
+	uv_signal_t sigterm, sigint, sighup, sigusr1, sigusr2;
 	uv_timer_t watchdog;
 	uint64_t watchdog_usec;
 	struct exec_job ping;

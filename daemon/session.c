@@ -257,6 +257,7 @@ static void handle_hello(struct radiance_session *s, uint64_t tag, const Radianc
 		session_close(s, 1, "a second Hello");
 		return;
 	}
+	uv_timer_stop(&s->hello_timer);
 	if (h->client_name) {
 		size_t i = 0;
 		for (; h->client_name[i] && i < sizeof s->client_name - 1; i++) {
@@ -716,6 +717,25 @@ static void on_poll_closed(uv_handle_t *h)
 	session_maybe_free(s);
 }
 
+static void on_timer_closed(uv_handle_t *h)
+{
+	struct radiance_session *s = h->data;
+	s->timer_closed = 1;
+	session_maybe_free(s);
+}
+
+/* A connection that never says Hello would hold one of max_sessions slots
+ * (and up to RADIANCE_MAX_FDS descriptors) forever. */
+static void on_hello_timeout(uv_timer_t *t)
+{
+	struct radiance_session *s = t->data;
+	unsigned ms = s->server->cfg->hello_timeout_ms;
+	if (s->state != SESSION_HANDSHAKE)
+		return;
+	send_error(s, 0, ETIMEDOUT, "no Hello within %u ms", ms);
+	session_close(s, 0, "no Hello within %u ms", ms);
+}
+
 struct radiance_session *session_create(struct radiance_server *srv, int fd)
 {
 	struct radiance_session *s = calloc(1, sizeof *s);
@@ -759,6 +779,9 @@ struct radiance_session *session_create(struct radiance_server *srv, int fd)
 		return NULL;
 	}
 	s->poll.data = s;
+	uv_timer_init(srv->loop, &s->hello_timer);
+	s->hello_timer.data = s;
+	uv_timer_start(&s->hello_timer, on_hello_timeout, srv->cfg->hello_timeout_ms, 0);
 	log_info("session %llu: connected: pid %d uid %u gid %u", (unsigned long long)s->id,
 		 (int)s->pid, (unsigned)s->uid, (unsigned)s->gid);
 	return s;
@@ -791,6 +814,7 @@ void session_close(struct radiance_session *s, int violation, const char *fmt, .
 	}
 	/* closing the socket: the client sees EOF; queued fds are closed */
 	uv_close((uv_handle_t *)&s->poll, on_poll_closed);
+	uv_close((uv_handle_t *)&s->hello_timer, on_timer_closed);
 	radiance_conn_finish(&s->conn);
 	if (s->ring_state == SESSION_RING_ACTIVE)
 		ring_remove(s);
@@ -799,7 +823,8 @@ void session_close(struct radiance_session *s, int violation, const char *fmt, .
 
 void session_maybe_free(struct radiance_session *s)
 {
-	if (s->state != SESSION_CLOSING || !s->poll_closed || s->ring_state != SESSION_RING_NONE)
+	if (s->state != SESSION_CLOSING || !s->poll_closed || !s->timer_closed ||
+	    s->ring_state != SESSION_RING_NONE)
 		return;
 	while (s->nmodels)
 		session_drop_model(s, s->nmodels - 1);

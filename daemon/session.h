@@ -4,7 +4,8 @@
  * server (server.c) does the socket I/O and calls session_handle_frame()
  * for each complete frame.
  *
- * States: HANDSHAKE (only Hello is allowed) -> READY -> CLOSING. A session
+ * States: HANDSHAKE (only Hello is allowed, within cfg->hello_timeout_ms, or
+ * the session ends with Error(ETIMEDOUT)) -> READY -> CLOSING. A session
  * is `busy` while a request awaits an asynchronous answer (LoadModel,
  * OpenRing, an attach): it then reads no further frames, so replies stay in
  * request order, but still notices a hang-up.
@@ -56,6 +57,8 @@ struct radiance_session {
 	uv_poll_t poll;
 	int poll_events;          /* what poll is started with now, -1 none */
 	int poll_closed;          /* uv_close finished */
+	uv_timer_t hello_timer;   /* runs in HANDSHAKE */
+	int timer_closed;         /* uv_close finished */
 
 	pid_t pid;
 	uid_t uid;
@@ -96,7 +99,7 @@ void session_handle_frame(struct radiance_session *s, const uint8_t *data, size_
 void session_close(struct radiance_session *s, int violation, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
 
-/* Frees what is left once the poll handle is closed and the ring is
+/* Frees what is left once the poll and timer handles are closed and the ring is
  * removed; calls server_session_gone(). */
 void session_maybe_free(struct radiance_session *s);
 

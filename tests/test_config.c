@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/types.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -68,6 +69,8 @@ static void test_defaults(void **state)
 	assert_int_equal(cfg.max_rows, 512);
 	assert_int_equal(cfg.max_sessions, 64);
 	assert_int_equal(cfg.log_level, RADIANCE_LOG_INFO);
+	assert_int_equal(cfg.hello_timeout_ms, 5000);
+	assert_int_equal(cfg.socket_gid, (gid_t)-1);
 	if (geteuid() == 0)
 		assert_string_equal(cfg.socket_path, RADIANCE_DEFAULT_ROOT_SOCKET);
 	else
@@ -82,7 +85,7 @@ static void test_file_then_command_line(void **state)
 	const char *path = write_file("a.conf",
 		"# comment\n"
 		"socket = /tmp/x.sock\n"
-		"group = radiance\n"
+		"group = root\n"
 		"backend = cpu\n"
 		"max_rows = 64\n"
 		"max-sessions = 7\n"                  /* option spelling works too */
@@ -94,7 +97,8 @@ static void test_file_then_command_line(void **state)
 	assert_int_equal(load(&cfg, err, sizeof err, "--config", path, NULL), 0);
 	assert_string_equal(cfg.config_path, path);
 	assert_string_equal(cfg.socket_path, "/tmp/x.sock");
-	assert_string_equal(cfg.socket_group, "radiance");
+	assert_string_equal(cfg.socket_group, "root");
+	assert_int_equal(cfg.socket_gid, 0);
 	assert_string_equal(cfg.backend, "cpu");
 	assert_int_equal(cfg.max_rows, 64);
 	assert_int_equal(cfg.max_sessions, 7);
@@ -184,6 +188,179 @@ static void test_bad_file(void **state)
 	expect_error(-EINVAL, "backend", NULL, "--config", p, NULL);
 }
 
+/* docs/daemon.md: '#' and ';' start comments, also after a value */
+static void test_inline_comments(void **state)
+{
+	struct radiance_config cfg;
+	char err[512];
+	const char *path = write_file("comments.conf",
+		"socket = /tmp/x/c.sock  # trailing comment\n"
+		"max_rows = 64 ; the other kind\n"
+		"max_sessions = 9\t# after a tab\n"
+		"preload = /m/a /m/b # not a third directory\n"
+		"backend = cpu#no space: part of the value? no: a bad backend below\n");
+	int rc = load(&cfg, err, sizeof err, "--config", path, NULL);
+	/* "cpu#no" has no blank before '#': it stays, and is no backend */
+	assert_int_equal(rc, -EINVAL);
+	assert_non_null(strstr(err, "comments.conf:5"));
+	assert_non_null(strstr(err, "'cpu#no space: part of the value? no: a bad backend below'"));
+	config_finish(&cfg);
+
+	path = write_file("comments2.conf",
+		"socket = /tmp/x/c.sock  # trailing comment\n"
+		"max_rows = 64 ; the other kind\n"
+		"max_sessions = 9\t# after a tab\n"
+		"preload = /m/a /m/b # not a third directory\n"
+		"group = root # a comment\n"
+		"log_level = debug#kept\n"
+		"[radianced] # a section with a comment\n"
+		"arena_bytes = 2M   ;\n");
+	rc = load(&cfg, err, sizeof err, "--config", path, NULL);
+	/* no blank before '#': "debug#kept" is the value, and no log level */
+	assert_int_equal(rc, -EINVAL);
+	assert_non_null(strstr(err, ":6: log_level: 'debug#kept'"));
+	config_finish(&cfg);
+
+	path = write_file("comments3.conf",
+		"socket = /tmp/x/c.sock  # trailing comment\n"
+		"max_rows = 64 ; the other kind\n"
+		"max_sessions = 9\t# after a tab\n"
+		"preload = /m/a /m/b # not a third directory\n"
+		"group = root # a comment\n"
+		"arena_bytes = 2M   ;\n"
+		"socket = /tmp/x/a#b.sock\n");
+	assert_int_equal(load(&cfg, err, sizeof err, "--config", path, NULL), 0);
+	assert_string_equal(cfg.socket_path, "/tmp/x/a#b.sock");   /* '#' inside a value */
+	assert_int_equal(cfg.max_rows, 64);
+	assert_int_equal(cfg.max_sessions, 9);
+	assert_int_equal(cfg.n_preload, 2);
+	assert_string_equal(cfg.preload[1], "/m/b");
+	assert_string_equal(cfg.socket_group, "root");
+	assert_int_equal(cfg.arena_bytes, 2u << 20);
+	config_finish(&cfg);
+
+	/* a value that is all comment is empty */
+	path = write_file("comments4.conf", "socket = # nothing\n");
+	expect_error(-EINVAL, "comments4.conf:1: socket", "empty value", "--config", path, NULL);
+}
+
+static void test_config_file_kinds(void **state)
+{
+	/* a directory opens fine and reads as nothing: refuse it */
+	expect_error(-EISDIR, "config file /tmp", "is a directory", "--config", "/tmp", NULL);
+	expect_error(-EINVAL, "/dev/null", "not a regular file", "--config", "/dev/null", NULL);
+	/* --no-config does not silently win over --config (or the reverse) */
+	const char *path = write_file("ok.conf", "max_rows = 8\n");
+	expect_error(-EINVAL, "--no-config", "contradict", "--no-config", "--config", path, NULL);
+	expect_error(-EINVAL, "--no-config", "contradict", "-c", path, "--no-config", NULL);
+	/* a line longer than libinih's buffer is an error, not two lines */
+	char text[400];
+	snprintf(text, sizeof text, "max_rows = 8\npreload = /%0300d\n", 0);
+	path = write_file("long.conf", text);
+	expect_error(-EINVAL, "long.conf:2", "longer than", "--config", path, NULL);
+}
+
+/* Errors about two values say where each came from. */
+static void test_combined_errors_name_sources(void **state)
+{
+	const char *path = write_file("combo.conf", "# limits\nmax_sq_entries = 512\n\nsq_entries = 1024\n");
+	expect_error(-EINVAL, "sq_entries 1024 (", "combo.conf:4) exceeds max_sq_entries 512 (",
+		     "--config", path, NULL);
+	expect_error(-EINVAL, "combo.conf:2)", NULL, "--config", path, NULL);
+	expect_error(-EINVAL, "sq_entries 2048 (--sq-entries) exceeds max_sq_entries 1024 (default)",
+		     NULL, "--no-config", "--sq-entries", "2048", NULL);
+	expect_error(-EINVAL, "combo.conf:4) exceeds", "max_sq_entries 16 (--max-sq-entries)",
+		     "--config", path, "--max-sq-entries", "16", NULL);
+	expect_error(-EINVAL, "arena_bytes 2147483648 (--arena-bytes)",
+		     "max_arena_bytes 1073741824 (default)", "--no-config", "--arena-bytes", "2G", NULL);
+}
+
+/* The socket group is resolved while the configuration is read, so a typo
+ * is a usage error (exit 2), not a failure after the backend started. */
+static void test_group_resolved(void **state)
+{
+	struct radiance_config cfg;
+	char err[512];
+	assert_int_equal(load(&cfg, err, sizeof err, "--no-config", "-g", "root", NULL), 0);
+	assert_int_equal(cfg.socket_gid, 0);
+	config_finish(&cfg);
+	assert_int_equal(load(&cfg, err, sizeof err, "--no-config", "--group", "4242", NULL), 0);
+	assert_int_equal(cfg.socket_gid, 4242);
+	config_finish(&cfg);
+	expect_error(-EINVAL, "-g/--group", "group 'nosuchgroup-radiance' does not exist",
+		     "--no-config", "-g", "nosuchgroup-radiance", NULL);
+	const char *path = write_file("group.conf", "\ngroup = nosuchgroup-radiance\n");
+	expect_error(-EINVAL, "group.conf:2", "group 'nosuchgroup-radiance' does not exist",
+		     "--config", path, NULL);
+	/* the command line overrides the file's bad group before it is looked up */
+	struct radiance_config c2;
+	assert_int_equal(load(&c2, err, sizeof err, "--config", path, "-g", "root", NULL), 0);
+	config_finish(&c2);
+}
+
+static void test_hello_timeout_option(void **state)
+{
+	struct radiance_config cfg;
+	char err[512];
+	assert_int_equal(load(&cfg, err, sizeof err, "--no-config", "--hello-timeout-ms", "250",
+			      NULL), 0);
+	assert_int_equal(cfg.hello_timeout_ms, 250);
+	config_finish(&cfg);
+	const char *path = write_file("hello.conf", "hello_timeout_ms = 1500\n");
+	assert_int_equal(load(&cfg, err, sizeof err, "--config", path, NULL), 0);
+	assert_int_equal(cfg.hello_timeout_ms, 1500);
+	config_finish(&cfg);
+	expect_error(-EINVAL, "--hello-timeout-ms", "'0'", "--no-config", "--hello-timeout-ms", "0",
+		     NULL);
+}
+
+/* systemd/radianced.conf parses, and so does every key it shows commented
+ * out, with the values it claims are the defaults. */
+static void test_shipped_config(void **state)
+{
+	FILE *in = fopen("systemd/radianced.conf", "r");
+	assert_non_null(in);
+	char text[8192] = "", line[512];
+	size_t used = 0;
+	while (fgets(line, sizeof line, in)) {
+		const char *l = line;
+		size_t k = strspn(line + 1, "abcdefghijklmnopqrstuvwxyz_");
+		if (line[0] == '#' && k && strncmp(line + 1 + k, " = ", 3) == 0)
+			l = line + 1;   /* "#key = value": the key, uncommented */
+		used += (size_t)snprintf(text + used, sizeof text - used, "%s", l);
+		assert_true(used < sizeof text);
+	}
+	fclose(in);
+	struct radiance_config cfg, def;
+	char err[512];
+	/* the group the units create may not exist here */
+	int rc = load(&cfg, err, sizeof err, "--config", "systemd/radianced.conf", "-g", "root",
+		      NULL);
+	if (rc != 0)
+		fail_msg("systemd/radianced.conf: %s", err);
+	config_finish(&cfg);
+	const char *path = write_file("shipped.conf", text);
+	rc = load(&cfg, err, sizeof err, "--config", path, "-g", "root", NULL);
+	if (rc != 0)
+		fail_msg("radianced.conf with every key uncommented: %s", err);
+	assert_int_equal(config_init(&def), 0);
+	assert_int_equal(cfg.max_sessions, def.max_sessions);
+	assert_int_equal(cfg.max_arena_bytes, def.max_arena_bytes);
+	assert_int_equal(cfg.arena_bytes, def.arena_bytes);
+	assert_int_equal(cfg.max_rows, def.max_rows);
+	assert_int_equal(cfg.max_inflight, def.max_inflight);
+	assert_int_equal(cfg.max_sq_entries, def.max_sq_entries);
+	assert_int_equal(cfg.sq_entries, def.sq_entries);
+	assert_int_equal(cfg.max_k, def.max_k);
+	assert_int_equal(cfg.max_n, def.max_n);
+	assert_int_equal(cfg.hello_timeout_ms, def.hello_timeout_ms);
+	assert_int_equal(cfg.log_level, def.log_level);
+	assert_string_equal(cfg.backend, def.backend);
+	assert_string_equal(cfg.socket_path, RADIANCE_DEFAULT_ROOT_SOCKET);
+	config_finish(&def);
+	config_finish(&cfg);
+}
+
 int main(void)
 {
 	radiance_log_init(RADIANCE_LOG_ERROR);
@@ -193,6 +370,12 @@ int main(void)
 		cmocka_unit_test(test_help_and_version),
 		cmocka_unit_test(test_bad_command_line),
 		cmocka_unit_test(test_bad_file),
+		cmocka_unit_test(test_inline_comments),
+		cmocka_unit_test(test_config_file_kinds),
+		cmocka_unit_test(test_combined_errors_name_sources),
+		cmocka_unit_test(test_group_resolved),
+		cmocka_unit_test(test_hello_timeout_option),
+		cmocka_unit_test(test_shipped_config),
 	};
 	return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
