@@ -41,6 +41,9 @@ static int names_add(struct names *s, const char *name)
 	return 0;
 }
 
+/* 0 when dir/name is a regular file (after symlinks), -EINVAL when it is
+ * something else (a directory, a FIFO, a device such as a link to
+ * /dev/zero), else -errno of stat (-ENOENT: missing). */
 static int exists(const char *dir, const char *name)
 {
 	char path[4096];
@@ -50,6 +53,15 @@ static int exists(const char *dir, const char *name)
 	if (stat(path, &st) < 0)
 		return -errno;
 	return S_ISREG(st.st_mode) ? 0 : -EINVAL;
+}
+
+/* The text for a failed exists(). */
+static void file_error(char *err, size_t errlen, const char *dir, const char *name, int rc)
+{
+	if (rc == -EINVAL)
+		snprintf(err, errlen, "%s/%s is not a regular file", dir, name);
+	else
+		snprintf(err, errlen, "%s/%s: %s", dir, name, strerror(-rc));
 }
 
 static int cmp_str(const void *a, const void *b)
@@ -116,21 +128,35 @@ int radiance__client_checkpoint_files(const char *dir, char ***out, char *err, s
 	*out = NULL;
 
 	if ((rc = exists(dir, "config.json")) < 0) {
-		snprintf(err, errlen, "%s/config.json: %s", dir, strerror(-rc));
+		file_error(err, errlen, dir, "config.json", rc);
 		goto fail;
 	}
 	if ((rc = names_add(&s, "config.json")) < 0)
 		goto fail;
-	if (exists(dir, "quantization_config.json") == 0 &&
-	    (rc = names_add(&s, "quantization_config.json")) < 0)
+	/* optional, but when present it must be a file, not silently skipped */
+	if ((rc = exists(dir, "quantization_config.json")) == -EINVAL) {
+		file_error(err, errlen, dir, "quantization_config.json", rc);
 		goto fail;
-	if (exists(dir, "model.safetensors.index.json") == 0) {
+	}
+	if (rc == 0 && (rc = names_add(&s, "quantization_config.json")) < 0)
+		goto fail;
+	int idx = exists(dir, "model.safetensors.index.json");
+	int whole = exists(dir, "model.safetensors");
+	if (idx == 0) {
 		if ((rc = names_add(&s, "model.safetensors.index.json")) < 0 ||
 		    (rc = add_shards(dir, &s, err, errlen)) < 0)
 			goto fail;
-	} else if ((rc = exists(dir, "model.safetensors")) == 0) {
+	} else if (whole == 0) {
 		if ((rc = names_add(&s, "model.safetensors")) < 0)
 			goto fail;
+	} else if (idx != -ENOENT) {
+		file_error(err, errlen, dir, "model.safetensors.index.json", idx);
+		rc = idx;
+		goto fail;
+	} else if (whole != -ENOENT) {
+		file_error(err, errlen, dir, "model.safetensors", whole);
+		rc = whole;
+		goto fail;
 	} else {
 		snprintf(err, errlen, "%s: neither model.safetensors nor model.safetensors.index.json",
 			 dir);

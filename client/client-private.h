@@ -55,7 +55,8 @@ uint64_t radiance__client_arena_largest_free(const struct radiance__client_arena
  * then model.safetensors.index.json and its shards (sorted, unique) or
  * model.safetensors. *names is a NULL-terminated array the caller frees with
  * radiance__client_checkpoint_files_free(). 0, -ENOENT (config.json or the weights
- * missing), -EINVAL (bad index JSON; err says why), -ENOMEM. */
+ * missing), -EINVAL (bad index JSON, or one of the files is not a regular
+ * file; err says why), -ENOMEM. */
 int radiance__client_checkpoint_files(const char *dir, char ***names, char *err, size_t errlen);
 void radiance__client_checkpoint_files_free(char **names);
 
@@ -90,6 +91,7 @@ struct radiance {
 	int timeout_ms;                   /* -1: forever */
 
 	uint64_t next_tag;
+	bool welcomed;                    /* the handshake succeeded */
 	struct radiance_server_info server;
 	char *server_version, *backend, *device;
 

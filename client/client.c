@@ -31,6 +31,11 @@ const char *radiance_version(void)
 	return RADIANCE_VERSION;
 }
 
+uint32_t radiance_protocol_version(void)
+{
+	return RADIANCE_PROTOCOL_VERSION;
+}
+
 const char *radiance_strerror(int err)
 {
 	if (err < 0)
@@ -161,15 +166,53 @@ static int wait_fd(int fd, short events, int timeout_ms)
 	}
 }
 
+static int read_message(struct radiance *r, int timeout_ms, Radiance__ServerMessage **out);
+
+static int error_code(const Radiance__Error *e)
+{
+	/* A positive errno on the wire; anything else is the daemon's bug, but
+	 * the request still failed. */
+	return (e && e->code > 0 && e->code < 4096) ? -e->code : -EIO;
+}
+
+/* An Error the daemon sent outside any reply: it ends the session (or,
+ * before the handshake finished, refuses the connection, e.g. EBUSY "too
+ * many sessions"). Sticky. */
+static int daemon_ended(struct radiance *r, const Radiance__Error *e)
+{
+	const char *text = e->message && *e->message ? e->message
+						     : radiance_strerror(error_code(e));
+	if (!r->welcomed)
+		return radiance__client_break(r, error_code(e), "the daemon refused the connection: %s",
+					      text);
+	return radiance__client_break(r, error_code(e), "the daemon ended the session: %s", text);
+}
+
+/* The daemon closed its end while we were sending. What it wrote before
+ * closing (an Error saying why) may still wait in our receive queue: read
+ * it, so the reason reaches radiance_error_message() instead of EPIPE. */
+static int daemon_gone(struct radiance *r)
+{
+	Radiance__ServerMessage *m;
+	while (!r->error && read_message(r, 0, &m) == 0) {
+		radiance_conn_close_fds(&r->conn);
+		if (m->msg_case == RADIANCE__SERVER_MESSAGE__MSG_ERROR)
+			daemon_ended(r, m->error);
+		radiance__server_message__free_unpacked(m, NULL);
+	}
+	return radiance__client_break(r, -ECONNRESET, "the daemon closed the connection");
+}
+
 static int flush_all(struct radiance *r)
 {
 	for (;;) {
 		int rc = radiance_conn_flush(&r->conn);
 		if (rc == 0)
 			return 0;
+		if (rc == -EPIPE || rc == -ECONNRESET)
+			return daemon_gone(r);
 		if (rc != -EAGAIN)
-			return radiance__client_break(r, rc == -EPIPE ? -ECONNRESET : rc,
-					       "sending to the daemon: %s", strerror(-rc));
+			return radiance__client_break(r, rc, "sending to the daemon: %s", strerror(-rc));
 		rc = wait_fd(r->conn.fd, POLLOUT, r->timeout_ms);
 		if (rc == -ETIMEDOUT)
 			return radiance__client_break(r, rc, "the daemon does not read its socket");
@@ -219,16 +262,10 @@ static int read_message(struct radiance *r, int timeout_ms, Radiance__ServerMess
 		}
 		if (rc == -EPROTO)
 			return radiance__client_break(r, rc, "the daemon sent too many file descriptors");
-		return radiance__client_break(r, rc == -EPIPE ? -ECONNRESET : rc, "receiving from the daemon: %s",
-				       strerror(-rc));
+		if (rc == -EPIPE || rc == -ECONNRESET)
+			return radiance__client_break(r, -ECONNRESET, "the daemon closed the connection");
+		return radiance__client_break(r, rc, "receiving from the daemon: %s", strerror(-rc));
 	}
-}
-
-static int error_code(const Radiance__Error *e)
-{
-	/* A positive errno on the wire; anything else is the daemon's bug, but
-	 * the request still failed. */
-	return (e && e->code > 0 && e->code < 4096) ? -e->code : -EIO;
 }
 
 int radiance__client_request(struct radiance *r, Radiance__ClientMessage *msg, const int *fds,
@@ -265,10 +302,9 @@ int radiance__client_request(struct radiance *r, Radiance__ClientMessage *msg, c
 		if (m->tag != msg->tag) {
 			if (m->msg_case == RADIANCE__SERVER_MESSAGE__MSG_ERROR) {
 				/* The daemon ends the session over something it
-				 * noticed out of band (e.g. a corrupted ring). */
-				rc = error_code(m->error);
-				radiance__client_break(r, rc, "the daemon ended the session: %s",
-						m->error->message ? m->error->message : "");
+				 * noticed out of band (e.g. a corrupted ring), or
+				 * refuses the connection before the handshake. */
+				daemon_ended(r, m->error);
 			} else {
 				rc = radiance__client_break(r, -EPROTO, "reply tag %llu to request tag %llu",
 						     (unsigned long long)m->tag,
@@ -285,6 +321,12 @@ int radiance__client_request(struct radiance *r, Radiance__ClientMessage *msg, c
 			radiance__server_message__free_unpacked(m, NULL);
 			continue;
 		case RADIANCE__SERVER_MESSAGE__MSG_ERROR:
+			if (!r->welcomed) {
+				/* an Error answering the Hello: no session */
+				rc = daemon_ended(r, m->error);
+				radiance__server_message__free_unpacked(m, NULL);
+				return rc;
+			}
 			rc = radiance__client_fail(r, error_code(m->error), "%s: %s",
 					    radiance_proto_client_name(msg),
 					    m->error->message && *m->error->message
@@ -311,8 +353,7 @@ int radiance__client_socket_event(struct radiance *r)
 		return r->error ? r->error : rc;
 	radiance_conn_close_fds(&r->conn);
 	if (m->msg_case == RADIANCE__SERVER_MESSAGE__MSG_ERROR)
-		radiance__client_break(r, error_code(m->error), "the daemon ended the session: %s",
-				m->error->message ? m->error->message : "");
+		daemon_ended(r, m->error);
 	else
 		radiance__client_break(r, -EPROTO, "unsolicited %s from the daemon",
 				radiance_proto_server_name(m));
@@ -357,6 +398,7 @@ static int handshake(struct radiance *r)
 		rc = -ENOMEM;
 		goto out;
 	}
+	r->welcomed = true;
 	r->server = (struct radiance_server_info){
 		.protocol_version = w->protocol_version,
 		.server_version = r->server_version,
@@ -453,7 +495,7 @@ struct radiance *radiance_connect(const char *socket_path, const struct radiance
 		goto err_free;
 	}
 	if ((rc = handshake(r)) < 0) {
-		radiance__client_log(r, LOG_WARNING, "handshake with %s failed: %s", socket_path,
+		radiance__client_log(r, LOG_WARNING, "cannot connect to %s: %s", socket_path,
 			      r->message);
 		goto err_free;
 	}

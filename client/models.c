@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "client-private.h"
@@ -256,9 +257,18 @@ int radiance_load_model(struct radiance *r, const char *dir,
 	for (; nfds < n; nfds++) {
 		char path[4096];
 		snprintf(path, sizeof path, "%s/%s", dir, names[nfds]);
-		fds[nfds] = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+		/* O_NONBLOCK: a FIFO put there since the check above must not
+		 * hang the open; it is refused just below. */
+		fds[nfds] = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
 		if (fds[nfds] < 0) {
 			rc = radiance__client_fail(r, -errno, "%s: %s", path, strerror(errno));
+			goto out_fds;
+		}
+		struct stat st;
+		if (fstat(fds[nfds], &st) < 0 || !S_ISREG(st.st_mode) ||
+		    fcntl(fds[nfds], F_SETFL, 0) < 0) {
+			close(fds[nfds]);
+			rc = radiance__client_fail(r, -EINVAL, "%s is not a regular file", path);
 			goto out_fds;
 		}
 	}

@@ -39,10 +39,11 @@
  * lock). Different handles are independent and may be used concurrently from
  * different threads. Functions that take no handle (radiance_strerror,
  * radiance_default_socket_path, radiance_find_layer, the *_free functions on
- * their own objects, radiance_version) are safe from any thread. A handle must
- * not be used across fork(): the child connects its own. (A child may call
- * radiance_disconnect() on an inherited handle to free its copy: that closes
- * only the child's descriptors and mappings; the parent's session goes on.)
+ * their own objects, radiance_version, radiance_protocol_version) are safe
+ * from any thread. A handle must not be used across fork(): the child
+ * connects its own. (A child may call radiance_disconnect() on an inherited
+ * handle to free its copy: that closes only the child's descriptors and
+ * mappings; the parent's session goes on.)
  *
  * ABI. Structs the caller fills (options) start with a `size` field that the
  * caller sets to sizeof(the struct), so new fields can be appended; use the
@@ -111,6 +112,11 @@ struct radiance_options {
 /* The library's version string, e.g. "0.1.0". Static storage. */
 const char *radiance_version(void);
 
+/* The wire protocol version this library speaks (sends in its handshake and
+ * requires of the daemon), e.g. 1. Compare with
+ * radiance_server_info.protocol_version. Any thread. */
+uint32_t radiance_protocol_version(void);
+
 /* Text for a return code of this library: err may be negative (as returned)
  * or positive. Never NULL; static storage; any thread. */
 const char *radiance_strerror(int err);
@@ -126,19 +132,25 @@ const char *radiance_strerror(int err);
 int radiance_default_socket_path(char *buf, size_t size);
 
 /* Connects to radianced at socket_path (NULL: radiance_default_socket_path)
- * and performs the handshake (protocol version RADIANCE_PROTOCOL_VERSION 1).
- * opt may be NULL. Blocks until the daemon answers (opt->timeout_ms).
+ * and performs the handshake (the protocol version of
+ * radiance_protocol_version()). opt may be NULL. Blocks until the daemon
+ * answers (opt->timeout_ms).
  * Returns a new handle, owned by the caller (radiance_disconnect), or NULL
  * with errno set:
  *   ENOENT, ECONNREFUSED, EACCES  no daemon listens there, or no permission;
  *   ENAMETOOLONG                  the path does not fit a sockaddr_un;
+ *   EBUSY                         the daemon refused: it already serves as
+ *                                 many sessions as it allows (max_sessions);
  *   EPROTO                        the daemon speaks another protocol version,
  *                                 or sent something that is not protocol;
  *   ECONNRESET                    the daemon closed the connection;
  *   ETIMEDOUT                     no answer within opt->timeout_ms;
  *   EINVAL                        opt->size is 0 or options invalid;
  *   ENOMEM, or an errno of socket()/connect().
- * The daemon's reason for a refusal goes to opt->log. */
+ * There is no handle to ask radiance_error_message() then: the reason (the
+ * daemon's text for a refusal, e.g. "too many sessions (the limit is 64)")
+ * goes to opt->log at LOG_WARNING, as one message "cannot connect to PATH:
+ * REASON". */
 struct radiance *radiance_connect(const char *socket_path, const struct radiance_options *opt);
 
 /* Closes the connection: the daemon drops every model reference and the
@@ -149,9 +161,11 @@ struct radiance *radiance_connect(const char *socket_path, const struct radiance
 void radiance_disconnect(struct radiance *r);
 
 /* 0, or the sticky error that ended this connection (negative errno:
- * -ECONNRESET the daemon closed it, -EPROTO a protocol violation by either
- * side, -EPIPE, -ENOMEM while receiving, ...). Once nonzero it never changes
- * and every call on the handle (other than these getters and disconnect)
+ * -ECONNRESET the daemon closed it; the daemon's own code when it ended the
+ * session and said why (its text in radiance_error_message()); -EPROTO a
+ * protocol violation by either side; -ETIMEDOUT no reply within the
+ * timeout; -ENOMEM while receiving, ...). Once nonzero it never changes and
+ * every call on the handle (other than these getters and disconnect)
  * returns it. */
 int radiance_get_error(const struct radiance *r);
 
@@ -198,7 +212,9 @@ struct radiance_model_info {
 	uint32_t model_id;               /* what requests name as `model_id` */
 	const char *name;
 	uint64_t resident_bytes;         /* all layers, on the device */
-	bool preloaded;                  /* from the daemon's config, never unloaded */
+	bool preloaded;                  /* from the daemon's config (or --preload):
+	                                    the daemon holds a reference of its own
+	                                    until radiance_unload_preloaded() */
 	uint32_t users;                  /* sessions holding a reference */
 	size_t n_layers;                 /* 0 in radiance_list_models() results */
 	const struct radiance_layer_info *layers;   /* [n_layers], by index */
@@ -211,8 +227,8 @@ typedef void (*radiance_load_progress_fn)(void *user, uint64_t done_bytes, uint6
 
 struct radiance_load_options {
 	uint32_t size;                   /* sizeof(struct radiance_load_options) */
-	const char *name;                /* model name; default: the basename of
-	                                    the directory (as the daemon names
+	const char *name;                /* model name; NULL or "": the basename
+	                                    of the directory (as the daemon names
 	                                    preloaded checkpoints) */
 	radiance_load_progress_fn progress;   /* may be NULL */
 	void *progress_user;
@@ -224,19 +240,29 @@ struct radiance_load_options {
  * group size 128: config.json, quantization_config.json when present,
  * model.safetensors or model.safetensors.index.json and its shards). The
  * library opens those files itself, read-only, and passes their descriptors
- * to the daemon, so the daemon reads exactly what this process can read. If
- * the daemon already holds the same checkpoint (same name, or the same files)
- * the session attaches to it instead: a model is resident once however many
- * sessions load it. The session holds one reference (loading or attaching a
- * model it already holds changes nothing) until radiance_release_model() or
- * disconnect; a model nobody references (and not preloaded) is unloaded. Blocks for the whole load; opt->progress is called
- * as the daemon reports progress. opt may be NULL.
+ * to the daemon, so the daemon reads exactly what this process can read.
+ *
+ * Deduplication is by file identity, not by name: if the daemon already
+ * holds (or is loading) a model from the very same files (same inodes,
+ * unchanged since), the session attaches to it instead, under the name it
+ * already has, whatever opt->name says; a model is resident once however
+ * many sessions load it. Other files under a name that a resident model
+ * already has are refused with -EEXIST (the daemon never serves one
+ * checkpoint's weights for another's name): load them under another name.
+ *
+ * The session holds one reference (loading or attaching a model it already
+ * holds changes nothing) until radiance_release_model() or disconnect; a
+ * model nobody references (and not preloaded) is unloaded. Blocks for the
+ * whole load; opt->progress is called as the daemon reports progress. opt
+ * may be NULL.
  * On success *model_id is set and radiance_held_model() describes it.
  * Returns 0, or:
  *   -ENOENT     dir or a required file is missing;
  *   -EACCES     a file cannot be read by this process;
- *   -EINVAL     the checkpoint is malformed or unsupported (daemon's message
- *               in radiance_error_message());
+ *   -EINVAL     the checkpoint is malformed or unsupported, or one of its
+ *               files is not a regular file (the message in
+ *               radiance_error_message());
+ *   -EEXIST     a different checkpoint with this name is already resident;
  *   -ENOMEM     the daemon (or this process) is out of memory;
  *   -E2BIG      more files than one message may carry (64);
  *   -ETIMEDOUT  no progress within the timeout;
@@ -259,8 +285,9 @@ int radiance_release_model(struct radiance *r, uint32_t model_id);
 /* Drops the daemon's own hold on a preloaded model (radianced --preload):
  * it is unloaded at once if no session holds it, else when the last one
  * releases it. This session's own reference, if any, is not touched.
- * Allowed to root and to the daemon's own user. Returns 0, -ENOENT (no
- * preloaded model has that id), -EPERM, or a sticky error. */
+ * Allowed to root (uid 0) and to the user the daemon runs as. Returns 0,
+ * -ENOENT (no preloaded model has that id), -EPERM (this process's uid may
+ * not), or a sticky error. */
 int radiance_unload_preloaded(struct radiance *r, uint32_t model_id);
 
 /* The description of a model this session holds (layers included), or NULL
@@ -402,7 +429,11 @@ struct radiance_stats {
 	uint64_t bytes_in;               /* activation bytes read */
 	uint64_t bytes_out;              /* output bytes written */
 	uint64_t errors;                 /* requests that failed */
-	uint64_t latency_p50_ns;         /* in the daemon: queue + exec */
+	/* Latency in the daemon (queue + exec). p50 and p99 come from a
+	 * histogram with 4 log-spaced buckets per power of two: each is the
+	 * upper edge of its bucket (at most 25% above the true percentile),
+	 * capped at the max, which is exact. */
+	uint64_t latency_p50_ns;
 	uint64_t latency_p99_ns;
 	uint64_t latency_max_ns;
 	uint32_t sessions;               /* global only: live sessions */

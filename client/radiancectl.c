@@ -14,6 +14,7 @@
 #include <getopt.h>
 #include <inttypes.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,6 +38,7 @@ struct ctl {
 	const char *name;     /* load --name */
 	bool hold;            /* load --hold */
 	bool verbose;
+	char connect_error[512];   /* libradiance's reason when connect fails */
 	struct radiance *r;
 	/* progress */
 	bool tty;
@@ -60,11 +62,13 @@ static void usage(FILE *f)
 		"                      was already resident; --hold keeps this session (and\n"
 		"                      the model) until SIGINT/SIGTERM. For permanent\n"
 		"                      residency, preload it in radianced.conf.\n"
-		"  unload MODEL        drop the daemon's own reference to a preloaded MODEL;\n"
-		"                      it is freed once no client session holds it. Models\n"
-		"                      loaded by clients belong to their sessions: they are\n"
-		"                      freed when the last one releases or disconnects.\n"
+		"  unload MODEL        drop the daemon's own reference to a preloaded MODEL\n"
+		"                      (root or the daemon's user only); it is freed once no\n"
+		"                      client session holds it. Models loaded by clients\n"
+		"                      belong to their sessions: they are freed when the last\n"
+		"                      one releases or disconnects.\n"
 		"  stats               request counters and latency, global and per session\n"
+		"                      (p50/p99 are histogram bucket upper bounds)\n"
 		"\n"
 		"Options:\n"
 		"  -s, --socket PATH   daemon socket (default: $RADIANCE_SOCKET, else\n"
@@ -75,24 +79,49 @@ static void usage(FILE *f)
 		"      --hold          (load) keep the model loaded until interrupted\n"
 		"  -v, --verbose       log what libradiance does to stderr\n"
 		"  -h, --help          this text\n"
-		"  -V, --version       print versions\n"
+		"  -V, --version       print versions (radiancectl, libradiance, protocol)\n"
 		"\n"
 		"Exit status: 0 success, 1 the operation failed, 2 usage error,\n"
 		"3 cannot reach the daemon (or the connection broke).\n");
 }
 
-static void log_stderr(void *user, int priority, const char *message)
+/* A usage error: one line saying what is wrong, one pointing at --help. */
+static int usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int usage_error(const char *fmt, ...)
 {
-	fprintf(stderr, "radiancectl: libradiance: %s\n", message);
+	va_list ap;
+	va_start(ap, fmt);
+	fputs("radiancectl: ", stderr);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fputs("\nTry 'radiancectl --help' for more information.\n", stderr);
+	return EXIT_USAGE;
+}
+
+/* libradiance is silent unless given a log callback. Its warnings are kept
+ * (radiance_connect() has no handle to ask for the reason of a failure:
+ * the daemon's refusal text comes this way); with --verbose everything is
+ * printed too. */
+static void log_cb(void *user, int priority, const char *message)
+{
+	struct ctl *c = user;
+	if (priority <= LOG_WARNING)
+		snprintf(c->connect_error, sizeof c->connect_error, "%s", message);
+	if (c->verbose)
+		fprintf(stderr, "radiancectl: libradiance: %s\n", message);
 }
 
 static int fail(struct ctl *c, int rc, const char *what)
 {
 	const char *msg = c->r ? radiance_error_message(c->r) : "";
-	fprintf(stderr, "radiancectl: %s: %s\n", what, *msg ? msg : radiance_strerror(rc));
-	if (c->r && radiance_get_error(c->r))
+	int sticky = c->r ? radiance_get_error(c->r) : 0;
+	if (sticky == -ECONNRESET) {
+		fprintf(stderr, "radiancectl: %s: the daemon went away (it closed the connection)\n",
+			what);
 		return EXIT_CONNECT;
-	return EXIT_FAILED;
+	}
+	fprintf(stderr, "radiancectl: %s: %s\n", what, *msg ? msg : radiance_strerror(rc));
+	return sticky ? EXIT_CONNECT : EXIT_FAILED;
 }
 
 static int print_json(json_t *j)
@@ -353,8 +382,15 @@ static int cmd_load(struct ctl *c, const char *dir)
 	c->last_decile = -1;
 	uint32_t id;
 	int rc = radiance_load_model(c->r, dir, &lo, &id);
-	if (rc < 0)
-		return fail(c, rc, dir);
+	if (rc < 0) {
+		char what[4200];
+		snprintf(what, sizeof what, "cannot load %s", dir);
+		int ret = fail(c, rc, what);
+		if (rc == -EEXIST)
+			fprintf(stderr, "radiancectl: to load it next to the resident one, give it "
+					"another name: radiancectl load --name NAME %s\n", dir);
+		return ret;
+	}
 	const struct radiance_model_info *m = radiance_held_model(c->r, id);
 	if (c->json) {
 		print_json(json_pack("{s:i, s:s, s:I, s:i, s:i, s:b, s:b}", "model_id", (int)m->model_id,
@@ -364,8 +400,13 @@ static int cmd_load(struct ctl *c, const char *dir)
 	} else {
 		char b[32];
 		human_bytes(b, sizeof b, m->resident_bytes);
-		printf("model %u \"%s\": %zu layers, %s resident, %u session(s) using it\n", m->model_id,
-		       m->name, m->n_layers, b, m->users);
+		printf("model %u \"%s\": %zu layers, %s resident, %u session%s using it\n", m->model_id,
+		       m->name, m->n_layers, b, m->users, m->users == 1 ? "" : "s");
+		/* the daemon dedupes by file identity: the same files under
+		 * another name attach to the model under its first name */
+		if (c->name && strcmp(c->name, m->name))
+			printf("note: these files are already resident as \"%s\"; attached to it (the "
+			       "name \"%s\" is not used)\n", m->name, c->name);
 		if (!c->hold && m->users <= 1 && !m->preloaded)
 			printf("note: no other session holds it, so it is unloaded when radiancectl exits "
 			       "(use --hold, or preload it in radianced.conf)\n");
@@ -387,8 +428,14 @@ static int cmd_load(struct ctl *c, const char *dir)
 		sleep(1);
 		if (stop)
 			break;
-		if ((rc = radiance_list_models(c->r, &ml)) < 0)
+		if ((rc = radiance_list_models(c->r, &ml)) < 0) {
+			if (radiance_get_error(c->r) == -ECONNRESET) {
+				fprintf(stderr, "radiancectl: the daemon went away while holding model %u "
+						"(it closed the connection)\n", id);
+				return EXIT_CONNECT;
+			}
 			return fail(c, rc, "holding the model");
+		}
 		radiance_model_list_free(ml);
 	}
 	if ((rc = radiance_release_model(c->r, id)) < 0)
@@ -413,36 +460,63 @@ static int cmd_unload(struct ctl *c, const char *model)
 		return fail(c, rc, "get model");
 	bool preloaded = m->preloaded;
 	uint32_t users = m->users;
+	char name[256];
+	snprintf(name, sizeof name, "%s", m->name);
 	radiance_model_info_free(m);
 	if (!preloaded) {
 		fprintf(stderr,
-			"radiancectl: model %u is not preloaded: it is held by %u client session(s) and "
-			"is unloaded when the last of them releases it or disconnects\n",
-			id, users);
+			"radiancectl: model %u \"%s\" is not preloaded: it is held by %u client session%s "
+			"and is unloaded when the last of them releases it or disconnects\n",
+			id, name, users, users == 1 ? "" : "s");
 		return EXIT_FAILED;
 	}
 	rc = radiance_unload_preloaded(c->r, id);
+	if (rc == -EPERM) {
+		fprintf(stderr,
+			"radiancectl: not allowed to unload model %u \"%s\": it is preloaded by the "
+			"daemon's configuration, and only root or the user radianced runs as may drop "
+			"that (this is uid %u)\n",
+			id, name, (unsigned)getuid());
+		return EXIT_FAILED;
+	}
 	if (rc < 0)
 		return fail(c, rc, "unload (dropping the daemon's preload reference)");
 	if (c->json)
 		return print_json(json_pack("{s:i, s:b, s:i}", "model_id", (int)id, "released", 1,
 					    "users", (int)users));
 	if (users)
-		printf("model %u: preload reference dropped; unloaded when its %u session(s) release it\n",
-		       id, users);
+		printf("model %u \"%s\": preload reference dropped; unloaded when %s release%s it\n",
+		       id, name, users == 1 ? "the session using it" : "the sessions using it",
+		       users == 1 ? "s" : "");
 	else
-		printf("model %u unloaded\n", id);
+		printf("model %u \"%s\" unloaded\n", id, name);
 	return EXIT_OK;
+}
+
+/* p50/p99 are upper edges of the daemon's histogram buckets (4 per power
+ * of two, so up to 25% above the true value): printed as "<= N" whole
+ * microseconds, rounded up, rather than with digits they do not have. */
+static void bound_us(char *buf, size_t n, uint64_t ns, uint64_t requests)
+{
+	if (!requests)
+		snprintf(buf, n, "-");
+	else
+		snprintf(buf, n, "<=%" PRIu64, (ns + 999) / 1000);
 }
 
 static void print_stats_row(const char *who, const struct radiance_stats *s)
 {
-	char in[32], out[32];
+	char in[32], out[32], p50[32], p99[32], max[32];
 	human_bytes(in, sizeof in, s->bytes_in);
 	human_bytes(out, sizeof out, s->bytes_out);
-	printf("%-28s %10" PRIu64 " %10" PRIu64 " %7" PRIu64 " %11s %11s %9.1f %9.1f %9.1f\n", who,
-	       s->requests, s->rows, s->errors, in, out, s->latency_p50_ns / 1e3,
-	       s->latency_p99_ns / 1e3, s->latency_max_ns / 1e3);
+	bound_us(p50, sizeof p50, s->latency_p50_ns, s->requests);
+	bound_us(p99, sizeof p99, s->latency_p99_ns, s->requests);
+	if (s->requests)
+		snprintf(max, sizeof max, "%.1f", s->latency_max_ns / 1e3);
+	else
+		snprintf(max, sizeof max, "-");
+	printf("%-28s %10" PRIu64 " %10" PRIu64 " %7" PRIu64 " %11s %11s %8s %8s %9s\n", who,
+	       s->requests, s->rows, s->errors, in, out, p50, p99, max);
 }
 
 static int cmd_stats(struct ctl *c)
@@ -468,9 +542,11 @@ static int cmd_stats(struct ctl *c)
 	}
 	char up[64];
 	human_duration(up, sizeof up, st->global.uptime_ns);
-	printf("uptime %s, %u live sessions; latency in the daemon (queue + exec), microseconds\n",
-	       up, st->global.sessions);
-	printf("%-28s %10s %10s %7s %11s %11s %9s %9s %9s\n", "", "REQUESTS", "ROWS", "ERRORS",
+	printf("uptime %s, %u live session%s\n", up, st->global.sessions,
+	       st->global.sessions == 1 ? "" : "s");
+	printf("latency in the daemon (queue + exec), us: P50 and P99 are the upper bounds of "
+	       "histogram buckets (within 25%%), MAX is exact\n");
+	printf("%-28s %10s %10s %7s %11s %11s %8s %8s %9s\n", "", "REQUESTS", "ROWS", "ERRORS",
 	       "IN", "OUT", "P50", "P99", "MAX");
 	print_stats_row("all sessions", &st->global);
 	for (size_t i = 0; i < st->n_sessions; i++) {
@@ -482,6 +558,25 @@ static int cmd_stats(struct ctl *c)
 	}
 	radiance_stats_free(st);
 	return EXIT_OK;
+}
+
+/* getopt_long's ':' (missing argument) or '?' (anything else wrong), told
+ * in one line. arg is argv[optind - 1]: the option itself when it is a long
+ * one; a short one may sit inside a cluster ("-jx"), so optopt names it. */
+static int bad_option(int o, const char *arg, const struct option *opts)
+{
+	if (strncmp(arg, "--", 2) == 0) {
+		size_t len = strcspn(arg + 2, "=");
+		for (const struct option *p = opts; p->name; p++)
+			if (strlen(p->name) == len && !strncmp(p->name, arg + 2, len))
+				return usage_error(o == ':' ? "option '--%s' needs an argument"
+							    : "option '--%s' takes no argument",
+						   p->name);
+		return usage_error("unknown option '%.*s'", (int)len + 2, arg);
+	}
+	if (o == ':')
+		return usage_error("option '-%c' needs an argument", optopt);
+	return usage_error("unknown option '-%c'", optopt);
 }
 
 int main(int argc, char **argv)
@@ -499,15 +594,20 @@ int main(int argc, char **argv)
 		{ 0 },
 	};
 	int o;
-	while ((o = getopt_long(argc, argv, "s:jn:vhV", opts, NULL)) != -1) {
+	opterr = 0;   /* our own one-line messages, without argv[0]'s path */
+	while ((o = getopt_long(argc, argv, ":s:jn:vhV", opts, NULL)) != -1) {
 		switch (o) {
 		case 's':
+			if (!*optarg)
+				return usage_error("--socket needs a path, not an empty string");
 			c.socket = optarg;
 			break;
 		case 'j':
 			c.json = true;
 			break;
 		case 'n':
+			if (!*optarg)
+				return usage_error("--name needs a model name, not an empty string");
 			c.name = optarg;
 			break;
 		case OPT_HOLD:
@@ -520,17 +620,15 @@ int main(int argc, char **argv)
 			usage(stdout);
 			return EXIT_OK;
 		case 'V':
-			printf("radiancectl %s (libradiance %s)\n", RADIANCE_VERSION, radiance_version());
+			printf("radiancectl %s (libradiance %s, protocol %u)\n", RADIANCE_VERSION,
+			       radiance_version(), radiance_protocol_version());
 			return EXIT_OK;
 		default:
-			usage(stderr);
-			return EXIT_USAGE;
+			return bad_option(o, argv[optind - 1], opts);
 		}
 	}
-	if (optind >= argc) {
-		usage(stderr);
-		return EXIT_USAGE;
-	}
+	if (optind >= argc)
+		return usage_error("no command given (status, models, layers, load, unload, stats)");
 	const char *cmd = argv[optind];
 	int nargs = argc - optind - 1;
 	char **args = argv + optind + 1;
@@ -539,26 +637,28 @@ int main(int argc, char **argv)
 		want = 0;
 	else if (!strcmp(cmd, "layers") || !strcmp(cmd, "load") || !strcmp(cmd, "unload"))
 		want = 1;
-	if (want < 0) {
-		fprintf(stderr, "radiancectl: unknown command \"%s\" (see --help)\n", cmd);
-		return EXIT_USAGE;
-	}
+	if (want < 0)
+		return usage_error("unknown command \"%s\"", cmd);
 	if (nargs != want) {
-		fprintf(stderr, "radiancectl: %s takes %d argument%s (see --help)\n", cmd, want,
-			want == 1 ? "" : "s");
-		return EXIT_USAGE;
+		if (want == 0)
+			return usage_error("%s takes no arguments (got \"%s\")", cmd, args[0]);
+		return usage_error("%s takes one argument: %s", cmd,
+				   strcmp(cmd, "load") ? "MODEL (a name or an id)" : "DIR");
 	}
-	if ((c.name || c.hold) && strcmp(cmd, "load")) {
-		fprintf(stderr, "radiancectl: --name and --hold belong to load\n");
-		return EXIT_USAGE;
+	if ((c.name || c.hold) && strcmp(cmd, "load"))
+		return usage_error("--name and --hold belong to load");
+	if (!strcmp(cmd, "layers") || !strcmp(cmd, "unload")) {
+		if (!*args[0])
+			return usage_error("%s needs a model name or id, not an empty string", cmd);
+	} else if (!strcmp(cmd, "load") && !*args[0]) {
+		return usage_error("load needs a checkpoint directory, not an empty string");
 	}
 
 	struct radiance_options ro = RADIANCE_OPTIONS_INIT;
 	ro.client_name = "radiancectl";
-	if (c.verbose) {
-		ro.log = log_stderr;
-		ro.log_priority = LOG_DEBUG;
-	}
+	ro.log = log_cb;
+	ro.log_user = &c;
+	ro.log_priority = c.verbose ? LOG_DEBUG : LOG_WARNING;
 	c.r = radiance_connect(c.socket, &ro);
 	if (!c.r) {
 		int e = errno;
@@ -567,7 +667,16 @@ int main(int argc, char **argv)
 			snprintf(path, sizeof path, "%s", c.socket);
 		else
 			radiance_default_socket_path(path, sizeof path);
-		fprintf(stderr, "radiancectl: cannot connect to %s: %s\n", path, radiance_strerror(e));
+		/* the library's reason names the path and, for a refusal, gives
+		 * the daemon's text (e.g. "too many sessions (the limit is 64)") */
+		if (c.connect_error[0])
+			fprintf(stderr, "radiancectl: %s\n", c.connect_error);
+		else
+			fprintf(stderr, "radiancectl: cannot connect to %s: %s\n", path,
+				radiance_strerror(e));
+		if (e == ENOENT || e == ECONNREFUSED)
+			fprintf(stderr, "radiancectl: is radianced running? --socket PATH or "
+					"$RADIANCE_SOCKET names another socket\n");
 		return EXIT_CONNECT;
 	}
 

@@ -1,7 +1,9 @@
 /*
  * libradiance without a daemon: the arena allocator, the checkpoint file
  * list LoadModel sends (checked against the loader's own list), the default
- * socket path rules, error texts, and connect failures.
+ * socket path rules, error texts, connect failures, and how the daemon's
+ * reasons reach the caller when it refuses a connection or ends a session
+ * (a scripted fake daemon in a child process).
  */
 #include <errno.h>
 #include <setjmp.h>
@@ -14,12 +16,15 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <sys/wait.h>
+#include <syslog.h>
 #include <unistd.h>
 
 #include <cmocka.h>
 
 #include "checkpoint.h"
 #include "client-private.h"
+#include "proto_util.h"
 #include "radiance.h"
 
 /* --- arena ---------------------------------------------------------------- */
@@ -195,6 +200,40 @@ static void checkpoint_files_missing(void **state)
 	rm_dir(dir);
 }
 
+/* Something that is not a regular file where a checkpoint file should be
+ * (a FIFO would hang an open(), /dev/zero never ends, a directory is not
+ * a file) is named as such, not reported as missing. */
+static void checkpoint_files_not_regular(void **state)
+{
+	static const char *const kinds[] = { "fifo", "dir", "devzero" };
+	static const char *const files[] = { "model.safetensors", "quantization_config.json",
+					     "config.json", "model.safetensors.index.json" };
+	for (size_t f = 0; f < sizeof files / sizeof *files; f++) {
+		for (size_t k = 0; k < sizeof kinds / sizeof *kinds; k++) {
+			char dir[] = "/tmp/radiance-ckpt-XXXXXX", path[600], **names, err[512];
+			assert_non_null(mkdtemp(dir));
+			if (strcmp(files[f], "config.json"))
+				write_file(dir, "config.json", "{}");
+			snprintf(path, sizeof path, "%s/%s", dir, files[f]);
+			if (!strcmp(kinds[k], "fifo"))
+				assert_int_equal(mkfifo(path, 0600), 0);
+			else if (!strcmp(kinds[k], "dir"))
+				assert_int_equal(mkdir(path, 0700), 0);
+			else
+				assert_int_equal(symlink("/dev/zero", path), 0);
+			int rc = radiance__client_checkpoint_files(dir, &names, err, sizeof err);
+			if (rc != -EINVAL || !strstr(err, "is not a regular file") ||
+			    !strstr(err, files[f]))
+				fprintf(stderr, "%s as %s: rc %d, \"%s\"\n", files[f], kinds[k], rc, err);
+			assert_int_equal(rc, -EINVAL);
+			assert_non_null(strstr(err, files[f]));
+			assert_non_null(strstr(err, "is not a regular file"));
+			assert_null(names);
+			rm_dir(dir);
+		}
+	}
+}
+
 /* --- socket path, errors, connect ----------------------------------------- */
 
 static void default_socket_path(void **state)
@@ -221,6 +260,8 @@ static void strerror_texts(void **state)
 	assert_non_null(radiance_strerror(-99999));
 	assert_non_null(radiance_version());
 	assert_string_equal(radiance_version(), RADIANCE_VERSION);
+	/* what the public header offers is what the wire contract says */
+	assert_int_equal(radiance_protocol_version(), RADIANCE_PROTOCOL_VERSION);
 }
 
 static void log_collect(void *user, int priority, const char *msg)
@@ -272,6 +313,174 @@ static void connect_failures(void **state)
 	radiance_stats_free(NULL);
 }
 
+/* --- a scripted fake daemon ----------------------------------------------- */
+
+enum fake_script {
+	FAKE_REFUSE,          /* the daemon at its session limit: Error (tag 0), close */
+	FAKE_REFUSE_HELLO,    /* the same, answering the Hello with its tag */
+	FAKE_END_SESSION,     /* Welcome, then Error (tag 0) ending the session, close */
+};
+
+static void fake_send(int fd, Radiance__ServerMessage *m)
+{
+	struct radiance_conn c;
+	int dup_fd = dup(fd);   /* finish closes its fd: the script closes ours */
+	if (dup_fd < 0 || radiance_conn_init(&c, dup_fd, RADIANCE_MAX_FRAME, 1) < 0)
+		_exit(3);
+	if (radiance_proto_queue_server(&c, m, NULL, 0) < 0 || radiance_conn_flush(&c) < 0)
+		_exit(4);
+	radiance_conn_finish(&c);
+}
+
+static void fake_error(int fd, uint64_t tag, int code, const char *text)
+{
+	Radiance__Error e = RADIANCE__ERROR__INIT;
+	e.code = code;
+	e.message = (char *)text;
+	Radiance__ServerMessage m = RADIANCE__SERVER_MESSAGE__INIT;
+	m.tag = tag;
+	m.msg_case = RADIANCE__SERVER_MESSAGE__MSG_ERROR;
+	m.error = &e;
+	fake_send(fd, &m);
+}
+
+/* Reads what the client sent (its Hello), waiting at most 200 ms. */
+static void fake_drain(int fd)
+{
+	char buf[4096];
+	struct timeval tv = { 0, 200000 };
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+	(void)!read(fd, buf, sizeof buf);
+}
+
+/* A child that accepts `count` connections on listen_fd and plays script
+ * on each; the parent gets its pid. */
+static pid_t fake_daemon(int listen_fd, enum fake_script script, int count)
+{
+	fflush(NULL);
+	pid_t pid = fork();
+	assert_true(pid >= 0);
+	if (pid > 0)
+		return pid;
+	for (int i = 0; i < count; i++) {
+		int fd = accept(listen_fd, NULL, NULL);
+		if (fd < 0)
+			_exit(2);
+		switch (script) {
+		case FAKE_REFUSE:
+			fake_error(fd, 0, EBUSY, "too many sessions (the limit is 1)");
+			break;
+		case FAKE_REFUSE_HELLO:
+			fake_drain(fd);
+			fake_error(fd, 1, EBUSY, "too many sessions (the limit is 1)");
+			break;
+		case FAKE_END_SESSION: {
+			fake_drain(fd);
+			Radiance__Welcome w = RADIANCE__WELCOME__INIT;
+			w.protocol_version = RADIANCE_PROTOCOL_VERSION;
+			w.server_version = "fake";
+			w.backend = "cpu";
+			w.device = "none";
+			w.session_id = 7;
+			w.max_rows = 16;
+			Radiance__ServerMessage m = RADIANCE__SERVER_MESSAGE__INIT;
+			m.tag = 1;
+			m.msg_case = RADIANCE__SERVER_MESSAGE__MSG_WELCOME;
+			m.welcome = &w;
+			fake_send(fd, &m);
+			fake_error(fd, 0, ESHUTDOWN, "the daemon is shutting down");
+			break;
+		}
+		}
+		close(fd);
+	}
+	_exit(0);
+}
+
+static int fake_listen(char *dir, char *path, size_t n)
+{
+	assert_non_null(mkdtemp(dir));
+	snprintf(path, n, "%s/s", dir);
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
+	assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+	assert_int_equal(listen(fd, 16), 0);
+	return fd;
+}
+
+static void fake_finish(int listen_fd, pid_t pid, char *dir, const char *path)
+{
+	int st;
+	close(listen_fd);
+	assert_int_equal(waitpid(pid, &st, 0), pid);
+	assert_true(WIFEXITED(st));
+	assert_int_equal(WEXITSTATUS(st), 0);
+	unlink(path);
+	rmdir(dir);
+}
+
+static void log_keep(void *user, int priority, const char *msg)
+{
+	if (priority <= LOG_WARNING)
+		snprintf(user, 512, "%s", msg);
+}
+
+/* A refusal (the daemon at max_sessions) is EBUSY with the daemon's words,
+ * whichever comes first: its Error, or its close under our Hello (EPIPE
+ * then, with the Error still to read). */
+static void connect_refused_by_daemon(void **state)
+{
+	static const enum fake_script scripts[] = { FAKE_REFUSE, FAKE_REFUSE_HELLO };
+	for (size_t s = 0; s < 2; s++) {
+		char dir[] = "/tmp/radiance-fake-XXXXXX", path[128];
+		int lfd = fake_listen(dir, path, sizeof path);
+		int rounds = scripts[s] == FAKE_REFUSE ? 20 : 2;
+		pid_t pid = fake_daemon(lfd, scripts[s], rounds);
+		for (int i = 0; i < rounds; i++) {
+			char said[512] = "";
+			struct radiance_options o = RADIANCE_OPTIONS_INIT;
+			o.log = log_keep;
+			o.log_user = said;
+			o.timeout_ms = 5000;
+			errno = 0;
+			assert_null(radiance_connect(path, &o));
+			if (errno != EBUSY || !strstr(said, "too many sessions (the limit is 1)"))
+				fprintf(stderr, "script %zu round %d: errno %d, log \"%s\"\n", s, i, errno,
+					said);
+			assert_int_equal(errno, EBUSY);
+			assert_non_null(strstr(said, "cannot connect to"));
+			assert_non_null(strstr(said, path));
+			assert_non_null(strstr(said, "refused the connection: too many sessions (the "
+						      "limit is 1)"));
+		}
+		fake_finish(lfd, pid, dir, path);
+	}
+}
+
+/* The daemon ends a session (an Error outside any reply) and closes: the
+ * next request meets a closed socket (EPIPE) but reports the daemon's
+ * reason, sticky. */
+static void session_ended_by_daemon(void **state)
+{
+	char dir[] = "/tmp/radiance-fake-XXXXXX", path[128];
+	int lfd = fake_listen(dir, path, sizeof path);
+	pid_t pid = fake_daemon(lfd, FAKE_END_SESSION, 1);
+	struct radiance_options o = RADIANCE_OPTIONS_INIT;
+	o.timeout_ms = 5000;
+	struct radiance *r = radiance_connect(path, &o);
+	assert_non_null(r);
+	assert_string_equal(radiance_get_server_info(r)->server_version, "fake");
+	fake_finish(lfd, pid, dir, path);   /* the fake has closed its end */
+	struct radiance_model_list *l;
+	assert_int_equal(radiance_list_models(r, &l), -ESHUTDOWN);
+	assert_int_equal(radiance_get_error(r), -ESHUTDOWN);
+	assert_string_equal(radiance_error_message(r),
+			    "the daemon ended the session: the daemon is shutting down");
+	assert_int_equal(radiance_list_models(r, &l), -ESHUTDOWN);
+	radiance_disconnect(r);
+}
+
 static void find_layer(void **state)
 {
 	struct radiance_layer_info layers[2] = {
@@ -293,9 +502,12 @@ int main(void)
 		cmocka_unit_test(checkpoint_files_real),
 		cmocka_unit_test(checkpoint_files_sharded),
 		cmocka_unit_test(checkpoint_files_missing),
+		cmocka_unit_test(checkpoint_files_not_regular),
 		cmocka_unit_test(default_socket_path),
 		cmocka_unit_test(strerror_texts),
 		cmocka_unit_test(connect_failures),
+		cmocka_unit_test(connect_refused_by_daemon),
+		cmocka_unit_test(session_ended_by_daemon),
 		cmocka_unit_test(find_layer),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

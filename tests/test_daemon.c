@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <syslog.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -52,6 +53,12 @@ static int start(void **state)
 static int start_small_rows(void **state)
 {
 	static const char *const args[] = { "--max-rows", "16", "--sq-entries", "8", NULL };
+	return h_daemon_start_argv(&daemon_, args);
+}
+
+static int start_one_session(void **state)
+{
+	static const char *const args[] = { "--max-sessions", "1", NULL };
 	return h_daemon_start_argv(&daemon_, args);
 }
 
@@ -352,23 +359,39 @@ static void make_modified_copy(const char *dir, char *out, size_t n)
 
 /* Two different checkpoints that happen to share a name (here: the same
  * directory name, the library's default) must not be served as one: the
- * daemon dedupes by file identity only, and refuses the name clash. */
+ * daemon dedupes by file identity only, and refuses the name clash with
+ * -EEXIST (not sticky). Under another name the copy loads as its own model,
+ * with its own bias; the original's files under another name attach to the
+ * original, which keeps its name. */
 static void same_name_other_checkpoint(void **state)
 {
 	char other[256];
 	make_modified_copy(daemon_.dir, other, sizeof other);
 	struct radiance *a = connect_named("orig"), *b = connect_named("copy");
+	assert_non_null(a);
+	assert_non_null(b);
 	uint32_t ida, idb;
 	assert_int_equal(radiance_load_model(a, ckpt, NULL, &ida), 0);
-	int rc = radiance_load_model(b, other, NULL, &idb);
-	if (rc == 0) {
-		/* if it loads, it must be its own model, with its own bias */
-		assert_int_not_equal(idb, ida);
-		const struct h_layer *hl = h_ref_find(&ref, "encoder.layer.0.attention.self.query");
-		assert_true(h_check_layer(b, idb, hl, RADIANCE_BF16, NULL) > 0);
-	} else {
-		assert_int_equal(rc, -EEXIST);
-	}
+	assert_int_equal(radiance_load_model(b, other, NULL, &idb), -EEXIST);
+	assert_int_equal(radiance_get_error(b), 0);
+	assert_non_null(strstr(radiance_error_message(b), "load this one under another name"));
+	assert_null(radiance_held_model(b, ida));
+
+	struct radiance_load_options lo = RADIANCE_LOAD_OPTIONS_INIT;
+	lo.name = "minilm-modified";
+	assert_int_equal(radiance_load_model(b, other, &lo, &idb), 0);
+	assert_int_not_equal(idb, ida);
+	assert_string_equal(radiance_held_model(b, idb)->name, "minilm-modified");
+	const struct h_layer *hl = h_ref_find(&ref, "encoder.layer.0.attention.self.query");
+	fprintf(stderr, "the copy has its own bias, so it must differ from the reference:\n");
+	assert_true(h_check_layer(b, idb, hl, RADIANCE_BF16, NULL) > 0);
+
+	uint32_t idc;
+	lo.name = "another-name";
+	assert_int_equal(radiance_load_model(b, ckpt, &lo, &idc), 0);
+	assert_int_equal(idc, ida);
+	assert_string_equal(radiance_held_model(b, idc)->name, ref.model_name);
+	assert_int_equal(h_check_layer(b, idc, hl, RADIANCE_BF16, NULL), 0);
 	radiance_disconnect(a);
 	radiance_disconnect(b);
 	char cmd[300];
@@ -561,6 +584,54 @@ static void async_api_contract(void **state)
 	radiance_disconnect(r);
 }
 
+static void log_keep(void *user, int priority, const char *msg)
+{
+	if (priority <= LOG_WARNING)
+		snprintf(user, 512, "%s", msg);
+}
+
+/* Connects, waiting up to 2 s for a session slot: the daemon notices a
+ * closed connection (the harness's startup probe, a disconnect)
+ * asynchronously. */
+static struct radiance *connect_when_free(void)
+{
+	struct radiance *r = NULL;
+	for (int i = 0; i < 200 && !r; i++) {
+		struct radiance_options o = RADIANCE_OPTIONS_INIT;
+		r = radiance_connect(daemon_.socket, &o);
+		if (!r) {
+			assert_int_equal(errno, EBUSY);
+			h_sleep_ms(10);
+		}
+	}
+	assert_non_null(r);
+	return r;
+}
+
+/* At --max-sessions the daemon refuses: EBUSY, and its reason reaches the
+ * log callback (radiance_connect has no handle to carry it). A slot that
+ * frees up is usable again. */
+static void session_limit_is_ebusy(void **state)
+{
+	/* daemon: --max-sessions 1 */
+	struct radiance *a = connect_when_free();
+	for (int i = 0; i < 5; i++) {
+		char said[512] = "";
+		struct radiance_options o = RADIANCE_OPTIONS_INIT;
+		o.log = log_keep;
+		o.log_user = said;
+		o.timeout_ms = 10000;
+		errno = 0;
+		assert_null(radiance_connect(daemon_.socket, &o));
+		assert_int_equal(errno, EBUSY);
+		if (!strstr(said, "too many sessions"))
+			fprintf(stderr, "log: \"%s\"\n", said);
+		assert_non_null(strstr(said, "too many sessions (the limit is 1)"));
+	}
+	radiance_disconnect(a);
+	radiance_disconnect(connect_when_free());
+}
+
 static void stats_count_requests(void **state)
 {
 	struct radiance *r = connect_named("stats");
@@ -697,6 +768,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(attach_and_errors_are_not_sticky, start, stop),
 		cmocka_unit_test_setup_teardown(preloaded_model, start_preload, stop),
 		cmocka_unit_test_setup_teardown(async_api_contract, start_small_rows, stop),
+		cmocka_unit_test_setup_teardown(session_limit_is_ebusy, start_one_session, stop),
 		cmocka_unit_test_setup_teardown(stats_count_requests, start, stop),
 		cmocka_unit_test_setup_teardown(no_leaks_over_many_sessions, start, stop),
 		cmocka_unit_test_setup_teardown(sigterm_exits_cleanly, start, stop_after_sigterm),

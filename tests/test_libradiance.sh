@@ -54,7 +54,8 @@ if command -v c++ >/dev/null; then
 fi
 
 # 4. examples/linear.c against the .so and the .a; without a daemon it
-# reports the connect failure and exits 1. A sanitizer build's library needs
+# reports the connect failure (naming the socket) and exits 1; bad
+# arguments are usage errors (exit 2) before it connects. A sanitizer build's library needs
 # the program built with the same sanitizers.
 san=""
 objdump -p "$so" | grep -q 'NEEDED.*libasan' && san="$san -fsanitize=address"
@@ -63,8 +64,25 @@ if cc $san -std=c11 -Wall -Wextra -Werror -Iclient examples/linear.c -L"$BUILD" 
 	-o "$tmp/linear-so" 2>"$tmp/cc.err"; then
 	RADIANCE_SOCKET=/nonexistent/radiance.sock LD_LIBRARY_PATH=$BUILD "$tmp/linear-so" /x >"$tmp/out" 2>&1
 	rc=$?
-	[ $rc = 1 ] && grep -q 'connect' "$tmp/out" && ok "examples/linear.c links against libradiance.so" ||
+	[ $rc = 1 ] && grep -q "cannot connect to /nonexistent/radiance.sock" "$tmp/out" &&
+		ok "examples/linear.c links against libradiance.so, names the socket it cannot reach" ||
 		bad "linear (shared) exit $rc: $(cat "$tmp/out")"
+	# its arguments are checked before anything else happens
+	LD_LIBRARY_PATH=$BUILD "$tmp/linear-so" --help >"$tmp/out" 2>&1
+	rc=$?
+	[ $rc = 0 ] && grep -q '^usage:' "$tmp/out" && ok "linear --help prints the usage" ||
+		bad "linear --help exit $rc: $(cat "$tmp/out")"
+	for rows in -3 0 2000000000 abc 12x; do
+		RADIANCE_SOCKET=/nonexistent/radiance.sock LD_LIBRARY_PATH=$BUILD \
+			"$tmp/linear-so" /x layer "$rows" >"$tmp/out" 2>&1
+		rc=$?
+		if [ $rc != 2 ] || ! grep -q "ROWS must be a whole number from 1 to" "$tmp/out"; then
+			bad "linear with ROWS $rows: exit $rc: $(cat "$tmp/out")"
+			rows=bad
+			break
+		fi
+	done
+	[ "$rows" != bad ] && ok "linear refuses bad ROWS (-3, 0, 2000000000, abc, 12x) with exit 2"
 else
 	bad "examples/linear.c does not build against the .so: $(cat "$tmp/cc.err")"
 fi

@@ -1,8 +1,10 @@
 /*
  * radiancectl against the real daemon: every command, human and --json
  * output (parsed with jansson), progress lines when stderr is not a TTY,
- * load --hold, and the documented exit codes (0 ok, 1 failed, 2 usage,
- * 3 cannot reach the daemon).
+ * load --hold, the documented exit codes (0 ok, 1 failed, 2 usage,
+ * 3 cannot reach the daemon), and what it says when things go wrong: usage
+ * errors, name clashes, files that are not files, the daemon going away,
+ * its session limit, an unload the caller may not do.
  */
 #include <errno.h>
 #include <setjmp.h>
@@ -260,6 +262,202 @@ static void unload_preloaded(void **state)
 	assert_int_equal(ctl("--socket %s unload minilm-w4g128", daemon_.socket), 1);
 }
 
+/* Usage errors are one line and a pointer to --help (exit 2), without
+ * argv[0]'s path and without the whole usage text. */
+static void usage_errors_are_one_line(void **state)
+{
+	static const char *const cases[][2] = {
+		{ "--bogus status", "unknown option '--bogus'" },
+		{ "layers -1", "unknown option '-1'" },
+		{ "-x status", "unknown option '-x'" },
+		{ "--json=1 status", "option '--json' takes no argument" },
+		{ "status --socket", "option '--socket' needs an argument" },
+		{ "--socket '' status", "--socket needs a path" },
+		{ "load --name '' /some/dir", "--name needs a model name" },
+		{ "layers ''", "layers needs a model name or id" },
+		{ "", "no command given" },
+		{ "frobnicate", "unknown command \"frobnicate\"" },
+		{ "status extra", "status takes no arguments" },
+		{ "layers", "layers takes one argument" },
+		{ "--hold status", "--name and --hold belong to load" },
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+		int rc = ctl("%s", cases[i][0]);
+		if (rc != 2 || !strstr(err, cases[i][1]))
+			fprintf(stderr, "radiancectl %s -> %d: %s", cases[i][0], rc, err);
+		assert_int_equal(rc, 2);
+		assert_non_null(strstr(err, cases[i][1]));
+		assert_int_equal(strncmp(err, "radiancectl: ", 13), 0);
+		assert_non_null(strstr(err, "Try 'radiancectl --help'"));
+		assert_null(strstr(err, "Usage:"));
+		/* exactly two lines */
+		char *nl = strchr(err, '\n');
+		assert_non_null(nl);
+		nl = strchr(nl + 1, '\n');
+		assert_non_null(nl);
+		assert_int_equal(nl[1], '\0');
+		assert_string_equal(out, "");
+	}
+}
+
+/* stats: singular/plural, and p50/p99 as the bucket bounds they are. */
+static void stats_format(void **state)
+{
+	struct h_ref ref;
+	static const char *const one[] = { "encoder.layer.0.attention.self.query", NULL };
+	assert_int_equal(h_ref_load_some(&ref, one), 0);
+	struct radiance_options o = RADIANCE_OPTIONS_INIT;
+	struct radiance *r = radiance_connect(daemon_.socket, &o);
+	assert_non_null(r);
+	uint32_t id;
+	assert_int_equal(radiance_load_model(r, ckpt, NULL, &id), 0);
+	for (int i = 0; i < 10; i++)
+		assert_int_equal(h_check_layer(r, id, &ref.layers[0], RADIANCE_BF16, NULL), 0);
+	radiance_disconnect(r);
+	h_ref_free(&ref);
+	assert_int_equal(ctl("--socket %s stats", daemon_.socket), 0);
+	assert_null(strstr(out, "1 live sessions"));
+	assert_non_null(strstr(out, "live session"));
+	assert_non_null(strstr(out, "upper bounds of histogram buckets"));
+	/* the global row had requests: "<=N" whole microseconds */
+	const char *all = strstr(out, "all sessions");
+	assert_non_null(all);
+	assert_non_null(strstr(all, "<="));
+	assert_null(strstr(all, ".1 "));   /* no fake tenths on p50/p99 */
+}
+
+/* A checkpoint file that is not a regular file is named, quickly (a FIFO
+ * must not hang the open). */
+static void load_not_regular_file(void **state)
+{
+	char dir[128], cmd[2048];
+	snprintf(dir, sizeof dir, "%s/fifo-ckpt", daemon_.dir);
+	snprintf(cmd, sizeof cmd, "mkdir -p %s && cp %s/config.json %s/ && mkfifo %s/model.safetensors",
+		 dir, ckpt, dir, dir);
+	assert_int_equal(system(cmd), 0);
+	double t = h_now();
+	assert_int_equal(ctl("--socket %s load %s", daemon_.socket, dir), 1);
+	assert_true(h_now() - t < 5.0);
+	assert_non_null(strstr(err, "model.safetensors is not a regular file"));
+}
+
+/* Names: other files under a resident model's name are refused with a hint;
+ * the resident model's files under another name attach to it. */
+static void load_name_clash(void **state)
+{
+	char copy[128], cmd[4096];
+	snprintf(copy, sizeof copy, "%s/" H_CHECKPOINT, daemon_.dir);
+	snprintf(cmd, sizeof cmd, "mkdir -p %s && cp %s/config.json %s/quantization_config.json "
+		 "%s/model.safetensors %s/", copy, ckpt, ckpt, ckpt, copy);
+	assert_int_equal(system(cmd), 0);
+	/* a session of our own keeps the original resident */
+	struct radiance_options o = RADIANCE_OPTIONS_INIT;
+	struct radiance *r = radiance_connect(daemon_.socket, &o);
+	assert_non_null(r);
+	uint32_t id;
+	assert_int_equal(radiance_load_model(r, ckpt, NULL, &id), 0);
+
+	assert_int_equal(ctl("--socket %s load %s", daemon_.socket, copy), 1);
+	assert_non_null(strstr(err, "a different checkpoint named"));
+	assert_non_null(strstr(err, "load --name NAME"));
+	assert_int_equal(ctl("--socket %s load --name other-name %s", daemon_.socket, ckpt), 0);
+	assert_non_null(strstr(out, "already resident as \"" H_CHECKPOINT "\""));
+	radiance_disconnect(r);
+}
+
+/* The daemon stops under load --hold: a clear message, exit 3. */
+static void hold_when_daemon_goes_away(void **state)
+{
+	char cmd[1024];
+	snprintf(cmd, sizeof cmd, "exec %s --socket %s load --hold %s >%s 2>%s",
+		 h_env("RADIANCECTL", "build/radiancectl"), daemon_.socket, ckpt, out_path, err_path);
+	fflush(NULL);
+	pid_t holder = fork();
+	assert_true(holder >= 0);
+	if (holder == 0) {
+		execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+		_exit(127);
+	}
+	/* wait until it holds the model (its stdout says so) */
+	for (int i = 0; i < 500; i++) {
+		slurp(out_path, out, sizeof out);
+		if (strstr(out, "holding model"))
+			break;
+		h_sleep_ms(10);
+	}
+	assert_non_null(strstr(out, "holding model"));
+	assert_int_equal(kill(daemon_.pid, SIGTERM), 0);
+	assert_int_equal(h_daemon_wait(&daemon_, 10.0), 1);
+	int st;
+	assert_int_equal(waitpid(holder, &st, 0), holder);
+	slurp(err_path, err, sizeof err);
+	assert_true(WIFEXITED(st));
+	assert_int_equal(WEXITSTATUS(st), 3);
+	assert_non_null(strstr(err, "the daemon went away"));
+	assert_null(strstr(err, "Broken pipe"));
+}
+
+/* At its session limit the daemon's reason reaches radiancectl. */
+static void session_limit(void **state)
+{
+	/* daemon: --max-sessions 1; wait for the harness's probe to be gone */
+	struct radiance *r = NULL;
+	for (int i = 0; i < 200 && !r; i++) {
+		struct radiance_options o = RADIANCE_OPTIONS_INIT;
+		if (!(r = radiance_connect(daemon_.socket, &o)))
+			h_sleep_ms(10);
+	}
+	assert_non_null(r);
+	assert_int_equal(ctl("--socket %s status", daemon_.socket), 3);
+	assert_non_null(strstr(err, "too many sessions (the limit is 1)"));
+	radiance_disconnect(r);
+}
+
+/* unload by a user who may not: says who may, exit 1. */
+static void unload_not_permitted(void **state)
+{
+	if (geteuid() != 0 || system("command -v setpriv >/dev/null 2>&1") != 0)
+		skip();
+	/* let uid 65534 reach the socket (the daemon, as root, allows it) */
+	assert_int_equal(chmod(daemon_.dir, 0711), 0);
+	assert_int_equal(chmod(daemon_.socket, 0666), 0);
+	char bin[1024];
+	const char *ctlbin = h_env("RADIANCECTL", "build/radiancectl");
+	if (!realpath(ctlbin, bin))
+		skip();
+	char probe[1200];
+	snprintf(probe, sizeof probe, "setpriv --reuid=65534 --regid=65534 --clear-groups "
+		 "test -x %s", bin);
+	if (system(probe) != 0)
+		skip();   /* the build tree is not reachable for that uid */
+	char cmd[2048];
+	snprintf(cmd, sizeof cmd, "setpriv --reuid=65534 --regid=65534 --clear-groups %s --socket %s "
+		 "unload " H_CHECKPOINT " >%s 2>%s </dev/null", bin, daemon_.socket, out_path, err_path);
+	int st = system(cmd);
+	slurp(err_path, err, sizeof err);
+	assert_true(WIFEXITED(st));
+	assert_int_equal(WEXITSTATUS(st), 1);
+	assert_non_null(strstr(err, "not allowed to unload model"));
+	assert_non_null(strstr(err, "only root or the user radianced runs as"));
+	assert_non_null(strstr(err, "uid 65534"));
+	/* still there */
+	json_t *j = ctl_json("--socket %s --json models", "");
+	assert_int_equal(json_array_size(json_object_get(j, "models")), 1);
+	json_decref(j);
+}
+
+static int start_one_session(void **state)
+{
+	static const char *const args[] = { "--max-sessions", "1", NULL };
+	return h_daemon_start_argv(&daemon_, args);
+}
+
+static int stop_after_sigterm(void **state)
+{
+	h_daemon_stop(&daemon_);   /* already exited: only removes the directory */
+	return 0;
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -267,6 +465,13 @@ int main(void)
 		cmocka_unit_test_setup_teardown(status_models_layers_stats, start_preload, stop),
 		cmocka_unit_test_setup_teardown(load_and_unload, start, stop),
 		cmocka_unit_test_setup_teardown(unload_preloaded, start_preload, stop),
+		cmocka_unit_test(usage_errors_are_one_line),
+		cmocka_unit_test_setup_teardown(stats_format, start, stop),
+		cmocka_unit_test_setup_teardown(load_not_regular_file, start, stop),
+		cmocka_unit_test_setup_teardown(load_name_clash, start, stop),
+		cmocka_unit_test_setup_teardown(hold_when_daemon_goes_away, start, stop_after_sigterm),
+		cmocka_unit_test_setup_teardown(session_limit, start_one_session, stop),
+		cmocka_unit_test_setup_teardown(unload_not_permitted, start_preload, stop),
 	};
 	return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
