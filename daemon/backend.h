@@ -32,6 +32,9 @@ struct radiance_backend_options {
 	uint32_t max_decode_rows;/* decode band's largest M; sizes split-K partials */
 	uint32_t max_n;          /* largest N of any layer served; sizes split-K partials */
 	uint32_t max_k;          /* largest K of any layer served */
+	int numerics_gate;       /* GPU: check the first launch of each (layer, M)
+	                            against the CPU reference and log the relative
+	                            error (also env RADIANCE_NUMERICS_GATE=1) */
 };
 
 /* One request's rows inside a (possibly merged) launch. x and y point into a

@@ -34,6 +34,8 @@ struct radiance_config {
 	uint32_t sq_entries;        /* SQ/CQ entries of an OpenRing that asks for 0 */
 	uint32_t max_k, max_n;      /* largest layer K and N the backend is sized for */
 	uint32_t hello_timeout_ms;  /* a connection that sends no Hello this long is closed */
+	uint32_t decode_rows;       /* largest M of the split-K decode path (clamped to max_rows) */
+	uint32_t numerics_gate;     /* 1: GPU backend checks first launches against the CPU */
 	int log_level;              /* enum radiance_log_level */
 };
 

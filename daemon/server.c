@@ -857,7 +857,9 @@ int server_run(const struct radiance_config *cfg)
 			.kind = cfg->backend,
 			.device = cfg->device,
 			.max_rows = cfg->max_rows,
-			.max_decode_rows = cfg->max_rows < 16 ? cfg->max_rows : 16,
+			.max_decode_rows = cfg->decode_rows < cfg->max_rows ? cfg->decode_rows
+									     : cfg->max_rows,
+			.numerics_gate = cfg->numerics_gate != 0,
 			.max_n = cfg->max_n,
 			.max_k = cfg->max_k,
 		},
