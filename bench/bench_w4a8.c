@@ -128,6 +128,7 @@ struct ctx {
 	uint32_t *counters;
 	size_t counters_n;
 	enum radiance__w4a8_path path;
+	uint32_t split;        /* 0: the policy's */
 };
 
 static struct radiance__w4a8_args args_for(struct ctx *c, uint32_t i)
@@ -136,7 +137,7 @@ static struct radiance__w4a8_args args_for(struct ctx *c, uint32_t i)
 		.codes = c->codes, .s = c->s, .m = c->m, .n = c->n, .k = c->k, .w = c->w[i % c->copies],
 		.sc = c->sc[i % c->copies], .y = c->y, .partials = c->partials, .partials_bytes = c->partials_bytes,
 		.counters = c->counters, .counters_n = c->counters_n, .path = c->path,
-		.max_decode_rows = 64,
+		.max_decode_rows = 64, .split = c->split,
 	};
 	return a;
 }
@@ -198,6 +199,78 @@ static void load_peers(const char *path)
 	fclose(f);
 }
 
+static void plan_str(char *buf, size_t len, const struct radiance__w4a8_plan *plan)
+{
+	static const char *pn[] = {"auto", "decode", "tiled", "wgmma", "portable"};
+	if (plan->path == RADIANCE_W4A8_DECODE && plan->ntw)
+		snprintf(buf, len, "gemv t%u n%u c%u q%u s%u", plan->tok, plan->ntw, plan->cg, plan->stages,
+			 plan->split);
+	else if (plan->path == RADIANCE_W4A8_DECODE || plan->path == RADIANCE_W4A8_TILED)
+		snprintf(buf, len, "%s t%u wk%u s%u", pn[plan->path], plan->tok, plan->wk, plan->split);
+	else
+		snprintf(buf, len, "%s", pn[plan->path]);
+}
+
+/* --sweep: the decode kernels over their launch parameters for one (shape,
+ * m): the probe, the cp.async-ring kernel (policy), the streaming kernel
+ * (policy), then every (ntw, cg, stages, split) of the streaming kernel. One
+ * CSV line per configuration; the best one printed. */
+static void run_sweep(struct ctx *c, FILE *csv)
+{
+	struct radiance__w4a8_args a;
+	struct radiance__w4a8_plan plan;
+	char ps[48];
+	const double p1 = time_us(run_probe, c);
+	radiance__w4a8_set_decode(1, 0, 0, 0);
+	a = args_for(c, 0);
+	radiance__w4a8_plan(&dev, &a, &plan);
+	plan_str(ps, sizeof ps, &plan);
+	const double t_old = time_us(run_gemm, c);
+	fprintf(csv, "%u,%u,%u,%s,%.3f\n", c->n, c->k, c->m, ps, t_old);
+	radiance__w4a8_set_decode(0, 0, 0, 0);
+	a = args_for(c, 0);
+	radiance__w4a8_plan(&dev, &a, &plan);
+	char pol[48];
+	plan_str(pol, sizeof pol, &plan);
+	const double t_pol = time_us(run_gemm, c);
+	fprintf(csv, "%u,%u,%u,%s policy,%.3f\n", c->n, c->k, c->m, pol, t_pol);
+	static const uint32_t splits[] = {1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32};
+	static const uint32_t ntwcg[][2] = {{1, 1}, {1, 2}, {1, 4}, {2, 1}, {2, 2}, {4, 1}};
+	const uint32_t G = c->k / 128;
+	double best = 1e30;
+	char bs[48] = "";
+	for (size_t ni = 0; ni < sizeof ntwcg / sizeof ntwcg[0]; ni++)
+		for (uint32_t q = 1; q <= 3; q++)
+			for (size_t si = 0; si < sizeof splits / sizeof splits[0]; si++) {
+				const uint32_t sp = splits[si];
+				if (sp * c->m > 256 || G / sp < 2)
+					continue;
+				radiance__w4a8_set_decode(2, ntwcg[ni][0], ntwcg[ni][1], q);
+				a = args_for(c, 0);
+				a.split = sp;
+				radiance__w4a8_plan(&dev, &a, &plan);
+				if (!plan.ntw || plan.split != sp || plan.ntw != ntwcg[ni][0] || plan.cg != ntwcg[ni][1] ||
+				    plan.stages != q)
+					continue;
+				plan_str(ps, sizeof ps, &plan);
+				c->split = sp;
+				const double t = time_us(run_gemm, c);
+				c->split = 0;
+				fprintf(csv, "%u,%u,%u,%s,%.3f\n", c->n, c->k, c->m, ps, t);
+				if (t < best) {
+					best = t;
+					snprintf(bs, sizeof bs, "%s", ps);
+				}
+			}
+	radiance__w4a8_set_decode(0, 0, 0, 0);
+	const double p2 = time_us(run_probe, c);
+	const double pr = p1 < p2 ? p1 : p2;
+	printf("SWEEP %6ux%-6u M=%-3u probe %7.2f | old %7.2f (%.3f) | policy %-22s %7.2f (%.3f) | best %-22s %7.2f (%.3f)\n",
+	       c->n, c->k, c->m, pr, t_old, pr / t_old, pol, t_pol, pr / t_pol, bs, best, pr / best);
+	fflush(stdout);
+	fflush(csv);
+}
+
 static void fmt_ratio(char *buf, size_t len, const struct peer *p, double us)
 {
 	if (p && p->us > 0)
@@ -209,13 +282,16 @@ static void fmt_ratio(char *buf, size_t len, const struct peer *p, double us)
 int main(int argc, char **argv)
 {
 	const char *outdir = "bench/results", *peers_path = NULL;
-	int quick = 0, variants = 0;
+	int quick = 0, variants = 0, sweep = 0;
+	FILE *sweep_csv = NULL;
 	uint32_t only_n = 0, only_m = 0;
 	for (int i = 1; i < argc; i++) {
 		if (strcmp(argv[i], "--quick") == 0)
 			quick = 1;
 		else if (strcmp(argv[i], "--variants") == 0)
 			variants = 1;
+		else if (strcmp(argv[i], "--sweep") == 0)
+			sweep = 1;
 		else if (strcmp(argv[i], "--n") == 0 && i + 1 < argc)
 			only_n = (uint32_t)atoi(argv[++i]);
 		else if (strcmp(argv[i], "--m") == 0 && i + 1 < argc)
@@ -225,13 +301,23 @@ int main(int argc, char **argv)
 		else if (strcmp(argv[i], "--out") == 0 && i + 1 < argc)
 			outdir = argv[++i];
 		else {
-			fprintf(stderr, "usage: %s [--quick] [--variants] [--n N] [--m M] [--peers peers.csv] [--out DIR]\n",
+			fprintf(stderr, "usage: %s [--quick] [--variants] [--sweep] [--n N] [--m M] [--peers peers.csv] [--out DIR]\n",
 				argv[0]);
 			return 2;
 		}
 	}
 	if (peers_path)
 		load_peers(peers_path);
+	if (sweep) {
+		char sp[512];
+		snprintf(sp, sizeof sp, "%s/sweep.csv", outdir);
+		sweep_csv = fopen(sp, "w");
+		if (!sweep_csv) {
+			fprintf(stderr, "bench: cannot write %s: %s\n", sp, strerror(errno));
+			return 1;
+		}
+		fprintf(sweep_csv, "n,k,m,config,us\n");
+	}
 	CHECK(radiance__gpu_init(0, &dev));
 	CHECK(radiance__gpu_stream_create(&stream));
 	CHECK(radiance__gpu_event_create(&ev0));
@@ -316,6 +402,8 @@ int main(int argc, char **argv)
 				continue;
 			if (only_m && ms[mi] != only_m)
 				continue;
+			if (sweep && ms[mi] > 16)
+				continue;
 			c.m = ms[mi];
 			struct result *r = &res[nres++];
 			r->n = sh->n;
@@ -326,12 +414,12 @@ int main(int argc, char **argv)
 			radiance__w4a8_plan(&dev, &a, &plan);
 			/* the codes in the order this M's path reads */
 			CHECK(radiance__gpu_quant(c.x, RADIANCE_DTYPE_BF16, c.m, sh->k, plan.order, c.codes, c.s, stream));
-			static const char *pn[] = {"auto", "decode", "tiled", "wgmma", "portable"};
-			if (plan.path == RADIANCE_W4A8_DECODE || plan.path == RADIANCE_W4A8_TILED)
-				snprintf(r->plan, sizeof r->plan, "%s t%u wk%u s%u", pn[plan.path], plan.tok, plan.wk,
-					 plan.split);
-			else
-				snprintf(r->plan, sizeof r->plan, "%s", pn[plan.path]);
+			plan_str(r->plan, sizeof r->plan, &plan);
+			if (sweep) {
+				run_sweep(&c, sweep_csv);
+				nres--;
+				continue;
+			}
 			/* interleaved: probe, kernel, probe again (the median of both) */
 			double p1 = time_us(run_probe, &c);
 			r->us = time_us(run_gemm, &c);
@@ -378,6 +466,11 @@ int main(int argc, char **argv)
 		radiance__gpu_free(c.counters);
 	}
 
+	if (sweep) {
+		fclose(sweep_csv);
+		printf("bench: wrote %s/sweep.csv\n", outdir);
+		return 0;
+	}
 	/* the 27B decode step: sum of the M = 1 layer times */
 	double step_us = 0, step_probe = 0, step_blas = 0, step_bytes = 0, step_int4 = 0, step_fp8 = 0;
 	int have_int4 = 1, have_fp8 = 1;

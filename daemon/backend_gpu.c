@@ -136,7 +136,7 @@ static int gpu_create(const struct radiance_backend_options *opt, void **state, 
 	g->max_n = opt->max_n ? opt->max_n : 4096;
 	g->max_k = opt->max_k ? opt->max_k : 4096;
 	const char *gate = getenv("RADIANCE_NUMERICS_GATE");
-	g->gate = gate && strcmp(gate, "1") == 0;
+	g->gate = opt->numerics_gate || (gate && strcmp(gate, "1") == 0);
 
 	const size_t rows_pad = ((size_t)g->max_rows + 63) & ~(size_t)63;
 	const size_t partials = radiance__w4a8_partials_bytes(g->max_decode_rows, g->max_n);

@@ -58,9 +58,10 @@ static const struct setting settings[] = {
 	  "largest layer N the backend's scratch is sized for (65536)" },
 	{ "hello_timeout_ms", 265, "MS", V_U32, OFF(hello_timeout_ms), 1, 3600000,
 	  "close a connection that sends no Hello within this many ms (5000)" },
-	{ "decode_rows", 266, "N", V_U32, OFF(decode_rows), 1, 1024,
+	{ "decode_rows", 266, "N", V_U32, OFF(decode_rows), 1, 64,
 	  "largest M served by the GPU's split-K decode kernel; sizes its partials "
-	  "scratch, allocated once at start (64, at most max_rows)" },
+	  "scratch, allocated once at start (64, the kernel's largest token tile; "
+	  "at most max_rows)" },
 	{ "numerics_gate", 267, "0|1", V_U32, OFF(numerics_gate), 0, 1,
 	  "GPU: compare the first launch of each (layer, M) with the CPU reference "
 	  "and log the relative error (0)" },

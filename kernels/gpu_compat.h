@@ -124,6 +124,59 @@ __device__ __forceinline__ void rad_grid_launch(void)
 }
 __device__ __forceinline__ uint32_t rad_atomic_inc(uint32_t *p) { return atomicAdd((unsigned int *)p, 1u); }
 
+/* Bulk copies (sm_90 TMA, 1-D: no tensor map) into shared memory, completing
+ * on an mbarrier's transaction count. Addresses are shared-window u32s. A
+ * bulk copy may complete before the arrive.expect_tx of its phase: the
+ * tx-count may go negative, and the phase completes only once the one
+ * expected arrival has happened and the count is back at zero. */
+#define RAD_HAVE_BULK 1
+__device__ __forceinline__ uint32_t rad_smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void rad_mbar_init(uint32_t bar, uint32_t count)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+	asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+#endif
+}
+/* the inits visible to the async proxy (the copy engine) */
+__device__ __forceinline__ void rad_mbar_init_fence(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+	asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void rad_mbar_arrive_tx(uint32_t bar, uint32_t bytes)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+	asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+#endif
+}
+__device__ __forceinline__ void rad_bulk_g2s(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+	asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+		     ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+#else
+	__trap();
+#endif
+}
+/* Wait for the phase of parity `parity` to complete. Bounded: a phase that
+ * never completes (a bug) traps instead of hanging the GPU. */
+__device__ __forceinline__ void rad_mbar_wait(uint32_t bar, uint32_t parity)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+	for (uint32_t spin = 0;; spin++) {
+		uint32_t done;
+		asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+			     " selp.u32 %0, 1, 0, p;\n}"
+			     : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+		if (done)
+			break;
+		if (spin > (1u << 22))
+			__trap();
+	}
+#endif
+}
+
 #else
 /* --------------------------------------------------------------------- AMD */
 #define RAD_AMD 1

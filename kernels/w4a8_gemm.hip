@@ -19,6 +19,10 @@
  *     64-token tiles: the portable matrix-core prefill (sm_89, gfx12).
  *     NVIDIA: mma.sync m16n8k32 e4m3; AMD gfx12: v_wmma_f32_16x16x16_fp8_fp8.
  *
+ *   DECODE on sm_90, m <= 16: the streaming kernel rad_w4a8_gemv (below):
+ *     the same MMAs, weights through per-warp bulk-copy (TMA) rings, split-K
+ *     from plan_gemv; 1.1-1.65x the kernel above there (docs/gpu.md).
+ *
  *   WGMMA: sm_90a prefill (w4a8_wgmma.hip).
  *
  *   PORTABLE: one thread per output, fp32 FMA-free dot products in the CPU
@@ -504,6 +508,276 @@ __global__ void __launch_bounds__(GEMM_THREADS, MMA_MIN_BLOCKS(TOK)) rad_w4a8_mm
 		P.counters[RAD_BID_X()] = 0;
 }
 
+/* ------------------------------------------- the streaming decode kernel */
+
+#ifdef RAD_HAVE_BULK
+/*
+ * GEMV (decode, m <= 16, sm_90): the same swap-AB f16 MMAs as the kernel
+ * above, organised for bytes in flight and few instructions per weight byte.
+ * A block is GV_WARPS independent warps; each owns NTW adjacent n-tiles and
+ * one split's K range. Its weight tiles and scale blocks stream through a
+ * private ring of `stages` shared-memory slots, a slot holding CG consecutive
+ * groups of its NTW tiles (NTW x CG KiB of weights), filled by 1-D
+ * bulk copies (TMA, one per tile and one per tile's scales: [n_tile][group]
+ * makes a tile's groups contiguous) that complete on one mbarrier per slot.
+ * No lane computes an address per 16 bytes and the ring costs no registers,
+ * so nearly all of shared memory is in flight. Per group the warp converts
+ * its activations once (e4m3 -> f16) for its NTW tiles, unpacks each weight
+ * word into f16 pairs (lop3 magic number, the zero point in the f16
+ * subtraction), and runs NT x NTW independent MMA chains (two per tile when
+ * there are few), scaled in fp32 per group. Split-K partials and the
+ * last-block fixup are those of the kernel above, per block column of
+ * GV_WARPS x NTW tiles.
+ */
+#define GV_WARPS 4
+#define GV_THREADS (GV_WARPS * 32)
+#define GV_MAX_STAGES 8
+#define GV_BAR_BYTES (GV_WARPS * GV_MAX_STAGES * 8)
+#define GV_SLOT(NTW, CG) ((uint32_t)(NTW) * (CG) * (RAD_TILE_BYTES + RAD_SCALE_BYTES))
+#define GV_MINB(TOK, NTW) ((TOK) / 8 * (NTW) >= 4 ? 3 : 4)
+
+template <int TOK, int NTW, int CG>
+__global__ void __launch_bounds__(GV_THREADS, GV_MINB(TOK, NTW)) rad_w4a8_gemv(gemm_params P, uint32_t stages)
+{
+	constexpr int NT = TOK / 8;                 /* 8-token tiles */
+	constexpr uint32_t GV_TILES = NTW * CG;      /* tile-groups per slot */
+	constexpr uint32_t SLOT = GV_SLOT(NTW, CG);
+	constexpr int CH = NT * NTW >= 4 ? 1 : 2;    /* MMA chains per (tile, token tile) */
+	extern __shared__ __align__(16) uint8_t dsmem[];
+	__shared__ uint32_t last_block;
+	const uint32_t tid = RAD_TID(), lane = tid & 31u, warp = tid >> 5;
+	const uint32_t tile0 = (RAD_BID_X() * GV_WARPS + warp) * NTW;
+	const uint32_t split = RAD_BID_Y(), nsplit = RAD_NBLK_Y();
+	const uint32_t G = P.groups;
+	const uint32_t g0 = G * split / nsplit, g1 = G * (split + 1) / nsplit;
+	const uint32_t L = g1 - g0;
+	const bool active = tile0 < P.ntiles;
+
+	float acc[NTW][NT][4];
+#pragma unroll
+	for (int j = 0; j < NTW; j++)
+#pragma unroll
+		for (int it = 0; it < NT; it++)
+#pragma unroll
+			for (int q = 0; q < 4; q++)
+				acc[j][it][q] = 0.f;
+
+	if (active && L > 0) {
+		const uint32_t bar0 = rad_smem_u32(dsmem) + warp * (GV_MAX_STAGES * 8u);
+		const uint8_t *ring = dsmem + GV_BAR_BYTES + warp * stages * SLOT;
+		if (lane == 0)
+			for (uint32_t s = 0; s < stages; s++)
+				rad_mbar_init(bar0 + 8u * s, 1);
+		rad_mbar_init_fence();
+		__syncwarp();
+		/* lane c < NTW copies tile c's weights of a slot's groups, lane
+		 * NTW + c their scale blocks; tiles past the last are clamped
+		 * (read, unused) */
+		const bool cw = lane < (uint32_t)NTW;
+		const uint32_t c = cw ? lane : (lane - NTW) % NTW;
+		uint32_t ct = tile0 + c;
+		ct = ct < P.ntiles ? ct : P.ntiles - 1;
+		const uint32_t cunit = cw ? RAD_TILE_BYTES : RAD_SCALE_BYTES;
+		const uint8_t *csrc = cw ? (const uint8_t *)P.w + ((size_t)ct * G + g0) * RAD_TILE_BYTES
+					 : P.sc + ((size_t)ct * G + g0) * RAD_SCALE_BYTES;
+		const uint32_t cdst = rad_smem_u32(ring) + (cw ? c * CG * RAD_TILE_BYTES
+							      : GV_TILES * RAD_TILE_BYTES + c * CG * RAD_SCALE_BYTES);
+		const bool copier = lane < 2u * NTW;
+		const uint32_t nslots = (L + CG - 1) / CG;
+		/* slot i holds groups g0 + CG i .. (at most CG, fewer in the last) */
+		auto issue = [&](uint32_t i, uint32_t s) {
+			const uint32_t nq = L - i * CG < (uint32_t)CG ? L - i * CG : (uint32_t)CG;
+			if (copier)
+				rad_bulk_g2s(cdst + s * SLOT, csrc + (size_t)i * CG * cunit, nq * cunit, bar0 + 8u * s);
+			if (lane == 0)
+				rad_mbar_arrive_tx(bar0 + 8u * s, nq * NTW * (RAD_TILE_BYTES + RAD_SCALE_BYTES));
+		};
+		const uint32_t pre = nslots < stages ? nslots : stages;
+		for (uint32_t i = 0; i < pre; i++)
+			issue(i, i);
+		/* the weights do not depend on the quant kernel before us: they
+		 * are in flight before we wait for its codes */
+		rad_grid_wait();
+
+		const uint8_t *abase[NT];
+#pragma unroll
+		for (int it = 0; it < NT; it++) {
+			uint32_t t = (uint32_t)it * 8u + (lane >> 2);
+			t = t < P.m ? t : P.m - 1;      /* rows past m: a valid row, output dropped */
+			abase[it] = P.codes + (size_t)t * P.k + (lane & 3u) * 32u + (size_t)g0 * RAD_GROUP;
+		}
+		/* activations of group gi (clamped to the range), two named
+		 * sets: the next group's load is in flight while one computes */
+		afrag A0[NT], A1[NT];
+		auto aload = [&](afrag (&a)[NT], uint32_t gi) {
+			gi = gi < L ? gi : L - 1;
+#pragma unroll
+			for (int it = 0; it < NT; it++)
+				afrag_load(a[it], abase[it] + (size_t)gi * RAD_GROUP);
+		};
+		/* one group: weights of its NTW tiles and their scales from the slot */
+		auto group = [&](const uint8_t *sw, const uint8_t *ss, const afrag (&a)[NT]) {
+			float d[NTW][NT][CH][4];
+#pragma unroll
+			for (int j = 0; j < NTW; j++)
+#pragma unroll
+				for (int it = 0; it < NT; it++)
+#pragma unroll
+					for (int e = 0; e < CH; e++)
+#pragma unroll
+						for (int q = 0; q < 4; q++)
+							d[j][it][e][q] = 0.f;
+			uint32_t wg[NTW][4], w8[NTW][4], sc[NTW];
+#pragma unroll
+			for (int j = 0; j < NTW; j++) {
+				const rad_u4 x = *(const rad_u4 *)(sw + j * CG * RAD_TILE_BYTES);
+				const rad_u4 y = *(const rad_u4 *)(sw + j * CG * RAD_TILE_BYTES + 512u);
+				wg[j][0] = x.x, wg[j][1] = x.y, wg[j][2] = x.z, wg[j][3] = x.w;
+				w8[j][0] = y.x, w8[j][1] = y.y, w8[j][2] = y.z, w8[j][3] = y.w;
+				sc[j] = *(const uint32_t *)(ss + j * CG * RAD_SCALE_BYTES);
+			}
+#pragma unroll
+			for (int w = 0; w < 4; w++) {
+				/* activation words 2w, 2w+1: k = 32t + 8w .. +7 */
+				uint32_t b[NT][4];
+#pragma unroll
+				for (int it = 0; it < NT; it++) {
+					const uint32_t lo = w < 2 ? (w == 0 ? a[it].lo.x : a[it].lo.z)
+								  : (w == 2 ? a[it].hi.x : a[it].hi.z);
+					const uint32_t hi = w < 2 ? (w == 0 ? a[it].lo.y : a[it].lo.w)
+								  : (w == 2 ? a[it].hi.y : a[it].hi.w);
+					e4m3x4_to_f16(lo, b[it][0], b[it][1]);
+					e4m3x4_to_f16(hi, b[it][2], b[it][3]);
+				}
+#pragma unroll
+				for (int j = 0; j < NTW; j++) {
+					uint32_t hg[4], h8[4];
+					rad_unpack8_f16(wg[j][w], hg);
+					rad_unpack8_f16(w8[j][w], h8);
+#pragma unroll
+					for (int it = 0; it < NT; it++) {
+						mma_f16(d[j][it][0], hg[0], h8[0], hg[1], h8[1], b[it][0], b[it][1]);
+						mma_f16(d[j][it][CH - 1], hg[2], h8[2], hg[3], h8[3], b[it][2], b[it][3]);
+					}
+				}
+			}
+#pragma unroll
+			for (int j = 0; j < NTW; j++) {
+				const float slo = rad_h2f(sc[j] & 0xFFFFu), shi = rad_h2f(sc[j] >> 16);
+#pragma unroll
+				for (int it = 0; it < NT; it++) {
+					float v[4];
+#pragma unroll
+					for (int q = 0; q < 4; q++)
+						v[q] = CH == 2 ? d[j][it][0][q] + d[j][it][CH - 1][q] : d[j][it][0][q];
+					acc[j][it][0] += v[0] * slo;
+					acc[j][it][1] += v[1] * slo;
+					acc[j][it][2] += v[2] * shi;
+					acc[j][it][3] += v[3] * shi;
+				}
+			}
+		};
+		/* this lane's bytes in slot 0: weights, scales */
+		const uint8_t *lw = ring + lane * 16u;
+		const uint8_t *ls = ring + GV_TILES * RAD_TILE_BYTES + (lane >> 2) * 4u;
+		uint32_t s = 0, ph = 0;
+		/* slot i; its first group's activations are in set P0 (group
+		 * parity: CG even keeps it, CG odd alternates, hence two slots
+		 * per iteration) */
+		auto slot = [&](uint32_t i, auto &P0, auto &P1) {
+			rad_mbar_wait(bar0 + 8u * s, ph);
+			const uint32_t off = s * SLOT;
+			const uint32_t nq = L - i * CG;
+#pragma unroll
+			for (int q = 0; q < CG; q++) {
+				if (q > 0 && (uint32_t)q >= nq)
+					break;
+				if (q % 2 == 0) {
+					aload(P1, i * CG + q + 1);
+					group(lw + off + q * RAD_TILE_BYTES, ls + off + q * RAD_SCALE_BYTES, P0);
+				} else {
+					aload(P0, i * CG + q + 1);
+					group(lw + off + q * RAD_TILE_BYTES, ls + off + q * RAD_SCALE_BYTES, P1);
+				}
+			}
+			__syncwarp();                  /* every lane has read the slot */
+			if (i + stages < nslots)
+				issue(i + stages, s);
+			if (++s == stages) {
+				s = 0;
+				ph ^= 1u;
+			}
+		};
+		aload(A0, 0);
+		for (uint32_t i = 0; i < nslots; i += 2) {
+			slot(i, A0, A1);
+			if (i + 1 >= nslots)
+				break;
+			if (CG % 2 == 0)
+				slot(i + 1, A0, A1);
+			else
+				slot(i + 1, A1, A0);
+		}
+	} else {
+		rad_grid_wait();
+	}
+
+	if (nsplit == 1) {
+		if (active)
+#pragma unroll
+			for (int j = 0; j < NTW; j++)
+#pragma unroll
+				for (int it = 0; it < NT; it++)
+#pragma unroll
+					for (int q = 0; q < 4; q++) {
+						uint32_t r, t;
+						acc_coord(it * 4 + q, lane, r, t);
+						const uint32_t n = (tile0 + j) * RAD_TILE_N + r;
+						if (n < P.n && t < P.m)
+							P.y[(size_t)t * P.n + n] = out_bf16(acc[j][it][q], P.s[t], P.bias, n);
+					}
+		return;
+	}
+
+	/* global split-K: partials [split][m][n]; the last block of this column
+	 * sums them in split order (deterministic) and writes y */
+	if (active)
+#pragma unroll
+		for (int j = 0; j < NTW; j++)
+#pragma unroll
+			for (int it = 0; it < NT; it++)
+#pragma unroll
+				for (int q = 0; q < 4; q++) {
+					uint32_t r, t;
+					acc_coord(it * 4 + q, lane, r, t);
+					const uint32_t n = (tile0 + j) * RAD_TILE_N + r;
+					if (n < P.n && t < P.m)
+						P.partials[((size_t)split * P.m + t) * P.n + n] = acc[j][it][q];
+				}
+	RAD_FENCE_DEVICE();
+	RAD_SYNC();
+	if (tid == 0)
+		last_block = rad_atomic_inc(&P.counters[RAD_BID_X()]) == nsplit - 1;
+	RAD_SYNC();
+	if (!last_block)
+		return;
+	RAD_FENCE_DEVICE();
+	const uint32_t bn = GV_WARPS * NTW * RAD_TILE_N, n0 = RAD_BID_X() * bn;
+	for (uint32_t idx = tid; idx < bn * P.m; idx += GV_THREADS) {
+		const uint32_t n = n0 + idx % bn, t = idx / bn;
+		if (n >= P.n)
+			continue;
+		float v = 0.f;
+		for (uint32_t sp = 0; sp < nsplit; sp++)
+			v += rad_ld_cg(P.partials + ((size_t)sp * P.m + t) * P.n + n);
+		P.y[(size_t)t * P.n + n] = out_bf16(v, P.s[t], P.bias, n);
+	}
+	if (tid == 0)
+		P.counters[RAD_BID_X()] = 0;
+}
+
+#endif
+
 /* ------------------------------------------------------ portable kernel */
 
 /* One thread per (token, output): the CPU reference's loop order and
@@ -719,6 +993,181 @@ static int prefill_wgmma(void)
 	return v;
 }
 
+static struct {
+	int kernel;
+	uint32_t ntw, cg, stages;
+} decode_ovr;
+
+extern "C" void radiance__w4a8_set_decode(int kernel, uint32_t ntw, uint32_t cg, uint32_t stages)
+{
+	decode_ovr.kernel = kernel;
+	decode_ovr.ntw = ntw;
+	decode_ovr.cg = cg;
+	decode_ovr.stages = stages;
+}
+
+#ifdef RAD_HAVE_BULK
+static size_t gemv_smem(uint32_t ntw, uint32_t cg, uint32_t stages)
+{
+	return GV_BAR_BYTES + (size_t)GV_WARPS * stages * GV_SLOT(ntw, cg);
+}
+
+template <int TOK, int NTW, int CG>
+static void gemv_attr(void)
+{
+	static int set;
+	if (!set) {
+		cudaFuncSetAttribute(rad_w4a8_gemv<TOK, NTW, CG>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+				     (int)gemv_smem(NTW, CG, GV_MAX_STAGES));
+		cudaFuncSetAttribute(rad_w4a8_gemv<TOK, NTW, CG>, cudaFuncAttributePreferredSharedMemoryCarveout, 100);
+		set = 1;
+	}
+}
+
+/* resident blocks per SM of an instance at a ring depth (0: none fit) */
+template <int TOK, int NTW, int CG>
+static int gemv_occ(uint32_t stages)
+{
+	gemv_attr<TOK, NTW, CG>();
+	int nb = 0;
+	if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, rad_w4a8_gemv<TOK, NTW, CG>, GV_THREADS,
+							  gemv_smem(NTW, CG, stages)) != cudaSuccess) {
+		(void)cudaGetLastError();
+		nb = 0;
+	}
+	return nb;
+}
+
+template <int TOK, int NTW, int CG>
+static void gemv_launch(const gemm_params &p, dim3 grid, uint32_t stages, hipStream_t st, int pdl)
+{
+	gemv_attr<TOK, NTW, CG>();
+	cudaLaunchConfig_t cfg = {};
+	cudaLaunchAttribute attr[1];
+	attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+	attr[0].val.programmaticStreamSerializationAllowed = 1;
+	cfg.gridDim = grid;
+	cfg.blockDim = dim3(GV_THREADS);
+	cfg.dynamicSmemBytes = gemv_smem(NTW, CG, stages);
+	cfg.stream = st;
+	cfg.attrs = attr;
+	cfg.numAttrs = pdl ? 1 : 0;
+	cudaLaunchKernelEx(&cfg, rad_w4a8_gemv<TOK, NTW, CG>, p, stages);
+}
+
+/* the instances: 8- and 16-token tiles, (n-tiles per warp, groups per slot) */
+struct gemv_inst {
+	uint32_t tok, ntw, cg;
+	int (*occ)(uint32_t stages);
+	void (*launch)(const gemm_params &p, dim3 grid, uint32_t stages, hipStream_t st, int pdl);
+};
+#define GV_INST(T, N, C) {T, N, C, gemv_occ<T, N, C>, gemv_launch<T, N, C>}
+static const struct gemv_inst gemv_insts[] = {
+	GV_INST(8, 1, 1),  GV_INST(8, 1, 2),  GV_INST(8, 1, 4),  GV_INST(8, 2, 1),  GV_INST(8, 2, 2),
+	GV_INST(8, 4, 1),  GV_INST(16, 1, 1), GV_INST(16, 1, 2), GV_INST(16, 1, 4), GV_INST(16, 2, 1),
+	GV_INST(16, 2, 2),
+};
+#define GV_NINST (sizeof gemv_insts / sizeof gemv_insts[0])
+
+static int gemv_find(uint32_t tok, uint32_t ntw, uint32_t cg)
+{
+	for (size_t i = 0; i < GV_NINST; i++)
+		if (gemv_insts[i].tok == tok && gemv_insts[i].ntw == ntw && gemv_insts[i].cg == cg)
+			return (int)i;
+	return -1;
+}
+
+static int gemv_blocks_per_sm(int inst, uint32_t stages)
+{
+	static int cache[GV_NINST][GV_MAX_STAGES + 1];
+	int &c = cache[inst][stages];
+	if (c == 0) {
+		c = gemv_insts[inst].occ(stages);
+		if (c <= 0)
+			c = -1;
+	}
+	return c;
+}
+
+static int gemv_usable(const struct radiance__gpu_device *dev, const struct radiance__w4a8_args *a)
+{
+	if (decode_ovr.kernel == 1 || a->m > 16 || strcmp(dev->vendor, "cuda") != 0 || dev->cc_major < 9)
+		return 0;
+	/* bulk copies need 16-byte aligned sources */
+	return (((uintptr_t)a->w | (uintptr_t)a->sc) & 15u) == 0;
+}
+
+/*
+ * Streaming decode policy, fitted to the H200 sweep (bench_w4a8 --sweep,
+ * docs/gpu.md): time is a DRAM-bound term plus a fixed cost; a shallow ring
+ * (2 slots of 2 groups, 1 tile per warp) and one wave of as many warps as fit
+ * are best, a second wave costs ~20%, and split-K partials (2 S m N 4 bytes)
+ * cost as much as weights. So: 1 n-tile per warp (2 when those columns alone
+ * exceed a wave), 2 groups per slot, 2 slots; the split S is the largest that
+ * keeps one wave, at most 8, at least 4 groups per warp, with the partial
+ * traffic under a fifth of the weights'. An override (radiance__w4a8_set_decode,
+ * args.split) replaces any of these.
+ */
+#define GV_DEF_CG 2u
+#define GV_DEF_STAGES 2u
+#define GV_MAX_SPLIT 8u
+static void plan_gemv(const struct radiance__gpu_device *dev, const struct radiance__w4a8_args *a,
+		      struct radiance__w4a8_plan *plan)
+{
+	const uint32_t m = a->m, ntiles = ceil_div(a->n, RAD_TILE_N), G = a->k / RAD_GROUP;
+	const uint32_t tok = m <= 8 ? 8 : 16;
+	const int allow = a->partials && a->counters && a->counters_n >= radiance__w4a8_counters_needed(a->n);
+	const uint32_t sms = dev->sm_count > 0 ? (uint32_t)dev->sm_count : 1u;
+	uint32_t st = decode_ovr.stages ? decode_ovr.stages : GV_DEF_STAGES;
+	st = st < 1 ? 1 : st > GV_MAX_STAGES ? GV_MAX_STAGES : st;
+	const uint32_t cg = decode_ovr.cg ? decode_ovr.cg : GV_DEF_CG;
+	/* the instance: the override's, else 1 tile per warp unless its
+	 * columns exceed one wave */
+	int inst = -1;
+	uint64_t cap = 0;
+	for (uint32_t ntw = 1; ntw <= 2 && inst < 0; ntw *= 2) {
+		const uint32_t n = decode_ovr.ntw ? decode_ovr.ntw : ntw;
+		const int i = gemv_find(tok, n, cg);
+		if (i < 0)
+			continue;
+		const int bps = gemv_blocks_per_sm(i, st);
+		if (bps <= 0)
+			continue;
+		cap = (uint64_t)bps * sms;
+		if (decode_ovr.ntw || ntw == 2 || ceil_div(ntiles, GV_WARPS * n) <= cap)
+			inst = i;
+	}
+	if (inst < 0) {
+		inst = gemv_find(tok, 1, 2);
+		st = GV_DEF_STAGES;
+		cap = (uint64_t)sms;
+	}
+	const uint32_t cols = ceil_div(ntiles, GV_WARPS * gemv_insts[inst].ntw);
+	uint32_t S = 1;
+	if (allow && a->split) {
+		S = a->split;
+	} else if (allow) {
+		const double wbytes = (double)a->n * a->k * 0.515625;
+		S = (uint32_t)(cap / cols);
+		S = S > GV_MAX_SPLIT ? GV_MAX_SPLIT : S;
+		S = S > G / 4 ? G / 4 : S;
+		S = S > RADIANCE_W4A8_SPLIT_ROWS / m ? RADIANCE_W4A8_SPLIT_ROWS / m : S;
+		const uint32_t spart = (uint32_t)(0.2 * wbytes / (8.0 * m * a->n));
+		S = S > spart ? spart : S;
+		S = S < 1 ? 1 : S;
+	}
+	if (S > 1 && (size_t)S * m * a->n * sizeof(float) > a->partials_bytes)
+		S = (uint32_t)(a->partials_bytes / ((size_t)m * a->n * sizeof(float)));
+	S = S < 1 ? 1 : S;
+	plan->tok = tok;
+	plan->wk = 1;
+	plan->ntw = gemv_insts[inst].ntw;
+	plan->cg = gemv_insts[inst].cg;
+	plan->stages = st;
+	plan->split = S;
+}
+#endif
+
 extern "C" void radiance__w4a8_plan(const struct radiance__gpu_device *dev, const struct radiance__w4a8_args *a,
 				    struct radiance__w4a8_plan *plan)
 {
@@ -747,8 +1196,17 @@ extern "C" void radiance__w4a8_plan(const struct radiance__gpu_device *dev, cons
 	plan->tok = 0;
 	plan->wk = 1;
 	plan->split = 1;
+	plan->ntw = 0;
+	plan->stages = 0;
+	plan->cg = 0;
 	if (path != RADIANCE_W4A8_DECODE && path != RADIANCE_W4A8_TILED)
 		return;
+#ifdef RAD_HAVE_BULK
+	if (path == RADIANCE_W4A8_DECODE && gemv_usable(dev, a)) {
+		plan_gemv(dev, a, plan);
+		return;
+	}
+#endif
 	/* the smallest token tile that holds m (decode, and tiled m <= 64) */
 	uint32_t tok = 64;
 	if (a->m <= 64)
@@ -831,6 +1289,16 @@ extern "C" int radiance__w4a8_gemm(const struct radiance__gpu_device *dev, const
 	default:
 		break;
 	}
+#ifdef RAD_HAVE_BULK
+	if (plan.ntw) {
+		const int i = gemv_find(plan.tok, plan.ntw, plan.cg);
+		if (i < 0)
+			return -EINVAL;
+		gemv_insts[i].launch(p, dim3(ceil_div(p.ntiles, GV_WARPS * plan.ntw), plan.split, 1), plan.stages, st,
+				     a->pdl);
+		return radiance__gpu_check_launch("w4a8 gemv kernel");
+	}
+#endif
 	dim3 grid(ceil_div(p.ntiles, p.wn), plan.split, ceil_div(a->m, plan.tok));
 #ifdef RAD_NVIDIA
 	const size_t smem = (size_t)GEMM_WARPS * RING_WARP;

@@ -110,6 +110,10 @@ struct radiance__w4a8_plan {
 	uint32_t tok;              /* tokens per warp tile (8..64) */
 	uint32_t wk;               /* warps of a block splitting K (1,2,4,8) */
 	uint32_t split;            /* blocks splitting K (global split-K) */
+	uint32_t ntw;              /* decode: 0 the cp.async-ring kernel; else the
+	                              bulk-copy streaming kernel with ntw n-tiles per warp */
+	uint32_t stages;           /* streaming kernel: ring slots per warp */
+	uint32_t cg;               /* streaming kernel: groups per ring slot */
 };
 
 struct radiance__w4a8_args {
@@ -179,6 +183,11 @@ int radiance__gpu_read_probe(const void *buf, size_t bytes, uint32_t *sink, void
  * or 96 tokens, whichever fills the GPU); 1 always 128; 2 always 96 (also
  * RADIANCE_WGMMA=n96). Process-wide. */
 void radiance__w4a8_set_variant(int variant);
+/* Decode kernel override for measurement and tests (process-wide): kernel 0
+ * the policy, 1 the cp.async-ring kernel, 2 the streaming kernel (sm_90, m <=
+ * 16) with ntw n-tiles per warp, cg groups per ring slot and `stages` slots
+ * (0: the policy's). */
+void radiance__w4a8_set_decode(int kernel, uint32_t ntw, uint32_t cg, uint32_t stages);
 
 /* Dequantize a device-layout W4A8 layer to bf16 [n][k] (for the BLAS peer). */
 int radiance__w4a8_dequant_bf16(const void *w, const void *sc, uint32_t n, uint32_t k,

@@ -13,7 +13,10 @@
 #include "numerics_gpu.h"
 #include "w4a8_gpu.h"
 
+/* threads per row: 256, or 1024 for a few long rows (decode): one block per
+ * row is then latency-bound on its loads (~10 us for k = 17408 at 256) */
 #define QUANT_THREADS 256
+#define QUANT_THREADS_WIDE 1024
 
 template <int FP16>
 __device__ __forceinline__ float quant_load(uint32_t bits16)
@@ -21,16 +24,16 @@ __device__ __forceinline__ float quant_load(uint32_t bits16)
 	return FP16 ? rad_f16_to_f32(bits16) : rad_bf16_to_f32(bits16);
 }
 
-template <int FP16, int ORDER>
-__global__ void __launch_bounds__(QUANT_THREADS)
+template <int FP16, int ORDER, int QUANT_THREADS_T>
+__global__ void __launch_bounds__(QUANT_THREADS_T)
 rad_quant_rows(const uint16_t *x, uint32_t k, uint8_t *codes, float *s)
 {
 	RAD_NO_CONTRACT
 	/* the GEMM that follows may start now and prefetch its weights; it
 	 * waits for this grid to finish before it reads a code */
 	rad_grid_launch();
-	__shared__ uint32_t red_max[QUANT_THREADS];
-	__shared__ uint32_t red_bad[QUANT_THREADS];
+	__shared__ uint32_t red_max[QUANT_THREADS_T];
+	__shared__ uint32_t red_bad[QUANT_THREADS_T];
 	__shared__ float row_inv;
 	const uint32_t tid = RAD_TID();
 	const uint32_t row = RAD_BID_X();
@@ -38,7 +41,8 @@ rad_quant_rows(const uint16_t *x, uint32_t k, uint8_t *codes, float *s)
 	uint8_t *cr = codes + (size_t)row * k;
 
 	uint32_t amax = 0, bad = 0;
-	for (uint32_t i = tid * 8; i < k; i += QUANT_THREADS * 8) {
+#pragma unroll 4
+	for (uint32_t i = tid * 8; i < k; i += QUANT_THREADS_T * 8) {
 		rad_u4 v = rad_ld16(xr + i);
 		uint32_t w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
@@ -55,7 +59,7 @@ rad_quant_rows(const uint16_t *x, uint32_t k, uint8_t *codes, float *s)
 	red_max[tid] = amax;
 	red_bad[tid] = bad;
 	RAD_SYNC();
-	for (uint32_t n = QUANT_THREADS / 2; n > 0; n >>= 1) {
+	for (uint32_t n = QUANT_THREADS_T / 2; n > 0; n >>= 1) {
 		if (tid < n) {
 			uint32_t o = red_max[tid + n];
 			red_max[tid] = o > red_max[tid] ? o : red_max[tid];
@@ -79,7 +83,8 @@ rad_quant_rows(const uint16_t *x, uint32_t k, uint8_t *codes, float *s)
 	RAD_SYNC();
 	const float inv = row_inv;
 	const bool nan_row = red_bad[0] != 0;
-	for (uint32_t i = tid * 8; i < k; i += QUANT_THREADS * 8) {
+#pragma unroll 2
+	for (uint32_t i = tid * 8; i < k; i += QUANT_THREADS_T * 8) {
 		rad_u4 v = rad_ld16(xr + i);
 		uint32_t w[4] = {v.x, v.y, v.z, v.w};
 		uint32_t out[2] = {0, 0};
@@ -115,8 +120,16 @@ extern "C" int radiance__gpu_quant(const void *x, enum radiance_dtype dtype, uin
 	const uint16_t *xs = (const uint16_t *)x;
 	hipStream_t st = (hipStream_t)stream;
 	const int fp16 = dtype == RADIANCE_DTYPE_FP16;
-#define QUANT_LAUNCH(F, O)                                                                           \
-	hipLaunchKernelGGL((rad_quant_rows<F, O>), dim3(m), dim3(QUANT_THREADS), 0, st, xs, k, codes, s)
+	const int wide = m <= 64 && k >= 4096;
+#define QUANT_LAUNCH(F, O)                                                                               \
+	do {                                                                                             \
+		if (wide)                                                                                \
+			hipLaunchKernelGGL((rad_quant_rows<F, O, QUANT_THREADS_WIDE>), dim3(m),                 \
+					   dim3(QUANT_THREADS_WIDE), 0, st, xs, k, codes, s);                   \
+		else                                                                                     \
+			hipLaunchKernelGGL((rad_quant_rows<F, O, QUANT_THREADS>), dim3(m), dim3(QUANT_THREADS), \
+					   0, st, xs, k, codes, s);                                             \
+	} while (0)
 	switch (order) {
 	case RADIANCE_CODES_WGMMA:
 		if (fp16) QUANT_LAUNCH(1, 1); else QUANT_LAUNCH(0, 1);

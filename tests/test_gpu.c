@@ -369,11 +369,25 @@ static int run_shape(uint32_t n, uint32_t k, const uint32_t *ms, size_t nms, int
 			if ((path == RADIANCE_W4A8_DECODE || path == RADIANCE_W4A8_TILED || path == RADIANCE_W4A8_WGMMA) &&
 			    !dev.fp8_mma)
 				continue;
-			/* the decode path twice: the policy's split, then a forced 3-way
-			 * split; the wgmma path in each of its kernel variants */
-			const uint32_t reps = path == RADIANCE_W4A8_DECODE || path == RADIANCE_W4A8_WGMMA ? 2u : 1u;
+			/* the decode path: the policy's split, then a forced 3-way split,
+			 * then each decode kernel in several of its launch shapes (the
+			 * streaming kernel serves m <= 16); the wgmma path in each of
+			 * its kernel variants */
+			static const struct {
+				int kernel;
+				uint32_t ntw, cg, stages, split;
+			} dec[] = {
+				{0, 0, 0, 0, 0}, {0, 0, 0, 0, 3}, {1, 0, 0, 0, 0}, {1, 0, 0, 0, 2},
+				{2, 1, 1, 1, 0}, {2, 1, 2, 2, 3}, {2, 1, 4, 3, 5}, {2, 2, 1, 2, 2},
+				{2, 2, 2, 1, 0}, {2, 4, 1, 3, 1}, {2, 2, 2, 8, 3}, {2, 1, 1, 5, 7},
+			};
+			const uint32_t ndec = m <= 16 ? sizeof dec / sizeof dec[0] : 4u;
+			const uint32_t reps = path == RADIANCE_W4A8_DECODE ? ndec : path == RADIANCE_W4A8_WGMMA ? 2u : 1u;
 			for (uint32_t rep = 0; rep < reps; rep++) {
-				const uint32_t force = path == RADIANCE_W4A8_DECODE && rep ? 3u : 0u;
+				const int isdec = path == RADIANCE_W4A8_DECODE;
+				const uint32_t force = isdec ? dec[rep].split : 0u;
+				radiance__w4a8_set_decode(isdec ? dec[rep].kernel : 0, isdec ? dec[rep].ntw : 0,
+							  isdec ? dec[rep].cg : 0, isdec ? dec[rep].stages : 0);
 				/* wgmma: 128-token tiles (variant 1), then 96 (variant 2) */
 				radiance__w4a8_set_variant(path == RADIANCE_W4A8_WGMMA ? (int)rep + 1 : 0);
 				struct radiance__w4a8_args a = {
@@ -392,9 +406,9 @@ static int run_shape(uint32_t n, uint32_t k, const uint32_t *ms, size_t nms, int
 				assert_int_equal(radiance__gpu_stream_sync(stream), 0);
 				d2h(y, dy, (size_t)(m + pad) * n * 2);
 				char what[160];
-				snprintf(what, sizeof what, "n=%u k=%u m=%u %s %s tok=%u wk=%u split=%u variant=%u", n, k,
-					 m, dt == RADIANCE_DTYPE_FP16 ? "fp16" : "bf16", path_str(plan.path), plan.tok,
-					 plan.wk, plan.split, path == RADIANCE_W4A8_WGMMA ? rep + 1 : 0u);
+				snprintf(what, sizeof what, "n=%u k=%u m=%u %s %s tok=%u wk=%u ntw=%u cg=%u stages=%u split=%u variant=%u",
+					 n, k, m, dt == RADIANCE_DTYPE_FP16 ? "fp16" : "bf16", path_str(plan.path), plan.tok,
+					 plan.wk, plan.ntw, plan.cg, plan.stages, plan.split, path == RADIANCE_W4A8_WGMMA ? rep + 1 : 0u);
 				size_t touched = 0;
 				for (size_t i = (size_t)m * n; i < (size_t)(m + pad) * n; i++)
 					touched += y[i] != 0x7FC1;
@@ -406,6 +420,7 @@ static int run_shape(uint32_t n, uint32_t k, const uint32_t *ms, size_t nms, int
 				failures += compare(what, y, ref, m, n, plan.path == RADIANCE_W4A8_PORTABLE) != 0;
 			}
 			radiance__w4a8_set_variant(0);
+			radiance__w4a8_set_decode(0, 0, 0, 0);
 		}
 		radiance__gpu_free(dx);
 		radiance__gpu_free(dc);
