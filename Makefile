@@ -221,7 +221,7 @@ FUZZ_ARGS    ?=
 # UBSan check kinds built recoverable, so tests/fuzz/ubsan-known.supp can
 # suppress known findings during fuzz-run (UBSAN_OPTIONS halt_on_error=1
 # keeps every other report fatal). Empty: everything fatal, no suppression.
-FUZZ_RECOVER ?= pointer-overflow
+FUZZ_RECOVER ?= pointer-overflow,nonnull-attribute
 FUZZ_SRC     := $(wildcard tests/fuzz/fuzz_*.c)
 FUZZ_NAMES   := $(patsubst tests/fuzz/%.c,%,$(FUZZ_SRC))
 FUZZ_TARGETS ?= $(FUZZ_NAMES)

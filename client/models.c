@@ -84,7 +84,8 @@ static int model_fill(struct radiance_model_info *m, const Radiance__ModelInfo *
 			if (!shape || !t[i].name || !t[i].dtype)
 				return -ENOMEM;
 			t[i].ndim = (uint32_t)p->n_shape;
-			memcpy(shape, p->shape, p->n_shape * sizeof *shape);
+			if (p->n_shape)   /* a scalar has none, and p->shape is NULL */
+				memcpy(shape, p->shape, p->n_shape * sizeof *shape);
 		}
 	}
 	return 0;

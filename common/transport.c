@@ -147,7 +147,8 @@ int radiance_conn_read(struct radiance_conn *c)
 		close_all(got, ngot);
 		return -EPROTO;
 	}
-	memcpy(c->in_fds + c->in_nfds, got, ngot * sizeof(int));
+	if (ngot)
+		memcpy(c->in_fds + c->in_nfds, got, ngot * sizeof(int));
 	c->in_nfds += ngot;
 	c->in_len += (size_t)n;
 	return (int)n;
@@ -156,10 +157,10 @@ int radiance_conn_read(struct radiance_conn *c)
 int radiance_conn_next_frame(struct radiance_conn *c, const uint8_t **data, size_t *len)
 {
 	size_t avail = c->in_len - c->in_consumed;
-	const uint8_t *p = c->in + c->in_consumed;
 	uint32_t l;
 	if (avail < 4)
-		return 0;
+		return 0;   /* also before the first read, while c->in is NULL */
+	const uint8_t *p = c->in + c->in_consumed;
 	if (frame_length(c, p, &l) < 0)
 		return -EMSGSIZE;
 	if (avail < 4 + (size_t)l)

@@ -83,6 +83,38 @@ static bool has_regex_char(const char *s)
 	return strpbrk(s, "^$*+?[]{}()|\\") != NULL;
 }
 
+/* Patterns in extra_config come from whoever sends the checkpoint, and glibc's
+ * regcomp/regexec have exponential cases (stacked repetition: "a+++..."
+ * doubles regcomp's memory per '+'; backreferences make regexec exponential
+ * in the name's length). Module patterns need neither, so only a tame subset
+ * is compiled: at most 256 characters, no backreference, no {m,n}, no
+ * repetition operator applied to another, at most 4 repeated groups. NULL
+ * when tame, else what is wrong. */
+static const char *untamed_regex(const char *s)
+{
+	size_t len = strlen(s), repeated_groups = 0;
+	if (len > 256)
+		return "longer than 256 characters";
+	for (size_t i = 0; i < len; i++) {
+		if (s[i] == '\\') {
+			if (s[i + 1] >= '0' && s[i + 1] <= '9')
+				return "a backreference";
+			if (s[i + 1])
+				i++;   /* an escaped character is a literal */
+			continue;
+		}
+		if (s[i] == '{' || s[i] == '}')
+			return "a {m,n} bound";
+		if (strchr("*+?", s[i])) {
+			if (i > 0 && strchr("*+?", s[i - 1]) && (i < 2 || s[i - 2] != '\\'))
+				return "a repetition operator applied to another";
+			if (i > 0 && s[i - 1] == ')' && ++repeated_groups > 4)
+				return "more than 4 repeated groups";
+		}
+	}
+	return NULL;
+}
+
 void radiance_quant_config_finish(struct radiance_quant_config *c)
 {
 	for (size_t i = 0; i < c->n_blocks; i++)
@@ -240,6 +272,14 @@ static int parse_override(struct radiance_quant_config *c, const char *key, cons
 	if (!o->key)
 		return -ENOMEM;
 	if (has_regex_char(key)) {
+		const char *why = untamed_regex(key);
+		if (why) {
+			qc_err(err, errlen, "%s: quantization_config.extra_config key \"%.300s\" is refused: "
+			       "it has %s (radiance compiles module names and simple patterns only: "
+			       "no backreferences, {m,n} bounds or stacked repetition)", c->source, key, why);
+			free(o->key);
+			return -EINVAL;
+		}
 		size_t n = strlen(key) + 5;
 		char *pat = malloc(n);
 		if (!pat) {

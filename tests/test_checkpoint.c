@@ -649,6 +649,32 @@ static void test_extra_config_bits_8(void **state)
 	expect_refused(fx, -EINVAL, "layer \"" KEY "\"", "group_size is 32, expected 128");
 }
 
+/* Keys are client input compiled as regular expressions: the patterns glibc
+ * takes exponential memory or time on are refused by name (fuzzing found
+ * "a+++..." doubling regcomp's memory per '+', and backreferences making
+ * regexec exponential in the module name's length). */
+static void test_extra_config_untamed_regex(void **state)
+{
+	struct fixture *fx = *state;
+	static const struct { const char *key, *why; } bad[] = {
+		{ "a++++++++++++++++++++++++", "a repetition operator applied to another" },
+		{ "(.*)(.*)\\2\\1x", "a backreference" },
+		{ "encoder\\.layer\\.[0-9]{1,3}\\.output", "a {m,n} bound" },
+		{ "((a)+(b)+(c)+(d)+(e)+)", "more than 4 repeated groups" },
+	};
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		json_object_set_new(extra(fx), bad[i].key, json_pack("{si}", "bits", 16));
+		write_ckpt(fx);
+		expect_refused(fx, -EINVAL, "is refused", bad[i].why);
+		json_object_del(extra(fx), bad[i].key);
+	}
+	/* with them gone, the fixture's own (tame) keys load */
+	write_ckpt(fx);
+	struct radiance_model *m = NULL;
+	assert_int_equal(load(fx, &m), 0);
+	radiance_model_destroy(m);
+}
+
 static void test_no_quant_config(void **state)
 {
 	struct fixture *fx = *state;
@@ -938,6 +964,7 @@ int main(void)
 		T(test_group_size_64),
 		T(test_sym_false),
 		T(test_extra_config_bits_8),
+		T(test_extra_config_untamed_regex),
 		T(test_no_quant_config),
 		T(test_qzeros_not_symmetric),
 		T(test_g_idx_act_order),
