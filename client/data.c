@@ -28,15 +28,6 @@ static uint64_t now_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-static inline void cpu_relax(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-	__builtin_ia32_pause();
-#elif defined(__aarch64__)
-	__asm__ volatile("yield");
-#endif
-}
-
 static bool is_pow2(uint32_t v)
 {
 	return v && !(v & (v - 1));
@@ -227,8 +218,10 @@ static int check_buffer(struct radiance *r, const void *p, uint64_t bytes, uint6
 	return 0;
 }
 
-int radiance_submit(struct radiance *r, uint32_t model_id, uint32_t layer, uint32_t rows,
-		    enum radiance_elem dtype, const void *x, void *y, uint64_t *request_id)
+/* Opens the rings if need be and finds layer `layer` of held model
+ * model_id: 0 with *out set, or the error (recorded on r). */
+static int held_layer(struct radiance *r, uint32_t model_id, uint32_t layer,
+		      const struct radiance_layer_info **out)
 {
 	int rc = radiance_open_rings(r);
 	if (rc < 0)
@@ -239,11 +232,21 @@ int radiance_submit(struct radiance *r, uint32_t model_id, uint32_t layer, uint3
 	if (layer >= h->info->n_layers)
 		return radiance__client_fail(r, -ERANGE, "model %u has %zu layers, not %u", model_id,
 				      h->info->n_layers, layer + 1);
+	*out = &h->info->layers[layer];
+	return 0;
+}
+
+int radiance_submit(struct radiance *r, uint32_t model_id, uint32_t layer, uint32_t rows,
+		    enum radiance_elem dtype, const void *x, void *y, uint64_t *request_id)
+{
+	const struct radiance_layer_info *l;
+	int rc = held_layer(r, model_id, layer, &l);
+	if (rc < 0)
+		return rc;
 	if (rows == 0 || rows > r->server.max_rows)
 		return radiance__client_fail(r, -EINVAL, "rows %u outside 1..%u", rows, r->server.max_rows);
 	if (dtype != RADIANCE_BF16 && dtype != RADIANCE_FP16)
 		return radiance__client_fail(r, -EINVAL, "dtype %d", (int)dtype);
-	const struct radiance_layer_info *l = &h->info->layers[layer];
 	uint64_t in_off, out_off;
 	if ((rc = check_buffer(r, x, (uint64_t)rows * l->k * 2, &in_off, "x")) < 0 ||
 	    (rc = check_buffer(r, y, (uint64_t)rows * l->n * 2, &out_off, "y")) < 0)
@@ -345,7 +348,7 @@ static int reap_wait(struct radiance *r, struct radiance__client_stashed *out, i
 	uint64_t deadline = timeout_ms > 0 ? start + (uint64_t)timeout_ms * 1000000u : UINT64_MAX;
 	while (now_ns() < spin_end) {
 		for (int i = 0; i < 64; i++)
-			cpu_relax();
+			radiance_ring_cpu_relax();
 		if ((rc = reap_one(r, out)) != 0)
 			return rc;
 	}
@@ -496,19 +499,14 @@ static int wait_for(struct radiance *r, uint64_t id, struct radiance__client_sta
 int radiance_linear(struct radiance *r, uint32_t model_id, uint32_t layer, uint32_t rows,
 		    enum radiance_elem dtype, const void *x, void *y)
 {
-	int rc = radiance_open_rings(r);
+	const struct radiance_layer_info *l;
+	int rc = held_layer(r, model_id, layer, &l);
 	if (rc < 0)
 		return rc;
-	const struct radiance__client_held *h = radiance__client_find_held(r, model_id);
-	if (!h)
-		return radiance__client_fail(r, -ENOENT, "this session holds no model %u", model_id);
-	if (layer >= h->info->n_layers)
-		return radiance__client_fail(r, -ERANGE, "model %u has %zu layers, not %u", model_id,
-				      h->info->n_layers, layer + 1);
 	if (rows == 0 || !x || !y)
 		return radiance__client_fail(r, -EINVAL, "rows 0 or NULL buffer");
-	uint64_t in_row = (uint64_t)h->info->layers[layer].k * 2;
-	uint64_t out_row = (uint64_t)h->info->layers[layer].n * 2;
+	uint64_t in_row = (uint64_t)l->k * 2;
+	uint64_t out_row = (uint64_t)l->n * 2;
 	uint64_t in_pad = (in_row + RADIANCE__ARENA_ALIGN - 1) & ~(uint64_t)(RADIANCE__ARENA_ALIGN - 1);
 
 	/* One staging block for x then y, as many rows as fit. */

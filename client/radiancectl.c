@@ -197,6 +197,19 @@ static int resolve_model(struct ctl *c, const char *arg, uint32_t *id)
 	return EXIT_OK;
 }
 
+/* MODEL on the command line, resolved to *id and fetched in full into *m
+ * (for radiance_model_info_free); EXIT_OK or the exit code of what failed. */
+static int get_model(struct ctl *c, const char *arg, uint32_t *id, struct radiance_model_info **m)
+{
+	int ret = resolve_model(c, arg, id);
+	if (ret != EXIT_OK)
+		return ret;
+	int rc = radiance_get_model(c->r, *id, m);
+	if (rc < 0)
+		return fail(c, rc, "get model");
+	return EXIT_OK;
+}
+
 /* --- commands ------------------------------------------------------------- */
 
 static json_t *stats_json(const struct radiance_stats *s, bool global)
@@ -295,13 +308,10 @@ static const char *kind_name(enum radiance_linear_kind k)
 static int cmd_layers(struct ctl *c, const char *model)
 {
 	uint32_t id;
-	int ret = resolve_model(c, model, &id);
+	struct radiance_model_info *m;
+	int ret = get_model(c, model, &id, &m);
 	if (ret != EXIT_OK)
 		return ret;
-	struct radiance_model_info *m;
-	int rc = radiance_get_model(c->r, id, &m);
-	if (rc < 0)
-		return fail(c, rc, "get model");
 	if (c->json) {
 		json_t *a = json_array();
 		for (size_t i = 0; a && i < m->n_layers; i++) {
@@ -451,13 +461,10 @@ static int cmd_load(struct ctl *c, const char *dir)
 static int cmd_unload(struct ctl *c, const char *model)
 {
 	uint32_t id;
-	int ret = resolve_model(c, model, &id);
+	struct radiance_model_info *m;
+	int ret = get_model(c, model, &id, &m);
 	if (ret != EXIT_OK)
 		return ret;
-	struct radiance_model_info *m;
-	int rc = radiance_get_model(c->r, id, &m);
-	if (rc < 0)
-		return fail(c, rc, "get model");
 	bool preloaded = m->preloaded;
 	uint32_t users = m->users;
 	char name[256];
@@ -470,7 +477,7 @@ static int cmd_unload(struct ctl *c, const char *model)
 			id, name, users, users == 1 ? "" : "s");
 		return EXIT_FAILED;
 	}
-	rc = radiance_unload_preloaded(c->r, id);
+	int rc = radiance_unload_preloaded(c->r, id);
 	if (rc == -EPERM) {
 		fprintf(stderr,
 			"radiancectl: not allowed to unload model %u \"%s\": it is preloaded by the "

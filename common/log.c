@@ -74,3 +74,13 @@ void radiance__log(enum radiance_log_level level, const char *file, int line, co
 	}
 	errno = saved;
 }
+
+void radiance__errf(char *err, size_t errlen, const char *fmt, ...)
+{
+	va_list ap;
+	if (!err || !errlen)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(err, errlen, fmt, ap);
+	va_end(ap);
+}

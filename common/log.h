@@ -11,6 +11,7 @@
 #define RADIANCE_LOG_H
 
 #include <stdarg.h>
+#include <stddef.h>
 
 enum radiance_log_level {
 	RADIANCE_LOG_SILENT = 0,
@@ -35,6 +36,12 @@ void radiance__log(enum radiance_log_level level, const char *file, int line, co
 		if ((lvl) <= radiance_log_get_level())                                  \
 			radiance__log((lvl), __FILE__, __LINE__, __VA_ARGS__);          \
 	} while (0)
+
+/* Formats a message into a caller's error buffer, the err/errlen pair of the
+ * parsers' and backends' functions; err may be NULL or errlen 0 (no message
+ * wanted). Not logging: the caller decides what becomes of the text. */
+void radiance__errf(char *err, size_t errlen, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
 
 #define log_error(...) radiance_log(RADIANCE_LOG_ERROR, __VA_ARGS__)
 #define log_warn(...) radiance_log(RADIANCE_LOG_WARN, __VA_ARGS__)

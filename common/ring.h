@@ -15,6 +15,17 @@
 
 #include "shm.h"
 
+/* A pause for either side spinning on a ring before it sleeps on the
+ * doorbell: the CPU's spin-wait hint, where it has one. */
+static inline void radiance_ring_cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+	__builtin_ia32_pause();
+#elif defined(__aarch64__)
+	__asm__ volatile("yield");
+#endif
+}
+
 struct radiance_ring {
 	struct radiance_shm_ring *ctl;   /* head/tail/sleeping words in shared memory */
 	uint8_t *slots;                  /* entries * RADIANCE_SLOT_BYTES */

@@ -9,6 +9,7 @@
 struct radiance_backend {
 	const struct radiance_backend_ops *ops;
 	void *state;
+	uint32_t max_rows;   /* what the backend sized its staging for */
 };
 
 int radiance_backend_create(const struct radiance_backend_options *opt,
@@ -42,9 +43,13 @@ int radiance_backend_create(const struct radiance_backend_options *opt,
 		snprintf(err, errlen, "out of memory");
 		return -ENOMEM;
 	}
+	struct radiance_backend_options o = *opt;
+	if (!o.max_rows)
+		o.max_rows = 1;
+	b->max_rows = o.max_rows;
 	int rc = -ENODEV;
 	for (size_t i = 0; i < n; i++) {
-		rc = order[i]->create(opt, &b->state, err, errlen);
+		rc = order[i]->create(&o, &b->state, err, errlen);
 		if (rc == 0) {
 			b->ops = order[i];
 			*out = b;
@@ -99,5 +104,18 @@ int radiance_backend_linear(struct radiance_backend *b, const struct radiance_la
 			    struct radiance_backend_layer *h, const struct radiance_rows *rows,
 			    size_t nrows, char *err, size_t errlen)
 {
+	uint64_t total = 0;
+	for (size_t i = 0; i < nrows; i++) {
+		if (rows[i].dtype != RADIANCE_DTYPE_BF16 && rows[i].dtype != RADIANCE_DTYPE_FP16) {
+			snprintf(err, errlen, "unknown activation dtype %d", (int)rows[i].dtype);
+			return -EINVAL;
+		}
+		total += rows[i].m;
+	}
+	if (total > b->max_rows) {
+		snprintf(err, errlen, "%llu rows exceed the backend's max_rows=%u",
+			 (unsigned long long)total, b->max_rows);
+		return -E2BIG;
+	}
 	return b->ops->linear(b->state, l, h, rows, nrows, err, errlen);
 }

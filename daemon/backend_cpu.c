@@ -51,7 +51,7 @@ static int cpu_create(const struct radiance_backend_options *opt, void **state, 
 	struct cpu_state *s = calloc(1, sizeof *s);
 	if (!s)
 		goto oom;
-	s->max_rows = opt->max_rows ? opt->max_rows : 1;
+	s->max_rows = opt->max_rows;
 	s->max_k = opt->max_k ? opt->max_k : RADIANCE_GROUP_SIZE;
 	s->scratch_bytes = radiance_cpu_w4a8_scratch_bytes(s->max_rows, s->max_k);
 	s->scratch = aligned_alloc(64, (s->scratch_bytes + 63) & ~(size_t)63);
@@ -120,19 +120,6 @@ static int cpu_linear(void *state, const struct radiance_layer *l, struct radian
 		      const struct radiance_rows *rows, size_t nrows, char *err, size_t errlen)
 {
 	struct cpu_state *s = state;
-	uint64_t total = 0;
-	for (size_t i = 0; i < nrows; i++) {
-		if (rows[i].dtype != RADIANCE_DTYPE_BF16 && rows[i].dtype != RADIANCE_DTYPE_FP16) {
-			snprintf(err, errlen, "unknown activation dtype %d", (int)rows[i].dtype);
-			return -EINVAL;
-		}
-		total += rows[i].m;
-	}
-	if (total > s->max_rows) {
-		snprintf(err, errlen, "%llu rows exceed the backend's max_rows=%u",
-			 (unsigned long long)total, s->max_rows);
-		return -E2BIG;
-	}
 	for (size_t i = 0; i < nrows; i++) {
 		const struct radiance_rows *r = &rows[i];
 		if (l->kind == RADIANCE_LAYER_W4A8)

@@ -129,7 +129,7 @@ static int gpu_create(const struct radiance_backend_options *opt, void **state, 
 		free(g);
 		return rc;
 	}
-	g->max_rows = opt->max_rows ? opt->max_rows : 1;
+	g->max_rows = opt->max_rows;
 	g->max_decode_rows = opt->max_decode_rows ? opt->max_decode_rows : 64;
 	if (g->max_decode_rows > 64)
 		g->max_decode_rows = 64;   /* the decode kernel's largest token tile */
@@ -424,24 +424,11 @@ static int gpu_linear(void *state, const struct radiance_layer *l, struct radian
 		      const struct radiance_rows *rows, size_t nrows, char *err, size_t errlen)
 {
 	struct gpu_state *g = state;
-	uint64_t total = 0;
 	int rc = 0;
 
 	if (h->kind != l->kind || h->n != l->n || h->k != l->k) {
 		snprintf(err, errlen, "layer %s: handle does not match the layer", l->name);
 		return -EINVAL;
-	}
-	for (size_t i = 0; i < nrows; i++) {
-		if (rows[i].dtype != RADIANCE_DTYPE_BF16 && rows[i].dtype != RADIANCE_DTYPE_FP16) {
-			snprintf(err, errlen, "unknown activation dtype %d", (int)rows[i].dtype);
-			return -EINVAL;
-		}
-		total += rows[i].m;
-	}
-	if (total > g->max_rows) {
-		snprintf(err, errlen, "%llu rows exceed the backend's max_rows=%u", (unsigned long long)total,
-			 g->max_rows);
-		return -E2BIG;
 	}
 	const size_t xrow = (size_t)l->k * 2, yrow = (size_t)l->n * 2;
 	for (size_t i0 = 0; i0 < nrows;) {

@@ -6,7 +6,8 @@
 
 struct radiance_backend_ops {
 	const char *name;
-	/* Returns -ENODEV when this backend has no usable device (auto falls back). */
+	/* Returns -ENODEV when this backend has no usable device (auto falls back).
+	 * opt->max_rows is at least 1. */
 	int (*create)(const struct radiance_backend_options *opt, void **state, char *err, size_t errlen);
 	void (*destroy)(void *state);
 	void (*info)(void *state, struct radiance_backend_info *info);
@@ -15,6 +16,7 @@ struct radiance_backend_ops {
 	void (*layer_free)(void *state, struct radiance_backend_layer *h);
 	int (*register_host)(void *state, void *base, size_t len, char *err, size_t errlen);
 	void (*unregister_host)(void *state, void *base);
+	/* backend.c has checked every dtype and the total rows against max_rows. */
 	int (*linear)(void *state, const struct radiance_layer *l, struct radiance_backend_layer *h,
 		      const struct radiance_rows *rows, size_t nrows, char *err, size_t errlen);
 };

@@ -27,6 +27,30 @@ struct bump {
 	_Alignas(16) uint8_t buf[BUMP_BYTES];
 };
 
+/* A FIFO of jobs handed between the loop and the executor thread, under
+ * the executor's lock. */
+struct job_list {
+	struct exec_job *head, *tail;
+};
+
+static void job_list_push(struct job_list *l, struct exec_job *job)
+{
+	job->next = NULL;
+	if (l->tail)
+		l->tail->next = job;
+	else
+		l->head = job;
+	l->tail = job;
+}
+
+/* Empties the list; returns its jobs, chained by next. */
+static struct exec_job *job_list_take(struct job_list *l)
+{
+	struct exec_job *job = l->head;
+	l->head = l->tail = NULL;
+	return job;
+}
+
 struct radiance_executor {
 	uv_loop_t *loop;
 	uv_async_t async;
@@ -41,8 +65,8 @@ struct radiance_executor {
 	int started;               /* 1 ok, -errno failed */
 	char start_err[256];
 
-	struct exec_job *jobs, *jobs_tail;   /* loop -> executor */
-	struct exec_job *done, *done_tail;   /* executor -> loop */
+	struct job_list jobs;   /* loop -> executor */
+	struct job_list done;   /* executor -> loop */
 	atomic_int jobs_pending;
 	atomic_int stop;
 	int ctl_efd;
@@ -58,15 +82,6 @@ struct radiance_executor {
 	struct radiance_rows *rows;           /* max_rows */
 	struct bump bump;
 };
-
-static inline void cpu_relax(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-	__builtin_ia32_pause();
-#elif defined(__aarch64__)
-	__asm__ volatile("yield");
-#endif
-}
 
 static uint64_t now_ns(void)
 {
@@ -164,13 +179,8 @@ static void on_async_closed(uv_handle_t *h)
 
 static void post_done(struct radiance_executor *e, struct exec_job *job)
 {
-	job->next = NULL;
 	pthread_mutex_lock(&e->lock);
-	if (e->done_tail)
-		e->done_tail->next = job;
-	else
-		e->done = job;
-	e->done_tail = job;
+	job_list_push(&e->done, job);
 	pthread_mutex_unlock(&e->lock);
 	uv_async_send(&e->async);
 }
@@ -179,8 +189,7 @@ static void on_async(uv_async_t *h)
 {
 	struct radiance_executor *e = h->data;
 	pthread_mutex_lock(&e->lock);
-	struct exec_job *job = e->done;
-	e->done = e->done_tail = NULL;
+	struct exec_job *job = job_list_take(&e->done);
 	pthread_mutex_unlock(&e->lock);
 	while (job) {
 		struct exec_job *next = job->next;
@@ -615,8 +624,7 @@ static void run_jobs(struct radiance_executor *e)
 	if (!atomic_load(&e->jobs_pending))
 		return;
 	pthread_mutex_lock(&e->lock);
-	struct exec_job *job = e->jobs;
-	e->jobs = e->jobs_tail = NULL;
+	struct exec_job *job = job_list_take(&e->jobs);
 	atomic_store(&e->jobs_pending, 0);
 	pthread_mutex_unlock(&e->lock);
 	while (job) {
@@ -654,13 +662,8 @@ static void run_jobs(struct radiance_executor *e)
 
 void executor_submit(struct radiance_executor *e, struct exec_job *job)
 {
-	job->next = NULL;
 	pthread_mutex_lock(&e->lock);
-	if (e->jobs_tail)
-		e->jobs_tail->next = job;
-	else
-		e->jobs = job;
-	e->jobs_tail = job;
+	job_list_push(&e->jobs, job);
 	atomic_store(&e->jobs_pending, 1);
 	pthread_mutex_unlock(&e->lock);
 	radiance_doorbell_ring(e->ctl_efd);
@@ -722,7 +725,7 @@ static void *executor_main(void *arg)
 			continue;
 		}
 		if (t - last_work < spin_ns) {
-			cpu_relax();
+			radiance_ring_cpu_relax();
 			continue;
 		}
 		idle_sleep(e);
@@ -732,6 +735,19 @@ static void *executor_main(void *arg)
 	radiance_backend_destroy(e->backend);
 	e->backend = NULL;
 	return NULL;
+}
+
+/* Releases what executor_create made once the thread is gone, all but the
+ * async handle, which frees e when libuv lets go of it. */
+static void executor_release(struct radiance_executor *e)
+{
+	pthread_cond_destroy(&e->cond);
+	pthread_mutex_destroy(&e->lock);
+	close(e->ctl_efd);
+	close(e->epfd);
+	free(e->rings);
+	free(e->batch);
+	free(e->rows);
 }
 
 int executor_create(uv_loop_t *loop, const struct executor_options *opt,
@@ -786,13 +802,7 @@ int executor_create(uv_loop_t *loop, const struct executor_options *opt,
 	return 0;
 
 fail_async:
-	pthread_cond_destroy(&e->cond);
-	pthread_mutex_destroy(&e->lock);
-	close(e->ctl_efd);
-	close(e->epfd);
-	free(e->rings);
-	free(e->batch);
-	free(e->rows);
+	executor_release(e);
 	/* the handle is part of e: e is freed once libuv lets go of it */
 	e->async.data = e;
 	uv_close((uv_handle_t *)&e->async, on_async_closed);
@@ -828,12 +838,6 @@ void executor_destroy(struct radiance_executor *e)
 	pthread_join(e->thread, NULL);
 	/* jobs finished in the last run_jobs still want their done callbacks */
 	on_async(&e->async);
-	pthread_cond_destroy(&e->cond);
-	pthread_mutex_destroy(&e->lock);
-	close(e->ctl_efd);
-	close(e->epfd);
-	free(e->rings);
-	free(e->batch);
-	free(e->rows);
+	executor_release(e);
 	uv_close((uv_handle_t *)&e->async, on_async_closed);
 }

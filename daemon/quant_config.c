@@ -3,23 +3,11 @@
 
 #include <ctype.h>
 #include <errno.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static void qc_err(char *err, size_t errlen, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
-
-static void qc_err(char *err, size_t errlen, const char *fmt, ...)
-{
-	va_list ap;
-	if (!err || !errlen)
-		return;
-	va_start(ap, fmt);
-	vsnprintf(err, errlen, fmt, ap);
-	va_end(ap);
-}
+#include "log.h"
 
 /* A JSON value as compact text for messages ("8", "\"fp\"", "false").
  * Static-size buffer, truncated. */
@@ -203,8 +191,8 @@ static int parse_blocks(struct radiance_quant_config *c, const json_t *v, const 
 	}
 	return 0;
 bad:
-	qc_err(err, errlen, "%s: quantization_config.%s is %s, expected a string of comma-separated "
-	       "module prefixes or an array of them", c->source, key, dump(v, vb, sizeof vb));
+	radiance__errf(err, errlen, "%s: quantization_config.%s is %s, expected a string of comma-separated "
+		       "module prefixes or an array of them", c->source, key, dump(v, vb, sizeof vb));
 	return -EINVAL;
 }
 
@@ -220,8 +208,8 @@ static int parse_override(struct radiance_quant_config *c, const char *key, cons
 	const char *dt = NULL;
 
 	if (!json_is_object(v)) {
-		qc_err(err, errlen, "%s: quantization_config.extra_config[\"%s\"] is %s, expected an object "
-		       "(layer \"%s\")", c->source, key, dump(v, vb, sizeof vb), key);
+		radiance__errf(err, errlen, "%s: quantization_config.extra_config[\"%s\"] is %s, expected an object "
+			       "(layer \"%s\")", c->source, key, dump(v, vb, sizeof vb), key);
 		return -EINVAL;
 	}
 	bits_j = json_object_get(v, "bits");
@@ -229,14 +217,14 @@ static int parse_override(struct radiance_quant_config *c, const char *key, cons
 	sym_j = json_object_get(v, "sym");
 	dt_j = json_object_get(v, "data_type");
 	if (bits_j && !json_is_null(bits_j) && !get_int(bits_j, &bits)) {
-		qc_err(err, errlen, "%s: layer \"%s\": quantization_config.extra_config[\"%s\"].bits is %s, "
-		       "expected an integer", c->source, key, key, dump(bits_j, vb, sizeof vb));
+		radiance__errf(err, errlen, "%s: layer \"%s\": quantization_config.extra_config[\"%s\"].bits is %s, "
+			       "expected an integer", c->source, key, key, dump(bits_j, vb, sizeof vb));
 		return -EINVAL;
 	}
 	if (dt_j && !json_is_null(dt_j)) {
 		if (!json_is_string(dt_j)) {
-			qc_err(err, errlen, "%s: layer \"%s\": quantization_config.extra_config[\"%s\"].data_type "
-			       "is %s, expected a string", c->source, key, key, dump(dt_j, vb, sizeof vb));
+			radiance__errf(err, errlen, "%s: layer \"%s\": quantization_config.extra_config[\"%s\"].data_type "
+				       "is %s, expected a string", c->source, key, key, dump(dt_j, vb, sizeof vb));
 			return -EINVAL;
 		}
 		dt = json_string_value(dt_j);
@@ -245,25 +233,25 @@ static int parse_override(struct radiance_quant_config *c, const char *key, cons
 	o->held_16bit = bits >= 16 || (dt && float_data_type(dt));
 	if (!o->held_16bit) {
 		if (bits != 4) {
-			qc_err(err, errlen, "%s: layer \"%s\": quantization_config.extra_config[\"%s\"].bits is %lld, "
-			       "expected 4 (int4 kernels) or >= 16 (kept as a bf16 linear)",
-			       c->source, key, key, bits);
+			radiance__errf(err, errlen, "%s: layer \"%s\": quantization_config.extra_config[\"%s\"].bits is %lld, "
+				       "expected 4 (int4 kernels) or >= 16 (kept as a bf16 linear)",
+				       c->source, key, key, bits);
 			return -EINVAL;
 		}
 		if (gs_j && !json_is_null(gs_j) && (!get_int(gs_j, &gs) || gs != 128)) {
-			qc_err(err, errlen, "%s: layer \"%s\": quantization_config.extra_config[\"%s\"].group_size "
-			       "is %s, expected 128", c->source, key, key, dump(gs_j, vb, sizeof vb));
+			radiance__errf(err, errlen, "%s: layer \"%s\": quantization_config.extra_config[\"%s\"].group_size "
+				       "is %s, expected 128", c->source, key, key, dump(gs_j, vb, sizeof vb));
 			return -EINVAL;
 		}
 		if (sym_j && !json_is_null(sym_j) && !json_is_true(sym_j)) {
-			qc_err(err, errlen, "%s: layer \"%s\": quantization_config.extra_config[\"%s\"].sym is %s, "
-			       "expected true", c->source, key, key, dump(sym_j, vb, sizeof vb));
+			radiance__errf(err, errlen, "%s: layer \"%s\": quantization_config.extra_config[\"%s\"].sym is %s, "
+				       "expected true", c->source, key, key, dump(sym_j, vb, sizeof vb));
 			return -EINVAL;
 		}
 		if (dt && !int_data_type(dt)) {
-			qc_err(err, errlen, "%s: layer \"%s\": quantization_config.extra_config[\"%s\"].data_type "
-			       "is \"%s\", expected \"int\" (or \"fp\"/\"float\" with bits >= 16)",
-			       c->source, key, key, dt);
+			radiance__errf(err, errlen, "%s: layer \"%s\": quantization_config.extra_config[\"%s\"].data_type "
+				       "is \"%s\", expected \"int\" (or \"fp\"/\"float\" with bits >= 16)",
+				       c->source, key, key, dt);
 			return -EINVAL;
 		}
 	}
@@ -274,9 +262,9 @@ static int parse_override(struct radiance_quant_config *c, const char *key, cons
 	if (has_regex_char(key)) {
 		const char *why = untamed_regex(key);
 		if (why) {
-			qc_err(err, errlen, "%s: quantization_config.extra_config key \"%.300s\" is refused: "
-			       "it has %s (radiance compiles module names and simple patterns only: "
-			       "no backreferences, {m,n} bounds or stacked repetition)", c->source, key, why);
+			radiance__errf(err, errlen, "%s: quantization_config.extra_config key \"%.300s\" is refused: "
+				       "it has %s (radiance compiles module names and simple patterns only: "
+				       "no backreferences, {m,n} bounds or stacked repetition)", c->source, key, why);
 			free(o->key);
 			return -EINVAL;
 		}
@@ -290,8 +278,8 @@ static int parse_override(struct radiance_quant_config *c, const char *key, cons
 		int r = regcomp(&o->re, pat, REG_EXTENDED | REG_NOSUB);
 		free(pat);
 		if (r) {
-			qc_err(err, errlen, "%s: quantization_config.extra_config key \"%s\" is neither a module "
-			       "name nor a valid POSIX extended regular expression", c->source, key);
+			radiance__errf(err, errlen, "%s: quantization_config.extra_config key \"%s\" is neither a module "
+				       "name nor a valid POSIX extended regular expression", c->source, key);
 			free(o->key);
 			return r == REG_ESPACE ? -ENOMEM : -EINVAL;
 		}
@@ -307,8 +295,8 @@ static int get_string_key(struct radiance_quant_config *c, const json_t *qc, con
 	char vb[160];
 	const json_t *v = json_object_get(qc, key);
 	if (!v || !json_is_string(v)) {
-		qc_err(err, errlen, "%s: quantization_config.%s is %s, expected %s", c->source, key,
-		       dump(v, vb, sizeof vb), expected);
+		radiance__errf(err, errlen, "%s: quantization_config.%s is %s, expected %s", c->source, key,
+			       dump(v, vb, sizeof vb), expected);
 		return -EINVAL;
 	}
 	*out = strdup(json_string_value(v));
@@ -322,8 +310,8 @@ static int get_required_int(struct radiance_quant_config *c, const json_t *qc, c
 	long long i;
 	const json_t *v = json_object_get(qc, key);
 	if (!v || !get_int(v, &i) || i != expected) {
-		qc_err(err, errlen, "%s: quantization_config.%s is %s, expected %lld (%s)", c->source, key,
-		       dump(v, vb, sizeof vb), expected, why);
+		radiance__errf(err, errlen, "%s: quantization_config.%s is %s, expected %lld (%s)", c->source, key,
+			       dump(v, vb, sizeof vb), expected, why);
 		return -EINVAL;
 	}
 	return 0;
@@ -341,8 +329,8 @@ int radiance_quant_config_init(struct radiance_quant_config *c, const json_t *qc
 	if (!c->source)
 		return -ENOMEM;
 	if (!json_is_object(qc)) {
-		qc_err(err, errlen, "%s: quantization_config is %s, expected an object", c->source,
-		       dump(qc, vb, sizeof vb));
+		radiance__errf(err, errlen, "%s: quantization_config is %s, expected an object", c->source,
+			       dump(qc, vb, sizeof vb));
 		rc = -EINVAL;
 		goto fail;
 	}
@@ -351,8 +339,8 @@ int radiance_quant_config_init(struct radiance_quant_config *c, const json_t *qc
 	if (rc)
 		goto fail;
 	if (!method_ok(c->quant_method)) {
-		qc_err(err, errlen, "%s: quantization_config.quant_method is \"%s\", expected \"auto-round\" "
-		       "(or \"intel/auto-round\")", c->source, c->quant_method);
+		radiance__errf(err, errlen, "%s: quantization_config.quant_method is \"%s\", expected \"auto-round\" "
+			       "(or \"intel/auto-round\")", c->source, c->quant_method);
 		rc = -EINVAL;
 		goto fail;
 	}
@@ -361,9 +349,9 @@ int radiance_quant_config_init(struct radiance_quant_config *c, const json_t *qc
 	if (rc)
 		goto fail;
 	if (!packing_ok(c->packing_format)) {
-		qc_err(err, errlen, "%s: quantization_config.packing_format is \"%s\": that packing is not "
-		       "supported, expected \"auto_round:auto_gptq\" (alias \"auto_round:gptq\")",
-		       c->source, c->packing_format);
+		radiance__errf(err, errlen, "%s: quantization_config.packing_format is \"%s\": that packing is not "
+			       "supported, expected \"auto_round:auto_gptq\" (alias \"auto_round:gptq\")",
+			       c->source, c->packing_format);
 		rc = -EINVAL;
 		goto fail;
 	}
@@ -375,17 +363,17 @@ int radiance_quant_config_init(struct radiance_quant_config *c, const json_t *qc
 	c->group_size = 128;
 	v = json_object_get(qc, "sym");
 	if (!json_is_true(v)) {
-		qc_err(err, errlen, "%s: quantization_config.sym is %s, expected true (the kernels fold the "
-		       "constant zero point 8; asymmetric zero points are not carried)",
-		       c->source, dump(v, vb, sizeof vb));
+		radiance__errf(err, errlen, "%s: quantization_config.sym is %s, expected true (the kernels fold the "
+			       "constant zero point 8; asymmetric zero points are not carried)",
+			       c->source, dump(v, vb, sizeof vb));
 		rc = -EINVAL;
 		goto fail;
 	}
 	c->sym = true;
 	v = json_object_get(qc, "data_type");
 	if (v && !json_is_null(v) && (!json_is_string(v) || !int_data_type(json_string_value(v)))) {
-		qc_err(err, errlen, "%s: quantization_config.data_type is %s, expected \"int\"", c->source,
-		       dump(v, vb, sizeof vb));
+		radiance__errf(err, errlen, "%s: quantization_config.data_type is %s, expected \"int\"", c->source,
+			       dump(v, vb, sizeof vb));
 		rc = -EINVAL;
 		goto fail;
 	}
@@ -404,8 +392,8 @@ int radiance_quant_config_init(struct radiance_quant_config *c, const json_t *qc
 		const char *key;
 		json_t *e;
 		if (!json_is_object(v)) {
-			qc_err(err, errlen, "%s: quantization_config.extra_config is %s, expected an object of "
-			       "per-module overrides", c->source, dump(v, vb, sizeof vb));
+			radiance__errf(err, errlen, "%s: quantization_config.extra_config is %s, expected an object of "
+				       "per-module overrides", c->source, dump(v, vb, sizeof vb));
 			rc = -EINVAL;
 			goto fail;
 		}
@@ -423,7 +411,7 @@ int radiance_quant_config_init(struct radiance_quant_config *c, const json_t *qc
 
 fail:
 	if (rc == -ENOMEM)
-		qc_err(err, errlen, "%s: out of memory parsing quantization_config", c->source);
+		radiance__errf(err, errlen, "%s: out of memory parsing quantization_config", c->source);
 	radiance_quant_config_finish(c);
 	return rc;
 }
@@ -482,10 +470,10 @@ static int compare_overrides(const struct radiance_quant_config *a,
 		const struct radiance_quant_override *o = &a->overrides[i];
 		const struct radiance_quant_override *p = find_key(b, o->key);
 		if (!p || p->held_16bit != o->held_16bit) {
-			qc_err(err, errlen, "%s and %s disagree on quantization_config.extra_config[\"%s\"] "
-			       "(layer \"%s\"): %s in %s, %s in %s", a->source, b->source, o->key, o->key,
-			       o->held_16bit ? "16-bit" : "4-bit", a->source,
-			       !p ? "absent" : p->held_16bit ? "16-bit" : "4-bit", b->source);
+			radiance__errf(err, errlen, "%s and %s disagree on quantization_config.extra_config[\"%s\"] "
+				       "(layer \"%s\"): %s in %s, %s in %s", a->source, b->source, o->key, o->key,
+				       o->held_16bit ? "16-bit" : "4-bit", a->source,
+				       !p ? "absent" : p->held_16bit ? "16-bit" : "4-bit", b->source);
 			return -EINVAL;
 		}
 	}
@@ -509,9 +497,9 @@ int radiance_quant_config_compare(const struct radiance_quant_config *a,
 		return rc;
 	return 0;
 blocks:
-	qc_err(err, errlen, "%s and %s disagree on quantization_config.block_name_to_quantize "
-	       "(%zu prefixes, first \"%s\", vs %zu prefixes, first \"%s\")", a->source, b->source,
-	       a->n_blocks, a->n_blocks ? a->blocks[0] : "", b->n_blocks,
-	       b->n_blocks ? b->blocks[0] : "");
+	radiance__errf(err, errlen, "%s and %s disagree on quantization_config.block_name_to_quantize "
+		       "(%zu prefixes, first \"%s\", vs %zu prefixes, first \"%s\")", a->source, b->source,
+		       a->n_blocks, a->n_blocks ? a->blocks[0] : "", b->n_blocks,
+		       b->n_blocks ? b->blocks[0] : "");
 	return -EINVAL;
 }

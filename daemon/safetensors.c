@@ -4,7 +4,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +12,8 @@
 #include <unistd.h>
 
 #include <jansson.h>
+
+#include "log.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "radiance reads safetensors (little-endian) in place: little-endian hosts only"
@@ -60,19 +61,6 @@ int radiance_st_dtype_from_name(const char *name)
 		if (strcmp(dtypes[i].name, name) == 0)
 			return i;
 	return -1;
-}
-
-static void st_err(char *err, size_t errlen, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
-
-static void st_err(char *err, size_t errlen, const char *fmt, ...)
-{
-	va_list ap;
-	if (!err || !errlen)
-		return;
-	va_start(ap, fmt);
-	vsnprintf(err, errlen, fmt, ap);
-	va_end(ap);
 }
 
 static const char *json_kind(const json_t *j)
@@ -158,8 +146,8 @@ static int parse_meta(struct radiance_st_file *f, json_t *m, char *err, size_t e
 	json_t *v;
 
 	if (!json_is_object(m)) {
-		st_err(err, errlen, "%s: __metadata__ is a JSON %s, expected an object of string -> string",
-		       f->name, json_kind(m));
+		radiance__errf(err, errlen, "%s: __metadata__ is a JSON %s, expected an object of string -> string",
+			       f->name, json_kind(m));
 		return -EINVAL;
 	}
 	f->meta = calloc(json_object_size(m) + 1, sizeof *f->meta);
@@ -167,8 +155,8 @@ static int parse_meta(struct radiance_st_file *f, json_t *m, char *err, size_t e
 		return -ENOMEM;
 	json_object_foreach(m, key, v) {
 		if (!json_is_string(v)) {
-			st_err(err, errlen, "%s: __metadata__[\"%s\"] is a JSON %s, expected a string",
-			       f->name, key, json_kind(v));
+			radiance__errf(err, errlen, "%s: __metadata__[\"%s\"] is a JSON %s, expected a string",
+				       f->name, key, json_kind(v));
 			return -EINVAL;
 		}
 		struct radiance_st_meta *e = &f->meta[f->n_meta];
@@ -187,14 +175,14 @@ static int get_uint(const json_t *j, uint64_t *v, const char *fname, const char 
 		    const char *what, size_t idx, char *err, size_t errlen)
 {
 	if (!json_is_integer(j)) {
-		st_err(err, errlen, "%s: tensor \"%s\": %s[%zu] is a JSON %s, expected a non-negative integer",
-		       fname, tname, what, idx, json_kind(j));
+		radiance__errf(err, errlen, "%s: tensor \"%s\": %s[%zu] is a JSON %s, expected a non-negative integer",
+			       fname, tname, what, idx, json_kind(j));
 		return -EINVAL;
 	}
 	json_int_t i = json_integer_value(j);
 	if (i < 0) {
-		st_err(err, errlen, "%s: tensor \"%s\": %s[%zu] is %" JSON_INTEGER_FORMAT
-		       ", expected a non-negative integer", fname, tname, what, idx, i);
+		radiance__errf(err, errlen, "%s: tensor \"%s\": %s[%zu] is %" JSON_INTEGER_FORMAT
+			       ", expected a non-negative integer", fname, tname, what, idx, i);
 		return -EINVAL;
 	}
 	*v = (uint64_t)i;
@@ -212,30 +200,30 @@ static int parse_tensor(struct radiance_st_file *f, struct radiance_st_tensor *t
 	if (!t->name)
 		return -ENOMEM;
 	if (!json_is_object(e)) {
-		st_err(err, errlen, "%s: tensor \"%s\": entry is a JSON %s, expected an object with dtype, shape and data_offsets",
-		       f->name, key, json_kind(e));
+		radiance__errf(err, errlen, "%s: tensor \"%s\": entry is a JSON %s, expected an object with dtype, shape and data_offsets",
+			       f->name, key, json_kind(e));
 		return -EINVAL;
 	}
 
 	dt = json_object_get(e, "dtype");
 	if (!dt || !json_is_string(dt)) {
-		st_err(err, errlen, "%s: tensor \"%s\": dtype is %s%s, expected a dtype name string",
-		       f->name, key, dt ? "a JSON " : "missing", dt ? json_kind(dt) : "");
+		radiance__errf(err, errlen, "%s: tensor \"%s\": dtype is %s%s, expected a dtype name string",
+			       f->name, key, dt ? "a JSON " : "missing", dt ? json_kind(dt) : "");
 		return -EINVAL;
 	}
 	int d = radiance_st_dtype_from_name(json_string_value(dt));
 	if (d < 0) {
-		st_err(err, errlen, "%s: tensor \"%s\": unknown dtype \"%s\", expected one of BOOL U8 I8 "
-		       "F8_E5M2 F8_E4M3 F8_E8M0 I16 U16 F16 BF16 I32 U32 F32 F64 I64 U64 C64 F4 F6_E2M3 F6_E3M2",
-		       f->name, key, json_string_value(dt));
+		radiance__errf(err, errlen, "%s: tensor \"%s\": unknown dtype \"%s\", expected one of BOOL U8 I8 "
+			       "F8_E5M2 F8_E4M3 F8_E8M0 I16 U16 F16 BF16 I32 U32 F32 F64 I64 U64 C64 F4 F6_E2M3 F6_E3M2",
+			       f->name, key, json_string_value(dt));
 		return -EINVAL;
 	}
 	t->dtype = (enum radiance_st_dtype)d;
 
 	sh = json_object_get(e, "shape");
 	if (!sh || !json_is_array(sh)) {
-		st_err(err, errlen, "%s: tensor \"%s\": shape is %s%s, expected an array of non-negative integers",
-		       f->name, key, sh ? "a JSON " : "missing", sh ? json_kind(sh) : "");
+		radiance__errf(err, errlen, "%s: tensor \"%s\": shape is %s%s, expected an array of non-negative integers",
+			       f->name, key, sh ? "a JSON " : "missing", sh ? json_kind(sh) : "");
 		return -EINVAL;
 	}
 	t->ndim = (uint32_t)json_array_size(sh);
@@ -257,45 +245,45 @@ static int parse_tensor(struct radiance_st_file *f, struct radiance_st_tensor *t
 	off = json_object_get(e, "data_offsets");
 	if (!off || !json_is_array(off) || json_array_size(off) != 2) {
 		if (off && json_is_array(off))
-			st_err(err, errlen, "%s: tensor \"%s\": data_offsets has %zu elements, expected 2 [begin, end]",
-			       f->name, key, json_array_size(off));
+			radiance__errf(err, errlen, "%s: tensor \"%s\": data_offsets has %zu elements, expected 2 [begin, end]",
+				       f->name, key, json_array_size(off));
 		else
-			st_err(err, errlen, "%s: tensor \"%s\": data_offsets is %s%s, expected [begin, end]",
-			       f->name, key, off ? "a JSON " : "missing", off ? json_kind(off) : "");
+			radiance__errf(err, errlen, "%s: tensor \"%s\": data_offsets is %s%s, expected [begin, end]",
+				       f->name, key, off ? "a JSON " : "missing", off ? json_kind(off) : "");
 		return -EINVAL;
 	}
 	if ((rc = get_uint(json_array_get(off, 0), &t->begin, f->name, key, "data_offsets", 0, err, errlen)) ||
 	    (rc = get_uint(json_array_get(off, 1), &t->end, f->name, key, "data_offsets", 1, err, errlen)))
 		return rc;
 	if (t->begin > t->end) {
-		st_err(err, errlen, "%s: tensor \"%s\": data_offsets [%" PRIu64 ", %" PRIu64 "] are reversed, expected begin <= end",
-		       f->name, key, t->begin, t->end);
+		radiance__errf(err, errlen, "%s: tensor \"%s\": data_offsets [%" PRIu64 ", %" PRIu64 "] are reversed, expected begin <= end",
+			       f->name, key, t->begin, t->end);
 		return -EINVAL;
 	}
 	if (t->end > f->data_len) {
-		st_err(err, errlen, "%s: tensor \"%s\": data_offsets [%" PRIu64 ", %" PRIu64 "] out of bounds, "
-		       "expected end <= %" PRIu64 " (the data section's size)",
-		       f->name, key, t->begin, t->end, f->data_len);
+		radiance__errf(err, errlen, "%s: tensor \"%s\": data_offsets [%" PRIu64 ", %" PRIu64 "] out of bounds, "
+			       "expected end <= %" PRIu64 " (the data section's size)",
+			       f->name, key, t->begin, t->end, f->data_len);
 		return -EINVAL;
 	}
 
 	uint64_t nbits;
 	unsigned bits = radiance_st_dtype_bits(t->dtype);
 	if (overflow || __builtin_mul_overflow(t->nelem, (uint64_t)bits, &nbits)) {
-		st_err(err, errlen, "%s: tensor \"%s\": size of shape %s x %s overflows 64 bits",
-		       f->name, key, shape_str(t, sb, sizeof sb), dtypes[t->dtype].name);
+		radiance__errf(err, errlen, "%s: tensor \"%s\": size of shape %s x %s overflows 64 bits",
+			       f->name, key, shape_str(t, sb, sizeof sb), dtypes[t->dtype].name);
 		return -EINVAL;
 	}
 	if (nbits % 8) {
-		st_err(err, errlen, "%s: tensor \"%s\": shape %s of %u-bit %s is not a whole number of bytes",
-		       f->name, key, shape_str(t, sb, sizeof sb), bits, dtypes[t->dtype].name);
+		radiance__errf(err, errlen, "%s: tensor \"%s\": shape %s of %u-bit %s is not a whole number of bytes",
+			       f->name, key, shape_str(t, sb, sizeof sb), bits, dtypes[t->dtype].name);
 		return -EINVAL;
 	}
 	if (t->end - t->begin != nbits / 8) {
-		st_err(err, errlen, "%s: tensor \"%s\": data_offsets [%" PRIu64 ", %" PRIu64 "] span %" PRIu64
-		       " bytes, expected %" PRIu64 " (shape %s x %s)",
-		       f->name, key, t->begin, t->end, t->end - t->begin, nbits / 8,
-		       shape_str(t, sb, sizeof sb), dtypes[t->dtype].name);
+		radiance__errf(err, errlen, "%s: tensor \"%s\": data_offsets [%" PRIu64 ", %" PRIu64 "] span %" PRIu64
+			       " bytes, expected %" PRIu64 " (shape %s x %s)",
+			       f->name, key, t->begin, t->end, t->end - t->begin, nbits / 8,
+			       shape_str(t, sb, sizeof sb), dtypes[t->dtype].name);
 		return -EINVAL;
 	}
 	t->data = f->data + t->begin;
@@ -333,7 +321,7 @@ static int check_coverage(struct radiance_st_file *f, char *err, size_t errlen)
 	for (size_t i = 0; i < f->n_tensors; i++) {
 		const struct radiance_st_tensor *t = order[i];
 		if (t->begin < pos) {
-			st_err(err, errlen, "%s: tensors \"%s\" [%" PRIu64 ", %" PRIu64 ") and \"%s\" [%" PRIu64
+			radiance__errf(err, errlen, "%s: tensors \"%s\" [%" PRIu64 ", %" PRIu64 ") and \"%s\" [%" PRIu64
 			       ", %" PRIu64 ") overlap, expected disjoint data_offsets",
 			       f->name, prev->name, prev->begin, prev->end, t->name, t->begin, t->end);
 			rc = -EINVAL;
@@ -341,12 +329,12 @@ static int check_coverage(struct radiance_st_file *f, char *err, size_t errlen)
 		}
 		if (t->begin > pos) {
 			if (prev)
-				st_err(err, errlen, "%s: hole in the data section: bytes [%" PRIu64 ", %" PRIu64
-				       ") between \"%s\" and \"%s\" belong to no tensor, expected contiguous tensors",
+				radiance__errf(err, errlen, "%s: hole in the data section: bytes [%" PRIu64 ", %" PRIu64
+					       ") between \"%s\" and \"%s\" belong to no tensor, expected contiguous tensors",
 				       f->name, pos, t->begin, prev->name, t->name);
 			else
-				st_err(err, errlen, "%s: hole in the data section: bytes [0, %" PRIu64
-				       ") before \"%s\" belong to no tensor, expected the first tensor at offset 0",
+				radiance__errf(err, errlen, "%s: hole in the data section: bytes [0, %" PRIu64
+					       ") before \"%s\" belong to no tensor, expected the first tensor at offset 0",
 				       f->name, t->begin, t->name);
 			rc = -EINVAL;
 			goto out;
@@ -355,9 +343,9 @@ static int check_coverage(struct radiance_st_file *f, char *err, size_t errlen)
 		prev = t;
 	}
 	if (pos != f->data_len) {
-		st_err(err, errlen, "%s: the data section is %" PRIu64 " bytes but the tensors cover %" PRIu64
-		       ": %" PRIu64 " trailing bytes belong to no tensor, expected the last tensor to end the file",
-		       f->name, f->data_len, pos, f->data_len - pos);
+		radiance__errf(err, errlen, "%s: the data section is %" PRIu64 " bytes but the tensors cover %" PRIu64
+			       ": %" PRIu64 " trailing bytes belong to no tensor, expected the last tensor to end the file",
+			       f->name, f->data_len, pos, f->data_len - pos);
 		rc = -EINVAL;
 	}
 out:
@@ -386,22 +374,22 @@ int radiance_st_parse(const void *buf, size_t len, const char *name,
 	}
 
 	if (len < 8) {
-		st_err(err, errlen, "%s: file is %zu bytes, too short for the 8-byte header length",
-		       f->name, len);
+		radiance__errf(err, errlen, "%s: file is %zu bytes, too short for the 8-byte header length",
+			       f->name, len);
 		rc = -EINVAL;
 		goto fail;
 	}
 	for (int i = 7; i >= 0; i--)
 		n = n << 8 | p[i];
 	if (n > RADIANCE_ST_MAX_HEADER) {
-		st_err(err, errlen, "%s: header length %" PRIu64 " is too large, expected at most %llu bytes",
-		       f->name, n, RADIANCE_ST_MAX_HEADER);
+		radiance__errf(err, errlen, "%s: header length %" PRIu64 " is too large, expected at most %llu bytes",
+			       f->name, n, RADIANCE_ST_MAX_HEADER);
 		rc = -EINVAL;
 		goto fail;
 	}
 	if (n > len - 8) {
-		st_err(err, errlen, "%s: header length %" PRIu64 " runs past the end of the file, expected at most %zu (file is %zu bytes)",
-		       f->name, n, len - 8, len);
+		radiance__errf(err, errlen, "%s: header length %" PRIu64 " runs past the end of the file, expected at most %zu (file is %zu bytes)",
+			       f->name, n, len - 8, len);
 		rc = -EINVAL;
 		goto fail;
 	}
@@ -411,18 +399,18 @@ int radiance_st_parse(const void *buf, size_t len, const char *name,
 
 	root = json_loadb((const char *)p + 8, n, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES, &jerr);
 	if (!root) {
-		st_err(err, errlen, "%s: header is not valid JSON: %s (line %d, column %d), expected a JSON object",
-		       f->name, jerr.text, jerr.line, jerr.column);
+		radiance__errf(err, errlen, "%s: header is not valid JSON: %s (line %d, column %d), expected a JSON object",
+			       f->name, jerr.text, jerr.line, jerr.column);
 		rc = -EINVAL;
 		goto fail;
 	}
 	if (!json_is_object(root)) {
-		st_err(err, errlen, "%s: header is a JSON %s, expected an object", f->name, json_kind(root));
+		radiance__errf(err, errlen, "%s: header is a JSON %s, expected an object", f->name, json_kind(root));
 		rc = -EINVAL;
 		goto fail;
 	}
 	if (p[8] != '{') {
-		st_err(err, errlen, "%s: header starts with byte 0x%02x, expected '{'", f->name, p[8]);
+		radiance__errf(err, errlen, "%s: header starts with byte 0x%02x, expected '{'", f->name, p[8]);
 		rc = -EINVAL;
 		goto fail;
 	}
@@ -454,7 +442,7 @@ int radiance_st_parse(const void *buf, size_t len, const char *name,
 
 fail:
 	if (rc == -ENOMEM)
-		st_err(err, errlen, "%s: out of memory reading the header", f->name);
+		radiance__errf(err, errlen, "%s: out of memory reading the header", f->name);
 	json_decref(root);
 	file_free(f);
 	return rc;
@@ -472,26 +460,26 @@ int radiance_st_open_fd(int fd, const char *name, struct radiance_st_file **out,
 		name = "safetensors";
 	if (fstat(fd, &st) < 0) {
 		rc = -errno;
-		st_err(err, errlen, "%s: fstat: %s", name, strerror(-rc));
+		radiance__errf(err, errlen, "%s: fstat: %s", name, strerror(-rc));
 		return rc;
 	}
 	if (!S_ISREG(st.st_mode)) {
-		st_err(err, errlen, "%s: not a regular file, expected a safetensors file", name);
+		radiance__errf(err, errlen, "%s: not a regular file, expected a safetensors file", name);
 		return -EINVAL;
 	}
 	if (st.st_size < 8) {   /* checked here: mmap refuses length 0 */
-		st_err(err, errlen, "%s: file is %lld bytes, too short for the 8-byte header length",
-		       name, (long long)st.st_size);
+		radiance__errf(err, errlen, "%s: file is %lld bytes, too short for the 8-byte header length",
+			       name, (long long)st.st_size);
 		return -EINVAL;
 	}
 	if ((uint64_t)st.st_size > SIZE_MAX) {
-		st_err(err, errlen, "%s: %lld bytes do not fit the address space", name, (long long)st.st_size);
+		radiance__errf(err, errlen, "%s: %lld bytes do not fit the address space", name, (long long)st.st_size);
 		return -ENOMEM;
 	}
 	map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
 	if (map == MAP_FAILED) {
 		rc = -errno;
-		st_err(err, errlen, "%s: mmap of %lld bytes: %s", name, (long long)st.st_size, strerror(-rc));
+		radiance__errf(err, errlen, "%s: mmap of %lld bytes: %s", name, (long long)st.st_size, strerror(-rc));
 		return rc == -ENOMEM ? -ENOMEM : (rc == -EACCES || rc == -ENODEV ? -EINVAL : rc);
 	}
 	rc = radiance_st_parse(map, (size_t)st.st_size, name, out, err, errlen);
@@ -513,7 +501,7 @@ int radiance_st_open_path(const char *path, struct radiance_st_file **out, char 
 	*out = NULL;
 	if (fd < 0) {
 		rc = -errno;
-		st_err(err, errlen, "%s: open: %s", path, strerror(-rc));
+		radiance__errf(err, errlen, "%s: open: %s", path, strerror(-rc));
 		return rc;
 	}
 	rc = radiance_st_open_fd(fd, path, out, err, errlen);

@@ -30,6 +30,7 @@
 #include "client-private.h"
 #include "daemon_harness.h"
 #include "proto_util.h"
+#include "raw_client.h"
 
 static struct h_ref ref;
 static struct h_daemon daemon_;
@@ -97,147 +98,11 @@ static int check_and_stop(void **state)
 	return ok ? 0 : -1;
 }
 
-/* --- raw control-plane client --------------------------------------------- */
-
-struct raw {
-	struct radiance_conn conn;
-	uint64_t tag;
-};
+/* --- raw control-plane client (tests/raw_client.h) ------------------------- */
 
 static void raw_open(struct raw *w)
 {
-	int fd = h_try_connect(daemon_.socket);
-	assert_true(fd >= 0);
-	assert_int_equal(radiance_conn_init(&w->conn, fd, RADIANCE_MAX_FRAME, 256), 0);
-	w->tag = 1;
-}
-
-static void raw_close(struct raw *w)
-{
-	radiance_conn_finish(&w->conn);
-}
-
-/* Bytes exactly as given (no framing added), with fds on the first byte. */
-static void raw_send_bytes(struct raw *w, const void *buf, size_t len, const int *fds, size_t nfds)
-{
-	union {
-		char b[CMSG_SPACE(sizeof(int) * 253)];
-		struct cmsghdr align;
-	} ctl;
-	struct iovec iov = { .iov_base = (void *)buf, .iov_len = len };
-	struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1 };
-	if (nfds) {
-		memset(ctl.b, 0, sizeof ctl.b);
-		msg.msg_control = ctl.b;
-		msg.msg_controllen = CMSG_SPACE(sizeof(int) * nfds);
-		struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
-		cm->cmsg_level = SOL_SOCKET;
-		cm->cmsg_type = SCM_RIGHTS;
-		cm->cmsg_len = CMSG_LEN(sizeof(int) * nfds);
-		memcpy(CMSG_DATA(cm), fds, sizeof(int) * nfds);
-	}
-	ssize_t n = sendmsg(w->conn.fd, &msg, MSG_NOSIGNAL);
-	/* the daemon may already have hung up on an earlier fault */
-	assert_true(n == (ssize_t)len || (n < 0 && (errno == EPIPE || errno == ECONNRESET)));
-}
-
-/* A frame around payload: length prefix + bytes. */
-static void raw_send_frame(struct raw *w, const void *payload, uint32_t len, const int *fds,
-			   size_t nfds)
-{
-	uint8_t *buf = malloc(4 + (size_t)len);
-	memcpy(buf, &len, 4);   /* little-endian host */
-	memcpy(buf + 4, payload, len);
-	raw_send_bytes(w, buf, 4 + (size_t)len, fds, nfds);
-	free(buf);
-}
-
-static void raw_send(struct raw *w, Radiance__ClientMessage *m, const int *fds, size_t nfds)
-{
-	m->tag = w->tag++;
-	size_t len = protobuf_c_message_get_packed_size(&m->base);   /* > 0: tag >= 1 */
-	uint8_t *buf = malloc(len);
-	protobuf_c_message_pack(&m->base, buf);
-	raw_send_frame(w, buf, (uint32_t)len, fds, nfds);
-	free(buf);
-}
-
-/* Next server message: 1 (*out set), 0 on EOF/reset, -ETIMEDOUT. */
-static int raw_recv(struct raw *w, Radiance__ServerMessage **out, int timeout_ms)
-{
-	*out = NULL;
-	for (;;) {
-		const uint8_t *data;
-		size_t len;
-		int rc = radiance_conn_next_frame(&w->conn, &data, &len);
-		if (rc == 1) {
-			*out = radiance_proto_unpack_server(data, len);
-			assert_non_null(*out);
-			radiance_conn_close_fds(&w->conn);
-			return 1;
-		}
-		assert_int_equal(rc, 0);
-		struct pollfd p = { .fd = w->conn.fd, .events = POLLIN };
-		if (poll(&p, 1, timeout_ms) == 0)
-			return -ETIMEDOUT;
-		rc = radiance_conn_read(&w->conn);
-		if (rc == 0 || rc == -ECONNRESET)
-			return 0;
-		if (rc == -EAGAIN)
-			continue;
-		assert_true(rc > 0);
-	}
-}
-
-static Radiance__ServerMessage *raw_call(struct raw *w, Radiance__ClientMessage *m)
-{
-	Radiance__ServerMessage *reply;
-	raw_send(w, m, NULL, 0);
-	assert_int_equal(raw_recv(w, &reply, 10000), 1);
-	assert_int_equal(reply->tag, m->tag);
-	return reply;
-}
-
-static void raw_hello(struct raw *w)
-{
-	Radiance__Hello h = RADIANCE__HELLO__INIT;
-	h.protocol_version = RADIANCE_PROTOCOL_VERSION;
-	h.client_name = "raw";
-	Radiance__ClientMessage m = RADIANCE__CLIENT_MESSAGE__INIT;
-	m.msg_case = RADIANCE__CLIENT_MESSAGE__MSG_HELLO;
-	m.hello = &h;
-	Radiance__ServerMessage *reply = raw_call(w, &m);
-	assert_int_equal(reply->msg_case, RADIANCE__SERVER_MESSAGE__MSG_WELCOME);
-	radiance__server_message__free_unpacked(reply, NULL);
-}
-
-/* The daemon ends this session: maybe an Error first, then EOF within 5 s.
- * Returns the Error's code (0 if it sent none). */
-static int raw_expect_closed(struct raw *w)
-{
-	int code = 0;
-	for (;;) {
-		Radiance__ServerMessage *m;
-		int rc = raw_recv(w, &m, 5000);
-		assert_int_not_equal(rc, -ETIMEDOUT);
-		if (rc == 0)
-			return code;
-		if (m->msg_case == RADIANCE__SERVER_MESSAGE__MSG_ERROR)
-			code = m->error->code;
-		radiance__server_message__free_unpacked(m, NULL);
-	}
-}
-
-/* The session survives: a ListModels round trip still works. */
-static void raw_expect_alive(struct raw *w)
-{
-	Radiance__ListModels lm = RADIANCE__LIST_MODELS__INIT;
-	Radiance__ClientMessage m = RADIANCE__CLIENT_MESSAGE__INIT;
-	m.msg_case = RADIANCE__CLIENT_MESSAGE__MSG_LIST_MODELS;
-	m.list_models = &lm;
-	Radiance__ServerMessage *reply = raw_call(w, &m);
-	assert_int_equal(reply->msg_case, RADIANCE__SERVER_MESSAGE__MSG_MODEL_LIST);
-	radiance__server_message__free_unpacked(reply, NULL);
+	assert_int_equal(raw_open_at(w, daemon_.socket), 0);
 }
 
 static int open_fds(int *fds, int n)
@@ -348,13 +213,7 @@ static void protocol_version_mismatch(void **state)
 {
 	struct raw w;
 	raw_open(&w);
-	Radiance__Hello h = RADIANCE__HELLO__INIT;
-	h.protocol_version = RADIANCE_PROTOCOL_VERSION + 1;
-	h.client_name = "from-the-future";
-	Radiance__ClientMessage m = RADIANCE__CLIENT_MESSAGE__INIT;
-	m.msg_case = RADIANCE__CLIENT_MESSAGE__MSG_HELLO;
-	m.hello = &h;
-	raw_send(&w, &m, NULL, 0);
+	raw_send_hello(&w, RADIANCE_PROTOCOL_VERSION + 1, "from-the-future", NULL, 0);
 	int code = raw_expect_closed(&w);
 	assert_int_not_equal(code, 0);   /* an Error explains the refusal */
 	raw_close(&w);
@@ -364,22 +223,13 @@ static void request_before_hello_and_hello_twice(void **state)
 {
 	struct raw w;
 	raw_open(&w);
-	Radiance__ListModels lm = RADIANCE__LIST_MODELS__INIT;
-	Radiance__ClientMessage m = RADIANCE__CLIENT_MESSAGE__INIT;
-	m.msg_case = RADIANCE__CLIENT_MESSAGE__MSG_LIST_MODELS;
-	m.list_models = &lm;
-	raw_send(&w, &m, NULL, 0);
+	raw_send_list_models(&w, NULL, 0);
 	raw_expect_closed(&w);
 	raw_close(&w);
 
 	raw_open(&w);
 	raw_hello(&w);
-	Radiance__Hello h = RADIANCE__HELLO__INIT;
-	h.protocol_version = RADIANCE_PROTOCOL_VERSION;
-	Radiance__ClientMessage m2 = RADIANCE__CLIENT_MESSAGE__INIT;
-	m2.msg_case = RADIANCE__CLIENT_MESSAGE__MSG_HELLO;
-	m2.hello = &h;
-	raw_send(&w, &m2, NULL, 0);
+	raw_send_hello(&w, RADIANCE_PROTOCOL_VERSION, NULL, NULL, 0);
 	raw_expect_closed(&w);
 	raw_close(&w);
 }
@@ -392,22 +242,13 @@ static void fds_on_a_message_declaring_none(void **state)
 	open_fds(fds, 3);
 	struct raw w;
 	raw_open(&w);
-	Radiance__Hello h = RADIANCE__HELLO__INIT;
-	h.protocol_version = RADIANCE_PROTOCOL_VERSION;
-	Radiance__ClientMessage m = RADIANCE__CLIENT_MESSAGE__INIT;
-	m.msg_case = RADIANCE__CLIENT_MESSAGE__MSG_HELLO;
-	m.hello = &h;
-	raw_send(&w, &m, fds, 3);
+	raw_send_hello(&w, RADIANCE_PROTOCOL_VERSION, NULL, fds, 3);
 	raw_expect_closed(&w);
 	raw_close(&w);
 
 	raw_open(&w);
 	raw_hello(&w);
-	Radiance__ListModels lm = RADIANCE__LIST_MODELS__INIT;
-	Radiance__ClientMessage m2 = RADIANCE__CLIENT_MESSAGE__INIT;
-	m2.msg_case = RADIANCE__CLIENT_MESSAGE__MSG_LIST_MODELS;
-	m2.list_models = &lm;
-	raw_send(&w, &m2, fds, 1);
+	raw_send_list_models(&w, fds, 1);
 	raw_expect_closed(&w);
 	raw_close(&w);
 	close_fds(fds, 3);
@@ -428,13 +269,7 @@ static void too_many_fds(void **state)
 		char **names = calloc((size_t)n, sizeof *names);
 		for (int i = 0; i < n; i++)
 			names[i] = "model.safetensors";
-		Radiance__LoadModel lm = RADIANCE__LOAD_MODEL__INIT;
-		lm.n_file_names = (size_t)n;
-		lm.file_names = names;
-		Radiance__ClientMessage m = RADIANCE__CLIENT_MESSAGE__INIT;
-		m.msg_case = RADIANCE__CLIENT_MESSAGE__MSG_LOAD_MODEL;
-		m.load_model = &lm;
-		raw_send(&w, &m, fds, (size_t)n);
+		raw_send_load_model(&w, names, (size_t)n, fds, (size_t)n);
 		raw_expect_closed(&w);
 		raw_close(&w);
 		free(names);
@@ -450,13 +285,7 @@ static void load_model_fd_count_mismatch(void **state)
 	raw_open(&w);
 	raw_hello(&w);
 	char *names[] = { "config.json", "quantization_config.json", "model.safetensors" };
-	Radiance__LoadModel lm = RADIANCE__LOAD_MODEL__INIT;
-	lm.n_file_names = 3;
-	lm.file_names = names;
-	Radiance__ClientMessage m = RADIANCE__CLIENT_MESSAGE__INIT;
-	m.msg_case = RADIANCE__CLIENT_MESSAGE__MSG_LOAD_MODEL;
-	m.load_model = &lm;
-	raw_send(&w, &m, fds, 1);
+	raw_send_load_model(&w, names, 3, fds, 1);
 	raw_expect_closed(&w);
 	raw_close(&w);
 	close_fds(fds, 1);
@@ -476,13 +305,7 @@ static void load_model_bogus_files(void **state)
 	const int sets[][3] = { { null, null, null }, { null, null, p[0] }, { null, null, dir } };
 	char *names[] = { "config.json", "quantization_config.json", "model.safetensors" };
 	for (size_t s = 0; s < 3; s++) {
-		Radiance__LoadModel lm = RADIANCE__LOAD_MODEL__INIT;
-		lm.n_file_names = 3;
-		lm.file_names = names;
-		Radiance__ClientMessage m = RADIANCE__CLIENT_MESSAGE__INIT;
-		m.msg_case = RADIANCE__CLIENT_MESSAGE__MSG_LOAD_MODEL;
-		m.load_model = &lm;
-		raw_send(&w, &m, sets[s], 3);
+		raw_send_load_model(&w, names, 3, sets[s], 3);
 		Radiance__ServerMessage *reply;
 		do {
 			assert_int_equal(raw_recv(&w, &reply, 20000), 1);

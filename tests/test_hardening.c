@@ -26,6 +26,7 @@
 
 #include "daemon_harness.h"
 #include "proto_util.h"
+#include "raw_client.h"
 #include "shm.h"
 
 static struct h_ref ref;
@@ -180,115 +181,6 @@ static int count_fds_on(pid_t pid, const char *path)
 	}
 	closedir(dd);
 	return n;
-}
-
-/* --- raw control-plane client (as in test_faults) -------------------------- */
-
-struct raw {
-	struct radiance_conn conn;
-	uint64_t tag;
-};
-
-static int raw_open_at(struct raw *w, const char *path)
-{
-	int fd = h_try_connect(path);
-	if (fd < 0)
-		return fd;
-	assert_int_equal(radiance_conn_init(&w->conn, fd, RADIANCE_MAX_FRAME, 256), 0);
-	w->tag = 1;
-	return 0;
-}
-
-static void raw_close(struct raw *w)
-{
-	radiance_conn_finish(&w->conn);
-}
-
-static void raw_send_hello(struct raw *w)
-{
-	Radiance__Hello h = RADIANCE__HELLO__INIT;
-	h.protocol_version = RADIANCE_PROTOCOL_VERSION;
-	h.client_name = "hardening";
-	Radiance__ClientMessage m = RADIANCE__CLIENT_MESSAGE__INIT;
-	m.msg_case = RADIANCE__CLIENT_MESSAGE__MSG_HELLO;
-	m.hello = &h;
-	m.tag = w->tag++;
-	assert_int_equal(radiance_proto_queue_client(&w->conn, &m, NULL, 0), 0);
-	int rc = radiance_conn_flush(&w->conn);
-	/* the daemon may already have closed a refused connection */
-	assert_true(rc == 0 || rc == -EPIPE || rc == -ECONNRESET);
-}
-
-/* Next server message: 1 (*out set), 0 on EOF, -ECONNRESET, -ETIMEDOUT. */
-static int raw_recv(struct raw *w, Radiance__ServerMessage **out, int timeout_ms)
-{
-	*out = NULL;
-	for (;;) {
-		const uint8_t *data;
-		size_t len;
-		int rc = radiance_conn_next_frame(&w->conn, &data, &len);
-		if (rc == 1) {
-			*out = radiance_proto_unpack_server(data, len);
-			assert_non_null(*out);
-			radiance_conn_close_fds(&w->conn);
-			return 1;
-		}
-		assert_int_equal(rc, 0);
-		struct pollfd p = { .fd = w->conn.fd, .events = POLLIN };
-		if (poll(&p, 1, timeout_ms) == 0)
-			return -ETIMEDOUT;
-		rc = radiance_conn_read(&w->conn);
-		if (rc == 0 || rc == -ECONNRESET)
-			return rc;
-		if (rc == -EAGAIN)
-			continue;
-		assert_true(rc > 0);
-	}
-}
-
-/* Reads up to the end: 0 at a clean EOF, -ECONNRESET, -ETIMEDOUT. The last
- * Error's code and text go to *code and text. */
-static int raw_read_to_end(struct raw *w, int timeout_ms, int *code, char *text, size_t textlen)
-{
-	*code = 0;
-	if (text)
-		text[0] = 0;
-	for (;;) {
-		Radiance__ServerMessage *m;
-		int rc = raw_recv(w, &m, timeout_ms);
-		if (rc <= 0)
-			return rc;
-		if (m->msg_case == RADIANCE__SERVER_MESSAGE__MSG_ERROR) {
-			*code = m->error->code;
-			if (text)
-				snprintf(text, textlen, "%s", m->error->message ? m->error->message : "");
-		}
-		radiance__server_message__free_unpacked(m, NULL);
-	}
-}
-
-static void raw_hello(struct raw *w)
-{
-	raw_send_hello(w);
-	Radiance__ServerMessage *m;
-	assert_int_equal(raw_recv(w, &m, 10000), 1);
-	assert_int_equal(m->msg_case, RADIANCE__SERVER_MESSAGE__MSG_WELCOME);
-	radiance__server_message__free_unpacked(m, NULL);
-}
-
-static void raw_expect_alive(struct raw *w)
-{
-	Radiance__ListModels lm = RADIANCE__LIST_MODELS__INIT;
-	Radiance__ClientMessage m = RADIANCE__CLIENT_MESSAGE__INIT;
-	m.msg_case = RADIANCE__CLIENT_MESSAGE__MSG_LIST_MODELS;
-	m.list_models = &lm;
-	m.tag = w->tag++;
-	assert_int_equal(radiance_proto_queue_client(&w->conn, &m, NULL, 0), 0);
-	assert_int_equal(radiance_conn_flush(&w->conn), 0);
-	Radiance__ServerMessage *reply;
-	assert_int_equal(raw_recv(w, &reply, 10000), 1);
-	assert_int_equal(reply->msg_case, RADIANCE__SERVER_MESSAGE__MSG_MODEL_LIST);
-	radiance__server_message__free_unpacked(reply, NULL);
 }
 
 /* The daemon is alive, serves a good client, and exits 0 on SIGTERM. */
@@ -551,7 +443,7 @@ static void session_limit_refusal_is_clean(void **state)
 		struct raw w[N];
 		for (int i = 0; i < N; i++) {
 			assert_int_equal(raw_open_at(&w[i], d->socket), 0);
-			raw_send_hello(&w[i]);
+			raw_send_hello(&w[i], RADIANCE_PROTOCOL_VERSION, "hardening", NULL, 0);
 		}
 		for (int i = 0; i < N; i++) {
 			int code;

@@ -67,6 +67,27 @@ static json_t *ctl_json(const char *fmt, const char *arg)
 	return j;
 }
 
+/* How many resident models `radiancectl --json models` lists. */
+static size_t count_models(void)
+{
+	json_t *j = ctl_json("--socket %s --json models", "");
+	size_t n = json_array_size(json_object_get(j, "models"));
+	json_decref(j);
+	return n;
+}
+
+/* Waits up to 2 s for the last model to go; returns how many are left. */
+static size_t wait_no_models(void)
+{
+	size_t n = 1;
+	for (int i = 0; i < 200 && n; i++) {
+		n = count_models();
+		if (n)
+			h_sleep_ms(10);
+	}
+	return n;
+}
+
 static int group_setup(void **state)
 {
 	h_path(ckpt, sizeof ckpt, H_CHECKPOINT);
@@ -191,11 +212,9 @@ static void load_and_unload(void **state)
 	assert_non_null(strstr(out, "minilm-w4g128"));
 	assert_non_null(strstr(out, "unloaded when radiancectl exits"));
 	/* ... and it was: nobody else held it */
-	json_t *j = ctl_json("--socket %s --json models", "");
-	assert_int_equal(json_array_size(json_object_get(j, "models")), 0);
-	json_decref(j);
+	assert_int_equal(count_models(), 0);
 
-	j = ctl_json("--socket %s --json load %s", ckpt);
+	json_t *j = ctl_json("--socket %s --json load %s", ckpt);
 	assert_int_equal(json_integer_value(json_object_get(j, "layers")), 37);
 	json_decref(j);
 	assert_int_equal(ctl("--socket %s load --name other %s", daemon_.socket, ckpt), 0);
@@ -216,9 +235,7 @@ static void load_and_unload(void **state)
 	size_t n = 0;
 	for (int i = 0; i < 500 && n == 0; i++) {
 		h_sleep_ms(10);
-		j = ctl_json("--socket %s --json models", "");
-		n = json_array_size(json_object_get(j, "models"));
-		json_decref(j);
+		n = count_models();
 	}
 	assert_int_equal(n, 1);
 	/* a client-loaded model cannot be unloaded from outside */
@@ -229,14 +246,7 @@ static void load_and_unload(void **state)
 	assert_int_equal(waitpid(holder, &st, 0), holder);
 	assert_true(WIFEXITED(st));
 	assert_int_equal(WEXITSTATUS(st), 0);
-	for (int i = 0; i < 200 && n; i++) {
-		j = ctl_json("--socket %s --json models", "");
-		n = json_array_size(json_object_get(j, "models"));
-		json_decref(j);
-		if (n)
-			h_sleep_ms(10);
-	}
-	assert_int_equal(n, 0);
+	assert_int_equal(wait_no_models(), 0);
 	assert_int_equal(ctl("--socket %s unload minilm-w4g128", daemon_.socket), 1);
 }
 
@@ -244,20 +254,10 @@ static void load_and_unload(void **state)
  * the model goes once no session uses it. */
 static void unload_preloaded(void **state)
 {
-	json_t *j = ctl_json("--socket %s --json models", "");
-	assert_int_equal(json_array_size(json_object_get(j, "models")), 1);
-	json_decref(j);
+	assert_int_equal(count_models(), 1);
 	assert_int_equal(ctl("--socket %s unload minilm-w4g128", daemon_.socket), 0);
 	assert_non_null(strstr(out, "unloaded"));
-	size_t n = 1;
-	for (int i = 0; i < 200 && n; i++) {
-		j = ctl_json("--socket %s --json models", "");
-		n = json_array_size(json_object_get(j, "models"));
-		json_decref(j);
-		if (n)
-			h_sleep_ms(10);
-	}
-	assert_int_equal(n, 0);
+	assert_int_equal(wait_no_models(), 0);
 	/* gone: a second unload finds nothing */
 	assert_int_equal(ctl("--socket %s unload minilm-w4g128", daemon_.socket), 1);
 }
@@ -441,9 +441,7 @@ static void unload_not_permitted(void **state)
 	assert_non_null(strstr(err, "only root or the user radianced runs as"));
 	assert_non_null(strstr(err, "uid 65534"));
 	/* still there */
-	json_t *j = ctl_json("--socket %s --json models", "");
-	assert_int_equal(json_array_size(json_object_get(j, "models")), 1);
-	json_decref(j);
+	assert_int_equal(count_models(), 1);
 }
 
 static int start_one_session(void **state)

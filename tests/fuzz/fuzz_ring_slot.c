@@ -257,7 +257,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	E->nrings = FZ_RINGS;
 	E->rr = 0;
 	E->nbatch = 0;
-	E->done = E->done_tail = NULL;
+	job_list_take(&E->done);
 	for (int i = 0; i < FZ_RINGS; i++) {
 		struct fz_ring *fr = &rings[i];
 		struct exec_ring *r = &fr->r;
@@ -317,7 +317,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
 	/* A broken ring was reported exactly once, through its notice job. */
 	size_t notices = 0;
-	for (struct exec_job *j = E->done; j; j = j->next) {
+	for (struct exec_job *j = E->done.head; j; j = j->next) {
 		FUZZ_CHECK(j->kind == EXEC_JOB_NOTICE && j->status == -EPROTO && j->err[0]);
 		notices++;
 	}
@@ -325,7 +325,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	for (int i = 0; i < FZ_RINGS; i++)
 		dead += rings[i].r.dead != 0;
 	FUZZ_CHECK(notices == dead);
-	E->done = E->done_tail = NULL;
+	job_list_take(&E->done);
 
 	for (int i = 0; i < FZ_RINGS; i++) {
 		free(rings[i].r.arena);

@@ -1,0 +1,210 @@
+/*
+ * A raw control-plane client for the tests that attack the real radianced
+ * with hand-made traffic (test_faults, test_hardening): frames and fds go out
+ * exactly as given through common/transport and the generated protobuf-c
+ * structs, with none of libradiance's checks in the way.
+ *
+ * Header-only (static functions) like daemon_harness.h; include it after
+ * <cmocka.h>, whose asserts it uses.
+ */
+#ifndef RADIANCE_RAW_CLIENT_H
+#define RADIANCE_RAW_CLIENT_H
+
+#include <errno.h>
+#include <poll.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include "daemon_harness.h"
+#include "proto_util.h"
+#include "shm.h"
+
+struct raw {
+	struct radiance_conn conn;
+	uint64_t tag;
+};
+
+/* Connects to the daemon at path: 0, or -errno when it refused. */
+static inline int raw_open_at(struct raw *w, const char *path)
+{
+	int fd = h_try_connect(path);
+	if (fd < 0)
+		return fd;
+	assert_int_equal(radiance_conn_init(&w->conn, fd, RADIANCE_MAX_FRAME, 256), 0);
+	w->tag = 1;
+	return 0;
+}
+
+static inline void raw_close(struct raw *w)
+{
+	radiance_conn_finish(&w->conn);
+}
+
+/* Bytes exactly as given (no framing added), with fds on the first byte. */
+static inline void raw_send_bytes(struct raw *w, const void *buf, size_t len, const int *fds,
+				  size_t nfds)
+{
+	union {
+		char b[CMSG_SPACE(sizeof(int) * 253)];
+		struct cmsghdr align;
+	} ctl;
+	struct iovec iov = { .iov_base = (void *)buf, .iov_len = len };
+	struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1 };
+	if (nfds) {
+		memset(ctl.b, 0, sizeof ctl.b);
+		msg.msg_control = ctl.b;
+		msg.msg_controllen = CMSG_SPACE(sizeof(int) * nfds);
+		struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+		cm->cmsg_level = SOL_SOCKET;
+		cm->cmsg_type = SCM_RIGHTS;
+		cm->cmsg_len = CMSG_LEN(sizeof(int) * nfds);
+		memcpy(CMSG_DATA(cm), fds, sizeof(int) * nfds);
+	}
+	ssize_t n = sendmsg(w->conn.fd, &msg, MSG_NOSIGNAL);
+	/* the daemon may already have hung up on an earlier fault */
+	assert_true(n == (ssize_t)len || (n < 0 && (errno == EPIPE || errno == ECONNRESET)));
+}
+
+/* A frame around payload: length prefix + bytes. */
+static inline void raw_send_frame(struct raw *w, const void *payload, uint32_t len, const int *fds,
+				  size_t nfds)
+{
+	uint8_t *buf = malloc(4 + (size_t)len);
+	memcpy(buf, &len, 4);   /* little-endian host */
+	memcpy(buf + 4, payload, len);
+	raw_send_bytes(w, buf, 4 + (size_t)len, fds, nfds);
+	free(buf);
+}
+
+/* m with the next tag, framed. */
+static inline void raw_send(struct raw *w, Radiance__ClientMessage *m, const int *fds, size_t nfds)
+{
+	m->tag = w->tag++;
+	size_t len = protobuf_c_message_get_packed_size(&m->base);   /* > 0: tag >= 1 */
+	uint8_t *buf = malloc(len);
+	protobuf_c_message_pack(&m->base, buf);
+	raw_send_frame(w, buf, (uint32_t)len, fds, nfds);
+	free(buf);
+}
+
+/* client_name NULL: none (the field left empty). */
+static inline void raw_send_hello(struct raw *w, uint32_t protocol_version, char *client_name,
+				  const int *fds, size_t nfds)
+{
+	Radiance__Hello h = RADIANCE__HELLO__INIT;
+	h.protocol_version = protocol_version;
+	if (client_name)
+		h.client_name = client_name;
+	Radiance__ClientMessage m = RADIANCE__CLIENT_MESSAGE__INIT;
+	m.msg_case = RADIANCE__CLIENT_MESSAGE__MSG_HELLO;
+	m.hello = &h;
+	raw_send(w, &m, fds, nfds);
+}
+
+static inline void raw_send_list_models(struct raw *w, const int *fds, size_t nfds)
+{
+	Radiance__ListModels lm = RADIANCE__LIST_MODELS__INIT;
+	Radiance__ClientMessage m = RADIANCE__CLIENT_MESSAGE__INIT;
+	m.msg_case = RADIANCE__CLIENT_MESSAGE__MSG_LIST_MODELS;
+	m.list_models = &lm;
+	raw_send(w, &m, fds, nfds);
+}
+
+/* A LoadModel declaring n file names, whatever fds go with it. */
+static inline void raw_send_load_model(struct raw *w, char **names, size_t n, const int *fds,
+				       size_t nfds)
+{
+	Radiance__LoadModel lm = RADIANCE__LOAD_MODEL__INIT;
+	lm.n_file_names = n;
+	lm.file_names = names;
+	Radiance__ClientMessage m = RADIANCE__CLIENT_MESSAGE__INIT;
+	m.msg_case = RADIANCE__CLIENT_MESSAGE__MSG_LOAD_MODEL;
+	m.load_model = &lm;
+	raw_send(w, &m, fds, nfds);
+}
+
+/* Next server message: 1 (*out set), 0 on EOF, -ECONNRESET, -ETIMEDOUT. */
+static inline int raw_recv(struct raw *w, Radiance__ServerMessage **out, int timeout_ms)
+{
+	*out = NULL;
+	for (;;) {
+		const uint8_t *data;
+		size_t len;
+		int rc = radiance_conn_next_frame(&w->conn, &data, &len);
+		if (rc == 1) {
+			*out = radiance_proto_unpack_server(data, len);
+			assert_non_null(*out);
+			radiance_conn_close_fds(&w->conn);
+			return 1;
+		}
+		assert_int_equal(rc, 0);
+		struct pollfd p = { .fd = w->conn.fd, .events = POLLIN };
+		if (poll(&p, 1, timeout_ms) == 0)
+			return -ETIMEDOUT;
+		rc = radiance_conn_read(&w->conn);
+		if (rc == 0 || rc == -ECONNRESET)
+			return rc;
+		if (rc == -EAGAIN)
+			continue;
+		assert_true(rc > 0);
+	}
+}
+
+/* The reply to the last message sent comes within 10 s and is a msg_case. */
+static inline void raw_expect_reply(struct raw *w, Radiance__ServerMessage__MsgCase msg_case)
+{
+	Radiance__ServerMessage *reply;
+	assert_int_equal(raw_recv(w, &reply, 10000), 1);
+	assert_int_equal(reply->tag, w->tag - 1);
+	assert_int_equal(reply->msg_case, msg_case);
+	radiance__server_message__free_unpacked(reply, NULL);
+}
+
+static inline void raw_hello(struct raw *w)
+{
+	raw_send_hello(w, RADIANCE_PROTOCOL_VERSION, "raw", NULL, 0);
+	raw_expect_reply(w, RADIANCE__SERVER_MESSAGE__MSG_WELCOME);
+}
+
+/* The session survives: a ListModels round trip still works. */
+static inline void raw_expect_alive(struct raw *w)
+{
+	raw_send_list_models(w, NULL, 0);
+	raw_expect_reply(w, RADIANCE__SERVER_MESSAGE__MSG_MODEL_LIST);
+}
+
+/* Reads up to the end: 0 at a clean EOF, -ECONNRESET, -ETIMEDOUT. The last
+ * Error's code and text go to *code and text (may be NULL). */
+static inline int raw_read_to_end(struct raw *w, int timeout_ms, int *code, char *text,
+				  size_t textlen)
+{
+	*code = 0;
+	if (text)
+		text[0] = 0;
+	for (;;) {
+		Radiance__ServerMessage *m;
+		int rc = raw_recv(w, &m, timeout_ms);
+		if (rc <= 0)
+			return rc;
+		if (m->msg_case == RADIANCE__SERVER_MESSAGE__MSG_ERROR) {
+			*code = m->error->code;
+			if (text)
+				snprintf(text, textlen, "%s", m->error->message ? m->error->message : "");
+		}
+		radiance__server_message__free_unpacked(m, NULL);
+	}
+}
+
+/* The daemon ends this session: maybe an Error first, then EOF within 5 s.
+ * Returns the Error's code (0 if it sent none). */
+static inline int raw_expect_closed(struct raw *w)
+{
+	int code;
+	assert_int_not_equal(raw_read_to_end(w, 5000, &code, NULL, 0), -ETIMEDOUT);
+	return code;
+}
+
+#endif
