@@ -647,29 +647,20 @@ static void *alloc_array(size_t count, size_t size)
 	return p;
 }
 
-/* dst[c][r] = src[r][c] for 4-byte elements; src unaligned. Tiled so both
- * sides stay in cache on layers far bigger than L2. */
-static void transpose_u32(uint32_t *dst, const uint8_t *src, uint64_t rows, uint64_t cols)
+/* dst[c][r] = src[r][c] for elements of esz bytes; src unaligned. Tiled so
+ * both sides stay in cache on layers far bigger than L2. Inlined at each call
+ * with a constant esz, so the memcpy is a plain load and store. */
+static inline __attribute__((always_inline)) void
+transpose(void *dst, const uint8_t *src, uint64_t rows, uint64_t cols, size_t esz)
 {
 	enum { T = 32 };
+	uint8_t *d = dst;
 	for (uint64_t r0 = 0; r0 < rows; r0 += T)
 		for (uint64_t c0 = 0; c0 < cols; c0 += T) {
 			uint64_t r1 = r0 + T < rows ? r0 + T : rows, c1 = c0 + T < cols ? c0 + T : cols;
 			for (uint64_t r = r0; r < r1; r++)
 				for (uint64_t c = c0; c < c1; c++)
-					memcpy(&dst[c * rows + r], src + (r * cols + c) * 4, 4);
-		}
-}
-
-static void transpose_u16(uint16_t *dst, const uint8_t *src, uint64_t rows, uint64_t cols)
-{
-	enum { T = 32 };
-	for (uint64_t r0 = 0; r0 < rows; r0 += T)
-		for (uint64_t c0 = 0; c0 < cols; c0 += T) {
-			uint64_t r1 = r0 + T < rows ? r0 + T : rows, c1 = c0 + T < cols ? c0 + T : cols;
-			for (uint64_t r = r0; r < r1; r++)
-				for (uint64_t c = c0; c < c1; c++)
-					memcpy(&dst[c * rows + r], src + (r * cols + c) * 2, 2);
+					memcpy(d + (c * rows + r) * esz, src + (r * cols + c) * esz, esz);
 		}
 }
 
@@ -775,8 +766,8 @@ static int build_layer(struct ck_loader *L, struct ck_plan *p, struct radiance_l
 		l->scales = alloc_array((size_t)p->n * groups, sizeof *l->scales);
 		if (!l->qweight || !l->scales)
 			return ck_nomem(L, p->module);
-		transpose_u32(l->qweight, p->qweight->t->data, words, p->n);
-		transpose_u16(l->scales, p->scales->t->data, groups, p->n);
+		transpose(l->qweight, p->qweight->t->data, words, p->n, sizeof *l->qweight);
+		transpose(l->scales, p->scales->t->data, groups, p->n, sizeof *l->scales);
 		l->bytes = (uint64_t)p->n * words * 4 + (uint64_t)p->n * groups * 2;
 	} else {
 		const struct radiance_st_tensor *t = p->weight->t;
