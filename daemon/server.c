@@ -170,6 +170,7 @@ void server_session_gone(struct radiance_session *s)
 	if (s->next)
 		s->next->prev = s->prev;
 	srv->nsessions--;
+	srv->nclosing--;
 	log_debug("session %llu: freed", (unsigned long long)s->id);
 	if (srv->stopping && srv->nsessions == 0)
 		registry_shutdown(srv->reg, registry_empty, srv);
@@ -420,7 +421,9 @@ static void on_listen(uv_poll_t *h, int status, int events)
 		}
 		if (srv->reserve_fd < 0)   /* another thread took it last time */
 			srv->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
-		if (srv->nsessions >= srv->cfg->max_sessions) {
+		/* A session being closed no longer counts: its client has seen
+		 * EOF and may reconnect before the close callbacks free it. */
+		if (srv->nsessions - srv->nclosing >= srv->cfg->max_sessions) {
 			char text[128];
 			snprintf(text, sizeof text, "too many sessions (the limit is %u)",
 				 srv->cfg->max_sessions);

@@ -71,6 +71,7 @@ struct radiance_server {
 
 	struct radiance_session *sessions;    /* doubly linked */
 	uint32_t nsessions;                   /* including those in the handshake */
+	uint32_t nclosing;                    /* of those, closed but not yet freed */
 	uint64_t next_session_id;
 	struct refused_conn *refused;         /* told EBUSY, waiting for the hang-up */
 	uint32_t nrefused;

@@ -808,6 +808,7 @@ void session_close(struct radiance_session *s, int violation, const char *fmt, .
 	}
 	radiance_conn_flush(&s->conn);
 	s->state = SESSION_CLOSING;
+	s->server->nclosing++;
 	if (s->waiting) {
 		registry_cancel(&s->waiter);
 		s->waiting = 0;

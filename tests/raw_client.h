@@ -158,9 +158,18 @@ static inline void raw_expect_reply(struct raw *w, Radiance__ServerMessage__MsgC
 {
 	Radiance__ServerMessage *reply;
 	assert_int_equal(raw_recv(w, &reply, 10000), 1);
-	assert_int_equal(reply->tag, w->tag - 1);
-	assert_int_equal(reply->msg_case, msg_case);
+	/* copy what the checks need, free, then check: a failed check must
+	 * not leave the message to LeakSanitizer and hide the real failure */
+	uint64_t tag = reply->tag;
+	int got = reply->msg_case;
+	char text[256] = "";
+	if (got == RADIANCE__SERVER_MESSAGE__MSG_ERROR)
+		snprintf(text, sizeof text, "Error %d '%s'", reply->error->code,
+			 reply->error->message ? reply->error->message : "");
 	radiance__server_message__free_unpacked(reply, NULL);
+	if (got != (int)msg_case)
+		fail_msg("expected message case %d, got %d %s", (int)msg_case, got, text);
+	assert_int_equal(tag, w->tag - 1);
 }
 
 static inline void raw_hello(struct raw *w)
