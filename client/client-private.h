@@ -102,7 +102,8 @@ struct radiance {
 	bool rings_open;
 	uint8_t *segment;
 	size_t segment_bytes;
-	int sq_doorbell, cq_doorbell;     /* eventfds */
+	int sq_doorbell;                 /* eventfd we write */
+	int cq_doorbell;                 /* read end of the daemon's pipe */
 	struct radiance_ring sq, cq;
 	uint32_t sq_entries, cq_entries;  /* private copies */
 	struct radiance__client_arena arena;

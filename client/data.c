@@ -370,6 +370,16 @@ static int reap_wait(struct radiance *r, struct radiance__client_stashed *out, i
 				return radiance__client_break(r, -err, "poll: %s", strerror(err));
 			if (n > 0 && (p[0].revents & POLLIN))
 				radiance_doorbell_drain(r->cq_doorbell);
+			if (n > 0 && (p[0].revents & (POLLHUP | POLLERR | POLLNVAL)) &&
+			    !(p[0].revents & POLLIN)) {
+				/* the daemon closed its end of the doorbell pipe: the
+				 * session is over (what it completed is still ours) */
+				if ((rc = reap_one(r, out)) != 0)
+					return rc;
+				if (!p[1].revents)
+					return radiance__client_break(r, -ECONNRESET,
+								      "the daemon closed the CQ doorbell");
+			}
 			if (n > 0 && p[1].revents) {
 				/* Results written before the daemon ended the
 				 * session are still valid: take them first. */

@@ -112,12 +112,18 @@ int radiance_doorbell_ring(int efd)
 
 int radiance_doorbell_drain(int efd)
 {
-	uint64_t v = 0;
+	/* One read: an eventfd gives its whole 8-byte count, a pipe up to
+	 * sizeof buf of the 8-byte words written to it (anything left makes the
+	 * next poll return at once, so nothing is lost, and a single read never
+	 * waits on a pipe that is empty but has a writer). */
+	uint64_t buf[64];
 	ssize_t n;
 	do
-		n = read(efd, &v, sizeof v);
+		n = read(efd, buf, sizeof buf);
 	while (n < 0 && errno == EINTR);
 	if (n < 0)
 		return errno == EAGAIN ? 0 : -errno;
-	return v > INT_MAX ? INT_MAX : (int)v;
+	if (n == sizeof(uint64_t) && buf[0] != 1)
+		return buf[0] > INT_MAX ? INT_MAX : (int)buf[0];   /* an eventfd's count */
+	return (int)(((size_t)n + sizeof(uint64_t) - 1) / sizeof(uint64_t));
 }

@@ -71,10 +71,14 @@ int radiance_ring_needs_wakeup(struct radiance_ring *r);
 /* Producer: slots free for pushing (entries - in flight); -EPROTO as push. */
 int radiance_ring_space(struct radiance_ring *r);
 
-/* Doorbell helpers over a non-blocking eventfd. ring adds 1: 0 or -errno
- * (a saturated counter, -EAGAIN, counts as rung: 0). drain reads and resets
- * the count: returns it (capped at INT_MAX), 0 when nothing was pending, or
- * -errno. */
+/* Doorbell helpers over a non-blocking eventfd (the SQ doorbell, the
+ * executor's control fd) or a non-blocking pipe (the CQ doorbell, whose
+ * write end only the daemon holds). ring writes the 8-byte value 1: returns
+ * 0 or -errno (a saturated counter or a full pipe, -EAGAIN, counts as rung:
+ * 0). drain takes what one read gives: the eventfd's whole count, or up to
+ * 64 rings from the pipe (more stay readable, so the next poll returns at
+ * once); returns that number (capped at INT_MAX), 0 when nothing was
+ * pending, or -errno. */
 int radiance_doorbell_ring(int efd);
 int radiance_doorbell_drain(int efd);
 

@@ -123,7 +123,8 @@ struct exec_job {
 struct exec_ring {
 	uint64_t session_id;
 	struct radiance_ring sq, cq;   /* private geometry copies */
-	int sq_efd, cq_efd;
+	int sq_efd;                    /* SQ doorbell: eventfd the client writes */
+	int cq_wfd;                    /* CQ doorbell: write end of a pipe, ours alone */
 	uint8_t *arena;
 	uint64_t arena_bytes;
 	uint32_t max_inflight;

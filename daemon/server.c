@@ -34,12 +34,13 @@
 /* One log line per this for conditions a peer can repeat at will. */
 #define LOG_INTERVAL_NS (5ull * 1000000000ull)
 /* Descriptors one session may hold: RADIANCE_MAX_FDS received and not yet
- * handed to a loader (a busy session reads no further), its socket, two
- * doorbell eventfds, the memfd while RingReady is queued. Plus what the
+ * handed to a loader (a busy session reads no further), its socket, the SQ
+ * doorbell eventfd, the CQ doorbell pipe's write end, and while RingReady is
+ * queued the memfd and the pipe's read end. Plus what the
  * daemon itself holds (libuv, threads, the GPU runtime, a preload's files,
  * lingering refused connections). docs/daemon.md does the arithmetic for
  * LimitNOFILE=. */
-#define FDS_PER_SESSION (RADIANCE_MAX_FDS + 4u)
+#define FDS_PER_SESSION (RADIANCE_MAX_FDS + 5u)
 #define FDS_DAEMON (256u + REFUSED_MAX)
 
 static uint64_t now_ns(void)

@@ -477,9 +477,11 @@ static void segment_release(struct radiance_session *s)
 	s->memfd = -1;
 	if (s->ring.sq_efd >= 0)
 		close(s->ring.sq_efd);
-	if (s->ring.cq_efd >= 0)
-		close(s->ring.cq_efd);
-	s->ring.sq_efd = s->ring.cq_efd = -1;
+	if (s->ring.cq_wfd >= 0)
+		close(s->ring.cq_wfd);
+	if (s->cq_rfd >= 0)
+		close(s->cq_rfd);
+	s->ring.sq_efd = s->ring.cq_wfd = s->cq_rfd = -1;
 }
 
 static void on_ring_removed(struct exec_job *job)
@@ -533,7 +535,7 @@ static void on_ring_added(struct exec_job *job)
 	int fds[RADIANCE_RING_READY_FDS];
 	fds[RADIANCE_FD_SEGMENT] = s->memfd;
 	fds[RADIANCE_FD_SQ_DOORBELL] = s->ring.sq_efd;
-	fds[RADIANCE_FD_CQ_DOORBELL] = s->ring.cq_efd;
+	fds[RADIANCE_FD_CQ_DOORBELL] = s->cq_rfd;
 	rr.segment_bytes = s->segment_bytes;
 	m.tag = s->busy_tag;
 	m.msg_case = RADIANCE__SERVER_MESSAGE__MSG_RING_READY;
@@ -542,9 +544,12 @@ static void on_ring_added(struct exec_job *job)
 		 (unsigned long long)s->id, s->ring.sq.entries, s->ring.cq.entries,
 		 (unsigned long long)s->ring.arena_bytes);
 	send_msg(s, &m, fds, RADIANCE_RING_READY_FDS);
-	/* the client has its own copy of the memfd now; ours is not needed */
+	/* the client has its own copies of the memfd and of the CQ doorbell's
+	 * read end now (queued with the message); ours are not needed */
 	close(s->memfd);
 	s->memfd = -1;
+	close(s->cq_rfd);
+	s->cq_rfd = -1;
 	session_idle(s);
 }
 
@@ -595,9 +600,18 @@ static void handle_open_ring(struct radiance_session *s, uint64_t tag, const Rad
 	if (fcntl(s->memfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0)
 		goto fail_errno;
 	s->ring.sq_efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-	s->ring.cq_efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-	if (s->ring.sq_efd < 0 || s->ring.cq_efd < 0)
+	if (s->ring.sq_efd < 0)
 		goto fail_errno;
+	/* The CQ doorbell is a pipe, not an eventfd: the daemon keeps the
+	 * write end, an open file description the client never sees, so no
+	 * flag or count the client controls can make the executor's write
+	 * block. A full pipe (a client that never drains it) answers EAGAIN,
+	 * which already means "woken". */
+	int cq_pipe[2];
+	if (pipe2(cq_pipe, O_NONBLOCK | O_CLOEXEC) < 0)
+		goto fail_errno;
+	s->cq_rfd = cq_pipe[0];
+	s->ring.cq_wfd = cq_pipe[1];
 
 	uint8_t *base = s->segment;
 	struct radiance_shm_header *h = s->segment;
@@ -746,7 +760,7 @@ struct radiance_session *session_create(struct radiance_server *srv, int fd)
 	}
 	s->server = srv;
 	s->memfd = -1;
-	s->ring.sq_efd = s->ring.cq_efd = -1;
+	s->ring.sq_efd = s->ring.cq_wfd = s->cq_rfd = -1;
 	s->poll_events = -1;
 	s->id = ++srv->next_session_id;
 	stats_init(&s->stats);

@@ -13,7 +13,7 @@
  * Teardown (session_close): the socket and every received fd are closed at
  * once, a pending load is cancelled, and the ring is handed back through an
  * EXEC_JOB_RING_REMOVE job; only when that job is done (the executor will
- * never touch the segment again) is the segment unmapped, the eventfds
+ * never touch the segment again) is the segment unmapped, the doorbells
  * closed and the model references dropped. See executor.h.
  *
  * Thread safety: loop thread only (the executor reads `ring`, `refs` and
@@ -82,6 +82,7 @@ struct radiance_session {
 	void *segment;
 	size_t segment_bytes;
 	int memfd;
+	int cq_rfd;                 /* CQ doorbell's read end until RingReady is queued */
 
 	struct radiance_stats stats;
 };

@@ -29,8 +29,8 @@
  * the daemon never finds the CQ full.
  *
  * Doorbells: each ring's `sleeping` word is set (seq_cst) by its consumer
- * before it blocks on the ring's eventfd, after which the consumer re-checks
- * the ring; a producer, after publishing tail (seq_cst), writes the eventfd
+ * before it blocks on the ring's doorbell, after which the consumer re-checks
+ * the ring; a producer, after publishing tail (seq_cst), rings the doorbell
  * only when `sleeping` is set. Consumers spin briefly before sleeping.
  *
  * The client can write anything into this memory at any time: the daemon
@@ -53,10 +53,12 @@
  *   than `entries` ahead of the daemon's head, a slot length outside
  *   1..slot_bytes-4, a slot that is not a LinearRequest, a CQ head not
  *   within `entries` of the daemon's tail.
- * - Both eventfds are created EFD_NONBLOCK; O_NONBLOCK is shared by every
- *   copy of the fd, so wait on the CQ doorbell with poll(), and do not
- *   change its flags. The daemon never reads the SQ doorbell (edge-triggered
- *   epoll), so only writing it matters.
+ * - The SQ doorbell is an eventfd (EFD_NONBLOCK): the client writes the
+ *   8-byte value 1; the daemon never reads it (edge-triggered epoll). The CQ
+ *   doorbell is the read end of a non-blocking pipe; the daemon writes the
+ *   8-byte value 1 to its own write end, never blocking (a full pipe counts
+ *   as rung), and the client polls the read end and reads what is there.
+ *   POLLHUP on it means the daemon closed the session's rings.
  * - The header's sq/cq `entries` and offsets are written once by the
  *   daemon before RingReady; the daemon itself never re-reads them.
  */

@@ -21,7 +21,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -618,6 +620,65 @@ static void header_scribbled(void **state)
 	radiance_disconnect(d.r);
 }
 
+/* The CQ doorbell cannot stall the executor. It was an eventfd shared with
+ * the client, which could make it blocking and saturate its count; it is now
+ * the read end of a pipe whose write end only the daemon holds. Here the
+ * client does everything it can to its end: makes it blocking, shrinks the
+ * pipe to one page, and asks to be woken on every completion without ever
+ * reading the doorbell, until the pipe is full. The daemon must go on
+ * completing this session's requests and serving another client. */
+static void cq_doorbell_cannot_block_the_daemon(void **state)
+{
+	struct dp d;
+	dp_open(&d);
+	dp_expect_good(&d);
+	int fd = d.r->cq_doorbell;
+	struct stat st;
+	assert_int_equal(fstat(fd, &st), 0);
+	assert_true(S_ISFIFO(st.st_mode));
+	uint64_t one = 1;
+	assert_int_equal(write(fd, &one, sizeof one), -1);   /* a read end */
+	assert_int_equal(errno, EBADF);
+	assert_int_equal(fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK), 0);
+	int pipe_bytes = fcntl(fd, F_SETPIPE_SZ, 4096);
+	assert_true(pipe_bytes >= 4096);
+
+	struct radiance_shm_header *h = (struct radiance_shm_header *)d.r->segment;
+	Radiance__LinearRequest req = dp_good(&d);
+	req.rows = 1;
+	int queued = 0, requests = 0;
+	/* every completion rings (8 bytes): a page fills after 512 */
+	for (; requests < 4 * pipe_bytes / 8 && queued < pipe_bytes; requests++) {
+		__atomic_store_n(&h->cq.sleeping, 1, __ATOMIC_SEQ_CST);
+		req.request_id = 5000u + (uint64_t)requests;
+		dp_push(&d, &req);
+		struct radiance_completion c;
+		int rc;
+		double t = h_now();
+		while ((rc = radiance_poll(d.r, &c)) == 0 && h_now() - t < 10.0)
+			;
+		assert_int_equal(rc, 1);
+		assert_int_equal(c.request_id, req.request_id);
+		assert_int_equal(c.status, 0);
+		assert_int_equal(ioctl(fd, FIONREAD, &queued), 0);
+	}
+	assert_int_equal(queued, pipe_bytes);   /* full, and never read */
+	/* past a full pipe the session still completes its requests (this
+	 * wait may sleep and read the doorbell: poll says it is readable, so
+	 * the read does not block even on a blocking fd)... */
+	__atomic_store_n(&h->cq.sleeping, 1, __ATOMIC_SEQ_CST);
+	dp_expect_status(&d, &(Radiance__LinearRequest){ .base = req.base, .request_id = 9,
+							 .model_id = req.model_id, .layer = 9999,
+							 .rows = 1, .dtype = req.dtype },
+			 ENOENT);
+	/* ... and with the library's fd as it left it, waits work as before;
+	 * other clients are served */
+	fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+	dp_expect_good(&d);
+	assert_int_equal(h_good_client(daemon_.socket, &ref), 0);
+	radiance_disconnect(d.r);
+}
+
 /* --- a client killed mid-stream ------------------------------------------- */
 
 static void sigkill_client_mid_stream(void **state)
@@ -721,6 +782,7 @@ int main(void)
 		T(corrupted_sq_slot),
 		T(corrupted_cq_head),
 		T(header_scribbled),
+		T(cq_doorbell_cannot_block_the_daemon),
 		T(sigkill_client_mid_stream),
 		T(sigkill_client_while_loading),
 	};

@@ -1,5 +1,6 @@
 /* common/ring: SQ/CQ rings over an in-memory segment, incl. a hostile peer. */
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <poll.h>
 #include <setjmp.h>
@@ -170,6 +171,31 @@ static void test_doorbell(void **state)
 	assert_int_equal(radiance_doorbell_drain(efd), 0);
 	close(efd);
 	assert_true(radiance_doorbell_ring(efd) < 0);
+
+	/* the CQ doorbell: a pipe, rung on the write end, drained on the read */
+	int p[2];
+	assert_int_equal(pipe2(p, O_NONBLOCK | O_CLOEXEC), 0);
+	assert_int_equal(radiance_doorbell_drain(p[0]), 0);
+	for (int i = 0; i < 3; i++)
+		assert_int_equal(radiance_doorbell_ring(p[1]), 0);
+	assert_int_equal(radiance_doorbell_drain(p[0]), 3);
+	assert_int_equal(radiance_doorbell_drain(p[0]), 0);
+	/* a full pipe counts as rung; draining it takes 64 rings per call */
+	int size = fcntl(p[0], F_SETPIPE_SZ, 4096);
+	assert_true(size >= 4096);
+	for (int i = 0; i < size / 8 + 10; i++)
+		assert_int_equal(radiance_doorbell_ring(p[1]), 0);
+	int total = 0, n;
+	while ((n = radiance_doorbell_drain(p[0])) > 0) {
+		assert_true(n <= 64);
+		total += n;
+	}
+	assert_int_equal(n, 0);
+	assert_int_equal(total, size / 8);
+	/* the writer gone: nothing pending, no error */
+	close(p[1]);
+	assert_int_equal(radiance_doorbell_drain(p[0]), 0);
+	close(p[0]);
 }
 
 static void test_pack_slot(void **state)
