@@ -54,11 +54,13 @@ if [ -n "${DEMO:-}" ]; then
 	echo "demo exit $drc"
 	[ $drc = 0 ] || rc=1
 fi
-if [ -n "${NCU:-}" ] && command -v ncu >/dev/null; then
+ncu_bin=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
+[ -n "${NCU:-}" ] && [ -z "$ncu_bin" ] && echo "device_run: no ncu on this host"
+if [ -n "${NCU:-}" ] && [ -n "$ncu_bin" ]; then
 	mkdir -p /tmp/ncu-out
 	echo "$NCU" | tr ';' '\n' | while read -r cfg; do
-		timeout 200 ncu --clock-control none --section SpeedOfLight --section Occupancy \
-			--section WarpStateStats --section MemoryWorkloadAnalysis -k 'regex:rad_w4a8_(mma|wgmma)' \
+		timeout 200 "$ncu_bin" --clock-control none --section SpeedOfLight --section Occupancy --section LaunchStats --section SchedulerStats \
+			--section WarpStateStats --section MemoryWorkloadAnalysis -k 'regex:rad_w4a8_(gemv|mma|wgmma)' \
 			-s 5 -c 1 "$B/bench/bench_w4a8" $cfg --out /tmp/ncu-out >>"$OUT/ncu.txt" 2>&1
 	done
 	grep -E 'rad_w4a8|Duration|DRAM Throughput|Memory Throughput|Compute \(SM\)|Achieved Occupancy|Registers Per|Stall|Warp Cycles Per Issued|Issued Warp|L2 Hit|L1/TEX Hit|One or More' "$OUT/ncu.txt" | head -80
