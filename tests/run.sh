@@ -72,8 +72,10 @@ done
 # (ml_dtypes, numpy) from PyPI, in a venv of their own.
 if ls tests/test_*.py >/dev/null 2>&1; then
 	venv=$BUILD/pyenv
-	if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import numpy, ml_dtypes' 2>/dev/null; then
-		python3 -m venv "$venv" && "$venv/bin/pip" install -q numpy ml_dtypes
+	# the pins in tests/requirements.txt; reinstalled when they change
+	if [ ! -x "$venv/bin/python" ] || ! cmp -s tests/requirements.txt "$venv/requirements.txt"; then
+		python3 -m venv "$venv" && "$venv/bin/pip" install -q -r tests/requirements.txt &&
+			cp tests/requirements.txt "$venv/requirements.txt"
 	fi
 	for t in tests/test_*.py; do
 		name=$(basename "$t" .py)
