@@ -262,6 +262,9 @@ static int read_message(struct radiance *r, int timeout_ms, Radiance__ServerMess
 		}
 		if (rc == -EPROTO)
 			return radiance__client_break(r, rc, "the daemon sent too many file descriptors");
+		if (rc == -EMFILE)
+			return radiance__client_break(r, rc, "descriptors the daemon sent were lost: this "
+						      "process is at its open-file limit (RLIMIT_NOFILE)");
 		if (rc == -EPIPE || rc == -ECONNRESET)
 			return radiance__client_break(r, -ECONNRESET, "the daemon closed the connection");
 		return radiance__client_break(r, rc, "receiving from the daemon: %s", strerror(-rc));

@@ -143,9 +143,15 @@ int radiance_conn_read(struct radiance_conn *c)
 		for (size_t i = 0; i < k && ngot < SCM_MAX_FD_KERNEL; i++)
 			memcpy(&got[ngot++], CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
 	}
-	if ((msg.msg_flags & MSG_CTRUNC) || c->in_nfds + ngot > c->max_fds) {
+	if (c->in_nfds + ngot > c->max_fds) {
 		close_all(got, ngot);
 		return -EPROTO;
+	}
+	if (msg.msg_flags & MSG_CTRUNC) {
+		/* ctl holds the kernel's per-message maximum, so the kernel
+		 * dropped fds it could not install: our fd limit, not the peer */
+		close_all(got, ngot);
+		return -EMFILE;
 	}
 	if (ngot)
 		memcpy(c->in_fds + c->in_nfds, got, ngot * sizeof(int));

@@ -63,8 +63,11 @@ void radiance_conn_finish(struct radiance_conn *c);
 
 /* Reads what the socket has, one recvmsg() bounded by the current frame (see
  * above). Returns bytes read (> 0), 0 at EOF, -EAGAIN when nothing is ready,
- * -EPROTO when more fds arrived than max_fds allows (in total queued) or a
- * control message was truncated (all fds of that recvmsg are closed),
+ * -EPROTO when more fds arrived than max_fds allows (in total queued),
+ * -EMFILE when the kernel truncated the control message: the fds could not
+ * all be installed, which (with a buffer for the kernel's per-message
+ * maximum) means this process is at its descriptor limit (in both cases
+ * every fd of that recvmsg is closed),
  * -EMSGSIZE when a length prefix is 0 or above max_frame, or another -errno.
  * Any error but -EAGAIN leaves the connection unusable. When a complete frame
  * is already buffered it reads nothing and returns 1: drain next_frame()

@@ -88,8 +88,15 @@ static void session_read(struct radiance_session *s)
 			return;
 		}
 		if (rc == -EPROTO) {
-			session_close(s, 1, "more than %u fds queued, or a truncated control message",
-				      RADIANCE_MAX_FDS);
+			session_close(s, 1, "more than %u fds queued", RADIANCE_MAX_FDS);
+			return;
+		}
+		if (rc == -EMFILE) {
+			/* Our limit, not the client's fault: say so to both. */
+			session_send_error(s, EMFILE, "the daemon is at its open-file limit and lost "
+					   "the descriptors this client sent; try again later");
+			session_close(s, 0, "lost the client's descriptors: this daemon is at its "
+				      "open-file limit (raise LimitNOFILE= or lower max_sessions)");
 			return;
 		}
 		if (rc < 0) {

@@ -71,6 +71,11 @@ static void send_error(struct radiance_session *s, uint64_t tag, int code, const
 	send_msg(s, &m, NULL, 0);
 }
 
+void session_send_error(struct radiance_session *s, int code, const char *text)
+{
+	send_error(s, 0, code, "%s", text);
+}
+
 static void send_ok(struct radiance_session *s, uint64_t tag)
 {
 	Radiance__Ok ok = RADIANCE__OK__INIT;

@@ -95,6 +95,11 @@ struct radiance_session *session_create(struct radiance_server *srv, int fd);
  * queued on the conn; a protocol violation closes the session. */
 void session_handle_frame(struct radiance_session *s, const uint8_t *data, size_t len);
 
+/* Queues an Error(code, text) outside any reply (tag 0), e.g. just before
+ * session_close() for a reason that is not the client's violation. Best
+ * effort: session_close() flushes what the socket takes. */
+void session_send_error(struct radiance_session *s, int code, const char *text);
+
 /* Ends the session (idempotent). reason is logged once; `violation` logs it
  * as a warning and first tries to send it as an Error(EPROTO). */
 void session_close(struct radiance_session *s, int violation, const char *fmt, ...)

@@ -359,6 +359,52 @@ static void accept_at_fd_limit(void **state)
 	expect_healthy_then_stop(d);
 }
 
+/* At its fd limit the daemon loses descriptors a client sends (the kernel
+ * truncates the control message). That is the daemon's condition, not the
+ * client's protocol violation: the client gets Error(EMFILE) saying so, and
+ * once descriptors are free again everyone is served. */
+static void fds_lost_at_fd_limit(void **state)
+{
+	struct h_daemon *d = &da;
+	assert_int_equal(h_daemon_start(d), 0);
+	settle();
+	struct raw w;
+	assert_int_equal(raw_open_at(&w, d->socket), 0);
+	raw_hello(&w);
+	struct rlimit saved;
+	assert_int_equal(prlimit(d->pid, RLIMIT_NOFILE, NULL, &saved), 0);
+	int base = h_count_fds(d->pid);
+	struct rlimit low = { (rlim_t)base + 4, saved.rlim_max };
+	assert_int_equal(prlimit(d->pid, RLIMIT_NOFILE, &low, NULL), 0);
+
+	enum { NF = 20 };
+	int fds[NF];
+	char *names[NF];
+	for (int i = 0; i < NF; i++) {
+		fds[i] = open("/dev/null", O_RDONLY | O_CLOEXEC);
+		assert_true(fds[i] >= 0);
+		names[i] = "model.safetensors";
+	}
+	raw_send_load_model(&w, names, NF, fds, NF);
+	for (int i = 0; i < NF; i++)
+		close(fds[i]);
+	int code;
+	char text[256];
+	/* the rest of the frame is unread when the daemon closes: EOF or a
+	 * reset, after the Error */
+	int rc = raw_read_to_end(&w, 5000, &code, text, sizeof text);
+	raw_close(&w);
+	assert_true(rc == 0 || rc == -ECONNRESET);
+	assert_int_equal(code, EMFILE);
+	assert_non_null(strstr(text, "open-file limit"));
+
+	assert_int_equal(prlimit(d->pid, RLIMIT_NOFILE, &saved, NULL), 0);
+	assert_int_equal(h_good_client(d->socket, &ref), 0);
+	assert_int_equal(count_lines(d->log, "this daemon is at its open-file limit"), 1);
+	assert_int_equal(count_lines(d->log, "protocol violation"), 0);
+	expect_healthy_then_stop(d);
+}
+
 static void soft_fd_limit_raised(void **state)
 {
 	struct rlimit saved, low;
@@ -748,6 +794,7 @@ int main(void)
 		cmocka_unit_test_teardown(socket_path_not_a_socket, stop_daemons),
 		cmocka_unit_test_teardown(stale_socket_replaced_live_one_kept, stop_daemons),
 		cmocka_unit_test_teardown(accept_at_fd_limit, stop_daemons),
+		cmocka_unit_test_teardown(fds_lost_at_fd_limit, stop_daemons),
 		cmocka_unit_test_teardown(soft_fd_limit_raised, stop_daemons),
 		cmocka_unit_test_teardown(hello_timeout, stop_daemons),
 		cmocka_unit_test_teardown(session_limit_refusal_is_clean, stop_daemons),
