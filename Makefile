@@ -3,6 +3,7 @@
 #   make                     CPU-only daemon, client library, radiancectl
 #   make check               build and run every test (installs missing Debian packages)
 #   make check SAN=address,undefined   the same under sanitizers (separate build dir)
+#   make check SAN=thread TESTS="..."  ThreadSanitizer, in build-tsan/
 #   make demo                the main job on the CPU backend and the shipped checkpoint
 #   make GPU=cuda | GPU=hip  add the GPU backend (nvcc for sm_90a / hipcc for gfx1201)
 #   make install PREFIX=/usr DESTDIR=...
@@ -24,7 +25,9 @@ GPU ?=
 SAN ?=
 STATIC_DEPS ?= 0
 
-ifneq ($(SAN),)
+ifeq ($(SAN),thread)
+BUILD ?= build-tsan
+else ifneq ($(SAN),)
 BUILD ?= build-san
 SANFLAGS := -fsanitize=$(SAN) -fno-omit-frame-pointer -fno-sanitize-recover=all
 else ifneq ($(GPU),)
