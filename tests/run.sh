@@ -13,7 +13,9 @@ export RADIANCECTL=${RADIANCECTL:-$BUILD/radiancectl}
 export RADIANCE_BUILD=$BUILD
 passed=0
 failed=0
+skipped=0
 failed_names=""
+skipped_names=""
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 
@@ -43,6 +45,12 @@ count() {   # name rc: add cmocka's per-binary counts, or 1 for a plain test
 	if [ "$rc" != 0 ]; then
 		failed_names="$failed_names $name"
 		echo "FAIL: $name (exit $rc)"
+	fi
+	# cmocka's " N SKIPPED TEST(S)": neither passed nor failed, but said
+	s=$(sed -n 's/^ *\([0-9]*\) SKIPPED TEST.*/\1/p' "$log" | tail -n 1)
+	if [ -n "$s" ] && [ "$s" != 0 ]; then
+		skipped=$((skipped + s))
+		skipped_names="$skipped_names $name"
 	fi
 }
 
@@ -89,5 +97,6 @@ if ls tests/test_*.py >/dev/null 2>&1; then
 fi
 
 [ -n "$failed_names" ] && echo "failed:$failed_names"
+[ -n "$skipped_names" ] && echo "skipped ($skipped tests, the reason is in each one's log above):$skipped_names"
 echo "check: $passed passed, $failed failed"
 [ "$failed" = 0 ]

@@ -112,7 +112,7 @@ static int setup(void **state)
 		printf("# GPU: %s (%s, %d SMs, cc %d.%d, fp8 mma %d, wgmma %d)\n", dev.name, dev.vendor,
 		       dev.sm_count, dev.cc_major, dev.cc_minor, dev.fp8_mma, dev.wgmma);
 	} else {
-		printf("# no usable GPU: %s\n", radiance__gpu_last_error());
+		printf("# no usable GPU (%s): every test is skipped\n", radiance__gpu_last_error());
 	}
 	return 0;
 }
@@ -649,7 +649,14 @@ static void test_checkpoint_layers(void **state)
 
 #else /* CPU-only build */
 
-static int setup(void **state) { (void)state; return 0; }
+static int setup(void **state)
+{
+	(void)state;
+	printf("# this build has no GPU backend (build with make GPU=cuda or GPU=hip): "
+	       "every test is skipped\n");
+	return 0;
+}
+
 static int teardown(void **state) { (void)state; return 0; }
 static void test_quant_codes(void **state) { (void)state; skip(); }
 static void test_w4a8_narrow(void **state) { (void)state; skip(); }
