@@ -57,6 +57,8 @@ const char *radiance_strerror(int err)
 		return "buffer not inside the shared arena";
 	case ERANGE:
 		return "layer index out of range";
+	case ENOTSOCK:
+		return "not a socket (the path names another kind of file)";
 	}
 	const char *s = strerrordesc_np(err);
 	return s ? s : "unknown error";
@@ -436,6 +438,13 @@ static int open_socket(const char *path, int *out)
 	if (rc < 0 || fcntl(fd, F_SETFL, O_NONBLOCK) < 0) {
 		rc = -errno;
 		close(fd);
+		/* connect() to a regular file or a directory says ECONNREFUSED,
+		 * which reads as "no daemon": a wrong --socket would send the
+		 * user looking for a daemon that is not the problem. */
+		struct stat st;
+		if ((rc == -ECONNREFUSED || rc == -ENOTSOCK) && stat(path, &st) == 0 &&
+		    !S_ISSOCK(st.st_mode))
+			rc = -ENOTSOCK;
 		return rc;
 	}
 	*out = fd;
@@ -488,8 +497,12 @@ struct radiance *radiance_connect(const char *socket_path, const struct radiance
 
 	int fd = -1;
 	if ((rc = open_socket(socket_path, &fd)) < 0) {
-		radiance__client_log(r, LOG_WARNING, "cannot connect to %s: %s", socket_path,
-			      strerror(-rc));
+		if (rc == -ENOTSOCK)
+			radiance__client_log(r, LOG_WARNING, "cannot connect to %s: %s exists and is "
+				      "not a socket", socket_path, socket_path);
+		else
+			radiance__client_log(r, LOG_WARNING, "cannot connect to %s: %s", socket_path,
+				      strerror(-rc));
 		goto err_free;
 	}
 	if ((rc = radiance_conn_init(&r->conn, fd, RADIANCE_MAX_FRAME, RADIANCE_MAX_FDS)) < 0) {

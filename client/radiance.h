@@ -138,6 +138,8 @@ int radiance_default_socket_path(char *buf, size_t size);
  * Returns a new handle, owned by the caller (radiance_disconnect), or NULL
  * with errno set:
  *   ENOENT, ECONNREFUSED, EACCES  no daemon listens there, or no permission;
+ *   ENOTSOCK                      the path exists but is not a socket (a
+ *                                 regular file, a directory, ...);
  *   ENAMETOOLONG                  the path does not fit a sockaddr_un;
  *   EBUSY                         the daemon refused: it already serves as
  *                                 many sessions as it allows (max_sessions);

@@ -1,7 +1,9 @@
 /*
  * radiancectl: inspect and drive radianced from the command line, through
  * libradiance like any other client. Human tables by default, --json (one
- * JSON document on stdout, via jansson) for scripts.
+ * JSON document on stdout, via jansson) for scripts. Failures go to stderr
+ * as text either way; with --json they are also an {"error": ...} object on
+ * stdout, so a script never has to parse stderr to learn why.
  *
  * Exit codes (also in --help and docs/client.md):
  *   0  success
@@ -74,7 +76,8 @@ static void usage(FILE *f)
 		"  -s, --socket PATH   daemon socket (default: $RADIANCE_SOCKET, else\n"
 		"                      /run/radiance/radiance.sock for root, else\n"
 		"                      $XDG_RUNTIME_DIR/radiance.sock if it exists)\n"
-		"  -j, --json          print one JSON document on stdout\n"
+		"  -j, --json          print one JSON document on stdout; a failure is\n"
+		"                      {\"error\": {\"code\", \"errno\", \"message\"}} there too\n"
 		"  -n, --name NAME     (load) model name\n"
 		"      --hold          (load) keep the model loaded until interrupted\n"
 		"  -v, --verbose       log what libradiance does to stderr\n"
@@ -111,31 +114,96 @@ static void log_cb(void *user, int priority, const char *message)
 		fprintf(stderr, "radiancectl: libradiance: %s\n", message);
 }
 
-static int fail(struct ctl *c, int rc, const char *what)
+/* A JSON string of s. Paths and the daemon's text are bytes, not always
+ * UTF-8, which jansson refuses: then each non-ASCII byte becomes '?', so
+ * the error object still gets out. */
+static json_t *json_text(const char *s)
+{
+	json_t *j = json_string(s);
+	if (j)
+		return j;
+	char *copy = strdup(s);
+	if (!copy)
+		return NULL;
+	for (char *p = copy; *p; p++)
+		if ((unsigned char)*p >= 0x80)
+			*p = '?';
+	j = json_string(copy);
+	free(copy);
+	return j;
+}
+
+/* Every failure after the options are read goes through here: "radiancectl:
+ * MESSAGE" on stderr, then HINT (what to try) on a line of its own if there
+ * is one. With --json also, on stdout:
+ *   {"error": {"code": "ENOENT", "errno": 2, "message": MESSAGE, "hint": HINT}}
+ * code is the errno's name (its number, as text, if it has none), hint is
+ * left out when there is none. err is an errno of either sign; returns ret,
+ * the exit status. */
+static int report(struct ctl *c, int ret, int err, const char *hint, const char *fmt, ...)
+	__attribute__((format(printf, 5, 6)));
+static int report(struct ctl *c, int ret, int err, const char *hint, const char *fmt, ...)
+{
+	char msg[8192];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof msg, fmt, ap);
+	va_end(ap);
+	fprintf(stderr, "radiancectl: %s\n", msg);
+	if (hint)
+		fprintf(stderr, "radiancectl: %s\n", hint);
+	if (!c->json)
+		return ret;
+
+	if (err < 0)
+		err = -err;
+	char number[16];
+	const char *name = strerrorname_np(err);
+	if (!name) {
+		snprintf(number, sizeof number, "%d", err);
+		name = number;
+	}
+	json_t *e = json_pack("{s:s, s:i, s:o}", "code", name, "errno", err, "message",
+			      json_text(msg));
+	if (e && hint)
+		json_object_set_new(e, "hint", json_text(hint));
+	json_t *j = e ? json_pack("{s:o}", "error", e) : NULL;
+	char *text = j ? json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER) : NULL;
+	json_decref(j);
+	if (text)
+		puts(text);
+	else
+		fprintf(stderr, "radiancectl: out of memory writing the JSON error object\n");
+	free(text);
+	return ret;
+}
+
+static int fail_hint(struct ctl *c, int rc, const char *what, const char *hint)
 {
 	const char *msg = c->r ? radiance_error_message(c->r) : "";
 	int sticky = c->r ? radiance_get_error(c->r) : 0;
-	if (sticky == -ECONNRESET) {
-		fprintf(stderr, "radiancectl: %s: the daemon went away (it closed the connection)\n",
-			what);
-		return EXIT_CONNECT;
-	}
-	fprintf(stderr, "radiancectl: %s: %s\n", what, *msg ? msg : radiance_strerror(rc));
-	return sticky ? EXIT_CONNECT : EXIT_FAILED;
+	if (sticky == -ECONNRESET)
+		return report(c, EXIT_CONNECT, ECONNRESET, NULL,
+			      "%s: the daemon went away (it closed the connection)", what);
+	return report(c, sticky ? EXIT_CONNECT : EXIT_FAILED, rc, hint, "%s: %s", what,
+		      *msg ? msg : radiance_strerror(rc));
 }
 
-static int print_json(json_t *j)
+static int fail(struct ctl *c, int rc, const char *what)
 {
-	if (!j) {
-		fprintf(stderr, "radiancectl: out of memory\n");
-		return EXIT_FAILED;
-	}
-	char *s = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+	return fail_hint(c, rc, what, NULL);
+}
+
+/* Prints j (taking it) as the command's JSON document. j is NULL when
+ * json_pack failed: out of memory, or a name that is not UTF-8. */
+static int print_json(struct ctl *c, json_t *j)
+{
+	char *s = j ? json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER) : NULL;
 	json_decref(j);
-	if (!s) {
-		fprintf(stderr, "radiancectl: out of memory\n");
-		return EXIT_FAILED;
-	}
+	if (!s)
+		return report(c, EXIT_FAILED, EILSEQ, NULL,
+			      "cannot write the JSON output (out of memory, or text from the "
+			      "daemon that is not UTF-8)");
 	puts(s);
 	free(s);
 	return EXIT_OK;
@@ -190,10 +258,8 @@ static int resolve_model(struct ctl *c, const char *arg, uint32_t *id)
 			}
 	}
 	radiance_model_list_free(list);
-	if (rc < 0) {
-		fprintf(stderr, "radiancectl: no resident model \"%s\"\n", arg);
-		return EXIT_FAILED;
-	}
+	if (rc < 0)
+		return report(c, EXIT_FAILED, ENOENT, NULL, "no resident model \"%s\"", arg);
 	return EXIT_OK;
 }
 
@@ -241,12 +307,18 @@ static int cmd_status(struct ctl *c)
 	}
 	int ret;
 	if (c->json) {
-		ret = print_json(json_pack("{s:s, s:i, s:s, s:s, s:i, s:i, s:I, s:i, s:s}", "server_version",
-					   si->server_version, "protocol_version", (int)si->protocol_version,
-					   "backend", si->backend, "device", si->device, "max_rows",
-					   (int)si->max_rows, "sessions", (int)st->global.sessions,
-					   "uptime_ns", (json_int_t)st->global.uptime_ns, "models",
-					   (int)ml->count, "client_version", radiance_version()));
+		/* every figure of the text below, and the library's version */
+		ret = print_json(c, json_pack("{s:s, s:i, s:s, s:s, s:i, s:i, s:I, s:i, s:I, s:I, s:s}",
+					      "server_version", si->server_version,
+					      "protocol_version", (int)si->protocol_version,
+					      "backend", si->backend, "device", si->device,
+					      "max_rows", (int)si->max_rows,
+					      "sessions", (int)st->global.sessions,
+					      "uptime_ns", (json_int_t)st->global.uptime_ns,
+					      "models", (int)ml->count,
+					      "requests", (json_int_t)st->global.requests,
+					      "errors", (json_int_t)st->global.errors,
+					      "client_version", radiance_version()));
 	} else {
 		char up[64];
 		human_duration(up, sizeof up, st->global.uptime_ns);
@@ -283,7 +355,7 @@ static int cmd_models(struct ctl *c)
 							   (int)m->users));
 		}
 		radiance_model_list_free(ml);
-		return print_json(json_pack("{s:o}", "models", a));
+		return print_json(c, json_pack("{s:o}", "models", a));
 	}
 	if (ml->count == 0)
 		printf("no resident models\n");
@@ -330,7 +402,7 @@ static int cmd_layers(struct ctl *c, const char *model)
 			json_array_append_new(o, json_pack("{s:s, s:s, s:o}", "name", m->other[i].name,
 							   "dtype", m->other[i].dtype, "shape", shape));
 		}
-		ret = print_json(json_pack("{s:i, s:s, s:I, s:o, s:o}", "model_id", (int)m->model_id,
+		ret = print_json(c, json_pack("{s:i, s:s, s:I, s:o, s:o}", "model_id", (int)m->model_id,
 					   "name", m->name, "resident_bytes",
 					   (json_int_t)m->resident_bytes, "layers", a, "other_tensors", o));
 	} else {
@@ -393,20 +465,21 @@ static int cmd_load(struct ctl *c, const char *dir)
 	uint32_t id;
 	int rc = radiance_load_model(c->r, dir, &lo, &id);
 	if (rc < 0) {
-		char what[4200];
+		char what[4200], hint[4300];
 		snprintf(what, sizeof what, "cannot load %s", dir);
-		int ret = fail(c, rc, what);
-		if (rc == -EEXIST)
-			fprintf(stderr, "radiancectl: to load it next to the resident one, give it "
-					"another name: radiancectl load --name NAME %s\n", dir);
-		return ret;
+		snprintf(hint, sizeof hint, "to load it next to the resident one, give it another "
+			 "name: radiancectl load --name NAME %s", dir);
+		return fail_hint(c, rc, what, rc == -EEXIST ? hint : NULL);
 	}
 	const struct radiance_model_info *m = radiance_held_model(c->r, id);
 	if (c->json) {
-		print_json(json_pack("{s:i, s:s, s:I, s:i, s:i, s:b, s:b}", "model_id", (int)m->model_id,
-				     "name", m->name, "resident_bytes", (json_int_t)m->resident_bytes,
-				     "layers", (int)m->n_layers, "users", (int)m->users, "preloaded",
-				     m->preloaded, "held", c->hold));
+		int ret = print_json(c, json_pack("{s:i, s:s, s:I, s:i, s:i, s:b, s:b}", "model_id",
+						  (int)m->model_id, "name", m->name, "resident_bytes",
+						  (json_int_t)m->resident_bytes, "layers",
+						  (int)m->n_layers, "users", (int)m->users,
+						  "preloaded", m->preloaded, "held", c->hold));
+		if (ret != EXIT_OK)
+			return ret;
 	} else {
 		char b[32];
 		human_bytes(b, sizeof b, m->resident_bytes);
@@ -439,11 +512,10 @@ static int cmd_load(struct ctl *c, const char *dir)
 		if (stop)
 			break;
 		if ((rc = radiance_list_models(c->r, &ml)) < 0) {
-			if (radiance_get_error(c->r) == -ECONNRESET) {
-				fprintf(stderr, "radiancectl: the daemon went away while holding model %u "
-						"(it closed the connection)\n", id);
-				return EXIT_CONNECT;
-			}
+			if (radiance_get_error(c->r) == -ECONNRESET)
+				return report(c, EXIT_CONNECT, ECONNRESET, NULL,
+					      "the daemon went away while holding model %u (it "
+					      "closed the connection)", id);
 			return fail(c, rc, "holding the model");
 		}
 		radiance_model_list_free(ml);
@@ -470,26 +542,23 @@ static int cmd_unload(struct ctl *c, const char *model)
 	char name[256];
 	snprintf(name, sizeof name, "%s", m->name);
 	radiance_model_info_free(m);
-	if (!preloaded) {
-		fprintf(stderr,
-			"radiancectl: model %u \"%s\" is not preloaded: it is held by %u client session%s "
-			"and is unloaded when the last of them releases it or disconnects\n",
-			id, name, users, users == 1 ? "" : "s");
-		return EXIT_FAILED;
-	}
+	/* ENOENT as the daemon answers it: no preload reference to drop */
+	if (!preloaded)
+		return report(c, EXIT_FAILED, ENOENT, NULL,
+			      "model %u \"%s\" is not preloaded: it is held by %u client session%s "
+			      "and is unloaded when the last of them releases it or disconnects",
+			      id, name, users, users == 1 ? "" : "s");
 	int rc = radiance_unload_preloaded(c->r, id);
-	if (rc == -EPERM) {
-		fprintf(stderr,
-			"radiancectl: not allowed to unload model %u \"%s\": it is preloaded by the "
-			"daemon's configuration, and only root or the user radianced runs as may drop "
-			"that (this is uid %u)\n",
-			id, name, (unsigned)getuid());
-		return EXIT_FAILED;
-	}
+	if (rc == -EPERM)
+		return report(c, EXIT_FAILED, EPERM, NULL,
+			      "not allowed to unload model %u \"%s\": it is preloaded by the "
+			      "daemon's configuration, and only root or the user radianced runs as "
+			      "may drop that (this is uid %u)",
+			      id, name, (unsigned)getuid());
 	if (rc < 0)
 		return fail(c, rc, "unload (dropping the daemon's preload reference)");
 	if (c->json)
-		return print_json(json_pack("{s:i, s:b, s:i}", "model_id", (int)id, "released", 1,
+		return print_json(c, json_pack("{s:i, s:b, s:i}", "model_id", (int)id, "released", 1,
 					    "users", (int)users));
 	if (users)
 		printf("model %u \"%s\": preload reference dropped; unloaded when %s release%s it\n",
@@ -545,7 +614,7 @@ static int cmd_stats(struct ctl *c)
 		json_t *j = json_pack("{s:o, s:o, s:o}", "global", stats_json(&st->global, true),
 				      "session", stats_json(&st->session, false), "sessions", a);
 		radiance_stats_free(st);
-		return print_json(j);
+		return print_json(c, j);
 	}
 	char up[64];
 	human_duration(up, sizeof up, st->global.uptime_ns);
@@ -674,17 +743,19 @@ int main(int argc, char **argv)
 			snprintf(path, sizeof path, "%s", c.socket);
 		else
 			radiance_default_socket_path(path, sizeof path);
+		/* Nothing there, or a socket nobody listens on: the daemon is
+		 * the likely problem. Not for ENOTSOCK: the path is wrong, and
+		 * the message says so. */
+		const char *hint = e == ENOENT || e == ECONNREFUSED
+					   ? "is radianced running? --socket PATH or $RADIANCE_SOCKET "
+					     "names another socket"
+					   : NULL;
 		/* the library's reason names the path and, for a refusal, gives
 		 * the daemon's text (e.g. "too many sessions (the limit is 64)") */
 		if (c.connect_error[0])
-			fprintf(stderr, "radiancectl: %s\n", c.connect_error);
-		else
-			fprintf(stderr, "radiancectl: cannot connect to %s: %s\n", path,
-				radiance_strerror(e));
-		if (e == ENOENT || e == ECONNREFUSED)
-			fprintf(stderr, "radiancectl: is radianced running? --socket PATH or "
-					"$RADIANCE_SOCKET names another socket\n");
-		return EXIT_CONNECT;
+			return report(&c, EXIT_CONNECT, e, hint, "%s", c.connect_error);
+		return report(&c, EXIT_CONNECT, e, hint, "cannot connect to %s: %s", path,
+			      radiance_strerror(e));
 	}
 
 	int ret;

@@ -1,9 +1,10 @@
 /*
  * libradiance without a daemon: the arena allocator, the checkpoint file
  * list LoadModel sends (checked against the loader's own list), the default
- * socket path rules, error texts, connect failures, and how the daemon's
- * reasons reach the caller when it refuses a connection or ends a session
- * (a scripted fake daemon in a child process).
+ * socket path rules, error texts, connect failures (a path that is not a
+ * socket named as such), and how the daemon's reasons reach the caller when
+ * it refuses a connection or ends a session (a scripted fake daemon in a
+ * child process).
  */
 #include <errno.h>
 #include <setjmp.h>
@@ -264,6 +265,12 @@ static void strerror_texts(void **state)
 	assert_int_equal(radiance_protocol_version(), RADIANCE_PROTOCOL_VERSION);
 }
 
+static void log_keep(void *user, int priority, const char *msg)
+{
+	if (priority <= LOG_WARNING)
+		snprintf(user, 512, "%s", msg);
+}
+
 static void log_collect(void *user, int priority, const char *msg)
 {
 	(*(int *)user)++;
@@ -311,6 +318,37 @@ static void connect_failures(void **state)
 	radiance_model_info_free(NULL);
 	radiance_model_list_free(NULL);
 	radiance_stats_free(NULL);
+}
+
+/* connect() to a path that is not a socket says ECONNREFUSED, which reads
+ * as "no daemon there": a regular file or a directory is ENOTSOCK instead,
+ * and the log names the path as what is wrong. A socket nobody listens on
+ * stays ECONNREFUSED (connect_failures). */
+static void connect_not_a_socket(void **state)
+{
+	char dir[] = "/tmp/radiance-notsock-XXXXXX", file[128];
+	assert_non_null(mkdtemp(dir));
+	snprintf(file, sizeof file, "%s/radiance.sock", dir);
+	write_file(dir, "radiance.sock", "not a socket\n");
+	const char *const paths[] = { file, dir };
+	for (size_t i = 0; i < sizeof paths / sizeof *paths; i++) {
+		char said[512] = "", want[300];
+		struct radiance_options o = RADIANCE_OPTIONS_INIT;
+		o.log = log_keep;
+		o.log_user = said;
+		errno = 0;
+		assert_null(radiance_connect(paths[i], &o));
+		if (errno != ENOTSOCK)
+			fprintf(stderr, "%s: errno %d (%s), log \"%s\"\n", paths[i], errno,
+				strerror(errno), said);
+		assert_int_equal(errno, ENOTSOCK);
+		snprintf(want, sizeof want, "cannot connect to %s: %s exists and is not a socket",
+			 paths[i], paths[i]);
+		assert_string_equal(said, want);
+	}
+	assert_non_null(strstr(radiance_strerror(-ENOTSOCK), "not a socket"));
+	unlink(file);
+	assert_int_equal(rmdir(dir), 0);
 }
 
 /* --- a scripted fake daemon ----------------------------------------------- */
@@ -420,12 +458,6 @@ static void fake_finish(int listen_fd, pid_t pid, char *dir, const char *path)
 	rmdir(dir);
 }
 
-static void log_keep(void *user, int priority, const char *msg)
-{
-	if (priority <= LOG_WARNING)
-		snprintf(user, 512, "%s", msg);
-}
-
 /* A refusal (the daemon at max_sessions) is EBUSY with the daemon's words,
  * whichever comes first: its Error, or its close under our Hello (EPIPE
  * then, with the Error still to read). */
@@ -506,6 +538,7 @@ int main(void)
 		cmocka_unit_test(default_socket_path),
 		cmocka_unit_test(strerror_texts),
 		cmocka_unit_test(connect_failures),
+		cmocka_unit_test(connect_not_a_socket),
 		cmocka_unit_test(connect_refused_by_daemon),
 		cmocka_unit_test(session_ended_by_daemon),
 		cmocka_unit_test(find_layer),

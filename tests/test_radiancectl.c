@@ -3,8 +3,10 @@
  * output (parsed with jansson), progress lines when stderr is not a TTY,
  * load --hold, the documented exit codes (0 ok, 1 failed, 2 usage,
  * 3 cannot reach the daemon), and what it says when things go wrong: usage
- * errors, name clashes, files that are not files, the daemon going away,
- * its session limit, an unload the caller may not do.
+ * errors, a socket path that is not a socket, name clashes, files that are
+ * not files, the daemon going away, its session limit, an unload the caller
+ * may not do; with --json each of those also as an {"error": ...} object on
+ * stdout.
  */
 #include <errno.h>
 #include <setjmp.h>
@@ -14,6 +16,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -65,6 +69,44 @@ static json_t *ctl_json(const char *fmt, const char *arg)
 		fprintf(stderr, "not JSON (%s): %s\n", je.text, out);
 	assert_non_null(j);
 	return j;
+}
+
+/* After a failed `radiancectl --json ...`: stdout is exactly one document,
+ * {"error": {"code": code, "errno": errnum, "message": ..., "hint": ...}},
+ * whose message contains msg and is a line of stderr (the text stays there
+ * too), and whose hint contains hint (NULL: no hint at all). */
+static void assert_json_error(const char *code, int errnum, const char *msg, const char *hint)
+{
+	json_error_t je;
+	json_t *j = json_loads(out, 0, &je);
+	if (!j)
+		fprintf(stderr, "stdout is not one JSON document (%s): \"%s\"\n", je.text, out);
+	assert_non_null(j);
+	assert_int_equal(json_object_size(j), 1);
+	json_t *e = json_object_get(j, "error");
+	assert_true(json_is_object(e));
+	const char *got_code = json_string_value(json_object_get(e, "code"));
+	const char *got_msg = json_string_value(json_object_get(e, "message"));
+	assert_non_null(got_code);
+	assert_non_null(got_msg);
+	assert_string_equal(got_code, code);
+	assert_true(json_is_integer(json_object_get(e, "errno")));
+	assert_int_equal(json_integer_value(json_object_get(e, "errno")), errnum);
+	if (!strstr(got_msg, msg))
+		fprintf(stderr, "message \"%s\" lacks \"%s\"\n", got_msg, msg);
+	assert_non_null(strstr(got_msg, msg));
+	char line[4096];
+	snprintf(line, sizeof line, "radiancectl: %s\n", got_msg);
+	assert_non_null(strstr(err, line));
+	json_t *h = json_object_get(e, "hint");
+	if (hint) {
+		assert_non_null(json_string_value(h));
+		assert_non_null(strstr(json_string_value(h), hint));
+		assert_non_null(strstr(err, json_string_value(h)));
+	} else {
+		assert_null(h);
+	}
+	json_decref(j);
 }
 
 /* How many resident models `radiancectl --json models` lists. */
@@ -145,6 +187,58 @@ static void usage_and_exit_codes(void **state)
 	unsetenv("RADIANCE_SOCKET");
 }
 
+/* Where nothing can be reached, the reason fits the path: no daemon
+ * (nothing there, or a socket nobody listens on) gets "is radianced
+ * running?"; a path that is not a socket at all (a regular file or a
+ * directory: connect() says ECONNREFUSED for those too) is named as such,
+ * without sending the user to look for a daemon. --json adds the error
+ * object on stdout, with the same text and exit status 3. */
+static void connect_errors(void **state)
+{
+	char dir[] = "/tmp/radiancectl-notsock-XXXXXX", file[128], sock[128], cmd[512];
+	assert_non_null(mkdtemp(dir));
+	snprintf(file, sizeof file, "%s/file.sock", dir);
+	snprintf(sock, sizeof sock, "%s/dead.sock", dir);
+	snprintf(cmd, sizeof cmd, "echo not a socket >%s", file);
+	assert_int_equal(system(cmd), 0);
+	/* a socket file whose listener is gone */
+	int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	assert_true(strlen(sock) < sizeof sa.sun_path);
+	memcpy(sa.sun_path, sock, strlen(sock) + 1);
+	assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+	close(fd);
+
+	const char *const not_sockets[] = { file, dir };
+	for (size_t i = 0; i < 2; i++) {
+		char said[300];
+		snprintf(said, sizeof said, "cannot connect to %s: %s exists and is not a socket",
+			 not_sockets[i], not_sockets[i]);
+		assert_int_equal(ctl("--socket %s status", not_sockets[i]), 3);
+		assert_non_null(strstr(err, said));
+		assert_null(strstr(err, "is radianced running"));
+		assert_null(strstr(err, "Connection refused"));
+		assert_string_equal(out, "");
+		assert_int_equal(ctl("--json --socket %s status", not_sockets[i]), 3);
+		assert_json_error("ENOTSOCK", ENOTSOCK, said, NULL);
+	}
+
+	assert_int_equal(ctl("--socket %s models", sock), 3);
+	assert_non_null(strstr(err, "Connection refused"));
+	assert_non_null(strstr(err, "is radianced running?"));
+	assert_int_equal(ctl("--json --socket %s models", sock), 3);
+	assert_json_error("ECONNREFUSED", ECONNREFUSED, "Connection refused", "is radianced running?");
+
+	assert_int_equal(ctl("--socket %s/missing.sock stats", dir), 3);
+	assert_non_null(strstr(err, "is radianced running?"));
+	assert_int_equal(ctl("--socket %s/missing.sock --json stats", dir), 3);
+	assert_json_error("ENOENT", ENOENT, "/missing.sock", "is radianced running?");
+
+	unlink(file);
+	unlink(sock);
+	assert_int_equal(rmdir(dir), 0);
+}
+
 static void status_models_layers_stats(void **state)
 {
 	/* daemon with the checkpoint preloaded */
@@ -159,6 +253,9 @@ static void status_models_layers_stats(void **state)
 	assert_true(json_integer_value(json_object_get(j, "sessions")) >= 1);
 	assert_true(json_integer_value(json_object_get(j, "max_rows")) >= 1);
 	assert_int_equal(json_integer_value(json_object_get(j, "models")), 1);
+	/* the figures of the text output's "requests:" line */
+	assert_true(json_is_integer(json_object_get(j, "requests")));
+	assert_true(json_is_integer(json_object_get(j, "errors")));
 	json_decref(j);
 
 	j = ctl_json("--socket %s --json models", "");
@@ -194,6 +291,9 @@ static void status_models_layers_stats(void **state)
 	assert_non_null(strstr(out, "encoder.layer.5.output.dense"));
 	assert_int_equal(ctl("--socket %s layers no-such-model", daemon_.socket), 1);
 	assert_non_null(strstr(err, "no resident model"));
+	assert_string_equal(out, "");
+	assert_int_equal(ctl("--socket %s --json layers no-such-model", daemon_.socket), 1);
+	assert_json_error("ENOENT", ENOENT, "no resident model \"no-such-model\"", NULL);
 
 	j = ctl_json("--socket %s --json stats", "");
 	assert_non_null(json_object_get(json_object_get(j, "global"), "requests"));
@@ -220,6 +320,8 @@ static void load_and_unload(void **state)
 	assert_int_equal(ctl("--socket %s load --name other %s", daemon_.socket, ckpt), 0);
 	assert_non_null(strstr(out, "\"other\""));
 	assert_int_equal(ctl("--socket %s load /nonexistent/ckpt", daemon_.socket), 1);
+	assert_int_equal(ctl("--socket %s --json load /nonexistent/ckpt", daemon_.socket), 1);
+	assert_json_error("ENOENT", ENOENT, "cannot load /nonexistent/ckpt", NULL);
 
 	/* --hold keeps it until SIGTERM */
 	char cmd[1024];
@@ -241,6 +343,8 @@ static void load_and_unload(void **state)
 	/* a client-loaded model cannot be unloaded from outside */
 	assert_int_equal(ctl("--socket %s unload minilm-w4g128", daemon_.socket), 1);
 	assert_non_null(strstr(err, "not preloaded"));
+	assert_int_equal(ctl("--socket %s --json unload minilm-w4g128", daemon_.socket), 1);
+	assert_json_error("ENOENT", ENOENT, "is not preloaded", NULL);
 	kill(holder, SIGTERM);
 	int st;
 	assert_int_equal(waitpid(holder, &st, 0), holder);
@@ -324,6 +428,22 @@ static void stats_format(void **state)
 	assert_non_null(all);
 	assert_non_null(strstr(all, "<="));
 	assert_null(strstr(all, ".1 "));   /* no fake tenths on p50/p99 */
+
+	/* status --json carries the figures of status's text, the request and
+	 * error counts among them (the 10 layers above, none refused) */
+	assert_int_equal(ctl("--socket %s status", daemon_.socket), 0);
+	const char *line = strstr(out, "requests:");
+	assert_non_null(line);
+	unsigned long long requests = 0, errors = 1;
+	assert_int_equal(sscanf(line, "requests: %llu (%llu errors)", &requests, &errors), 2);
+	assert_int_equal(requests, 10);
+	assert_int_equal(errors, 0);
+	json_t *j = ctl_json("--socket %s --json status", "");
+	assert_true(json_is_integer(json_object_get(j, "requests")));
+	assert_true(json_is_integer(json_object_get(j, "errors")));
+	assert_int_equal(json_integer_value(json_object_get(j, "requests")), requests);
+	assert_int_equal(json_integer_value(json_object_get(j, "errors")), errors);
+	json_decref(j);
 }
 
 /* A checkpoint file that is not a regular file is named, quickly (a FIFO
@@ -360,17 +480,21 @@ static void load_name_clash(void **state)
 	assert_int_equal(ctl("--socket %s load %s", daemon_.socket, copy), 1);
 	assert_non_null(strstr(err, "a different checkpoint named"));
 	assert_non_null(strstr(err, "load --name NAME"));
+	assert_int_equal(ctl("--socket %s --json load %s", daemon_.socket, copy), 1);
+	assert_json_error("EEXIST", EEXIST, "a different checkpoint named", "load --name NAME");
 	assert_int_equal(ctl("--socket %s load --name other-name %s", daemon_.socket, ckpt), 0);
 	assert_non_null(strstr(out, "already resident as \"" H_CHECKPOINT "\""));
 	radiance_disconnect(r);
 }
 
-/* The daemon stops under load --hold: a clear message, exit 3. */
-static void hold_when_daemon_goes_away(void **state)
+/* The daemon stops under load --hold: a clear message, exit 3. With --json
+ * stdout has the load's document, then the error object. */
+static void hold_until_daemon_stops(bool json)
 {
 	char cmd[1024];
-	snprintf(cmd, sizeof cmd, "exec %s --socket %s load --hold %s >%s 2>%s",
-		 h_env("RADIANCECTL", "build/radiancectl"), daemon_.socket, ckpt, out_path, err_path);
+	snprintf(cmd, sizeof cmd, "exec %s --socket %s %s load --hold %s >%s 2>%s",
+		 h_env("RADIANCECTL", "build/radiancectl"), daemon_.socket, json ? "--json" : "",
+		 ckpt, out_path, err_path);
 	fflush(NULL);
 	pid_t holder = fork();
 	assert_true(holder >= 0);
@@ -379,13 +503,14 @@ static void hold_when_daemon_goes_away(void **state)
 		_exit(127);
 	}
 	/* wait until it holds the model (its stdout says so) */
+	const char *holding = json ? "\"held\": true" : "holding model";
 	for (int i = 0; i < 500; i++) {
 		slurp(out_path, out, sizeof out);
-		if (strstr(out, "holding model"))
+		if (strstr(out, holding))
 			break;
 		h_sleep_ms(10);
 	}
-	assert_non_null(strstr(out, "holding model"));
+	assert_non_null(strstr(out, holding));
 	assert_int_equal(kill(daemon_.pid, SIGTERM), 0);
 	assert_int_equal(h_daemon_wait(&daemon_, 10.0), 1);
 	int st;
@@ -395,6 +520,27 @@ static void hold_when_daemon_goes_away(void **state)
 	assert_int_equal(WEXITSTATUS(st), 3);
 	assert_non_null(strstr(err, "the daemon went away"));
 	assert_null(strstr(err, "Broken pipe"));
+	if (!json)
+		return;
+	slurp(out_path, out, sizeof out);
+	json_error_t je;
+	json_t *load = json_loads(out, JSON_DISABLE_EOF_CHECK, &je);
+	assert_non_null(load);
+	assert_true(json_is_true(json_object_get(load, "held")));
+	json_decref(load);
+	memmove(out, out + je.position, strlen(out + je.position) + 1);
+	assert_json_error("ECONNRESET", ECONNRESET, "the daemon went away while holding model",
+			  NULL);
+}
+
+static void hold_when_daemon_goes_away(void **state)
+{
+	hold_until_daemon_stops(false);
+}
+
+static void hold_json_when_daemon_goes_away(void **state)
+{
+	hold_until_daemon_stops(true);
 }
 
 /* At its session limit the daemon's reason reaches radiancectl. */
@@ -410,6 +556,8 @@ static void session_limit(void **state)
 	assert_non_null(r);
 	assert_int_equal(ctl("--socket %s status", daemon_.socket), 3);
 	assert_non_null(strstr(err, "too many sessions (the limit is 1)"));
+	assert_int_equal(ctl("--json --socket %s status", daemon_.socket), 3);
+	assert_json_error("EBUSY", EBUSY, "too many sessions (the limit is 1)", NULL);
 	radiance_disconnect(r);
 }
 
@@ -460,6 +608,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(usage_and_exit_codes),
+		cmocka_unit_test(connect_errors),
 		cmocka_unit_test_setup_teardown(status_models_layers_stats, start_preload, stop),
 		cmocka_unit_test_setup_teardown(load_and_unload, start, stop),
 		cmocka_unit_test_setup_teardown(unload_preloaded, start_preload, stop),
@@ -468,6 +617,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(load_not_regular_file, start, stop),
 		cmocka_unit_test_setup_teardown(load_name_clash, start, stop),
 		cmocka_unit_test_setup_teardown(hold_when_daemon_goes_away, start, stop_after_sigterm),
+		cmocka_unit_test_setup_teardown(hold_json_when_daemon_goes_away, start,
+						stop_after_sigterm),
 		cmocka_unit_test_setup_teardown(session_limit, start_one_session, stop),
 		cmocka_unit_test_setup_teardown(unload_not_permitted, start_preload, stop),
 	};
