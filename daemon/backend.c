@@ -6,11 +6,47 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "log.h"
+
 struct radiance_backend {
 	const struct radiance_backend_ops *ops;
 	void *state;
 	uint32_t max_rows;   /* what the backend sized its staging for */
 };
+
+/* Says once, at start, what "auto" chose and why, and which GPU-only
+ * options do nothing on the CPU: otherwise `--backend auto --device 7` on a
+ * machine without a GPU serves from the CPU without a word. no_gpu is the
+ * GPU backend's reason for -ENODEV, when it was tried. */
+static void backend_log_choice(const char *kind, const struct radiance_backend_options *opt,
+			       const struct radiance_backend_ops *ops, const char *no_gpu)
+{
+	const int cpu = ops == &radiance__backend_cpu_ops;
+	if (strcmp(kind, "auto") == 0) {
+		if (!cpu)
+			log_info("backend auto: using the %s backend", ops->name);
+#ifdef RADIANCE_GPU
+		else
+			log_info("backend auto: no GPU device answered (%s), using cpu", no_gpu);
+#else
+		else
+			log_info("backend auto: this build has no GPU backend (make GPU=cuda or "
+				 "GPU=hip adds one), using cpu");
+#endif
+	}
+	if (!cpu)
+		return;
+	if (opt->device >= 0)
+		log_warn("device %d has no effect: the backend is cpu (device picks a GPU)",
+			 opt->device);
+	const char *gate = getenv("RADIANCE_NUMERICS_GATE");
+	if (opt->numerics_gate)
+		log_warn("numerics_gate has no effect: the backend is cpu (the gate checks GPU "
+			 "launches against the CPU reference)");
+	else if (gate && strcmp(gate, "1") == 0)
+		log_warn("RADIANCE_NUMERICS_GATE=1 has no effect: the backend is cpu (the gate "
+			 "checks GPU launches against the CPU reference)");
+}
 
 int radiance_backend_create(const struct radiance_backend_options *opt,
 			    struct radiance_backend **out, char *err, size_t errlen)
@@ -25,16 +61,17 @@ int radiance_backend_create(const struct radiance_backend_options *opt,
 #ifdef RADIANCE_GPU
 		order[n++] = &radiance__backend_gpu_ops;
 #else
+		/* the caller's message already names the backend it asked for */
 		if (strcmp(kind, "gpu") == 0) {
-			snprintf(err, errlen, "backend 'gpu' requested but this build has no GPU "
-				 "backend (rebuild with make GPU=cuda or GPU=hip)");
+			snprintf(err, errlen, "this build has no GPU backend (rebuild with make "
+				 "GPU=cuda or GPU=hip)");
 			return -ENODEV;
 		}
 #endif
 		if (strcmp(kind, "auto") == 0)
 			order[n++] = &radiance__backend_cpu_ops;
 	} else {
-		snprintf(err, errlen, "unknown backend '%s' (expected auto, cpu or gpu)", kind);
+		snprintf(err, errlen, "'%s' is not a backend (expected auto, cpu or gpu)", kind);
 		return -EINVAL;
 	}
 
@@ -46,18 +83,23 @@ int radiance_backend_create(const struct radiance_backend_options *opt,
 	struct radiance_backend_options o = *opt;
 	if (!o.max_rows)
 		o.max_rows = 1;
+	if (o.device < 0)
+		o.device = 0;
 	b->max_rows = o.max_rows;
+	char no_gpu[256] = "";
 	int rc = -ENODEV;
 	for (size_t i = 0; i < n; i++) {
 		rc = order[i]->create(&o, &b->state, err, errlen);
 		if (rc == 0) {
 			b->ops = order[i];
 			*out = b;
+			backend_log_choice(kind, opt, b->ops, no_gpu);
 			return 0;
 		}
 		/* auto: a missing GPU falls through to the CPU; any other error is final */
 		if (!(rc == -ENODEV && i + 1 < n))
 			break;
+		snprintf(no_gpu, sizeof no_gpu, "%s", err && errlen ? err : "no device");
 	}
 	free(b);
 	return rc;

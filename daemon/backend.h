@@ -26,7 +26,9 @@ struct radiance_backend_layer;   /* a layer resident on the backend's device */
 
 struct radiance_backend_options {
 	const char *kind;        /* "auto", "cpu", "gpu"; NULL means "auto" */
-	int device;              /* GPU ordinal, ignored by the CPU backend */
+	int device;              /* GPU ordinal; below 0: not chosen, the GPU backend
+	                            takes 0. The CPU backend ignores it, with a
+	                            warning when one was chosen. */
 	uint32_t max_rows;       /* largest M of one launch (rows of all stacked
 	                            requests); sizes activation and output staging */
 	uint32_t max_decode_rows;/* decode band's largest M; sizes split-K partials */
@@ -34,7 +36,8 @@ struct radiance_backend_options {
 	uint32_t max_k;          /* largest K of any layer served */
 	int numerics_gate;       /* GPU: check the first launch of each (layer, M)
 	                            against the CPU reference and log the relative
-	                            error (also env RADIANCE_NUMERICS_GATE=1) */
+	                            error (also env RADIANCE_NUMERICS_GATE=1); the
+	                            CPU backend warns that it has no effect */
 };
 
 /* One request's rows inside a (possibly merged) launch. x and y point into a
@@ -52,6 +55,10 @@ struct radiance_backend_info {
 	uint64_t scratch_bytes;  /* bytes allocated at create for staging/split-K */
 };
 
+/* Creates the backend opt->kind names. "auto" tries the GPU and falls back to
+ * the CPU when this build has no GPU backend or no device answers; it logs
+ * (info) which one it took and why. Logs a warning for GPU-only options
+ * (device, numerics_gate) when the backend that runs is the CPU. */
 int radiance_backend_create(const struct radiance_backend_options *opt,
 			    struct radiance_backend **out, char *err, size_t errlen);
 void radiance_backend_destroy(struct radiance_backend *b);

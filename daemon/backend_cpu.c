@@ -49,21 +49,26 @@ static int cpu_create(const struct radiance_backend_options *opt, void **state, 
 		      size_t errlen)
 {
 	struct cpu_state *s = calloc(1, sizeof *s);
-	if (!s)
-		goto oom;
+	if (!s) {
+		snprintf(err, errlen, "cpu backend: out of memory");
+		return -ENOMEM;
+	}
 	s->max_rows = opt->max_rows;
 	s->max_k = opt->max_k ? opt->max_k : RADIANCE_GROUP_SIZE;
 	s->scratch_bytes = radiance_cpu_w4a8_scratch_bytes(s->max_rows, s->max_k);
 	s->scratch = aligned_alloc(64, (s->scratch_bytes + 63) & ~(size_t)63);
-	if (!s->scratch)
-		goto oom;
+	if (!s->scratch) {
+		/* the size is the operator's choice: say which options make it */
+		snprintf(err, errlen, "cpu backend: out of memory for %zu bytes (%.1f GiB) of "
+			 "activation scratch, sized by max_rows %u x max_k %u (about 5 bytes "
+			 "each); lower --max-rows or --max-k", s->scratch_bytes,
+			 (double)s->scratch_bytes / (1u << 30), s->max_rows, s->max_k);
+		free(s);
+		return -ENOMEM;
+	}
 	read_cpu_model(s->cpu_model, sizeof s->cpu_model);
 	*state = s;
 	return 0;
-oom:
-	free(s);
-	snprintf(err, errlen, "cpu backend: out of memory for scratch");
-	return -ENOMEM;
 }
 
 static void cpu_destroy(void *state)

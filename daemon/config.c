@@ -2,6 +2,7 @@
 #include "config.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <grp.h>
 #include <ini.h>
@@ -34,7 +35,8 @@ static const struct setting settings[] = {
 	{ "group", 'g', "GROUP", V_STRING, OFF(socket_group), 0, 0,
 	  "group owning the socket, which is then mode 0660 (default: none, 0600)" },
 	{ "backend", 'b', "KIND", V_BACKEND, OFF(backend), 0, 0, "auto, cpu or gpu (default auto)" },
-	{ "device", 'd', "N", V_INT, OFF(device), 0, 1024, "GPU ordinal (default 0)" },
+	{ "device", 'd', "N", V_INT, OFF(device), 0, 1024,
+	  "GPU ordinal (default 0); no effect on the cpu backend" },
 	{ "preload", 'p', "DIR", V_PRELOAD, OFF(preload), 0, 0,
 	  "load this checkpoint at start and keep it resident (repeatable; the config "
 	  "key takes a space-separated list)" },
@@ -72,9 +74,12 @@ static const struct setting settings[] = {
 enum { OPT_CONFIG = 'c', OPT_NO_CONFIG = 300, OPT_HELP = 'h', OPT_VERSION = 'V' };
 
 /* Where each setting's value came from ("default", "--max-rows",
- * "/etc/radiance/radianced.conf:12"), for errors about combinations. */
+ * "/etc/radiance/radianced.conf:12"), for errors about combinations; and
+ * where each cfg->preload[i] came from, as preload is a list. */
 struct origins {
 	char where[NSETTINGS][320];
+	char **preload_from;
+	size_t n_preload_from;
 };
 
 static size_t setting_index(const char *key)
@@ -89,6 +94,34 @@ static const char *origin(const struct origins *o, const char *key)
 {
 	size_t i = setting_index(key);
 	return i < NSETTINGS && o->where[i][0] ? o->where[i] : "default";
+}
+
+static void origins_clear_preload(struct origins *o)
+{
+	for (size_t i = 0; i < o->n_preload_from; i++)
+		free(o->preload_from[i]);
+	free(o->preload_from);
+	o->preload_from = NULL;
+	o->n_preload_from = 0;
+}
+
+/* Records `where` as the origin of the preloads apply() just added. */
+static int origins_add_preload(struct origins *o, const struct radiance_config *cfg,
+			       const char *where)
+{
+	if (cfg->n_preload <= o->n_preload_from)
+		return 0;
+	char **p = realloc(o->preload_from, cfg->n_preload * sizeof *p);
+	if (!p)
+		return -ENOMEM;
+	o->preload_from = p;
+	while (o->n_preload_from < cfg->n_preload) {
+		p[o->n_preload_from] = strdup(where);
+		if (!p[o->n_preload_from])
+			return -ENOMEM;
+		o->n_preload_from++;
+	}
+	return 0;
 }
 
 int config_init(struct radiance_config *cfg)
@@ -108,6 +141,7 @@ int config_init(struct radiance_config *cfg)
 	cfg->max_n = 65536;
 	cfg->hello_timeout_ms = 5000;
 	cfg->decode_rows = 64;
+	cfg->device = -1;   /* not given: the GPU backend takes 0, the CPU one does not warn */
 	cfg->log_level = RADIANCE_LOG_INFO;
 	cfg->socket_gid = (gid_t)-1;
 	return 0;
@@ -217,6 +251,13 @@ static int apply(struct radiance_config *cfg, const struct setting *st, const ch
 		cfg->log_level = lvl;
 		return 0;
 	case V_PRELOAD:
+		/* like any other option, an empty value is a mistake (an unset
+		 * variable in a unit file), not a request for no preload */
+		if (!value[strspn(value, " \t")]) {
+			snprintf(err, errlen, "%s: empty value (expected a checkpoint directory)",
+				 where);
+			return -EINVAL;
+		}
 		for (const char *p = value; *p;) {
 			p += strspn(p, " \t");
 			size_t n = strcspn(p, " \t");
@@ -233,7 +274,7 @@ static int apply(struct radiance_config *cfg, const struct setting *st, const ch
 		    (st->type == V_POW2 && (v & (v - 1)))) {
 			snprintf(err, errlen, "%s: '%s' is not %s in %llu..%llu", where, value,
 				 st->type == V_POW2 ? "a power of two" :
-				 st->type == V_BYTES ? "a byte count (K, M, G suffixes allowed)" :
+				 st->type == V_BYTES ? "a byte count (K, M, G, T: powers of 1024)" :
 						       "a number",
 				 (unsigned long long)st->min, (unsigned long long)st->max);
 			return -EINVAL;
@@ -259,6 +300,7 @@ struct file_ctx {
 	size_t errlen;
 	int line;                    /* of the line inih is parsing */
 	int at_line_start;
+	int first_line[NSETTINGS];   /* where each key was first set, or 0 */
 };
 
 /* libinih's reader: fgets that counts lines (so the handler can name them)
@@ -333,6 +375,18 @@ static int config_ini_line(void *user, const char *section, const char *name, co
 		ctx->rc = -EINVAL;
 		return 0;
 	}
+	/* With two lines for one key the later would win without a word, while
+	 * a reader of a long file stops at the first. preload is a list: its
+	 * lines add up. */
+	if (ctx->first_line[i] && settings[i].type != V_PRELOAD) {
+		snprintf(ctx->err, ctx->errlen, "%s:%d: %s is set again (line %d set it first); "
+			 "give each key once (only preload may repeat, its lines add up)",
+			 ctx->path, ctx->line, settings[i].key, ctx->first_line[i]);
+		ctx->rc = -EINVAL;
+		return 0;
+	}
+	if (!ctx->first_line[i])
+		ctx->first_line[i] = ctx->line;
 	char *v = strdup(value);
 	if (!v) {
 		ctx->rc = -ENOMEM;
@@ -341,38 +395,55 @@ static int config_ini_line(void *user, const char *section, const char *name, co
 	strip_inline_comment(v);
 	int rc = apply(ctx->cfg, &settings[i], v, where, ctx->err, ctx->errlen);
 	free(v);
+	if (rc == 0 && ctx->origins) {
+		snprintf(ctx->origins->where[i], sizeof ctx->origins->where[i], "%s:%d", ctx->path,
+			 ctx->line);
+		if (settings[i].type == V_PRELOAD)
+			rc = origins_add_preload(ctx->origins, ctx->cfg, ctx->origins->where[i]);
+	}
 	if (rc < 0) {
 		ctx->rc = rc;
 		return 0;
 	}
-	if (ctx->origins)
-		snprintf(ctx->origins->where[i], sizeof ctx->origins->where[i], "%s:%d", ctx->path,
-			 ctx->line);
 	return 1;
 }
 
 static int parse_file(struct radiance_config *cfg, struct origins *origins, const char *path,
 		      char *err, size_t errlen)
 {
-	FILE *f = fopen(path, "re");
-	if (!f) {
+	/* O_NONBLOCK: opening a FIFO for reading waits for a writer, forever
+	 * before anything is printed; this way the open returns and the type
+	 * check below refuses it. open() also takes a directory, which libinih
+	 * would read as an empty file. Checking the descriptor, not the path,
+	 * leaves no window for the path to change in between. */
+	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+	if (fd < 0) {
 		int e = errno;
 		snprintf(err, errlen, "config file %s: %s", path, strerror(e));
 		return -e;
 	}
-	/* fopen takes a directory, and libinih would read it as an empty file */
 	struct stat st;
-	if (fstat(fileno(f), &st) < 0) {
+	int flags;
+	if (fstat(fd, &st) < 0) {
 		int e = errno;
 		snprintf(err, errlen, "config file %s: %s", path, strerror(e));
-		fclose(f);
+		close(fd);
 		return -e;
 	}
 	if (!S_ISREG(st.st_mode)) {
 		int e = S_ISDIR(st.st_mode) ? EISDIR : EINVAL;
 		snprintf(err, errlen, "config file %s: %s", path,
 			 e == EISDIR ? "is a directory" : "is not a regular file");
-		fclose(f);
+		close(fd);
+		return -e;
+	}
+	/* a regular file never blocks, but stdio should see a plain descriptor */
+	flags = fcntl(fd, F_GETFL);
+	FILE *f = flags < 0 || fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) < 0 ? NULL : fdopen(fd, "r");
+	if (!f) {
+		int e = errno;
+		snprintf(err, errlen, "config file %s: %s", path, strerror(e));
+		close(fd);
 		return -e;
 	}
 	struct file_ctx ctx = {
@@ -455,6 +526,9 @@ static void usage(FILE *out)
 		"The config file takes the long option names as keys (key = value, '_' or '-');\n"
 		"'#' and ';' start comments, also after a value. The command line overrides\n"
 		"the file; --preload on the command line replaces the file's preload list.\n"
+		"A key may appear once in the file, except preload, whose lines add up.\n"
+		"BYTES values take a K, M, G or T suffix, in powers of 1024 (64M is 64 MiB;\n"
+		"64MiB and 64MB read the same).\n"
 		"\n"
 		"Signals:\n"
 		"  TERM, INT     stop accepting, finish what clients submitted, exit 0\n"
@@ -519,6 +593,87 @@ static int default_socket(struct radiance_config *cfg, char *err, size_t errlen)
 			cfg->socket_path = NULL;
 	}
 	return cfg->socket_path ? 0 : -ENOMEM;
+}
+
+/* A preload's model name, as registry_preload derives it: the last
+ * component of the path as given, trailing slashes dropped. Points into dir;
+ * *len gets its length. */
+static const char *preload_name(const char *dir, size_t *len)
+{
+	size_t end = strlen(dir);
+	while (end > 1 && dir[end - 1] == '/')
+		end--;
+	size_t start = end;
+	while (start && dir[start - 1] != '/')
+		start--;
+	*len = end - start;
+	return dir + start;
+}
+
+static int preload_same_name(const char *a, const char *b)
+{
+	size_t alen, blen;
+	const char *an = preload_name(a, &alen), *bn = preload_name(b, &blen);
+	return alen == blen && memcmp(an, bn, alen) == 0;
+}
+
+/* Drops cfg->preload[i], with its origin and its realpath in real[]. */
+static void preload_remove(struct radiance_config *cfg, struct origins *o, char **real, size_t i)
+{
+	size_t after = cfg->n_preload - i - 1;
+	free(cfg->preload[i]);
+	free(o->preload_from[i]);
+	free(real[i]);
+	memmove(&cfg->preload[i], &cfg->preload[i + 1], after * sizeof *cfg->preload);
+	memmove(&o->preload_from[i], &o->preload_from[i + 1], after * sizeof *o->preload_from);
+	memmove(&real[i], &real[i + 1], after * sizeof *real);
+	cfg->n_preload--;
+	o->n_preload_from--;
+}
+
+/* Preloads are named after their directory, so two different directories
+ * with one basename would race for the name: whichever finished loading
+ * second would fail, with advice to load it under another name that a
+ * preload cannot take. Refuse that here, before anything starts. The same
+ * directory twice (same realpath) is one preload: the later mention is
+ * dropped. A path that does not resolve is left to the load, which says why
+ * it fails. */
+static int preload_check(struct radiance_config *cfg, struct origins *o, char *err,
+			 size_t errlen)
+{
+	int rc = 0;
+	char **real = calloc(cfg->n_preload ? cfg->n_preload : 1, sizeof *real);
+	if (!real)
+		return -ENOMEM;
+	for (size_t i = 0; i < cfg->n_preload; i++)
+		real[i] = realpath(cfg->preload[i], NULL);
+	for (size_t i = 0; i < cfg->n_preload;) {
+		size_t j = 0;
+		while (j < i && !(real[i] && real[j] && strcmp(real[i], real[j]) == 0))
+			j++;
+		if (j < i)
+			preload_remove(cfg, o, real, i);
+		else
+			i++;
+	}
+	for (size_t i = 0; i < cfg->n_preload && !rc; i++) {
+		for (size_t j = 0; j < i && real[i] && !rc; j++) {
+			if (!real[j] || !preload_same_name(cfg->preload[i], cfg->preload[j]))
+				continue;
+			size_t len;
+			const char *name = preload_name(cfg->preload[i], &len);
+			snprintf(err, errlen, "preload %s (%s) and preload %s (%s) are different "
+				 "directories with the same name '%.*s': a preload's model name is "
+				 "its directory's basename; rename one of the directories",
+				 cfg->preload[j], o->preload_from[j], cfg->preload[i],
+				 o->preload_from[i], (int)len, name);
+			rc = -EINVAL;
+		}
+	}
+	for (size_t i = 0; i < cfg->n_preload; i++)
+		free(real[i]);
+	free(real);
+	return rc;
 }
 
 /* Resolves the socket group now, so a typo is a command-line error (exit 2)
@@ -629,6 +784,7 @@ int config_load(struct radiance_config *cfg, int argc, char **argv, char *err, s
 			continue;
 		if (st->type == V_PRELOAD && !cli_preload) {
 			preload_clear(cfg);
+			origins_clear_preload(o);
 			cli_preload = 1;
 		}
 		char where[64];
@@ -637,6 +793,8 @@ int config_load(struct radiance_config *cfg, int argc, char **argv, char *err, s
 		else
 			snprintf(where, sizeof where, "--%s", t.names[st - settings]);
 		rc = apply(cfg, st, optarg, where, err, errlen);
+		if (rc == 0 && st->type == V_PRELOAD)
+			rc = origins_add_preload(o, cfg, where);
 		if (rc < 0)
 			goto out;
 		snprintf(o->where[st - settings], sizeof o->where[0], "%s", where);
@@ -660,11 +818,15 @@ int config_load(struct radiance_config *cfg, int argc, char **argv, char *err, s
 			 cfg->max_k);
 		goto out;
 	}
+	rc = preload_check(cfg, o, err, errlen);
+	if (rc < 0)
+		goto out;
 	rc = resolve_group(cfg, o, err, errlen);
 	if (rc < 0)
 		goto out;
 	rc = default_socket(cfg, err, errlen);
 out:
+	origins_clear_preload(o);
 	free(o);
 	return rc;
 }

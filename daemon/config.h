@@ -22,8 +22,10 @@ struct radiance_config {
 	char *socket_group;         /* chgrp the socket to this and make it 0660; NULL: 0600 */
 	gid_t socket_gid;           /* socket_group resolved by config_load, or (gid_t)-1 */
 	char *backend;              /* "auto", "cpu", "gpu" */
-	int device;                 /* GPU ordinal */
-	char **preload;             /* checkpoint directories to load at start */
+	int device;                 /* GPU ordinal; -1 when not given (the GPU backend takes 0) */
+	char **preload;             /* checkpoint directories to load at start; config_load
+	                               refuses two with one basename (the model name) and
+	                               drops repeats of one directory */
 	size_t n_preload;
 	uint32_t max_sessions;      /* connected clients at once */
 	uint64_t max_arena_bytes;   /* largest arena one session may ask for, bytes */
@@ -51,8 +53,10 @@ int config_load(struct radiance_config *cfg, int argc, char **argv, char *err, s
 int config_init(struct radiance_config *cfg);
 
 /* Applies one INI file over cfg. 0, -ENOENT/-errno when it cannot be
- * opened, -EISDIR/-EINVAL when it is not a regular file, -EINVAL for a bad
- * or too long line, unknown key or bad value (err says which file:line).
+ * opened, -EISDIR/-EINVAL when it is not a regular file (a FIFO is refused,
+ * not waited on), -EINVAL for a bad or too long line, unknown key, a key set
+ * twice (but preload, whose lines add up) or bad value (err says which
+ * file:line).
  * A '#' or ';' that starts a value or follows whitespace starts a comment. */
 int config_parse_file(struct radiance_config *cfg, const char *path, char *err, size_t errlen);
 

@@ -8,7 +8,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/stat.h>
 #include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -221,8 +225,8 @@ static void test_inline_comments(void **state)
 	assert_non_null(strstr(err, ":6: log_level: 'debug#kept'"));
 	config_finish(&cfg);
 
+	/* (a key may be set once: socket only on the last line here) */
 	path = write_file("comments3.conf",
-		"socket = /tmp/x/c.sock  # trailing comment\n"
 		"max_rows = 64 ; the other kind\n"
 		"max_sessions = 9\t# after a tab\n"
 		"preload = /m/a /m/b # not a third directory\n"
@@ -361,6 +365,182 @@ static void test_shipped_config(void **state)
 	config_finish(&cfg);
 }
 
+/* Each bad input fails with -EINVAL and a message containing every needle
+ * (NULL-terminated), after the arguments (NULL-terminated). */
+static void expect_error_all(const char *const *needles, ...)
+{
+	struct radiance_config cfg;
+	char err[512];
+	char *argv[32] = { "radianced" };
+	int argc = 1;
+	va_list ap;
+	va_start(ap, needles);
+	for (char *a; (a = va_arg(ap, char *)) && argc < 31;)
+		argv[argc++] = a;
+	va_end(ap);
+	int rc = config_load(&cfg, argc, argv, err, sizeof err);
+	config_finish(&cfg);
+	for (size_t i = 0; needles[i]; i++)
+		if (rc != -EINVAL || !strstr(err, needles[i]))
+			fail_msg("got %d '%s', wanted %d with '%s'", rc, err, -EINVAL, needles[i]);
+}
+
+/* Opening a FIFO for reading waits for a writer: the daemon hung there
+ * before printing anything. config_load runs in a child so that a hang is a
+ * failure here, not a stuck test run. */
+static void test_config_fifo_refused(void **state)
+{
+	char fifo[128];
+	snprintf(fifo, sizeof fifo, "%s/fifo.conf", tmpdir);
+	assert_int_equal(mkfifo(fifo, 0600), 0);
+	fflush(NULL);
+	pid_t pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		struct radiance_config cfg;
+		char err[512] = "";
+		char *argv[] = { "radianced", "--config", fifo, NULL };
+		int rc = config_load(&cfg, 3, argv, err, sizeof err);
+		config_finish(&cfg);
+		int ok = rc == -EINVAL && strstr(err, fifo) && strstr(err, "is not a regular file");
+		if (!ok)
+			fprintf(stderr, "config_load: %d '%s'\n", rc, err);
+		_exit(ok ? 0 : 1);
+	}
+	int st = 0;
+	pid_t done = 0;
+	for (int i = 0; i < 500 && done == 0; i++) {   /* 5 s */
+		done = waitpid(pid, &st, WNOHANG);
+		if (done == 0)
+			nanosleep(&(struct timespec){ .tv_nsec = 10000000 }, NULL);
+	}
+	if (done == 0) {
+		kill(pid, SIGKILL);
+		waitpid(pid, &st, 0);
+		unlink(fifo);
+		fail_msg("config_load --config %s still blocked after 5 s", fifo);
+	}
+	unlink(fifo);
+	assert_true(WIFEXITED(st));
+	assert_int_equal(WEXITSTATUS(st), 0);
+}
+
+/* A preload's model name is its directory's basename: two directories with
+ * one basename would race for the name at start. */
+static void test_preload_same_basename(void **state)
+{
+	char a[128], b[128], a_slash[160], a_dots[160], c[128];
+	snprintf(a, sizeof a, "%s/a/minilm", tmpdir);
+	snprintf(b, sizeof b, "%s/b/minilm", tmpdir);
+	snprintf(c, sizeof c, "%s/b/other", tmpdir);
+	char dir[128];
+	snprintf(dir, sizeof dir, "%s/a", tmpdir);
+	assert_int_equal(mkdir(dir, 0700), 0);
+	snprintf(dir, sizeof dir, "%s/b", tmpdir);
+	assert_int_equal(mkdir(dir, 0700), 0);
+	assert_int_equal(mkdir(a, 0700), 0);
+	assert_int_equal(mkdir(b, 0700), 0);
+	assert_int_equal(mkdir(c, 0700), 0);
+
+	/* command line: both paths, where each came from, and what to do */
+	expect_error_all((const char *const[]){ a, b, "(-p/--preload)", "'minilm'", "basename",
+						"rename one", NULL },
+			 "--no-config", "-p", a, "--preload", b, NULL);
+	/* config file: file:line of each */
+	char text[512];
+	snprintf(text, sizeof text, "preload = %s\n\n[radianced]\npreload = /m/x %s\n", a, b);
+	const char *path = write_file("twins.conf", text);
+	char at1[320], at4[320];
+	snprintf(at1, sizeof at1, "%s (%s:1)", a, path);
+	snprintf(at4, sizeof at4, "%s (%s:4)", b, path);
+	expect_error_all((const char *const[]){ at1, at4, "basename", NULL }, "--config", path,
+			 NULL);
+
+	/* the same directory, however spelled, is one preload */
+	struct radiance_config cfg;
+	char err[512];
+	snprintf(a_slash, sizeof a_slash, "%s/", a);
+	snprintf(a_dots, sizeof a_dots, "%s/../minilm", a);
+	int rc = load(&cfg, err, sizeof err, "--no-config", "-p", a, "-p", c, "-p", a_slash, "-p",
+		      a_dots, NULL);
+	if (rc != 0)
+		fail_msg("%s", err);
+	assert_int_equal(cfg.n_preload, 2);
+	assert_string_equal(cfg.preload[0], a);
+	assert_string_equal(cfg.preload[1], c);
+	config_finish(&cfg);
+	/* the command line's list replaces the file's: no clash between them */
+	assert_int_equal(load(&cfg, err, sizeof err, "--config", path, "-p", a, NULL), 0);
+	assert_int_equal(cfg.n_preload, 1);
+	config_finish(&cfg);
+}
+
+/* --preload '' preloaded nothing without a word, while --socket '' was an
+ * error. */
+static void test_preload_empty(void **state)
+{
+	expect_error(-EINVAL, "-p/--preload", "empty value", "--no-config", "--preload", "", NULL);
+	expect_error(-EINVAL, "-p/--preload", "empty value", "--no-config", "-p", " \t", NULL);
+	const char *p = write_file("empty-preload.conf", "max_rows = 8\npreload =\n");
+	expect_error(-EINVAL, "empty-preload.conf:2: preload", "empty value", "--config", p, NULL);
+	p = write_file("empty-preload2.conf", "preload = # none yet\n");
+	expect_error(-EINVAL, "empty-preload2.conf:1: preload", "empty value", "--config", p, NULL);
+}
+
+/* A key set twice in the file silently took the last value. */
+static void test_duplicate_key(void **state)
+{
+	const char *p = write_file("dup.conf", "max_rows = 8\nmax_rows = 9\n");
+	expect_error(-EINVAL, "dup.conf:2: max_rows", "line 1", "--config", p, NULL);
+	/* either spelling, in or out of the section, is the same key */
+	p = write_file("dup2.conf", "# x\nsocket = /tmp/a.sock\n[radianced]\nmax-rows = 8\n"
+		       "max_rows = 8\n");
+	expect_error(-EINVAL, "dup2.conf:5: max_rows", "line 4", "--config", p, NULL);
+	p = write_file("dup3.conf", "socket = /tmp/a.sock\n\nsocket = /tmp/b.sock\n");
+	expect_error(-EINVAL, "dup3.conf:3: socket", "line 1", "--config", p, NULL);
+
+	/* preload is a list: its lines add up */
+	struct radiance_config cfg;
+	char err[512];
+	p = write_file("preloads.conf", "preload = /m/a\nmax_rows = 8\npreload = /m/b /m/c\n");
+	assert_int_equal(load(&cfg, err, sizeof err, "--config", p, NULL), 0);
+	assert_int_equal(cfg.n_preload, 3);
+	assert_string_equal(cfg.preload[2], "/m/c");
+	config_finish(&cfg);
+	/* the command line may still override a key the file set */
+	p = write_file("once.conf", "max_rows = 8\n");
+	assert_int_equal(load(&cfg, err, sizeof err, "--config", p, "--max-rows", "16", NULL), 0);
+	assert_int_equal(cfg.max_rows, 16);
+	config_finish(&cfg);
+}
+
+/* T is accepted, so the error names it with the others. */
+static void test_byte_suffixes(void **state)
+{
+	struct radiance_config cfg;
+	char err[512];
+	assert_int_equal(load(&cfg, err, sizeof err, "--no-config", "--max-arena-bytes", "1T",
+			      "--arena-bytes", "1TiB", NULL), 0);
+	assert_true(cfg.max_arena_bytes == 1ull << 40);
+	assert_true(cfg.arena_bytes == 1ull << 40);
+	config_finish(&cfg);
+	expect_error(-EINVAL, "--arena-bytes: '12Q'", "K, M, G, T", "--no-config",
+		     "--arena-bytes", "12Q", NULL);
+}
+
+/* device is -1 unless given, so the CPU backend warns only when it was. */
+static void test_device_unset(void **state)
+{
+	struct radiance_config cfg;
+	char err[512];
+	assert_int_equal(load(&cfg, err, sizeof err, "--no-config", NULL), 0);
+	assert_int_equal(cfg.device, -1);
+	config_finish(&cfg);
+	assert_int_equal(load(&cfg, err, sizeof err, "--no-config", "-d", "0", NULL), 0);
+	assert_int_equal(cfg.device, 0);
+	config_finish(&cfg);
+}
+
 int main(void)
 {
 	radiance_log_init(RADIANCE_LOG_ERROR);
@@ -376,6 +556,12 @@ int main(void)
 		cmocka_unit_test(test_group_resolved),
 		cmocka_unit_test(test_hello_timeout_option),
 		cmocka_unit_test(test_shipped_config),
+		cmocka_unit_test(test_config_fifo_refused),
+		cmocka_unit_test(test_preload_same_basename),
+		cmocka_unit_test(test_preload_empty),
+		cmocka_unit_test(test_duplicate_key),
+		cmocka_unit_test(test_byte_suffixes),
+		cmocka_unit_test(test_device_unset),
 	};
 	return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

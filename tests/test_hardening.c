@@ -28,6 +28,7 @@
 #include "proto_util.h"
 #include "raw_client.h"
 #include "shm.h"
+#include "w4a8_cpu.h"
 
 static struct h_ref ref;
 static struct h_daemon da, db;   /* a test's daemons; teardown stops what is left */
@@ -750,7 +751,7 @@ static void bad_frame_length_logged(void **state)
 	assert_int_not_equal(raw_read_to_end(&w, 5000, &code, NULL, 0), -ETIMEDOUT);
 	raw_close(&w);
 	h_sleep_ms(50);
-	assert_int_equal(count_lines(d->log, "frame length 2147483632 is 0 or above 1048576"), 1);
+	assert_int_equal(count_lines(d->log, "frame length 2147483632 is outside 1..1048576"), 1);
 	expect_healthy_then_stop(d);
 }
 
@@ -788,6 +789,141 @@ static void help_text(void **state)
 	assert_true(signals && exits && logs);
 }
 
+/* --- 12: what the backend choice and its sizing say ------------------------- */
+
+/* `--backend auto --device 7 --numerics-gate 1` on a machine without a GPU
+ * served from the CPU without a word. */
+static void auto_backend_says_why(void **state)
+{
+#ifdef RADIANCE_GPU
+	skip();   /* a GPU build may really pick a GPU, and has no device 7 */
+#endif
+	const char *args[] = { "--backend", "auto", "--device", "7", "--numerics-gate", "1", NULL };
+	assert_int_equal(h_daemon_start_argv(&da, args), 0);
+	char line[2048];
+	assert_int_equal(count_lines(da.log, "backend auto:"), 1);
+	assert_int_equal(find_line(da.log, "backend auto:", line, sizeof line), 0);
+	if (!strstr(line, "[info]") || !strstr(line, "this build has no GPU backend") ||
+	    !strstr(line, "using cpu"))
+		fail_msg("the backend auto line: %s", line);
+	assert_int_equal(find_line(da.log, "device 7 has no effect", line, sizeof line), 0);
+	assert_non_null(strstr(line, "[warn]"));
+	assert_int_equal(find_line(da.log, "numerics_gate has no effect", line, sizeof line), 0);
+	assert_non_null(strstr(line, "[warn]"));
+	expect_healthy_then_stop(&da);
+
+	/* neither option given, cpu asked for: nothing to explain or warn about */
+	assert_int_equal(h_daemon_start_argv(&db, (const char *[]){ "--backend", "cpu", NULL }), 0);
+	assert_int_equal(count_lines(db.log, "backend auto"), 0);
+	assert_int_equal(count_lines(db.log, "has no effect"), 0);
+	assert_int_equal(count_lines(db.log, "[warn]"), 0);
+	expect_healthy_then_stop(&db);
+}
+
+/* It said "backend 'gpu': backend 'gpu' requested but ...". */
+static void gpu_backend_missing_said_once(void **state)
+{
+#ifdef RADIANCE_GPU
+	skip();   /* this build has the GPU backend */
+#endif
+	char log[128], path[128], line[2048];
+	make_dir();
+	snprintf(log, sizeof log, "%s/radianced.log", dir);
+	snprintf(path, sizeof path, "%s/radiance.sock", dir);
+	int st = run_daemon(log, 20.0, "--socket", path, "--backend", "gpu", NULL);
+	assert_true(st != -1 && WIFEXITED(st));
+	assert_int_equal(WEXITSTATUS(st), 1);
+	assert_int_equal(find_line(log, "[error]", line, sizeof line), 0);
+	const char *first = strstr(line, "backend 'gpu'");
+	if (!first || strstr(first + 1, "backend 'gpu'") || strstr(line, "requested") ||
+	    !strstr(line, "this build has no GPU backend (rebuild with make GPU=cuda"))
+		fail_msg("the error line: %s", line);
+}
+
+/* "cpu backend: out of memory for scratch" named neither a size nor the
+ * options behind it. The address-space limit makes the allocation fail on
+ * any machine (a sanitizer's allocator is told the same through its
+ * options, as it does not run under RLIMIT_AS). */
+static void cpu_scratch_oom_names_size_and_options(void **state)
+{
+	char log[128], path[128], line[2048], bytes[64];
+	make_dir();
+	snprintf(log, sizeof log, "%s/radianced.log", dir);
+	snprintf(path, sizeof path, "%s/radiance.sock", dir);
+	snprintf(bytes, sizeof bytes, "%zu bytes",
+		 radiance_cpu_w4a8_scratch_bytes(65536, 1u << 20));
+
+	int sanitized = 0;
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+	sanitized = 1;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+	sanitized = 1;
+#endif
+#endif
+	struct rlimit old;
+	char *saved[2] = { NULL, NULL };
+	const char *vars[2] = { "ASAN_OPTIONS", "TSAN_OPTIONS" };
+	assert_int_equal(getrlimit(RLIMIT_AS, &old), 0);
+	if (sanitized) {
+		for (int i = 0; i < 2; i++) {
+			const char *v = getenv(vars[i]);
+			char opts[1024];
+			saved[i] = v ? strdup(v) : NULL;
+			snprintf(opts, sizeof opts, "%s%sallocator_may_return_null=1:"
+				 "max_allocation_size_mb=8192", v ? v : "", v && *v ? ":" : "");
+			setenv(vars[i], opts, 1);
+		}
+	} else {
+		struct rlimit lim = { 8ull << 30, old.rlim_max };
+		if (old.rlim_max != RLIM_INFINITY && old.rlim_max < lim.rlim_cur)
+			lim.rlim_cur = old.rlim_max;
+		assert_int_equal(setrlimit(RLIMIT_AS, &lim), 0);
+	}
+	int st = run_daemon(log, 20.0, "--socket", path, "--max-rows", "65536", "--max-k",
+			    "1048576", NULL);
+	if (sanitized) {
+		for (int i = 0; i < 2; i++) {
+			if (saved[i])
+				setenv(vars[i], saved[i], 1);
+			else
+				unsetenv(vars[i]);
+			free(saved[i]);
+		}
+	} else {
+		assert_int_equal(setrlimit(RLIMIT_AS, &old), 0);
+	}
+	if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 1)
+		print_file(log);
+	assert_true(st != -1 && WIFEXITED(st));
+	assert_int_equal(WEXITSTATUS(st), 1);
+	assert_int_equal(find_line(log, "[error]", line, sizeof line), 0);
+	if (!strstr(line, bytes) || !strstr(line, "max_rows 65536") ||
+	    !strstr(line, "max_k 1048576") || !strstr(line, "--max-rows") ||
+	    !strstr(line, "--max-k"))
+		fail_msg("wanted '%s', max_rows, max_k and the options in: %s", bytes, line);
+}
+
+/* --help says what a BYTES value may look like. */
+static void help_names_byte_suffixes(void **state)
+{
+	char cmd[512], line[512];
+	snprintf(cmd, sizeof cmd, "%s --help", h_env("RADIANCED", "build/radianced"));
+	FILE *p = popen(cmd, "r");
+	assert_non_null(p);
+	int bytes_opts = 0, suffixes = 0;
+	while (fgets(line, sizeof line, p)) {
+		if (strstr(line, "-bytes BYTES"))
+			bytes_opts++;
+		if (strstr(line, "BYTES") && strstr(line, "K, M, G or T") &&
+		    strstr(line, "powers of 1024"))
+			suffixes++;
+	}
+	assert_int_equal(pclose(p), 0);
+	assert_int_equal(bytes_opts, 2);
+	assert_int_equal(suffixes, 1);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -806,6 +942,10 @@ int main(void)
 		cmocka_unit_test_teardown(failed_preload_is_one_line, stop_daemons),
 		cmocka_unit_test_teardown(bad_frame_length_logged, stop_daemons),
 		cmocka_unit_test_teardown(help_text, stop_daemons),
+		cmocka_unit_test_teardown(auto_backend_says_why, stop_daemons),
+		cmocka_unit_test_teardown(gpu_backend_missing_said_once, stop_daemons),
+		cmocka_unit_test_teardown(cpu_scratch_oom_names_size_and_options, stop_daemons),
+		cmocka_unit_test_teardown(help_names_byte_suffixes, stop_daemons),
 	};
 	return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
