@@ -214,6 +214,47 @@ static void ring_violation(struct radiance_executor *e, struct exec_ring *r, con
 	post_done(e, &r->broken);
 }
 
+/* The ring functions say only that a ring is corrupted (-EPROTO): look
+ * again to say how, with the values. The client may have rewritten the
+ * words since; what is read now is what is reported. */
+static void cq_violation(struct radiance_executor *e, struct exec_ring *r)
+{
+	uint32_t tail = r->cq.local;
+	uint32_t head = __atomic_load_n(&r->cq.ctl->head, __ATOMIC_ACQUIRE);
+	uint32_t behind = tail - head;
+	if ((int32_t)behind < 0)
+		ring_violation(e, r, "CQ head %u is %u entries ahead of tail %u (it may not pass "
+			       "the tail)", head, head - tail, tail);
+	else if (behind > r->cq.entries)
+		ring_violation(e, r, "CQ head %u is %u entries behind tail %u (at most %u)", head,
+			       behind, tail, r->cq.entries);
+	else
+		ring_violation(e, r, "CQ head corrupted (head %u, tail %u, %u entries; it changed "
+			       "back since)", head, tail, r->cq.entries);
+}
+
+static void sq_violation(struct radiance_executor *e, struct exec_ring *r)
+{
+	uint32_t head = r->sq.local;
+	uint32_t tail = __atomic_load_n(&r->sq.ctl->tail, __ATOMIC_ACQUIRE);
+	uint32_t ahead = tail - head;
+	uint32_t slot = head & r->sq.mask;
+	const uint8_t *p = r->sq.slots + (size_t)slot * RADIANCE_SLOT_BYTES;
+	uint32_t len = __atomic_load_n((const uint32_t *)p, __ATOMIC_RELAXED);
+	if ((int32_t)ahead < 0)
+		ring_violation(e, r, "SQ tail %u is %u entries behind head %u (it may not go back)",
+			       tail, head - tail, head);
+	else if (ahead > r->sq.entries)
+		ring_violation(e, r, "SQ tail %u is %u entries ahead of head %u (at most %u)", tail,
+			       ahead, head, r->sq.entries);
+	else if (len == 0 || len > RADIANCE_SLOT_BYTES - 4)
+		ring_violation(e, r, "SQ slot %u (entry %u): length %u is outside 1..%u", slot, head,
+			       len, RADIANCE_SLOT_BYTES - 4);
+	else
+		ring_violation(e, r, "SQ corrupted (head %u, tail %u, slot %u length %u; it changed "
+			       "back since)", head, tail, slot, len);
+}
+
 /* ---- results ---- */
 
 static void post_result(struct radiance_executor *e, struct exec_ring *r, uint64_t request_id,
@@ -236,7 +277,7 @@ static void post_result(struct radiance_executor *e, struct exec_ring *r, uint64
 	int len = radiance_proto_pack_slot(&res.base, buf, sizeof buf);
 	int rc = len < 0 ? len : radiance_ring_push(&r->cq, buf, (size_t)len);
 	if (rc == -EPROTO) {
-		ring_violation(e, r, "CQ head corrupted (not within %u entries of tail)", r->cq.entries);
+		cq_violation(e, r);
 		return;
 	}
 	if (rc < 0) {
@@ -301,7 +342,7 @@ static void collect_ring(struct radiance_executor *e, struct exec_ring *r)
 {
 	int space = radiance_ring_space(&r->cq);
 	if (space < 0) {
-		ring_violation(e, r, "CQ head corrupted (not within %u entries of tail)", r->cq.entries);
+		cq_violation(e, r);
 		return;
 	}
 	uint32_t budget = (uint32_t)space < EXEC_BATCH ? (uint32_t)space : EXEC_BATCH;
@@ -314,8 +355,7 @@ static void collect_ring(struct radiance_executor *e, struct exec_ring *r)
 		if (len == 0)
 			break;
 		if (len < 0) {
-			ring_violation(e, r, "SQ corrupted (tail not within %u entries of head, or a "
-				       "slot length outside 1..%u)", r->sq.entries, RADIANCE_SLOT_BYTES - 4);
+			sq_violation(e, r);
 			return;
 		}
 		uint64_t t_seen = now_ns();

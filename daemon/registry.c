@@ -40,6 +40,116 @@ static void check_shutdown(struct radiance_registry *reg)
 	}
 }
 
+/* ---- names ---- */
+
+/* s for a message: printable ASCII as is, every other byte as \xNN, cut
+ * (with "...") where out is full. Never longer than outlen - 1. */
+static void escape(const char *s, char *out, size_t outlen)
+{
+	size_t o = 0;
+	for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+		size_t need = *p >= 0x20 && *p < 0x7f && *p != '\\' ? 1 : 4;
+		if (o + need + 4 > outlen) {   /* room for "..." and the 0 */
+			o += (size_t)snprintf(out + o, outlen - o, "...");
+			return;
+		}
+		if (need == 1)
+			out[o++] = (char)*p;
+		else
+			o += (size_t)snprintf(out + o, outlen - o, "\\x%02x", *p);
+	}
+	out[o] = 0;
+}
+
+/* Length of the UTF-8 sequence at p, with its code point in *cp; 0 when it
+ * is not one (a stray continuation byte, a truncated sequence, an overlong
+ * form, a surrogate, or beyond U+10FFFF). */
+static size_t utf8_decode(const unsigned char *p, uint32_t *cp)
+{
+	if (p[0] < 0x80) {
+		*cp = p[0];
+		return 1;
+	}
+	size_t n;
+	uint32_t min;
+	if (p[0] >= 0xC2 && p[0] <= 0xDF) {
+		n = 2, min = 0x80, *cp = p[0] & 0x1F;
+	} else if (p[0] >= 0xE0 && p[0] <= 0xEF) {
+		n = 3, min = 0x800, *cp = p[0] & 0x0F;
+	} else if (p[0] >= 0xF0 && p[0] <= 0xF4) {
+		n = 4, min = 0x10000, *cp = p[0] & 0x07;
+	} else {
+		return 0;
+	}
+	for (size_t i = 1; i < n; i++) {
+		if ((p[i] & 0xC0) != 0x80)   /* also stops at the terminating 0 */
+			return 0;
+		*cp = (*cp << 6) | (p[i] & 0x3F);
+	}
+	if (*cp < min || *cp > 0x10FFFF || (*cp >= 0xD800 && *cp <= 0xDFFF))
+		return 0;
+	return n;
+}
+
+int registry_check_name(const char *field, const char *name, size_t max_len, char *err,
+			size_t errlen)
+{
+	char shown[160];
+	size_t len = strlen(name);
+	if (max_len && len == 0) {
+		snprintf(err, errlen, "%s is empty; a name is 1..%zu bytes", field, max_len);
+		return -EINVAL;
+	}
+	if (max_len && len > max_len) {
+		snprintf(err, errlen, "%s is %zu bytes long; a name is 1..%zu bytes", field, len,
+			 max_len);
+		return -EINVAL;
+	}
+	const unsigned char *p = (const unsigned char *)name;
+	for (size_t i = 0; i < len;) {
+		uint32_t cp;
+		size_t n = utf8_decode(p + i, &cp);
+		if (n == 0) {
+			escape(name, shown, sizeof shown);
+			snprintf(err, errlen, "%s \"%s\" is not valid UTF-8 at byte %zu (0x%02x)", field,
+				 shown, i, p[i]);
+			return -EINVAL;
+		}
+		if (cp < 0x20 || (cp >= 0x7F && cp <= 0x9F)) {
+			char what[16];
+			if (n == 1)
+				snprintf(what, sizeof what, "0x%02x", (unsigned)cp);
+			else
+				snprintf(what, sizeof what, "U+%04X", (unsigned)cp);
+			escape(name, shown, sizeof shown);
+			snprintf(err, errlen, "%s \"%s\" has a control character (%s) at byte %zu; a "
+				 "name must be printable text", field, shown, what, i);
+			return -EINVAL;
+		}
+		i += n;
+	}
+	return 0;
+}
+
+/* Layer and tensor names come from the checkpoint's safetensors headers and
+ * are listed to every client (GetModel) and logged. */
+static int check_tensor_names(const struct radiance_model *m, char *err, size_t errlen)
+{
+	char why[400];
+	for (size_t i = 0; i < m->n_layers; i++)
+		if (m->layers[i].name &&
+		    registry_check_name("the layer name", m->layers[i].name, 0, why, sizeof why) < 0)
+			goto bad;
+	for (size_t i = 0; i < m->n_other; i++)
+		if (m->other[i].name &&
+		    registry_check_name("the tensor name", m->other[i].name, 0, why, sizeof why) < 0)
+			goto bad;
+	return 0;
+bad:
+	snprintf(err, errlen, "%s in the checkpoint", why);
+	return -EINVAL;
+}
+
 static void files_close(struct radiance_resident *res)
 {
 	for (size_t i = 0; i < res->nfiles; i++) {
@@ -80,8 +190,16 @@ static void resident_fail(struct radiance_resident *res)
 {
 	struct registry_waiter *w = res->waiters;
 	res->waiters = NULL;
-	if (!res->preloaded)   /* a failed preload is fatal; the server says so */
-		log_warn("model load failed: %s", res->err);
+	/* a failed preload is fatal; the server says so, naming the directory */
+	if (!res->preloaded) {
+		char name[80];
+		if (res->name)
+			snprintf(name, sizeof name, " '%.64s'", res->name);
+		else
+			snprintf(name, sizeof name, " (no name yet)");
+		log_warn("session %llu: loading model %u%s failed: %s",
+			 (unsigned long long)res->asked_by, res->em.id, name, res->err);
+	}
 	while (w) {
 		struct registry_waiter *next = w->next;
 		w->res = NULL;
@@ -309,13 +427,28 @@ static void load_after(uv_work_t *work, int status)
 	send_progress(res, 1);
 	const struct radiance_model *m = res->em.model;
 	if (!res->name) {
-		res->name = strdup(m->name ? m->name : "model");
+		/* config.json's text, which the client wrote: checked like a name it sent */
+		const char *from = m->name ? m->name : "model";
+		char why[400];
+		if (registry_check_name("the model name from config.json's _name_or_path", from,
+					REGISTRY_NAME_MAX, why, sizeof why) < 0) {
+			res->status = -EINVAL;
+			snprintf(res->err, sizeof res->err, "%s; give the load a name", why);
+			resident_fail(res);
+			return;
+		}
+		res->name = strdup(from);
 		if (!res->name) {
 			res->status = -ENOMEM;
 			snprintf(res->err, sizeof res->err, "out of memory");
 			resident_fail(res);
 			return;
 		}
+	}
+	if (check_tensor_names(m, res->err, sizeof res->err) < 0) {
+		res->status = -EINVAL;
+		resident_fail(res);
+		return;
 	}
 	struct radiance_resident *other = find_same_files(reg, res, res->identity);
 	if (other) {
@@ -425,9 +558,10 @@ static int answer_later(struct radiance_resident *res, struct registry_waiter *w
 	return 0;
 }
 
+/* Length and characters are registry_check_name's. */
 static int valid_file_name(const char *n)
 {
-	return n && *n && strlen(n) < 256 && !strchr(n, '/') && strcmp(n, ".") && strcmp(n, "..");
+	return !strchr(n, '/') && strcmp(n, ".") && strcmp(n, "..");
 }
 
 int registry_load_files(struct radiance_registry *reg, const struct radiance_file *files,
@@ -448,17 +582,24 @@ int registry_load_files(struct radiance_registry *reg, const struct radiance_fil
 		snprintf(err, errlen, "LoadModel names no files");
 		goto fail;
 	}
-	if (name && (!*name || strlen(name) > 255)) {
+	if (name && registry_check_name("LoadModel.name", name, REGISTRY_NAME_MAX, err,
+					errlen) < 0) {
 		rc = -EINVAL;
-		snprintf(err, errlen, "model name must be 1..255 bytes");
 		goto fail;
 	}
 	for (size_t i = 0; i < nfiles; i++) {
 		struct stat st;
+		char field[48];
+		snprintf(field, sizeof field, "LoadModel.file_names[%zu]", i);
+		if (registry_check_name(field, files[i].name ? files[i].name : "", REGISTRY_NAME_MAX,
+					err, errlen) < 0) {
+			rc = -EINVAL;
+			goto fail;
+		}
 		if (!valid_file_name(files[i].name)) {
 			rc = -EINVAL;
-			snprintf(err, errlen, "file_names[%zu] '%s' is not a plain file name", i,
-				 files[i].name ? files[i].name : "");
+			snprintf(err, errlen, "%s '%s' is not a plain file name (it has a '/', or is "
+				 "'.' or '..')", field, files[i].name);
 			goto fail;
 		}
 		for (size_t j = 0; j < i; j++)
@@ -503,6 +644,7 @@ int registry_load_files(struct radiance_registry *reg, const struct radiance_fil
 		goto fail;
 	}
 	memcpy(res->identity, identity, sizeof identity);
+	res->asked_by = w->session_id;
 	res->files = calloc(nfiles, sizeof *res->files);
 	if (!res->files || (name && !(res->want_name = strdup(name))) ||
 	    (name && !(res->name = strdup(name)))) {
@@ -528,8 +670,9 @@ int registry_load_files(struct radiance_registry *reg, const struct radiance_fil
 		snprintf(err, errlen, "uv_queue_work: %s", uv_strerror(rc));
 		return rc;
 	}
-	log_info("model %u: loading %zu files%s%s", res->em.id, nfiles, name ? " as " : "",
-		 name ? name : "");
+	log_info("session %llu: loading model %u from %zu files%s%s%s",
+		 (unsigned long long)res->asked_by, res->em.id, nfiles, name ? " as '" : "",
+		 name ? name : "", name ? "'" : "");
 	return 0;
 
 fail:
@@ -539,28 +682,44 @@ fail:
 	return rc;
 }
 
-int registry_preload(struct radiance_registry *reg, const char *dir, struct registry_waiter *w)
+int registry_preload(struct radiance_registry *reg, const char *dir, struct registry_waiter *w,
+		     char *err, size_t errlen)
 {
-	struct radiance_resident *res = resident_new(reg);
-	if (!res)
-		return -ENOMEM;
-	res->preloaded = true;
-	res->dir = strdup(dir);
+	char shown[300], why[400];
+	escape(dir, shown, sizeof shown);
 	char *copy = strdup(dir);
-	if (!res->dir || !copy) {
-		free(copy);
-		resident_free(res);
+	if (!copy) {
+		snprintf(err, errlen, "preload %s: out of memory", shown);
 		return -ENOMEM;
 	}
-	/* like radiance_checkpoint_load_dir: named after the directory */
+	/* like radiance_checkpoint_load_dir: named after the directory, a name
+	 * every client sees, so it is checked like one a client sends */
 	size_t len = strlen(copy);
 	while (len > 1 && copy[len - 1] == '/')
 		copy[--len] = 0;
-	res->want_name = strdup(basename(copy));
+	const char *base = basename(copy);
+	if (registry_check_name("its directory name (the model's name)", base, REGISTRY_NAME_MAX,
+				why, sizeof why) < 0) {
+		snprintf(err, errlen, "preload %s: %s; rename the directory or link to it under a "
+			 "plain name", shown, why);
+		free(copy);
+		return -EINVAL;
+	}
+	struct radiance_resident *res = resident_new(reg);
+	if (!res) {
+		free(copy);
+		snprintf(err, errlen, "preload %s: out of memory", shown);
+		return -ENOMEM;
+	}
+	res->preloaded = true;
+	res->asked_by = w->session_id;
+	res->dir = strdup(dir);
+	res->want_name = strdup(base);
 	res->name = res->want_name ? strdup(res->want_name) : NULL;
 	free(copy);
-	if (!res->name) {
+	if (!res->dir || !res->name) {
 		resident_free(res);
+		snprintf(err, errlen, "preload %s: out of memory", shown);
 		return -ENOMEM;
 	}
 	add_waiter(res, w);
@@ -569,6 +728,7 @@ int registry_preload(struct radiance_registry *reg, const char *dir, struct regi
 		res->waiters = NULL;
 		w->res = NULL;
 		resident_free(res);
+		snprintf(err, errlen, "preload %s: uv_queue_work: %s", shown, uv_strerror(rc));
 		return rc;
 	}
 	log_info("model %u: preloading %s", res->em.id, dir);

@@ -43,6 +43,7 @@ enum resident_state {
  * success the registry has taken one user reference for the waiter before
  * calling done. */
 struct registry_waiter {
+	uint64_t session_id;           /* who asks, for the log: a session, 0 for a preload */
 	void (*progress)(struct registry_waiter *w, uint64_t done_bytes, uint64_t total_bytes);
 	void (*done)(struct registry_waiter *w, struct radiance_resident *res, int status,
 		     const char *err);
@@ -67,6 +68,7 @@ struct radiance_resident {
 	size_t nfiles;
 	char *dir;                     /* preload directory, or NULL */
 	char *want_name;               /* name asked for, or NULL */
+	uint64_t asked_by;             /* session that started the load, 0: a preload */
 	uv_work_t work;
 	int status;
 	char err[512];
@@ -79,19 +81,39 @@ int registry_create(uv_loop_t *loop, struct radiance_executor *exec, struct radi
 /* Frees the registry; registry_shutdown must have completed. */
 void registry_destroy(struct radiance_registry *reg);
 
+/* Checks a name that came from a client or a checkpoint and that the daemon
+ * logs and lists to every client (LoadModel.name and file_names,
+ * AttachModel.name, config.json's _name_or_path, a preload's directory
+ * name, tensor names): UTF-8 text of 1..max_len bytes (max_len 0: any
+ * length, empty too) with no control character (C0, DEL or C1). A newline or an
+ * escape sequence in one would forge lines of the log and rows of
+ * `radiancectl models`; invalid UTF-8 would make a ModelList undecodable
+ * for protobuf runtimes that check strings. Returns 0, or -EINVAL with err
+ * naming `field`, the name (escaped), the offending byte and its offset. */
+int registry_check_name(const char *field, const char *name, size_t max_len, char *err,
+			size_t errlen);
+
+/* Longest model name (and file name) a client may give. */
+#define REGISTRY_NAME_MAX 255
+
 /* Loads (or attaches to) the checkpoint whose files a client sent. Takes
  * ownership of files[i].fd (closed when no longer needed, on every path) and
  * copies the names. name may be NULL. w->done is always called later (never
  * from inside this call) unless registry_cancel() is called first.
  * Returns 0, or -errno (then w is not called and every fd is closed) with
- * err set: -EINVAL for bad file names, -ESHUTDOWN, -ENOMEM. */
+ * err set: -EINVAL for a bad name or file name (registry_check_name),
+ * -ESHUTDOWN, -ENOMEM. */
 int registry_load_files(struct radiance_registry *reg, const struct radiance_file *files,
 			size_t nfiles, const char *name, struct registry_waiter *w, char *err,
 			size_t errlen);
 
 /* Loads a checkpoint directory at start; it is preloaded (never unloaded
- * before shutdown). w as above. */
-int registry_preload(struct radiance_registry *reg, const char *dir, struct registry_waiter *w);
+ * before shutdown) and named after the directory. w as above. Returns 0, or
+ * -errno with err set (a whole sentence naming the directory): -EINVAL when
+ * the directory's name is not a valid model name (registry_check_name),
+ * -ENOMEM, or uv_queue_work's error. */
+int registry_preload(struct radiance_registry *reg, const char *dir, struct registry_waiter *w,
+		     char *err, size_t errlen);
 
 /* The waiter no longer wants its answer (its session closed). */
 void registry_cancel(struct registry_waiter *w);

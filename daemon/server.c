@@ -83,7 +83,7 @@ static void session_read(struct radiance_session *s)
 			return;
 		}
 		if (rc == -EMSGSIZE) {
-			session_close(s, 1, "frame length %u is 0 or above %u bytes",
+			session_close(s, 1, "frame length %u is outside 1..%u bytes",
 				      radiance_conn_bad_length(&s->conn), RADIANCE_MAX_FRAME);
 			return;
 		}
@@ -109,7 +109,7 @@ static void session_read(struct radiance_session *s)
 		       (rc = radiance_conn_next_frame(&s->conn, &data, &len)) == 1)
 			session_handle_frame(s, data, len);
 		if (rc < 0 && s->state != SESSION_CLOSING) {
-			session_close(s, 1, "frame length %u is 0 or above %u bytes",
+			session_close(s, 1, "frame length %u is outside 1..%u bytes",
 				      radiance_conn_bad_length(&s->conn), RADIANCE_MAX_FRAME);
 			return;
 		}
@@ -588,15 +588,21 @@ static int listen_socket(struct radiance_server *srv, char *err, size_t errlen)
 	strcpy(addr.sun_path, cfg->socket_path);
 	gid_t gid = cfg->socket_gid;   /* resolved by config_load */
 
-	/* /run/radiance may not exist when started by hand: make the last
-	 * directory component (tmpfiles does it under systemd) */
+	/* /run/radiance may not exist when started by hand: make the socket's
+	 * own directory (tmpfiles does it under systemd), 0755 less the umask,
+	 * owned by whoever runs us, and left in place at exit (docs/daemon.md).
+	 * Only that one: a typo higher up the path fails instead of growing a
+	 * tree of directories. Why mkdir failed is kept for bind's error. */
 	char dir[sizeof addr.sun_path];
+	int mkdir_err = 0;
 	snprintf(dir, sizeof dir, "%s", cfg->socket_path);
 	char *slash = strrchr(dir, '/');
 	if (slash && slash != dir) {
 		*slash = 0;
 		if (mkdir(dir, 0755) == 0)
-			log_info("created %s", dir);
+			log_info("created %s for the socket (it stays after exit)", dir);
+		else if (errno != EEXIST)
+			mkdir_err = errno;
 	}
 
 	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
@@ -619,7 +625,24 @@ static int listen_socket(struct radiance_server *srv, char *err, size_t errlen)
 	if (rc < 0) {
 		int e = errno;
 		close(fd);
-		snprintf(err, errlen, "bind %s: %s", cfg->socket_path, strerror(e));
+		if ((e == ENOENT || e == ENOTDIR) && mkdir_err == ENOENT) {
+			/* bind's "No such file or directory" does not say which */
+			char *up = strrchr(dir, '/');
+			if (up && up != dir)
+				*up = 0;
+			else if (up)
+				snprintf(dir, sizeof dir, "/");
+			else
+				snprintf(dir, sizeof dir, ".");
+			snprintf(err, errlen, "bind %s: the directory %s does not exist; the daemon "
+				 "creates only the socket's own directory, not its parents (create %s "
+				 "first, or choose another --socket)", cfg->socket_path, dir, dir);
+		} else if ((e == ENOENT || e == ENOTDIR) && mkdir_err) {
+			snprintf(err, errlen, "bind %s: cannot create its directory %s: %s",
+				 cfg->socket_path, dir, strerror(mkdir_err));
+		} else {
+			snprintf(err, errlen, "bind %s: %s", cfg->socket_path, strerror(e));
+		}
 		return -e;
 	}
 	srv->listen_fd = fd;
@@ -713,11 +736,12 @@ static int start_preloads(struct radiance_server *srv)
 		memcpy(p->dir, cfg->preload[i], len + 1);
 		p->w.done = on_preloaded;
 		srv->preloads_pending++;
-		int rc = registry_preload(srv->reg, p->dir, &p->w);
+		char err[512];
+		int rc = registry_preload(srv->reg, p->dir, &p->w, err, sizeof err);
 		if (rc < 0) {
 			srv->preloads_pending--;
 			free(p);
-			log_error("preload %s failed: %s; stopping", cfg->preload[i], strerror(-rc));
+			log_error("%s; stopping", err);
 			return rc;
 		}
 	}

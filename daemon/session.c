@@ -305,6 +305,7 @@ static void handle_load(struct radiance_session *s, uint64_t tag, const Radiance
 	for (size_t i = 0; i < nfds; i++)
 		files[i] = (struct radiance_file){ lm->file_names[i], fds[i] };
 	memset(&s->waiter, 0, sizeof s->waiter);
+	s->waiter.session_id = s->id;
 	s->waiter.progress = on_load_progress;
 	s->waiter.done = on_load_done;
 	s->busy = 1;
@@ -322,6 +323,12 @@ static void handle_load(struct radiance_session *s, uint64_t tag, const Radiance
 static void handle_attach(struct radiance_session *s, uint64_t tag, const Radiance__AttachModel *a)
 {
 	const char *name = a->name ? a->name : "";
+	char err[512];
+	/* it goes into the log and the reply: never as the client wrote it */
+	if (registry_check_name("AttachModel.name", name, REGISTRY_NAME_MAX, err, sizeof err) < 0) {
+		send_error(s, tag, EINVAL, "%s", err);
+		return;
+	}
 	struct radiance_resident *res = registry_find_name(s->server->reg, name);
 	if (!res) {
 		send_error(s, tag, ENOENT, "no model named '%s' is resident", name);

@@ -122,6 +122,168 @@ static void close_fds(int *fds, int n)
 		close(fds[i]);
 }
 
+/* Lines of the daemon's log that contain needle and, after it, needle2
+ * (NULL: anything), waiting up to 2 s for at least one (the daemon may log
+ * after it has answered). */
+static int log_lines(const char *needle, const char *needle2)
+{
+	int n = 0;
+	for (int tries = 0; tries < 200 && n == 0; tries++) {
+		if (tries)
+			h_sleep_ms(10);
+		FILE *f = fopen(daemon_.log, "r");
+		if (!f)
+			continue;
+		char line[2048];
+		while (fgets(line, sizeof line, f)) {
+			const char *at = strstr(line, needle);
+			if (at && (!needle2 || strstr(at + strlen(needle), needle2)))
+				n++;
+		}
+		fclose(f);
+	}
+	if (n == 0) {
+		fprintf(stderr, "no line of the daemon's log has: %s%s%s\n", needle,
+			needle2 ? " ... " : "", needle2 ? needle2 : "");
+		h_daemon_dump_log(&daemon_);
+	}
+	return n;
+}
+
+static int log_count(const char *needle)
+{
+	return log_lines(needle, NULL);
+}
+
+/* Whether byte c occurs anywhere in the daemon's log. */
+static int log_has_byte(int c)
+{
+	FILE *f = fopen(daemon_.log, "r");
+	assert_non_null(f);
+	int ch, found = 0;
+	while ((ch = fgetc(f)) != EOF)
+		if (ch == c)
+			found = 1;
+	fclose(f);
+	return found;
+}
+
+/* The reply to the last request, after any LoadProgress, is an Error with
+ * this code whose text has every needle (NULL-terminated). */
+static void raw_expect_error(struct raw *w, int code, ...)
+{
+	Radiance__ServerMessage *reply;
+	do {
+		assert_int_equal(raw_recv(w, &reply, 20000), 1);
+		if (reply->msg_case != RADIANCE__SERVER_MESSAGE__MSG_LOAD_PROGRESS)
+			break;
+		radiance__server_message__free_unpacked(reply, NULL);
+	} while (1);
+	int got_case = reply->msg_case, got = 0;
+	char text[512] = "";
+	if (got_case == RADIANCE__SERVER_MESSAGE__MSG_ERROR) {
+		got = reply->error->code;
+		snprintf(text, sizeof text, "%s", reply->error->message ? reply->error->message : "");
+	}
+	radiance__server_message__free_unpacked(reply, NULL);
+	if (got_case != RADIANCE__SERVER_MESSAGE__MSG_ERROR)
+		fail_msg("expected Error %d, got message case %d", code, got_case);
+	if (got != code)
+		fail_msg("expected Error %d, got %d '%s'", code, got, text);
+	va_list ap;
+	va_start(ap, code);
+	for (const char *needle; (needle = va_arg(ap, const char *));)
+		if (!strstr(text, needle))
+			fail_msg("Error '%s' lacks '%s'", text, needle);
+	va_end(ap);
+}
+
+/* The reply to a LoadModel, after any LoadProgress, is its ModelInfo. */
+static void raw_expect_loaded(struct raw *w)
+{
+	Radiance__ServerMessage *reply;
+	do {
+		assert_int_equal(raw_recv(w, &reply, 20000), 1);
+		if (reply->msg_case != RADIANCE__SERVER_MESSAGE__MSG_LOAD_PROGRESS)
+			break;
+		radiance__server_message__free_unpacked(reply, NULL);
+	} while (1);
+	int got = reply->msg_case;
+	char text[512] = "";
+	if (got == RADIANCE__SERVER_MESSAGE__MSG_ERROR)
+		snprintf(text, sizeof text, "%s", reply->error->message ? reply->error->message : "");
+	radiance__server_message__free_unpacked(reply, NULL);
+	if (got != RADIANCE__SERVER_MESSAGE__MSG_MODEL_INFO)
+		fail_msg("expected ModelInfo, got message case %d %s", got, text);
+}
+
+static void raw_send_load_named(struct raw *w, char *name, char **files, size_t n, const int *fds)
+{
+	Radiance__LoadModel lm = RADIANCE__LOAD_MODEL__INIT;
+	lm.name = name;
+	lm.n_file_names = n;
+	lm.file_names = files;
+	Radiance__ClientMessage m = RADIANCE__CLIENT_MESSAGE__INIT;
+	m.msg_case = RADIANCE__CLIENT_MESSAGE__MSG_LOAD_MODEL;
+	m.load_model = &lm;
+	raw_send(w, &m, fds, n);
+}
+
+static void raw_send_attach(struct raw *w, char *name)
+{
+	Radiance__AttachModel a = RADIANCE__ATTACH_MODEL__INIT;
+	a.name = name;
+	Radiance__ClientMessage m = RADIANCE__CLIENT_MESSAGE__INIT;
+	m.msg_case = RADIANCE__CLIENT_MESSAGE__MSG_ATTACH_MODEL;
+	m.attach_model = &a;
+	raw_send(w, &m, NULL, 0);
+}
+
+/* Hello, and the session id the Welcome gives. */
+static uint64_t raw_hello_id(struct raw *w)
+{
+	raw_send_hello(w, RADIANCE_PROTOCOL_VERSION, "raw", NULL, 0);
+	Radiance__ServerMessage *reply;
+	assert_int_equal(raw_recv(w, &reply, 10000), 1);
+	assert_int_equal(reply->msg_case, RADIANCE__SERVER_MESSAGE__MSG_WELCOME);
+	uint64_t id = reply->welcome->session_id;
+	radiance__server_message__free_unpacked(reply, NULL);
+	return id;
+}
+
+/* The names of the model ListModels shows, one per line, into out. */
+static size_t raw_list_names(struct raw *w, char *out, size_t outlen)
+{
+	raw_send_list_models(w, NULL, 0);
+	Radiance__ServerMessage *reply;
+	assert_int_equal(raw_recv(w, &reply, 10000), 1);
+	assert_int_equal(reply->msg_case, RADIANCE__SERVER_MESSAGE__MSG_MODEL_LIST);
+	size_t n = reply->model_list->n_models, o = 0;
+	out[0] = 0;
+	for (size_t i = 0; i < n && o < outlen; i++)
+		o += (size_t)snprintf(out + o, outlen - o, "%s\n", reply->model_list->models[i]->name);
+	radiance__server_message__free_unpacked(reply, NULL);
+	return n;
+}
+
+static char *ckpt_files[] = { "config.json", "quantization_config.json", "model.safetensors" };
+
+/* The checkpoint's three files, opened from dir (or from the checkpoint
+ * where dir has no such file). */
+static void open_ckpt(const char *dir, int fds[3])
+{
+	for (int i = 0; i < 3; i++) {
+		char path[1024];
+		snprintf(path, sizeof path, "%s/%s", dir, ckpt_files[i]);
+		fds[i] = open(path, O_RDONLY | O_CLOEXEC);
+		if (fds[i] < 0) {
+			snprintf(path, sizeof path, "%s/%s", ckpt, ckpt_files[i]);
+			fds[i] = open(path, O_RDONLY | O_CLOEXEC);
+		}
+		assert_true(fds[i] >= 0);
+	}
+}
+
 /* --- framing and decoding -------------------------------------------------- */
 
 static void garbage_bytes(void **state)
@@ -171,6 +333,13 @@ static void oversized_frame_length(void **state)
 	}
 	/* the daemon did not try to allocate 4 GiB and is fine */
 	assert_true(h_rss_kib(daemon_.pid) < 1024 * 1024);
+	/* and said what was wrong with each, with the value */
+	for (size_t i = 0; i < sizeof lens / sizeof lens[0]; i++) {
+		char want[128];
+		snprintf(want, sizeof want, "protocol violation: frame length %u is outside 1..%u bytes",
+			 lens[i], RADIANCE_MAX_FRAME);
+		assert_int_equal(log_count(want), 1);
+	}
 }
 
 static void half_frame_then_hang_up(void **state)
@@ -326,6 +495,125 @@ static void load_model_bogus_files(void **state)
 	close(p[1]);
 	close(dir);
 	close(null);
+}
+
+/* --- names that end up in the log and in listings -------------------------- */
+
+/* A model name is shown to every client (`radiancectl models`) and logged:
+ * one with a newline and an escape sequence would forge a row and log
+ * lines. The daemon refuses such names (EINVAL, naming the field and the
+ * byte) in LoadModel.name, LoadModel.file_names and AttachModel.name; the
+ * session goes on, and nothing forged is listed or logged. */
+static void names_with_control_characters(void **state)
+{
+	struct raw w;
+	raw_open(&w);
+	raw_hello(&w);
+	int fds[3];
+	open_ckpt(ckpt, fds);
+	char forged[] = "fake\n   9  evil\x1b[2K";
+	raw_send_load_named(&w, forged, ckpt_files, 3, fds);
+	raw_expect_error(&w, EINVAL, "LoadModel.name", "control character (0x0a) at byte 4", NULL);
+	/* nor escape sequences alone, DEL, C1 controls as UTF-8, broken UTF-8 */
+	static const struct {
+		const char *name, *why;
+	} bad[] = {
+		{ "evil\x1b[2K", "(0x1b) at byte 4" },
+		{ "del\x7f", "(0x7f) at byte 3" },
+		{ "c1\xc2\x9b" "2K", "(U+009B) at byte 2" },
+		{ "bad\xff", "not valid UTF-8 at byte 3 (0xff)" },
+		{ "cut\xe2\x82", "not valid UTF-8 at byte 3" },
+	};
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		raw_send_load_named(&w, (char *)bad[i].name, ckpt_files, 3, fds);
+		raw_expect_error(&w, EINVAL, "LoadModel.name", bad[i].why, NULL);
+	}
+	char long_name[300];
+	memset(long_name, 'x', 256);
+	long_name[256] = 0;
+	raw_send_load_named(&w, long_name, ckpt_files, 3, fds);
+	raw_expect_error(&w, EINVAL, "LoadModel.name is 256 bytes long", NULL);
+
+	/* file names are logged and named in errors too */
+	char *files[] = { "config.json\n[warn] x", "quantization_config.json", "model.safetensors" };
+	raw_send_load_named(&w, "", files, 3, fds);
+	raw_expect_error(&w, EINVAL, "LoadModel.file_names[0]", "(0x0a) at byte 11", NULL);
+
+	raw_send_attach(&w, forged);
+	raw_expect_error(&w, EINVAL, "AttachModel.name", "(0x0a) at byte 4", NULL);
+	raw_send_attach(&w, "");
+	raw_expect_error(&w, EINVAL, "AttachModel.name is empty", NULL);
+
+	/* the session goes on; nothing was loaded, so nothing is listed */
+	char names[1024];
+	assert_int_equal(raw_list_names(&w, names, sizeof names), 0);
+
+	/* printable UTF-8 is a name like any other */
+	raw_send_load_named(&w, "minilm \xc3\xbc" "ber-\xe2\x9c\x93", ckpt_files, 3, fds);
+	raw_expect_loaded(&w);
+	assert_int_equal(raw_list_names(&w, names, sizeof names), 1);
+	assert_string_equal(names, "minilm \xc3\xbc" "ber-\xe2\x9c\x93\n");
+	close_fds(fds, 3);
+	raw_close(&w);
+
+	/* the log has no raw escape byte and no line the forged name began */
+	assert_false(log_has_byte(0x1b));
+	assert_false(log_has_byte(0x7f));
+	FILE *f = fopen(daemon_.log, "r");
+	assert_non_null(f);
+	char line[2048];
+	while (fgets(line, sizeof line, f))
+		assert_false(strncmp(line, "   9", 4) == 0 || strncmp(line, "[warn] x", 8) == 0);
+	fclose(f);
+}
+
+/* A LoadModel without a name takes config.json's _name_or_path, text the
+ * client wrote: checked the same way. A load that fails is logged naming
+ * the model id, its name and the session that asked. */
+static void checkpoint_names_and_load_failure_log(void **state)
+{
+	char cfg_path[256];
+	snprintf(cfg_path, sizeof cfg_path, "%s/config.json", daemon_.dir);
+	char src[1024];
+	snprintf(src, sizeof src, "%s/config.json", ckpt);
+	json_t *cfg = json_load_file(src, 0, NULL);
+	assert_non_null(cfg);
+	json_object_set_new(cfg, "_name_or_path", json_string("org/evil\x1b[2Kname"));
+	assert_int_equal(json_dump_file(cfg, cfg_path, 0), 0);
+	json_decref(cfg);
+
+	struct raw w;
+	raw_open(&w);
+	uint64_t sid = raw_hello_id(&w);
+	int fds[3];
+	open_ckpt(daemon_.dir, fds);
+	raw_send_load_named(&w, "", ckpt_files, 3, fds);
+	raw_expect_error(&w, EINVAL, "the model name from config.json's _name_or_path",
+			 "\"evil\\x1b[2Kname\"", "(0x1b) at byte 4", "give the load a name", NULL);
+	char who[64];
+	snprintf(who, sizeof who, "session %llu: loading model ", (unsigned long long)sid);
+	assert_int_equal(log_lines(who, " (no name yet) failed: the model name from config.json's "
+				   "_name_or_path \"evil\\x1b[2Kname\""), 1);
+	assert_false(log_has_byte(0x1b));
+
+	/* the same files under a name of the client's own: fine */
+	raw_send_load_named(&w, "named-by-client", ckpt_files, 3, fds);
+	raw_expect_loaded(&w);
+	close_fds(fds, 3);
+
+	/* another config.json that is no JSON: the load fails, and the log
+	 * says which model, under which name, for which session */
+	FILE *f = fopen(cfg_path, "w");
+	assert_non_null(f);
+	fputs("{ not json", f);
+	fclose(f);
+	open_ckpt(daemon_.dir, fds);
+	raw_send_load_named(&w, "broken-config", ckpt_files, 3, fds);
+	raw_expect_error(&w, EINVAL, "config.json", NULL);
+	close_fds(fds, 3);
+	assert_int_equal(log_lines(who, " 'broken-config' failed: config.json"), 1);
+	raw_expect_alive(&w);
+	raw_close(&w);
 }
 
 /* --- control requests with bad arguments (not fatal) ---------------------- */
@@ -561,6 +849,11 @@ static void corrupted_sq_tail(void **state)
 	radiance_doorbell_ring(d.r->sq_doorbell);
 	d.r->in_flight++;   /* so the library waits */
 	dp_expect_killed(&d);
+	/* the log says which condition, with the values */
+	char want[160];
+	snprintf(want, sizeof want, "SQ tail %u is %u entries ahead of head %u (at most %u)",
+		 head + d.r->sq_entries + 5, d.r->sq_entries + 5, head, d.r->sq_entries);
+	assert_int_equal(log_count(want), 1);
 	radiance_disconnect(d.r);
 }
 
@@ -574,6 +867,7 @@ static void corrupted_sq_slot(void **state)
 		struct radiance_ring *sq = &d.r->sq;
 		uint8_t *slot = sq->slots + (size_t)(sq->local & sq->mask) * RADIANCE_SLOT_BYTES;
 		uint32_t bad_len = kind == 0 ? 0 : kind == 1 ? 4096 : 8;
+		uint32_t entry = sq->local;
 		memcpy(slot, &bad_len, 4);
 		memset(slot + 4, 0xFF, 8);
 		sq->local++;
@@ -581,6 +875,13 @@ static void corrupted_sq_slot(void **state)
 		radiance_doorbell_ring(d.r->sq_doorbell);
 		d.r->in_flight++;
 		dp_expect_killed(&d);
+		char want[160];
+		if (kind < 2)
+			snprintf(want, sizeof want, "SQ slot %u (entry %u): length %u is outside 1..%u",
+				 entry & sq->mask, entry, bad_len, RADIANCE_SLOT_BYTES - 4);
+		else
+			snprintf(want, sizeof want, "SQ entry %u is not a LinearRequest (8 bytes)", entry);
+		assert_true(log_count(want) >= 1);
 		radiance_disconnect(d.r);
 	}
 }
@@ -598,6 +899,9 @@ static void corrupted_cq_head(void **state)
 	struct radiance_completion c;
 	int rc = radiance_wait(d.r, &c, 10000);
 	assert_true(rc == -EPROTO || rc == -ECONNRESET);
+	/* the head is 2^31 entries past the daemon's tail */
+	assert_int_equal(log_count("CQ head 2147483648 is "), 1);
+	assert_int_equal(log_count("entries ahead of tail"), 1);
 	radiance_disconnect(d.r);
 }
 
@@ -773,6 +1077,8 @@ int main(void)
 		T(too_many_fds),
 		T(load_model_fd_count_mismatch),
 		T(load_model_bogus_files),
+		T(names_with_control_characters),
+		T(checkpoint_names_and_load_failure_log),
 		T(bad_control_arguments),
 		T(descriptor_outside_arena),
 		T(overflowing_and_overlapping_offsets),
