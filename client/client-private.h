@@ -78,6 +78,8 @@ struct radiance__client_stashed {
 struct radiance {
 	struct radiance_conn conn;
 	int error;                        /* sticky; 0 or -errno */
+	unsigned fork_generation;         /* radiance__fork_generation at connect */
+	int pid;                          /* getpid() at connect, for messages */
 	char message[512];                /* radiance_error_message() */
 
 	/* options, copied */
@@ -113,6 +115,19 @@ struct radiance {
 	uint32_t stash_head, stash_len, stash_cap;
 	char completion_error[RADIANCE_SLOT_BYTES];
 };
+
+/* Incremented in the child of every fork() (pthread_atfork). A handle whose
+ * fork_generation differs is used by a forked child: see
+ * radiance__client_usable(). */
+extern volatile unsigned radiance__fork_generation;
+
+/* 0, or why r may not talk to the daemon or touch the rings now: its sticky
+ * error, or -EBADFD when called in a forked child (the socket and the shared
+ * rings are the parent's: a child using them would corrupt the parent's
+ * session, and the parent would then blame the daemon). Sticky in the
+ * child's copy of the handle only. */
+int radiance__client_usable(struct radiance *r);
+
 
 void radiance__client_log(struct radiance *r, int level, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));

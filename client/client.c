@@ -8,6 +8,7 @@
  * unless it asked for that (timeout_ms 0).
  */
 #include <errno.h>
+#include <pthread.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <stdio.h>
@@ -59,6 +60,8 @@ const char *radiance_strerror(int err)
 		return "layer index out of range";
 	case ENOTSOCK:
 		return "not a socket (the path names another kind of file)";
+	case EBADFD:
+		return "handle used in a forked child (it belongs to the parent)";
 	}
 	const char *s = strerrordesc_np(err);
 	return s ? s : "unknown error";
@@ -108,12 +111,40 @@ int radiance__client_break(struct radiance *r, int err, const char *fmt, ...)
 
 int radiance_get_error(const struct radiance *r)
 {
-	return r->error;
+	return r ? r->error : -EINVAL;
 }
 
 const char *radiance_error_message(const struct radiance *r)
 {
-	return r->message;
+	return r ? r->message : "";
+}
+
+/* --- fork ----------------------------------------------------------------- */
+
+volatile unsigned radiance__fork_generation;
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+
+static void on_fork_child(void)
+{
+	radiance__fork_generation++;
+}
+
+/* glibc drops the handler when this library is dlclose()d */
+static void atfork_register(void)
+{
+	pthread_atfork(NULL, NULL, on_fork_child);
+}
+
+int radiance__client_usable(struct radiance *r)
+{
+	if (r->error)
+		return r->error;
+	if (r->fork_generation != radiance__fork_generation)
+		return radiance__client_break(r, -EBADFD, "this handle belongs to the process that "
+					      "connected (pid %d); a forked child must "
+					      "radiance_disconnect() it and connect anew",
+					      r->pid);
+	return 0;
 }
 
 /* --- socket path ---------------------------------------------------------- */
@@ -278,10 +309,11 @@ int radiance__client_request(struct radiance *r, Radiance__ClientMessage *msg, c
 		      Radiance__ServerMessage **reply)
 {
 	*reply = NULL;
-	if (r->error)
-		return r->error;
+	int rc = radiance__client_usable(r);
+	if (rc < 0)
+		return rc;
 	msg->tag = r->next_tag++;
-	int rc = radiance_proto_queue_client(&r->conn, msg, fds, nfds);
+	rc = radiance_proto_queue_client(&r->conn, msg, fds, nfds);
 	if (rc < 0)
 		return radiance__client_fail(r, rc, "cannot queue %s: %s", radiance_proto_client_name(msg),
 				      strerror(-rc));
@@ -482,12 +514,23 @@ struct radiance *radiance_connect(const char *socket_path, const struct radiance
 	r->log = o.log;
 	r->log_user = o.log_user;
 	r->log_priority = o.log_priority > 0 ? o.log_priority : LOG_WARNING;
+	if (o.spin_us < -1 || o.timeout_ms < 0) {
+		radiance__client_log(r, LOG_WARNING, "cannot connect to %s: invalid options: %s",
+				     socket_path, o.spin_us < -1 ?
+				     "spin_us below -1 (0 = default, -1 = never spin)" :
+				     "timeout_ms below 0 (0 = wait forever)");
+		rc = -EINVAL;
+		goto err_free;
+	}
 	r->want_sq = o.sq_entries;
 	r->want_cq = o.cq_entries;
 	r->want_arena = o.arena_bytes;
 	r->spin_us = o.spin_us == 0 ? RADIANCE__DEFAULT_SPIN_US : (o.spin_us < 0 ? 0 : o.spin_us);
 	r->timeout_ms = o.timeout_ms > 0 ? o.timeout_ms : -1;
 	r->next_tag = 1;
+	pthread_once(&atfork_once, atfork_register);
+	r->fork_generation = radiance__fork_generation;
+	r->pid = (int)getpid();
 	r->next_request_id = 1;
 	r->client_name = strdup(o.client_name && *o.client_name ? o.client_name : "libradiance");
 	if (!r->client_name) {

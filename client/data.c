@@ -117,8 +117,9 @@ static int map_segment(struct radiance *r, int memfd, uint64_t segment_bytes)
 
 int radiance_open_rings(struct radiance *r)
 {
-	if (r->error)
-		return r->error;
+	int rc0 = radiance__client_usable(r);
+	if (rc0 < 0)
+		return rc0;
 	if (r->rings_open)
 		return 0;
 	Radiance__OpenRing open = RADIANCE__OPEN_RING__INIT;
@@ -182,6 +183,7 @@ void *radiance_arena_alloc(struct radiance *r, size_t bytes)
 		return NULL;
 	}
 	if (bytes == 0) {
+		radiance__client_fail(r, -EINVAL, "radiance_arena_alloc: 0 bytes asked for");
 		errno = EINVAL;
 		return NULL;
 	}
@@ -230,8 +232,9 @@ static int held_layer(struct radiance *r, uint32_t model_id, uint32_t layer,
 	if (!h)
 		return radiance__client_fail(r, -ENOENT, "this session holds no model %u", model_id);
 	if (layer >= h->info->n_layers)
-		return radiance__client_fail(r, -ERANGE, "model %u has %zu layers, not %u", model_id,
-				      h->info->n_layers, layer + 1);
+		return radiance__client_fail(r, -ERANGE, "layer %u is out of range: model %u has "
+					     "%zu layers, indexed from 0", layer, model_id,
+					     h->info->n_layers);
 	*out = &h->info->layers[layer];
 	return 0;
 }
@@ -447,8 +450,9 @@ static bool stash_pop(struct radiance *r, struct radiance_completion *c)
 
 int radiance_poll(struct radiance *r, struct radiance_completion *c)
 {
-	if (r->error)
-		return r->error;
+	int rc0 = radiance__client_usable(r);
+	if (rc0 < 0)
+		return rc0;
 	if (!r->rings_open)
 		return 0;
 	if (stash_pop(r, c))
@@ -462,8 +466,9 @@ int radiance_poll(struct radiance *r, struct radiance_completion *c)
 
 int radiance_wait(struct radiance *r, struct radiance_completion *c, int timeout_ms)
 {
-	if (r->error)
-		return r->error;
+	int rc0 = radiance__client_usable(r);
+	if (rc0 < 0)
+		return rc0;
 	if (r->rings_open && stash_pop(r, c))
 		return 1;
 	if (!r->rings_open || r->in_flight == 0)

@@ -374,6 +374,8 @@ int radiance_unload_preloaded(struct radiance *r, uint32_t model_id)
 
 int radiance_get_model(struct radiance *r, uint32_t model_id, struct radiance_model_info **out)
 {
+	if (!out)
+		return radiance__client_fail(r, -EINVAL, "the result pointer is NULL");
 	*out = NULL;
 	if (r->error)
 		return r->error;
@@ -398,6 +400,8 @@ void radiance_model_list_free(struct radiance_model_list *list)
 
 int radiance_list_models(struct radiance *r, struct radiance_model_list **out)
 {
+	if (!out)
+		return radiance__client_fail(r, -EINVAL, "the result pointer is NULL");
 	*out = NULL;
 	if (r->error)
 		return r->error;

@@ -21,7 +21,10 @@
  * use_per_token_if_dynamic), multiply with the int4 weights (symmetric, zero
  * point 8, group size 128 along K), accumulate in fp32 and round once to bf16
  * (round to nearest even). bf16 layers skip the fp8 step. The exact rules are
- * in docs/numerics.md; a row holding Inf or NaN yields a NaN output row.
+ * in docs/numerics.md. On a W4A8 layer a row of x holding Inf or NaN yields
+ * a NaN output row (its per-token scale is not finite). A bf16 layer follows
+ * IEEE arithmetic element by element instead: a NaN in a row gives a NaN row,
+ * an Inf gives +-Inf or NaN per output as the products and sums do.
  *
  * Errors. Functions return 0 (or a count) on success and a negative errno
  * value on failure; radiance_strerror() names it. Constructors return NULL
@@ -41,9 +44,11 @@
  * radiance_default_socket_path, radiance_find_layer, the *_free functions on
  * their own objects, radiance_version, radiance_protocol_version) are safe
  * from any thread. A handle must not be used across fork(): the child
- * connects its own. (A child may call radiance_disconnect() on an inherited
- * handle to free its copy: that closes only the child's descriptors and
- * mappings; the parent's session goes on.)
+ * connects its own. Every call that would talk to the daemon or touch the
+ * rings from a forked child fails with -EBADFD (sticky in the child's copy)
+ * instead of corrupting the parent's session. (A child may call
+ * radiance_disconnect() on an inherited handle to free its copy: that closes
+ * only the child's descriptors and mappings; the parent's session goes on.)
  *
  * ABI. Structs the caller fills (options) start with a `size` field that the
  * caller sets to sizeof(the struct), so new fields can be appended; use the
@@ -98,10 +103,11 @@ struct radiance_options {
 	uint32_t cq_entries;        /* power of two, >= sq_entries */
 	uint64_t arena_bytes;       /* bytes of shared arena for x and y buffers */
 	/* How long a wait spins on the completion queue before it sleeps on
-	 * the doorbell, in microseconds. 0 = default 30; -1 = never spin. */
+	 * the doorbell, in microseconds. 0 = default 30; -1 = never spin;
+	 * below -1: EINVAL. */
 	int32_t spin_us;
 	/* Longest wait for one control reply (or one load progress step), in
-	 * milliseconds. 0 = wait forever (the default). */
+	 * milliseconds. 0 = wait forever (the default); negative: EINVAL. */
 	int32_t timeout_ms;
 };
 
@@ -147,7 +153,9 @@ int radiance_default_socket_path(char *buf, size_t size);
  *                                 or sent something that is not protocol;
  *   ECONNRESET                    the daemon closed the connection;
  *   ETIMEDOUT                     no answer within opt->timeout_ms;
- *   EINVAL                        opt->size is 0 or options invalid;
+ *   EINVAL                        opt->size too small for the fields
+ *                                 before `log`, spin_us below -1 or
+ *                                 timeout_ms below 0;
  *   ENOMEM, or an errno of socket()/connect().
  * There is no handle to ask radiance_error_message() then: the reason (the
  * daemon's text for a refusal, e.g. "too many sessions (the limit is 64)")
@@ -159,7 +167,8 @@ struct radiance *radiance_connect(const char *socket_path, const struct radiance
  * rings of this session; in-flight requests are abandoned. Unmaps the arena:
  * pointers from radiance_arena_alloc() die. Sends nothing: it closes the
  * socket, so it is also how a forked child frees an inherited handle.
- * NULL is a no-op. */
+ * NULL is a no-op; r is freed, so a second call on it is a double free (as
+ * with free()). */
 void radiance_disconnect(struct radiance *r);
 
 /* 0, or the sticky error that ended this connection (negative errno:
@@ -168,12 +177,14 @@ void radiance_disconnect(struct radiance *r);
  * protocol violation by either side; -ETIMEDOUT no reply within the
  * timeout; -ENOMEM while receiving, ...). Once nonzero it never changes and
  * every call on the handle (other than these getters and disconnect)
- * returns it. */
+ * returns it. -EBADFD: the handle was used in a forked child. r NULL:
+ * -EINVAL. */
 int radiance_get_error(const struct radiance *r);
 
 /* Text of the most recent failure on this handle: the daemon's message for
  * an Error reply or a failed request, or the library's own description.
- * "" if none. Owned by the handle, valid until the next call on it. */
+ * "" if none, and for r NULL. Owned by the handle, valid until the next call
+ * on it. */
 const char *radiance_error_message(const struct radiance *r);
 
 /* The daemon's description of itself, from the handshake. */
@@ -304,7 +315,8 @@ int radiance_find_layer(const struct radiance_model_info *m, const char *name);
 
 /* Asks the daemon for any resident model's description, layers included
  * (no reference is taken). *out is allocated; free it with
- * radiance_model_info_free(). Returns 0, -ENOENT, or a sticky error. */
+ * radiance_model_info_free(). Returns 0, -ENOENT, -EINVAL (out NULL), or a
+ * sticky error. */
 int radiance_get_model(struct radiance *r, uint32_t model_id, struct radiance_model_info **out);
 void radiance_model_info_free(struct radiance_model_info *m);
 
@@ -314,7 +326,8 @@ struct radiance_model_list {
 };
 
 /* Every resident model. *out is allocated; free it with
- * radiance_model_list_free(). Returns 0 or a sticky error. */
+ * radiance_model_list_free(). Returns 0, -EINVAL (out NULL) or a sticky
+ * error. */
 int radiance_list_models(struct radiance *r, struct radiance_model_list **out);
 void radiance_model_list_free(struct radiance_model_list *list);
 
@@ -460,7 +473,7 @@ struct radiance_stats_reply {
 };
 
 /* Asks the daemon for its counters. *out is allocated; free it with
- * radiance_stats_free(). Returns 0 or a sticky error. */
+ * radiance_stats_free(). Returns 0, -EINVAL (out NULL) or a sticky error. */
 int radiance_get_stats(struct radiance *r, struct radiance_stats_reply **out);
 void radiance_stats_free(struct radiance_stats_reply *s);
 

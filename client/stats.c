@@ -37,6 +37,8 @@ void radiance_stats_free(struct radiance_stats_reply *s)
 
 int radiance_get_stats(struct radiance *r, struct radiance_stats_reply **out)
 {
+	if (!out)
+		return radiance__client_fail(r, -EINVAL, "the result pointer is NULL");
 	*out = NULL;
 	if (r->error)
 		return r->error;

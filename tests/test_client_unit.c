@@ -313,6 +313,28 @@ static void connect_failures(void **state)
 	assert_null(radiance_connect(path, &bad));
 	assert_int_equal(errno, EINVAL);
 
+	/* out-of-range options are refused, naming the field, before any
+	 * connect (timeout_ms -5 used to mean "wait forever") */
+	char said[512];
+	struct radiance_options neg = RADIANCE_OPTIONS_INIT;
+	neg.log = log_keep;
+	neg.log_user = said;
+	neg.timeout_ms = -5;
+	said[0] = 0;
+	assert_null(radiance_connect("/nonexistent/radiance.sock", &neg));
+	assert_int_equal(errno, EINVAL);
+	assert_non_null(strstr(said, "timeout_ms below 0"));
+	neg.timeout_ms = 0;
+	neg.spin_us = -2;
+	said[0] = 0;
+	assert_null(radiance_connect("/nonexistent/radiance.sock", &neg));
+	assert_int_equal(errno, EINVAL);
+	assert_non_null(strstr(said, "spin_us below -1"));
+
+	/* the getters take NULL */
+	assert_int_equal(radiance_get_error(NULL), -EINVAL);
+	assert_string_equal(radiance_error_message(NULL), "");
+
 	/* NULL frees are no-ops */
 	radiance_disconnect(NULL);
 	radiance_model_info_free(NULL);

@@ -983,6 +983,62 @@ static void cq_doorbell_cannot_block_the_daemon(void **state)
 	radiance_disconnect(d.r);
 }
 
+/* Misuse of a handle that the library can see: a forked child using its
+ * parent's handle (once corrupted the parent's session, which then blamed
+ * the daemon), NULL result pointers, a layer index that wrapped the message,
+ * an empty arena allocation. Each is refused with its own code and text. */
+static void handle_misuse(void **state)
+{
+	struct dp d;
+	dp_open(&d);
+	dp_expect_good(&d);
+
+	fflush(NULL);
+	pid_t child = fork();
+	assert_true(child >= 0);
+	if (child == 0) {
+		/* no cmocka here: the exit code says which check failed */
+		struct radiance_completion c;
+		struct radiance_stats_reply *st = NULL;
+		if (radiance_linear(d.r, d.model_id, d.layer, 1, RADIANCE_BF16, d.x, d.y) != -EBADFD)
+			_exit(10);
+		if (!strstr(radiance_error_message(d.r), "forked child"))
+			_exit(11);
+		if (radiance_get_stats(d.r, &st) != -EBADFD || radiance_poll(d.r, &c) != -EBADFD)
+			_exit(12);
+		if (radiance_get_error(d.r) != -EBADFD)
+			_exit(13);
+		radiance_disconnect(d.r);   /* frees the child's copy only */
+		_exit(0);
+	}
+	int st;
+	assert_int_equal(waitpid(child, &st, 0), child);
+	assert_true(WIFEXITED(st));
+	assert_int_equal(WEXITSTATUS(st), 0);
+	/* the parent's session never noticed */
+	assert_int_equal(radiance_get_error(d.r), 0);
+	dp_expect_good(&d);
+
+	assert_int_equal(radiance_get_model(d.r, d.model_id, NULL), -EINVAL);
+	assert_int_equal(radiance_list_models(d.r, NULL), -EINVAL);
+	assert_int_equal(radiance_get_stats(d.r, NULL), -EINVAL);
+	assert_non_null(strstr(radiance_error_message(d.r), "NULL"));
+
+	uint16_t x[384], y[384];
+	memset(x, 0, sizeof x);
+	assert_int_equal(radiance_linear(d.r, d.model_id, 0xFFFFFFFFu, 1, RADIANCE_BF16, x, y),
+			 -ERANGE);
+	assert_non_null(strstr(radiance_error_message(d.r), "layer 4294967295 is out of range"));
+
+	errno = 0;
+	assert_null(radiance_arena_alloc(d.r, 0));
+	assert_int_equal(errno, EINVAL);
+	assert_non_null(strstr(radiance_error_message(d.r), "0 bytes"));
+	assert_int_equal(radiance_get_error(d.r), 0);   /* none of it sticky */
+	dp_expect_good(&d);
+	radiance_disconnect(d.r);
+}
+
 /* --- a client killed mid-stream ------------------------------------------- */
 
 static void sigkill_client_mid_stream(void **state)
@@ -1089,6 +1145,7 @@ int main(void)
 		T(corrupted_cq_head),
 		T(header_scribbled),
 		T(cq_doorbell_cannot_block_the_daemon),
+		T(handle_misuse),
 		T(sigkill_client_mid_stream),
 		T(sigkill_client_while_loading),
 	};
