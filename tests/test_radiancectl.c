@@ -564,20 +564,28 @@ static void session_limit(void **state)
 /* unload by a user who may not: says who may, exit 1. */
 static void unload_not_permitted(void **state)
 {
-	if (geteuid() != 0 || system("command -v setpriv >/dev/null 2>&1") != 0)
+	if (geteuid() != 0 || system("command -v setpriv >/dev/null 2>&1") != 0) {
+		printf("# unload_not_permitted: needs root and setpriv to run radiancectl as "
+		       "uid 65534: skipped\n");
 		skip();
+	}
 	/* let uid 65534 reach the socket (the daemon, as root, allows it) */
 	assert_int_equal(chmod(daemon_.dir, 0711), 0);
 	assert_int_equal(chmod(daemon_.socket, 0666), 0);
 	char bin[1024];
 	const char *ctlbin = h_env("RADIANCECTL", "build/radiancectl");
-	if (!realpath(ctlbin, bin))
+	if (!realpath(ctlbin, bin)) {
+		printf("# unload_not_permitted: cannot resolve %s: skipped\n", ctlbin);
 		skip();
+	}
 	char probe[1200];
 	snprintf(probe, sizeof probe, "setpriv --reuid=65534 --regid=65534 --clear-groups "
 		 "test -x %s", bin);
-	if (system(probe) != 0)
-		skip();   /* the build tree is not reachable for that uid */
+	if (system(probe) != 0) {
+		printf("# unload_not_permitted: uid 65534 cannot reach %s (a build tree under "
+		       "/root, say): skipped\n", bin);
+		skip();
+	}
 	char cmd[2048];
 	snprintf(cmd, sizeof cmd, "setpriv --reuid=65534 --regid=65534 --clear-groups %s --socket %s "
 		 "unload " H_CHECKPOINT " >%s 2>%s </dev/null", bin, daemon_.socket, out_path, err_path);
