@@ -202,6 +202,75 @@ static inline int h_daemon_stop(struct h_daemon *d)
 	return d->exit_status;
 }
 
+/* Starts radianced --no-config --backend $RADIANCE_TEST_BACKEND (default
+ * cpu) ARGS... (args NULL-terminated, at most 24), umask 022, stdout and
+ * stderr into log. Returns the pid. For runs that end by themselves (usage
+ * errors, failed starts) or that a test stops itself; see h_wait_exit. */
+static inline pid_t h_spawn_logged(const char *log, const char *const *args)
+{
+	const char *bin = h_env("RADIANCED", "build/radianced");
+	const char *argv[32] = { bin, "--no-config", "--backend",
+				 h_env("RADIANCE_TEST_BACKEND", "cpu") };
+	int argc = 4;
+	for (size_t i = 0; args[i] && argc < 28; i++)
+		argv[argc++] = args[i];
+	argv[argc] = NULL;
+	fflush(NULL);
+	pid_t pid = fork();
+	if (pid == 0) {
+		int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+		if (fd >= 0) {
+			dup2(fd, 1);
+			dup2(fd, 2);
+		}
+		umask(022);
+		execv(bin, (char *const *)argv);
+		_exit(127);
+	}
+	return pid;
+}
+
+/* pid's wait status once it exits within timeout_s, else -1 (it is then
+ * killed and reaped). */
+static inline int h_wait_exit(pid_t pid, double timeout_s)
+{
+	double deadline = h_now() + timeout_s;
+	int st;
+	while (h_now() < deadline) {
+		if (waitpid(pid, &st, WNOHANG) == pid)
+			return st;
+		h_sleep_ms(10);
+	}
+	kill(pid, SIGKILL);
+	waitpid(pid, &st, 0);
+	return -1;
+}
+
+/* A file to stderr, control characters shown (cat -v): a failing test's
+ * context. */
+static inline void h_show_file(const char *path)
+{
+	char cmd[300];
+	snprintf(cmd, sizeof cmd, "cat -v '%s' >&2", path);
+	if (system(cmd) != 0)
+		fprintf(stderr, "(cannot show %s)\n", path);
+}
+
+/* Lines of the file at path that contain needle; -1 if it cannot be read. */
+static inline int h_count_lines(const char *path, const char *needle)
+{
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return -1;
+	char line[2048];
+	int n = 0;
+	while (fgets(line, sizeof line, f))
+		if (strstr(line, needle))
+			n++;
+	fclose(f);
+	return n;
+}
+
 /* Is the daemon still running (not a zombie)? */
 static inline int h_daemon_alive(struct h_daemon *d)
 {

@@ -113,17 +113,26 @@ static inline void raw_send_list_models(struct raw *w, const int *fds, size_t nf
 	raw_send(w, &m, fds, nfds);
 }
 
-/* A LoadModel declaring n file names, whatever fds go with it. */
-static inline void raw_send_load_model(struct raw *w, char **names, size_t n, const int *fds,
-				       size_t nfds)
+/* A LoadModel named `name` (NULL: none) declaring n file names, whatever
+ * fds go with it. */
+static inline void raw_send_load_model_named(struct raw *w, char *name, char **names, size_t n,
+					     const int *fds, size_t nfds)
 {
 	Radiance__LoadModel lm = RADIANCE__LOAD_MODEL__INIT;
+	if (name)
+		lm.name = name;
 	lm.n_file_names = n;
 	lm.file_names = names;
 	Radiance__ClientMessage m = RADIANCE__CLIENT_MESSAGE__INIT;
 	m.msg_case = RADIANCE__CLIENT_MESSAGE__MSG_LOAD_MODEL;
 	m.load_model = &lm;
 	raw_send(w, &m, fds, nfds);
+}
+
+static inline void raw_send_load_model(struct raw *w, char **names, size_t n, const int *fds,
+				       size_t nfds)
+{
+	raw_send_load_model_named(w, NULL, names, n, fds, nfds);
 }
 
 /* Next server message: 1 (*out set), 0 on EOF, -ECONNRESET, -ETIMEDOUT. */

@@ -762,68 +762,6 @@ static void daemon_death_ends_waits(void **state)
 
 /* --- start-up: the socket's directory, a preload's name --------------------- */
 
-/* Starts radianced --no-config --backend cpu with args (NULL-terminated),
- * umask 022, its output to log. */
-static pid_t spawn_daemon(const char *log, const char *const *args)
-{
-	const char *bin = h_env("RADIANCED", "build/radianced");
-	const char *argv[16] = { bin, "--no-config", "--backend", "cpu" };
-	int argc = 4;
-	for (size_t i = 0; args[i] && argc < 15; i++)
-		argv[argc++] = args[i];
-	argv[argc] = NULL;
-	fflush(NULL);
-	pid_t pid = fork();
-	assert_true(pid >= 0);
-	if (pid == 0) {
-		int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-		if (fd >= 0) {
-			dup2(fd, 1);
-			dup2(fd, 2);
-		}
-		umask(022);
-		execv(bin, (char *const *)argv);
-		_exit(127);
-	}
-	return pid;
-}
-
-/* Its wait status once it exits (within 20 s), else -1 after a SIGKILL. */
-static int wait_daemon(pid_t pid)
-{
-	for (int i = 0; i < 2000; i++) {
-		int st;
-		if (waitpid(pid, &st, WNOHANG) == pid)
-			return st;
-		h_sleep_ms(10);
-	}
-	kill(pid, SIGKILL);
-	waitpid(pid, NULL, 0);
-	return -1;
-}
-
-/* Lines of the file at path that contain needle. */
-static int file_lines(const char *path, const char *needle)
-{
-	FILE *f = fopen(path, "r");
-	if (!f)
-		return -1;
-	char line[2048];
-	int n = 0;
-	while (fgets(line, sizeof line, f))
-		if (strstr(line, needle))
-			n++;
-	fclose(f);
-	return n;
-}
-
-static void dump(const char *path)
-{
-	char cmd[300];
-	snprintf(cmd, sizeof cmd, "cat -v '%s' >&2", path);
-	if (system(cmd) != 0)
-		fprintf(stderr, "cannot show %s\n", path);
-}
 
 /* docs/daemon.md: the daemon creates the socket's own directory (0755 less
  * the umask, owned by its user), leaves it at exit, and creates no other:
@@ -836,12 +774,12 @@ static void socket_directory(void **state)
 	snprintf(log, sizeof log, "%s/radianced.log", base);
 	snprintf(sub, sizeof sub, "%s/new", base);
 	snprintf(sock, sizeof sock, "%s/r.sock", sub);
-	pid_t pid = spawn_daemon(log, (const char *const[]){ "--socket", sock, NULL });
+	pid_t pid = h_spawn_logged(log, (const char *const[]){ "--socket", sock, NULL });
 	int fd = -1;
 	for (int i = 0; i < 1000 && (fd = h_try_connect(sock)) < 0; i++)
 		h_sleep_ms(10);
 	if (fd < 0)
-		dump(log);
+		h_show_file(log);
 	assert_true(fd >= 0);
 	close(fd);
 	struct stat st;
@@ -849,9 +787,9 @@ static void socket_directory(void **state)
 	assert_true(S_ISDIR(st.st_mode));
 	assert_int_equal(st.st_mode & 07777, 0755);
 	assert_int_equal(st.st_uid, geteuid());
-	assert_int_equal(file_lines(log, "created "), 1);
+	assert_int_equal(h_count_lines(log, "created "), 1);
 	assert_int_equal(kill(pid, SIGTERM), 0);
-	int status = wait_daemon(pid);
+	int status = h_wait_exit(pid, 20.0);
 	assert_true(status != -1 && WIFEXITED(status));
 	assert_int_equal(WEXITSTATUS(status), 0);
 	assert_int_equal(access(sock, F_OK), -1);   /* the socket goes ... */
@@ -861,17 +799,17 @@ static void socket_directory(void **state)
 	char deep[160], want[512], missing[128];
 	snprintf(missing, sizeof missing, "%s/nux/sub", base);
 	snprintf(deep, sizeof deep, "%s/deeper/r.sock", missing);
-	pid = spawn_daemon(log, (const char *const[]){ "--socket", deep, NULL });
-	status = wait_daemon(pid);
+	pid = h_spawn_logged(log, (const char *const[]){ "--socket", deep, NULL });
+	status = h_wait_exit(pid, 20.0);
 	if (status == -1 || !WIFEXITED(status) || WEXITSTATUS(status) != 1)
-		dump(log);
+		h_show_file(log);
 	assert_true(status != -1 && WIFEXITED(status));
 	assert_int_equal(WEXITSTATUS(status), 1);
 	snprintf(want, sizeof want, "bind %s: the directory %s does not exist; the daemon creates "
 		 "only the socket's own directory", deep, missing);
-	if (file_lines(log, want) != 1)
-		dump(log);
-	assert_int_equal(file_lines(log, want), 1);
+	if (h_count_lines(log, want) != 1)
+		h_show_file(log);
+	assert_int_equal(h_count_lines(log, want), 1);
 	snprintf(want, sizeof want, "%s/nux", base);
 	assert_int_equal(access(want, F_OK), -1);   /* nothing created on the way */
 
@@ -891,21 +829,21 @@ static void preload_name_with_control_character(void **state)
 	snprintf(sock, sizeof sock, "%s/r.sock", base);
 	snprintf(link, sizeof link, "%s/evil\x1b[2Kname", base);
 	assert_int_equal(symlink(ckpt, link), 0);
-	pid_t pid = spawn_daemon(log, (const char *const[]){ "--socket", sock, "--preload", link,
+	pid_t pid = h_spawn_logged(log, (const char *const[]){ "--socket", sock, "--preload", link,
 							     NULL });
-	int status = wait_daemon(pid);
+	int status = h_wait_exit(pid, 20.0);
 	if (status == -1 || !WIFEXITED(status) || WEXITSTATUS(status) != 1)
-		dump(log);
+		h_show_file(log);
 	assert_true(status != -1 && WIFEXITED(status));
 	assert_int_equal(WEXITSTATUS(status), 1);
 	char want[300];
 	snprintf(want, sizeof want, "preload %s/evil\\x1b[2Kname: its directory name (the model's "
 		 "name) \"evil\\x1b[2Kname\" has a control character (0x1b) at byte 4", base);
-	if (file_lines(log, want) != 1)
-		dump(log);
-	assert_int_equal(file_lines(log, want), 1);
-	assert_int_equal(file_lines(log, "[error]"), 1);
-	assert_int_equal(file_lines(log, "\x1b"), 0);
+	if (h_count_lines(log, want) != 1)
+		h_show_file(log);
+	assert_int_equal(h_count_lines(log, want), 1);
+	assert_int_equal(h_count_lines(log, "[error]"), 1);
+	assert_int_equal(h_count_lines(log, "\x1b"), 0);
 	assert_int_equal(access(sock, F_OK), -1);
 
 	snprintf(want, sizeof want, "rm -rf '%s'", base);

@@ -168,17 +168,23 @@ static int log_has_byte(int c)
 	return found;
 }
 
+/* The next reply that is not a LoadProgress (within 20 s each). */
+static Radiance__ServerMessage *raw_recv_after_progress(struct raw *w)
+{
+	Radiance__ServerMessage *reply;
+	for (;;) {
+		assert_int_equal(raw_recv(w, &reply, 20000), 1);
+		if (reply->msg_case != RADIANCE__SERVER_MESSAGE__MSG_LOAD_PROGRESS)
+			return reply;
+		radiance__server_message__free_unpacked(reply, NULL);
+	}
+}
+
 /* The reply to the last request, after any LoadProgress, is an Error with
  * this code whose text has every needle (NULL-terminated). */
 static void raw_expect_error(struct raw *w, int code, ...)
 {
-	Radiance__ServerMessage *reply;
-	do {
-		assert_int_equal(raw_recv(w, &reply, 20000), 1);
-		if (reply->msg_case != RADIANCE__SERVER_MESSAGE__MSG_LOAD_PROGRESS)
-			break;
-		radiance__server_message__free_unpacked(reply, NULL);
-	} while (1);
+	Radiance__ServerMessage *reply = raw_recv_after_progress(w);
 	int got_case = reply->msg_case, got = 0;
 	char text[512] = "";
 	if (got_case == RADIANCE__SERVER_MESSAGE__MSG_ERROR) {
@@ -201,13 +207,7 @@ static void raw_expect_error(struct raw *w, int code, ...)
 /* The reply to a LoadModel, after any LoadProgress, is its ModelInfo. */
 static void raw_expect_loaded(struct raw *w)
 {
-	Radiance__ServerMessage *reply;
-	do {
-		assert_int_equal(raw_recv(w, &reply, 20000), 1);
-		if (reply->msg_case != RADIANCE__SERVER_MESSAGE__MSG_LOAD_PROGRESS)
-			break;
-		radiance__server_message__free_unpacked(reply, NULL);
-	} while (1);
+	Radiance__ServerMessage *reply = raw_recv_after_progress(w);
 	int got = reply->msg_case;
 	char text[512] = "";
 	if (got == RADIANCE__SERVER_MESSAGE__MSG_ERROR)
@@ -215,18 +215,6 @@ static void raw_expect_loaded(struct raw *w)
 	radiance__server_message__free_unpacked(reply, NULL);
 	if (got != RADIANCE__SERVER_MESSAGE__MSG_MODEL_INFO)
 		fail_msg("expected ModelInfo, got message case %d %s", got, text);
-}
-
-static void raw_send_load_named(struct raw *w, char *name, char **files, size_t n, const int *fds)
-{
-	Radiance__LoadModel lm = RADIANCE__LOAD_MODEL__INIT;
-	lm.name = name;
-	lm.n_file_names = n;
-	lm.file_names = files;
-	Radiance__ClientMessage m = RADIANCE__CLIENT_MESSAGE__INIT;
-	m.msg_case = RADIANCE__CLIENT_MESSAGE__MSG_LOAD_MODEL;
-	m.load_model = &lm;
-	raw_send(w, &m, fds, n);
 }
 
 static void raw_send_attach(struct raw *w, char *name)
@@ -512,7 +500,7 @@ static void names_with_control_characters(void **state)
 	int fds[3];
 	open_ckpt(ckpt, fds);
 	char forged[] = "fake\n   9  evil\x1b[2K";
-	raw_send_load_named(&w, forged, ckpt_files, 3, fds);
+	raw_send_load_model_named(&w, forged, ckpt_files, 3, fds, 3);
 	raw_expect_error(&w, EINVAL, "LoadModel.name", "control character (0x0a) at byte 4", NULL);
 	/* nor escape sequences alone, DEL, C1 controls as UTF-8, broken UTF-8 */
 	static const struct {
@@ -525,18 +513,18 @@ static void names_with_control_characters(void **state)
 		{ "cut\xe2\x82", "not valid UTF-8 at byte 3" },
 	};
 	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-		raw_send_load_named(&w, (char *)bad[i].name, ckpt_files, 3, fds);
+		raw_send_load_model_named(&w, (char *)bad[i].name, ckpt_files, 3, fds, 3);
 		raw_expect_error(&w, EINVAL, "LoadModel.name", bad[i].why, NULL);
 	}
 	char long_name[300];
 	memset(long_name, 'x', 256);
 	long_name[256] = 0;
-	raw_send_load_named(&w, long_name, ckpt_files, 3, fds);
+	raw_send_load_model_named(&w, long_name, ckpt_files, 3, fds, 3);
 	raw_expect_error(&w, EINVAL, "LoadModel.name is 256 bytes long", NULL);
 
 	/* file names are logged and named in errors too */
 	char *files[] = { "config.json\n[warn] x", "quantization_config.json", "model.safetensors" };
-	raw_send_load_named(&w, "", files, 3, fds);
+	raw_send_load_model_named(&w, "", files, 3, fds, 3);
 	raw_expect_error(&w, EINVAL, "LoadModel.file_names[0]", "(0x0a) at byte 11", NULL);
 
 	raw_send_attach(&w, forged);
@@ -549,7 +537,7 @@ static void names_with_control_characters(void **state)
 	assert_int_equal(raw_list_names(&w, names, sizeof names), 0);
 
 	/* printable UTF-8 is a name like any other */
-	raw_send_load_named(&w, "minilm \xc3\xbc" "ber-\xe2\x9c\x93", ckpt_files, 3, fds);
+	raw_send_load_model_named(&w, "minilm \xc3\xbc" "ber-\xe2\x9c\x93", ckpt_files, 3, fds, 3);
 	raw_expect_loaded(&w);
 	assert_int_equal(raw_list_names(&w, names, sizeof names), 1);
 	assert_string_equal(names, "minilm \xc3\xbc" "ber-\xe2\x9c\x93\n");
@@ -587,7 +575,7 @@ static void checkpoint_names_and_load_failure_log(void **state)
 	uint64_t sid = raw_hello_id(&w);
 	int fds[3];
 	open_ckpt(daemon_.dir, fds);
-	raw_send_load_named(&w, "", ckpt_files, 3, fds);
+	raw_send_load_model_named(&w, "", ckpt_files, 3, fds, 3);
 	raw_expect_error(&w, EINVAL, "the model name from config.json's _name_or_path",
 			 "\"evil\\x1b[2Kname\"", "(0x1b) at byte 4", "give the load a name", NULL);
 	char who[64];
@@ -597,7 +585,7 @@ static void checkpoint_names_and_load_failure_log(void **state)
 	assert_false(log_has_byte(0x1b));
 
 	/* the same files under a name of the client's own: fine */
-	raw_send_load_named(&w, "named-by-client", ckpt_files, 3, fds);
+	raw_send_load_model_named(&w, "named-by-client", ckpt_files, 3, fds, 3);
 	raw_expect_loaded(&w);
 	close_fds(fds, 3);
 
@@ -608,7 +596,7 @@ static void checkpoint_names_and_load_failure_log(void **state)
 	fputs("{ not json", f);
 	fclose(f);
 	open_ckpt(daemon_.dir, fds);
-	raw_send_load_named(&w, "broken-config", ckpt_files, 3, fds);
+	raw_send_load_model_named(&w, "broken-config", ckpt_files, 3, fds, 3);
 	raw_expect_error(&w, EINVAL, "config.json", NULL);
 	close_fds(fds, 3);
 	assert_int_equal(log_lines(who, " 'broken-config' failed: config.json"), 1);

@@ -72,20 +72,6 @@ static void settle(void)
 
 /* --- helpers --------------------------------------------------------------- */
 
-/* Lines of the file containing needle. */
-static int count_lines(const char *path, const char *needle)
-{
-	FILE *f = fopen(path, "r");
-	if (!f)
-		return -1;
-	char line[2048];
-	int n = 0;
-	while (fgets(line, sizeof line, f))
-		if (strstr(line, needle))
-			n++;
-	fclose(f);
-	return n;
-}
 
 /* The first line of the file containing needle, into out; 0 or -1. */
 static int find_line(const char *path, const char *needle, char *out, size_t outlen)
@@ -111,45 +97,15 @@ static int find_line(const char *path, const char *needle, char *out, size_t out
  * status, or -1 if it was still running (then killed). */
 static int run_daemon(const char *log, double timeout_s, ...)
 {
-	const char *bin = h_env("RADIANCED", "build/radianced");
-	const char *argv[32] = { bin, "--no-config", "--backend",
-				 h_env("RADIANCE_TEST_BACKEND", "cpu") };
-	int argc = 4;
+	const char *args[25];
+	size_t n = 0;
 	va_list ap;
 	va_start(ap, timeout_s);
-	for (const char *a; (a = va_arg(ap, const char *)) && argc < 31;)
-		argv[argc++] = a;
+	for (const char *a; (a = va_arg(ap, const char *)) && n < 24;)
+		args[n++] = a;
 	va_end(ap);
-	argv[argc] = NULL;
-	fflush(NULL);
-	pid_t pid = fork();
-	if (pid == 0) {
-		int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-		if (fd >= 0) {
-			dup2(fd, 1);
-			dup2(fd, 2);
-		}
-		execv(bin, (char *const *)argv);
-		_exit(127);
-	}
-	double deadline = h_now() + timeout_s;
-	int st;
-	while (h_now() < deadline) {
-		if (waitpid(pid, &st, WNOHANG) == pid)
-			return st;
-		h_sleep_ms(10);
-	}
-	kill(pid, SIGKILL);
-	waitpid(pid, &st, 0);
-	return -1;
-}
-
-static void print_file(const char *path)
-{
-	char cmd[256];
-	snprintf(cmd, sizeof cmd, "cat '%s' >&2", path);
-	if (system(cmd) != 0)
-		fprintf(stderr, "(cannot show %s)\n", path);
+	args[n] = NULL;
+	return h_wait_exit(h_spawn_logged(log, args), timeout_s);
 }
 
 static void rm_rf(const char *path)
@@ -225,7 +181,7 @@ static void socket_path_not_a_socket(void **state)
 		char line[2048] = "";
 		int said = find_line(log, "exists and is not a socket", line, sizeof line) == 0;
 		if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) == 0 || !still_there || !said) {
-			print_file(log);
+			h_show_file(log);
 			fail_msg("%s at the socket path: status 0x%x, %s, %s", kinds[k], st,
 				 still_there ? "still there" : "DELETED",
 				 said ? "explained" : "no 'exists and is not a socket' line");
@@ -281,7 +237,7 @@ static void stale_socket_replaced_live_one_kept(void **state)
 		}
 	}
 	if (!up)
-		print_file(log);
+		h_show_file(log);
 	assert_true(up);
 
 	/* a second daemon on the live socket refuses and leaves it alone */
@@ -290,7 +246,7 @@ static void stale_socket_replaced_live_one_kept(void **state)
 	int st = run_daemon(log2, 20.0, "--socket", path, NULL);
 	assert_true(st != -1 && WIFEXITED(st));
 	assert_int_equal(WEXITSTATUS(st), 1);
-	assert_int_equal(count_lines(log2, "another daemon is listening"), 1);
+	assert_int_equal(h_count_lines(log2, "another daemon is listening"), 1);
 	assert_int_equal(h_good_client(path, &ref), 0);
 
 	kill(pid, SIGTERM);
@@ -329,12 +285,12 @@ static void accept_at_fd_limit(void **state)
 
 	/* No log flood: before the fix, a million "accept: Too many open files"
 	 * lines in 3 s, the loop spinning on the readable listening socket. */
-	int lines = count_lines(d->log, "accept");
+	int lines = h_count_lines(d->log, "accept");
 	if (lines > 3) {
 		fprintf(stderr, "%d accept lines in the log in 1 s\n", lines);
 		fail();
 	}
-	assert_int_equal(count_lines(d->log, "Too many open files"), 1);
+	assert_int_equal(h_count_lines(d->log, "Too many open files"), 1);
 	/* The last connections were not left hanging in the backlog: closed,
 	 * with an Error saying why when it got through. */
 	for (int i = n - 10; i < n; i++) {
@@ -356,7 +312,7 @@ static void accept_at_fd_limit(void **state)
 	assert_true(fds <= base);   /* nothing leaked */
 	assert_int_equal(count_fds_on(d->pid, "/dev/null"), nulls);   /* the reserve is back */
 	assert_int_equal(h_good_client(d->socket, &ref), 0);
-	assert_int_equal(count_lines(d->log, "accepting connections again"), 1);
+	assert_int_equal(h_count_lines(d->log, "accepting connections again"), 1);
 	expect_healthy_then_stop(d);
 }
 
@@ -401,8 +357,8 @@ static void fds_lost_at_fd_limit(void **state)
 
 	assert_int_equal(prlimit(d->pid, RLIMIT_NOFILE, &saved, NULL), 0);
 	assert_int_equal(h_good_client(d->socket, &ref), 0);
-	assert_int_equal(count_lines(d->log, "this daemon is at its open-file limit"), 1);
-	assert_int_equal(count_lines(d->log, "protocol violation"), 0);
+	assert_int_equal(h_count_lines(d->log, "this daemon is at its open-file limit"), 1);
+	assert_int_equal(h_count_lines(d->log, "protocol violation"), 0);
 	expect_healthy_then_stop(d);
 }
 
@@ -467,7 +423,7 @@ static void hello_timeout(void **state)
 	raw_close(&w);
 	assert_int_equal(h_good_client(d->socket, &ref), 0);
 	/* one line per timed-out session, no more */
-	assert_int_equal(count_lines(d->log, "no Hello within 300 ms"), 4);
+	assert_int_equal(h_count_lines(d->log, "no Hello within 300 ms"), 4);
 	expect_healthy_then_stop(d);
 }
 
@@ -515,7 +471,7 @@ static void session_limit_refusal_is_clean(void **state)
 		assert_int_equal(errno, EBUSY);
 	}
 	/* 130 refusals, a handful of log lines */
-	int lines = count_lines(d->log, "refusing a connection");
+	int lines = h_count_lines(d->log, "refusing a connection");
 	assert_true(lines >= 1 && lines <= 3);
 	radiance_disconnect(holder);
 	settle();
@@ -541,7 +497,7 @@ static void sighup_does_not_kill(void **state)
 	assert_int_equal(radiance_get_stats(r, &s), 0);
 	radiance_stats_free(s);
 	radiance_disconnect(r);
-	assert_int_equal(count_lines(d->log, "reloading the configuration is not supported"), 2);
+	assert_int_equal(h_count_lines(d->log, "reloading the configuration is not supported"), 2);
 
 	/* and SIGTERM still stops it cleanly, removing the socket */
 	char socket_path[sizeof d->socket];
@@ -572,7 +528,7 @@ static void stop_leaves_another_daemons_socket(void **state)
 	struct stat sb;
 	assert_int_equal(lstat(a->socket, &sb), 0);
 	assert_true(S_ISSOCK(sb.st_mode));
-	assert_int_equal(count_lines(a->log, "is no longer the socket this daemon bound"), 1);
+	assert_int_equal(h_count_lines(a->log, "is no longer the socket this daemon bound"), 1);
 	/* B still answers there */
 	assert_int_equal(h_good_client(a->socket, &ref), 0);
 	/* give B its own name back; it removes that at exit */
@@ -686,10 +642,10 @@ static void systemd_socket_activation(void **state)
 	int st;
 	assert_int_equal(waitpid(pid, &st, 0), pid);
 	if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
-		print_file(log);
+		h_show_file(log);
 	assert_true(WIFEXITED(st));
 	assert_int_equal(WEXITSTATUS(st), 0);
-	assert_int_equal(count_lines(log, "listening on the socket systemd passed"), 1);
+	assert_int_equal(h_count_lines(log, "listening on the socket systemd passed"), 1);
 	/* systemd's socket stays: the daemon never unlinks what it did not bind */
 	struct stat sb;
 	assert_int_equal(lstat(path, &sb), 0);
@@ -707,12 +663,12 @@ static void bad_group_is_a_usage_error(void **state)
 	int st = run_daemon(log, 20.0, "--socket", path, "--group", "no-such-group-radiance",
 			    NULL);
 	if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 2)
-		print_file(log);
+		h_show_file(log);
 	assert_true(st != -1 && WIFEXITED(st));
 	assert_int_equal(WEXITSTATUS(st), 2);
-	assert_int_equal(count_lines(log, "group 'no-such-group-radiance' does not exist"), 1);
+	assert_int_equal(h_count_lines(log, "group 'no-such-group-radiance' does not exist"), 1);
 	/* refused before the backend started or the socket was bound */
-	assert_int_equal(count_lines(log, "backend"), 0);
+	assert_int_equal(h_count_lines(log, "backend"), 0);
 	struct stat sb;
 	assert_int_equal(lstat(path, &sb), -1);
 }
@@ -728,13 +684,13 @@ static void failed_preload_is_one_line(void **state)
 	assert_true(st != -1 && WIFEXITED(st));
 	assert_int_equal(WEXITSTATUS(st), 1);
 	/* one warning-or-worse line, naming the directory once */
-	int problems = count_lines(log, "[warn]") + count_lines(log, "[error]");
+	int problems = h_count_lines(log, "[warn]") + h_count_lines(log, "[error]");
 	char line[2048];
 	assert_int_equal(find_line(log, "[error]", line, sizeof line), 0);
 	const char *first = strstr(line, missing);
 	if (problems != 1 || !first || strstr(first + 1, missing) ||
 	    !strstr(line, "No such file or directory")) {
-		print_file(log);
+		h_show_file(log);
 		fail_msg("%d warn/error lines; the error line: %s", problems, line);
 	}
 }
@@ -751,7 +707,7 @@ static void bad_frame_length_logged(void **state)
 	assert_int_not_equal(raw_read_to_end(&w, 5000, &code, NULL, 0), -ETIMEDOUT);
 	raw_close(&w);
 	h_sleep_ms(50);
-	assert_int_equal(count_lines(d->log, "frame length 2147483632 is outside 1..1048576"), 1);
+	assert_int_equal(h_count_lines(d->log, "frame length 2147483632 is outside 1..1048576"), 1);
 	expect_healthy_then_stop(d);
 }
 
@@ -801,7 +757,7 @@ static void auto_backend_says_why(void **state)
 	const char *args[] = { "--backend", "auto", "--device", "7", "--numerics-gate", "1", NULL };
 	assert_int_equal(h_daemon_start_argv(&da, args), 0);
 	char line[2048];
-	assert_int_equal(count_lines(da.log, "backend auto:"), 1);
+	assert_int_equal(h_count_lines(da.log, "backend auto:"), 1);
 	assert_int_equal(find_line(da.log, "backend auto:", line, sizeof line), 0);
 	if (!strstr(line, "[info]") || !strstr(line, "this build has no GPU backend") ||
 	    !strstr(line, "using cpu"))
@@ -814,9 +770,9 @@ static void auto_backend_says_why(void **state)
 
 	/* neither option given, cpu asked for: nothing to explain or warn about */
 	assert_int_equal(h_daemon_start_argv(&db, (const char *[]){ "--backend", "cpu", NULL }), 0);
-	assert_int_equal(count_lines(db.log, "backend auto"), 0);
-	assert_int_equal(count_lines(db.log, "has no effect"), 0);
-	assert_int_equal(count_lines(db.log, "[warn]"), 0);
+	assert_int_equal(h_count_lines(db.log, "backend auto"), 0);
+	assert_int_equal(h_count_lines(db.log, "has no effect"), 0);
+	assert_int_equal(h_count_lines(db.log, "[warn]"), 0);
 	expect_healthy_then_stop(&db);
 }
 
@@ -894,7 +850,7 @@ static void cpu_scratch_oom_names_size_and_options(void **state)
 		assert_int_equal(setrlimit(RLIMIT_AS, &old), 0);
 	}
 	if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 1)
-		print_file(log);
+		h_show_file(log);
 	assert_true(st != -1 && WIFEXITED(st));
 	assert_int_equal(WEXITSTATUS(st), 1);
 	assert_int_equal(find_line(log, "[error]", line, sizeof line), 0);
