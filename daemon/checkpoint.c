@@ -1085,17 +1085,24 @@ out:
 	return rc;
 }
 
+const char *radiance_checkpoint_dir_name(const char *dir, size_t *len)
+{
+	size_t end = strlen(dir);
+	while (end > 1 && dir[end - 1] == '/')
+		end--;
+	size_t start = end;
+	while (start && dir[start - 1] != '/')
+		start--;
+	*len = end - start;
+	return dir + start;
+}
+
 static char *dir_basename(const char *dir)
 {
 	char *real = realpath(dir, NULL);
-	const char *s = real ? real : dir;
-	size_t len = strlen(s);
-	while (len > 1 && s[len - 1] == '/')
-		len--;
-	size_t start = len;
-	while (start && s[start - 1] != '/')
-		start--;
-	char *b = len > start ? strndup(s + start, len - start) : strdup("model");
+	size_t len;
+	const char *s = radiance_checkpoint_dir_name(real ? real : dir, &len);
+	char *b = len ? strndup(s, len) : strdup("model");
 	free(real);
 	return b;
 }

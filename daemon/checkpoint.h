@@ -79,8 +79,16 @@ int radiance_checkpoint_load(const struct radiance_file *files, size_t nfiles, c
 			     radiance_progress_fn progress, void *user,
 			     struct radiance_model **out, char *err, size_t errlen);
 
+/* The name a checkpoint directory gives its model when none is asked for:
+ * the last component of dir as written (no symlink resolved), trailing
+ * slashes dropped; empty for "/" or "". Points into dir, *len bytes (not
+ * NUL-terminated). The daemon names preloads this way, and
+ * radiance_checkpoint_load_dir does after realpath(). */
+const char *radiance_checkpoint_dir_name(const char *dir, size_t *len);
+
 /* radiance_checkpoint_list_files(dir) + open each + radiance_checkpoint_load
- * + close. name NULL means the directory's basename. Also returns -errno of
+ * + close. name NULL means the directory's basename (of its realpath, else
+ * as written; "model" when that is empty). Also returns -errno of
  * open/fstat. */
 int radiance_checkpoint_load_dir(const char *dir, const char *name, radiance_progress_fn progress,
 				 void *user, struct radiance_model **out, char *err, size_t errlen);

@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "checkpoint.h"
 #include "log.h"
 #include "shm.h"
 
@@ -595,25 +596,11 @@ static int default_socket(struct radiance_config *cfg, char *err, size_t errlen)
 	return cfg->socket_path ? 0 : -ENOMEM;
 }
 
-/* A preload's model name, as registry_preload derives it: the last
- * component of the path as given, trailing slashes dropped. Points into dir;
- * *len gets its length. */
-static const char *preload_name(const char *dir, size_t *len)
-{
-	size_t end = strlen(dir);
-	while (end > 1 && dir[end - 1] == '/')
-		end--;
-	size_t start = end;
-	while (start && dir[start - 1] != '/')
-		start--;
-	*len = end - start;
-	return dir + start;
-}
-
 static int preload_same_name(const char *a, const char *b)
 {
 	size_t alen, blen;
-	const char *an = preload_name(a, &alen), *bn = preload_name(b, &blen);
+	const char *an = radiance_checkpoint_dir_name(a, &alen);
+	const char *bn = radiance_checkpoint_dir_name(b, &blen);
 	return alen == blen && memcmp(an, bn, alen) == 0;
 }
 
@@ -661,7 +648,7 @@ static int preload_check(struct radiance_config *cfg, struct origins *o, char *e
 			if (!real[j] || !preload_same_name(cfg->preload[i], cfg->preload[j]))
 				continue;
 			size_t len;
-			const char *name = preload_name(cfg->preload[i], &len);
+			const char *name = radiance_checkpoint_dir_name(cfg->preload[i], &len);
 			snprintf(err, errlen, "preload %s (%s) and preload %s (%s) are different "
 				 "directories with the same name '%.*s': a preload's model name is "
 				 "its directory's basename; rename one of the directories",

@@ -3,7 +3,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -687,36 +686,34 @@ int registry_preload(struct radiance_registry *reg, const char *dir, struct regi
 {
 	char shown[300], why[400];
 	escape(dir, shown, sizeof shown);
-	char *copy = strdup(dir);
-	if (!copy) {
+	/* named after the directory (config.c refuses two preloads that would
+	 * share a name by the same rule), a name every client sees, so it is
+	 * checked like one a client sends */
+	size_t len;
+	const char *last = radiance_checkpoint_dir_name(dir, &len);
+	char *base = strndup(last, len);
+	if (!base) {
 		snprintf(err, errlen, "preload %s: out of memory", shown);
 		return -ENOMEM;
 	}
-	/* like radiance_checkpoint_load_dir: named after the directory, a name
-	 * every client sees, so it is checked like one a client sends */
-	size_t len = strlen(copy);
-	while (len > 1 && copy[len - 1] == '/')
-		copy[--len] = 0;
-	const char *base = basename(copy);
 	if (registry_check_name("its directory name (the model's name)", base, REGISTRY_NAME_MAX,
 				why, sizeof why) < 0) {
 		snprintf(err, errlen, "preload %s: %s; rename the directory or link to it under a "
 			 "plain name", shown, why);
-		free(copy);
+		free(base);
 		return -EINVAL;
 	}
 	struct radiance_resident *res = resident_new(reg);
 	if (!res) {
-		free(copy);
+		free(base);
 		snprintf(err, errlen, "preload %s: out of memory", shown);
 		return -ENOMEM;
 	}
 	res->preloaded = true;
 	res->asked_by = w->session_id;
 	res->dir = strdup(dir);
-	res->want_name = strdup(base);
-	res->name = res->want_name ? strdup(res->want_name) : NULL;
-	free(copy);
+	res->want_name = base;
+	res->name = strdup(base);
 	if (!res->dir || !res->name) {
 		resident_free(res);
 		snprintf(err, errlen, "preload %s: out of memory", shown);
