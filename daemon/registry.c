@@ -215,15 +215,23 @@ static void on_model_freed(struct exec_job *job)
 	resident_free(res);
 }
 
+/* Hands the model to the executor (upload or free), done called back on
+ * the loop. */
+static void model_job(struct radiance_resident *res, enum exec_job_kind kind,
+		      void (*done)(struct exec_job *job))
+{
+	memset(&res->job, 0, sizeof res->job);
+	res->job.kind = kind;
+	res->job.model = &res->em;
+	res->job.done = done;
+	res->job.user = res;
+	executor_submit(res->reg->exec, &res->job);
+}
+
 static void unload(struct radiance_resident *res)
 {
 	res->state = RESIDENT_UNLOADING;
-	memset(&res->job, 0, sizeof res->job);
-	res->job.kind = EXEC_JOB_MODEL_FREE;
-	res->job.model = &res->em;
-	res->job.done = on_model_freed;
-	res->job.user = res;
-	executor_submit(res->reg->exec, &res->job);
+	model_job(res, EXEC_JOB_MODEL_FREE, on_model_freed);
 }
 
 /* Hands every waiter a reference (or nothing, on error). */
@@ -477,12 +485,7 @@ static void load_after(uv_work_t *work, int status)
 		return;
 	}
 	res->state = RESIDENT_UPLOADING;
-	memset(&res->job, 0, sizeof res->job);
-	res->job.kind = EXEC_JOB_MODEL_UPLOAD;
-	res->job.model = &res->em;
-	res->job.done = on_uploaded;
-	res->job.user = res;
-	executor_submit(reg->exec, &res->job);
+	model_job(res, EXEC_JOB_MODEL_UPLOAD, on_uploaded);
 }
 
 static struct radiance_resident *resident_new(struct radiance_registry *reg)
