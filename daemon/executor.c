@@ -520,18 +520,6 @@ static void group_and_run(struct radiance_executor *e)
 	e->nbatch = 0;
 }
 
-/* Rings the CQ doorbell: one non-blocking write to our own end of the
- * session's pipe. The client holds only the read end, a different open file
- * description, so nothing it does can make this block; when the pipe is
- * full (the client never drains it) the write answers EAGAIN and the client
- * has a wakeup pending anyway. A client that closed its end gets EPIPE
- * (SIGPIPE is ignored), which is equally harmless. */
-static void cq_doorbell(struct radiance_executor *e, struct exec_ring *r)
-{
-	(void)e;
-	radiance_doorbell_ring(r->cq_wfd);
-}
-
 /* One pass over every ring. Returns the number of requests taken. */
 static size_t serve_pass(struct radiance_executor *e, struct exec_ring *only)
 {
@@ -555,8 +543,13 @@ static size_t serve_pass(struct radiance_executor *e, struct exec_ring *only)
 	group_and_run(e);
 	for (size_t i = 0; i < e->nrings; i++) {
 		struct exec_ring *r = e->rings[i];
+		/* One non-blocking write to our own end of the session's pipe:
+		 * the client holds only the read end, a different open file
+		 * description, so nothing it does can make this block. A full
+		 * pipe (never drained) answers EAGAIN, and a wakeup is pending
+		 * anyway; a closed read end gives EPIPE (SIGPIPE is ignored). */
 		if (r->need_doorbell && !r->dead && radiance_ring_needs_wakeup(&r->cq))
-			cq_doorbell(e, r);
+			radiance_doorbell_ring(r->cq_wfd);
 		r->need_doorbell = 0;
 	}
 	return taken;
