@@ -304,6 +304,20 @@ static void status_models_layers_stats(void **state)
 	assert_non_null(strstr(out, "all sessions"));
 }
 
+/* Runs cmd under /bin/sh in a child (`exec` in cmd makes the child the
+ * command itself, so signalling the pid reaches it). Returns the pid. */
+static pid_t start_shell(const char *cmd)
+{
+	fflush(NULL);
+	pid_t pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+		_exit(127);
+	}
+	return pid;
+}
+
 static void load_and_unload(void **state)
 {
 	/* not a TTY: plain progress lines on stderr, ending at 100% */
@@ -327,13 +341,7 @@ static void load_and_unload(void **state)
 	char cmd[1024];
 	snprintf(cmd, sizeof cmd, "exec %s --socket %s load --hold %s >/dev/null 2>&1",
 		 h_env("RADIANCECTL", "build/radiancectl"), daemon_.socket, ckpt);
-	fflush(NULL);
-	pid_t holder = fork();
-	assert_true(holder >= 0);
-	if (holder == 0) {
-		execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-		_exit(127);
-	}
+	pid_t holder = start_shell(cmd);
 	size_t n = 0;
 	for (int i = 0; i < 500 && n == 0; i++) {
 		h_sleep_ms(10);
@@ -495,13 +503,7 @@ static void hold_until_daemon_stops(bool json)
 	snprintf(cmd, sizeof cmd, "exec %s --socket %s %s load --hold %s >%s 2>%s",
 		 h_env("RADIANCECTL", "build/radiancectl"), daemon_.socket, json ? "--json" : "",
 		 ckpt, out_path, err_path);
-	fflush(NULL);
-	pid_t holder = fork();
-	assert_true(holder >= 0);
-	if (holder == 0) {
-		execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-		_exit(127);
-	}
+	pid_t holder = start_shell(cmd);
 	/* wait until it holds the model (its stdout says so) */
 	const char *holding = json ? "\"held\": true" : "holding model";
 	for (int i = 0; i < 500; i++) {
