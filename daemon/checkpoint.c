@@ -1,12 +1,13 @@
 /*
- * Checkpoint loader: files -> validated quant config -> safetensors maps ->
- * routing plan (header only) -> per layer: data checks + repack. See
+ * Checkpoint loader: files -> validated quant config -> safetensors headers
+ * -> routing plan (header only) -> per layer: read, data checks, repack. See
  * checkpoint.h for the contract and docs/loader.md for the rules.
  *
  * Everything about the checkpoint is decided from the safetensors headers
  * before a single tensor byte is read (the plan), so a contradiction between
- * config and tensors costs nothing; only then are qzeros, g_idx and scales
- * read and checked, layer by layer, as each layer is repacked.
+ * config and tensors costs nothing; only then is each layer's data copied
+ * out of its file (pread, into private memory), its qzeros, g_idx and scales
+ * checked on that copy, and the copy repacked.
  */
 #include "checkpoint.h"
 
@@ -62,6 +63,8 @@ struct ck_loader {
 	size_t n_refs;
 	struct ck_plan *plans;
 	size_t n_plans;
+	void *scratch;                          /* one tensor's bytes, read_tensor's */
+	size_t scratch_len;
 };
 
 static void ck_err(struct ck_loader *L, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -159,18 +162,18 @@ static int read_json_fd(struct ck_loader *L, int fd, const char *fname, json_t *
 	buf = malloc((size_t)st.st_size + 1);
 	if (!buf)
 		return ck_nomem(L, fname);
-	while (got < (size_t)st.st_size) {
-		ssize_t r = pread(fd, buf + got, (size_t)st.st_size - got, (off_t)got);
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r <= 0) {
-			ck_err(L, "%s: read failed at byte %zu of %lld: %s", fname, got,
-			       (long long)st.st_size, r < 0 ? strerror(errno) : "file shrank");
-			rc = -EIO;
-			goto out;
-		}
-		got += (size_t)r;
+	ssize_t r = radiance_st_pread(fd, buf, (size_t)st.st_size, 0);
+	if (r != (ssize_t)st.st_size) {
+		if (r < 0)
+			ck_err(L, "%s: read of %lld bytes failed: %s", fname, (long long)st.st_size,
+			       strerror((int)-r));
+		else
+			ck_err(L, "%s: file shrank to %zd bytes while loading (expected %lld)", fname, r,
+			       (long long)st.st_size);
+		rc = -EIO;
+		goto out;
 	}
+	got = (size_t)r;
 	*out = json_loadb(buf, got, JSON_REJECT_DUPLICATES, &jerr);
 	if (!*out) {
 		ck_err(L, "%s: not valid JSON: %s (line %d, column %d), expected a JSON object", fname,
@@ -676,9 +679,9 @@ static float load_float(const struct radiance_st_tensor *t, uint64_t i)
 /* The kernels fold a constant zero point of 8 into the unpack: every qzeros
  * nibble of a real column must be 7 (GPTQ stores zero - 1). Columns past N in
  * the last word of a row are padding and not checked. */
-static int verify_qzeros(struct ck_loader *L, const struct ck_plan *p)
+static int verify_qzeros(struct ck_loader *L, const struct ck_plan *p,
+			 const struct radiance_st_tensor *t)
 {
-	const struct radiance_st_tensor *t = p->qzeros->t;
 	uint64_t words = (p->n + 7) / 8, groups = p->k / RADIANCE_GROUP_SIZE, bad = 0, first = 0;
 	uint32_t first_v = 0, tail = p->n % 8;
 	uint32_t last_mask = tail ? (uint32_t)((1ull << (4 * tail)) - 1) : 0xFFFFFFFFu;
@@ -708,9 +711,9 @@ static int verify_qzeros(struct ck_loader *L, const struct ck_plan *p)
 /* g_idx maps k to its group; GPTQ act-order (desc_act) permutes it. The
  * kernels read groups as contiguous 128-wide slabs of K, so only the
  * identity k / 128 is accepted. */
-static int verify_g_idx(struct ck_loader *L, const struct ck_plan *p)
+static int verify_g_idx(struct ck_loader *L, const struct ck_plan *p,
+			const struct radiance_st_tensor *t)
 {
-	const struct radiance_st_tensor *t = p->g_idx->t;
 	for (uint64_t k = 0; k < p->k; k++) {
 		int64_t v;
 		if (t->dtype == RADIANCE_ST_I64)
@@ -728,9 +731,9 @@ static int verify_g_idx(struct ck_loader *L, const struct ck_plan *p)
 	return 0;
 }
 
-static int verify_scales(struct ck_loader *L, const struct ck_plan *p)
+static int verify_scales(struct ck_loader *L, const struct ck_plan *p,
+			 const struct radiance_st_tensor *t)
 {
-	const struct radiance_st_tensor *t = p->scales->t;
 	uint64_t count = t->nelem, bad = 0, first = 0;
 	uint16_t first_v = 0;
 	for (uint64_t i = 0; i < count; i++) {
@@ -750,8 +753,37 @@ static int verify_scales(struct ck_loader *L, const struct ck_plan *p)
 	return 0;
 }
 
+/* Copies tensor r out of its file into the loader's scratch buffer (grown to
+ * the largest tensor read so far and kept for the next) and gives a view of
+ * r whose data is that copy, valid until the next call. Whoever sent the
+ * file can still rewrite or shrink it: the copy is what is checked and then
+ * repacked, so what passed the checks is what becomes resident, and a shrink
+ * is this load's -EIO, never a fault. */
+static int read_tensor(struct ck_loader *L, const struct ck_ref *r, struct radiance_st_tensor *view)
+{
+	uint64_t len = r->t->end - r->t->begin;
+	if (len > L->scratch_len) {
+		void *b = len <= SIZE_MAX ? malloc((size_t)len) : NULL;
+		if (!b)
+			return ck_nomem(L, r->name);
+		free(L->scratch);
+		L->scratch = b;
+		L->scratch_len = (size_t)len;
+	}
+	int rc = radiance_st_read(r->f, r->t, L->scratch, L->err, L->errlen);
+	if (rc)
+		return rc;
+	*view = *r->t;
+	view->data = L->scratch;
+	return 0;
+}
+
+/* One layer: its tensors read one at a time just before they are checked
+ * and repacked, so the load holds about one tensor of the checkpoint at a
+ * time beside the resident model. */
 static int build_layer(struct ck_loader *L, struct ck_plan *p, struct radiance_layer *l)
 {
+	struct radiance_st_tensor t;
 	int rc;
 
 	l->kind = p->kind;
@@ -759,27 +791,38 @@ static int build_layer(struct ck_loader *L, struct ck_plan *p, struct radiance_l
 	l->k = p->k;
 	if (p->kind == RADIANCE_LAYER_W4A8) {
 		uint64_t words = p->k / RADIANCE_PACK, groups = p->k / RADIANCE_GROUP_SIZE;
-		if ((rc = verify_qzeros(L, p)) || (p->g_idx && (rc = verify_g_idx(L, p))) ||
-		    (rc = verify_scales(L, p)))
+		if ((rc = read_tensor(L, p->qzeros, &t)) || (rc = verify_qzeros(L, p, &t)))
+			return rc;
+		if (p->g_idx && ((rc = read_tensor(L, p->g_idx, &t)) || (rc = verify_g_idx(L, p, &t))))
+			return rc;
+		if ((rc = read_tensor(L, p->scales, &t)) || (rc = verify_scales(L, p, &t)))
+			return rc;
+		l->scales = alloc_array((size_t)p->n * groups, sizeof *l->scales);
+		if (!l->scales)
+			return ck_nomem(L, p->module);
+		transpose(l->scales, t.data, groups, p->n, sizeof *l->scales);
+		if ((rc = read_tensor(L, p->qweight, &t)))
 			return rc;
 		l->qweight = alloc_array((size_t)p->n * words, sizeof *l->qweight);
-		l->scales = alloc_array((size_t)p->n * groups, sizeof *l->scales);
-		if (!l->qweight || !l->scales)
+		if (!l->qweight)
 			return ck_nomem(L, p->module);
-		transpose(l->qweight, p->qweight->t->data, words, p->n, sizeof *l->qweight);
-		transpose(l->scales, p->scales->t->data, groups, p->n, sizeof *l->scales);
+		transpose(l->qweight, t.data, words, p->n, sizeof *l->qweight);
 		l->bytes = (uint64_t)p->n * words * 4 + (uint64_t)p->n * groups * 2;
 	} else {
-		const struct radiance_st_tensor *t = p->weight->t;
 		uint64_t count = (uint64_t)p->n * p->k;
 		l->weight = alloc_array((size_t)count, sizeof *l->weight);
 		if (!l->weight)
 			return ck_nomem(L, p->module);
-		if (t->dtype == RADIANCE_ST_BF16) {
-			memcpy(l->weight, t->data, (size_t)count * 2);
+		if (p->weight->t->dtype == RADIANCE_ST_BF16) {
+			/* stored as resident: straight into place */
+			rc = radiance_st_read(p->weight->f, p->weight->t, l->weight, L->err, L->errlen);
+			if (rc)
+				return rc;
 		} else {
+			if ((rc = read_tensor(L, p->weight, &t)))
+				return rc;
 			for (uint64_t i = 0; i < count; i++)
-				l->weight[i] = radiance_bf16_from_f32(load_float(t, i));
+				l->weight[i] = radiance_bf16_from_f32(load_float(&t, i));
 		}
 		l->bytes = count * 2;
 	}
@@ -787,8 +830,10 @@ static int build_layer(struct ck_loader *L, struct ck_plan *p, struct radiance_l
 		l->bias = alloc_array(p->n, sizeof *l->bias);
 		if (!l->bias)
 			return ck_nomem(L, p->module);
+		if ((rc = read_tensor(L, p->bias, &t)))
+			return rc;
 		for (uint32_t i = 0; i < p->n; i++)
-			l->bias[i] = load_float(p->bias->t, i);
+			l->bias[i] = load_float(&t, i);
 		l->bytes += (uint64_t)p->n * 4;
 	}
 	return 0;
@@ -849,6 +894,7 @@ static void loader_finish(struct ck_loader *L)
 		free(L->plans[i].module);
 	free(L->plans);
 	free(L->refs);
+	free(L->scratch);
 	for (size_t i = 0; i < L->n_st; i++)
 		radiance_st_close(L->st[i]);
 	free(L->st);

@@ -6,9 +6,13 @@
  *
  * In short:
  *   - safetensors files (model.safetensors, or model.safetensors.index.json
- *     plus its shards) are mmapped and validated as the format's reference
- *     implementation does (daemon/safetensors.h); only the tensors of linear
- *     layers are read, and copied once into the model;
+ *     plus its shards): their headers are read with pread and validated as
+ *     the format's reference implementation does (daemon/safetensors.h);
+ *     only the tensors of linear layers are read, with pread into private
+ *     memory one tensor at a time just before that layer is checked and
+ *     repacked (never through a mapping: a client that shrinks its file
+ *     mid-load gets -EIO for that load, the daemon no SIGBUS), so the load
+ *     holds about one tensor beyond the resident model;
  *   - the quantization config (config.json's "quantization_config" and/or
  *     quantization_config.json, which must agree when both are present) must
  *     be AutoRound, auto_round:auto_gptq packing, bits 4, group_size 128,
@@ -33,12 +37,15 @@
  *            something the kernels do not support; also bad arguments
  *   -ENOENT  a required file is missing (config, weights, a shard)
  *   -ENOMEM  out of memory
- *   -EIO     a read failed or a file changed size while being read
- *   other -errno from open/fstat/mmap (e.g. -EACCES) for the *_dir calls.
+ *   -EIO     a read failed, or a file shrank while being read ("<file>:
+ *            tensor "<name>": file shrank to N bytes while loading
+ *            (expected M)")
+ *   other -errno from open/fstat (e.g. -EACCES) for the *_dir calls, and
+ *   from dup (-EMFILE).
  *
  * Thread safety: the loader has no global state. Any number of loads may run
  * concurrently on different threads, even on the same fds (files are read
- * with pread and mmap, never through the fd's file position). The progress
+ * with pread only, never through the fd's file position). The progress
  * callback runs on the calling thread.
  */
 #ifndef RADIANCE_CHECKPOINT_H

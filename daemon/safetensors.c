@@ -7,7 +7,6 @@
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -16,7 +15,7 @@
 #include "log.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
-#error "radiance reads safetensors (little-endian) in place: little-endian hosts only"
+#error "radiance reads safetensors (little-endian) elements as they are stored: little-endian hosts only"
 #endif
 
 static const struct {
@@ -112,8 +111,9 @@ void radiance_st_close(struct radiance_st_file *f)
 {
 	if (!f)
 		return;
-	if (f->map)
-		munmap(f->map, f->map_len);
+	if (f->fd >= 0)
+		close(f->fd);
+	free(f->image);
 	file_free(f);
 }
 
@@ -286,7 +286,7 @@ static int parse_tensor(struct radiance_st_file *f, struct radiance_st_tensor *t
 			       shape_str(t, sb, sizeof sb), dtypes[t->dtype].name);
 		return -EINVAL;
 	}
-	t->data = f->data + t->begin;
+	t->data = f->data ? f->data + t->begin : NULL;
 	return 0;
 }
 
@@ -353,75 +353,82 @@ out:
 	return rc;
 }
 
-int radiance_st_parse(const void *buf, size_t len, const char *name,
-		      struct radiance_st_file **out, char *err, size_t errlen)
+ssize_t radiance_st_pread(int fd, void *buf, size_t len, uint64_t off)
 {
-	const uint8_t *p = buf;
-	struct radiance_st_file *f;
-	json_t *root = NULL;
-	json_error_t jerr;
-	uint64_t n = 0;
-	int rc;
-
-	*out = NULL;
-	f = calloc(1, sizeof *f);
-	if (!f)
-		return -ENOMEM;
-	f->name = strdup(name ? name : "safetensors");
-	if (!f->name) {
-		free(f);
-		return -ENOMEM;
+	size_t got = 0;
+	while (got < len) {
+		ssize_t r = pread(fd, (uint8_t *)buf + got, len - got, (off_t)(off + got));
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0)
+			return -errno;
+		if (r == 0)
+			break;
+		got += (size_t)r;
 	}
+	return (ssize_t)got;
+}
 
-	if (len < 8) {
-		radiance__errf(err, errlen, "%s: file is %zu bytes, too short for the 8-byte header length",
-			       f->name, len);
-		rc = -EINVAL;
-		goto fail;
+/* The 8-byte header length N of a file of `size` bytes, from the first
+ * `have` bytes p of it (have >= 8 unless size < 8), checked against the cap
+ * and the file size. */
+static int check_prefix(const struct radiance_st_file *f, const uint8_t *p, size_t have,
+			uint64_t size, uint64_t *n_out, char *err, size_t errlen)
+{
+	uint64_t n = 0;
+
+	if (size < 8) {
+		radiance__errf(err, errlen, "%s: file is %" PRIu64 " bytes, too short for the 8-byte header length",
+			       f->name, size);
+		return -EINVAL;
 	}
 	for (int i = 7; i >= 0; i--)
 		n = n << 8 | p[i];
 	if (n > RADIANCE_ST_MAX_HEADER) {
 		radiance__errf(err, errlen, "%s: header length %" PRIu64 " is too large, expected at most %llu bytes",
 			       f->name, n, RADIANCE_ST_MAX_HEADER);
-		rc = -EINVAL;
-		goto fail;
+		return -EINVAL;
 	}
-	if (n > len - 8) {
-		radiance__errf(err, errlen, "%s: header length %" PRIu64 " runs past the end of the file, expected at most %zu (file is %zu bytes)",
-			       f->name, n, len - 8, len);
-		rc = -EINVAL;
-		goto fail;
+	if (n > size - 8) {
+		radiance__errf(err, errlen, "%s: header length %" PRIu64 " runs past the end of the file, expected at most %"
+			       PRIu64 " (file is %" PRIu64 " bytes)", f->name, n, size - 8, size);
+		return -EINVAL;
 	}
-	f->header_len = n;
-	f->data = p + 8 + n;
-	f->data_len = len - 8 - n;
+	*n_out = n;
+	return 0;
+}
 
-	root = json_loadb((const char *)p + 8, n, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES, &jerr);
+/* The header JSON (n bytes at hdr) against the rules, into f; f->data_len
+ * (and f->data for an image in memory) already set. */
+static int parse_header(struct radiance_st_file *f, const uint8_t *hdr, uint64_t n, char *err,
+			size_t errlen)
+{
+	json_error_t jerr;
+	const char *key;
+	json_t *root, *v;
+	int rc = 0;
+
+	root = json_loadb((const char *)hdr, n, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES, &jerr);
 	if (!root) {
 		radiance__errf(err, errlen, "%s: header is not valid JSON: %s (line %d, column %d), expected a JSON object",
 			       f->name, jerr.text, jerr.line, jerr.column);
-		rc = -EINVAL;
-		goto fail;
+		return -EINVAL;
 	}
 	if (!json_is_object(root)) {
 		radiance__errf(err, errlen, "%s: header is a JSON %s, expected an object", f->name, json_kind(root));
 		rc = -EINVAL;
-		goto fail;
+		goto out;
 	}
-	if (p[8] != '{') {
-		radiance__errf(err, errlen, "%s: header starts with byte 0x%02x, expected '{'", f->name, p[8]);
+	if (hdr[0] != '{') {
+		radiance__errf(err, errlen, "%s: header starts with byte 0x%02x, expected '{'", f->name, hdr[0]);
 		rc = -EINVAL;
-		goto fail;
+		goto out;
 	}
-
 	f->tensors = calloc(json_object_size(root) + 1, sizeof *f->tensors);
 	if (!f->tensors) {
 		rc = -ENOMEM;
-		goto fail;
+		goto out;
 	}
-	const char *key;
-	json_t *v;
 	json_object_foreach(root, key, v) {
 		if (strcmp(key, "__metadata__") == 0) {
 			rc = parse_meta(f, v, err, errlen);
@@ -430,36 +437,70 @@ int radiance_st_parse(const void *buf, size_t len, const char *name,
 			f->n_tensors++;
 		}
 		if (rc)
-			goto fail;
+			goto out;
 	}
 	rc = check_coverage(f, err, errlen);
 	if (rc)
-		goto fail;
+		goto out;
 	qsort(f->tensors, f->n_tensors, sizeof *f->tensors, cmp_name);
+out:
 	json_decref(root);
+	return rc;
+}
+
+static struct radiance_st_file *file_new(const char *name)
+{
+	struct radiance_st_file *f = calloc(1, sizeof *f);
+	if (!f)
+		return NULL;
+	f->fd = -1;
+	f->name = strdup(name ? name : "safetensors");
+	if (!f->name) {
+		free(f);
+		return NULL;
+	}
+	return f;
+}
+
+int radiance_st_parse(const void *buf, size_t len, const char *name,
+		      struct radiance_st_file **out, char *err, size_t errlen)
+{
+	const uint8_t *p = buf;
+	struct radiance_st_file *f;
+	uint64_t n;
+	int rc;
+
+	*out = NULL;
+	f = file_new(name);
+	if (!f)
+		return -ENOMEM;
+	rc = check_prefix(f, p, len, len, &n, err, errlen);
+	if (rc)
+		goto fail;
+	f->size = len;
+	f->header_len = n;
+	f->data_offset = 8 + n;
+	f->data = p + 8 + n;
+	f->data_len = len - 8 - n;
+	rc = parse_header(f, p + 8, n, err, errlen);
+	if (rc)
+		goto fail;
 	*out = f;
 	return 0;
 
 fail:
 	if (rc == -ENOMEM)
 		radiance__errf(err, errlen, "%s: out of memory reading the header", f->name);
-	json_decref(root);
 	file_free(f);
 	return rc;
 }
 
-int radiance_st_open_fd(int fd, const char *name, struct radiance_st_file **out, char *err,
-			size_t errlen)
+/* A regular file's size, or -errno with the message. */
+static int regular_size(int fd, const char *name, uint64_t *size, char *err, size_t errlen)
 {
 	struct stat st;
-	void *map;
-	int rc;
-
-	*out = NULL;
-	if (!name)
-		name = "safetensors";
 	if (fstat(fd, &st) < 0) {
-		rc = -errno;
+		int rc = -errno;
 		radiance__errf(err, errlen, "%s: fstat: %s", name, strerror(-rc));
 		return rc;
 	}
@@ -467,29 +508,81 @@ int radiance_st_open_fd(int fd, const char *name, struct radiance_st_file **out,
 		radiance__errf(err, errlen, "%s: not a regular file, expected a safetensors file", name);
 		return -EINVAL;
 	}
-	if (st.st_size < 8) {   /* checked here: mmap refuses length 0 */
-		radiance__errf(err, errlen, "%s: file is %lld bytes, too short for the 8-byte header length",
-			       name, (long long)st.st_size);
-		return -EINVAL;
-	}
-	if ((uint64_t)st.st_size > SIZE_MAX) {
-		radiance__errf(err, errlen, "%s: %lld bytes do not fit the address space", name, (long long)st.st_size);
-		return -ENOMEM;
-	}
-	map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
-	if (map == MAP_FAILED) {
-		rc = -errno;
-		radiance__errf(err, errlen, "%s: mmap of %lld bytes: %s", name, (long long)st.st_size, strerror(-rc));
-		return rc == -ENOMEM ? -ENOMEM : (rc == -EACCES || rc == -ENODEV ? -EINVAL : rc);
-	}
-	rc = radiance_st_parse(map, (size_t)st.st_size, name, out, err, errlen);
-	if (rc) {
-		munmap(map, (size_t)st.st_size);
-		return rc;
-	}
-	(*out)->map = map;
-	(*out)->map_len = (size_t)st.st_size;
+	*size = (uint64_t)st.st_size;
 	return 0;
+}
+
+/* pread of len bytes at off that must all be there: 0, or -EIO with
+ * "<what>file shrank to N bytes while loading (expected M)" when the file
+ * ended early (N from fstat: a read at or past the new end tells only that
+ * the end is before it), or the read's errno text. */
+static int read_exact(int fd, const char *name, const char *what, void *dst, uint64_t len,
+		      uint64_t off, uint64_t size, char *err, size_t errlen)
+{
+	ssize_t r = radiance_st_pread(fd, dst, (size_t)len, off);
+	if (r == (ssize_t)len)
+		return 0;
+	if (r < 0) {
+		radiance__errf(err, errlen, "%s: %sread of %" PRIu64 " bytes at byte %" PRIu64 " failed: %s",
+			       name, what, len, off, strerror((int)-r));
+		return -EIO;
+	}
+	struct stat st;
+	uint64_t now = fstat(fd, &st) == 0 && (uint64_t)st.st_size < size ? (uint64_t)st.st_size
+									   : off + (uint64_t)r;
+	radiance__errf(err, errlen, "%s: %sfile shrank to %" PRIu64 " bytes while loading (expected %" PRIu64 ")",
+		       name, what, now, size);
+	return -EIO;
+}
+
+int radiance_st_open_fd(int fd, const char *name, struct radiance_st_file **out, char *err,
+			size_t errlen)
+{
+	struct radiance_st_file *f;
+	uint8_t prefix[8];
+	uint8_t *hdr = NULL;
+	uint64_t size, n;
+	int rc;
+
+	*out = NULL;
+	f = file_new(name);
+	if (!f)
+		return -ENOMEM;
+	if ((rc = regular_size(fd, f->name, &size, err, errlen)))
+		goto fail;
+	size_t have = size < 8 ? (size_t)size : 8;
+	if ((rc = read_exact(fd, f->name, "", prefix, have, 0, size, err, errlen)) ||
+	    (rc = check_prefix(f, prefix, have, size, &n, err, errlen)))
+		goto fail;
+	f->size = size;
+	f->header_len = n;
+	f->data_offset = 8 + n;
+	f->data_len = size - 8 - n;
+	hdr = malloc(n + 1);
+	if (!hdr) {
+		rc = -ENOMEM;
+		goto fail;
+	}
+	if ((rc = read_exact(fd, f->name, "header: ", hdr, n, 8, size, err, errlen)) ||
+	    (rc = parse_header(f, hdr, n, err, errlen)))
+		goto fail;
+	/* our own fd for the tensor reads: the caller's may close first */
+	f->fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+	if (f->fd < 0) {
+		rc = -errno;
+		radiance__errf(err, errlen, "%s: dup: %s", f->name, strerror(-rc));
+		goto fail;
+	}
+	free(hdr);
+	*out = f;
+	return 0;
+
+fail:
+	if (rc == -ENOMEM)
+		radiance__errf(err, errlen, "%s: out of memory reading the header", f->name);
+	free(hdr);
+	file_free(f);
+	return rc;
 }
 
 int radiance_st_open_path(const char *path, struct radiance_st_file **out, char *err,
@@ -507,4 +600,51 @@ int radiance_st_open_path(const char *path, struct radiance_st_file **out, char 
 	rc = radiance_st_open_fd(fd, path, out, err, errlen);
 	close(fd);
 	return rc;
+}
+
+int radiance_st_load_path(const char *path, struct radiance_st_file **out, char *err,
+			  size_t errlen)
+{
+	uint8_t *image = NULL;
+	uint64_t size;
+	int fd, rc;
+
+	*out = NULL;
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0) {
+		rc = -errno;
+		radiance__errf(err, errlen, "%s: open: %s", path, strerror(-rc));
+		return rc;
+	}
+	if ((rc = regular_size(fd, path, &size, err, errlen)))
+		goto out;
+	if (size > SIZE_MAX - 1 || !(image = malloc((size_t)size + 1))) {
+		radiance__errf(err, errlen, "%s: out of memory for a %" PRIu64 "-byte image", path, size);
+		rc = -ENOMEM;
+		goto out;
+	}
+	if ((rc = read_exact(fd, path, "", image, size, 0, size, err, errlen)) ||
+	    (rc = radiance_st_parse(image, (size_t)size, path, out, err, errlen)))
+		goto out;
+	(*out)->image = image;
+	image = NULL;
+out:
+	free(image);
+	close(fd);
+	return rc;
+}
+
+int radiance_st_read(const struct radiance_st_file *f, const struct radiance_st_tensor *t,
+		     void *dst, char *err, size_t errlen)
+{
+	char what[600];
+	uint64_t len = t->end - t->begin;
+
+	if (f->data) {
+		memcpy(dst, f->data + t->begin, (size_t)len);
+		return 0;
+	}
+	snprintf(what, sizeof what, "tensor \"%.500s\": ", t->name);
+	return read_exact(f->fd, f->name, what, dst, len, f->data_offset + t->begin, f->size, err,
+			  errlen);
 }

@@ -1,6 +1,6 @@
 /*
- * safetensors reader: maps a file read-only and validates its header the way
- * the format's reference implementation (huggingface/safetensors, Rust,
+ * safetensors reader: reads a file's header and validates it the way the
+ * format's reference implementation (huggingface/safetensors, Rust,
  * Metadata::validate and SafeTensors::read_metadata) does, before any tensor
  * byte is touched:
  *
@@ -23,23 +23,35 @@
  * are refused (the reference keeps one of them silently). Unknown keys inside
  * a tensor entry are ignored, as the reference does.
  *
- * Tensor data is never copied: radiance_st_tensor.data points into the
- * mapping. It has no alignment guarantee (the header length is arbitrary), so
+ * Reading tensor data. A file opened from an fd (radiance_st_open_fd,
+ * radiance_st_open_path) is never mapped: its header is read with pread into
+ * private memory at open, the reader keeps a dup of the fd, and each
+ * tensor's bytes are copied out with radiance_st_read() when the caller
+ * wants them. Whoever else holds the file (the client that sent it) may
+ * shrink or rewrite it at any moment; through a mapping a shrink would raise
+ * SIGBUS in the reader, through pread it is a short read, which
+ * radiance_st_read() reports as an error naming the file, the tensor and
+ * both sizes. What was copied cannot change under the caller, so check the
+ * copy and use the copy. radiance_st_tensor.data is NULL for such files.
+ * A file image already in memory (radiance_st_parse, radiance_st_load_path)
+ * has .data pointing into that memory instead.
+ *
+ * .data has no alignment guarantee (the header length is arbitrary), so
  * read elements with memcpy or the radiance_st_get_* helpers. Safetensors is
  * little-endian; radiance builds only for little-endian hosts.
  *
  * Thread safety: no global state. A radiance_st_file is immutable after open
- * and may be read from any number of threads; open/close are reentrant.
- * The mapping is MAP_PRIVATE, PROT_READ; a file truncated by someone else
- * while mapped can raise SIGBUS on access (the daemon maps fds clients sent
- * and copies what it needs at load, then unmaps).
+ * and may be read from any number of threads (radiance_st_read uses pread,
+ * never the fd's file position); open/close are reentrant.
  */
 #ifndef RADIANCE_SAFETENSORS_H
 #define RADIANCE_SAFETENSORS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/types.h>
 
 /* The reference rejects headers larger than this (HeaderTooLarge). */
 #define RADIANCE_ST_MAX_HEADER 100000000ull
@@ -75,7 +87,8 @@ struct radiance_st_tensor {
 	uint64_t *shape;           /* [ndim]; NULL when ndim == 0 (a scalar) */
 	uint64_t nelem;            /* product(shape), 1 for a scalar */
 	uint64_t begin, end;       /* data_offsets, relative to the data section */
-	const void *data;          /* into the mapping; unaligned; end - begin bytes */
+	const void *data;          /* in-memory images only (parse, load_path): end - begin
+				    * bytes, unaligned; NULL for a file opened from an fd */
 };
 
 struct radiance_st_meta {
@@ -85,10 +98,12 @@ struct radiance_st_meta {
 
 struct radiance_st_file {
 	char *name;                /* as given to open, used in error messages */
-	void *map;                 /* whole file, PROT_READ, MAP_PRIVATE; NULL if empty */
-	size_t map_len;
+	int fd;                    /* private dup (O_CLOEXEC) of the fd opened; -1 in memory */
+	void *image;               /* the file image load_path read, owned; else NULL */
+	uint64_t size;             /* file size at open: 8 + N + data_len */
 	uint64_t header_len;       /* N */
-	const uint8_t *data;       /* data section: map + 8 + N */
+	uint64_t data_offset;      /* 8 + N: where the data section starts in the file */
+	const uint8_t *data;       /* in memory: the data section (image + 8 + N); else NULL */
 	uint64_t data_len;
 	struct radiance_st_tensor *tensors;   /* sorted by name (strcmp) */
 	size_t n_tensors;
@@ -96,15 +111,18 @@ struct radiance_st_file {
 	size_t n_meta;
 };
 
-/* Maps fd (from offset 0, whatever its file position; the position is not
- * changed and fd is not closed) and validates it as above. `name` is used in
- * error messages and copied. On success *out owns the mapping; the caller may
- * close fd at once.
+/* Reads the header of the safetensors file open on fd (from offset 0,
+ * whatever its file position; the position is not changed and fd is not
+ * closed) with pread, and validates it as above. No tensor byte is read:
+ * use radiance_st_read(). `name` is used in error messages and copied. On
+ * success *out holds a dup of fd (closed by radiance_st_close), so the
+ * caller may close fd at once.
  * Returns 0, or:
  *   -EINVAL  not a valid safetensors file (err says which rule, which tensor,
  *            what was found and what was expected), or fd not a regular file;
- *   -ENOMEM  out of memory (or the mapping failed for lack of it);
- *   -EIO / other -errno from fstat or mmap.
+ *   -EIO     the file shrank while its header was read, or a read failed;
+ *   -ENOMEM  out of memory;
+ *   other -errno from fstat or the dup (-EMFILE).
  * err (errlen bytes, may be NULL/0) receives a NUL-terminated message. */
 int radiance_st_open_fd(int fd, const char *name, struct radiance_st_file **out, char *err,
 			size_t errlen);
@@ -114,14 +132,37 @@ int radiance_st_open_fd(int fd, const char *name, struct radiance_st_file **out,
 int radiance_st_open_path(const char *path, struct radiance_st_file **out, char *err,
 			  size_t errlen);
 
-/* Validates a whole file image already in memory (what open_fd does after
- * mmap). buf must stay valid and unchanged while *out is used; *out does not
- * own it (map is NULL). Same returns as radiance_st_open_fd. For tests and
- * fuzzing. */
+/* Validates a whole file image already in memory. buf must stay valid and
+ * unchanged while *out is used; *out does not own it (fd is -1, image NULL),
+ * and every tensor's .data points into it. Same returns as
+ * radiance_st_open_fd, less -EIO. For tests and fuzzing. */
 int radiance_st_parse(const void *buf, size_t len, const char *name,
 		      struct radiance_st_file **out, char *err, size_t errlen);
 
-/* Unmaps and frees; NULL is a no-op. Pointers into the file die with it. */
+/* Reads the whole file at path into private memory *out owns, then
+ * radiance_st_parse: every tensor's .data is valid until radiance_st_close.
+ * Memory is the file's size, so for small files a caller reads at random
+ * (the tests' captured activations); a checkpoint goes through open_fd and
+ * radiance_st_read a tensor at a time. Returns as radiance_st_open_path. */
+int radiance_st_load_path(const char *path, struct radiance_st_file **out, char *err,
+			  size_t errlen);
+
+/* Copies tensor t of f (t from f->tensors) into dst, which holds
+ * t->end - t->begin bytes: with pread for a file opened from an fd, memcpy
+ * for an image in memory. Returns 0, or -EIO when the file is shorter now
+ * than at open ("<file>: tensor "<t>": file shrank to N bytes while loading
+ * (expected M)") or the read failed (the message names the offset and the
+ * errno text). Safe from any thread, also on one f at once. */
+int radiance_st_read(const struct radiance_st_file *f, const struct radiance_st_tensor *t,
+		     void *dst, char *err, size_t errlen);
+
+/* pread(fd, buf, len, off) until len bytes, end of file or an error (EINTR
+ * is retried): the bytes read (fewer than len at end of file), or -errno.
+ * Never moves fd's file position. */
+ssize_t radiance_st_pread(int fd, void *buf, size_t len, uint64_t off);
+
+/* Closes the dup'ed fd, frees; NULL is a no-op. Pointers into the file die
+ * with it. */
 void radiance_st_close(struct radiance_st_file *f);
 
 /* The tensor called `name`, or NULL. O(log n). */

@@ -150,7 +150,7 @@ static inline int h_ref_load_some(struct h_ref *r, const char *const *only)
 		return -1;
 	}
 	struct radiance_st_file *st;
-	if (radiance_st_open_path(st_path, &st, err, sizeof err) < 0) {
+	if (radiance_st_load_path(st_path, &st, err, sizeof err) < 0) {
 		fprintf(stderr, "%s\n", err);
 		json_decref(meta);
 		return -1;

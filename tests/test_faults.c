@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -1106,6 +1107,141 @@ static void sigkill_client_while_loading(void **state)
 	waitpid(victim, NULL, 0);
 }
 
+/* --- a checkpoint file that shrinks under the loader ----------------------- */
+
+/* The client's model.safetensors, a memfd, cut to a random length while the
+ * daemon loads it, 60 times (fixed seed): either at once, racing the daemon's
+ * open and header read, or on the 1st to 3rd LoadProgress that is not the
+ * last, while the loader is between layers on its threadpool thread. Each
+ * load must end in its ModelInfo with right answers (the cut came after the
+ * last read), or an Error: EIO naming the file and saying it shrank to the
+ * length cut while loading, from its size at open; or, for a cut before the
+ * daemon opened it, EINVAL from the header of the now short file.
+ * Meanwhile another client process keeps checking answers, and the daemon
+ * must outlive it all (check_and_stop). Through a mapping, a cut that landed
+ * mid-load killed the daemon with SIGBUS. */
+static void checkpoint_shrinks_while_loading(void **state)
+{
+	char src[1024];
+	snprintf(src, sizeof src, "%s/model.safetensors", ckpt);
+	int sfd = open(src, O_RDONLY | O_CLOEXEC);
+	assert_true(sfd >= 0);
+	struct stat sb;
+	assert_int_equal(fstat(sfd, &sb), 0);
+	size_t size = (size_t)sb.st_size, got = 0;
+	uint8_t *bytes = malloc(size);
+	assert_non_null(bytes);
+	while (got < size) {
+		ssize_t r = pread(sfd, bytes + got, size - got, (off_t)got);
+		assert_true(r > 0);
+		got += (size_t)r;
+	}
+	close(sfd);
+
+	/* the other client: checks answers until the pipe closes */
+	int stop[2];
+	assert_int_equal(pipe2(stop, O_CLOEXEC), 0);
+	fflush(NULL);
+	pid_t good = fork();
+	assert_true(good >= 0);
+	if (good == 0) {
+		close(stop[1]);
+		for (int n = 1;; n++) {
+			if (h_good_client(daemon_.socket, &ref) != 0)
+				_exit(1);
+			struct pollfd p = { .fd = stop[0], .events = POLLIN };
+			if (n >= 3 && poll(&p, 1, 0) == 1)
+				_exit(0);
+		}
+	}
+	close(stop[0]);
+
+	const struct h_layer *hl = h_ref_find(&ref, h_good_layers[0]);
+	assert_non_null(hl);
+	uint32_t seed = 0x5eed5678u;
+	int loaded = 0, shrank = 0, refused = 0;
+	for (int it = 0; it < 60; it++) {
+		seed ^= seed << 13;
+		seed ^= seed >> 17;
+		seed ^= seed << 5;
+		off_t len = (off_t)(seed % size);
+		int at = (int)(seed >> 28) % 4;   /* 0: at once, else on that LoadProgress */
+		int fds[3];
+		open_ckpt(ckpt, fds);
+		close(fds[2]);
+		fds[2] = memfd_create("model.safetensors", MFD_CLOEXEC);
+		assert_true(fds[2] >= 0);
+		assert_int_equal(pwrite(fds[2], bytes, size, 0), (ssize_t)size);
+		char name[32];
+		snprintf(name, sizeof name, "shrink-%d", it);
+
+		struct raw w;
+		raw_open(&w);
+		raw_hello(&w);
+		raw_send_load_model_named(&w, name, ckpt_files, 3, fds, 3);
+		int progress = 0, cut = 0, cut_first = at == 0;
+		if (at == 0) {
+			assert_int_equal(ftruncate(fds[2], len), 0);
+			cut = 1;
+		}
+		Radiance__ServerMessage *reply;
+		for (;;) {
+			assert_int_equal(raw_recv(&w, &reply, 20000), 1);
+			if (reply->msg_case != RADIANCE__SERVER_MESSAGE__MSG_LOAD_PROGRESS)
+				break;
+			if (!cut && reply->load_progress->done_bytes < reply->load_progress->total_bytes &&
+			    ++progress == at) {
+				assert_int_equal(ftruncate(fds[2], len), 0);
+				cut = 1;
+			}
+			radiance__server_message__free_unpacked(reply, NULL);
+		}
+		int mc = reply->msg_case, code = 0;
+		char text[512] = "";
+		if (mc == RADIANCE__SERVER_MESSAGE__MSG_ERROR) {
+			code = reply->error->code;
+			snprintf(text, sizeof text, "%s", reply->error->message ? reply->error->message : "");
+		}
+		radiance__server_message__free_unpacked(reply, NULL);
+
+		char want[160], want2[64];
+		snprintf(want, sizeof want, "file shrank to %lld bytes while loading", (long long)len);
+		snprintf(want2, sizeof want2, "(expected %zu)", size);
+		if (mc == RADIANCE__SERVER_MESSAGE__MSG_MODEL_INFO) {
+			/* whole: another session attaches and gets right answers */
+			struct radiance *r = radiance_connect(daemon_.socket, NULL);
+			assert_non_null(r);
+			uint32_t id;
+			assert_int_equal(radiance_attach_model(r, name, &id), 0);
+			assert_int_equal(h_check_layer(r, id, hl, RADIANCE_BF16, NULL), 0);
+			radiance_disconnect(r);
+			loaded++;
+		} else if (mc == RADIANCE__SERVER_MESSAGE__MSG_ERROR && code == EIO &&
+			   strncmp(text, "model.safetensors: ", 19) == 0 && strstr(text, want) &&
+			   strstr(text, want2)) {
+			shrank++;
+		} else if (mc == RADIANCE__SERVER_MESSAGE__MSG_ERROR && code == EINVAL && cut_first &&
+			   strncmp(text, "model.safetensors: ", 19) == 0) {
+			refused++;
+		} else {
+			fail_msg("load %d, cut to %lld (%s): message case %d, Error %d '%s'", it,
+				 (long long)len, at ? "on LoadProgress" : "at once", mc, code, text);
+		}
+		raw_close(&w);
+		close_fds(fds, 3);
+	}
+	close(stop[1]);
+	int st;
+	assert_int_equal(waitpid(good, &st, 0), good);
+	assert_true(WIFEXITED(st));
+	assert_int_equal(WEXITSTATUS(st), 0);
+	print_message("  60 cuts: %d loads whole, %d refused as shrunk while loading, %d refused "
+		      "as short before the load\n", loaded, shrank, refused);
+	/* a cut on LoadProgress lands ahead of a loader that still has layers to read */
+	assert_true(shrank > 0);
+	free(bytes);
+}
+
 int main(void)
 {
 #define T(f) cmocka_unit_test_setup_teardown(f, start, check_and_stop)
@@ -1136,6 +1272,7 @@ int main(void)
 		T(handle_misuse),
 		T(sigkill_client_mid_stream),
 		T(sigkill_client_while_loading),
+		T(checkpoint_shrinks_while_loading),
 	};
 	return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

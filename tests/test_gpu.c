@@ -581,7 +581,7 @@ static void test_checkpoint_layers(void **state)
 		printf("# checkpoint %s not loadable (%s): skipped\n", dir, err);
 		skip();
 	}
-	rc = radiance_st_open_path(acts, &st, err, sizeof err);
+	rc = radiance_st_load_path(acts, &st, err, sizeof err);
 	if (rc) {
 		printf("# activations %s not readable (%s): skipped\n", acts, err);
 		radiance_model_destroy(model);

@@ -258,7 +258,7 @@ static void test_minilm(void **state)
 	if (rc)
 		fail_msg("load %s: %d %s", path, rc, err);
 	snprintf(path, sizeof path, "%s/minilm-acts.safetensors", data_dir());
-	rc = radiance_st_open_path(path, &acts, err, sizeof err);
+	rc = radiance_st_load_path(path, &acts, err, sizeof err);
 	if (rc)
 		fail_msg("%s", err);
 	snprintf(path, sizeof path, "%s/minilm-acts.json", data_dir());

@@ -88,7 +88,23 @@ static void test_valid_round_trip(void **state)
 	assert_int_equal(stw_write(&w, fx->path), 0);
 	stw_finish(&w);
 
+	/* from an fd: header only, tensor bytes through radiance_st_read */
 	int rc = radiance_st_open_path(fx->path, &f, fx->err, sizeof fx->err);
+	assert_int_equal(rc, 0);
+	assert_int_equal(f->n_tensors, 5);
+	float a2[6];
+	int32_t b2[4];
+	assert_null(radiance_st_find(f, "attn.0")->data);
+	assert_int_equal(radiance_st_read(f, radiance_st_find(f, "attn.0"), a2, fx->err,
+					  sizeof fx->err), 0);
+	assert_memory_equal(a2, a, sizeof a);
+	assert_int_equal(radiance_st_read(f, radiance_st_find(f, "q.qweight"), b2, fx->err,
+					  sizeof fx->err), 0);
+	assert_memory_equal(b2, b, sizeof b);
+	radiance_st_close(f);
+
+	/* the whole image in memory: .data and the element readers */
+	rc = radiance_st_load_path(fx->path, &f, fx->err, sizeof fx->err);
 	assert_int_equal(rc, 0);
 	assert_int_equal(f->n_tensors, 5);
 	assert_string_equal(radiance_st_meta_get(f, "format"), "pt");
@@ -328,8 +344,46 @@ static void test_fd_position_kept(void **state)
 	assert_int_equal(radiance_st_open_fd(fd, "x", &f, fx->err, sizeof fx->err), 0);
 	assert_int_equal(lseek(fd, 0, SEEK_CUR), 5);
 	close(fd);
-	/* the mapping outlives the fd */
-	assert_memory_equal(radiance_st_find(f, "x")->data, "abc", 3);
+	/* the reader's own fd outlives the caller's */
+	char abc[3];
+	assert_int_equal(radiance_st_read(f, radiance_st_find(f, "x"), abc, fx->err, sizeof fx->err), 0);
+	assert_memory_equal(abc, "abc", 3);
+	radiance_st_close(f);
+}
+
+/* Whoever else holds the file can shrink it after the header was read: a
+ * tensor read past the new end is -EIO naming the file, the tensor and both
+ * sizes (through a mapping it would have been SIGBUS); tensors still wholly
+ * inside read as before. */
+static void test_read_after_shrink(void **state)
+{
+	struct fixture *fx = *state;
+	struct stw w;
+	struct radiance_st_file *f;
+	stw_init(&w);
+	stw_add(&w, "a", "U8", 1, (uint64_t[]){ 4 }, "abcd", 4);
+	stw_add(&w, "b", "U8", 1, (uint64_t[]){ 8192 }, NULL, 8192);
+	assert_int_equal(stw_write(&w, fx->path), 0);
+	stw_finish(&w);
+	assert_int_equal(radiance_st_open_path(fx->path, &f, fx->err, sizeof fx->err), 0);
+	uint64_t size = f->size, cut = f->data_offset + 100;
+	assert_int_equal(truncate(fx->path, (off_t)cut), 0);
+
+	char a[4], *b = malloc(8192), want[4400];
+	assert_non_null(b);
+	assert_int_equal(radiance_st_read(f, radiance_st_find(f, "a"), a, fx->err, sizeof fx->err), 0);
+	assert_memory_equal(a, "abcd", 4);
+	assert_int_equal(radiance_st_read(f, radiance_st_find(f, "b"), b, fx->err, sizeof fx->err), -EIO);
+	snprintf(want, sizeof want, "%s: tensor \"b\": file shrank to %" PRIu64 " bytes while loading "
+		 "(expected %" PRIu64 ")", fx->path, cut, size);
+	assert_string_equal(fx->err, want);
+	/* a read wholly past the new end (pread returns 0) says the same */
+	assert_int_equal(truncate(fx->path, 10), 0);
+	assert_int_equal(radiance_st_read(f, radiance_st_find(f, "b"), b, fx->err, sizeof fx->err), -EIO);
+	snprintf(want, sizeof want, "%s: tensor \"b\": file shrank to 10 bytes while loading "
+		 "(expected %" PRIu64 ")", fx->path, size);
+	assert_string_equal(fx->err, want);
+	free(b);
 	radiance_st_close(f);
 }
 
@@ -359,6 +413,7 @@ int main(void)
 		T(test_metadata_not_string),
 		T(test_not_regular_file),
 		T(test_fd_position_kept),
+		T(test_read_after_shrink),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

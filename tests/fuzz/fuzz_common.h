@@ -179,7 +179,7 @@ static inline int fz_memfd(const char *name, const void *data, size_t len)
 	return fd;
 }
 
-/* Replaces a memfd's contents (the loader reads with pread and mmap, never
+/* Replaces a memfd's contents (the loader reads with pread, never
  * through the file position). */
 static inline void fz_memfd_set(int fd, const void *data, size_t len)
 {
