@@ -23,6 +23,11 @@
  * are refused (the reference keeps one of them silently). Unknown keys inside
  * a tensor entry are ignored, as the reference does.
  *
+ * A Git LFS pointer (the text a clone without LFS leaves in place of the
+ * file) is refused as such: "<file> is a Git LFS pointer (oid sha256:...,
+ * size N), not the tensor data: run `git lfs pull` in the checkpoint's
+ * repository".
+ *
  * Reading tensor data. A file opened from an fd (radiance_st_open_fd,
  * radiance_st_open_path) is never mapped: its header is read with pread into
  * private memory at open, the reader keeps a dup of the fd, and each
@@ -47,7 +52,6 @@
 #ifndef RADIANCE_SAFETENSORS_H
 #define RADIANCE_SAFETENSORS_H
 
-#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -119,7 +123,8 @@ struct radiance_st_file {
  * caller may close fd at once.
  * Returns 0, or:
  *   -EINVAL  not a valid safetensors file (err says which rule, which tensor,
- *            what was found and what was expected), or fd not a regular file;
+ *            what was found and what was expected), a Git LFS pointer in its
+ *            place, or fd not a regular file;
  *   -EIO     the file shrank while its header was read, or a read failed;
  *   -ENOMEM  out of memory;
  *   other -errno from fstat or the dup (-EMFILE).

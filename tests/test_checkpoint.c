@@ -950,6 +950,22 @@ static void test_no_weights(void **state)
 	expect_refused(fx, -EINVAL, "model.safetensors: header length", NULL);
 }
 
+/* A checkpoint cloned without Git LFS: a shard is the LFS pointer text. The
+ * message says so, with the oid and size, and what to run. */
+static void test_shard_is_lfs_pointer(void **state)
+{
+	struct fixture *fx = *state;
+	write_sharded(fx, 5);
+	write_text(path_join(fx->path, sizeof fx->path, fx->dir, "model-00002-of-00002.safetensors"),
+		   "version https://git-lfs.github.com/spec/v1\n"
+		   "oid sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08\n"
+		   "size 1342177280\n");
+	expect_refused(fx, -EINVAL, "model-00002-of-00002.safetensors is a Git LFS pointer (oid "
+		       "sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08, size "
+		       "1342177280), not the tensor data: run `git lfs pull` in the checkpoint's "
+		       "repository", NULL);
+}
+
 /* ---- a weights file that shrinks while it loads --------------------------- */
 
 struct shrink {
@@ -1113,6 +1129,7 @@ int main(void)
 		T(test_index_lists_absent_tensor),
 		T(test_shard_holds_unlisted_tensor),
 		T(test_no_weights),
+		T(test_shard_is_lfs_pointer),
 		T(test_file_shrinks_while_loading),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

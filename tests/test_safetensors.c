@@ -387,6 +387,36 @@ static void test_read_after_shrink(void **state)
 	radiance_st_close(f);
 }
 
+/* A clone without Git LFS leaves a pointer text in place of the file: named
+ * as such with its oid and size, instead of "header length ... too large"
+ * (the first 8 bytes "version " read as a length). */
+static void test_lfs_pointer(void **state)
+{
+	struct fixture *fx = *state;
+	struct radiance_st_file *f = (void *)1;
+	static const char ptr[] =
+		"version https://git-lfs.github.com/spec/v1\n"
+		"oid sha256:4d7a214614ab2935c943f9e0ff69d22eadbb8f32b1258daaa5e2ca24d17e2393\n"
+		"size 29727712\n";
+	static const char want[] =
+		" is a Git LFS pointer (oid sha256:4d7a214614ab2935c943f9e0ff69d22eadbb8f32b1258daaa5e2ca24d17e2393, "
+		"size 29727712), not the tensor data: run `git lfs pull` in the checkpoint's repository";
+	char full[4400];
+	assert_int_equal(write_text(fx->path, ptr), 0);
+	assert_int_equal(radiance_st_open_path(fx->path, &f, fx->err, sizeof fx->err), -EINVAL);
+	assert_null(f);
+	snprintf(full, sizeof full, "%s%s", fx->path, want);
+	assert_string_equal(fx->err, full);
+	assert_int_equal(radiance_st_parse(ptr, sizeof ptr - 1, "p.safetensors", &f, fx->err,
+					   sizeof fx->err), -EINVAL);
+	snprintf(full, sizeof full, "p.safetensors%s", want);
+	assert_string_equal(fx->err, full);
+	/* a pointer missing its lines still says what it is */
+	assert_int_equal(radiance_st_parse(ptr, 43, "q", &f, fx->err, sizeof fx->err), -EINVAL);
+	assert_string_equal(fx->err, "q is a Git LFS pointer (oid ?, size ?), not the tensor data: run "
+			    "`git lfs pull` in the checkpoint's repository");
+}
+
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
 
 int main(void)
@@ -414,6 +444,7 @@ int main(void)
 		T(test_not_regular_file),
 		T(test_fd_position_kept),
 		T(test_read_after_shrink),
+		T(test_lfs_pointer),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

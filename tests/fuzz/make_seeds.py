@@ -120,6 +120,9 @@ def safetensors_seeds():
                                    b'"data_offsets":[0,0]}}'))
     write(T, "bad_f4_odd", st([("a", "F4", [3], b"\0\0")]))
     write(T, "bad_metadata_value", st([("a", "U8", [1], b"\0")], {"k": 1}))
+    # a clone without git-lfs: the pointer text in place of the file
+    write(T, "bad_lfs_pointer", b"version https://git-lfs.github.com/spec/v1\n"
+          b"oid sha256:4d7a214614ab2935c943f9e0ff69d22eadbb8f32b1258daaa5e2ca24d17e2393\nsize 29727712\n")
     # loader paths: valid files the loader refuses
     write(T, "loader_qzeros_asym", st(replace(full, "model.layers.0.self_attn.q_proj.qzeros",
                                               data=fill(0x88888888, 4, 8))))
