@@ -191,13 +191,16 @@ out:
 }
 
 /* config.json's quantization_config and quantization_config.json: the first
- * is what engines read; the second is what AutoRound also writes. When both
- * exist they must agree, or the checkpoint is ambiguous. */
+ * is what engines read; the second is what AutoRound also writes, the same
+ * dict (auto_round/export/export_to_autoround/export.py dumps
+ * model.config.quantization_config into it after save_pretrained). So
+ * neither is authoritative: when both exist they must say the same, or the
+ * checkpoint is ambiguous and refused naming both values. Compared before
+ * either is checked, so the message is about the disagreement. */
 static int load_quant_config(struct ck_loader *L, const struct radiance_file *files, size_t n)
 {
 	const struct radiance_file *qf = find_file(files, n, CK_QCONFIG);
 	json_t *qjson = NULL;
-	struct radiance_quant_config other;
 	const json_t *inner = L->config ? json_object_get(L->config, "quantization_config") : NULL;
 	int rc;
 
@@ -214,22 +217,20 @@ static int load_quant_config(struct ck_loader *L, const struct radiance_file *fi
 			       "AutoRound int4 checkpoint", CK_CONFIG, CK_QCONFIG);
 		return -ENOENT;
 	}
-	if (inner) {
-		rc = radiance_quant_config_init(&L->qc, inner, CK_CONFIG, L->err, L->errlen);
-		if (rc)
+	if (inner && qjson) {
+		struct radiance_quant_config other;
+		if ((rc = radiance_quant_config_compare(inner, CK_CONFIG, qjson, CK_QCONFIG, L->err,
+							L->errlen)))
 			goto out;
-		L->have_qc = true;
-		if (qjson) {
-			rc = radiance_quant_config_init(&other, qjson, CK_QCONFIG, L->err, L->errlen);
-			if (rc)
-				goto out;
-			rc = radiance_quant_config_compare(&L->qc, &other, L->err, L->errlen);
-			radiance_quant_config_finish(&other);
-		}
-	} else {
-		rc = radiance_quant_config_init(&L->qc, qjson, CK_QCONFIG, L->err, L->errlen);
-		L->have_qc = rc == 0;
+		/* what the comparison leaves to init (a malformed entry or block
+		 * list) is refused naming the file that has it */
+		if ((rc = radiance_quant_config_init(&other, qjson, CK_QCONFIG, L->err, L->errlen)))
+			goto out;
+		radiance_quant_config_finish(&other);
 	}
+	rc = radiance_quant_config_init(&L->qc, inner ? inner : qjson, inner ? CK_CONFIG : CK_QCONFIG,
+					L->err, L->errlen);
+	L->have_qc = rc == 0;
 out:
 	json_decref(qjson);
 	return rc;

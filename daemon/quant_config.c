@@ -40,15 +40,23 @@ static bool get_int(const json_t *v, long long *out)
 	return false;
 }
 
-static bool method_ok(const char *m)
+/* quant_method as compared: lower case, '_' read as '-'; false when too
+ * long to be any method we know. */
+static bool method_fold(const char *m, char *buf, size_t len)
 {
-	char buf[64];
 	size_t n = strlen(m);
-	if (n >= sizeof buf)
+	if (n >= len)
 		return false;
 	for (size_t i = 0; i <= n; i++)
 		buf[i] = m[i] == '_' ? '-' : (char)tolower((unsigned char)m[i]);
-	return strcmp(buf, "auto-round") == 0 || strcmp(buf, "intel/auto-round") == 0;
+	return true;
+}
+
+static bool method_ok(const char *m)
+{
+	char buf[64];
+	return method_fold(m, buf, sizeof buf) &&
+	       (strcmp(buf, "auto-round") == 0 || strcmp(buf, "intel/auto-round") == 0);
 }
 
 static bool packing_ok(const char *p)
@@ -454,52 +462,225 @@ static bool block_listed(const struct radiance_quant_config *c, const char *b)
 	return false;
 }
 
-static const struct radiance_quant_override *find_key(const struct radiance_quant_config *c,
-						       const char *key)
+/* ---- config.json against quantization_config.json ----------------------- */
+
+/* How a key is compared: as the loader reads it, so that spellings it takes
+ * for the same thing agree and nothing else does. */
+enum compare_as {
+	AS_JSON,           /* the value itself (sym, and anything odd) */
+	AS_METHOD,         /* quant_method: case, '_' for '-', "intel/" prefix */
+	AS_PACKING,        /* packing_format: "auto_round:gptq" is "auto_round:auto_gptq" */
+	AS_INT,            /* bits, group_size: 4 and 4.0 */
+	AS_DATA_TYPE,      /* absent, "int" and "int_sym" are int */
+};
+
+/* The compared form of v (NULL or null: absent) as a string, pointing into
+ * v, buf or a literal; NULL when it has none and is compared as JSON. */
+static const char *canonical(const json_t *v, enum compare_as as, char *buf, size_t len)
 {
-	for (size_t i = 0; i < c->n_overrides; i++)
-		if (strcmp(c->overrides[i].key, key) == 0)
-			return &c->overrides[i];
+	long long i;
+	if (v && json_is_null(v))
+		v = NULL;
+	switch (as) {
+	case AS_METHOD:
+		if (json_is_string(v) && method_fold(json_string_value(v), buf, len))
+			return strncmp(buf, "intel/", 6) == 0 ? buf + 6 : buf;
+		return NULL;
+	case AS_PACKING:
+		if (!json_is_string(v))
+			return NULL;
+		return strcmp(json_string_value(v), "auto_round:gptq") == 0 ? "auto_round:auto_gptq"
+									      : json_string_value(v);
+	case AS_INT:
+		if (!v || !get_int(v, &i))
+			return NULL;
+		snprintf(buf, len, "%lld", i);
+		return buf;
+	case AS_DATA_TYPE:
+		if (!v || (json_is_string(v) && int_data_type(json_string_value(v))))
+			return "int";
+		return json_is_string(v) ? json_string_value(v) : NULL;
+	case AS_JSON:
+		break;
+	}
 	return NULL;
 }
 
-static int compare_overrides(const struct radiance_quant_config *a,
-			     const struct radiance_quant_config *b, char *err, size_t errlen)
+static bool same_value(const json_t *a, const json_t *b, enum compare_as as)
 {
-	for (size_t i = 0; i < a->n_overrides; i++) {
-		const struct radiance_quant_override *o = &a->overrides[i];
-		const struct radiance_quant_override *p = find_key(b, o->key);
-		if (!p || p->held_16bit != o->held_16bit) {
-			radiance__errf(err, errlen, "%s and %s disagree on quantization_config.extra_config[\"%s\"] "
-				       "(layer \"%s\"): %s in %s, %s in %s", a->source, b->source, o->key, o->key,
-				       o->held_16bit ? "16-bit" : "4-bit", a->source,
-				       !p ? "absent" : p->held_16bit ? "16-bit" : "4-bit", b->source);
-			return -EINVAL;
-		}
+	char ba[64], bb[64];
+	const char *ca = canonical(a, as, ba, sizeof ba), *cb = canonical(b, as, bb, sizeof bb);
+	if (ca || cb)
+		return ca && cb && strcmp(ca, cb) == 0;
+	if (a && json_is_null(a))
+		a = NULL;
+	if (b && json_is_null(b))
+		b = NULL;
+	return a && b ? json_equal(a, b) : a == b;
+}
+
+struct compare_ctx {
+	const char *a_src, *b_src;
+	char *err;
+	size_t errlen;
+};
+
+static int disagree(const struct compare_ctx *x, const char *what, const char *layer,
+		    const char *in_a, const char *in_b)
+{
+	radiance__errf(x->err, x->errlen, "%s and %s disagree on quantization_config.%s%s%s%s: %s in %s, "
+		       "%s in %s; expected the same in both (AutoRound writes one quantization config "
+		       "to both files)", x->a_src, x->b_src, what, layer ? " (layer \"" : "",
+		       layer ? layer : "", layer ? "\")" : "", in_a, x->a_src, in_b, x->b_src);
+	return -EINVAL;
+}
+
+/* 0 when a and b agree in compared form, else the message, which shows
+ * shown_a / shown_b (NULL: the value as written, or "missing"). */
+static int differ(const struct compare_ctx *x, const char *what, const char *layer,
+		  const json_t *a, const char *shown_a, const json_t *b, const char *shown_b,
+		  enum compare_as as)
+{
+	char da[160], db[160];
+	if (same_value(a, b, as))
+		return 0;
+	return disagree(x, what, layer, shown_a ? shown_a : dump(a, da, sizeof da),
+			shown_b ? shown_b : dump(b, db, sizeof db));
+}
+
+/* The block list as init reads it: block_name_to_quantize, else
+ * to_quant_block_names. */
+static const json_t *blocks_value(const json_t *qc, const char **key)
+{
+	const json_t *v = json_object_get(qc, "block_name_to_quantize");
+	*key = "block_name_to_quantize";
+	if (!v || json_is_null(v)) {
+		*key = "to_quant_block_names";
+		v = json_object_get(qc, *key);
+	}
+	return v;
+}
+
+static void blocks_free(struct radiance_quant_config *c)
+{
+	for (size_t i = 0; i < c->n_blocks; i++)
+		free(c->blocks[i]);
+	free(c->blocks);
+}
+
+/* The two block lists as sets of prefixes (the order, a string or a list,
+ * and repeats do not matter to routing). A list init would refuse is left
+ * to init, so it is reported against its own file. */
+static int compare_blocks(const struct compare_ctx *x, const json_t *qa, const json_t *qb)
+{
+	struct radiance_quant_config a = { .source = (char *)x->a_src };
+	struct radiance_quant_config b = { .source = (char *)x->b_src };
+	const char *ka, *kb;
+	const json_t *va = blocks_value(qa, &ka), *vb = blocks_value(qb, &kb);
+	bool same = true;
+	int rc = 0;
+
+	if ((rc = parse_blocks(&a, va, ka, NULL, 0)) || (rc = parse_blocks(&b, vb, kb, NULL, 0))) {
+		if (rc == -ENOMEM)
+			radiance__errf(x->err, x->errlen, "out of memory comparing %s and %s", x->a_src,
+				       x->b_src);
+		else
+			rc = 0;   /* init refuses it, naming its file */
+		goto out;
+	}
+	for (size_t i = 0; same && i < a.n_blocks; i++)
+		same = block_listed(&b, a.blocks[i]);
+	for (size_t i = 0; same && i < b.n_blocks; i++)
+		same = block_listed(&a, b.blocks[i]);
+	if (!same) {
+		char sa[160], sb[160];
+		rc = disagree(x, ka, NULL, dump(va, sa, sizeof sa), dump(vb, sb, sizeof sb));
+	}
+out:
+	blocks_free(&a);
+	blocks_free(&b);
+	return rc;
+}
+
+/* An extra_config entry's field as parse_override reads it: the entry's own
+ * value, else the file's top-level one; *shown says which. */
+static const json_t *entry_field(const json_t *qc, const json_t *entry, const char *field,
+				 char *shown, size_t len)
+{
+	char t[160];
+	const json_t *v = json_object_get(entry, field);
+	if (v && !json_is_null(v)) {
+		dump(v, shown, len);
+		return v;
+	}
+	v = json_object_get(qc, field);
+	snprintf(shown, len, "absent (so %s)", dump(v, t, sizeof t));
+	return v;
+}
+
+/* extra_config[key] of both files (ea or eb NULL: absent from that file). */
+static int compare_entry(const struct compare_ctx *x, const char *key, const json_t *qa,
+			 const json_t *ea, const json_t *qb, const json_t *eb)
+{
+	static const struct {
+		const char *field;
+		enum compare_as as;
+	} fields[] = {
+		{ "bits", AS_INT }, { "group_size", AS_INT }, { "sym", AS_JSON },
+		{ "data_type", AS_DATA_TYPE },
+	};
+	char what[400], sa[200], sb[200];
+	int rc;
+
+	snprintf(what, sizeof what, "extra_config[\"%.300s\"]", key);
+	if (!ea || !eb)
+		return disagree(x, what, key, ea ? dump(ea, sa, sizeof sa) : "absent",
+				eb ? dump(eb, sb, sizeof sb) : "absent");
+	if (!json_is_object(ea) || !json_is_object(eb))
+		return 0;   /* init's to refuse, naming its file */
+	for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
+		char fwhat[420];
+		snprintf(fwhat, sizeof fwhat, "%s.%s", what, fields[i].field);
+		const json_t *fa = entry_field(qa, ea, fields[i].field, sa, sizeof sa);
+		const json_t *fb = entry_field(qb, eb, fields[i].field, sb, sizeof sb);
+		if ((rc = differ(x, fwhat, key, fa, sa, fb, sb, fields[i].as)))
+			return rc;
 	}
 	return 0;
 }
 
-int radiance_quant_config_compare(const struct radiance_quant_config *a,
-				  const struct radiance_quant_config *b, char *err, size_t errlen)
+int radiance_quant_config_compare(const json_t *qa, const char *a_source, const json_t *qb,
+				  const char *b_source, char *err, size_t errlen)
 {
+	static const struct {
+		const char *key;
+		enum compare_as as;
+	} keys[] = {
+		{ "quant_method", AS_METHOD }, { "packing_format", AS_PACKING }, { "bits", AS_INT },
+		{ "group_size", AS_INT }, { "sym", AS_JSON }, { "data_type", AS_DATA_TYPE },
+	};
+	struct compare_ctx x = { a_source, b_source, err, errlen };
+	const char *key;
+	json_t *v;
 	int rc;
 
-	/* bits, group_size and sym were already pinned by init; both packings
-	 * accepted are the same layout. What remains is routing. */
-	for (size_t i = 0; i < a->n_blocks; i++)
-		if (!block_listed(b, a->blocks[i]))
-			goto blocks;
-	for (size_t i = 0; i < b->n_blocks; i++)
-		if (!block_listed(a, b->blocks[i]))
-			goto blocks;
-	if ((rc = compare_overrides(a, b, err, errlen)) || (rc = compare_overrides(b, a, err, errlen)))
+	if (!json_is_object(qa) || !json_is_object(qb))
+		return 0;   /* init refuses it, naming its file */
+	for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+		if ((rc = differ(&x, keys[i].key, NULL, json_object_get(qa, keys[i].key), NULL,
+				 json_object_get(qb, keys[i].key), NULL, keys[i].as)))
+			return rc;
+	if ((rc = compare_blocks(&x, qa, qb)))
 		return rc;
+	const json_t *ea = json_object_get(qa, "extra_config"), *eb = json_object_get(qb, "extra_config");
+	if ((ea && !json_is_null(ea) && !json_is_object(ea)) ||
+	    (eb && !json_is_null(eb) && !json_is_object(eb)))
+		return 0;   /* init's to refuse */
+	json_object_foreach((json_t *)ea, key, v)
+		if ((rc = compare_entry(&x, key, qa, v, qb, json_object_get(eb, key))))
+			return rc;
+	json_object_foreach((json_t *)eb, key, v)
+		if (!json_object_get(ea, key) && (rc = compare_entry(&x, key, qa, NULL, qb, v)))
+			return rc;
 	return 0;
-blocks:
-	radiance__errf(err, errlen, "%s and %s disagree on quantization_config.block_name_to_quantize "
-		       "(%zu prefixes, first \"%s\", vs %zu prefixes, first \"%s\")", a->source, b->source,
-		       a->n_blocks, a->n_blocks ? a->blocks[0] : "", b->n_blocks,
-		       b->n_blocks ? b->blocks[0] : "");
-	return -EINVAL;
 }

@@ -67,11 +67,27 @@ int radiance_quant_config_init(struct radiance_quant_config *c, const json_t *qc
 
 void radiance_quant_config_finish(struct radiance_quant_config *c);
 
-/* 0 when a and b (the same checkpoint's config.json and
- * quantization_config.json) agree on everything routing and the kernels
- * depend on; -EINVAL naming the first key they disagree on. */
-int radiance_quant_config_compare(const struct radiance_quant_config *a,
-				  const struct radiance_quant_config *b, char *err, size_t errlen);
+/* Compares qa and qb, the quantization_config objects of one checkpoint's
+ * config.json and quantization_config.json (a_source, b_source name them),
+ * on every key radiance_quant_config_init reads: quant_method,
+ * packing_format, bits, group_size, sym, data_type, the block list
+ * (block_name_to_quantize, else to_quant_block_names) and each extra_config
+ * entry (present in both, and its bits, group_size, sym and data_type, a
+ * field it lacks standing for the file's top-level value). Values are
+ * compared as init reads them: the quant_method spellings init accepts,
+ * the packing alias "auto_round:gptq", data_type absent/"int"/"int_sym",
+ * 4 and 4.0, and block lists as sets of prefixes are each the same value.
+ * Keys init does not read (autoround_version, ...) are not compared.
+ * Meant to run before init on either, so a disagreement is reported as one
+ * rather than as whichever file holds the unsupported value; a value init
+ * would refuse for its type (a non-object entry, a malformed block list) is
+ * left to init. AutoRound writes the same dict to both files, so neither
+ * is authoritative: any disagreement is refused.
+ * Returns 0, or -EINVAL with "<a> and <b> disagree on
+ * quantization_config.<key> [(layer "<m>")]: <value> in <a>, <value> in <b>;
+ * ..." (values as written; "missing"/"absent" when a file lacks them). */
+int radiance_quant_config_compare(const json_t *qa, const char *a_source, const json_t *qb,
+				  const char *b_source, char *err, size_t errlen);
 
 /* Is module (e.g. "encoder.layer.0.attention.self.query") inside one of the
  * quantized blocks? A block prefix matches the module itself or the module

@@ -531,6 +531,99 @@ static void test_valid_quant_config_file(void **state)
 	json_decref(q);
 }
 
+/* config.json's quantization_config and quantization_config.json are one
+ * dict written twice by AutoRound, so neither wins: a checkpoint whose two
+ * files disagree on anything the loader reads is refused naming both files,
+ * the key and both values. Spellings the loader reads as the same value
+ * agree. */
+static void test_quant_config_files_disagree(void **state)
+{
+	struct fixture *fx = *state;
+	static const char *const files = "config.json and quantization_config.json disagree on "
+					 "quantization_config.";
+	static const char *const tail = "; expected the same in both (AutoRound writes one "
+					"quantization config to both files)";
+	static const struct {
+		const char *key, *json;      /* set in quantization_config.json only; NULL json: delete */
+		const char *said;            /* what the message says after "quantization_config." */
+	} cases[] = {
+		{ "bits", "8", "bits: 4 in config.json, 8 in quantization_config.json" },
+		{ "bits", NULL, "bits: 4 in config.json, missing in quantization_config.json" },
+		{ "group_size", "64", "group_size: 128 in config.json, 64 in quantization_config.json" },
+		{ "sym", "false", "sym: true in config.json, false in quantization_config.json" },
+		{ "quant_method", "\"gptq\"", "quant_method: \"auto-round\" in config.json, \"gptq\" in "
+		  "quantization_config.json" },
+		{ "packing_format", "\"auto_round:auto_awq\"", "packing_format: \"auto_round:auto_gptq\" in "
+		  "config.json, \"auto_round:auto_awq\" in quantization_config.json" },
+		{ "data_type", "\"mx_fp\"", "data_type: \"int\" in config.json, \"mx_fp\" in "
+		  "quantization_config.json" },
+		{ "block_name_to_quantize", "\"encoder\"", "block_name_to_quantize: \"encoder.layer\" in "
+		  "config.json, \"encoder\" in quantization_config.json" },
+	};
+	char want[1024];
+	const char *qpath = path_join(fx->path, sizeof fx->path, fx->dir, "quantization_config.json");
+	char qp[4096];
+	snprintf(qp, sizeof qp, "%s", qpath);
+
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		json_t *q = json_deep_copy(qc(fx));
+		if (cases[i].json)
+			json_object_set_new(q, cases[i].key, json_loads(cases[i].json, JSON_DECODE_ANY, NULL));
+		else
+			json_object_del(q, cases[i].key);
+		write_ckpt(fx);
+		assert_int_equal(json_dump_file(q, qp, 0), 0);
+		json_decref(q);
+		snprintf(want, sizeof want, "%s%s%s", files, cases[i].said, tail);
+		expect_refused(fx, -EINVAL, want, NULL);
+	}
+
+	/* extra_config: an entry in one file only, and one whose bits differ */
+	json_t *q = json_deep_copy(qc(fx));
+	json_object_del(json_object_get(q, "extra_config"), OUT);
+	assert_int_equal(json_dump_file(q, qp, 0), 0);
+	expect_refused(fx, -EINVAL, "config.json and quantization_config.json disagree on "
+		       "quantization_config.extra_config[\"" OUT "\"] (layer \"" OUT "\"): "
+		       "{\"bits\":16,\"data_type\":\"float\"} in config.json, absent in "
+		       "quantization_config.json", NULL);
+	json_object_set_new(json_object_get(q, "extra_config"), OUT, json_pack("{si}", "bits", 8));
+	assert_int_equal(json_dump_file(q, qp, 0), 0);
+	expect_refused(fx, -EINVAL, "disagree on quantization_config.extra_config[\"" OUT "\"].bits "
+		       "(layer \"" OUT "\"): 16 in config.json, 8 in quantization_config.json", NULL);
+	/* a field an entry lacks is the file's top-level value */
+	json_object_set_new(json_object_get(qc(fx), "extra_config"), KEY,
+			    json_pack("{sisi}", "bits", 4, "group_size", 128));
+	json_object_set_new(json_object_get(q, "extra_config"), OUT,
+			    json_pack("{siss}", "bits", 16, "data_type", "float"));
+	json_object_set_new(json_object_get(q, "extra_config"), KEY, json_pack("{si}", "bits", 4));
+	json_object_set_new(q, "group_size", json_integer(64));   /* so the inherited one differs */
+	json_object_set_new(qc(fx), "group_size", json_integer(64));
+	write_ckpt(fx);
+	assert_int_equal(json_dump_file(q, qp, 0), 0);
+	expect_refused(fx, -EINVAL, "disagree on quantization_config.extra_config[\"" KEY "\"].group_size "
+		       "(layer \"" KEY "\"): 128 in config.json, absent (so 64) in quantization_config.json",
+		       NULL);
+	json_decref(q);
+	json_object_set_new(qc(fx), "group_size", json_integer(128));
+
+	/* the same values spelled as the loader reads alike: they agree */
+	q = json_deep_copy(qc(fx));
+	json_object_set_new(q, "quant_method", json_string("Intel/Auto_Round"));
+	json_object_set_new(q, "packing_format", json_string("auto_round:gptq"));
+	json_object_set_new(q, "bits", json_real(4.0));
+	json_object_del(q, "data_type");
+	json_object_set_new(q, "block_name_to_quantize", json_pack("[s]", "encoder.layer"));
+	json_object_set_new(json_object_get(q, "extra_config"), KEY, json_pack("{si}", "bits", 4));
+	json_object_set_new(q, "autoround_version", json_string("0.0.1"));   /* not read */
+	write_ckpt(fx);
+	assert_int_equal(json_dump_file(q, qp, 0), 0);
+	json_decref(q);
+	struct radiance_model *m;
+	assert_int_equal(load(fx, &m), 0);
+	check_model(fx, m);
+	radiance_model_destroy(m);
+}
+
 /* a list of prefixes works like the comma-separated string */
 static void test_valid_block_list(void **state)
 {
@@ -1099,6 +1192,7 @@ int main(void)
 		T(test_valid_sharded),
 		T(test_valid_quant_config_file),
 		T(test_valid_block_list),
+		T(test_quant_config_files_disagree),
 		T(test_identity),
 		T(test_packing_other),
 		T(test_quant_method),
