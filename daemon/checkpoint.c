@@ -750,6 +750,35 @@ static int verify_scales(struct ck_loader *L, const struct ck_plan *p)
 	return 0;
 }
 
+/* Resident bytes of the layer p plans: its repacked arrays and fp32 bias. */
+static uint64_t plan_bytes(const struct ck_plan *p)
+{
+	uint64_t b = p->kind == RADIANCE_LAYER_W4A8
+			     ? (uint64_t)p->n * (p->k / RADIANCE_PACK) * 4 +
+				       (uint64_t)p->n * (p->k / RADIANCE_GROUP_SIZE) * 2
+			     : (uint64_t)p->n * p->k * 2;
+	return b + (p->bias ? (uint64_t)p->n * 4 : 0);
+}
+
+/* The plan as layers without arrays, for the caller's check. */
+static int check_plan(struct ck_loader *L, const char *name, radiance_plan_check_fn check,
+		      void *user)
+{
+	struct radiance_layer *v = calloc(L->n_plans + 1, sizeof *v);
+	uint64_t total = 0;
+	if (!v)
+		return ck_nomem(L, "plan");
+	for (size_t i = 0; i < L->n_plans; i++) {
+		const struct ck_plan *p = &L->plans[i];
+		v[i] = (struct radiance_layer){ .name = p->module, .kind = p->kind, .n = p->n,
+						.k = p->k, .bytes = plan_bytes(p) };
+		total += v[i].bytes;
+	}
+	int rc = check(user, name, v, L->n_plans, total, L->err, L->errlen);
+	free(v);
+	return rc < 0 ? rc : 0;
+}
+
 static int build_layer(struct ck_loader *L, struct ck_plan *p, struct radiance_layer *l)
 {
 	int rc;
@@ -768,7 +797,6 @@ static int build_layer(struct ck_loader *L, struct ck_plan *p, struct radiance_l
 			return ck_nomem(L, p->module);
 		transpose(l->qweight, p->qweight->t->data, words, p->n, sizeof *l->qweight);
 		transpose(l->scales, p->scales->t->data, groups, p->n, sizeof *l->scales);
-		l->bytes = (uint64_t)p->n * words * 4 + (uint64_t)p->n * groups * 2;
 	} else {
 		const struct radiance_st_tensor *t = p->weight->t;
 		uint64_t count = (uint64_t)p->n * p->k;
@@ -781,7 +809,6 @@ static int build_layer(struct ck_loader *L, struct ck_plan *p, struct radiance_l
 			for (uint64_t i = 0; i < count; i++)
 				l->weight[i] = radiance_bf16_from_f32(load_float(t, i));
 		}
-		l->bytes = count * 2;
 	}
 	if (p->bias) {
 		l->bias = alloc_array(p->n, sizeof *l->bias);
@@ -789,8 +816,8 @@ static int build_layer(struct ck_loader *L, struct ck_plan *p, struct radiance_l
 			return ck_nomem(L, p->module);
 		for (uint32_t i = 0; i < p->n; i++)
 			l->bias[i] = load_float(p->bias->t, i);
-		l->bytes += (uint64_t)p->n * 4;
 	}
+	l->bytes = plan_bytes(p);
 	return 0;
 }
 
@@ -861,6 +888,15 @@ int radiance_checkpoint_load(const struct radiance_file *files, size_t nfiles, c
 			     radiance_progress_fn progress, void *user,
 			     struct radiance_model **out, char *err, size_t errlen)
 {
+	return radiance_checkpoint_load_checked(files, nfiles, name, NULL, progress, user, out, err,
+						errlen);
+}
+
+int radiance_checkpoint_load_checked(const struct radiance_file *files, size_t nfiles,
+				     const char *name, radiance_plan_check_fn check,
+				     radiance_progress_fn progress, void *user,
+				     struct radiance_model **out, char *err, size_t errlen)
+{
 	struct ck_loader L = { .err = err, .errlen = errlen };
 	struct radiance_model *m = NULL;
 	const struct radiance_file *f;
@@ -917,7 +953,7 @@ int radiance_checkpoint_load(const struct radiance_file *files, size_t nfiles, c
 	}
 	m->group_size = RADIANCE_GROUP_SIZE;
 	m->bits = 4;
-	if ((rc = build_other(&L, m)))
+	if ((rc = build_other(&L, m)) || (check && (rc = check_plan(&L, m->name, check, user))))
 		goto out;
 
 	uint64_t total = 0, done = 0;
