@@ -386,7 +386,9 @@ static void soft_fd_limit_raised(void **state)
 static void hello_timeout(void **state)
 {
 	struct h_daemon *d = &da;
-	const char *const extra[] = { "--max-sessions", "4", "--hello-timeout-ms", "300", NULL };
+	/* one uid takes every slot: no per-uid limit below max_sessions */
+	const char *const extra[] = { "--max-sessions", "4", "--max-sessions-per-uid", "0",
+				      "--hello-timeout-ms", "300", NULL };
 	assert_int_equal(h_daemon_start_argv(d, extra), 0);
 	settle();
 	double t0 = h_now();
