@@ -70,6 +70,24 @@ static int ratelimit_pass(struct log_ratelimit *rl, uint64_t *missed)
 
 /* ---- sessions ---- */
 
+/* The client vanished while we still owed it replies. A Unix socket whose
+ * peer closed with our replies unread in its receive queue has sk_err
+ * ECONNRESET, which epoll reports as EPOLLERR and libuv's uv_poll as
+ * UV_EBADF ("bad file descriptor"); a send to a peer that closed fails with
+ * EPIPE. Either way it is the client's exit, not a daemon fault: say so. */
+static void session_went_away(struct radiance_session *s, int e)
+{
+	size_t unsent = radiance_conn_pending_frames(&s->conn);
+	if (e == ECONNRESET && unsent == 0)
+		session_close(s, 0, "client went away with its replies unread (ECONNRESET)");
+	else if (e == ECONNRESET)
+		session_close(s, 0, "client went away with %zu replies unsent and earlier ones "
+			      "unread (ECONNRESET)", unsent);
+	else
+		session_close(s, 0, "client went away with %zu replies unsent (%s)", unsent,
+			      e == EPIPE ? "EPIPE" : strerror(e));
+}
+
 static void session_read(struct radiance_session *s)
 {
 	for (int i = 0; i < 2 * FRAMES_PER_WAKE; i++) {
@@ -100,6 +118,10 @@ static void session_read(struct radiance_session *s)
 				      "open-file limit (raise LimitNOFILE= or lower max_sessions)");
 			return;
 		}
+		if (rc == -ECONNRESET) {
+			session_went_away(s, ECONNRESET);
+			return;
+		}
 		if (rc < 0) {
 			session_close(s, 0, "receive failed: %s", strerror(-rc));
 			return;
@@ -122,7 +144,9 @@ static void session_flush(struct radiance_session *s)
 	if (s->state == SESSION_CLOSING || !radiance_conn_pending(&s->conn))
 		return;
 	int rc = radiance_conn_flush(&s->conn);
-	if (rc < 0 && rc != -EAGAIN)
+	if (rc == -EPIPE || rc == -ECONNRESET)
+		session_went_away(s, -rc);
+	else if (rc < 0 && rc != -EAGAIN)
 		session_close(s, 0, "send failed: %s", strerror(-rc));
 }
 
@@ -130,7 +154,15 @@ static void on_session_poll(uv_poll_t *h, int status, int events)
 {
 	struct radiance_session *s = h->data;
 	if (status < 0) {
-		session_close(s, 0, "poll: %s", uv_strerror(status));
+		/* UV_EBADF is how uv_poll reports EPOLLERR: the socket's own
+		 * error says what happened */
+		int e = 0;
+		socklen_t len = sizeof e;
+		if (status == UV_EBADF &&
+		    getsockopt(s->conn.fd, SOL_SOCKET, SO_ERROR, &e, &len) == 0 && e)
+			session_went_away(s, e);
+		else
+			session_close(s, 0, "poll: %s", uv_strerror(status));
 		return;
 	}
 	if (events & UV_WRITABLE)
