@@ -7,6 +7,7 @@
 #define RADIANCE_CLIENT_PRIVATE_H
 
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -76,6 +77,8 @@ struct radiance__client_stashed {
 };
 
 struct radiance {
+	_Atomic(uintptr_t) owner;         /* the thread inside a call on it, 0: none */
+	unsigned depth;                   /* calls nested on that thread */
 	struct radiance_conn conn;
 	int error;                        /* sticky; 0 or -errno */
 	unsigned fork_generation;         /* radiance__fork_generation at connect */
@@ -128,6 +131,29 @@ extern volatile unsigned radiance__fork_generation;
  * child's copy of the handle only. */
 int radiance__client_usable(struct radiance *r);
 
+
+/* One thread at a time (radiance.h, "Thread safety"): every public call
+ * that uses a handle brackets its work with these. enter returns 0 when
+ * the calling thread holds r now (calls on one thread nest), -EBUSY when
+ * another thread is inside a call on r (then nothing of r but the owner
+ * word was touched, and this thread's radiance_error_message(r) states the
+ * rule, prefixed with func), or -EBADFD when r is used in a forked child.
+ * leave only after enter returned 0. The owner word's acquire/release also
+ * orders the handle's state between threads that take turns properly. */
+int radiance__client_enter(struct radiance *r, const char *func);
+void radiance__client_leave(struct radiance *r);
+
+/* The body of a public int-returning call: call (an expression using r)
+ * between enter and leave. */
+#define RADIANCE__GUARDED(r, call)                                      \
+	do {                                                            \
+		int guard_rc_ = radiance__client_enter((r), __func__);  \
+		if (guard_rc_ < 0)                                      \
+			return guard_rc_;                               \
+		guard_rc_ = (call);                                     \
+		radiance__client_leave(r);                              \
+		return guard_rc_;                                       \
+	} while (0)
 
 void radiance__client_log(struct radiance *r, int level, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));

@@ -9,6 +9,7 @@
  */
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <stdio.h>
@@ -62,12 +63,27 @@ const char *radiance_strerror(int err)
 		return "not a socket (the path names another kind of file)";
 	case EBADFD:
 		return "handle used in a forked child (it belongs to the parent)";
+	case EDQUOT:
+		return "a limit of the daemon would be exceeded (the message names it)";
+	case EBUSY:
+		return "busy: another thread is inside a call on this handle, requests are in "
+		       "flight, or the daemon is at a session limit (the message says which)";
 	}
 	const char *s = strerrordesc_np(err);
 	return s ? s : "unknown error";
 }
 
 /* --- logging and errors --------------------------------------------------- */
+
+/* The address of a thread-local names the calling thread (unique among
+ * live threads, and cheaper than pthread_self()). */
+static _Thread_local char thread_token;
+/* The handle a call on this thread was refused for (-EBUSY), and why:
+ * radiance_error_message() on this thread reads this instead of the
+ * handle, which the other thread is using. */
+static _Thread_local const struct radiance *busy_handle;
+static _Thread_local char busy_message[192];
+
 
 static void vlog(struct radiance *r, int level, const char *fmt, va_list ap)
 {
@@ -116,6 +132,8 @@ int radiance_get_error(const struct radiance *r)
 
 const char *radiance_error_message(const struct radiance *r)
 {
+	if (r && r == busy_handle)
+		return busy_message;
 	return r ? r->message : "";
 }
 
@@ -145,6 +163,35 @@ int radiance__client_usable(struct radiance *r)
 					      "radiance_disconnect() it and connect anew",
 					      r->pid);
 	return 0;
+}
+
+/* --- one thread at a time ------------------------------------------------- */
+
+int radiance__client_enter(struct radiance *r, const char *func)
+{
+	if (r->fork_generation != radiance__fork_generation)
+		return radiance__client_usable(r);   /* -EBADFD; the child's own copy */
+	uintptr_t me = (uintptr_t)&thread_token, seen = 0;
+	if (atomic_compare_exchange_strong_explicit(&r->owner, &seen, me, memory_order_acquire,
+						    memory_order_relaxed)) {
+		r->depth = 1;
+	} else if (seen == me) {
+		r->depth++;   /* a call inside a call, on the same thread */
+	} else {
+		busy_handle = r;
+		snprintf(busy_message, sizeof busy_message, "%s: radiance handle used by two threads "
+			 "at once: a handle is not thread-safe; use one per thread or lock", func);
+		return -EBUSY;
+	}
+	if (busy_handle == r)
+		busy_handle = NULL;
+	return 0;
+}
+
+void radiance__client_leave(struct radiance *r)
+{
+	if (--r->depth == 0)
+		atomic_store_explicit(&r->owner, 0, memory_order_release);
 }
 
 /* --- socket path ---------------------------------------------------------- */
@@ -570,6 +617,14 @@ void radiance_disconnect(struct radiance *r)
 {
 	if (!r)
 		return;
+	/* Freeing under another thread's call would be a use after free there:
+	 * leak the handle instead, and say so. A forked child frees its copy. */
+	if (r->fork_generation == radiance__fork_generation &&
+	    radiance__client_enter(r, __func__) < 0) {
+		radiance__client_log(r, LOG_ERR, "%s (not disconnected: the handle is leaked)",
+				     busy_message);
+		return;
+	}
 	radiance__client_rings_close(r);
 	if (r->conn.fd >= 0 || r->conn.in_fds)
 		radiance_conn_finish(&r->conn);

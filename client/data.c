@@ -115,7 +115,7 @@ static int map_segment(struct radiance *r, int memfd, uint64_t segment_bytes)
 	return 0;
 }
 
-int radiance_open_rings(struct radiance *r)
+static int open_rings(struct radiance *r)
 {
 	int rc0 = radiance__client_usable(r);
 	if (rc0 < 0)
@@ -160,6 +160,11 @@ int radiance_open_rings(struct radiance *r)
 	return 0;
 }
 
+int radiance_open_rings(struct radiance *r)
+{
+	RADIANCE__GUARDED(r, open_rings(r));
+}
+
 int radiance_get_ring_info(const struct radiance *r, struct radiance_ring_info *info)
 {
 	if (!r->rings_open)
@@ -175,9 +180,9 @@ int radiance_get_ring_info(const struct radiance *r, struct radiance_ring_info *
 
 /* --- arena ---------------------------------------------------------------- */
 
-void *radiance_arena_alloc(struct radiance *r, size_t bytes)
+static void *arena_alloc(struct radiance *r, size_t bytes)
 {
-	int rc = radiance_open_rings(r);
+	int rc = open_rings(r);
 	if (rc < 0) {
 		errno = -rc;
 		return NULL;
@@ -196,12 +201,33 @@ void *radiance_arena_alloc(struct radiance *r, size_t bytes)
 	return p;
 }
 
+void *radiance_arena_alloc(struct radiance *r, size_t bytes)
+{
+	int rc = radiance__client_enter(r, __func__);
+	if (rc < 0) {
+		errno = -rc;
+		return NULL;
+	}
+	void *p = arena_alloc(r, bytes);
+	int e = errno;
+	radiance__client_leave(r);
+	errno = e;
+	return p;
+}
+
 void radiance_arena_free(struct radiance *r, void *p)
 {
 	if (!p)
 		return;
+	if (radiance__client_enter(r, __func__) < 0) {
+		/* no return value to say it: the log callback is the only way */
+		radiance__client_log(r, LOG_ERR, "%s (the block at %p stays allocated)",
+				     radiance_error_message(r), p);
+		return;
+	}
 	if (!r->rings_open || radiance__client_arena_free(&r->arena, p) < 0)
 		radiance__client_log(r, LOG_WARNING, "radiance_arena_free(%p): not an arena block", p);
+	radiance__client_leave(r);
 }
 
 /* --- submit --------------------------------------------------------------- */
@@ -225,7 +251,7 @@ static int check_buffer(struct radiance *r, const void *p, uint64_t bytes, uint6
 static int held_layer(struct radiance *r, uint32_t model_id, uint32_t layer,
 		      const struct radiance_layer_info **out)
 {
-	int rc = radiance_open_rings(r);
+	int rc = open_rings(r);
 	if (rc < 0)
 		return rc;
 	const struct radiance__client_held *h = radiance__client_find_held(r, model_id);
@@ -239,8 +265,8 @@ static int held_layer(struct radiance *r, uint32_t model_id, uint32_t layer,
 	return 0;
 }
 
-int radiance_submit(struct radiance *r, uint32_t model_id, uint32_t layer, uint32_t rows,
-		    enum radiance_elem dtype, const void *x, void *y, uint64_t *request_id)
+static int submit(struct radiance *r, uint32_t model_id, uint32_t layer, uint32_t rows,
+		  enum radiance_elem dtype, const void *x, void *y, uint64_t *request_id)
 {
 	const struct radiance_layer_info *l;
 	int rc = held_layer(r, model_id, layer, &l);
@@ -281,6 +307,12 @@ int radiance_submit(struct radiance *r, uint32_t model_id, uint32_t layer, uint3
 		*request_id = r->next_request_id;
 	r->next_request_id++;
 	return 0;
+}
+
+int radiance_submit(struct radiance *r, uint32_t model_id, uint32_t layer, uint32_t rows,
+		    enum radiance_elem dtype, const void *x, void *y, uint64_t *request_id)
+{
+	RADIANCE__GUARDED(r, submit(r, model_id, layer, rows, dtype, x, y, request_id));
 }
 
 unsigned radiance_in_flight(const struct radiance *r)
@@ -448,7 +480,7 @@ static bool stash_pop(struct radiance *r, struct radiance_completion *c)
 	return true;
 }
 
-int radiance_poll(struct radiance *r, struct radiance_completion *c)
+static int poll_one(struct radiance *r, struct radiance_completion *c)
 {
 	int rc0 = radiance__client_usable(r);
 	if (rc0 < 0)
@@ -464,7 +496,12 @@ int radiance_poll(struct radiance *r, struct radiance_completion *c)
 	return rc;
 }
 
-int radiance_wait(struct radiance *r, struct radiance_completion *c, int timeout_ms)
+int radiance_poll(struct radiance *r, struct radiance_completion *c)
+{
+	RADIANCE__GUARDED(r, poll_one(r, c));
+}
+
+static int wait_one(struct radiance *r, struct radiance_completion *c, int timeout_ms)
 {
 	int rc0 = radiance__client_usable(r);
 	if (rc0 < 0)
@@ -480,6 +517,11 @@ int radiance_wait(struct radiance *r, struct radiance_completion *c, int timeout
 	return rc;
 }
 
+int radiance_wait(struct radiance *r, struct radiance_completion *c, int timeout_ms)
+{
+	RADIANCE__GUARDED(r, wait_one(r, c, timeout_ms));
+}
+
 /* --- synchronous linear --------------------------------------------------- */
 
 /* Submits, making room first by reaping (and stashing) others' completions. */
@@ -487,7 +529,7 @@ static int submit_room(struct radiance *r, uint32_t model_id, uint32_t layer, ui
 		       enum radiance_elem dtype, const void *x, void *y, uint64_t *id)
 {
 	for (;;) {
-		int rc = radiance_submit(r, model_id, layer, rows, dtype, x, y, id);
+		int rc = submit(r, model_id, layer, rows, dtype, x, y, id);
 		if (rc != -EAGAIN)
 			return rc;
 		if (r->in_flight == 0)
@@ -511,8 +553,8 @@ static int wait_for(struct radiance *r, uint64_t id, struct radiance__client_sta
 	}
 }
 
-int radiance_linear(struct radiance *r, uint32_t model_id, uint32_t layer, uint32_t rows,
-		    enum radiance_elem dtype, const void *x, void *y)
+static int linear(struct radiance *r, uint32_t model_id, uint32_t layer, uint32_t rows,
+		  enum radiance_elem dtype, const void *x, void *y)
 {
 	const struct radiance_layer_info *l;
 	int rc = held_layer(r, model_id, layer, &l);
@@ -560,4 +602,10 @@ int radiance_linear(struct radiance *r, uint32_t model_id, uint32_t layer, uint3
 	if (!r->error)
 		radiance__client_arena_free(&r->arena, stage);
 	return rc;
+}
+
+int radiance_linear(struct radiance *r, uint32_t model_id, uint32_t layer, uint32_t rows,
+		    enum radiance_elem dtype, const void *x, void *y)
+{
+	RADIANCE__GUARDED(r, linear(r, model_id, layer, rows, dtype, x, y));
 }

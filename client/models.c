@@ -225,8 +225,8 @@ static int expect_model_info(struct radiance *r, Radiance__ServerMessage *reply,
 
 /* --- load, attach, release ------------------------------------------------ */
 
-int radiance_load_model(struct radiance *r, const char *dir,
-			const struct radiance_load_options *opt, uint32_t *model_id)
+static int load_model(struct radiance *r, const char *dir, const struct radiance_load_options *opt,
+		      uint32_t *model_id)
 {
 	struct radiance_load_options o = RADIANCE_LOAD_OPTIONS_INIT;
 	char err[512];
@@ -311,7 +311,13 @@ out_names:
 	return rc;
 }
 
-int radiance_attach_model(struct radiance *r, const char *name, uint32_t *model_id)
+int radiance_load_model(struct radiance *r, const char *dir,
+			const struct radiance_load_options *opt, uint32_t *model_id)
+{
+	RADIANCE__GUARDED(r, load_model(r, dir, opt, model_id));
+}
+
+static int attach_model(struct radiance *r, const char *name, uint32_t *model_id)
 {
 	if (r->error)
 		return r->error;
@@ -330,6 +336,11 @@ int radiance_attach_model(struct radiance *r, const char *name, uint32_t *model_
 		rc = hold(r, reply->model_info, model_id);
 	radiance__server_message__free_unpacked(reply, NULL);
 	return rc;
+}
+
+int radiance_attach_model(struct radiance *r, const char *name, uint32_t *model_id)
+{
+	RADIANCE__GUARDED(r, attach_model(r, name, model_id));
 }
 
 static int release(struct radiance *r, uint32_t model_id, bool drop_preload)
@@ -362,17 +373,17 @@ static int release(struct radiance *r, uint32_t model_id, bool drop_preload)
 
 int radiance_release_model(struct radiance *r, uint32_t model_id)
 {
-	return release(r, model_id, false);
+	RADIANCE__GUARDED(r, release(r, model_id, false));
 }
 
 int radiance_unload_preloaded(struct radiance *r, uint32_t model_id)
 {
-	return release(r, model_id, true);
+	RADIANCE__GUARDED(r, release(r, model_id, true));
 }
 
 /* --- queries -------------------------------------------------------------- */
 
-int radiance_get_model(struct radiance *r, uint32_t model_id, struct radiance_model_info **out)
+static int get_model(struct radiance *r, uint32_t model_id, struct radiance_model_info **out)
 {
 	if (!out)
 		return radiance__client_fail(r, -EINVAL, "the result pointer is NULL");
@@ -388,6 +399,11 @@ int radiance_get_model(struct radiance *r, uint32_t model_id, struct radiance_mo
 	return rc < 0 ? radiance__client_fail(r, rc, "out of memory") : 0;
 }
 
+int radiance_get_model(struct radiance *r, uint32_t model_id, struct radiance_model_info **out)
+{
+	RADIANCE__GUARDED(r, get_model(r, model_id, out));
+}
+
 void radiance_model_list_free(struct radiance_model_list *list)
 {
 	if (!list)
@@ -398,7 +414,7 @@ void radiance_model_list_free(struct radiance_model_list *list)
 	free(list);
 }
 
-int radiance_list_models(struct radiance *r, struct radiance_model_list **out)
+static int list_models(struct radiance *r, struct radiance_model_list **out)
 {
 	if (!out)
 		return radiance__client_fail(r, -EINVAL, "the result pointer is NULL");
@@ -437,4 +453,9 @@ int radiance_list_models(struct radiance *r, struct radiance_model_list **out)
 out:
 	radiance__server_message__free_unpacked(reply, NULL);
 	return rc;
+}
+
+int radiance_list_models(struct radiance *r, struct radiance_model_list **out)
+{
+	RADIANCE__GUARDED(r, list_models(r, out));
 }

@@ -16,6 +16,22 @@
  *                 raw 16-bit patterns in host (little-endian) order;
  *   y  [rows][N]  row-major, always bf16;
  *   N, K          the layer's, from struct radiance_layer_info.
+ *
+ * Buffer layout. The functions take bare pointers and cannot see strides or
+ * dtypes, so each buffer must be exactly this, or the results are silently
+ * wrong:
+ *   x  rows * K elements of 2 bytes, contiguous and row-major: element (r, k)
+ *      at byte offset (r * K + k) * 2, no padding between rows; bytes =
+ *      rows * K * 2. The dtype argument says what the 16 bits are.
+ *   y  rows * N bf16 elements, contiguous and row-major: (r, n) at byte
+ *      offset (r * N + n) * 2; bytes = rows * N * 2.
+ * Alignment: caller memory (radiance_linear) needs only the 2-byte
+ * alignment of a uint16_t array (it is copied); arena buffers
+ * (radiance_submit) must start on a 16-byte boundary, which
+ * radiance_arena_alloc() memory does (64). From PyTorch that is
+ * x.contiguous() of dtype torch.bfloat16 or torch.float16 on the CPU, shape
+ * [rows, K]: a transposed view, a slice with a stride or a float32 tensor
+ * passed as is reads the wrong numbers.
  * W4A8 layers quantize each row of x to fp8 e4m3 with a per-token scale the
  * way vLLM's dynamic per-token fp8 quant does (scaled_fp8_quant with
  * use_per_token_if_dynamic), multiply with the int4 weights (symmetric, zero
@@ -33,13 +49,36 @@
  * returns the same code, see radiance_get_error(). Errors the daemon reports
  * for one request (an unknown model name, a bad checkpoint) are not sticky.
  * radiance_error_message() gives the text behind the most recent failure.
+ * Every call that the thread-safety check below covers may also return
+ * -EBUSY: another thread is inside a call on the same handle.
  *
  * Logging. The library writes nothing to stdout or stderr. Set
  * radiance_options.log to receive its messages.
  *
- * Thread safety. A handle is NOT thread-safe: one thread at a time may call
- * functions on it (use one handle per thread, or serialize with your own
- * lock). Different handles are independent and may be used concurrently from
+ * Thread safety. A handle is NOT thread-safe: one thread at a time may be
+ * inside a call on it (use one handle per thread, or serialize the calls
+ * with your own lock; passing a handle to another thread between calls is
+ * fine). The library checks the rule at the entry of every call that uses
+ * the handle (radiance_load_model, _attach_model, _release_model,
+ * _unload_preloaded, _get_model, _list_models, _open_rings, _arena_alloc,
+ * _arena_free, _submit, _poll, _wait, _linear, _get_stats, _disconnect): one
+ * made while another thread is inside a call on the same handle fails at
+ * once with -EBUSY (radiance_arena_alloc: NULL, errno EBUSY), never waits,
+ * and touches nothing else of the handle; radiance_error_message() on that
+ * thread then returns "<function>: radiance handle used by two threads at
+ * once: a handle is not thread-safe; use one per thread or lock". This
+ * -EBUSY is not sticky. radiance_arena_free() refused so frees nothing and
+ * says so to the log callback; radiance_disconnect() refused so does not
+ * free the handle (freeing it under the other thread's call would be a use
+ * after free there): it logs that and leaks it. Nothing can catch a call
+ * that starts after radiance_disconnect() freed the handle. The getters
+ * radiance_get_error, radiance_error_message (but for the text above),
+ * radiance_get_ring_info, radiance_held_model and radiance_in_flight are
+ * not checked: call them from the thread that uses the handle, or under
+ * your lock. radiance_get_server_info() does not change after connect and
+ * may be called from any thread. Callbacks (log, load progress) run inside
+ * the call, on its thread, and must not call into the same handle.
+ * Different handles are independent and may be used concurrently from
  * different threads. Functions that take no handle (radiance_strerror,
  * radiance_default_socket_path, radiance_find_layer, the *_free functions on
  * their own objects, radiance_version, radiance_protocol_version) are safe
@@ -148,7 +187,9 @@ int radiance_default_socket_path(char *buf, size_t size);
  *                                 regular file, a directory, ...);
  *   ENAMETOOLONG                  the path does not fit a sockaddr_un;
  *   EBUSY                         the daemon refused: it already serves as
- *                                 many sessions as it allows (max_sessions);
+ *                                 many sessions as it allows (max_sessions),
+ *                                 or as many of this uid's as it allows
+ *                                 (max_sessions_per_uid);
  *   EPROTO                        the daemon speaks another protocol version,
  *                                 or sent something that is not protocol;
  *   ECONNRESET                    the daemon closed the connection;
@@ -277,7 +318,14 @@ struct radiance_load_options {
  *               radiance_error_message());
  *   -EEXIST     a different checkpoint with this name is already resident;
  *   -ENOMEM     the daemon (or this process) is out of memory;
- *   -E2BIG      more files than one message may carry (64);
+ *   -EDQUOT     the model would take the daemon above one of its memory
+ *               limits (max_model_bytes, or max_model_bytes_per_uid for
+ *               this process's uid, which is charged for a model it loads
+ *               until the model is unloaded); the message names the limit,
+ *               its value and the option that sets it. Nothing was read;
+ *   -E2BIG      more files than one message may carry (64), or a layer
+ *               larger than the daemon serves (N above max_n, K above
+ *               max_k: the message says which);
  *   -ETIMEDOUT  no progress within the timeout;
  *   another daemon-reported errno, or a sticky connection error. */
 int radiance_load_model(struct radiance *r, const char *dir,
@@ -337,7 +385,10 @@ void radiance_model_list_free(struct radiance_model_list *list);
  * sizes from the connect options) and maps it. Called implicitly by the
  * first radiance_arena_alloc(), radiance_submit() or radiance_linear();
  * call it explicitly to fail early. A second call is a no-op.
- * Returns 0, -EINVAL (sizes refused), -ENOMEM, -EPROTO (the segment does not
+ * Returns 0, -EINVAL (sizes refused), -EDQUOT (the arena would take the
+ * daemon above max_total_arena_bytes, or this uid above
+ * max_arena_bytes_per_uid; not sticky: retry when other sessions closed, or
+ * ask for a smaller arena_bytes), -ENOMEM, -EPROTO (the segment does not
  * have the layout of proto/shm.h; sticky), or a sticky error. */
 int radiance_open_rings(struct radiance *r);
 
@@ -370,9 +421,11 @@ void radiance_arena_free(struct radiance *r, void *p);
  *   layer     a layer index of that model (struct radiance_layer_info.index);
  *   rows      M, 1 <= rows <= server max_rows;
  *   dtype     element type of x;
- *   x         arena pointer to [rows][K] elements of dtype;
- *   y         arena pointer to [rows][N] bf16, written by the daemon;
- * both from radiance_arena_alloc() memory, 16-byte aligned, the whole tensor
+ *   x         arena pointer to [rows][K] elements of dtype, rows * K * 2 bytes;
+ *   y         arena pointer to [rows][N] bf16, rows * N * 2 bytes, written by
+ *             the daemon;
+ * both contiguous and row-major (see "Buffer layout" above), from
+ * radiance_arena_alloc() memory, 16-byte aligned, the whole tensor
  * inside the arena, x and y not overlapping (the daemon refuses that with
  * status -EINVAL). Requests in flight together must be independent: the
  * daemon batches equal layers across sessions, so they may complete in any
@@ -425,9 +478,12 @@ unsigned radiance_in_flight(const struct radiance *r);
 /* Synchronous linear on caller memory: copies x into the arena, submits,
  * waits, copies y out. Any rows >= 1: more than max_rows (or than fits the
  * arena) are split into several requests, run one after another.
- *   x  [rows][K] of dtype, caller memory (not the arena);
- *   y  [rows][N] bf16, caller memory; written only on success (on failure
- *      its contents are unspecified).
+ *   x  [rows][K] of dtype, rows * K * 2 bytes, contiguous and row-major
+ *      (see "Buffer layout" above), caller memory (not the arena), 2-byte
+ *      aligned; read only;
+ *   y  [rows][N] bf16, rows * N * 2 bytes, contiguous and row-major, caller
+ *      memory, 2-byte aligned, not overlapping x; written only on success
+ *      (on failure its contents are unspecified).
  * Completions of asynchronous requests that arrive meanwhile are kept for
  * radiance_poll/radiance_wait. Returns 0, the request's status (negative
  * errno, text in radiance_error_message()), -ENOENT / -ERANGE / -EINVAL as

@@ -35,7 +35,7 @@ void radiance_stats_free(struct radiance_stats_reply *s)
 	free(s);
 }
 
-int radiance_get_stats(struct radiance *r, struct radiance_stats_reply **out)
+static int get_stats(struct radiance *r, struct radiance_stats_reply **out)
 {
 	if (!out)
 		return radiance__client_fail(r, -EINVAL, "the result pointer is NULL");
@@ -82,4 +82,9 @@ int radiance_get_stats(struct radiance *r, struct radiance_stats_reply **out)
 out:
 	radiance__server_message__free_unpacked(reply, NULL);
 	return rc;
+}
+
+int radiance_get_stats(struct radiance *r, struct radiance_stats_reply **out)
+{
+	RADIANCE__GUARDED(r, get_stats(r, out));
 }

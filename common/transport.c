@@ -318,3 +318,15 @@ size_t radiance_conn_pending(const struct radiance_conn *c)
 {
 	return c->out_len - c->out_sent;
 }
+
+size_t radiance_conn_pending_frames(const struct radiance_conn *c)
+{
+	size_t n = 0;
+	/* frames start at 0 (the buffer is compacted before a queue) */
+	for (size_t at = 0; at + 4 <= c->out_len;) {
+		size_t end = at + 4 + get_le32(c->out + at);
+		n += end > c->out_sent;
+		at = end;
+	}
+	return n;
+}

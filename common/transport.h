@@ -107,5 +107,7 @@ int radiance_conn_flush(struct radiance_conn *c);
 
 /* Bytes waiting to be sent. */
 size_t radiance_conn_pending(const struct radiance_conn *c);
+/* Frames not completely sent (a frame partly sent counts), for messages. */
+size_t radiance_conn_pending_frames(const struct radiance_conn *c);
 
 #endif

@@ -12,6 +12,7 @@ struct radiance_backend {
 	const struct radiance_backend_ops *ops;
 	void *state;
 	uint32_t max_rows;   /* what the backend sized its staging for */
+	uint32_t max_n, max_k;   /* largest layer it takes, 0: the backend's own check */
 };
 
 /* Says once, at start, what "auto" chose and why, and which GPU-only
@@ -86,6 +87,8 @@ int radiance_backend_create(const struct radiance_backend_options *opt,
 	if (o.device < 0)
 		o.device = 0;
 	b->max_rows = o.max_rows;
+	b->max_n = o.max_n;
+	b->max_k = o.max_k;
 	char no_gpu[256] = "";
 	int rc = -ENODEV;
 	for (size_t i = 0; i < n; i++) {
@@ -122,6 +125,13 @@ void radiance_backend_info(const struct radiance_backend *b, struct radiance_bac
 int radiance_backend_layer_upload(struct radiance_backend *b, const struct radiance_layer *l,
 				  struct radiance_backend_layer **out, char *err, size_t errlen)
 {
+	/* the daemon refuses these before it loads anything (registry.c);
+	 * this is the backends' own guard, for every caller */
+	if ((b->max_n && l->n > b->max_n) || (b->max_k && l->k > b->max_k)) {
+		snprintf(err, errlen, "layer %s: N=%u, K=%u exceeds the backend's max_n=%u / max_k=%u",
+			 l->name, l->n, l->k, b->max_n, b->max_k);
+		return -E2BIG;
+	}
 	return b->ops->layer_upload(b->state, l, out, err, errlen);
 }
 

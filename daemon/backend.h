@@ -65,7 +65,8 @@ void radiance_backend_destroy(struct radiance_backend *b);
 void radiance_backend_info(const struct radiance_backend *b, struct radiance_backend_info *info);
 
 /* Make a layer resident. The backend may keep pointers into `l` (CPU) or
- * copy/repack it to the device (GPU); `l` must outlive the returned handle. */
+ * copy/repack it to the device (GPU); `l` must outlive the returned handle.
+ * -E2BIG for a layer above the options' max_n or max_k (when set). */
 int radiance_backend_layer_upload(struct radiance_backend *b, const struct radiance_layer *l,
 				  struct radiance_backend_layer **out, char *err, size_t errlen);
 void radiance_backend_layer_free(struct radiance_backend *b, struct radiance_backend_layer *h);

@@ -92,6 +92,8 @@ static int cpu_layer_upload(void *state, const struct radiance_layer *l,
 			    struct radiance_backend_layer **out, char *err, size_t errlen)
 {
 	struct cpu_state *s = state;
+	/* the scratch is sized for max_k (backend.c checks the option; this
+	 * is the CPU's own default when the option is 0) */
 	if (l->k > s->max_k) {
 		snprintf(err, errlen, "layer %s: K=%u exceeds the backend's max_k=%u", l->name, l->k,
 			 s->max_k);

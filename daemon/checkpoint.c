@@ -54,6 +54,15 @@ int radiance_checkpoint_load(const struct radiance_file *files, size_t nfiles, c
 			     radiance_progress_fn progress, void *user,
 			     struct radiance_model **out, char *err, size_t errlen)
 {
+	return radiance_checkpoint_load_checked(files, nfiles, name, NULL, progress, user, out, err,
+						errlen);
+}
+
+int radiance_checkpoint_load_checked(const struct radiance_file *files, size_t nfiles,
+				     const char *name, radiance_plan_check_fn check,
+				     radiance_progress_fn progress, void *user,
+				     struct radiance_model **out, char *err, size_t errlen)
+{
 	struct ck_loader L = { .err = err, .errlen = errlen };
 	struct radiance_model *m = NULL;
 	const struct radiance_file *f;
@@ -99,7 +108,8 @@ int radiance_checkpoint_load(const struct radiance_file *files, size_t nfiles, c
 	}
 	m->group_size = RADIANCE_GROUP_SIZE;
 	m->bits = 4;
-	if ((rc = radiance__ck_build_other(&L, m)))
+	if ((rc = radiance__ck_build_other(&L, m)) ||
+	    (check && (rc = radiance__ck_check_plan(&L, m->name, check, user))))
 		goto out;
 
 	uint64_t total = 0, done = 0;

@@ -86,6 +86,26 @@ int radiance_checkpoint_load(const struct radiance_file *files, size_t nfiles, c
 			     radiance_progress_fn progress, void *user,
 			     struct radiance_model **out, char *err, size_t errlen);
 
+/* A caller's check of what a load is about to build, called once every
+ * layer is decided from the safetensors headers and before any tensor data
+ * is read or anything is allocated for a layer (the daemon's limits:
+ * max_n, max_k, resident bytes). layers[0..n_layers) have name (as the
+ * checkpoint spells it: not yet checked to be printable), kind, n, k and
+ * bytes (what the layer will hold resident) set and no arrays;
+ * resident_bytes is their sum, model_name the model's name. Returns 0, or
+ * a negative errno (with err written) that ends the load. Runs on the
+ * loading thread. */
+typedef int (*radiance_plan_check_fn)(void *user, const char *model_name,
+				      const struct radiance_layer *layers, size_t n_layers,
+				      uint64_t resident_bytes, char *err, size_t errlen);
+
+/* radiance_checkpoint_load with a plan check (NULL: none); check and
+ * progress get the same user. Also returns whatever check returns. */
+int radiance_checkpoint_load_checked(const struct radiance_file *files, size_t nfiles,
+				     const char *name, radiance_plan_check_fn check,
+				     radiance_progress_fn progress, void *user,
+				     struct radiance_model **out, char *err, size_t errlen);
+
 /* The name a checkpoint directory gives its model when none is asked for:
  * the last component of dir as written (no symlink resolved), trailing
  * slashes dropped; empty for "/" or "". Points into dir, *len bytes (not

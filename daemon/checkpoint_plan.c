@@ -326,3 +326,30 @@ int radiance__ck_plan_layers(struct ck_loader *L)
 	qsort(L->plans, L->n_plans, sizeof *L->plans, cmp_plan);
 	return 0;
 }
+
+uint64_t radiance__ck_plan_bytes(const struct ck_plan *p)
+{
+	uint64_t b = p->kind == RADIANCE_LAYER_W4A8
+			     ? (uint64_t)p->n * (p->k / RADIANCE_PACK) * 4 +
+				       (uint64_t)p->n * (p->k / RADIANCE_GROUP_SIZE) * 2
+			     : (uint64_t)p->n * p->k * 2;
+	return b + (p->bias ? (uint64_t)p->n * 4 : 0);
+}
+
+int radiance__ck_check_plan(struct ck_loader *L, const char *name, radiance_plan_check_fn check,
+			    void *user)
+{
+	struct radiance_layer *v = calloc(L->n_plans + 1, sizeof *v);
+	uint64_t total = 0;
+	if (!v)
+		return ck_nomem(L, "plan");
+	for (size_t i = 0; i < L->n_plans; i++) {
+		const struct ck_plan *p = &L->plans[i];
+		v[i] = (struct radiance_layer){ .name = p->module, .kind = p->kind, .n = p->n,
+						.k = p->k, .bytes = radiance__ck_plan_bytes(p) };
+		total += v[i].bytes;
+	}
+	int rc = check(user, name, v, L->n_plans, total, L->err, L->errlen);
+	free(v);
+	return rc < 0 ? rc : 0;
+}

@@ -131,6 +131,14 @@ int radiance__ck_open_weights(struct ck_loader *L, const struct radiance_file *f
  * read. */
 int radiance__ck_plan_layers(struct ck_loader *L);
 
+/* Resident bytes of the layer p plans: its repacked arrays and fp32 bias. */
+uint64_t radiance__ck_plan_bytes(const struct ck_plan *p);
+
+/* Hands the plan, as layers without arrays, to the caller's check before
+ * anything is allocated for a layer. 0 or the check's -errno. */
+int radiance__ck_check_plan(struct ck_loader *L, const char *name, radiance_plan_check_fn check,
+			    void *user);
+
 /* checkpoint_repack.c */
 
 /* Reads plan p's tensors, checks their data and repacks them into l. */

@@ -182,7 +182,6 @@ int radiance__ck_build_layer(struct ck_loader *L, struct ck_plan *p, struct radi
 		if (!l->qweight)
 			return ck_nomem(L, p->module);
 		transpose(l->qweight, t.data, words, p->n, sizeof *l->qweight);
-		l->bytes = (uint64_t)p->n * words * 4 + (uint64_t)p->n * groups * 2;
 	} else {
 		uint64_t count = (uint64_t)p->n * p->k;
 		l->weight = alloc_array((size_t)count, sizeof *l->weight);
@@ -199,7 +198,6 @@ int radiance__ck_build_layer(struct ck_loader *L, struct ck_plan *p, struct radi
 			for (uint64_t i = 0; i < count; i++)
 				l->weight[i] = radiance_bf16_from_f32(load_float(&t, i));
 		}
-		l->bytes = count * 2;
 	}
 	if (p->bias) {
 		l->bias = alloc_array(p->n, sizeof *l->bias);
@@ -209,8 +207,8 @@ int radiance__ck_build_layer(struct ck_loader *L, struct ck_plan *p, struct radi
 			return rc;
 		for (uint32_t i = 0; i < p->n; i++)
 			l->bias[i] = load_float(&t, i);
-		l->bytes += (uint64_t)p->n * 4;
 	}
+	l->bytes = radiance__ck_plan_bytes(p);
 	return 0;
 }
 

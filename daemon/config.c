@@ -13,10 +13,14 @@
 #include <unistd.h>
 
 #include "checkpoint.h"
+#include "limit.h"
 #include "log.h"
 #include "shm.h"
 
-enum value_type { V_STRING, V_BACKEND, V_INT, V_U32, V_POW2, V_BYTES, V_LOGLEVEL, V_PRELOAD };
+enum value_type {
+	V_STRING, V_BACKEND, V_INT, V_U32, V_POW2, V_BYTES, V_LOGLEVEL, V_PRELOAD,
+	V_LIMIT_BYTES, V_LIMIT,    /* uint64_t: bytes or a count, or "auto" (LIMIT_AUTO) */
+};
 
 struct setting {
 	const char *key;          /* config file key; the long option is the same with '-' */
@@ -70,6 +74,20 @@ static const struct setting settings[] = {
 	  "and log the relative error (0)" },
 	{ "log_level", 'l', "LEVEL", V_LOGLEVEL, OFF(log_level), 0, 0,
 	  "silent, error, warn, info or debug (info)" },
+	/* memory and per-uid limits: 0 is none, auto is derived (docs/daemon.md "Limits") */
+	{ "max_model_bytes", 400, "BYTES", V_LIMIT_BYTES, OFF(max_model_bytes), 0, 1ull << 50,
+	  "resident bytes of all models together; auto: three quarters of the memory the daemon "
+	  "may use (RAM, or its cgroup's memory.max) (auto)" },
+	{ "max_model_bytes_per_uid", 401, "BYTES", V_LIMIT_BYTES, OFF(max_model_bytes_per_uid), 0,
+	  1ull << 50, "resident bytes of the models one uid loaded (a shared model counts for "
+	  "the uid that loaded it); auto: max_model_bytes (auto)" },
+	{ "max_total_arena_bytes", 402, "BYTES", V_LIMIT_BYTES, OFF(max_total_arena_bytes), 0,
+	  1ull << 50, "arena bytes of all sessions together; auto: a quarter of the memory, at "
+	  "least arena_bytes (auto)" },
+	{ "max_arena_bytes_per_uid", 403, "BYTES", V_LIMIT_BYTES, OFF(max_arena_bytes_per_uid), 0,
+	  1ull << 50, "arena bytes of one uid's sessions; auto: max_total_arena_bytes (auto)" },
+	{ "max_sessions_per_uid", 404, "N", V_LIMIT, OFF(max_sessions_per_uid), 0, 65536,
+	  "sessions of one uid at once; auto: max_sessions (auto)" },
 };
 #define NSETTINGS (sizeof settings / sizeof settings[0])
 enum { OPT_CONFIG = 'c', OPT_NO_CONFIG = 300, OPT_HELP = 'h', OPT_VERSION = 'V' };
@@ -145,6 +163,9 @@ int config_init(struct radiance_config *cfg)
 	cfg->device = -1;   /* not given: the GPU backend takes 0, the CPU one does not warn */
 	cfg->log_level = RADIANCE_LOG_INFO;
 	cfg->socket_gid = (gid_t)-1;
+	cfg->max_model_bytes = cfg->max_model_bytes_per_uid = LIMIT_AUTO;
+	cfg->max_total_arena_bytes = cfg->max_arena_bytes_per_uid = LIMIT_AUTO;
+	cfg->max_sessions_per_uid = LIMIT_AUTO;
 	return 0;
 }
 
@@ -266,6 +287,21 @@ static int apply(struct radiance_config *cfg, const struct setting *st, const ch
 				return -ENOMEM;
 			p += n;
 		}
+		return 0;
+	case V_LIMIT_BYTES:
+	case V_LIMIT:
+		if (strcmp(value, "auto") == 0) {
+			*(uint64_t *)field = LIMIT_AUTO;
+			return 0;
+		}
+		if (parse_u64(value, st->type == V_LIMIT_BYTES, &v) < 0 || v > st->max) {
+			snprintf(err, errlen, "%s: '%s' is not auto or %s in 0..%llu (0: no limit)",
+				 where, value, st->type == V_LIMIT_BYTES ?
+				 "a byte count (K, M, G, T: powers of 1024)" : "a number",
+				 (unsigned long long)st->max);
+			return -EINVAL;
+		}
+		*(uint64_t *)field = v;
 		return 0;
 	case V_INT:
 	case V_U32:
@@ -473,7 +509,7 @@ int config_parse_file(struct radiance_config *cfg, const char *path, char *err, 
 }
 
 /* Width of the option column of --help: the longest "-x, --name ARG". */
-#define USAGE_COLUMN 28
+#define USAGE_COLUMN 36
 
 #define USAGE_WIDTH 79
 
@@ -529,7 +565,8 @@ static void usage(FILE *out)
 		"the file; --preload on the command line replaces the file's preload list.\n"
 		"A key may appear once in the file, except preload, whose lines add up.\n"
 		"BYTES values take a K, M, G or T suffix, in powers of 1024 (64M is 64 MiB;\n"
-		"64MiB and 64MB read the same).\n"
+		"64MiB and 64MB read the same). The max_*_bytes*, max_sessions_per_uid\n"
+		"limits take 0 for no limit and auto for the default derived as shown.\n"
 		"\n"
 		"Signals:\n"
 		"  TERM, INT     stop accepting, finish what clients submitted, exit 0\n"
@@ -661,6 +698,53 @@ static int preload_check(struct radiance_config *cfg, struct origins *o, char *e
 		free(real[i]);
 	free(real);
 	return rc;
+}
+
+/* "auto" limits from the memory this daemon may use and max_sessions. The
+ * per-uid ones default to their totals: the main use is several workers of
+ * one engine under one uid, which a per-uid share would refuse; a shared
+ * host sets them (docs/daemon.md "Limits"). An
+ * arena limit below arena_bytes would refuse every OpenRing that asks for
+ * the default, which is an error when it was given and raised to
+ * arena_bytes when it was derived. */
+static int resolve_limits(struct radiance_config *cfg, const struct origins *o, char *err,
+			  size_t errlen)
+{
+	const char *from = NULL;
+	uint64_t mem = 0;
+	if (cfg->max_model_bytes == LIMIT_AUTO || cfg->max_total_arena_bytes == LIMIT_AUTO) {
+		mem = limit_memory_bytes(&from);
+		cfg->memory_bytes = mem;
+		cfg->memory_from = from;
+	}
+	if (cfg->max_model_bytes == LIMIT_AUTO)
+		cfg->max_model_bytes = mem / 4 * 3;
+	if (cfg->max_model_bytes_per_uid == LIMIT_AUTO)
+		cfg->max_model_bytes_per_uid = cfg->max_model_bytes;
+	int total_auto = cfg->max_total_arena_bytes == LIMIT_AUTO;
+	int uid_auto = cfg->max_arena_bytes_per_uid == LIMIT_AUTO;
+	if (total_auto)
+		cfg->max_total_arena_bytes = mem / 4;
+	if (uid_auto)
+		cfg->max_arena_bytes_per_uid = cfg->max_total_arena_bytes;
+	if (total_auto && cfg->max_total_arena_bytes && cfg->max_total_arena_bytes < cfg->arena_bytes)
+		cfg->max_total_arena_bytes = cfg->arena_bytes;
+	if (uid_auto && cfg->max_arena_bytes_per_uid && cfg->max_arena_bytes_per_uid < cfg->arena_bytes)
+		cfg->max_arena_bytes_per_uid = cfg->arena_bytes;
+	if (cfg->max_sessions_per_uid == LIMIT_AUTO)
+		cfg->max_sessions_per_uid = cfg->max_sessions;
+	static const char *const keys[] = { "max_total_arena_bytes", "max_arena_bytes_per_uid" };
+	const uint64_t v[] = { cfg->max_total_arena_bytes, cfg->max_arena_bytes_per_uid };
+	for (size_t i = 0; i < 2; i++) {
+		if (v[i] && v[i] < cfg->arena_bytes) {
+			snprintf(err, errlen, "%s %llu (%s) is below arena_bytes %llu (%s): no session "
+				 "could open its rings with the default arena", keys[i],
+				 (unsigned long long)v[i], origin(o, keys[i]),
+				 (unsigned long long)cfg->arena_bytes, origin(o, "arena_bytes"));
+			return -EINVAL;
+		}
+	}
+	return 0;
 }
 
 /* Resolves the socket group now, so a typo is a command-line error (exit 2)
@@ -805,6 +889,9 @@ int config_load(struct radiance_config *cfg, int argc, char **argv, char *err, s
 			 cfg->max_k);
 		goto out;
 	}
+	rc = resolve_limits(cfg, o, err, errlen);
+	if (rc < 0)
+		goto out;
 	rc = preload_check(cfg, o, err, errlen);
 	if (rc < 0)
 		goto out;

@@ -38,6 +38,15 @@ struct radiance_config {
 	uint32_t hello_timeout_ms;  /* a connection that sends no Hello this long is closed */
 	uint32_t decode_rows;       /* largest M of the split-K decode path (clamped to max_rows) */
 	uint32_t numerics_gate;     /* 1: GPU backend checks first launches against the CPU */
+	/* Limits (docs/daemon.md "Limits"); 0: none. config_load resolves
+	 * "auto" (LIMIT_AUTO) from memory_bytes and max_sessions. */
+	uint64_t max_model_bytes;          /* resident model bytes, all models */
+	uint64_t max_model_bytes_per_uid;  /* ... of the models one uid loaded */
+	uint64_t max_total_arena_bytes;    /* arena bytes of all open rings */
+	uint64_t max_arena_bytes_per_uid;  /* ... of one uid's sessions */
+	uint64_t max_sessions_per_uid;     /* sessions of one uid at once */
+	uint64_t memory_bytes;             /* what "auto" derived from, 0: nothing was */
+	const char *memory_from;           /* "physical memory", "cgroup memory.max" */
 	int log_level;              /* enum radiance_log_level */
 };
 

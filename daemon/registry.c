@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,7 +11,14 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "limit.h"
 #include "log.h"
+
+/* Resident bytes charged to one uid. */
+struct uid_charge {
+	uid_t uid;
+	uint64_t bytes;
+};
 
 struct radiance_registry {
 	uv_loop_t *loop;
@@ -21,6 +29,12 @@ struct radiance_registry {
 	int shutting_down;
 	void (*shutdown_cb)(void *user);
 	void *shutdown_user;
+	struct registry_limits limits;
+	/* charges: taken by the loader thread (plan_check), given back on the loop */
+	pthread_mutex_t charge_lock;
+	uint64_t charged;                 /* all models */
+	struct uid_charge *uids;          /* uids with bytes > 0 */
+	size_t nuids, uids_cap;
 };
 
 static uint64_t now_ns(void)
@@ -149,6 +163,107 @@ bad:
 	return -EINVAL;
 }
 
+/* ---- limits ---- */
+
+/* The entry of uid, or NULL; under charge_lock. */
+static struct uid_charge *uid_entry(struct radiance_registry *reg, uid_t uid)
+{
+	for (size_t i = 0; i < reg->nuids; i++)
+		if (reg->uids[i].uid == uid)
+			return &reg->uids[i];
+	return NULL;
+}
+
+/* Charges res's model (bytes, named name) to the total and to its uid, or
+ * says which limit it would cross. Loader thread. */
+static int charge(struct radiance_resident *res, const char *name, uint64_t bytes, char *err,
+		  size_t errlen)
+{
+	struct radiance_registry *reg = res->reg;
+	const struct registry_limits *lim = &reg->limits;
+	char shown[160], doing[256], whose[48], size[32];
+	int rc = 0;
+
+	escape(name, shown, sizeof shown);
+	limit_format_bytes(bytes, size, sizeof size);
+	snprintf(doing, sizeof doing, "loading model '%s' (%s resident)", shown, size);
+	pthread_mutex_lock(&reg->charge_lock);
+	struct uid_charge *u = res->asked_by ? uid_entry(reg, res->uid) : NULL;
+	uint64_t mine = (u ? u->bytes : 0) + bytes;
+	if (res->asked_by && lim->max_model_bytes_per_uid && mine > lim->max_model_bytes_per_uid) {
+		snprintf(whose, sizeof whose, "uid %u's", (unsigned)res->uid);
+		limit_refusal(err, errlen, doing, whose, "resident model bytes", mine,
+			       "max_model_bytes_per_uid", lim->max_model_bytes_per_uid, 1);
+		rc = -EDQUOT;
+	} else if (lim->max_model_bytes && reg->charged + bytes > lim->max_model_bytes) {
+		limit_refusal(err, errlen, doing, "all models'", "resident bytes",
+			       reg->charged + bytes, "max_model_bytes", lim->max_model_bytes, 1);
+		rc = -EDQUOT;
+	} else if (res->asked_by && !u) {
+		if (reg->nuids == reg->uids_cap) {
+			size_t cap = reg->uids_cap ? 2 * reg->uids_cap : 8;
+			struct uid_charge *v = realloc(reg->uids, cap * sizeof *v);
+			if (!v) {
+				snprintf(err, errlen, "out of memory");
+				rc = -ENOMEM;
+				goto out;
+			}
+			reg->uids = v;
+			reg->uids_cap = cap;
+		}
+		u = &reg->uids[reg->nuids++];
+		*u = (struct uid_charge){ res->uid, 0 };
+	}
+	if (rc == 0) {
+		if (u)
+			u->bytes += bytes;
+		reg->charged += bytes;
+		res->charged = bytes;
+	}
+out:
+	pthread_mutex_unlock(&reg->charge_lock);
+	return rc;
+}
+
+/* Gives res's charge back (a freed model, a failed load). */
+static void uncharge(struct radiance_resident *res)
+{
+	struct radiance_registry *reg = res->reg;
+	pthread_mutex_lock(&reg->charge_lock);
+	if (res->charged) {
+		reg->charged -= res->charged;
+		struct uid_charge *u = res->asked_by ? uid_entry(reg, res->uid) : NULL;
+		if (u && (u->bytes -= res->charged) == 0)
+			*u = reg->uids[--reg->nuids];
+		res->charged = 0;
+	}
+	pthread_mutex_unlock(&reg->charge_lock);
+}
+
+/* radiance_plan_check_fn: shapes, then the charge, before the loader
+ * allocates anything for a layer. Loader thread. */
+static int plan_check(void *user, const char *model_name, const struct radiance_layer *layers,
+		      size_t n_layers, uint64_t resident_bytes, char *err, size_t errlen)
+{
+	struct radiance_resident *res = user;
+	const struct registry_limits *lim = &res->reg->limits;
+	for (size_t i = 0; i < n_layers; i++) {
+		const struct radiance_layer *l = &layers[i];
+		bool n_over = lim->max_n && l->n > lim->max_n;
+		if (!n_over && !(lim->max_k && l->k > lim->max_k))
+			continue;
+		char shown[160], where[96];
+		escape(l->name, shown, sizeof shown);
+		limit_option(n_over ? "max_n" : "max_k", where, sizeof where);
+		snprintf(err, errlen, "layer '%s' has %s = %u, above %s = %u (%s), the largest the "
+			 "backend is sized for; refused before anything was allocated for it", shown,
+			 n_over ? "N" : "K", n_over ? l->n : l->k, n_over ? "max_n" : "max_k",
+			 n_over ? lim->max_n : lim->max_k, where);
+		return -E2BIG;
+	}
+	return charge(res, model_name, resident_bytes, err, errlen);
+}
+
 static void files_close(struct radiance_resident *res)
 {
 	for (size_t i = 0; i < res->nfiles; i++) {
@@ -174,6 +289,7 @@ static void resident_free(struct radiance_resident *res)
 {
 	struct radiance_registry *reg = res->reg;
 	unlink_resident(res);
+	uncharge(res);
 	files_close(res);
 	radiance_model_destroy((struct radiance_model *)res->em.model);
 	free(res->em.handles);
@@ -384,8 +500,8 @@ static void load_work(uv_work_t *work)
 			goto out;
 		}
 	}
-	rc = radiance_checkpoint_load(res->files, res->nfiles, res->want_name, on_progress, res,
-				      &model, res->err, sizeof res->err);
+	rc = radiance_checkpoint_load_checked(res->files, res->nfiles, res->want_name, plan_check,
+					      on_progress, res, &model, res->err, sizeof res->err);
 out:
 	res->status = rc < 0 ? rc : 0;
 	res->em.model = rc < 0 ? NULL : model;
@@ -647,6 +763,7 @@ int registry_load_files(struct radiance_registry *reg, const struct radiance_fil
 	}
 	memcpy(res->identity, identity, sizeof identity);
 	res->asked_by = w->session_id;
+	res->uid = w->uid;
 	res->files = calloc(nfiles, sizeof *res->files);
 	if (!res->files || (name && !(res->want_name = strdup(name))) ||
 	    (name && !(res->name = strdup(name)))) {
@@ -795,7 +912,18 @@ void registry_unpin(struct radiance_resident *res)
 	maybe_unload(res);
 }
 
-int registry_create(uv_loop_t *loop, struct radiance_executor *exec, struct radiance_registry **out)
+void registry_charged(struct radiance_registry *reg, uid_t uid, uint64_t *total,
+		      uint64_t *of_uid)
+{
+	pthread_mutex_lock(&reg->charge_lock);
+	const struct uid_charge *u = uid_entry(reg, uid);
+	*total = reg->charged;
+	*of_uid = u ? u->bytes : 0;
+	pthread_mutex_unlock(&reg->charge_lock);
+}
+
+int registry_create(uv_loop_t *loop, struct radiance_executor *exec,
+		    const struct registry_limits *limits, struct radiance_registry **out)
 {
 	struct radiance_registry *reg = calloc(1, sizeof *reg);
 	if (!reg)
@@ -803,11 +931,14 @@ int registry_create(uv_loop_t *loop, struct radiance_executor *exec, struct radi
 	reg->loop = loop;
 	reg->exec = exec;
 	reg->next_id = 1;
+	if (limits)
+		reg->limits = *limits;
 	int rc = uv_async_init(loop, &reg->progress_async, on_progress_async);
 	if (rc < 0) {
 		free(reg);
 		return rc;
 	}
+	pthread_mutex_init(&reg->charge_lock, NULL);
 	reg->progress_async.data = reg;
 	*out = reg;
 	return 0;
@@ -830,7 +961,10 @@ void registry_shutdown(struct radiance_registry *reg, void (*cb)(void *user), vo
 
 static void on_registry_closed(uv_handle_t *h)
 {
-	free(h->data);
+	struct radiance_registry *reg = h->data;
+	pthread_mutex_destroy(&reg->charge_lock);
+	free(reg->uids);
+	free(reg);
 }
 
 void registry_destroy(struct radiance_registry *reg)

@@ -17,6 +17,17 @@
  * job; the host copy is freed when that job is done (no pass can use it
  * then; see executor.h).
  *
+ * Limits (struct registry_limits, docs/daemon.md "Limits"): once the loader
+ * has planned a checkpoint from its headers, before anything is allocated
+ * for a layer, every layer's N and K is checked against max_n and max_k
+ * (-E2BIG) and the model's resident bytes are charged: to the total of all
+ * models and, for a load a session started, to the uid of that session
+ * (the peer credential), -EDQUOT when either would go above its limit. A
+ * model is charged once, to the uid whose session loaded it, however many
+ * sessions of whichever uids attach to it later (deduplicated loads
+ * attach too, and cost nothing); a preload counts for the total only. The
+ * charge is given back when the model is freed (or the load fails).
+ *
  * Thread safety: loop thread only, except where noted.
  */
 #ifndef RADIANCE_REGISTRY_H
@@ -24,6 +35,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/types.h>
 #include <uv.h>
 
 #include "checkpoint.h"
@@ -44,6 +56,7 @@ enum resident_state {
  * calling done. */
 struct registry_waiter {
 	uint64_t session_id;           /* who asks, for the log: a session, 0 for a preload */
+	uid_t uid;                     /* the session's peer uid: charged for a load it starts */
 	void (*progress)(struct registry_waiter *w, uint64_t done_bytes, uint64_t total_bytes);
 	void (*done)(struct registry_waiter *w, struct radiance_resident *res, int status,
 		     const char *err);
@@ -69,6 +82,8 @@ struct radiance_resident {
 	char *dir;                     /* preload directory, or NULL */
 	char *want_name;               /* name asked for, or NULL */
 	uint64_t asked_by;             /* session that started the load, 0: a preload */
+	uid_t uid;                     /* ... and its uid (not charged for a preload) */
+	uint64_t charged;              /* resident bytes charged, under the registry's lock */
 	uv_work_t work;
 	int status;
 	char err[512];
@@ -77,7 +92,16 @@ struct radiance_resident {
 	struct exec_job job;
 };
 
-int registry_create(uv_loop_t *loop, struct radiance_executor *exec, struct radiance_registry **out);
+/* What loads are held to; 0 in a field: no limit. */
+struct registry_limits {
+	uint64_t max_model_bytes;          /* resident bytes of all models */
+	uint64_t max_model_bytes_per_uid;  /* ... of the models one uid's sessions loaded */
+	uint32_t max_n, max_k;             /* largest layer N and K the backend is sized for */
+};
+
+/* limits is copied; NULL: none. */
+int registry_create(uv_loop_t *loop, struct radiance_executor *exec,
+		    const struct registry_limits *limits, struct radiance_registry **out);
 /* Frees the registry; registry_shutdown must have completed. */
 void registry_destroy(struct radiance_registry *reg);
 
@@ -133,6 +157,11 @@ void registry_unref(struct radiance_resident *res);
 /* Drops the daemon's own hold on a preloaded model: it is unloaded now if no
  * session uses it, else when the last one lets go. */
 void registry_unpin(struct radiance_resident *res);
+
+/* Resident bytes charged now (loads past their plan included): of all
+ * models, and of those uid loaded. Any thread. */
+void registry_charged(struct radiance_registry *reg, uid_t uid, uint64_t *total,
+		      uint64_t *of_uid);
 
 /* Unloads everything (preloaded models too) once running loads finish;
  * every session must have dropped its references. cb runs on the loop when

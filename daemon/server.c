@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "limit.h"
 #include "log.h"
 #include "notify.h"
 #include "proto_util.h"
@@ -69,6 +70,24 @@ static int ratelimit_pass(struct log_ratelimit *rl, uint64_t *missed)
 
 /* ---- sessions ---- */
 
+/* The client vanished while we still owed it replies. A Unix socket whose
+ * peer closed with our replies unread in its receive queue has sk_err
+ * ECONNRESET, which epoll reports as EPOLLERR and libuv's uv_poll as
+ * UV_EBADF ("bad file descriptor"); a send to a peer that closed fails with
+ * EPIPE. Either way it is the client's exit, not a daemon fault: say so. */
+static void session_went_away(struct radiance_session *s, int e)
+{
+	size_t unsent = radiance_conn_pending_frames(&s->conn);
+	if (e == ECONNRESET && unsent == 0)
+		session_close(s, 0, "client went away with its replies unread (ECONNRESET)");
+	else if (e == ECONNRESET)
+		session_close(s, 0, "client went away with %zu replies unsent and earlier ones "
+			      "unread (ECONNRESET)", unsent);
+	else
+		session_close(s, 0, "client went away with %zu replies unsent (%s)", unsent,
+			      e == EPIPE ? "EPIPE" : strerror(e));
+}
+
 static void session_read(struct radiance_session *s)
 {
 	for (int i = 0; i < 2 * FRAMES_PER_WAKE; i++) {
@@ -99,6 +118,10 @@ static void session_read(struct radiance_session *s)
 				      "open-file limit (raise LimitNOFILE= or lower max_sessions)");
 			return;
 		}
+		if (rc == -ECONNRESET) {
+			session_went_away(s, ECONNRESET);
+			return;
+		}
 		if (rc < 0) {
 			session_close(s, 0, "receive failed: %s", strerror(-rc));
 			return;
@@ -121,7 +144,9 @@ static void session_flush(struct radiance_session *s)
 	if (s->state == SESSION_CLOSING || !radiance_conn_pending(&s->conn))
 		return;
 	int rc = radiance_conn_flush(&s->conn);
-	if (rc < 0 && rc != -EAGAIN)
+	if (rc == -EPIPE || rc == -ECONNRESET)
+		session_went_away(s, -rc);
+	else if (rc < 0 && rc != -EAGAIN)
 		session_close(s, 0, "send failed: %s", strerror(-rc));
 }
 
@@ -129,7 +154,15 @@ static void on_session_poll(uv_poll_t *h, int status, int events)
 {
 	struct radiance_session *s = h->data;
 	if (status < 0) {
-		session_close(s, 0, "poll: %s", uv_strerror(status));
+		/* UV_EBADF is how uv_poll reports EPOLLERR: the socket's own
+		 * error says what happened */
+		int e = 0;
+		socklen_t len = sizeof e;
+		if (status == UV_EBADF &&
+		    getsockopt(s->conn.fd, SOL_SOCKET, SO_ERROR, &e, &len) == 0 && e)
+			session_went_away(s, e);
+		else
+			session_close(s, 0, "poll: %s", uv_strerror(status));
 		return;
 	}
 	if (events & UV_WRITABLE)
@@ -400,6 +433,24 @@ static void accept_without_fds(struct radiance_server *srv, int err)
 	accept_pause(srv);
 }
 
+/* When uid already holds max_sessions_per_uid live sessions, says so in
+ * text (else leaves it empty). Closing sessions do not count, as for
+ * max_sessions. */
+static void uid_sessions_full(struct radiance_server *srv, uid_t uid, char *text, size_t len)
+{
+	uint64_t limit = srv->cfg->max_sessions_per_uid, n = 0;
+	if (!limit)
+		return;
+	for (struct radiance_session *s = srv->sessions; s; s = s->next)
+		n += s->uid == uid && s->state != SESSION_CLOSING;
+	if (n < limit)
+		return;
+	char whose[48];
+	snprintf(whose, sizeof whose, "uid %u's", (unsigned)uid);
+	limit_refusal(text, len, "a new session", whose, "sessions", n + 1,
+		       "max_sessions_per_uid", limit, 0);
+}
+
 static void on_listen(uv_poll_t *h, int status, int events)
 {
 	struct radiance_server *srv = h->data;
@@ -429,16 +480,19 @@ static void on_listen(uv_poll_t *h, int status, int events)
 		}
 		if (srv->reserve_fd < 0)   /* another thread took it last time */
 			srv->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+		struct ucred cred = { .pid = -1, .uid = (uid_t)-1 };
+		socklen_t clen = sizeof cred;
+		getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen);
 		/* A session being closed no longer counts: its client has seen
 		 * EOF and may reconnect before the close callbacks free it. */
-		if (srv->nsessions - srv->nclosing >= srv->cfg->max_sessions) {
-			char text[128];
+		char text[320] = "";
+		if (srv->nsessions - srv->nclosing >= srv->cfg->max_sessions)
 			snprintf(text, sizeof text, "too many sessions (the limit is %u)",
 				 srv->cfg->max_sessions);
+		else
+			uid_sessions_full(srv, cred.uid, text, sizeof text);
+		if (text[0]) {
 			if (ratelimit_pass(&srv->busy_log, &missed)) {
-				struct ucred cred = { .pid = -1 };
-				socklen_t clen = sizeof cred;
-				getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen);
 				if (missed)
 					log_warn("refusing a connection from pid %d: %s (%llu more refused "
 						 "since the last message)", (int)cred.pid, text,
@@ -488,6 +542,32 @@ static void raise_fd_limit(const struct radiance_config *cfg)
 			 (unsigned long long)need, FDS_PER_SESSION, FDS_DAEMON);
 	else
 		log_debug("descriptor limit %llu", (unsigned long long)rl.rlim_cur);
+}
+
+/* One line at start with what clients are held to, and what "auto" came
+ * from: a refusal later names the limit, this says where it stands. */
+static void log_limits(const struct radiance_config *cfg)
+{
+	const uint64_t v[] = { cfg->max_model_bytes, cfg->max_model_bytes_per_uid,
+			       cfg->max_total_arena_bytes, cfg->max_arena_bytes_per_uid };
+	char b[4][32], mem[64] = "";
+	for (size_t i = 0; i < 4; i++) {
+		if (v[i])
+			limit_format_bytes(v[i], b[i], sizeof b[i]);
+		else
+			snprintf(b[i], sizeof b[i], "none");
+	}
+	if (cfg->memory_bytes) {
+		char m[32];
+		limit_format_bytes(cfg->memory_bytes, m, sizeof m);
+		snprintf(mem, sizeof mem, "; auto from %s %s", m, cfg->memory_from);
+	}
+	char per_uid[32] = "none";
+	if (cfg->max_sessions_per_uid)
+		snprintf(per_uid, sizeof per_uid, "%llu", (unsigned long long)cfg->max_sessions_per_uid);
+	log_info("limits: model bytes %s (per uid %s), arena bytes %s (per uid %s), sessions "
+		 "%u (per uid %s), layer N <= %u, K <= %u%s", b[0], b[1], b[2], b[3],
+		 cfg->max_sessions, per_uid, cfg->max_n, cfg->max_k, mem);
 }
 
 /* bind() found something at the path. Only a socket nobody listens on
@@ -911,7 +991,14 @@ int server_run(const struct radiance_config *cfg)
 	log_info("radianced %s: backend %s on %s, %llu bytes of scratch", RADIANCE_VERSION, bi->name,
 		 bi->device, (unsigned long long)bi->scratch_bytes);
 
-	rc = registry_create(&loop, srv.exec, &srv.reg);
+	const struct registry_limits lim = {
+		.max_model_bytes = cfg->max_model_bytes,
+		.max_model_bytes_per_uid = cfg->max_model_bytes_per_uid,
+		.max_n = cfg->max_n,
+		.max_k = cfg->max_k,
+	};
+	log_limits(cfg);
+	rc = registry_create(&loop, srv.exec, &lim, &srv.reg);
 	if (rc < 0) {
 		log_error("registry: %s", strerror(-rc));
 		goto fail_exec;

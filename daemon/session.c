@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "limit.h"
 #include "log.h"
 #include "proto_util.h"
 #include "server.h"
@@ -306,6 +307,7 @@ static void handle_load(struct radiance_session *s, uint64_t tag, const Radiance
 		files[i] = (struct radiance_file){ lm->file_names[i], fds[i] };
 	memset(&s->waiter, 0, sizeof s->waiter);
 	s->waiter.session_id = s->id;
+	s->waiter.uid = s->uid;
 	s->waiter.progress = on_load_progress;
 	s->waiter.done = on_load_done;
 	s->busy = 1;
@@ -565,6 +567,38 @@ static void on_ring_added(struct exec_job *job)
 	session_idle(s);
 }
 
+/* Whether an arena of `arena` bytes for s would cross max_total_arena_bytes
+ * or max_arena_bytes_per_uid (then why says which). Every mapped segment
+ * counts, a closing session's too: its memory is in use until the ring is
+ * removed. */
+static int arena_over_limit(struct radiance_session *s, uint64_t arena, char *why, size_t len)
+{
+	const struct radiance_config *cfg = s->server->cfg;
+	uint64_t total = arena, mine = arena;
+	for (const struct radiance_session *o = s->server->sessions; o; o = o->next) {
+		if (!o->segment)
+			continue;
+		total += o->ring.arena_bytes;
+		if (o->uid == s->uid)
+			mine += o->ring.arena_bytes;
+	}
+	char doing[64], whose[48], size[32];
+	limit_format_bytes(arena, size, sizeof size);
+	snprintf(doing, sizeof doing, "opening the rings with a %s arena", size);
+	if (cfg->max_arena_bytes_per_uid && mine > cfg->max_arena_bytes_per_uid) {
+		snprintf(whose, sizeof whose, "uid %u's", (unsigned)s->uid);
+		limit_refusal(why, len, doing, whose, "arena bytes", mine, "max_arena_bytes_per_uid",
+			       cfg->max_arena_bytes_per_uid, 1);
+		return 1;
+	}
+	if (cfg->max_total_arena_bytes && total > cfg->max_total_arena_bytes) {
+		limit_refusal(why, len, doing, "all sessions'", "arena bytes", total,
+			       "max_total_arena_bytes", cfg->max_total_arena_bytes, 1);
+		return 1;
+	}
+	return 0;
+}
+
 static void handle_open_ring(struct radiance_session *s, uint64_t tag, const Radiance__OpenRing *o)
 {
 	const struct radiance_config *cfg = s->server->cfg;
@@ -591,6 +625,11 @@ static void handle_open_ring(struct radiance_session *s, uint64_t tag, const Rad
 		return;
 	}
 	arena = align_up(arena, RADIANCE_SHM_ALIGN);
+	char why[512];
+	if (arena_over_limit(s, arena, why, sizeof why)) {
+		send_error(s, tag, EDQUOT, "%s", why);
+		return;
+	}
 	uint64_t sq_off = RADIANCE_SHM_HEADER_BYTES;
 	uint64_t cq_off = sq_off + align_up((uint64_t)sq * RADIANCE_SLOT_BYTES, RADIANCE_SHM_ALIGN);
 	uint64_t arena_off = cq_off + align_up((uint64_t)cq * RADIANCE_SLOT_BYTES, RADIANCE_SHM_ALIGN);

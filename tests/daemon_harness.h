@@ -288,6 +288,19 @@ static inline int h_daemon_alive(struct h_daemon *d)
 	return 1;
 }
 
+/* A test's teardown: the daemon it leaves must still run and exit 0 on
+ * SIGTERM. 0, or -1 saying which it did not. */
+static inline int h_daemon_stop_clean(struct h_daemon *d)
+{
+	int alive = h_daemon_alive(d);
+	int st = h_daemon_stop(d);
+	if (!alive || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+		fprintf(stderr, "daemon %s; exit status 0x%x\n", alive ? "alive" : "had died", st);
+		return -1;
+	}
+	return 0;
+}
+
 static inline int h_count_fds(pid_t pid)
 {
 	char path[64];

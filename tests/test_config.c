@@ -18,6 +18,7 @@
 #include <cmocka.h>
 
 #include "config.h"
+#include "limit.h"
 #include "log.h"
 
 static char tmpdir[64];
@@ -541,6 +542,55 @@ static void test_device_unset(void **state)
 	config_finish(&cfg);
 }
 
+/* docs/daemon.md "Limits": auto derives from the memory the daemon may
+ * use and from max_sessions; a per-uid auto follows its total; 0 is no
+ * limit; an arena limit below arena_bytes is refused, naming both. */
+static void test_limits(void **state)
+{
+	struct radiance_config cfg;
+	char err[512];
+	const char *from;
+	uint64_t mem = limit_memory_bytes(&from);
+	assert_true(mem > 0);
+	assert_int_equal(load(&cfg, err, sizeof err, "--no-config", NULL), 0);
+	assert_int_equal(cfg.memory_bytes, mem);
+	assert_int_equal(cfg.max_model_bytes, mem / 4 * 3);
+	assert_int_equal(cfg.max_model_bytes_per_uid, mem / 4 * 3);
+	/* never below arena_bytes, or a default OpenRing could not succeed */
+	assert_int_equal(cfg.max_total_arena_bytes,
+			 mem / 4 > cfg.arena_bytes ? mem / 4 : cfg.arena_bytes);
+	assert_int_equal(cfg.max_sessions_per_uid, 64);
+	config_finish(&cfg);
+
+	assert_int_equal(load(&cfg, err, sizeof err, "--no-config", "--max-model-bytes", "8G",
+			      "--max-sessions", "9", "--max-total-arena-bytes", "0", NULL), 0);
+	assert_int_equal(cfg.max_model_bytes, 8ull << 30);
+	assert_int_equal(cfg.max_model_bytes_per_uid, 8ull << 30);
+	assert_int_equal(cfg.max_total_arena_bytes, 0);
+	assert_int_equal(cfg.max_arena_bytes_per_uid, 0);
+	assert_int_equal(cfg.max_sessions_per_uid, 9);
+	config_finish(&cfg);
+
+	const char *path = write_file("limits.conf", "max_model_bytes = 0\n"
+						     "max_model_bytes_per_uid = auto\n"
+						     "max-sessions-per-uid = 0\n"
+						     "max_arena_bytes_per_uid = 128M\n");
+	assert_int_equal(load(&cfg, err, sizeof err, "--config", path, NULL), 0);
+	assert_int_equal(cfg.max_model_bytes, 0);
+	assert_int_equal(cfg.max_model_bytes_per_uid, 0);
+	assert_int_equal(cfg.max_sessions_per_uid, 0);
+	assert_int_equal(cfg.max_arena_bytes_per_uid, 128ull << 20);
+	config_finish(&cfg);
+
+	expect_error(-EINVAL, "--max-model-bytes", "'lots'", "--no-config", "--max-model-bytes",
+		     "lots", NULL);
+	expect_error(-EINVAL, "--max-sessions-per-uid", "'2K'", "--no-config",
+		     "--max-sessions-per-uid", "2K", NULL);
+	expect_error(-EINVAL, "max_arena_bytes_per_uid 1048576 (--max-arena-bytes-per-uid)",
+		     "arena_bytes 67108864 (default)", "--no-config", "--max-arena-bytes-per-uid",
+		     "1M", NULL);
+}
+
 int main(void)
 {
 	radiance_log_init(RADIANCE_LOG_ERROR);
@@ -562,6 +612,7 @@ int main(void)
 		cmocka_unit_test(test_duplicate_key),
 		cmocka_unit_test(test_byte_suffixes),
 		cmocka_unit_test(test_device_unset),
+		cmocka_unit_test(test_limits),
 	};
 	return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -10,7 +10,9 @@
  */
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -71,14 +73,8 @@ static int start_preload(void **state)
 
 static int stop(void **state)
 {
-	int alive = h_daemon_alive(&daemon_);
-	int st = h_daemon_stop(&daemon_);
 	/* every test leaves a daemon that still runs and exits cleanly */
-	if (!alive || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-		fprintf(stderr, "daemon %s; exit status 0x%x\n", alive ? "alive" : "had died", st);
-		return -1;
-	}
-	return 0;
+	return h_daemon_stop_clean(&daemon_);
 }
 
 static struct radiance *connect_named(const char *name)
@@ -760,6 +756,180 @@ static void daemon_death_ends_waits(void **state)
 	radiance_disconnect(r);
 }
 
+/* --- one handle, two threads ------------------------------------------------ */
+
+/* Hanging is what used to happen (both threads blocked in radiance_linear
+ * for ever): bound the test, and leave no daemon behind if it hangs. */
+static void on_alarm(int sig)
+{
+	static const char msg[] = "test_daemon: a call on one handle from two threads hung "
+				  "(SIGALRM after 120 s)\n";
+	if (write(2, msg, sizeof msg - 1) < 0) {
+		/* nothing more to do in a signal handler */
+	}
+	if (daemon_.pid > 0)
+		kill(daemon_.pid, SIGKILL);
+	_exit(1);
+}
+
+static void bound_test(unsigned seconds)
+{
+	signal(SIGALRM, on_alarm);
+	alarm(seconds);
+}
+
+#define BUSY_RULE "radiance handle used by two threads at once: a handle is not thread-safe; " \
+		  "use one per thread or lock"
+
+struct in_use {
+	struct radiance *r;
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	int loading, tried;
+	int list_rc, linear_rc, alloc_errno;
+	char list_msg[256];
+};
+
+/* The first progress report: the loader's thread is inside
+ * radiance_load_model; hold it there until the other thread has tried. */
+static void progress_waits(void *user, uint64_t done, uint64_t total)
+{
+	struct in_use *u = user;
+	pthread_mutex_lock(&u->lock);
+	if (!u->loading) {
+		u->loading = 1;
+		pthread_cond_broadcast(&u->cond);
+		while (!u->tried)
+			pthread_cond_wait(&u->cond, &u->lock);
+	}
+	pthread_mutex_unlock(&u->lock);
+}
+
+static void *try_while_loading(void *arg)
+{
+	struct in_use *u = arg;
+	pthread_mutex_lock(&u->lock);
+	while (!u->loading)
+		pthread_cond_wait(&u->cond, &u->lock);
+	pthread_mutex_unlock(&u->lock);
+	struct radiance_model_list *l = NULL;
+	u->list_rc = radiance_list_models(u->r, &l);
+	snprintf(u->list_msg, sizeof u->list_msg, "%s", radiance_error_message(u->r));
+	radiance_model_list_free(l);
+	uint16_t x[384] = { 0 }, y[384];
+	u->linear_rc = radiance_linear(u->r, 1, 0, 1, RADIANCE_BF16, x, y);
+	errno = 0;
+	if (!radiance_arena_alloc(u->r, 64))
+		u->alloc_errno = errno;
+	pthread_mutex_lock(&u->lock);
+	u->tried = 1;
+	pthread_cond_broadcast(&u->cond);
+	pthread_mutex_unlock(&u->lock);
+	return NULL;
+}
+
+/* A call made while another thread is inside one on the same handle fails
+ * at once with -EBUSY and the rule, touching nothing; the handle goes on
+ * working for the thread that had it. */
+static void handle_in_use_is_ebusy(void **state)
+{
+	bound_test(120);
+	struct in_use u = { .r = connect_named("two-threads") };
+	assert_non_null(u.r);
+	pthread_mutex_init(&u.lock, NULL);
+	pthread_cond_init(&u.cond, NULL);
+	pthread_t t;
+	assert_int_equal(pthread_create(&t, NULL, try_while_loading, &u), 0);
+	struct radiance_load_options lo = RADIANCE_LOAD_OPTIONS_INIT;
+	lo.progress = progress_waits;
+	lo.progress_user = &u;
+	uint32_t id;
+	int rc = radiance_load_model(u.r, ckpt, &lo, &id);
+	pthread_mutex_lock(&u.lock);
+	u.loading = 1;   /* a load without progress reports would leave it waiting */
+	pthread_cond_broadcast(&u.cond);
+	pthread_mutex_unlock(&u.lock);
+	assert_int_equal(pthread_join(t, NULL), 0);
+	assert_int_equal(rc, 0);
+	assert_int_equal(u.list_rc, -EBUSY);
+	if (!strstr(u.list_msg, "radiance_list_models: " BUSY_RULE))
+		fail_msg("message: %s", u.list_msg);
+	assert_int_equal(u.linear_rc, -EBUSY);
+	assert_int_equal(u.alloc_errno, EBUSY);
+	assert_int_equal(radiance_get_error(u.r), 0);
+	const struct h_layer *hl = h_ref_find(&ref, "encoder.layer.0.attention.self.query");
+	assert_int_equal(h_check_layer(u.r, id, hl, RADIANCE_BF16, NULL), 0);
+	radiance_disconnect(u.r);
+	pthread_cond_destroy(&u.cond);
+	pthread_mutex_destroy(&u.lock);
+	alarm(0);
+}
+
+struct hammer {
+	struct radiance *r;
+	uint32_t model_id;
+	const struct h_layer *hl;
+	int layer;
+	int ok, busy, bad;
+};
+
+/* radiance_linear until 20 calls succeeded; each returns 0 with results
+ * that match the reference, or -EBUSY with the rule. */
+static void *hammer(void *arg)
+{
+	struct hammer *h = arg;
+	size_t mn = (size_t)h->hl->m * h->hl->n;
+	uint16_t *y = malloc(mn * 2);
+	while (h->ok < 20 && h->bad == 0) {
+		int rc = radiance_linear(h->r, h->model_id, (uint32_t)h->layer, h->hl->m,
+					 RADIANCE_BF16, h->hl->x_bf16, y);
+		if (rc == 0 && h_compare_bf16(y, h->hl->ref_bf16, mn, NULL, NULL) == 0) {
+			h->ok++;
+		} else if (rc == -EBUSY && strstr(radiance_error_message(h->r), BUSY_RULE)) {
+			h->busy++;
+			h_sleep_ms(1);   /* let the other thread finish its call */
+		} else {
+			fprintf(stderr, "%s: rc %d: %s\n", h->hl->name, rc,
+				rc == 0 ? "wrong results" : radiance_strerror(rc));
+			h->bad++;
+		}
+	}
+	free(y);
+	return NULL;
+}
+
+static void two_threads_hammer_one_handle(void **state)
+{
+	bound_test(120);
+	struct radiance *r = connect_named("hammer");
+	uint32_t id;
+	assert_int_equal(radiance_load_model(r, ckpt, NULL, &id), 0);
+	const char *names[2] = { "encoder.layer.0.attention.self.query",
+				 "encoder.layer.2.intermediate.dense" };
+	struct hammer h[2];
+	pthread_t t[2];
+	for (int i = 0; i < 2; i++) {
+		h[i] = (struct hammer){ .r = r, .model_id = id, .hl = h_ref_find(&ref, names[i]) };
+		assert_non_null(h[i].hl);
+		h[i].layer = radiance_find_layer(radiance_held_model(r, id), names[i]);
+		assert_true(h[i].layer >= 0);
+	}
+	for (int i = 0; i < 2; i++)
+		assert_int_equal(pthread_create(&t[i], NULL, hammer, &h[i]), 0);
+	for (int i = 0; i < 2; i++)
+		assert_int_equal(pthread_join(t[i], NULL), 0);
+	fprintf(stderr, "two threads: %d+%d calls served, %d+%d refused with EBUSY\n", h[0].ok,
+		h[1].ok, h[0].busy, h[1].busy);
+	for (int i = 0; i < 2; i++) {
+		assert_int_equal(h[i].bad, 0);
+		assert_int_equal(h[i].ok, 20);
+	}
+	assert_int_equal(radiance_get_error(r), 0);
+	assert_int_equal(radiance_in_flight(r), 0);
+	radiance_disconnect(r);
+	alarm(0);
+}
+
 /* --- start-up: the socket's directory, a preload's name --------------------- */
 
 
@@ -864,6 +1034,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(no_leaks_over_many_sessions, start, stop),
 		cmocka_unit_test_setup_teardown(sigterm_exits_cleanly, start, stop_after_sigterm),
 		cmocka_unit_test_setup_teardown(daemon_death_ends_waits, start, stop_after_sigterm),
+		cmocka_unit_test_setup_teardown(handle_in_use_is_ebusy, start, stop),
+		cmocka_unit_test_setup_teardown(two_threads_hammer_one_handle, start, stop),
 		cmocka_unit_test(socket_directory),
 		cmocka_unit_test(preload_name_with_control_character),
 	};

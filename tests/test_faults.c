@@ -1030,6 +1030,34 @@ static void handle_misuse(void **state)
 
 /* --- a client killed mid-stream ------------------------------------------- */
 
+/* A client that closes its socket with replies it never read: the kernel
+ * resets the daemon's end (ECONNRESET, which uv_poll reports as a "bad file
+ * descriptor"), or the daemon's next send finds it gone (EPIPE). The log
+ * says what happened, once, not "poll: bad file descriptor". */
+static void client_gone_with_unread_replies(void **state)
+{
+	struct raw w;
+	assert_int_equal(raw_open_at(&w, daemon_.socket), 0);
+	raw_send_hello(&w, RADIANCE_PROTOCOL_VERSION, "leaves-unread", NULL, 0);
+	for (int i = 0; i < 8; i++)
+		raw_send_list_models(&w, NULL, 0);
+	/* wait until replies are there to be left unread */
+	struct pollfd p = { .fd = w.conn.fd, .events = POLLIN };
+	assert_int_equal(poll(&p, 1, 10000), 1);
+	h_sleep_ms(50);
+	raw_close(&w);
+	int n = 0;
+	for (int i = 0; i < 500 && (n = h_count_lines(daemon_.log, "client went away with")) == 0; i++)
+		h_sleep_ms(10);
+	if (n != 1)
+		h_daemon_dump_log(&daemon_);
+	assert_int_equal(n, 1);
+	assert_int_equal(h_count_lines(daemon_.log, "'leaves-unread'): closing: client went away "
+				       "with"), 1);
+	assert_int_equal(h_count_lines(daemon_.log, "bad file descriptor"), 0);
+	assert_int_equal(h_count_lines(daemon_.log, "send failed"), 0);
+}
+
 static void sigkill_client_mid_stream(void **state)
 {
 	/* victim: keeps the SQ full of requests until it is killed */
@@ -1270,6 +1298,7 @@ int main(void)
 		T(header_scribbled),
 		T(cq_doorbell_cannot_block_the_daemon),
 		T(handle_misuse),
+		T(client_gone_with_unread_replies),
 		T(sigkill_client_mid_stream),
 		T(sigkill_client_while_loading),
 		T(checkpoint_shrinks_while_loading),

@@ -386,7 +386,9 @@ static void soft_fd_limit_raised(void **state)
 static void hello_timeout(void **state)
 {
 	struct h_daemon *d = &da;
-	const char *const extra[] = { "--max-sessions", "4", "--hello-timeout-ms", "300", NULL };
+	/* one uid takes every slot: no per-uid limit below max_sessions */
+	const char *const extra[] = { "--max-sessions", "4", "--max-sessions-per-uid", "0",
+				      "--hello-timeout-ms", "300", NULL };
 	assert_int_equal(h_daemon_start_argv(d, extra), 0);
 	settle();
 	double t0 = h_now();
@@ -869,14 +871,15 @@ static void help_names_byte_suffixes(void **state)
 	assert_non_null(p);
 	int bytes_opts = 0, suffixes = 0;
 	while (fgets(line, sizeof line, p)) {
-		if (strstr(line, "-bytes BYTES"))
+		if (strstr(line, " BYTES "))   /* an option's argument */
 			bytes_opts++;
 		if (strstr(line, "BYTES") && strstr(line, "K, M, G or T") &&
 		    strstr(line, "powers of 1024"))
 			suffixes++;
 	}
 	assert_int_equal(pclose(p), 0);
-	assert_int_equal(bytes_opts, 2);
+	/* arena_bytes, max_arena_bytes and the four byte limits */
+	assert_int_equal(bytes_opts, 6);
 	assert_int_equal(suffixes, 1);
 }
 

@@ -267,7 +267,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		.global_stats = &srv.stats,
 	};
 	FUZZ_CHECK(executor_create(&loop, &eo, &srv.exec, err, sizeof err) == 0);
-	FUZZ_CHECK(registry_create(&loop, srv.exec, &srv.reg) == 0);
+	FUZZ_CHECK(registry_create(&loop, srv.exec, NULL, &srv.reg) == 0);
 
 	int sv[2];
 	FUZZ_CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv) == 0);
