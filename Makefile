@@ -73,7 +73,9 @@ GPU_DEFS  := -DRADIANCE_GPU=1 -DRADIANCE_GPU_CUDA=1 -I$(CUDA_HOME)/include
 # The CUDA runtime links statically (nvcc's default); cuBLAS too where the
 # toolkit ships its static libraries, else the shared libcublas.so.13.
 CUBLAS_LIBS := $(if $(wildcard $(CUDA_HOME)/lib64/libcublas_static.a),-lcublas_static -lcublasLt_static -lculibos,-lcublas -lcublasLt)
-GPU_LIBS  := -L$(CUDA_HOME)/lib64 $(CUBLAS_LIBS) -lcudart_static -lrt -ldl -lpthread -lstdc++
+# -lcuda: the driver API for VMM (kernels/gpu_share.hip); linked against the
+# toolkit's stub, the driver's libcuda.so.1 is what runs.
+GPU_LIBS  := -L$(CUDA_HOME)/lib64 $(CUBLAS_LIBS) -lcudart_static -L$(CUDA_HOME)/lib64/stubs -lcuda -lrt -ldl -lpthread -lstdc++
 GPU_CXX    = $(NVCC) -x cu -std=c++17 -O3 $(CUDA_GENCODE) -Xcompiler -fPIC -Ikernels -Idaemon -DRADIANCE_GPU_CUDA=1
 else ifeq ($(GPU),hip)
 HIPCC     ?= $(firstword $(wildcard /opt/rocm/bin/hipcc) hipcc)
