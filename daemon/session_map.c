@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "log.h"
 #include "map.h"
@@ -118,9 +119,35 @@ static int mapping_send(struct radiance_session *s, uint64_t tag, const struct r
 	return 0;
 }
 
+/* A mapping process can read the weights and, with a read-write import
+ * (the driver lets the importer choose its access), change them for every
+ * session: measured on the H200, bench/results/mapped-2026-12-01.md. */
+static int may_map(const struct radiance_session *s, char *why, size_t len)
+{
+	switch (s->server->cfg->map_allow) {
+	case RADIANCE_MAP_ALLOW_ALL:
+		return 1;
+	case RADIANCE_MAP_ALLOW_NONE:
+		snprintf(why, len, "mapping is off in this daemon (map_allow none)");
+		return 0;
+	default:
+		if (s->uid == 0 || s->uid == geteuid())
+			return 1;
+		snprintf(why, len, "only root%s may map models (map_allow owner; peer uid %u): a mapping "
+			 "process could change the weights other sessions use, see docs/mapped.md",
+			 geteuid() ? " and the daemon's user" : "", (unsigned)s->uid);
+		return 0;
+	}
+}
+
 void session_handle_map(struct radiance_session *s, uint64_t tag, const Radiance__MapModel *mm)
 {
 	const struct radiance_backend_info *bi = executor_backend_info(s->server->exec);
+	char why[256];
+	if (!may_map(s, why, sizeof why)) {
+		session_reply_error(s, tag, EPERM, "%s", why);
+		return;
+	}
 	struct radiance_resident *res = held_model(s, mm->model_id);
 	if (!res) {
 		session_reply_error(s, tag, ENOENT, "model_id %u is not loaded by this session (load or "

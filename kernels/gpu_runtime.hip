@@ -245,6 +245,39 @@ extern "C" int radiance__gpu_event_elapsed(void *start, void *end, float *ms)
 	return 0;
 }
 
+extern "C" int radiance__gpu_graph_begin(void *stream)
+{
+	/* relaxed: the first launch of a kernel sets its attributes, which a
+	 * global-mode capture would refuse */
+	CHECK("begin capture", hipStreamBeginCapture((hipStream_t)stream, hipStreamCaptureModeRelaxed));
+	return 0;
+}
+
+extern "C" int radiance__gpu_graph_end(void *stream, void **exec)
+{
+	hipGraph_t graph;
+	hipGraphExec_t e;
+	CHECK("end capture", hipStreamEndCapture((hipStream_t)stream, &graph));
+	hipError_t err = hipGraphInstantiateWithFlags(&e, graph, 0);
+	(void)hipGraphDestroy(graph);
+	if (err != hipSuccess)
+		return fail("graph instantiate", err);
+	*exec = (void *)e;
+	return 0;
+}
+
+extern "C" int radiance__gpu_graph_launch(void *exec, void *stream)
+{
+	CHECK("graph launch", hipGraphLaunch((hipGraphExec_t)exec, (hipStream_t)stream));
+	return 0;
+}
+
+extern "C" void radiance__gpu_graph_destroy(void *exec)
+{
+	if (exec)
+		(void)hipGraphExecDestroy((hipGraphExec_t)exec);
+}
+
 /* The ceiling for a bandwidth-bound kernel: every thread keeps four 16-byte
  * streaming loads in flight over a grid-stride loop; the xor keeps them live. */
 __global__ void __launch_bounds__(256) rad_read_probe(const rad_u4 *buf, size_t n16, uint32_t nblocks,

@@ -61,6 +61,12 @@ void radiance__gpu_event_destroy(void *ev);
 int radiance__gpu_event_record(void *ev, void *stream);
 /* Milliseconds between two recorded events (waits for `end`). */
 int radiance__gpu_event_elapsed(void *start, void *end, float *ms);
+/* Stream capture into a graph (tests and bench: a layer call must be
+ * capturable): begin (relaxed mode), end and instantiate, launch, free. */
+int radiance__gpu_graph_begin(void *stream);
+int radiance__gpu_graph_end(void *stream, void **exec);
+int radiance__gpu_graph_launch(void *exec, void *stream);
+void radiance__gpu_graph_destroy(void *exec);
 /* Last error of an asynchronous launch (0 or -EIO). */
 int radiance__gpu_check_launch(const char *what);
 /* The calling thread's current device, and making one current (the CUDA

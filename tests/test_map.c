@@ -12,6 +12,8 @@
  *     second map needs one unmap; a session that ends while mapping drops
  *     its reference (another session's keeps the model; the last one's
  *     release unloads it) and the fd it took stays readable;
+ *   - who may map (map_allow): owner (the default) refuses another uid with
+ *     EPERM, all lets it map, none refuses everybody;
  *   - an older daemon (a fake one whose Welcome has no map_layout_version)
  *     gets no MapModel at all: the library answers ENOTSUP itself.
  * The GPU half (import, kernels on mapped memory) is tests/test_gpu_map.c.
@@ -25,7 +27,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <grp.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -54,6 +58,26 @@ static int start_fake_share(void **state)
 	int rc = h_daemon_start(&daemon_);
 	unsetenv("RADIANCE_FAKE_SHARE");
 	return rc;
+}
+
+static int start_fake_share_with(const char *allow)
+{
+	h_path(ckpt, sizeof ckpt, H_CHECKPOINT);
+	const char *const args[] = { "--map-allow", allow, NULL };
+	setenv("RADIANCE_FAKE_SHARE", "1", 1);
+	int rc = h_daemon_start_argv(&daemon_, args);
+	unsetenv("RADIANCE_FAKE_SHARE");
+	return rc;
+}
+
+static int start_allow_all(void **state)
+{
+	return start_fake_share_with("all");
+}
+
+static int start_allow_none(void **state)
+{
+	return start_fake_share_with("none");
 }
 
 static int stop(void **state)
@@ -355,6 +379,86 @@ static void fake_share_lifetime(void **state)
 	radiance_disconnect(b);
 }
 
+/* ---- who may map ------------------------------------------------------------- */
+
+/* In a child running as uid 65534: attach to the resident model by name and
+ * map it. Exit 0 when radiance_map_model returned `want` (and, for 0, an fd
+ * came), else 1. */
+static int map_as_nobody(int want, const char *says)
+{
+	if (geteuid() != 0)
+		return -1;
+	/* let uid 65534 reach the socket (the daemon, as root, allows it) */
+	assert_int_equal(chmod(daemon_.dir, 0711), 0);
+	assert_int_equal(chmod(daemon_.socket, 0666), 0);
+	fflush(NULL);
+	pid_t pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		if (setgroups(0, NULL) < 0 || setresgid(65534, 65534, 65534) < 0 ||
+		    setresuid(65534, 65534, 65534) < 0)
+			_exit(2);
+		struct radiance *r = radiance_connect(daemon_.socket, NULL);
+		uint32_t id;
+		if (!r || radiance_attach_model(r, H_CHECKPOINT, &id) < 0)
+			_exit(3);
+		struct radiance_mapping *m = NULL;
+		int rc = radiance_map_model(r, id, RADIANCE_MAP_LAYOUT_VERSION, &m);
+		fprintf(stderr, "uid 65534: map: %d %s\n", rc, rc ? radiance_error_message(r) : "");
+		int ok = rc == want && (rc || (m && m->fd >= 0)) &&
+			 (!says || strstr(radiance_error_message(r), says));
+		radiance_mapping_free(m);
+		radiance_disconnect(r);
+		_exit(ok ? 0 : 1);
+	}
+	int st;
+	assert_int_equal(waitpid(pid, &st, 0), pid);
+	assert_true(WIFEXITED(st));
+	return WEXITSTATUS(st);
+}
+
+static void allow_owner(void **state)
+{
+	uint32_t id;
+	struct radiance *r = connect_load(&id);   /* keeps the model resident */
+	int rc = map_as_nobody(-EPERM, "map_allow owner");
+	if (rc < 0) {
+		radiance_disconnect(r);
+		printf("# allow_owner: needs root to run a client as uid 65534: skipped\n");
+		skip();
+	}
+	assert_int_equal(rc, 0);
+	/* this session's uid is the daemon's: it may */
+	struct radiance_mapping *m = NULL;
+	assert_int_equal(radiance_map_model(r, id, RADIANCE_MAP_LAYOUT_VERSION, &m), 0);
+	radiance_mapping_free(m);
+	radiance_disconnect(r);
+}
+
+static void allow_all(void **state)
+{
+	uint32_t id;
+	struct radiance *r = connect_load(&id);
+	int rc = map_as_nobody(0, NULL);
+	radiance_disconnect(r);
+	if (rc < 0) {
+		printf("# allow_all: needs root to run a client as uid 65534: skipped\n");
+		skip();
+	}
+	assert_int_equal(rc, 0);
+}
+
+static void allow_none(void **state)
+{
+	uint32_t id;
+	struct radiance *r = connect_load(&id);
+	struct radiance_mapping *m = NULL;
+	assert_int_equal(radiance_map_model(r, id, RADIANCE_MAP_LAYOUT_VERSION, &m), -EPERM);
+	assert_non_null(strstr(radiance_error_message(r), "map_allow none"));
+	assert_int_equal(radiance_get_error(r), 0);
+	radiance_disconnect(r);
+}
+
 /* ---- an older daemon ------------------------------------------------------- */
 
 /* Listens on path, answers one Hello with a Welcome that has no
@@ -444,6 +548,9 @@ int main(void)
 		cmocka_unit_test_setup_teardown(raw_layout_version, start_cpu, stop),
 		cmocka_unit_test_setup_teardown(fake_share_bytes, start_fake_share, stop),
 		cmocka_unit_test_setup_teardown(fake_share_lifetime, start_fake_share, stop),
+		cmocka_unit_test_setup_teardown(allow_owner, start_fake_share, stop),
+		cmocka_unit_test_setup_teardown(allow_all, start_allow_all, stop),
+		cmocka_unit_test_setup_teardown(allow_none, start_allow_none, stop),
 		cmocka_unit_test(old_daemon_never_asked),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
