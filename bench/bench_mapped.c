@@ -14,6 +14,7 @@
  *   bench_mapped rwprobe SOCKET DIR   can a session that maps a model change
  *                                     its weights for everybody? (imports the
  *                                     fd read-write and writes)
+ *   bench_mapped copyprobe SOCKET     small copies to and from a session arena
  *
  * The synthetic model (bench_w4a8.c's 27B hybrid): per block a linear-
  * attention input projection 16384x5120, a full-attention qkv 14336x5120,
@@ -464,8 +465,12 @@ static int run(const char *socket, const char *dir, const char *out)
 			snprintf(shape, sizeof shape, "%ux%u", shapes[s].n, shapes[s].k);
 			fprintf(csv, "%s,%s,call p50,%s,%u,2,%.2f,%.2f,%.2f\n", date, B.dev.name, shape, m, a.p50, b.p50, c.p50);
 			fprintf(csv, "%s,%s,call p99,%s,%u,2,%.2f,%.2f,%.2f\n", date, B.dev.name, shape, m, a.p99, b.p99, c.p99);
-			fprintf(csv, "%s,%s,rings part p50: x out / round trip / y in / in the daemon,%s,%u,2,,,%.2f / %.2f / %.2f / %.2f\n",
-				date, B.dev.name, shape, m, p_out, p_rt, p_in, p_d);
+			static const char *part[4] = {"x out (D2H + sync)", "submit to completion", "y in (H2D + sync)",
+						      "in the daemon (queue + exec)"};
+			const double pv[4] = {p_out, p_rt, p_in, p_d};
+			for (int pi = 0; pi < 4; pi++)
+				fprintf(csv, "%s,%s,rings part p50: %s,%s,%u,2,,,%.2f\n", date, B.dev.name, part[pi], shape, m,
+					pv[pi]);
 			printf("%-26s %-12s %3u %10.2f %10.2f %10.2f %+9.2f\n", "call p50 (wall, sync)", shape, m, a.p50,
 			       b.p50, c.p50, b.p50 - a.p50);
 			printf("%-26s %-12s %3u   rings: x out %.2f, round trip %.2f (daemon %.2f), y in %.2f\n",
@@ -583,8 +588,70 @@ static int rwprobe(const char *socket, const char *dir)
 	return 0;
 }
 
+/* ---- copyprobe: small copies to and from a session's arena ---- */
+
+static double copy_p50(void *dev, void *host, size_t bytes, int h2d, void *stream)
+{
+	double t[100];
+	for (int i = 0; i < 110; i++) {
+		const double t0 = now_us();
+		CHECK(h2d ? radiance__gpu_h2d_async(dev, host, bytes, stream) : radiance__gpu_d2h_async(host, dev, bytes, stream));
+		CHECK(radiance__gpu_stream_sync(stream));
+		if (i >= 10)
+			t[i - 10] = now_us() - t0;
+	}
+	return summarize(t, 100).p50;
+}
+
+/* The rings' y copies of 10240 bytes took ~150 us where 12288 took ~9:
+ * the same copies from a session's arena (at the bench's offsets and
+ * others), from malloc + register, and from cudaHostAlloc-like pinned
+ * memory, in this process alone. */
+static int copyprobe(const char *socket)
+{
+	struct radiance *r = connect_to(socket, 32u << 20);
+	uint8_t *a = radiance_arena_alloc(r, 4u << 20);
+	struct radiance_ring_info ri;
+	if (!a || radiance_get_ring_info(r, &ri) < 0)
+		DIE("arena: %s", radiance_error_message(r));
+	void *adev, *stream, *dev, *pdev;
+	CHECK(radiance__gpu_init(0, &(struct radiance__gpu_device){0}));
+	CHECK(radiance__gpu_stream_create(&stream));
+	CHECK(radiance__gpu_malloc(&dev, 1u << 20));
+	CHECK(radiance__gpu_host_register(ri.arena, ri.arena_bytes, &adev));
+	uint8_t *plain = aligned_alloc(4096, 4u << 20);
+	memset(plain, 1, 4u << 20);
+	CHECK(radiance__gpu_host_register(plain, 4u << 20, &pdev));
+	static const size_t sizes[] = {4096, 8192, 10240, 12288, 16384, 32768};
+	static const size_t offs[] = {0, 557056, 557056 + 64, 1u << 20};
+	printf("%-45s size:", "copyprobe (p50 us, copy + synchronize)");
+	for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+		printf(" %8zu", sizes[i]);
+	printf("\n");
+	for (int h2d = 0; h2d < 2; h2d++) {
+		for (size_t o = 0; o < sizeof offs / sizeof offs[0] + 1; o++) {
+			uint8_t *host = o < sizeof offs / sizeof offs[0] ? (uint8_t *)ri.arena + offs[o] : plain;
+			char label[64];
+			if (o < sizeof offs / sizeof offs[0])
+				snprintf(label, sizeof label, "%s session arena + %zu", h2d ? "H2D" : "D2H", offs[o]);
+			else
+				snprintf(label, sizeof label, "%s malloc + cudaHostRegister", h2d ? "H2D" : "D2H");
+			printf("%-50s", label);
+			for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+				printf(" %8.2f", copy_p50(dev, host, sizes[i], h2d, stream));
+			printf("\n");
+		}
+	}
+	radiance__gpu_host_unregister(plain);
+	radiance__gpu_host_unregister(ri.arena);
+	radiance_disconnect(r);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
+	if (argc == 3 && strcmp(argv[1], "copyprobe") == 0)
+		return copyprobe(argv[2]);
 	if (argc >= 3 && strcmp(argv[1], "gen") == 0)
 		return gen(argv[2], argc > 3 ? (uint32_t)atoi(argv[3]) : 16);
 	if (argc == 5 && strcmp(argv[1], "run") == 0)
@@ -594,7 +661,7 @@ int main(int argc, char **argv)
 	if (argc == 4 && strcmp(argv[1], "rwprobe") == 0)
 		return rwprobe(argv[2], argv[3]);
 	fprintf(stderr, "usage: bench_mapped gen DIR [BLOCKS] | run SOCKET DIR OUT | hold SOCKET DIR mapped|private "
-			"SECONDS | rwprobe SOCKET DIR\n");
+			"SECONDS | rwprobe SOCKET DIR | copyprobe SOCKET\n");
 	return 2;
 }
 

@@ -12,7 +12,7 @@
 #      map the model, with 4 that each hold a private copy;
 #   4. rwprobe: can a mapping session change the weights others use?
 # Files in $OUT: test_gpu_map.log test_gpu.log bench.log mapped.csv mem.txt
-# daemon.log summary.txt. SKIP_TESTS=1, SKIP_TEST_GPU=1, SKIP_MEM=1, BLOCKS=16.
+# daemon.log summary.txt. SKIP_TESTS=1, SKIP_TEST_GPU=1, SKIP_RUN=1, SKIP_MEM=1, COPYPROBE=1, BLOCKS=16.
 set -u
 OUT=${OUT:-device-out}
 B=${BUILD:-build-cuda}
@@ -50,9 +50,11 @@ before=$(smi)
 	>"$OUT/daemon.log" 2>&1 &
 DPID=$!
 for i in $(seq 100); do [ -S "$SOCK" ] && break; sleep 0.1; done
-timeout 300 "$B/bench/bench_mapped" run "$SOCK" "$D" "$OUT/mapped" >"$OUT/bench.log" 2>&1
-echo "bench run exit $?" | tee -a "$S"
-cat "$OUT/bench.log" | tee -a "$S"
+if [ -z "${SKIP_RUN:-}" ]; then
+	timeout 300 "$B/bench/bench_mapped" run "$SOCK" "$D" "$OUT/mapped" >"$OUT/bench.log" 2>&1
+	echo "bench run exit $?" | tee -a "$S"
+	cat "$OUT/bench.log" | tee -a "$S"
+fi
 
 # memory: the daemon holds the model (preloaded); SKIP_MEM=1 skips this
 [ -z "${SKIP_MEM:-}" ] && {
@@ -80,6 +82,7 @@ cat "$OUT/bench.log" | tee -a "$S"
 } >"$OUT/mem.txt" 2>&1
 [ -f "$OUT/mem.txt" ] && cat "$OUT/mem.txt" | tee -a "$S"
 
+[ -n "${COPYPROBE:-}" ] && timeout 60 "$B/bench/bench_mapped" copyprobe "$SOCK" 2>&1 | tee -a "$S"
 timeout 60 "$B/bench/bench_mapped" rwprobe "$SOCK" "$DATA/minilm-w4g128" 2>&1 | tee -a "$S"
 kill "$DPID"
 wait "$DPID"

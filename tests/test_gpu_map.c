@@ -447,6 +447,7 @@ static int write_probe(const char *socket, const char *dir)
 	fprintf(stderr, "write probe: memset on the mapped weights: %s\n", rc ? radiance__gpu_last_error() : "succeeded");
 	if (rc == 0)
 		_exit(1);
+	radiance__gpu_check_launch("the memset's error");   /* taken: the kernel's own comes next */
 	void *x;
 	uint16_t ones[384];
 	for (int i = 0; i < 384; i++)
