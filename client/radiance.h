@@ -489,7 +489,7 @@ struct radiance_mapping {
  *
  * From then on the session counts as mapping the model: the daemon keeps it
  * resident, and radiance_release_model() of it fails with -EBUSY until
- * radiance_unmap_model(). Whoever has the fd (or the IPC handle) can read
+ * radiance_unmap_model() (one per radiance_map_model of the model). Whoever has the fd (or the IPC handle) can read
  * the model's weights; docs/mapped.md has the security model. The reply is
  * checked: every layer of the held model, within the allocation, aligned.
  * *out is allocated; free it with radiance_mapping_free().
@@ -506,8 +506,8 @@ struct radiance_mapping {
 int radiance_map_model(struct radiance *r, uint32_t model_id, uint32_t layout_version,
 		       struct radiance_mapping **out);
 
-/* Tells the daemon this session no longer uses its mapping of model_id
- * (call it after unmapping it in this process). Returns 0, -ENOENT (not
+/* Tells the daemon this session no longer uses one of its mappings of
+ * model_id (call it after unmapping it in this process). Returns 0, -ENOENT (not
  * mapped by this session), or a sticky error. */
 int radiance_unmap_model(struct radiance *r, uint32_t model_id);
 

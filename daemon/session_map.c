@@ -15,32 +15,45 @@
 
 void session_maps_finish(struct session_maps *m)
 {
-	free(m->model_ids);
+	free(m->v);
 	memset(m, 0, sizeof *m);
+}
+
+static struct session_map *maps_find(const struct session_maps *m, uint32_t model_id)
+{
+	for (size_t i = 0; i < m->n; i++)
+		if (m->v[i].model_id == model_id)
+			return &m->v[i];
+	return NULL;
 }
 
 int session_maps_has(const struct session_maps *m, uint32_t model_id)
 {
-	for (size_t i = 0; i < m->n; i++)
-		if (m->model_ids[i] == model_id)
-			return 1;
+	return maps_find(m, model_id) != NULL;
+}
+
+/* Room for one more model, so that recording a mapping after its reply is
+ * queued cannot fail. */
+static int maps_reserve(struct session_maps *m)
+{
+	if (m->n < m->cap)
+		return 0;
+	size_t cap = m->cap ? 2 * m->cap : 4;
+	struct session_map *v = realloc(m->v, cap * sizeof *v);
+	if (!v)
+		return -ENOMEM;
+	m->v = v;
+	m->cap = cap;
 	return 0;
 }
 
-static int maps_add(struct session_maps *m, uint32_t model_id)
+static void maps_add(struct session_maps *m, uint32_t model_id)
 {
-	if (session_maps_has(m, model_id))
-		return 0;
-	if (m->n == m->cap) {
-		size_t cap = m->cap ? 2 * m->cap : 4;
-		uint32_t *v = realloc(m->model_ids, cap * sizeof *v);
-		if (!v)
-			return -ENOMEM;
-		m->model_ids = v;
-		m->cap = cap;
-	}
-	m->model_ids[m->n++] = model_id;
-	return 0;
+	struct session_map *e = maps_find(m, model_id);
+	if (e)
+		e->count++;
+	else
+		m->v[m->n++] = (struct session_map){ model_id, 1 };
 }
 
 static struct radiance_resident *held_model(struct radiance_session *s, uint32_t model_id)
@@ -143,7 +156,7 @@ static int may_map(const struct radiance_session *s, char *why, size_t len)
 void session_handle_map(struct radiance_session *s, uint64_t tag, const Radiance__MapModel *mm)
 {
 	const struct radiance_backend_info *bi = executor_backend_info(s->server->exec);
-	char why[256];
+	char why[320];
 	if (!may_map(s, why, sizeof why)) {
 		session_reply_error(s, tag, EPERM, "%s", why);
 		return;
@@ -168,25 +181,30 @@ void session_handle_map(struct radiance_session *s, uint64_t tag, const Radiance
 				    bi->share_why[0] ? bi->share_why : bi->share);
 		return;
 	}
-	if (maps_add(&s->maps, res->em.id) < 0 || mapping_send(s, tag, res, sh) < 0) {
+	if (maps_reserve(&s->maps) < 0 || mapping_send(s, tag, res, sh) < 0) {
 		session_reply_error(s, tag, ENOMEM, "out of memory describing the mapping of model %u",
 				    res->em.id);
 		return;
 	}
-	log_info("session %llu: maps model %u '%s' (%s, %llu bytes)", (unsigned long long)s->id,
-		 res->em.id, res->name, bi->share, (unsigned long long)sh->bytes);
+	maps_add(&s->maps, res->em.id);
+	log_info("session %llu: maps model %u '%s' (%s, %llu bytes, %u mappings)", (unsigned long long)s->id,
+		 res->em.id, res->name, bi->share, (unsigned long long)sh->bytes,
+		 maps_find(&s->maps, res->em.id)->count);
 }
 
 void session_handle_unmap(struct radiance_session *s, uint64_t tag, const Radiance__UnmapModel *um)
 {
 	struct session_maps *m = &s->maps;
-	for (size_t i = 0; i < m->n; i++) {
-		if (m->model_ids[i] == um->model_id) {
-			m->model_ids[i] = m->model_ids[--m->n];
-			log_info("session %llu: unmaps model %u", (unsigned long long)s->id, um->model_id);
-			session_reply_ok(s, tag);
-			return;
-		}
+	struct session_map *e = maps_find(m, um->model_id);
+	if (!e) {
+		session_reply_error(s, tag, ENOENT, "model_id %u is not mapped by this session",
+				    um->model_id);
+		return;
 	}
-	session_reply_error(s, tag, ENOENT, "model_id %u is not mapped by this session", um->model_id);
+	uint32_t left = --e->count;
+	if (!left)
+		*e = m->v[--m->n];
+	log_info("session %llu: unmaps model %u (%u mappings left)", (unsigned long long)s->id, um->model_id,
+		 left);
+	session_reply_ok(s, tag);
 }

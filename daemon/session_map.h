@@ -6,8 +6,9 @@
  * layout of its layers inside it. The session must already hold the model
  * (LoadModel/AttachModel): that reference is what keeps the daemon's copy
  * alive, so while a model is mapped the session may not release it
- * (ReleaseModel answers EBUSY until UnmapModel); closing the session drops
- * both. What a client process still has mapped after that stays alive on
+ * (ReleaseModel answers EBUSY until as many UnmapModel as there were
+ * MapModel, so that two mappings in one process are each undone on their
+ * own); closing the session drops both. What a client process still has mapped after that stays alive on
  * its own (VMM memory is reference-counted by the driver), outside the
  * daemon's accounting.
  *
@@ -23,8 +24,13 @@
 
 struct radiance_session;
 
+struct session_map {
+	uint32_t model_id;
+	uint32_t count;           /* MapModels not yet undone by an UnmapModel */
+};
+
 struct session_maps {
-	uint32_t *model_ids;      /* models this session has mapped, each once */
+	struct session_map *v;    /* models this session maps, each once */
 	size_t n, cap;
 };
 

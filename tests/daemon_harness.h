@@ -288,6 +288,19 @@ static inline int h_daemon_alive(struct h_daemon *d)
 	return 1;
 }
 
+/* A fixture's teardown: the daemon must still run and then exit 0 on
+ * SIGTERM (h_daemon_stop). 0, or -1 after saying what went wrong. */
+static inline int h_daemon_stop_ok(struct h_daemon *d)
+{
+	int alive = h_daemon_alive(d);
+	int st = h_daemon_stop(d);
+	if (!alive || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+		fprintf(stderr, "daemon %s; exit status 0x%x\n", alive ? "alive" : "had died", st);
+		return -1;
+	}
+	return 0;
+}
+
 static inline int h_count_fds(pid_t pid)
 {
 	char path[64];

@@ -178,13 +178,7 @@ static int stop(void **state)
 {
 	if (!have_gpu)
 		return 0;
-	int alive = h_daemon_alive(&daemon_);
-	int st = h_daemon_stop(&daemon_);
-	if (!alive || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-		fprintf(stderr, "daemon %s; exit status 0x%x\n", alive ? "alive" : "had died", st);
-		return -1;
-	}
-	return 0;
+	return h_daemon_stop_ok(&daemon_);
 }
 
 #define NEED_GPU()             \

@@ -8,8 +8,8 @@
  *     is sealed against writes, and holds every layer's canonical arrays at
  *     the offsets the reply names, byte for byte against the checkpoint
  *     loaded here;
- *   - lifetime: release of a mapped model is EBUSY until UnmapModel; a
- *     second map needs one unmap; a session that ends while mapping drops
+ *   - lifetime: release of a mapped model is EBUSY until UnmapModel; each
+ *     map needs its own unmap; a session that ends while mapping drops
  *     its reference (another session's keeps the model; the last one's
  *     release unloads it) and the fd it took stays readable;
  *   - who may map (map_allow): owner (the default) refuses another uid with
@@ -82,13 +82,7 @@ static int start_allow_none(void **state)
 
 static int stop(void **state)
 {
-	int alive = h_daemon_alive(&daemon_);
-	int st = h_daemon_stop(&daemon_);
-	if (!alive || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-		fprintf(stderr, "daemon %s; exit status 0x%x\n", alive ? "alive" : "had died", st);
-		return -1;
-	}
-	return 0;
+	return h_daemon_stop_ok(&daemon_);
 }
 
 static struct radiance *connect_load(uint32_t *id)
@@ -128,6 +122,30 @@ static void cpu_refuses(void **state)
 }
 
 /* The same refusals as the daemon sends them, with no library in between. */
+/* Sends MapModel(model_id, version) raw; the reply must be Error(code) with
+ * `says` in its text, and no fd. */
+static void raw_map_refused(struct raw *w, uint32_t model_id, uint32_t version, int code, const char *says)
+{
+	Radiance__MapModel mm = RADIANCE__MAP_MODEL__INIT;
+	mm.model_id = model_id;
+	mm.layout_version = version;
+	Radiance__ClientMessage m = RADIANCE__CLIENT_MESSAGE__INIT;
+	m.msg_case = RADIANCE__CLIENT_MESSAGE__MSG_MAP_MODEL;
+	m.map_model = &mm;
+	raw_send(w, &m, NULL, 0);
+	Radiance__ServerMessage *reply;
+	assert_int_equal(raw_recv(w, &reply, 10000), 1);
+	int got = reply->msg_case == RADIANCE__SERVER_MESSAGE__MSG_ERROR ? reply->error->code : -1;
+	char text[512] = "";
+	if (got >= 0)
+		snprintf(text, sizeof text, "%s", reply->error->message ? reply->error->message : "");
+	radiance__server_message__free_unpacked(reply, NULL);
+	if (got != code || !strstr(text, says))
+		fail_msg("MapModel(%u, v%u): expected Error %d '...%s...', got %d '%s'", model_id, version, code,
+			 says, got, text);
+	assert_int_equal(radiance_conn_queued_fds(&w->conn), 0);
+}
+
 static void raw_refusals(void **state)
 {
 	struct raw w;
@@ -141,30 +159,9 @@ static void raw_refusals(void **state)
 	assert_int_equal(reply->welcome->map_layout_version, RADIANCE_MAP_LAYOUT_VERSION);
 	radiance__server_message__free_unpacked(reply, NULL);
 
-	static const struct {
-		uint32_t model_id, version;
-		int code;
-		const char *says;
-	} cases[] = {
-		{ 7, RADIANCE_MAP_LAYOUT_VERSION, ENOENT, "not loaded by this session" },
-		{ 7, 0, ENOENT, "not loaded by this session" },
-	};
-	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-		Radiance__MapModel mm = RADIANCE__MAP_MODEL__INIT;
-		mm.model_id = cases[i].model_id;
-		mm.layout_version = cases[i].version;
-		Radiance__ClientMessage m = RADIANCE__CLIENT_MESSAGE__INIT;
-		m.msg_case = RADIANCE__CLIENT_MESSAGE__MSG_MAP_MODEL;
-		m.map_model = &mm;
-		raw_send(&w, &m, NULL, 0);
-		assert_int_equal(raw_recv(&w, &reply, 10000), 1);
-		assert_int_equal(reply->msg_case, RADIANCE__SERVER_MESSAGE__MSG_ERROR);
-		int code = reply->error->code;
-		int says = strstr(reply->error->message, cases[i].says) != NULL;
-		radiance__server_message__free_unpacked(reply, NULL);
-		assert_int_equal(code, cases[i].code);
-		assert_true(says);
-	}
+	/* whether held is asked before the version */
+	raw_map_refused(&w, 7, RADIANCE_MAP_LAYOUT_VERSION, ENOENT, "not loaded by this session");
+	raw_map_refused(&w, 7, 0, ENOENT, "not loaded by this session");
 	Radiance__UnmapModel um = RADIANCE__UNMAP_MODEL__INIT;
 	um.model_id = 3;
 	Radiance__ClientMessage m = RADIANCE__CLIENT_MESSAGE__INIT;
@@ -210,29 +207,9 @@ static void raw_layout_version(void **state)
 			break;
 		}
 	}
-	Radiance__MapModel mm = RADIANCE__MAP_MODEL__INIT;
-	mm.model_id = id;
-	mm.layout_version = RADIANCE_MAP_LAYOUT_VERSION + 1;
-	Radiance__ClientMessage m = RADIANCE__CLIENT_MESSAGE__INIT;
-	m.msg_case = RADIANCE__CLIENT_MESSAGE__MSG_MAP_MODEL;
-	m.map_model = &mm;
-	raw_send(&w, &m, NULL, 0);
-	assert_int_equal(raw_recv(&w, &reply, 10000), 1);
-	assert_int_equal(reply->msg_case, RADIANCE__SERVER_MESSAGE__MSG_ERROR);
-	int code = reply->error->code;
-	int says = strstr(reply->error->message, "layout version 2 is not served") != NULL;
-	radiance__server_message__free_unpacked(reply, NULL);
-	assert_int_equal(code, EPROTONOSUPPORT);
-	assert_true(says);
+	raw_map_refused(&w, id, RADIANCE_MAP_LAYOUT_VERSION + 1, EPROTONOSUPPORT, "layout version 2 is not served");
 	/* the right version on the cpu backend: ENOTSUP, no fd */
-	mm.layout_version = RADIANCE_MAP_LAYOUT_VERSION;
-	raw_send(&w, &m, NULL, 0);
-	assert_int_equal(raw_recv(&w, &reply, 10000), 1);
-	assert_int_equal(reply->msg_case, RADIANCE__SERVER_MESSAGE__MSG_ERROR);
-	code = reply->error->code;
-	radiance__server_message__free_unpacked(reply, NULL);
-	assert_int_equal(code, ENOTSUP);
-	assert_int_equal(radiance_conn_queued_fds(&w.conn), 0);
+	raw_map_refused(&w, id, RADIANCE_MAP_LAYOUT_VERSION, ENOTSUP, "cpu backend");
 	raw_expect_alive(&w);
 	raw_close(&w);
 }
@@ -340,11 +317,13 @@ static void fake_share_lifetime(void **state)
 	/* mapped: the reference may not go */
 	assert_int_equal(radiance_release_model(a, id), -EBUSY);
 	assert_non_null(strstr(radiance_error_message(a), "unmap it first"));
-	/* a second map is the same allocation; one unmap undoes both */
+	/* a second map is the same allocation, and needs its own unmap */
 	assert_int_equal(radiance_map_model(a, id, RADIANCE_MAP_LAYOUT_VERSION, &m2), 0);
 	assert_int_equal(m1->bytes, m2->bytes);
 	assert_int_equal(m1->layers[3].weight_offset, m2->layers[3].weight_offset);
 	radiance_mapping_free(m2);
+	assert_int_equal(radiance_unmap_model(a, id), 0);
+	assert_int_equal(radiance_release_model(a, id), -EBUSY);   /* m1's mapping is still there */
 	assert_int_equal(radiance_unmap_model(a, id), 0);
 	assert_int_equal(radiance_unmap_model(a, id), -ENOENT);
 	assert_int_equal(radiance_release_model(a, id), 0);
