@@ -13,7 +13,8 @@
  *     its reference (another session's keeps the model; the last one's
  *     release unloads it) and the fd it took stays readable;
  *   - who may map (map_allow): owner (the default) refuses another uid with
- *     EPERM, all lets it map, none refuses everybody;
+ *     EPERM, all lets it map, none refuses everybody, another value is a
+ *     usage error;
  *   - an older daemon (a fake one whose Welcome has no map_layout_version)
  *     gets no MapModel at all: the library answers ENOTSUP itself.
  * The GPU half (import, kernels on mapped memory) is tests/test_gpu_map.c.
@@ -438,6 +439,28 @@ static void allow_none(void **state)
 	radiance_disconnect(r);
 }
 
+/* A map_allow the daemon does not know: a usage error naming the value. */
+static void allow_bad_value(void **state)
+{
+	char log[] = "/tmp/radiance-map-allow-XXXXXX";
+	int fd = mkstemp(log);
+	assert_true(fd >= 0);
+	close(fd);
+	const char *const args[] = { "--map-allow", "everyone", "--socket", "/nonexistent/r.sock", NULL };
+	int st = h_wait_exit(h_spawn_logged(log, args), 10.0);
+	char text[1024] = "";
+	FILE *f = fopen(log, "r");
+	assert_non_null(f);
+	size_t n = fread(text, 1, sizeof text - 1, f);
+	text[n] = 0;
+	fclose(f);
+	unlink(log);
+	assert_true(WIFEXITED(st));
+	assert_int_equal(WEXITSTATUS(st), 2);
+	if (!strstr(text, "'everyone' is not a map_allow value (expected owner, all or none)"))
+		fail_msg("radianced said: %s", text);
+}
+
 /* ---- an older daemon ------------------------------------------------------- */
 
 /* Listens on path, answers one Hello with a Welcome that has no
@@ -530,6 +553,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(allow_owner, start_fake_share, stop),
 		cmocka_unit_test_setup_teardown(allow_all, start_allow_all, stop),
 		cmocka_unit_test_setup_teardown(allow_none, start_allow_none, stop),
+		cmocka_unit_test(allow_bad_value),
 		cmocka_unit_test(old_daemon_never_asked),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
