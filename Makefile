@@ -73,7 +73,9 @@ GPU_DEFS  := -DRADIANCE_GPU=1 -DRADIANCE_GPU_CUDA=1 -I$(CUDA_HOME)/include
 # The CUDA runtime links statically (nvcc's default); cuBLAS too where the
 # toolkit ships its static libraries, else the shared libcublas.so.13.
 CUBLAS_LIBS := $(if $(wildcard $(CUDA_HOME)/lib64/libcublas_static.a),-lcublas_static -lcublasLt_static -lculibos,-lcublas -lcublasLt)
-GPU_LIBS  := -L$(CUDA_HOME)/lib64 $(CUBLAS_LIBS) -lcudart_static -lrt -ldl -lpthread -lstdc++
+# -lcuda: the driver API for VMM (kernels/gpu_share.hip); linked against the
+# toolkit's stub, the driver's libcuda.so.1 is what runs.
+GPU_LIBS  := -L$(CUDA_HOME)/lib64 $(CUBLAS_LIBS) -lcudart_static -L$(CUDA_HOME)/lib64/stubs -lcuda -lrt -ldl -lpthread -lstdc++
 GPU_CXX    = $(NVCC) -x cu -std=c++17 -O3 $(CUDA_GENCODE) -Xcompiler -fPIC -Ikernels -Idaemon -DRADIANCE_GPU_CUDA=1
 else ifeq ($(GPU),hip)
 HIPCC     ?= $(firstword $(wildcard /opt/rocm/bin/hipcc) hipcc)
@@ -100,8 +102,15 @@ CORE_OBJ   := $(call obj,$(CORE_SRC))
 CLIENT_OBJ := $(call obj,$(CLIENT_SRC))
 TEST_BIN   := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
 
+# libradiance-gpu (client/radiance_gpu.h, docs/mapped.md): the kernels and
+# client/gpu/, for engines that run mapped models in their own process.
+GPU_CLIENT_OBJ :=
 ifneq ($(GPU),)
 GPU_OBJS := $(patsubst kernels/%.hip,$(BUILD)/obj/kernels/%.gpu.o,$(HIP_SRC))
+GPU_CLIENT_OBJ := $(call obj,$(wildcard client/gpu/*.c))
+LIB_GPU_A  := $(BUILD)/libradiance-gpu.a
+LIB_GPU_SO := $(BUILD)/libradiance-gpu.so.0
+GPU_CLIENT_TARGETS := $(LIB_GPU_A) $(LIB_GPU_SO) $(BUILD)/radiance-gpu.pc
 endif
 
 LIB_COMMON := $(BUILD)/libradiance-common.a
@@ -113,7 +122,8 @@ RADIANCECTL:= $(BUILD)/radiancectl
 EXTRA_BIN  := $(patsubst %.c,$(BUILD)/%,$(wildcard bench/*.c tools/*.c examples/*.c))
 
 .PHONY: all deps check demo install clean gpu-check-code
-all: $(RADIANCED) $(RADIANCECTL) $(LIB_CLIENT_A) $(LIB_CLIENT_SO) $(BUILD)/radiance.pc $(TEST_BIN) $(EXTRA_BIN)
+all: $(RADIANCED) $(RADIANCECTL) $(LIB_CLIENT_A) $(LIB_CLIENT_SO) $(BUILD)/radiance.pc $(TEST_BIN) $(EXTRA_BIN) \
+	$(GPU_CLIENT_TARGETS)
 
 $(PROTO_C) $(PROTO_H): proto/radiance.proto
 	@mkdir -p $(BUILD)/gen
@@ -163,14 +173,31 @@ $(RADIANCECTL): $(BUILD)/obj/client/radiancectl.o $(LIB_CLIENT_A)
 $(BUILD)/radiance.pc: client/radiance.pc.in
 	sed -e 's|@PREFIX@|$(PREFIX)|; s|@LIBDIR@|$(LIBDIR)|; s|@INCLUDEDIR@|$(INCLUDEDIR)|; s|@VERSION@|$(VERSION)|' $< > $@
 
-# Tests link everything (core, client, common) plus cmocka.
-$(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(LIB_CORE) $(LIB_CLIENT_A) $(LIB_COMMON)
-	@mkdir -p $(dir $@)
-	$(CC) $(SANFLAGS) -o $@ $< $(LIB_CORE) $(LIB_CLIENT_A) $(LIB_COMMON) -lcmocka $(DEP_LIBS) $(GPU_LIBS)
+# The .a holds client/gpu/ and the kernels (its users link libradiance and the
+# vendor runtime themselves: pkg-config --static); the .so links them in and
+# exports radiance_gpu_* only.
+$(LIB_GPU_A): $(GPU_CLIENT_OBJ) $(GPU_OBJS)
+	@rm -f $@
+	ar rcs $@ $^
 
-$(EXTRA_BIN): $(BUILD)/%: $(BUILD)/obj/%.o $(LIB_CORE) $(LIB_CLIENT_A) $(LIB_COMMON)
+$(LIB_GPU_SO): $(GPU_CLIENT_OBJ) $(GPU_OBJS) $(LIB_CLIENT_SO) client/gpu/libradiance-gpu.sym
+	$(CC) $(SANFLAGS) -shared -Wl,-soname,libradiance-gpu.so.0 \
+		-Wl,--version-script=client/gpu/libradiance-gpu.sym -o $@ $(GPU_CLIENT_OBJ) $(GPU_OBJS) \
+		-L$(BUILD) -l:libradiance.so.0 $(GPU_LIBS)
+	ln -sf libradiance-gpu.so.0 $(BUILD)/libradiance-gpu.so
+
+$(BUILD)/radiance-gpu.pc: client/gpu/radiance-gpu.pc.in
+	sed -e 's|@PREFIX@|$(PREFIX)|; s|@LIBDIR@|$(LIBDIR)|; s|@INCLUDEDIR@|$(INCLUDEDIR)|; s|@VERSION@|$(VERSION)|; s|@GPU@|$(GPU)|' $< > $@
+
+# Tests link everything (core, client, common) plus cmocka.
+# (GPU builds: with libradiance-gpu's objects, for test_gpu_map and bench_mapped.)
+$(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(GPU_CLIENT_OBJ) $(LIB_CORE) $(LIB_CLIENT_A) $(LIB_COMMON)
 	@mkdir -p $(dir $@)
-	$(CC) $(SANFLAGS) -o $@ $< $(LIB_CORE) $(LIB_CLIENT_A) $(LIB_COMMON) $(DEP_LIBS) $(GPU_LIBS)
+	$(CC) $(SANFLAGS) -o $@ $< $(GPU_CLIENT_OBJ) $(LIB_CORE) $(LIB_CLIENT_A) $(LIB_COMMON) -lcmocka $(DEP_LIBS) $(GPU_LIBS)
+
+$(EXTRA_BIN): $(BUILD)/%: $(BUILD)/obj/%.o $(GPU_CLIENT_OBJ) $(LIB_CORE) $(LIB_CLIENT_A) $(LIB_COMMON)
+	@mkdir -p $(dir $@)
+	$(CC) $(SANFLAGS) -o $@ $< $(GPU_CLIENT_OBJ) $(LIB_CORE) $(LIB_CLIENT_A) $(LIB_COMMON) $(DEP_LIBS) $(GPU_LIBS)
 
 deps:
 	@sh tools/install-deps.sh
@@ -194,6 +221,13 @@ install: all
 	ln -sf libradiance.so.0 $(DESTDIR)$(LIBDIR)/libradiance.so
 	install -m 0644 client/radiance.h $(DESTDIR)$(INCLUDEDIR)/radiance.h
 	install -m 0644 $(BUILD)/radiance.pc $(DESTDIR)$(LIBDIR)/pkgconfig/radiance.pc
+ifneq ($(GPU),)
+	install -m 0644 $(LIB_GPU_A) $(DESTDIR)$(LIBDIR)/libradiance-gpu.a
+	install -m 0755 $(LIB_GPU_SO) $(DESTDIR)$(LIBDIR)/libradiance-gpu.so.0
+	ln -sf libradiance-gpu.so.0 $(DESTDIR)$(LIBDIR)/libradiance-gpu.so
+	install -m 0644 client/radiance_gpu.h $(DESTDIR)$(INCLUDEDIR)/radiance_gpu.h
+	install -m 0644 $(BUILD)/radiance-gpu.pc $(DESTDIR)$(LIBDIR)/pkgconfig/radiance-gpu.pc
+endif
 	sed 's|@SBINDIR@|$(SBINDIR)|' systemd/radianced.service > $(DESTDIR)$(UNITDIR)/radianced.service
 	install -m 0644 systemd/radianced.socket $(DESTDIR)$(UNITDIR)/radianced.socket
 	install -m 0644 systemd/radiance.sysusers $(DESTDIR)$(SYSUSERSDIR)/radiance.conf

@@ -236,6 +236,9 @@ struct radiance_server_info {
 	const char *device;         /* e.g. "NVIDIA H200", or the CPU model */
 	uint64_t session_id;        /* this connection's session */
 	uint32_t max_rows;          /* largest rows (M) one request may carry */
+	uint32_t map_layout_version;/* mapped-weights layout the daemon serves
+	                               (radiance_map_model); 0: an older radianced
+	                               that does not offer mapping */
 };
 
 /* Owned by the handle; valid until radiance_disconnect. Never NULL. */
@@ -491,6 +494,81 @@ unsigned radiance_in_flight(const struct radiance *r);
  * sticky error. */
 int radiance_linear(struct radiance *r, uint32_t model_id, uint32_t layer, uint32_t rows,
 		    enum radiance_elem dtype, const void *x, void *y);
+
+/* --- mapped weights (docs/mapped.md) -------------------------------------- */
+
+/* How a mapping's memory is reached. Values match the wire's MapHandle. */
+enum radiance_map_handle {
+	RADIANCE_MAP_POSIX_FD = 1,       /* a VMM allocation's fd: import and map it
+	                                    (cuMemImportFromShareableHandle, ...) */
+	RADIANCE_MAP_IPC = 2,            /* a legacy IPC handle (cudaIpcOpenMemHandle, ...) */
+	RADIANCE_MAP_TEST_MEMFD = 3,     /* test daemons only (RADIANCE_FAKE_SHARE=1 on the
+	                                    cpu backend): a sealed memfd to mmap read-only */
+};
+
+/* Where one layer's arrays sit, in bytes from the start of the mapping.
+ * Offsets are multiples of 256; a bias_bytes of 0: no bias. What the arrays
+ * hold is proto/map.h's layout (vendor-specific for W4A8). */
+struct radiance_mapped_layer {
+	uint32_t index;
+	enum radiance_linear_kind kind;
+	uint32_t n, k;
+	uint64_t weight_offset, weight_bytes;
+	uint64_t scales_offset, scales_bytes;   /* W4A8 */
+	uint64_t bias_offset, bias_bytes;       /* fp32 [n] */
+};
+
+/* A model's one device allocation, as the daemon describes it. */
+struct radiance_mapping {
+	uint32_t model_id;
+	uint32_t layout_version;         /* as asked */
+	const char *layout;              /* description, for logs */
+	enum radiance_map_handle handle;
+	int fd;                          /* POSIX_FD, TEST_MEMFD: owned by this struct
+	                                    (radiance_mapping_free closes it); set it to
+	                                    -1 to keep it. IPC: -1 */
+	uint8_t ipc_handle[64];          /* IPC */
+	uint64_t bytes;                  /* size of the allocation: map all of it */
+	uint64_t granularity;            /* the allocation granularity it was made with */
+	const char *vendor;              /* "cuda", "hip" ("cpu": test memfd) */
+	const char *pci_bus_id;          /* the device that holds it, e.g.
+	                                    "0000:19:00.0" ("" for the test memfd) */
+	size_t n_layers;
+	const struct radiance_mapped_layer *layers;   /* [n_layers], by index */
+};
+
+/* Asks the daemon for device access to model_id, which this session must
+ * hold (radiance_load_model / radiance_attach_model), laid out in
+ * layout_version (proto/map.h's RADIANCE_MAP_LAYOUT_VERSION for the layout
+ * the caller's kernels read). Most callers want libradiance-gpu's
+ * radiance_gpu_map() (radiance_gpu.h), which does this and maps it.
+ *
+ * From then on the session counts as mapping the model: the daemon keeps it
+ * resident, and radiance_release_model() of it fails with -EBUSY until
+ * radiance_unmap_model() (one per radiance_map_model of the model). Whoever has the fd (or the IPC handle) can read
+ * the model's weights; docs/mapped.md has the security model. The reply is
+ * checked: every layer of the held model, within the allocation, aligned.
+ * *out is allocated; free it with radiance_mapping_free().
+ * Returns 0, or:
+ *   -ENOTSUP          the daemon cannot map this model (the cpu backend, a
+ *                     GPU without VMM or IPC; the reason is in
+ *                     radiance_error_message()), or predates mapping
+ *                     (radiance_server_info.map_layout_version 0), or
+ *                     serves another layout version;
+ *   -EPROTONOSUPPORT  the daemon refused layout_version;
+ *   -ENOENT           this session holds no model model_id;
+ *   -EPROTO           the reply is inconsistent (sticky);
+ *   -ENOMEM, or a sticky error. */
+int radiance_map_model(struct radiance *r, uint32_t model_id, uint32_t layout_version,
+		       struct radiance_mapping **out);
+
+/* Tells the daemon this session no longer uses one of its mappings of
+ * model_id (call it after unmapping it in this process). Returns 0, -ENOENT (not
+ * mapped by this session), or a sticky error. */
+int radiance_unmap_model(struct radiance *r, uint32_t model_id);
+
+/* Frees m and closes its fd unless it is -1. NULL is a no-op. Any thread. */
+void radiance_mapping_free(struct radiance_mapping *m);
 
 /* --- stats ---------------------------------------------------------------- */
 

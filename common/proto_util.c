@@ -51,10 +51,18 @@ size_t radiance_proto_client_fds(const Radiance__ClientMessage *m)
 	return 0;
 }
 
+size_t radiance_proto_mapping_fds(Radiance__MapHandle handle)
+{
+	return handle == RADIANCE__MAP_HANDLE__MAP_HANDLE_POSIX_FD ||
+	       handle == RADIANCE__MAP_HANDLE__MAP_HANDLE_TEST_MEMFD;
+}
+
 size_t radiance_proto_server_fds(const Radiance__ServerMessage *m)
 {
 	if (m->msg_case == RADIANCE__SERVER_MESSAGE__MSG_RING_READY)
 		return RADIANCE_RING_READY_FDS;
+	if (m->msg_case == RADIANCE__SERVER_MESSAGE__MSG_MODEL_MAPPING && m->model_mapping)
+		return radiance_proto_mapping_fds(m->model_mapping->handle);
 	return 0;
 }
 
@@ -69,6 +77,8 @@ const char *radiance_proto_client_name(const Radiance__ClientMessage *m)
 	case RADIANCE__CLIENT_MESSAGE__MSG_LIST_MODELS: return "list_models";
 	case RADIANCE__CLIENT_MESSAGE__MSG_OPEN_RING: return "open_ring";
 	case RADIANCE__CLIENT_MESSAGE__MSG_GET_STATS: return "get_stats";
+	case RADIANCE__CLIENT_MESSAGE__MSG_MAP_MODEL: return "map_model";
+	case RADIANCE__CLIENT_MESSAGE__MSG_UNMAP_MODEL: return "unmap_model";
 	default: return "none";
 	}
 }
@@ -84,6 +94,7 @@ const char *radiance_proto_server_name(const Radiance__ServerMessage *m)
 	case RADIANCE__SERVER_MESSAGE__MSG_RING_READY: return "ring_ready";
 	case RADIANCE__SERVER_MESSAGE__MSG_STATS: return "stats";
 	case RADIANCE__SERVER_MESSAGE__MSG_OK: return "ok";
+	case RADIANCE__SERVER_MESSAGE__MSG_MODEL_MAPPING: return "model_mapping";
 	default: return "none";
 	}
 }

@@ -34,10 +34,13 @@ Radiance__ClientMessage *radiance_proto_unpack_client(const uint8_t *data, size_
 Radiance__ServerMessage *radiance_proto_unpack_server(const uint8_t *data, size_t len);
 
 /* How many fds a message declares it carries: LoadModel one per file name,
- * RingReady RADIANCE_RING_READY_FDS, everything else 0. A frame that came
- * with a different number of fds is a protocol violation. */
+ * RingReady RADIANCE_RING_READY_FDS, ModelMapping radiance_proto_mapping_fds()
+ * of its handle, everything else 0. A frame that came with a different
+ * number of fds is a protocol violation. */
 size_t radiance_proto_client_fds(const Radiance__ClientMessage *m);
 size_t radiance_proto_server_fds(const Radiance__ServerMessage *m);
+/* 1 for the handles that travel as an fd (POSIX_FD, TEST_MEMFD), else 0. */
+size_t radiance_proto_mapping_fds(Radiance__MapHandle handle);
 
 /* Short name of the message in the oneof, for logs ("hello", "load_model",
  * ..., "none"). Static strings. */

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "log.h"
+#include "map.h"
 
 struct radiance_backend {
 	const struct radiance_backend_ops *ops;
@@ -139,6 +140,72 @@ void radiance_backend_layer_free(struct radiance_backend *b, struct radiance_bac
 {
 	if (h)
 		b->ops->layer_free(b->state, h);
+}
+
+int radiance_backend_share_create(struct radiance_backend *b, const struct radiance_model *m,
+				  struct radiance_backend_share **out, char *err, size_t errlen)
+{
+	*out = NULL;
+	return b->ops->share_create ? b->ops->share_create(b->state, m, out, err, errlen) : 0;
+}
+
+void radiance_backend_share_destroy(struct radiance_backend *b, struct radiance_backend_share *s)
+{
+	if (s)
+		b->ops->share_destroy(b->state, s);
+}
+
+int radiance_backend_layer_upload_into(struct radiance_backend *b, struct radiance_backend_share *s,
+				       size_t index, const struct radiance_layer *l,
+				       struct radiance_backend_layer **out, char *err, size_t errlen)
+{
+	if (!s)
+		return b->ops->layer_upload(b->state, l, out, err, errlen);
+	if (index >= s->n_layers) {
+		snprintf(err, errlen, "layer %zu is outside the shared allocation's %zu layers", index,
+			 s->n_layers);
+		return -EINVAL;
+	}
+	return b->ops->layer_upload_into(b->state, s, index, l, out, err, errlen);
+}
+
+static uint64_t align_map(uint64_t v)
+{
+	return (v + RADIANCE_MAP_ALIGN - 1) & ~(uint64_t)(RADIANCE_MAP_ALIGN - 1);
+}
+
+int radiance__backend_share_layout(struct radiance_backend_share *s, const struct radiance_model *m,
+				   void (*sizes)(const struct radiance_layer *l, uint64_t *weight,
+						 uint64_t *scales),
+				   uint64_t *total)
+{
+	s->layers = calloc(m->n_layers ? m->n_layers : 1, sizeof *s->layers);
+	if (!s->layers)
+		return -ENOMEM;
+	s->n_layers = m->n_layers;
+	uint64_t off = 0;
+	for (size_t i = 0; i < m->n_layers; i++) {
+		const struct radiance_layer *l = &m->layers[i];
+		struct radiance_share_layer *sl = &s->layers[i];
+		uint64_t w = (uint64_t)l->n * l->k * 2, sc = 0;
+		if (l->kind == RADIANCE_LAYER_W4A8)
+			sizes(l, &w, &sc);
+		sl->weight_offset = off;
+		sl->weight_bytes = w;
+		off = align_map(off + w);
+		if (sc) {
+			sl->scales_offset = off;
+			sl->scales_bytes = sc;
+			off = align_map(off + sc);
+		}
+		if (l->bias) {
+			sl->bias_offset = off;
+			sl->bias_bytes = (uint64_t)l->n * sizeof(float);
+			off = align_map(off + sl->bias_bytes);
+		}
+	}
+	*total = off;
+	return 0;
 }
 
 int radiance_backend_register_host(struct radiance_backend *b, void *base, size_t len,

@@ -53,6 +53,9 @@ struct radiance_backend_info {
 	char name[16];           /* "cpu", "cuda", "hip" */
 	char device[128];        /* e.g. "NVIDIA H200" or the CPU model string */
 	uint64_t scratch_bytes;  /* bytes allocated at create for staging/split-K */
+	char share[16];          /* how models are made mappable: "vmm", "ipc",
+	                            "test-memfd", or "none" */
+	char share_why[192];     /* for "none" (or "ipc"): why not more */
 };
 
 /* Creates the backend opt->kind names. "auto" tries the GPU and falls back to
@@ -76,6 +79,60 @@ void radiance_backend_layer_free(struct radiance_backend *b, struct radiance_bac
 int radiance_backend_register_host(struct radiance_backend *b, void *base, size_t len,
 				   char *err, size_t errlen);
 void radiance_backend_unregister_host(struct radiance_backend *b, void *base);
+
+/* ---- shared weights (docs/mapped.md) ----
+ *
+ * A backend that can let other processes map a model's weights keeps all of
+ * its layers in one exportable allocation (proto/map.h describes the
+ * layout). The executor asks for it before the first layer's upload and
+ * uploads every layer into it; session_map.c hands it to the sessions that
+ * ask (MapModel). */
+enum radiance_share_handle {
+	RADIANCE_SHARE_HANDLE_NONE = 0,
+	RADIANCE_SHARE_HANDLE_POSIX_FD = 1,     /* a VMM allocation's exported fd */
+	RADIANCE_SHARE_HANDLE_IPC = 2,          /* a legacy IPC handle, ipc_handle */
+	RADIANCE_SHARE_HANDLE_TEST_MEMFD = 3,   /* test only: canonical arrays in a sealed memfd */
+};
+
+/* Values as in radiance.proto's MappedLayer: bytes from the start. */
+struct radiance_share_layer {
+	uint64_t weight_offset, weight_bytes;
+	uint64_t scales_offset, scales_bytes;   /* W4A8 only */
+	uint64_t bias_offset, bias_bytes;       /* 0 bytes: no bias */
+};
+
+/* Made by radiance_backend_share_create (executor thread), filled by the
+ * uploads, immutable once the model is READY, so the loop thread may read
+ * it from then on; freed by radiance_backend_share_destroy after every
+ * layer handle is freed. */
+struct radiance_backend_share {
+	enum radiance_share_handle handle;
+	int fd;                  /* POSIX_FD, TEST_MEMFD: the backend's (sessions send dups); else -1 */
+	uint8_t ipc_handle[64];  /* IPC */
+	uint64_t bytes;          /* the whole allocation */
+	uint64_t granularity;
+	char vendor[8];          /* "cuda", "hip", "cpu" */
+	char pci_bus_id[32];     /* "" for the cpu */
+	char layout[96];         /* a description for logs and clients */
+	size_t n_layers;
+	struct radiance_share_layer *layers;   /* [n_layers], by index */
+	void *priv;              /* the backend's */
+};
+
+/* Lays out model m's layers in one exportable allocation and makes it.
+ * 0 with *out NULL when this backend does not share (the cpu backend, a GPU
+ * without VMM or IPC, RADIANCE_SHARE=none): then layers go into private
+ * memory and MapModel is refused. -ENOMEM / -EIO with err set otherwise. */
+int radiance_backend_share_create(struct radiance_backend *b, const struct radiance_model *m,
+				  struct radiance_backend_share **out, char *err, size_t errlen);
+/* NULL is a no-op. Every layer uploaded into it must be freed first. */
+void radiance_backend_share_destroy(struct radiance_backend *b, struct radiance_backend_share *s);
+
+/* radiance_backend_layer_upload into layer `index` of share s (which must
+ * be m's, where l = &m->layers[index]); s NULL: a plain upload. */
+int radiance_backend_layer_upload_into(struct radiance_backend *b, struct radiance_backend_share *s,
+				       size_t index, const struct radiance_layer *l,
+				       struct radiance_backend_layer **out, char *err, size_t errlen);
 
 /* Run the layer on `nrows` requests' rows, stacked into one launch when the
  * backend can (sum of m <= max_rows). Synchronous: outputs are written when it

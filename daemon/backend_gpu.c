@@ -17,6 +17,12 @@
  * Numerics gate (opt-in, RADIANCE_NUMERICS_GATE=1): the first launch of each
  * (layer, M) is recomputed by the CPU reference and the relative error is
  * logged to stderr.
+ *
+ * Mapped weights (docs/mapped.md): each model's layers live in one
+ * exportable allocation (kernels/gpu_share.hip): VMM with a POSIX fd where
+ * the device has it, else a plain allocation with a legacy IPC handle, said
+ * loudly at create. RADIANCE_SHARE=vmm|ipc|none overrides the choice (none:
+ * private per-layer allocations, MapModel refused).
  */
 #include "backend_impl.h"
 
@@ -28,11 +34,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "log.h"
 #include "w4a8_cpu.h"
 #include "w4a8_gpu.h"
-
-#define BLAS_WORKSPACE_BYTES (32u << 20)   /* cuBLAS's recommendation for Hopper */
-#define BF16_CHUNK_ROWS 1024u              /* rows of one bf16-layer GEMM */
 
 struct registered {
 	void *base;
@@ -48,20 +52,14 @@ struct gate_seen {
 struct gpu_state {
 	struct radiance__gpu_device dev;
 	void *stream;
-	void *blas;                /* NULL: bf16 layers on the portable kernel */
-	uint32_t max_rows, max_decode_rows, max_n, max_k;
+	uint32_t max_rows, max_n, max_k;
 	uint16_t *x;               /* [max_rows][max_k] staging (bf16/fp16 bits) */
-	uint16_t *hilo;            /* [2 * chunk][max_k] fp16 -> bf16 hi/lo split */
-	uint8_t *codes;            /* [max_rows][max_k] e4m3 */
-	float *s;                  /* [max_rows] per-token scales */
 	uint16_t *y;               /* [max_rows][max_n] bf16 staging */
-	float *f32;                /* split-K partials / bf16 GEMM fp32 out */
-	size_t f32_bytes;
-	uint32_t *counters;
-	size_t counters_n;
-	void *blas_ws;
-	uint32_t bf16_chunk;       /* rows per bf16 GEMM (fp16 input: half of it) */
+	struct radiance__gpu_scratch scratch;   /* codes, scales, split-K, BLAS */
 	uint64_t scratch_bytes;
+	enum radiance__gpu_share_kind share;    /* how models are allocated */
+	char share_why[192];
+	char pci_bus_id[32];
 	struct registered *regs;
 	size_t n_regs, cap_regs;
 	int gate;
@@ -75,6 +73,7 @@ struct radiance_backend_layer {
 	void *w;                   /* W4A8: device layout; BF16: bf16 [n][k] */
 	void *sc;                  /* W4A8 scale blocks */
 	float *bias;               /* [n] or NULL */
+	int pooled;                /* inside a model's shared allocation: not freed alone */
 };
 
 static int gpu_err(char *err, size_t errlen, int rc, const char *what)
@@ -90,14 +89,8 @@ static void gpu_destroy(void *state)
 		return;
 	if (g->stream)
 		radiance__gpu_stream_sync(g->stream);
-	radiance__blas_destroy(g->blas);
-	radiance__gpu_free(g->blas_ws);
-	radiance__gpu_free(g->counters);
-	radiance__gpu_free(g->f32);
+	radiance__gpu_scratch_destroy(&g->scratch);
 	radiance__gpu_free(g->y);
-	radiance__gpu_free(g->s);
-	radiance__gpu_free(g->codes);
-	radiance__gpu_free(g->hilo);
 	radiance__gpu_free(g->x);
 	radiance__gpu_stream_destroy(g->stream);
 	for (size_t i = 0; i < g->n_regs; i++)
@@ -115,6 +108,43 @@ static int alloc_dev(struct gpu_state *g, void **p, size_t bytes)
 	return rc;
 }
 
+/* Decides, once, how models are allocated, and says so: a model that
+ * cannot be mapped turns every engine's MapModel into an error, and the
+ * operator should know why before that. */
+static void share_choose(struct gpu_state *g)
+{
+	struct radiance__gpu_share_caps caps;
+	const char *want = getenv("RADIANCE_SHARE");
+	radiance__gpu_share_caps(g->dev.ordinal, &caps);
+	if (radiance__gpu_pci_bus_id(g->dev.ordinal, g->pci_bus_id, sizeof g->pci_bus_id) != 0)
+		g->pci_bus_id[0] = 0;
+	if (want && strcmp(want, "none") == 0) {
+		g->share = RADIANCE_SHARE_NONE;
+		snprintf(g->share_why, sizeof g->share_why, "RADIANCE_SHARE=none");
+	} else if (want && strcmp(want, "ipc") == 0) {
+		g->share = RADIANCE_SHARE_IPC;
+		snprintf(g->share_why, sizeof g->share_why, "RADIANCE_SHARE=ipc");
+	} else if (caps.vmm) {
+		g->share = RADIANCE_SHARE_VMM;
+		if (want && strcmp(want, "vmm") != 0 && strcmp(want, "auto") != 0)
+			log_warn("RADIANCE_SHARE=%s is not vmm, ipc, none or auto: using vmm", want);
+	} else {
+		g->share = RADIANCE_SHARE_IPC;
+		snprintf(g->share_why, sizeof g->share_why, "%s", caps.why);
+		if (want && strcmp(want, "vmm") == 0)
+			log_warn("RADIANCE_SHARE=vmm, but %s", caps.why);
+	}
+	if (g->share == RADIANCE_SHARE_VMM)
+		log_info("gpu backend: models are mappable by clients (VMM, POSIX fd handles, "
+			 "granularity %zu KiB)", caps.granularity >> 10);
+	else if (g->share == RADIANCE_SHARE_IPC)
+		log_warn("gpu backend: no VMM (%s): models are mappable through legacy IPC handles "
+			 "only, which clients map read-write; see docs/mapped.md", g->share_why);
+	else
+		log_warn("gpu backend: models are not mappable (%s): MapModel is refused",
+			 g->share_why);
+}
+
 static int gpu_create(const struct radiance_backend_options *opt, void **state, char *err, size_t errlen)
 {
 	struct gpu_state *g = calloc(1, sizeof *g);
@@ -130,40 +160,23 @@ static int gpu_create(const struct radiance_backend_options *opt, void **state, 
 		return rc;
 	}
 	g->max_rows = opt->max_rows;
-	g->max_decode_rows = opt->max_decode_rows ? opt->max_decode_rows : 64;
-	if (g->max_decode_rows > 64)
-		g->max_decode_rows = 64;   /* the decode kernel's largest token tile */
 	g->max_n = opt->max_n ? opt->max_n : 4096;
 	g->max_k = opt->max_k ? opt->max_k : 4096;
 	const char *gate = getenv("RADIANCE_NUMERICS_GATE");
 	g->gate = opt->numerics_gate || (gate && strcmp(gate, "1") == 0);
 
 	const size_t rows_pad = ((size_t)g->max_rows + 63) & ~(size_t)63;
-	const size_t partials = radiance__w4a8_partials_bytes(g->max_decode_rows, g->max_n);
-	g->bf16_chunk = g->max_rows < BF16_CHUNK_ROWS ? g->max_rows : BF16_CHUNK_ROWS;
-	/* fp16 activations of bf16 layers take two rows each (hi, lo) */
-	const size_t f32_rows = 2 * (size_t)((g->bf16_chunk + 1) / 2);
-	g->f32_bytes = f32_rows * g->max_n * sizeof(float);
-	if (g->f32_bytes < partials)
-		g->f32_bytes = partials;
-	g->counters_n = radiance__w4a8_counters_needed(g->max_n);
-
 	if ((rc = radiance__gpu_stream_create(&g->stream)))
 		goto fail;
 	if ((rc = alloc_dev(g, (void **)&g->x, rows_pad * g->max_k * 2)) ||
-	    (rc = alloc_dev(g, (void **)&g->hilo, f32_rows * g->max_k * 2)) ||
-	    (rc = alloc_dev(g, (void **)&g->codes, rows_pad * g->max_k)) ||
-	    (rc = alloc_dev(g, (void **)&g->s, rows_pad * sizeof(float))) ||
-	    (rc = alloc_dev(g, (void **)&g->y, (size_t)g->max_rows * g->max_n * 2)) ||
-	    (rc = alloc_dev(g, (void **)&g->f32, g->f32_bytes)) ||
-	    (rc = alloc_dev(g, (void **)&g->counters, g->counters_n * sizeof(uint32_t))) ||
-	    (rc = alloc_dev(g, &g->blas_ws, BLAS_WORKSPACE_BYTES)))
+	    (rc = alloc_dev(g, (void **)&g->y, (size_t)g->max_rows * g->max_n * 2)))
 		goto fail;
-	if ((rc = radiance__gpu_memset_async(g->counters, 0, g->counters_n * sizeof(uint32_t), g->stream)) ||
-	    (rc = radiance__gpu_stream_sync(g->stream)))
+	/* max_decode_rows above 64 is cut to 64, the decode kernel's largest token tile */
+	if ((rc = radiance__gpu_scratch_create(&g->scratch, g->max_rows, opt->max_decode_rows, g->max_n,
+					       g->max_k, 1, g->stream)))
 		goto fail;
-	if (radiance__blas_create(&g->blas, g->stream, g->blas_ws, BLAS_WORKSPACE_BYTES) != 0)
-		g->blas = NULL;   /* bf16 layers fall back to the portable kernel */
+	g->scratch_bytes += g->scratch.bytes;
+	share_choose(g);
 	*state = g;
 	return 0;
 fail:
@@ -178,22 +191,49 @@ static void gpu_info(void *state, struct radiance_backend_info *info)
 	snprintf(info->name, sizeof info->name, "%s", g->dev.vendor);
 	snprintf(info->device, sizeof info->device, "%s", g->dev.name);
 	info->scratch_bytes = g->scratch_bytes;
+	snprintf(info->share, sizeof info->share, "%s",
+		 g->share == RADIANCE_SHARE_VMM ? "vmm" : g->share == RADIANCE_SHARE_IPC ? "ipc" : "none");
+	snprintf(info->share_why, sizeof info->share_why, "%s", g->share_why);
 }
 
 static void layer_release(struct radiance_backend_layer *h)
 {
 	if (!h)
 		return;
-	radiance__gpu_free(h->w);
-	radiance__gpu_free(h->sc);
-	radiance__gpu_free(h->bias);
+	if (!h->pooled) {
+		radiance__gpu_free(h->w);
+		radiance__gpu_free(h->sc);
+		radiance__gpu_free(h->bias);
+	}
 	free(h);
 }
 
-static int gpu_layer_upload(void *state, const struct radiance_layer *l, struct radiance_backend_layer **out,
-			    char *err, size_t errlen)
+/* The device arrays of a layer: its own allocations, or (sl not NULL) the
+ * places the model's shared allocation has for them. */
+static int layer_place(struct radiance_backend_layer *h, const struct radiance_layer *l,
+		       const struct radiance__gpu_share *sh, const struct radiance_share_layer *sl)
 {
-	struct gpu_state *g = state;
+	int rc;
+	if (sl) {
+		uint8_t *base = sh->base;
+		h->pooled = 1;
+		h->w = base + sl->weight_offset;
+		h->sc = sl->scales_bytes ? base + sl->scales_offset : NULL;
+		h->bias = sl->bias_bytes ? (float *)(void *)(base + sl->bias_offset) : NULL;
+		return 0;
+	}
+	if (l->bias && (rc = radiance__gpu_malloc((void **)&h->bias, (size_t)l->n * sizeof(float))))
+		return rc;
+	if (l->kind == RADIANCE_LAYER_W4A8)
+		return (rc = radiance__gpu_malloc(&h->w, radiance__w4a8_weight_bytes(l->n, l->k))) ? rc :
+			radiance__gpu_malloc(&h->sc, radiance__w4a8_scale_bytes(l->n, l->k));
+	return radiance__gpu_malloc(&h->w, (size_t)l->n * l->k * 2);
+}
+
+static int layer_upload(struct gpu_state *g, const struct radiance_layer *l, const struct radiance__gpu_share *sh,
+			const struct radiance_share_layer *sl, struct radiance_backend_layer **out, char *err,
+			size_t errlen)
+{
 	struct radiance_backend_layer *h = NULL;
 	void *tq = NULL, *ts = NULL;
 	int rc;
@@ -219,27 +259,21 @@ static int gpu_layer_upload(void *state, const struct radiance_layer *l, struct 
 	h->kind = l->kind;
 	h->n = l->n;
 	h->k = l->k;
-	if (l->bias) {
-		if ((rc = radiance__gpu_malloc((void **)&h->bias, (size_t)l->n * sizeof(float))) ||
-		    (rc = radiance__gpu_h2d_async(h->bias, l->bias, (size_t)l->n * sizeof(float), g->stream)))
-			goto fail;
-	}
+	if ((rc = layer_place(h, l, sh, sl)))
+		goto fail;
+	if (l->bias && (rc = radiance__gpu_h2d_async(h->bias, l->bias, (size_t)l->n * sizeof(float), g->stream)))
+		goto fail;
 	if (l->kind == RADIANCE_LAYER_W4A8) {
 		const size_t qbytes = (size_t)l->n * (l->k / 8) * 4, sbytes = (size_t)l->n * (l->k / 128) * 2;
 		/* canonical arrays go up once into temporaries and are repacked on
 		 * the device into the layout the kernels stream */
-		if ((rc = radiance__gpu_malloc(&h->w, radiance__w4a8_weight_bytes(l->n, l->k))) ||
-		    (rc = radiance__gpu_malloc(&h->sc, radiance__w4a8_scale_bytes(l->n, l->k))) ||
-		    (rc = radiance__gpu_malloc(&tq, qbytes)) || (rc = radiance__gpu_malloc(&ts, sbytes)) ||
+		if ((rc = radiance__gpu_malloc(&tq, qbytes)) || (rc = radiance__gpu_malloc(&ts, sbytes)) ||
 		    (rc = radiance__gpu_h2d_async(tq, l->qweight, qbytes, g->stream)) ||
 		    (rc = radiance__gpu_h2d_async(ts, l->scales, sbytes, g->stream)) ||
 		    (rc = radiance__w4a8_repack(tq, ts, l->n, l->k, h->w, h->sc, g->stream)))
 			goto fail;
-	} else {
-		const size_t wbytes = (size_t)l->n * l->k * 2;
-		if ((rc = radiance__gpu_malloc(&h->w, wbytes)) ||
-		    (rc = radiance__gpu_h2d_async(h->w, l->weight, wbytes, g->stream)))
-			goto fail;
+	} else if ((rc = radiance__gpu_h2d_async(h->w, l->weight, (size_t)l->n * l->k * 2, g->stream))) {
+		goto fail;
 	}
 	if ((rc = radiance__gpu_stream_sync(g->stream)))
 		goto fail;
@@ -254,6 +288,86 @@ fail:
 	radiance__gpu_free(ts);
 	layer_release(h);
 	return rc;
+}
+
+static int gpu_layer_upload(void *state, const struct radiance_layer *l, struct radiance_backend_layer **out,
+			    char *err, size_t errlen)
+{
+	return layer_upload(state, l, NULL, NULL, out, err, errlen);
+}
+
+/* ---- shared allocations ---- */
+
+static void device_sizes(const struct radiance_layer *l, uint64_t *weight, uint64_t *scales)
+{
+	*weight = radiance__w4a8_weight_bytes(l->n, l->k);
+	*scales = radiance__w4a8_scale_bytes(l->n, l->k);
+}
+
+static void gpu_share_destroy(void *state, struct radiance_backend_share *s)
+{
+	struct gpu_state *g = state;
+	struct radiance__gpu_share *sh = s->priv;
+	if (sh) {
+		/* no launch may still read it; importers keep their own mappings */
+		radiance__gpu_stream_sync(g->stream);
+		radiance__gpu_share_free(sh);   /* closes the fd, which is s->fd */
+		free(sh);
+	}
+	free(s->layers);
+	free(s);
+}
+
+static int gpu_share_create(void *state, const struct radiance_model *m, struct radiance_backend_share **out,
+			    char *err, size_t errlen)
+{
+	struct gpu_state *g = state;
+	uint64_t total;
+	if (g->share == RADIANCE_SHARE_NONE)
+		return 0;
+	struct radiance_backend_share *s = calloc(1, sizeof *s);
+	struct radiance__gpu_share *sh = calloc(1, sizeof *sh);
+	if (!s || !sh || radiance__backend_share_layout(s, m, device_sizes, &total) < 0) {
+		free(s);
+		free(sh);
+		snprintf(err, errlen, "out of memory");
+		return -ENOMEM;
+	}
+	s->fd = -1;
+	sh->fd = -1;
+	int rc = radiance__gpu_share_alloc(g->dev.ordinal, g->share, total, sh);
+	if (rc) {
+		snprintf(err, errlen, "gpu backend: the model's %llu bytes of weights (%s): %s",
+			 (unsigned long long)total, g->share == RADIANCE_SHARE_VMM ? "vmm" : "ipc",
+			 radiance__gpu_last_error());
+		free(sh);
+		free(s->layers);
+		free(s);
+		return rc;
+	}
+	s->priv = sh;
+	s->bytes = sh->bytes;
+	s->granularity = sh->granularity;
+	if (sh->kind == RADIANCE_SHARE_VMM) {
+		s->handle = RADIANCE_SHARE_HANDLE_POSIX_FD;
+		s->fd = sh->fd;
+	} else {
+		s->handle = RADIANCE_SHARE_HANDLE_IPC;
+		memcpy(s->ipc_handle, sh->ipc, sizeof s->ipc_handle);
+	}
+	snprintf(s->vendor, sizeof s->vendor, "%s", g->dev.vendor);
+	snprintf(s->pci_bus_id, sizeof s->pci_bus_id, "%s", g->pci_bus_id);
+	snprintf(s->layout, sizeof s->layout, "%s w4a8 tiles 16x128 [n_tile][group], scale blocks 32 B%s",
+		 g->dev.vendor, strcmp(g->dev.vendor, "cuda") == 0 ? " (half2 rows g, g+8)" : "");
+	*out = s;
+	return 0;
+}
+
+static int gpu_layer_upload_into(void *state, struct radiance_backend_share *s, size_t index,
+				 const struct radiance_layer *l, struct radiance_backend_layer **out, char *err,
+				 size_t errlen)
+{
+	return layer_upload(state, l, s->priv, &s->layers[index], out, err, errlen);
 }
 
 static void gpu_layer_free(void *state, struct radiance_backend_layer *h)
@@ -366,58 +480,16 @@ static void gate_check(struct gpu_state *g, const struct radiance_layer *l, cons
 
 /* --------------------------------------------------------------- linear */
 
-static const char *path_name(enum radiance__w4a8_path p)
-{
-	switch (p) {
-	case RADIANCE_W4A8_DECODE: return "decode";
-	case RADIANCE_W4A8_TILED: return "tiled";
-	case RADIANCE_W4A8_WGMMA: return "wgmma";
-	case RADIANCE_W4A8_PORTABLE: return "portable";
-	default: return "auto";
-	}
-}
-
 /* Rows [0, m) of g->x hold the stacked activations; results to g->y. */
 static int run_launch(struct gpu_state *g, struct radiance_backend_layer *h, enum radiance_dtype dtype, uint32_t m,
 		      const char **path)
 {
-	int rc;
-	if (h->kind == RADIANCE_LAYER_W4A8) {
-		struct radiance__w4a8_args a = {
-			.codes = g->codes, .s = g->s, .m = m, .n = h->n, .k = h->k, .w = h->w, .sc = h->sc,
-			.bias = h->bias, .y = g->y, .partials = g->f32, .partials_bytes = g->f32_bytes,
-			.counters = g->counters, .counters_n = g->counters_n, .path = RADIANCE_W4A8_AUTO,
-			.max_decode_rows = g->max_decode_rows, .pdl = 1,
-		};
-		struct radiance__w4a8_plan plan;
-		radiance__w4a8_plan(&g->dev, &a, &plan);
-		*path = path_name(plan.path);
-		if ((rc = radiance__gpu_quant(g->x, dtype, m, h->k, plan.order, g->codes, g->s, g->stream)))
-			return rc;
-		return radiance__w4a8_gemm(&g->dev, &a, g->stream);
-	}
-	if (!g->blas) {
-		*path = "bf16-portable";
-		return radiance__gpu_bf16_portable(g->x, dtype, m, h->w, h->bias, h->n, h->k, g->y, g->stream);
-	}
-	*path = "bf16-blas";
-	const int hilo = dtype == RADIANCE_DTYPE_FP16;
-	const uint32_t chunk = hilo ? (g->bf16_chunk + 1) / 2 : g->bf16_chunk;
-	for (uint32_t r0 = 0; r0 < m; r0 += chunk) {
-		const uint32_t rows = m - r0 < chunk ? m - r0 : chunk;
-		const uint16_t *x = g->x + (size_t)r0 * h->k;
-		if (hilo) {
-			if ((rc = radiance__gpu_split_f16(x, rows, h->k, g->hilo, g->stream)) ||
-			    (rc = radiance__blas_bf16_f32(g->blas, g->hilo, 2 * rows, h->w, h->n, h->k, g->f32)))
-				return rc;
-		} else if ((rc = radiance__blas_bf16_f32(g->blas, x, rows, h->w, h->n, h->k, g->f32))) {
-			return rc;
-		}
-		if ((rc = radiance__gpu_bias_bf16(g->f32, rows, h->n, hilo, h->bias, g->y + (size_t)r0 * h->n,
-						  g->stream)))
-			return rc;
-	}
-	return 0;
+	const struct radiance__gpu_layer l = {
+		.bf16 = h->kind == RADIANCE_LAYER_BF16, .n = h->n, .k = h->k, .w = h->w, .sc = h->sc,
+		.bias = h->bias,
+	};
+	return radiance__gpu_layer_run(&g->dev, &g->scratch, &l, g->x, dtype, m, g->y, g->stream,
+				       RADIANCE_W4A8_AUTO, path);
 }
 
 static int gpu_linear(void *state, const struct radiance_layer *l, struct radiance_backend_layer *h,
@@ -474,6 +546,9 @@ const struct radiance_backend_ops radiance__backend_gpu_ops = {
 	.layer_free = gpu_layer_free,
 	.register_host = gpu_register_host,
 	.unregister_host = gpu_unregister_host,
+	.share_create = gpu_share_create,
+	.share_destroy = gpu_share_destroy,
+	.layer_upload_into = gpu_layer_upload_into,
 	.linear = gpu_linear,
 };
 

@@ -16,10 +16,28 @@ struct radiance_backend_ops {
 	void (*layer_free)(void *state, struct radiance_backend_layer *h);
 	int (*register_host)(void *state, void *base, size_t len, char *err, size_t errlen);
 	void (*unregister_host)(void *state, void *base);
+	/* Optional (NULL: this backend never shares). Same contract as the
+	 * radiance_backend_share_* functions. */
+	int (*share_create)(void *state, const struct radiance_model *m, struct radiance_backend_share **out,
+			    char *err, size_t errlen);
+	void (*share_destroy)(void *state, struct radiance_backend_share *s);
+	int (*layer_upload_into)(void *state, struct radiance_backend_share *s, size_t index,
+				 const struct radiance_layer *l, struct radiance_backend_layer **out, char *err,
+				 size_t errlen);
 	/* backend.c has checked every dtype and the total rows against max_rows. */
 	int (*linear)(void *state, const struct radiance_layer *l, struct radiance_backend_layer *h,
 		      const struct radiance_rows *rows, size_t nrows, char *err, size_t errlen);
 };
+
+/* Allocates s->layers and lays out m's layers: every array at the next
+ * multiple of RADIANCE_MAP_ALIGN, weight, scales, bias in that order, layer
+ * after layer, with the array sizes `sizes` gives (W4A8 weight and scales;
+ * bf16 weights are n*k*2, biases n*4 bytes). *total gets the end of the last
+ * array. 0 or -ENOMEM. */
+int radiance__backend_share_layout(struct radiance_backend_share *s, const struct radiance_model *m,
+				   void (*sizes)(const struct radiance_layer *l, uint64_t *weight,
+						 uint64_t *scales),
+				   uint64_t *total);
 
 extern const struct radiance_backend_ops radiance__backend_cpu_ops;
 #ifdef RADIANCE_GPU

@@ -19,6 +19,7 @@
 
 enum value_type {
 	V_STRING, V_BACKEND, V_INT, V_U32, V_POW2, V_BYTES, V_LOGLEVEL, V_PRELOAD,
+	V_MAPALLOW,
 	V_LIMIT_BYTES, V_LIMIT,    /* uint64_t: bytes or a count, or "auto" (LIMIT_AUTO) */
 };
 
@@ -72,6 +73,10 @@ static const struct setting settings[] = {
 	{ "numerics_gate", 267, "0|1", V_U32, OFF(numerics_gate), 0, 1,
 	  "GPU: compare the first launch of each (layer, M) with the CPU reference "
 	  "and log the relative error (0)" },
+	{ "map_allow", 268, "WHO", V_MAPALLOW, OFF(map_allow), 0, 0,
+	  "who may map models' device memory into their own process (MapModel, "
+	  "docs/mapped.md): owner (root and the daemon's user), all, or none (owner); "
+	  "a mapping process can write the weights every session computes with" },
 	{ "log_level", 'l', "LEVEL", V_LOGLEVEL, OFF(log_level), 0, 0,
 	  "silent, error, warn, info or debug (info)" },
 	/* memory and per-uid limits: 0 is none, auto is derived (docs/daemon.md "Limits") */
@@ -263,6 +268,19 @@ static int apply(struct radiance_config *cfg, const struct setting *st, const ch
 		*(char **)field = dup;
 		return 0;
 	}
+	case V_MAPALLOW:
+		if (strcmp(value, "owner") == 0)
+			cfg->map_allow = RADIANCE_MAP_ALLOW_OWNER;
+		else if (strcmp(value, "all") == 0)
+			cfg->map_allow = RADIANCE_MAP_ALLOW_ALL;
+		else if (strcmp(value, "none") == 0)
+			cfg->map_allow = RADIANCE_MAP_ALLOW_NONE;
+		else {
+			snprintf(err, errlen, "%s: '%s' is not a map_allow value (expected owner, all "
+				 "or none)", where, value);
+			return -EINVAL;
+		}
+		return 0;
 	case V_LOGLEVEL:
 		lvl = radiance_log_level_parse(value);
 		if (lvl < 0) {

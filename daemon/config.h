@@ -16,6 +16,13 @@
 #define RADIANCE_DEFAULT_CONFIG "/etc/radiance/radianced.conf"
 #define RADIANCE_DEFAULT_ROOT_SOCKET "/run/radiance/radiance.sock"
 
+/* Who may MapModel (docs/mapped.md). */
+enum radiance_map_allow {
+	RADIANCE_MAP_ALLOW_OWNER = 0,   /* root and the daemon's own uid (the default) */
+	RADIANCE_MAP_ALLOW_ALL,         /* every session */
+	RADIANCE_MAP_ALLOW_NONE,        /* nobody */
+};
+
 struct radiance_config {
 	char *config_path;          /* the file that was read, or NULL */
 	char *socket_path;          /* listening socket (ignored when socket-activated) */
@@ -38,6 +45,7 @@ struct radiance_config {
 	uint32_t hello_timeout_ms;  /* a connection that sends no Hello this long is closed */
 	uint32_t decode_rows;       /* largest M of the split-K decode path (clamped to max_rows) */
 	uint32_t numerics_gate;     /* 1: GPU backend checks first launches against the CPU */
+	enum radiance_map_allow map_allow;   /* who may map models' device memory */
 	/* Limits (docs/daemon.md "Limits"); 0: none. config_load resolves
 	 * "auto" (LIMIT_AUTO) from memory_bytes and max_sessions. */
 	uint64_t max_model_bytes;          /* resident model bytes, all models */

@@ -616,6 +616,8 @@ static void model_free(struct radiance_executor *e, struct exec_model *m)
 		radiance_backend_layer_free(e->backend, m->handles[i]);
 		m->handles[i] = NULL;
 	}
+	radiance_backend_share_destroy(e->backend, m->share);
+	m->share = NULL;
 	m->uploaded = 0;
 }
 
@@ -625,11 +627,22 @@ static void upload_step(struct radiance_executor *e)
 {
 	struct exec_job *job = e->uploading;
 	struct exec_model *m = job->model;
+	char err[200];
+	if (m->uploaded == 0 && !m->share) {
+		/* one exportable allocation for the whole model, before its first layer */
+		int rc = radiance_backend_share_create(e->backend, m->model, &m->share, err, sizeof err);
+		if (rc < 0) {
+			job->status = rc;
+			snprintf(job->err, sizeof job->err, "allocating the model: %s", err);
+			e->uploading = job->next;
+			post_done(e, job);
+			return;
+		}
+	}
 	if (m->uploaded < m->model->n_layers) {
 		const struct radiance_layer *l = &m->model->layers[m->uploaded];
-		char err[200];
-		int rc = radiance_backend_layer_upload(e->backend, l, &m->handles[m->uploaded], err,
-						       sizeof err);
+		int rc = radiance_backend_layer_upload_into(e->backend, m->share, m->uploaded, l,
+							    &m->handles[m->uploaded], err, sizeof err);
 		if (rc < 0) {
 			job->status = rc;
 			snprintf(job->err, sizeof job->err, "uploading layer %zu (%s): %s", m->uploaded,

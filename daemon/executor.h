@@ -62,6 +62,11 @@ struct exec_model {
 	const struct radiance_model *model;
 	struct radiance_backend_layer **handles;   /* [model->n_layers], filled by UPLOAD */
 	size_t uploaded;                           /* executor-private progress */
+	/* The one exportable allocation holding every layer (NULL when the
+	 * backend does not share: docs/mapped.md). Made by UPLOAD before the
+	 * first layer, freed by FREE; the loop reads it only while the model is
+	 * READY, once the UPLOAD job's done has run. */
+	struct radiance_backend_share *share;
 };
 
 /* A session's model references: model_id -> exec_model. The loop adds and
@@ -99,8 +104,9 @@ struct exec_entry {
 enum exec_job_kind {
 	EXEC_JOB_RING_ADD,       /* register the arena, start serving job->ring */
 	EXEC_JOB_RING_REMOVE,    /* stop serving job->ring, unregister its arena */
-	EXEC_JOB_MODEL_UPLOAD,   /* upload every layer of job->model, one per step */
-	EXEC_JOB_MODEL_FREE,     /* free job->model's backend layers */
+	EXEC_JOB_MODEL_UPLOAD,   /* upload every layer of job->model, one per step,
+	                            into its shared allocation when the backend makes one */
+	EXEC_JOB_MODEL_FREE,     /* free job->model's backend layers and shared allocation */
 	EXEC_JOB_PING,           /* nothing: proves the thread is alive (watchdog) */
 	EXEC_JOB_NOTICE,         /* executor -> loop only: a ring broke (job->err) */
 };
@@ -152,7 +158,7 @@ struct executor_options {
 int executor_create(uv_loop_t *loop, const struct executor_options *opt,
 		    struct radiance_executor **out, char *err, size_t errlen);
 
-/* The backend's name and device, known after create. */
+/* The backend's name and device (and how it shares models), known after create. */
 const struct radiance_backend_info *executor_backend_info(const struct radiance_executor *e);
 
 /* Queues a job; job->done runs later on the loop thread. Loop thread. */

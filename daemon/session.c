@@ -15,6 +15,7 @@
 
 #include "limit.h"
 #include "log.h"
+#include "map.h"
 #include "proto_util.h"
 #include "server.h"
 #include "shm.h"
@@ -85,6 +86,26 @@ static void send_ok(struct radiance_session *s, uint64_t tag)
 	m.msg_case = RADIANCE__SERVER_MESSAGE__MSG_OK;
 	m.ok = &ok;
 	send_msg(s, &m, NULL, 0);
+}
+
+void session_reply(struct radiance_session *s, Radiance__ServerMessage *m, const int *fds, size_t nfds)
+{
+	send_msg(s, m, fds, nfds);
+}
+
+void session_reply_error(struct radiance_session *s, uint64_t tag, int code, const char *fmt, ...)
+{
+	char text[512];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(text, sizeof text, fmt, ap);
+	va_end(ap);
+	send_error(s, tag, code, "%s", text);
+}
+
+void session_reply_ok(struct radiance_session *s, uint64_t tag)
+{
+	send_ok(s, tag);
 }
 
 /* ModelInfo of a resident model. Pointers go into the model (immutable);
@@ -289,6 +310,7 @@ static void handle_hello(struct radiance_session *s, uint64_t tag, const Radianc
 	w.device = (char *)bi->device;
 	w.session_id = s->id;
 	w.max_rows = s->server->cfg->max_rows;
+	w.map_layout_version = RADIANCE_MAP_LAYOUT_VERSION;
 	m.tag = tag;
 	m.msg_case = RADIANCE__SERVER_MESSAGE__MSG_WELCOME;
 	m.welcome = &w;
@@ -365,6 +387,11 @@ static void handle_release(struct radiance_session *s, uint64_t tag,
 			 (unsigned long long)s->id, (unsigned)s->uid, model_id, res->name);
 		registry_unpin(res);
 		send_ok(s, tag);
+		return;
+	}
+	if (session_maps_has(&s->maps, model_id)) {
+		send_error(s, tag, EBUSY, "model %u is mapped by this session: unmap it first "
+			   "(UnmapModel, radiance_gpu_unmap)", model_id);
 		return;
 	}
 	for (size_t i = 0; i < s->nmodels; i++) {
@@ -765,6 +792,12 @@ void session_handle_frame(struct radiance_session *s, const uint8_t *data, size_
 	case RADIANCE__CLIENT_MESSAGE__MSG_GET_STATS:
 		handle_stats(s, m->tag);
 		break;
+	case RADIANCE__CLIENT_MESSAGE__MSG_MAP_MODEL:
+		session_handle_map(s, m->tag, m->map_model);
+		break;
+	case RADIANCE__CLIENT_MESSAGE__MSG_UNMAP_MODEL:
+		session_handle_unmap(s, m->tag, m->unmap_model);
+		break;
 	default:
 		session_close(s, 1, "unknown message");
 		break;
@@ -892,6 +925,7 @@ void session_maybe_free(struct radiance_session *s)
 	if (s->state != SESSION_CLOSING || !s->poll_closed || !s->timer_closed ||
 	    s->ring_state != SESSION_RING_NONE)
 		return;
+	session_maps_finish(&s->maps);   /* the mappings go with the references below */
 	while (s->nmodels)
 		session_drop_model(s, s->nmodels - 1);
 	free(s->models);

@@ -29,6 +29,7 @@
 
 #include "executor.h"
 #include "registry.h"
+#include "session_map.h"
 #include "stats.h"
 #include "transport.h"
 
@@ -74,6 +75,7 @@ struct radiance_session {
 	size_t nmodels, models_cap;
 	struct registry_waiter waiter;   /* a LoadModel in progress */
 	int waiting;
+	struct session_maps maps;        /* models mapped (session_map.c) */
 
 	/* data plane */
 	enum session_ring_state ring_state;
@@ -99,6 +101,13 @@ void session_handle_frame(struct radiance_session *s, const uint8_t *data, size_
  * session_close() for a reason that is not the client's violation. Best
  * effort: session_close() flushes what the socket takes. */
 void session_send_error(struct radiance_session *s, int code, const char *text);
+
+/* Replies for the handlers in other files (session_map.c): m with nfds fds
+ * (dup'ed), an Error(code, text), an Ok. */
+void session_reply(struct radiance_session *s, Radiance__ServerMessage *m, const int *fds, size_t nfds);
+void session_reply_error(struct radiance_session *s, uint64_t tag, int code, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+void session_reply_ok(struct radiance_session *s, uint64_t tag);
 
 /* Ends the session (idempotent). reason is logged once; `violation` logs it
  * as a warning and first tries to send it as an Error(EPROTO). */

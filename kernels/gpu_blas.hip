@@ -80,6 +80,11 @@ extern "C" void radiance__blas_destroy(void *blas)
 		blas_destroy((blas_t)blas);
 }
 
+extern "C" int radiance__blas_set_stream(void *blas, void *stream)
+{
+	return blas_set_stream((blas_t)blas, (hipStream_t)stream) == BLAS_OK ? 0 : -EIO;
+}
+
 static int gemm(void *blas, const uint16_t *x, uint32_t m, const uint16_t *w, uint32_t n, uint32_t k, void *c,
 		int c_bf16)
 {
@@ -112,6 +117,10 @@ extern "C" int radiance__blas_create(void **blas, void *stream, void *workspace,
 	return -ENOTSUP;
 }
 extern "C" void radiance__blas_destroy(void *blas) {}
+extern "C" int radiance__blas_set_stream(void *blas, void *stream)
+{
+	return -ENOTSUP;
+}
 extern "C" int radiance__blas_bf16_f32(void *blas, const uint16_t *x, uint32_t m, const uint16_t *w, uint32_t n,
 				       uint32_t k, float *c)
 {

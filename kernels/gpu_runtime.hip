@@ -1,6 +1,7 @@
 /* Thin C wrappers over the vendor runtime (w4a8_gpu.h), and the bench's
  * streaming-read probe. */
 #include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -8,6 +9,16 @@
 #include "w4a8_gpu.h"
 
 static thread_local char last_error[256];
+
+/* For gpu_share.hip, which reports driver-API failures through the same text. */
+extern "C" int radiance__gpu_fail_text(int rc, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(last_error, sizeof last_error, fmt, ap);
+	va_end(ap);
+	return rc;
+}
 static int probe_blocks = 1024;   /* resident blocks of the probe: 8 per SM */
 
 extern "C" int radiance__wgmma_probe(int *usable);   /* w4a8_wgmma.hip */
@@ -81,6 +92,42 @@ extern "C" int radiance__gpu_init(int ordinal, struct radiance__gpu_device *dev)
 	if (p.name[0] == 0)
 		snprintf(dev->name, sizeof dev->name, "%s", p.gcnArchName);
 #endif
+	return 0;
+}
+
+extern "C" int radiance__gpu_get_device(int *ordinal)
+{
+	CHECK("get device", hipGetDevice(ordinal));
+	return 0;
+}
+
+extern "C" int radiance__gpu_set_device(int ordinal)
+{
+	CHECK("set device", hipSetDevice(ordinal));
+	return 0;
+}
+
+extern "C" int radiance__gpu_mem_info(size_t *free_bytes, size_t *total_bytes)
+{
+	CHECK("memory info", hipMemGetInfo(free_bytes, total_bytes));
+	return 0;
+}
+
+extern "C" int radiance__gpu_pci_bus_id(int ordinal, char *buf, size_t len)
+{
+	CHECK("PCI bus id", hipDeviceGetPCIBusId(buf, (int)len, ordinal));
+	return 0;
+}
+
+extern "C" int radiance__gpu_device_by_pci_bus_id(const char *bus_id, int *ordinal)
+{
+	hipError_t e = hipDeviceGetByPCIBusId(ordinal, bus_id);
+	if (e != hipSuccess) {
+		snprintf(last_error, sizeof last_error, "no visible device has PCI bus id %s: %s", bus_id,
+			 hipGetErrorString(e));
+		(void)hipGetLastError();
+		return -ENODEV;
+	}
 	return 0;
 }
 
@@ -196,6 +243,39 @@ extern "C" int radiance__gpu_event_elapsed(void *start, void *end, float *ms)
 	CHECK("event synchronize", hipEventSynchronize((hipEvent_t)end));
 	CHECK("event elapsed", hipEventElapsedTime(ms, (hipEvent_t)start, (hipEvent_t)end));
 	return 0;
+}
+
+extern "C" int radiance__gpu_graph_begin(void *stream)
+{
+	/* relaxed: the first launch of a kernel sets its attributes, which a
+	 * global-mode capture would refuse */
+	CHECK("begin capture", hipStreamBeginCapture((hipStream_t)stream, hipStreamCaptureModeRelaxed));
+	return 0;
+}
+
+extern "C" int radiance__gpu_graph_end(void *stream, void **exec)
+{
+	hipGraph_t graph;
+	hipGraphExec_t e;
+	CHECK("end capture", hipStreamEndCapture((hipStream_t)stream, &graph));
+	hipError_t err = hipGraphInstantiateWithFlags(&e, graph, 0);
+	(void)hipGraphDestroy(graph);
+	if (err != hipSuccess)
+		return fail("graph instantiate", err);
+	*exec = (void *)e;
+	return 0;
+}
+
+extern "C" int radiance__gpu_graph_launch(void *exec, void *stream)
+{
+	CHECK("graph launch", hipGraphLaunch((hipGraphExec_t)exec, (hipStream_t)stream));
+	return 0;
+}
+
+extern "C" void radiance__gpu_graph_destroy(void *exec)
+{
+	if (exec)
+		(void)hipGraphExecDestroy((hipGraphExec_t)exec);
 }
 
 /* The ceiling for a bandwidth-bound kernel: every thread keeps four 16-byte

@@ -61,8 +61,89 @@ void radiance__gpu_event_destroy(void *ev);
 int radiance__gpu_event_record(void *ev, void *stream);
 /* Milliseconds between two recorded events (waits for `end`). */
 int radiance__gpu_event_elapsed(void *start, void *end, float *ms);
+/* Stream capture into a graph (tests and bench: a layer call must be
+ * capturable): begin (relaxed mode), end and instantiate, launch, free. */
+int radiance__gpu_graph_begin(void *stream);
+int radiance__gpu_graph_end(void *stream, void **exec);
+int radiance__gpu_graph_launch(void *exec, void *stream);
+void radiance__gpu_graph_destroy(void *exec);
 /* Last error of an asynchronous launch (0 or -EIO). */
 int radiance__gpu_check_launch(const char *what);
+/* The calling thread's current device, and making one current (the CUDA
+ * and HIP runtimes launch on the current device). */
+int radiance__gpu_get_device(int *ordinal);
+int radiance__gpu_set_device(int ordinal);
+/* Free and total bytes of the current device (the whole device, every
+ * process: cudaMemGetInfo / hipMemGetInfo). */
+int radiance__gpu_mem_info(size_t *free_bytes, size_t *total_bytes);
+/* The PCI bus id of a device ("0000:19:00.0"), and the ordinal of the
+ * device with a given bus id in this process (ordinals differ between
+ * processes with other CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES; the
+ * bus id does not). -ENODEV when no visible device has it. */
+int radiance__gpu_pci_bus_id(int ordinal, char *buf, size_t len);
+int radiance__gpu_device_by_pci_bus_id(const char *bus_id, int *ordinal);
+
+/* -------------------------------------------------------- shared memory */
+
+/* Device memory that other processes can map (kernels/gpu_share.hip,
+ * docs/mapped.md): a VMM allocation exported as a POSIX fd
+ * (cuMemCreate + cuMemExportToShareableHandle; hipMemCreate +
+ * hipMemExportToShareableHandle), or a plain allocation with a legacy IPC
+ * handle (cudaIpcGetMemHandle / hipIpcGetMemHandle) where VMM is missing. */
+enum radiance__gpu_share_kind {
+	RADIANCE_SHARE_NONE = 0,
+	RADIANCE_SHARE_VMM = 1,
+	RADIANCE_SHARE_IPC = 2,
+};
+
+#define RADIANCE__GPU_IPC_BYTES 64
+
+/* What device `ordinal` offers; `why` says what is missing and why. */
+struct radiance__gpu_share_caps {
+	int vmm;                  /* VMM allocations exportable as POSIX fds */
+	int ipc;                  /* legacy IPC handles (assumed on every discrete GPU) */
+	size_t granularity;       /* VMM allocation granularity (0 without VMM) */
+	char why[192];
+};
+int radiance__gpu_share_caps(int ordinal, struct radiance__gpu_share_caps *caps);
+
+/* One exportable allocation, owned by the process that made it. */
+struct radiance__gpu_share {
+	enum radiance__gpu_share_kind kind;
+	void *base;               /* device address here; bytes of it are read-write */
+	size_t bytes;             /* as asked, rounded up to `granularity` */
+	size_t granularity;       /* VMM: the device's; IPC: 1 */
+	int fd;                   /* VMM: the exported fd (owned, closed by free); else -1 */
+	uint8_t ipc[RADIANCE__GPU_IPC_BYTES];   /* IPC: the handle */
+	uint64_t handle;          /* VMM: the allocation handle */
+};
+
+/* Allocates bytes on device `ordinal` (the current device) as `kind` and
+ * exports it. 0, -ENOMEM, -ENOTSUP (the kind is not available), -EIO. */
+int radiance__gpu_share_alloc(int ordinal, enum radiance__gpu_share_kind kind, size_t bytes,
+			      struct radiance__gpu_share *s);
+/* Unmaps and releases it (importers keep what they mapped, see
+ * docs/mapped.md), closes the fd. Safe on a zeroed struct with fd -1. */
+void radiance__gpu_share_free(struct radiance__gpu_share *s);
+
+/* Another process's allocation, mapped into this one. */
+struct radiance__gpu_import {
+	enum radiance__gpu_share_kind kind;
+	void *base;
+	size_t bytes;
+};
+
+/* Imports a VMM fd (not closed: the caller's) of `bytes` and maps it on
+ * device `ordinal`, read-only when read_only (else read-write).
+ * 0, -EINVAL (bytes not a multiple of granularity), -EIO (the text names
+ * the failing driver call). */
+int radiance__gpu_share_import_fd(int ordinal, int fd, size_t bytes, size_t granularity, int read_only,
+				  struct radiance__gpu_import *imp);
+/* Opens a legacy IPC handle on the current device (always read-write: the
+ * API has no read-only mode). */
+int radiance__gpu_share_import_ipc(const uint8_t ipc[RADIANCE__GPU_IPC_BYTES], size_t bytes,
+				   struct radiance__gpu_import *imp);
+void radiance__gpu_share_unimport(struct radiance__gpu_import *imp);
 
 /* ----------------------------------------------------------- activations */
 
@@ -167,12 +248,65 @@ int radiance__gpu_bf16_portable(const uint16_t *x, enum radiance_dtype dtype, ui
 /* Vendor BLAS (cuBLAS / hipBLAS). -ENOTSUP when built without one. */
 int radiance__blas_create(void **blas, void *stream, void *workspace, size_t workspace_bytes);
 void radiance__blas_destroy(void *blas);
+/* The stream later calls on the handle run on (cheap; no allocation). */
+int radiance__blas_set_stream(void *blas, void *stream);
 /* c fp32 [m][n] = x bf16 [m][k] * w bf16 [n][k]^T, fp32 compute. */
 int radiance__blas_bf16_f32(void *blas, const uint16_t *x, uint32_t m, const uint16_t *w,
 			    uint32_t n, uint32_t k, float *c);
 /* y bf16 [m][n] = x w^T straight to bf16 (the bench's vendor peer). */
 int radiance__blas_bf16_bf16(void *blas, const uint16_t *x, uint32_t m, const uint16_t *w,
 			     uint32_t n, uint32_t k, uint16_t *y);
+
+/* ------------------------------------------------------- one layer call */
+
+/* A resident layer's device arrays (kernels/gpu_layer.hip). */
+struct radiance__gpu_layer {
+	int bf16;                  /* 0: W4A8 (w, sc from radiance__w4a8_repack); 1: bf16 w [n][k] */
+	uint32_t n, k;
+	const void *w, *sc;
+	const float *bias;         /* fp32 [n] or NULL */
+};
+
+/* What radiance__gpu_layer_run needs besides the weights, allocated once
+ * (radiance__gpu_scratch_create) for layers up to max_n x max_k and calls
+ * of up to max_rows rows: e4m3 codes [max_rows][max_k] (rows rounded up to
+ * 64), per-token scales, one fp32 buffer for split-K partials and bf16-layer
+ * GEMM results, the split-K counters (zeroed at creation, left zeroed by
+ * every launch), and for bf16 layers the fp16 hi/lo split and a BLAS handle
+ * with its own 32 MiB workspace (the BLAS then never allocates). One
+ * scratch serves one stream at a time: launches that use it must be
+ * ordered (same stream, or events). */
+struct radiance__gpu_scratch {
+	uint32_t max_rows, max_decode_rows, max_n, max_k;
+	uint8_t *codes;
+	float *s;
+	float *f32;
+	size_t f32_bytes;
+	uint32_t *counters;
+	size_t counters_n;
+	uint16_t *hilo;            /* bf16 layers: [2 * bf16_chunk][max_k] */
+	void *blas, *blas_ws;      /* bf16 layers; blas NULL: the portable kernel */
+	uint32_t bf16_chunk;       /* rows per bf16 GEMM (fp16 input: half of it) */
+	uint64_t bytes;            /* device bytes allocated */
+};
+
+/* bf16_layers: also what bf16 layers need (hilo, BLAS). max_decode_rows 0
+ * means 64 (and more is cut to 64). 0, -ENOMEM or -EIO (text in
+ * radiance__gpu_last_error); on failure nothing stays allocated. */
+int radiance__gpu_scratch_create(struct radiance__gpu_scratch *s, uint32_t max_rows, uint32_t max_decode_rows,
+				 uint32_t max_n, uint32_t max_k, int bf16_layers, void *stream);
+void radiance__gpu_scratch_destroy(struct radiance__gpu_scratch *s);
+
+/* y [m][n] bf16 = l(x [m][k] of dtype): per-token quant + W4A8 GEMM (the
+ * policy's path, PDL), or BLAS bf16 GEMM + bias, on `stream`; x and y are
+ * device pointers. m <= s->max_rows, l->n <= s->max_n, l->k <= s->max_k
+ * (-E2BIG otherwise), dtype bf16 or fp16 (-EINVAL). Allocates nothing and
+ * never synchronizes, so a CUDA graph can capture it. *path (may be NULL)
+ * names what ran: "decode", "tiled", "wgmma", "portable", "bf16-blas",
+ * "bf16-portable". `force` is RADIANCE_W4A8_AUTO except in tests. */
+int radiance__gpu_layer_run(const struct radiance__gpu_device *dev, struct radiance__gpu_scratch *s,
+			    const struct radiance__gpu_layer *l, const void *x, enum radiance_dtype dtype,
+			    uint32_t m, uint16_t *y, void *stream, enum radiance__w4a8_path force, const char **path);
 
 /* ----------------------------------------------------------------- bench */
 

@@ -93,4 +93,24 @@ else
 	bad "examples/linear.c does not link against the .a: $(cat "$tmp/cc.err")"
 fi
 
+# 5. GPU builds: libradiance-gpu exports exactly client/radiance_gpu.h's
+# functions, and its header compiles alone
+gso=$BUILD/libradiance-gpu.so.0
+if [ -f "$gso" ]; then
+	cc -fpreprocessed -dD -E client/radiance_gpu.h 2>/dev/null |
+		grep -oE '\bradiance_gpu_[a-z0-9_]+\(' | tr -d '(' | sort -u >"$tmp/gheader"
+	nm -D --defined-only "$gso" | awk '$2 == "T" { sub(/@.*/, "", $3); print $3 }' | sort -u >"$tmp/gexported"
+	grep -oE '^\s*radiance_gpu_[a-z0-9_]+;' client/gpu/libradiance-gpu.sym | tr -d ' \t;' | sort -u >"$tmp/gscript"
+	cmp -s "$tmp/gheader" "$tmp/gexported" && cmp -s "$tmp/gheader" "$tmp/gscript" &&
+		ok "libradiance-gpu: $(wc -l <"$tmp/gexported") exported functions, exactly radiance_gpu.h's" ||
+		{ bad "libradiance-gpu exports differ from radiance_gpu.h or the version script:"; diff "$tmp/gheader" "$tmp/gexported"; }
+	objdump -p "$gso" | grep -q 'SONAME *libradiance-gpu.so.0' && ok "SONAME libradiance-gpu.so.0" ||
+		bad "libradiance-gpu SONAME"
+	printf '#include "radiance_gpu.h"\nint main(void) { return radiance_gpu_error_message() == 0; }\n' >"$tmp/g.c"
+	cc -std=c11 -Wall -Wextra -Werror -pedantic -Iclient -c "$tmp/g.c" -o "$tmp/g.o" &&
+		ok "radiance_gpu.h compiles alone (C11, -pedantic)" || bad "radiance_gpu.h alone"
+	v=$(PKG_CONFIG_PATH=$BUILD pkg-config --modversion radiance-gpu 2>&1)
+	[ -n "$v" ] && ok "pkg-config: radiance-gpu $v" || bad "pkg-config cannot read radiance-gpu.pc"
+fi
+
 exit $fail

@@ -1,0 +1,131 @@
+/*
+ * libradiance-gpu: run a resident model's layers in the caller's own GPU
+ * process, on the daemon's one copy of the weights (docs/mapped.md).
+ *
+ * An inference engine whose activations live in device memory pays, per
+ * layer call through the rings, a copy out, a copy in, the daemon's launch,
+ * a copy back and a cross-process round trip. Mapped, it imports the
+ * daemon's device allocation of the model once (radiance_gpu_map) and
+ * launches the same W4A8 kernels the daemon uses on its own stream
+ * (radiance_gpu_linear): no copy, no round trip, no daemon in the loop.
+ *
+ * Built with make GPU=cuda (NVIDIA) or GPU=hip (AMD); link with
+ * `pkg-config --cflags --libs radiance-gpu` (which brings libradiance).
+ * The device buffers, pointers and streams below are the vendor runtime's
+ * (CUDA or HIP) of the device that holds the model.
+ *
+ * Tensors, as radiance.h: x [rows][K] bf16 or fp16 bits, y [rows][N] bf16,
+ * row-major, here in device memory of the model's device. Numerics are the
+ * daemon's (docs/numerics.md): the same kernels, the same launch policy.
+ *
+ * Errors: 0 or a negative errno; radiance_gpu_error_message() has the text
+ * of the last failure on the calling thread.
+ *
+ * Thread safety: a struct radiance_gpu_model is not thread-safe, and its
+ * scratch serves one stream at a time: calls on it must be ordered on one
+ * stream (or ordered across streams by the caller's events). Map once per
+ * stream that runs layers concurrently; the weights are not duplicated by
+ * that, only the scratch.
+ */
+#ifndef RADIANCE_GPU_H
+#define RADIANCE_GPU_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "radiance.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct radiance_gpu_model;   /* a mapped model; opaque */
+
+struct radiance_gpu_options {
+	uint32_t size;           /* sizeof(struct radiance_gpu_options) */
+	uint32_t max_rows;       /* largest rows of one radiance_gpu_linear call;
+	                            sizes the scratch; 0 = 64 */
+};
+
+#define RADIANCE_GPU_OPTIONS_INIT { .size = sizeof(struct radiance_gpu_options) }
+
+/* Maps model_id, which session r holds (radiance_load_model /
+ * radiance_attach_model), into this process: asks the daemon for the
+ * model's allocation (radiance_map_model), finds the device by its PCI bus
+ * id (whatever CUDA_VISIBLE_DEVICES this process has), imports it there
+ * read-only (VMM; a legacy IPC handle, the fallback where the GPU has no
+ * VMM, is mapped read-write: the API has no read-only mode), and allocates
+ * the scratch the kernels need, once, for layers up to the model's largest
+ * N x K and opt->max_rows rows (radiance_gpu_get_info says how much).
+ * Nothing is allocated later. opt may be NULL.
+ *
+ * Runs in the caller's context: the thread's current device is changed for
+ * the duration of the call and restored. The model's device must be visible
+ * to this process.
+ *
+ * The session counts as mapping the model until radiance_gpu_unmap(): the
+ * daemon keeps it resident and refuses radiance_release_model() of it. If
+ * the session ends first (disconnect, the daemon gone), the memory this
+ * process mapped stays valid (VMM memory lives while any process maps it;
+ * for IPC handles the vendors do not say), but it is outside the daemon's
+ * accounting: unmap before disconnecting.
+ * Returns 0 and *out, or:
+ *   -ENOTSUP  the daemon cannot map the model (cpu backend, no VMM/IPC, an
+ *             older daemon, another layout version), or the mapping is for
+ *             another vendor's kernels, or a test handle;
+ *   -ENODEV   the model's device is not visible here;
+ *   -ENOENT   the session holds no model_id;
+ *   -EINVAL   opt->size too small;
+ *   -EIO      importing or mapping failed (the driver's message);
+ *   -ENOMEM, or what radiance_map_model returns. */
+int radiance_gpu_map(struct radiance *r, uint32_t model_id, const struct radiance_gpu_options *opt,
+		     struct radiance_gpu_model **out);
+
+/* y = layer(x): per-token e4m3 quantization and the W4A8 GEMM (int4 weights,
+ * fp32 accumulation, one bf16 rounding, + bias), or for bf16 layers the
+ * vendor BLAS GEMM, enqueued on `stream` (a cudaStream_t / hipStream_t of
+ * the model's device, NULL: the legacy default stream). Asynchronous:
+ * returns once enqueued; y is written when the stream gets there.
+ *   layer   the layer's index (radiance_layer_info.index);
+ *   x       device pointer to [rows][K] of dtype, 16-byte aligned;
+ *   y       device pointer to [rows][N] bf16, 16-byte aligned, not
+ *           overlapping x;
+ *   rows    1..max_rows of the map options.
+ * The calling thread's current device must be the model's
+ * (radiance_gpu_get_info().device). Allocates nothing and never
+ * synchronizes, so it may be captured in a CUDA graph. Returns 0, or
+ * -ERANGE (layer out of range), -EINVAL (rows 0, dtype, misaligned x/y),
+ * -E2BIG (rows above max_rows), -EIO (a launch failed; the vendor's text). */
+int radiance_gpu_linear(struct radiance_gpu_model *g, uint32_t layer, const void *x, void *y, uint32_t rows,
+			enum radiance_elem dtype, void *stream);
+
+struct radiance_gpu_info {
+	uint32_t model_id;
+	int device;              /* the device's ordinal in this process */
+	const char *handle;      /* "vmm" or "ipc" */
+	bool read_only;          /* the mapping is read-only in this process */
+	uint64_t mapped_bytes;   /* the model's allocation, mapped, not copied */
+	uint64_t scratch_bytes;  /* device memory this mapping allocated itself */
+	uint32_t max_rows;
+	size_t n_layers;
+};
+
+/* Fills *info; strings owned by g. */
+void radiance_gpu_get_info(const struct radiance_gpu_model *g, struct radiance_gpu_info *info);
+
+/* Unmaps g (its scratch too) and, when r is not NULL, tells the daemon
+ * (radiance_unmap_model). No work using g may be pending: synchronize the
+ * streams that ran it first. Returns 0 or radiance_unmap_model's error
+ * (g is freed in every case). NULL g is a no-op. */
+int radiance_gpu_unmap(struct radiance *r, struct radiance_gpu_model *g);
+
+/* Text of the last failure of a radiance_gpu_* call on this thread ("" if
+ * none). Thread-local storage, valid until the next call on this thread. */
+const char *radiance_gpu_error_message(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,162 @@
+/*
+ * One layer call on device buffers (w4a8_gpu.h): what the daemon's GPU
+ * backend runs for a launch of stacked requests and what libradiance-gpu
+ * runs on a client's stream over a mapped model, so both run the same
+ * launches in the same order.
+ *
+ * Host code only; the kernels are in w4a8_quant.hip, w4a8_gemm.hip,
+ * bf16_gpu.hip and gpu_blas.hip.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "numerics_gpu.h"
+#include "w4a8_gpu.h"
+
+#define BLAS_WORKSPACE_BYTES (32u << 20)   /* cuBLAS's recommendation for Hopper */
+#define BF16_CHUNK_ROWS 1024u              /* rows of one bf16-layer GEMM */
+
+extern "C" int radiance__gpu_fail_text(int rc, const char *fmt, ...);   /* gpu_runtime.hip */
+
+static int scratch_alloc(struct radiance__gpu_scratch *s, void **p, size_t bytes)
+{
+	int rc = radiance__gpu_malloc(p, bytes);
+	if (rc == 0)
+		s->bytes += bytes;
+	return rc;
+}
+
+extern "C" void radiance__gpu_scratch_destroy(struct radiance__gpu_scratch *s)
+{
+	radiance__blas_destroy(s->blas);
+	radiance__gpu_free(s->blas_ws);
+	radiance__gpu_free(s->hilo);
+	radiance__gpu_free(s->counters);
+	radiance__gpu_free(s->f32);
+	radiance__gpu_free(s->s);
+	radiance__gpu_free(s->codes);
+	memset(s, 0, sizeof *s);
+}
+
+extern "C" int radiance__gpu_scratch_create(struct radiance__gpu_scratch *s, uint32_t max_rows,
+					    uint32_t max_decode_rows, uint32_t max_n, uint32_t max_k,
+					    int bf16_layers, void *stream)
+{
+	int rc;
+	memset(s, 0, sizeof *s);
+	s->max_rows = max_rows ? max_rows : 1;
+	s->max_decode_rows = max_decode_rows && max_decode_rows < 64 ? max_decode_rows : 64;
+	s->max_n = max_n ? max_n : 1;
+	s->max_k = max_k ? max_k : 1;
+	const size_t rows_pad = ((size_t)s->max_rows + 63) & ~(size_t)63;
+	const size_t partials = radiance__w4a8_partials_bytes(s->max_decode_rows, s->max_n);
+	s->bf16_chunk = s->max_rows < BF16_CHUNK_ROWS ? s->max_rows : BF16_CHUNK_ROWS;
+	/* fp16 activations of bf16 layers take two rows each (hi, lo) */
+	const size_t f32_rows = bf16_layers ? 2 * (size_t)((s->bf16_chunk + 1) / 2) : 0;
+	s->f32_bytes = f32_rows * s->max_n * sizeof(float);
+	if (s->f32_bytes < partials)
+		s->f32_bytes = partials;
+	s->counters_n = radiance__w4a8_counters_needed(s->max_n);
+
+	if ((rc = scratch_alloc(s, (void **)&s->codes, rows_pad * s->max_k)) ||
+	    (rc = scratch_alloc(s, (void **)&s->s, rows_pad * sizeof(float))) ||
+	    (rc = scratch_alloc(s, (void **)&s->f32, s->f32_bytes)) ||
+	    (rc = scratch_alloc(s, (void **)&s->counters, s->counters_n * sizeof(uint32_t))))
+		goto fail;
+	if (bf16_layers && ((rc = scratch_alloc(s, (void **)&s->hilo, f32_rows * s->max_k * 2)) ||
+			    (rc = scratch_alloc(s, &s->blas_ws, BLAS_WORKSPACE_BYTES))))
+		goto fail;
+	if ((rc = radiance__gpu_memset_async(s->counters, 0, s->counters_n * sizeof(uint32_t), stream)) ||
+	    (rc = radiance__gpu_stream_sync(stream)))
+		goto fail;
+	/* no BLAS (or it failed to start): bf16 layers take the portable kernel */
+	if (bf16_layers && radiance__blas_create(&s->blas, stream, s->blas_ws, BLAS_WORKSPACE_BYTES) != 0)
+		s->blas = NULL;
+	return 0;
+fail:
+	radiance__gpu_scratch_destroy(s);
+	return rc;
+}
+
+static const char *path_name(enum radiance__w4a8_path p)
+{
+	switch (p) {
+	case RADIANCE_W4A8_DECODE: return "decode";
+	case RADIANCE_W4A8_TILED: return "tiled";
+	case RADIANCE_W4A8_WGMMA: return "wgmma";
+	case RADIANCE_W4A8_PORTABLE: return "portable";
+	default: return "auto";
+	}
+}
+
+extern "C" int radiance__gpu_layer_run(const struct radiance__gpu_device *dev, struct radiance__gpu_scratch *s,
+				       const struct radiance__gpu_layer *l, const void *x, enum radiance_dtype dtype,
+				       uint32_t m, uint16_t *y, void *stream, enum radiance__w4a8_path force,
+				       const char **path)
+{
+	int rc;
+	const char *unused;
+	if (!path)
+		path = &unused;
+	*path = "";
+	if (m > s->max_rows || l->n > s->max_n || l->k > s->max_k)
+		return radiance__gpu_fail_text(-E2BIG, "%u rows of a %ux%u layer exceed the scratch (%u rows, %ux%u)",
+					       m, l->n, l->k, s->max_rows, s->max_n, s->max_k);
+	if (dtype != RADIANCE_DTYPE_BF16 && dtype != RADIANCE_DTYPE_FP16)
+		return radiance__gpu_fail_text(-EINVAL, "activation dtype %d is not bf16 or fp16", (int)dtype);
+	if (m == 0)
+		return 0;
+	if (!l->bf16) {
+		struct radiance__w4a8_args a = {};
+		a.codes = s->codes;
+		a.s = s->s;
+		a.m = m;
+		a.n = l->n;
+		a.k = l->k;
+		a.w = l->w;
+		a.sc = l->sc;
+		a.bias = l->bias;
+		a.y = y;
+		a.partials = s->f32;
+		a.partials_bytes = s->f32_bytes;
+		a.counters = s->counters;
+		a.counters_n = s->counters_n;
+		a.path = force;
+		a.max_decode_rows = s->max_decode_rows;
+		a.pdl = 1;
+		struct radiance__w4a8_plan plan;
+		radiance__w4a8_plan(dev, &a, &plan);
+		*path = path_name(plan.path);
+		if ((rc = radiance__gpu_quant(x, dtype, m, l->k, plan.order, s->codes, s->s, stream)))
+			return rc;
+		return radiance__w4a8_gemm(dev, &a, stream);
+	}
+	const uint16_t *xb = (const uint16_t *)x;
+	if (!s->blas) {
+		*path = "bf16-portable";
+		return radiance__gpu_bf16_portable(xb, dtype, m, (const uint16_t *)l->w, l->bias, l->n, l->k, y,
+						   stream);
+	}
+	*path = "bf16-blas";
+	if ((rc = radiance__blas_set_stream(s->blas, stream)))
+		return radiance__gpu_fail_text(rc, "BLAS set stream failed");
+	const int hilo = dtype == RADIANCE_DTYPE_FP16;
+	const uint32_t chunk = hilo ? (s->bf16_chunk + 1) / 2 : s->bf16_chunk;
+	for (uint32_t r0 = 0; r0 < m; r0 += chunk) {
+		const uint32_t rows = m - r0 < chunk ? m - r0 : chunk;
+		const uint16_t *xr = xb + (size_t)r0 * l->k;
+		if (hilo) {
+			if ((rc = radiance__gpu_split_f16(xr, rows, l->k, s->hilo, stream)) ||
+			    (rc = radiance__blas_bf16_f32(s->blas, s->hilo, 2 * rows, (const uint16_t *)l->w, l->n, l->k,
+							  s->f32)))
+				return rc;
+		} else if ((rc = radiance__blas_bf16_f32(s->blas, xr, rows, (const uint16_t *)l->w, l->n, l->k,
+							 s->f32))) {
+			return rc;
+		}
+		if ((rc = radiance__gpu_bias_bf16(s->f32, rows, l->n, hilo, l->bias, y + (size_t)r0 * l->n, stream)))
+			return rc;
+	}
+	return 0;
+}

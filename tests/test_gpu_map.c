@@ -1,0 +1,571 @@
+/*
+ * Mapped weights on the GPU (docs/mapped.md): radianced on the GPU backend in
+ * one process, this test in another maps its models with libradiance-gpu
+ * and runs the layers on its own stream, checked against the CPU reference
+ * computed here from the same checkpoints:
+ *   - every layer of the shipped MiniLM checkpoint (W4A8 and bf16) and of a
+ *     synthetic one (N = 200 and 72, not multiples of a tile; K = 4096,
+ *     split-K; a bf16 layer with bias) at M = 1..300 through the policy's
+ *     path (streaming GEMV, decode, tiled, BLAS), and the forced portable
+ *     (bit-exact) and wgmma paths; rows past M untouched;
+ *   - bit for bit what the daemon computes for the same requests through
+ *     the rings (the same kernels, the same plan, the same weights);
+ *   - the calls captured in a CUDA graph and replayed give the same bits;
+ *   - the mapping is read-only: a second process that writes to it fails
+ *     and the weights every session computes with are unchanged;
+ *   - lifetime and argument errors (EBUSY release, ERANGE, E2BIG, EINVAL);
+ *   - the legacy IPC path (a daemon with RADIANCE_SHARE=ipc).
+ * Skips without a GPU build or device.
+ */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#ifdef RADIANCE_GPU
+#include "checkpoint.h"
+#include "daemon_harness.h"
+#include "gpu/gpu-private.h"
+#include "gpu_check.h"
+#include "st_writer.h"
+#include "w4a8_cpu.h"
+#include "w4a8_gpu.h"
+
+#define SYN_NAME "map-synthetic"
+#define MAX_ROWS 512u
+
+static int have_gpu;
+static struct radiance__gpu_device dev;
+static void *stream;
+static char minilm_dir[512], syn_root[64], syn_dir[256];
+static struct radiance_model *minilm, *syn;
+static struct h_daemon daemon_;
+static void *dx, *dy;            /* [MAX_ROWS][max k] and [MAX_ROWS + 1][max n] */
+static const char *self_exe;
+
+/* ---- the synthetic checkpoint ---- */
+
+static void add_w4(struct stw *w, const char *module, uint32_t n, uint32_t k, int bias)
+{
+	char name[256];
+	const uint32_t words = k / 8, groups = k / 128, zw = (n + 7) / 8;
+	uint32_t *qw = malloc((size_t)words * n * 4), *qz = malloc((size_t)groups * zw * 4);
+	uint16_t *sc = malloc((size_t)groups * n * 2), *b = malloc((size_t)n * 2);
+	for (size_t i = 0; i < (size_t)words * n; i++)
+		qw[i] = rnd() ^ (rnd() << 16);
+	for (size_t i = 0; i < (size_t)groups * n; i++)
+		sc[i] = f32_to_f16((0.002f + 0.03f * frand()) * ((rnd() & 1) ? -1.0f : 1.0f));
+	for (size_t i = 0; i < (size_t)groups * zw; i++)
+		qz[i] = 0x77777777u;   /* symmetric: every zero point 8, stored as 7 */
+	for (uint32_t i = 0; i < n; i++)
+		b[i] = f32_to_f16(nrand() * 0.5f);
+	snprintf(name, sizeof name, "%s.qweight", module);
+	stw_add(w, name, "I32", 2, (uint64_t[]){ words, n }, qw, (size_t)words * n * 4);
+	snprintf(name, sizeof name, "%s.scales", module);
+	stw_add(w, name, "F16", 2, (uint64_t[]){ groups, n }, sc, (size_t)groups * n * 2);
+	snprintf(name, sizeof name, "%s.qzeros", module);
+	stw_add(w, name, "I32", 2, (uint64_t[]){ groups, zw }, qz, (size_t)groups * zw * 4);
+	if (bias) {
+		snprintf(name, sizeof name, "%s.bias", module);
+		stw_add(w, name, "F16", 1, (uint64_t[]){ n }, b, (size_t)n * 2);
+	}
+	free(qw);
+	free(qz);
+	free(sc);
+	free(b);
+}
+
+static int write_synthetic(void)
+{
+	struct stw w;
+	char path[512];
+	stw_init(&w);
+	add_w4(&w, "model.layers.0.mlp.narrow", 200, 640, 1);
+	add_w4(&w, "model.layers.0.mlp.deep", 72, 4096, 0);
+	const uint32_t n = 136, k = 384;
+	uint16_t *wb = malloc((size_t)n * k * 2), *b = malloc(n * 2);
+	for (size_t i = 0; i < (size_t)n * k; i++)
+		wb[i] = radiance_bf16_from_f32(nrand() * 0.05f);
+	for (uint32_t i = 0; i < n; i++)
+		b[i] = radiance_bf16_from_f32(nrand());
+	stw_add(&w, "lm_head.weight", "BF16", 2, (uint64_t[]){ n, k }, wb, (size_t)n * k * 2);
+	stw_add(&w, "lm_head.bias", "BF16", 1, (uint64_t[]){ n }, b, (size_t)n * 2);
+	free(wb);
+	free(b);
+	snprintf(syn_root, sizeof syn_root, "/tmp/radiance-map-XXXXXX");
+	if (!mkdtemp(syn_root))
+		return -1;
+	snprintf(syn_dir, sizeof syn_dir, "%s/%s", syn_root, SYN_NAME);
+	if (mkdir(syn_dir, 0755) < 0)
+		return -1;
+	int rc = stw_write(&w, path_join(path, sizeof path, syn_dir, "model.safetensors"));
+	stw_finish(&w);
+	if (rc < 0)
+		return -1;
+	return write_text(path_join(path, sizeof path, syn_dir, "config.json"),
+			  "{\"architectures\": [\"LlamaForCausalLM\"], \"_name_or_path\": \"synthetic/map\","
+			  " \"quantization_config\": {\"quant_method\": \"auto-round\","
+			  " \"packing_format\": \"auto_round:auto_gptq\", \"bits\": 4, \"group_size\": 128,"
+			  " \"sym\": true, \"data_type\": \"int\", \"block_name_to_quantize\": \"model.layers\"}}");
+}
+
+/* ---- fixtures ---- */
+
+static int start_daemon(const char *share)
+{
+	if (share)
+		setenv("RADIANCE_SHARE", share, 1);
+	setenv("RADIANCE_TEST_BACKEND", "gpu", 1);
+	int rc = h_daemon_start(&daemon_);
+	unsetenv("RADIANCE_SHARE");
+	return rc;
+}
+
+static int group_setup(void **state)
+{
+	char err[512];
+	if (radiance__gpu_init(0, &dev) != 0 || radiance__gpu_stream_create(&stream) != 0) {
+		printf("# no usable GPU (%s): every test is skipped\n", radiance__gpu_last_error());
+		return 0;
+	}
+	h_path(minilm_dir, sizeof minilm_dir, H_CHECKPOINT);
+	if (write_synthetic() < 0 ||
+	    radiance_checkpoint_load_dir(minilm_dir, NULL, NULL, NULL, &minilm, err, sizeof err) < 0 ||
+	    radiance_checkpoint_load_dir(syn_dir, NULL, NULL, NULL, &syn, err, sizeof err) < 0) {
+		fprintf(stderr, "checkpoints: %s\n", err);
+		return -1;
+	}
+	if (radiance__gpu_malloc(&dx, (size_t)MAX_ROWS * 4096 * 2) || radiance__gpu_malloc(&dy, (size_t)(MAX_ROWS + 1) * 1536 * 2))
+		return -1;
+	have_gpu = 1;
+	printf("# GPU: %s, wgmma %d\n", dev.name, dev.wgmma);
+	return 0;
+}
+
+static int group_teardown(void **state)
+{
+	radiance__gpu_free(dx);
+	radiance__gpu_free(dy);
+	radiance__gpu_stream_destroy(stream);
+	radiance_model_destroy(minilm);
+	radiance_model_destroy(syn);
+	if (syn_root[0]) {
+		tmpdir_remove(strdup(syn_dir));
+		rmdir(syn_root);
+	}
+	return 0;
+}
+
+static int start(void **state)
+{
+	return have_gpu ? start_daemon(NULL) : 0;
+}
+
+static int start_ipc(void **state)
+{
+	return have_gpu ? start_daemon("ipc") : 0;
+}
+
+static int stop(void **state)
+{
+	if (!have_gpu)
+		return 0;
+	return h_daemon_stop_clean(&daemon_);
+}
+
+#define NEED_GPU()             \
+	do {                   \
+		if (!have_gpu) \
+			skip(); \
+	} while (0)
+
+static struct radiance *connect_load(const char *dir, uint32_t *id)
+{
+	struct radiance_options o = RADIANCE_OPTIONS_INIT;
+	o.timeout_ms = 60000;
+	struct radiance *r = radiance_connect(daemon_.socket, &o);
+	assert_non_null(r);
+	if (radiance_load_model(r, dir, NULL, id) < 0)
+		fail_msg("load %s: %s", dir, radiance_error_message(r));
+	return r;
+}
+
+static struct radiance_gpu_model *map(struct radiance *r, uint32_t id)
+{
+	struct radiance_gpu_options o = RADIANCE_GPU_OPTIONS_INIT;
+	o.max_rows = MAX_ROWS;
+	struct radiance_gpu_model *g = NULL;
+	if (radiance_gpu_map(r, id, &o, &g) < 0)
+		fail_msg("map model %u: %s", id, radiance_gpu_error_message());
+	return g;
+}
+
+/* x [m][k] random of dtype dt; the CPU reference of layer l into ref. */
+static void reference(const struct radiance_layer *l, const uint16_t *x, enum radiance_dtype dt, uint32_t m,
+		      uint16_t *ref)
+{
+	if (l->kind == RADIANCE_LAYER_BF16) {
+		radiance_cpu_bf16(x, dt, m, l->weight, l->bias, l->n, l->k, ref);
+		return;
+	}
+	void *scr = aligned_alloc(64, (radiance_cpu_w4a8_scratch_bytes(m, l->k) + 63) & ~(size_t)63);
+	assert_non_null(scr);
+	radiance_cpu_w4a8(x, dt, m, l->qweight, l->scales, l->bias, l->n, l->k, ref, scr);
+	free(scr);
+}
+
+static void fill(uint16_t *x, size_t n, enum radiance_dtype dt)
+{
+	float mag = ldexpf(1.0f, (int)(rnd() % 12) - 6);
+	for (size_t i = 0; i < n; i++)
+		x[i] = to_dtype(nrand() * mag, dt);
+}
+
+/* Runs layer li of g on m rows through the mapping (path forced or AUTO);
+ * y gets m rows; the guard row after them must stay poisoned. */
+static int run_mapped(struct radiance_gpu_model *g, uint32_t li, const struct radiance_layer *l, const uint16_t *x,
+		      enum radiance_dtype dt, uint32_t m, uint16_t *y, enum radiance__w4a8_path force,
+		      const char **path)
+{
+	const size_t ybytes = (size_t)(m + 1) * l->n * 2;
+	for (size_t i = 0; i < (size_t)(m + 1) * l->n; i++)
+		y[i] = 0x7FC1;
+	assert_int_equal(radiance__gpu_h2d_async(dx, x, (size_t)m * l->k * 2, stream), 0);
+	assert_int_equal(radiance__gpu_h2d_async(dy, y, ybytes, stream), 0);
+	int rc = radiance__gpu_model_run(g, li, dx, dy, m, (enum radiance_elem)dt, stream, force, path);
+	if (rc)
+		fail_msg("layer %s m=%u: %s", l->name, m, radiance_gpu_error_message());
+	assert_int_equal(radiance__gpu_d2h_async(y, dy, ybytes, stream), 0);
+	assert_int_equal(radiance__gpu_stream_sync(stream), 0);
+	size_t touched = 0;
+	for (size_t i = (size_t)m * l->n; i < (size_t)(m + 1) * l->n; i++)
+		touched += y[i] != 0x7FC1;
+	return touched ? -1 : 0;
+}
+
+/* ---- every path ---- */
+
+static size_t check_model(struct radiance_gpu_model *g, const struct radiance_model *model, size_t *checked)
+{
+	static const uint32_t ms[] = { 1, 3, 8, 16, 17, 33, 64, 65, 128, 300 };
+	size_t failed = 0;
+	uint16_t *x = malloc((size_t)MAX_ROWS * 4096 * 2), *y = malloc((size_t)(MAX_ROWS + 1) * 1536 * 2);
+	uint16_t *ref = malloc((size_t)MAX_ROWS * 1536 * 2);
+	for (uint32_t li = 0; li < model->n_layers; li++) {
+		const struct radiance_layer *l = &model->layers[li];
+		for (size_t mi = 0; mi < sizeof ms / sizeof ms[0]; mi++) {
+			const uint32_t m = ms[mi];
+			const enum radiance_dtype dt = ((li + mi) & 1) ? RADIANCE_DTYPE_FP16 : RADIANCE_DTYPE_BF16;
+			fill(x, (size_t)m * l->k, dt);
+			reference(l, x, dt, m, ref);
+			enum radiance__w4a8_path paths[3] = { RADIANCE_W4A8_AUTO, RADIANCE_W4A8_AUTO, RADIANCE_W4A8_AUTO };
+			size_t np = 1;
+			if (l->kind == RADIANCE_LAYER_W4A8 && (m == 1 || m == 65))
+				paths[np++] = RADIANCE_W4A8_PORTABLE;
+			if (l->kind == RADIANCE_LAYER_W4A8 && dev.wgmma && (m == 128 || m == 300))
+				paths[np++] = RADIANCE_W4A8_WGMMA;
+			for (size_t pi = 0; pi < np; pi++) {
+				const char *path = "";
+				char what[400];
+				int guard = run_mapped(g, li, l, x, dt, m, y, paths[pi], &path);
+				snprintf(what, sizeof what, "mapped %s (%ux%u) m=%u %s %s", l->name, l->n, l->k, m,
+					 dt == RADIANCE_DTYPE_FP16 ? "fp16" : "bf16", path);
+				if (guard)
+					printf("# %s: rows past m were written  <-- FAIL\n", what);
+				failed += guard != 0 || compare(what, y, ref, m, l->n, paths[pi] == RADIANCE_W4A8_PORTABLE);
+				(*checked)++;
+			}
+		}
+	}
+	free(x);
+	free(y);
+	free(ref);
+	return failed;
+}
+
+static void every_path(void **state)
+{
+	NEED_GPU();
+	uint32_t id_m, id_s;
+	struct radiance *r = connect_load(minilm_dir, &id_m);
+	assert_int_equal(radiance_load_model(r, syn_dir, NULL, &id_s), 0);
+	struct radiance_gpu_model *gm = map(r, id_m), *gs = map(r, id_s);
+	struct radiance_gpu_info info;
+	radiance_gpu_get_info(gm, &info);
+	printf("# mapped MiniLM: %s, read-only %d, %llu bytes mapped, %llu bytes of scratch, %zu layers\n",
+	       info.handle, info.read_only, (unsigned long long)info.mapped_bytes,
+	       (unsigned long long)info.scratch_bytes, info.n_layers);
+	assert_string_equal(info.handle, "vmm");
+	assert_true(info.read_only);
+	size_t checked = 0, failed = check_model(gm, minilm, &checked) + check_model(gs, syn, &checked);
+	printf("# %zu mapped launches checked against the CPU reference, %zu out of tolerance\n", checked, failed);
+	assert_int_equal(failed, 0);
+	assert_int_equal(radiance_gpu_unmap(r, gm), 0);
+	assert_int_equal(radiance_gpu_unmap(r, gs), 0);
+	radiance_disconnect(r);
+}
+
+/* ---- the same bits as the daemon ---- */
+
+static size_t same_as_rings(struct radiance *r, uint32_t id, struct radiance_gpu_model *g,
+			    const struct radiance_model *model, size_t *checked)
+{
+	static const uint32_t ms[] = { 1, 16, 17, 100 };
+	size_t differ = 0;
+	uint16_t *x = malloc((size_t)100 * 4096 * 2), *y = malloc((size_t)101 * 1536 * 2);
+	uint16_t *yr = malloc((size_t)100 * 1536 * 2);
+	for (uint32_t li = 0; li < model->n_layers; li++) {
+		const struct radiance_layer *l = &model->layers[li];
+		for (size_t mi = 0; mi < sizeof ms / sizeof ms[0]; mi++) {
+			const uint32_t m = ms[mi];
+			const enum radiance_dtype dt = (mi & 1) ? RADIANCE_DTYPE_FP16 : RADIANCE_DTYPE_BF16;
+			fill(x, (size_t)m * l->k, dt);
+			assert_int_equal(run_mapped(g, li, l, x, dt, m, y, RADIANCE_W4A8_AUTO, NULL), 0);
+			if (radiance_linear(r, id, li, m, (enum radiance_elem)dt, x, yr) < 0)
+				fail_msg("rings %s: %s", l->name, radiance_error_message(r));
+			if (memcmp(y, yr, (size_t)m * l->n * 2) != 0) {
+				printf("# %s m=%u: mapped and rings results differ  <-- FAIL\n", l->name, m);
+				differ++;
+			}
+			(*checked)++;
+		}
+	}
+	free(x);
+	free(y);
+	free(yr);
+	return differ;
+}
+
+static void same_bits_as_daemon(void **state)
+{
+	NEED_GPU();
+	uint32_t id_m, id_s;
+	struct radiance *r = connect_load(minilm_dir, &id_m);
+	assert_int_equal(radiance_load_model(r, syn_dir, NULL, &id_s), 0);
+	struct radiance_gpu_model *gm = map(r, id_m), *gs = map(r, id_s);
+	size_t checked = 0;
+	size_t differ = same_as_rings(r, id_m, gm, minilm, &checked) + same_as_rings(r, id_s, gs, syn, &checked);
+	printf("# %zu requests: mapped == rings bit for bit in %zu\n", checked, checked - differ);
+	assert_int_equal(differ, 0);
+	radiance_gpu_unmap(r, gm);
+	radiance_gpu_unmap(r, gs);
+	radiance_disconnect(r);
+}
+
+/* ---- CUDA graphs ---- */
+
+static void graph_capture(void **state)
+{
+	NEED_GPU();
+	uint32_t id;
+	struct radiance *r = connect_load(minilm_dir, &id);
+	struct radiance_gpu_model *g = map(r, id);
+	/* three layers of one block in a row, the way an engine's step runs:
+	 * x -> query, x -> intermediate (1536), that -> output (384) */
+	const int q = radiance_find_layer(radiance_held_model(r, id), "encoder.layer.0.attention.self.query");
+	const int up = radiance_find_layer(radiance_held_model(r, id), "encoder.layer.0.intermediate.dense");
+	const int down = radiance_find_layer(radiance_held_model(r, id), "encoder.layer.0.output.dense");
+	assert_true(q >= 0 && up >= 0 && down >= 0);
+	const uint32_t m = 4;
+	void *dq, *dmid, *dout;
+	assert_int_equal(radiance__gpu_malloc(&dq, (size_t)m * 384 * 2), 0);
+	assert_int_equal(radiance__gpu_malloc(&dmid, (size_t)m * 1536 * 2), 0);
+	assert_int_equal(radiance__gpu_malloc(&dout, (size_t)m * 384 * 2), 0);
+	uint16_t x[4 * 384], want[3][4 * 1536], got[3][4 * 1536];
+	void *outs[3] = { dq, dmid, dout };
+	const size_t outn[3] = { 384, 1536, 384 };
+#define STEP()                                                                                          \
+	do {                                                                                            \
+		assert_int_equal(radiance_gpu_linear(g, (uint32_t)q, dx, dq, m, RADIANCE_BF16, stream), 0);    \
+		assert_int_equal(radiance_gpu_linear(g, (uint32_t)up, dx, dmid, m, RADIANCE_BF16, stream), 0); \
+		assert_int_equal(radiance_gpu_linear(g, (uint32_t)down, dmid, dout, m, RADIANCE_BF16, stream), 0); \
+	} while (0)
+	void *exec = NULL;
+	assert_int_equal(radiance__gpu_graph_begin(stream), 0);
+	STEP();
+	if (radiance__gpu_graph_end(stream, &exec) != 0)
+		fail_msg("capture: %s", radiance__gpu_last_error());
+	for (int round = 0; round < 2; round++) {
+		fill(x, sizeof x / 2, RADIANCE_DTYPE_BF16);
+		assert_int_equal(radiance__gpu_h2d_async(dx, x, sizeof x, stream), 0);
+		STEP();
+		for (int i = 0; i < 3; i++)
+			assert_int_equal(radiance__gpu_d2h_async(want[i], outs[i], m * outn[i] * 2, stream), 0);
+		assert_int_equal(radiance__gpu_memset_async(dout, 0xFF, m * 384 * 2, stream), 0);
+		assert_int_equal(radiance__gpu_graph_launch(exec, stream), 0);
+		for (int i = 0; i < 3; i++)
+			assert_int_equal(radiance__gpu_d2h_async(got[i], outs[i], m * outn[i] * 2, stream), 0);
+		assert_int_equal(radiance__gpu_stream_sync(stream), 0);
+		for (int i = 0; i < 3; i++)
+			assert_memory_equal(got[i], want[i], m * outn[i] * 2);
+	}
+#undef STEP
+	printf("# three mapped layer calls captured in a graph: replayed twice, the same bits as direct calls\n");
+	radiance__gpu_graph_destroy(exec);
+	radiance__gpu_free(dq);
+	radiance__gpu_free(dmid);
+	radiance__gpu_free(dout);
+	radiance_gpu_unmap(r, g);
+	radiance_disconnect(r);
+}
+
+/* ---- read-only ---- */
+
+/* In a process of its own (the CUDA context of a faulting process is lost):
+ * maps MiniLM and tries to write layer 0's weights, first with a memset,
+ * then from a kernel (the quant kernel, told to put its codes there).
+ * Exit 0: both writes failed; 1: one went through; 2: could not try. */
+static int write_probe(const char *socket, const char *dir)
+{
+	struct radiance *r = radiance_connect(socket, NULL);
+	uint32_t id;
+	if (!r || radiance_load_model(r, dir, NULL, &id) < 0)
+		return 2;
+	struct radiance_gpu_model *g = NULL;
+	if (radiance_gpu_map(r, id, NULL, &g) < 0) {
+		fprintf(stderr, "write probe: map: %s\n", radiance_gpu_error_message());
+		return 2;
+	}
+	uint8_t *w = (uint8_t *)radiance__gpu_model_layer(g, 0)->w;
+	int rc = radiance__gpu_memset_async(w, 0x55, 4096, NULL);
+	if (rc == 0)
+		rc = radiance__gpu_stream_sync(NULL);
+	fprintf(stderr, "write probe: memset on the mapped weights: %s\n", rc ? radiance__gpu_last_error() : "succeeded");
+	if (rc == 0)
+		_exit(1);
+	radiance__gpu_check_launch("the memset's error");   /* taken: the kernel's own comes next */
+	void *x;
+	uint16_t ones[384];
+	for (int i = 0; i < 384; i++)
+		ones[i] = 0x3F80;
+	if (radiance__gpu_malloc(&x, sizeof ones) || radiance__gpu_h2d_async(x, ones, sizeof ones, NULL) ||
+	    radiance__gpu_stream_sync(NULL))
+		_exit(2);
+	rc = radiance__gpu_quant(x, RADIANCE_DTYPE_BF16, 1, 384, RADIANCE_CODES_NATURAL, w, (float *)(void *)(w + 1024),
+				 NULL);
+	if (rc == 0)
+		rc = radiance__gpu_stream_sync(NULL);
+	fprintf(stderr, "write probe: a kernel writing the mapped weights: %s\n",
+		rc ? radiance__gpu_last_error() : "succeeded");
+	_exit(rc ? 0 : 1);   /* no unmap: the context may be gone */
+}
+
+static void read_only(void **state)
+{
+	NEED_GPU();
+	uint32_t id;
+	struct radiance *r = connect_load(minilm_dir, &id);
+	const struct radiance_layer *l = &minilm->layers[0];
+	const uint32_t m = 5;
+	uint16_t x[5 * 384], before[5 * 384], after[5 * 384], ref[5 * 384];
+	fill(x, (size_t)m * l->k, RADIANCE_DTYPE_BF16);
+	assert_int_equal(radiance_linear(r, id, 0, m, RADIANCE_BF16, x, before), 0);
+
+	char log[128];
+	snprintf(log, sizeof log, "%s/write-probe.log", daemon_.dir);
+	const char *args[] = { self_exe, "--write-probe", daemon_.socket, minilm_dir, NULL };
+	fflush(NULL);
+	pid_t pid = fork();
+	if (pid == 0) {
+		if (!freopen(log, "w", stderr))
+			_exit(3);
+		execv(self_exe, (char *const *)args);
+		_exit(3);
+	}
+	int st;
+	assert_int_equal(waitpid(pid, &st, 0), pid);
+	h_show_file(log);
+	assert_true(WIFEXITED(st));
+	assert_int_equal(WEXITSTATUS(st), 0);
+	/* the daemon serves on, with the weights it had */
+	assert_int_equal(radiance_linear(r, id, 0, m, RADIANCE_BF16, x, after), 0);
+	assert_memory_equal(before, after, sizeof before[0] * m * l->n);
+	reference(l, x, RADIANCE_DTYPE_BF16, m, ref);
+	assert_int_equal(compare("rings after the write probe", after, ref, m, l->n, 0), 0);
+	radiance_disconnect(r);
+}
+
+/* ---- lifetime and arguments ---- */
+
+static void lifetime_and_errors(void **state)
+{
+	NEED_GPU();
+	uint32_t id;
+	struct radiance *r = connect_load(minilm_dir, &id);
+	struct radiance_gpu_model *g = map(r, id);
+	assert_int_equal(radiance_release_model(r, id), -EBUSY);
+	assert_int_equal(radiance_gpu_linear(g, 37, dx, dy, 1, RADIANCE_BF16, stream), -ERANGE);
+	assert_int_equal(radiance_gpu_linear(g, 0, dx, dy, 0, RADIANCE_BF16, stream), -EINVAL);
+	assert_int_equal(radiance_gpu_linear(g, 0, dx, dy, MAX_ROWS + 1, RADIANCE_BF16, stream), -E2BIG);
+	assert_non_null(strstr(radiance_gpu_error_message(), "max_rows"));
+	assert_int_equal(radiance_gpu_linear(g, 0, (uint8_t *)dx + 2, dy, 1, RADIANCE_BF16, stream), -EINVAL);
+	assert_int_equal(radiance_gpu_linear(g, 0, dx, dy, 1, (enum radiance_elem)7, stream), -EINVAL);
+	/* nothing of that reached the device: a real call still works */
+	assert_int_equal(radiance_gpu_linear(g, 0, dx, dy, 1, RADIANCE_BF16, stream), 0);
+	assert_int_equal(radiance__gpu_stream_sync(stream), 0);
+	assert_int_equal(radiance_gpu_unmap(r, g), 0);
+	assert_int_equal(radiance_release_model(r, id), 0);
+	/* a model not held: the daemon says so */
+	struct radiance_gpu_model *none = NULL;
+	assert_int_equal(radiance_gpu_map(r, id, NULL, &none), -ENOENT);
+	assert_null(none);
+	radiance_disconnect(r);
+}
+
+/* ---- legacy IPC ---- */
+
+static void ipc_path(void **state)
+{
+	NEED_GPU();
+	uint32_t id;
+	struct radiance *r = connect_load(syn_dir, &id);
+	struct radiance_gpu_model *g = map(r, id);
+	struct radiance_gpu_info info;
+	radiance_gpu_get_info(g, &info);
+	assert_string_equal(info.handle, "ipc");
+	assert_false(info.read_only);   /* IPC has no read-only mode */
+	size_t checked = 0;
+	assert_int_equal(check_model(g, syn, &checked), 0);
+	printf("# IPC handle: %zu mapped launches within tolerance\n", checked);
+	radiance_gpu_unmap(r, g);
+	radiance_disconnect(r);
+}
+
+int main(int argc, char **argv)
+{
+	self_exe = argv[0];
+	if (argc == 4 && strcmp(argv[1], "--write-probe") == 0)
+		return write_probe(argv[2], argv[3]);
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup_teardown(every_path, start, stop),
+		cmocka_unit_test_setup_teardown(same_bits_as_daemon, start, stop),
+		cmocka_unit_test_setup_teardown(graph_capture, start, stop),
+		cmocka_unit_test_setup_teardown(read_only, start, stop),
+		cmocka_unit_test_setup_teardown(lifetime_and_errors, start, stop),
+		cmocka_unit_test_setup_teardown(ipc_path, start_ipc, stop),
+	};
+	return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
+
+#else /* CPU-only build */
+
+static void needs_gpu_build(void **state)
+{
+	printf("# this build has no GPU backend (build with make GPU=cuda or GPU=hip): skipped\n");
+	skip();
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = { cmocka_unit_test(needs_gpu_build) };
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
+#endif
