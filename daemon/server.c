@@ -885,12 +885,22 @@ int server_run(const struct radiance_config *cfg)
 	if (srv.reserve_fd < 0)
 		log_warn("open /dev/null (the reserve descriptor): %s", strerror(errno));
 
-	/* The backend (in the executor thread) first: it is the thing most likely
+	/* The socket before the backend: a second daemon on a live socket must
+	 * fail at once, not after initialising a GPU and allocating its scratch
+	 * (which the first daemon may need). Clients connecting meanwhile wait
+	 * in the backlog, as under socket activation. No thread is started. */
+	rc = listen_socket(&srv, err, sizeof err);
+	if (rc < 0) {
+		log_error("%s", err);
+		goto fail_socket;
+	}
+	/* Then the backend (in the executor thread): it is the thing most likely
 	 * to fail, and HIP/CUDA want initialising before other threads run. */
 	struct executor_options eo = {
 		.backend = {
 			.kind = cfg->backend,
 			.device = cfg->device,
+			.require_gpu = cfg->require_gpu != 0,
 			.max_rows = cfg->max_rows,
 			.max_decode_rows = cfg->decode_rows < cfg->max_rows ? cfg->decode_rows
 									     : cfg->max_rows,
@@ -905,7 +915,7 @@ int server_run(const struct radiance_config *cfg)
 	rc = executor_create(&loop, &eo, &srv.exec, err, sizeof err);
 	if (rc < 0) {
 		log_error("backend '%s': %s", cfg->backend, err);
-		goto fail_loop;
+		goto fail_socket;
 	}
 	const struct radiance_backend_info *bi = executor_backend_info(srv.exec);
 	log_info("radianced %s: backend %s on %s, %llu bytes of scratch", RADIANCE_VERSION, bi->name,
@@ -914,12 +924,7 @@ int server_run(const struct radiance_config *cfg)
 	rc = registry_create(&loop, srv.exec, &srv.reg);
 	if (rc < 0) {
 		log_error("registry: %s", strerror(-rc));
-		goto fail_exec;
-	}
-	rc = listen_socket(&srv, err, sizeof err);
-	if (rc < 0) {
-		log_error("%s", err);
-		goto fail_socket;
+		goto fail_registry;
 	}
 	uv_poll_init(&loop, &srv.listen_poll, srv.listen_fd);
 	srv.listen_poll.data = &srv;
@@ -958,14 +963,12 @@ int server_run(const struct radiance_config *cfg)
 	log_info("stopped");
 	return srv.exit_code;
 
+fail_registry:
+	executor_destroy(srv.exec);
 fail_socket:
 	if (srv.listen_fd >= 0)
 		close(srv.listen_fd);
 	unlink_own_socket(&srv);
-	registry_destroy(srv.reg);
-fail_exec:
-	executor_destroy(srv.exec);
-fail_loop:
 	if (srv.reserve_fd >= 0)
 		close(srv.reserve_fd);
 	uv_run(&loop, UV_RUN_DEFAULT);   /* let closing handles finish */
