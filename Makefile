@@ -6,7 +6,9 @@
 #   make check SAN=thread TESTS="..."  ThreadSanitizer, in build-tsan/
 #   make demo                the main job on the CPU backend and the shipped checkpoint
 #   make GPU=cuda | GPU=hip  add the GPU backend (nvcc for sm_90a / hipcc for gfx1201)
-#   make install PREFIX=/usr DESTDIR=...
+#   make install PREFIX=/usr DESTDIR=...   (SYSCONFDIR: /etc for PREFIX=/usr, else PREFIX/etc)
+#   make check-build-matrix  build every documented option combination this machine can
+#                            (GPU=cuda with nvcc, STATIC_DEPS=1, SAN=...): tests/build_matrix.sh
 #
 # Every directory's sources are picked up by wildcard: one file, one responsibility.
 
@@ -16,7 +18,9 @@ BINDIR     ?= $(PREFIX)/bin
 SBINDIR    ?= $(PREFIX)/sbin
 LIBDIR     ?= $(PREFIX)/lib
 INCLUDEDIR ?= $(PREFIX)/include
-SYSCONFDIR ?= /etc
+# autoconf's rule with the FHS exception Debian uses: /usr's configuration
+# lives in /etc, any other prefix's in PREFIX/etc (/usr/local/etc, /opt/x/etc).
+SYSCONFDIR ?= $(if $(filter /usr /usr/,$(PREFIX)),/etc,$(PREFIX)/etc)
 UNITDIR    ?= $(PREFIX)/lib/systemd/system
 SYSUSERSDIR?= $(PREFIX)/lib/sysusers.d
 TMPFILESDIR?= $(PREFIX)/lib/tmpfiles.d
@@ -46,9 +50,15 @@ DEFS    := -D_GNU_SOURCE -DRADIANCE_VERSION=\"$(VERSION)\"
 ALLCFLAGS = -std=c11 $(WARN) $(INC) $(DEFS) -fPIC -ffp-contract=off $(SANFLAGS) $(CFLAGS) $(GPU_DEFS)
 
 # Libraries found through pkg-config. STATIC_DEPS=1 links libuv, protobuf-c,
-# jansson and inih statically (for hosts without them, such as the H200 host).
+# jansson and inih statically into the executables (for hosts without them,
+# such as the H200 host). libradiance.so always links the shared protobuf-c
+# and jansson, the only libraries the client uses: a shared object cannot
+# embed Debian's static archives, which are not built as PIC; a client on
+# a host without those libraries links libradiance.a (radiance.pc --static).
 PKGS := libuv libprotobuf-c jansson inih libsystemd
+CLIENT_PKGS := libprotobuf-c jansson
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+CLIENT_SO_LIBS := $(shell pkg-config --libs $(CLIENT_PKGS) 2>/dev/null) -lpthread
 ifeq ($(STATIC_DEPS),1)
 LIBDIR_SYS := $(shell pkg-config --variable=libdir libuv 2>/dev/null)
 DEP_LIBS := $(LIBDIR_SYS)/libuv_a.a $(LIBDIR_SYS)/libprotobuf-c.a $(LIBDIR_SYS)/libjansson.a \
@@ -112,8 +122,14 @@ RADIANCED  := $(BUILD)/radianced
 RADIANCECTL:= $(BUILD)/radiancectl
 EXTRA_BIN  := $(patsubst %.c,$(BUILD)/%,$(wildcard bench/*.c tools/*.c examples/*.c))
 
+# The per-GPU template units are made from the single-daemon ones
+# (systemd/instance-*.sed), so the hardening is written once.
+UNITS := $(BUILD)/systemd/radianced.service $(BUILD)/systemd/radianced.socket \
+         $(BUILD)/systemd/radianced@.service $(BUILD)/systemd/radianced@.socket \
+         $(BUILD)/systemd/radiance-metrics.service $(BUILD)/systemd/radiance-metrics.timer
 .PHONY: all deps check demo install clean gpu-check-code
-all: $(RADIANCED) $(RADIANCECTL) $(LIB_CLIENT_A) $(LIB_CLIENT_SO) $(BUILD)/radiance.pc $(TEST_BIN) $(EXTRA_BIN)
+all: $(RADIANCED) $(RADIANCECTL) $(LIB_CLIENT_A) $(LIB_CLIENT_SO) $(BUILD)/radiance.pc $(UNITS) \
+     $(TEST_BIN) $(EXTRA_BIN)
 
 $(PROTO_C) $(PROTO_H): proto/radiance.proto
 	@mkdir -p $(BUILD)/gen
@@ -153,15 +169,22 @@ $(LIB_CLIENT_A): $(CLIENT_OBJ) $(COMMON_OBJ)
 	ar rcs $@ $^
 
 $(LIB_CLIENT_SO): $(CLIENT_OBJ) $(LIB_COMMON) client/libradiance.sym
+ifeq ($(STATIC_DEPS),1)
+	@echo "note: STATIC_DEPS=1: libradiance.so links the shared libprotobuf-c and libjansson (static archives are not PIC); libradiance.a carries no such dependency"
+endif
 	$(CC) $(SANFLAGS) -shared -Wl,-soname,libradiance.so.0 -Wl,--version-script=client/libradiance.sym \
-		-o $@ $(CLIENT_OBJ) $(LIB_COMMON) $(DEP_LIBS)
+		-Wl,--as-needed -o $@ $(CLIENT_OBJ) $(LIB_COMMON) $(CLIENT_SO_LIBS)
 	ln -sf libradiance.so.0 $(BUILD)/libradiance.so
 
 $(RADIANCECTL): $(BUILD)/obj/client/radiancectl.o $(LIB_CLIENT_A)
 	$(CC) $(SANFLAGS) -o $@ $< $(LIB_CLIENT_A) $(DEP_LIBS)
 
+# radiance.pc for PREFIX/LIBDIR/INCLUDEDIR as given to this make run: `make
+# install` writes it anew (the one in $(BUILD) is for the prefix of the build).
+PC_SED = sed -e 's|@PREFIX@|$(PREFIX)|; s|@LIBDIR@|$(LIBDIR)|; s|@INCLUDEDIR@|$(INCLUDEDIR)|; s|@VERSION@|$(VERSION)|'
+UNIT_SED = sed -e 's|@SBINDIR@|$(SBINDIR)|g; s|@BINDIR@|$(BINDIR)|g; s|@SYSCONFDIR@|$(SYSCONFDIR)|g'
 $(BUILD)/radiance.pc: client/radiance.pc.in
-	sed -e 's|@PREFIX@|$(PREFIX)|; s|@LIBDIR@|$(LIBDIR)|; s|@INCLUDEDIR@|$(INCLUDEDIR)|; s|@VERSION@|$(VERSION)|' $< > $@
+	$(PC_SED) $< > $@
 
 # Tests link everything (core, client, common) plus cmocka.
 $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(LIB_CORE) $(LIB_CLIENT_A) $(LIB_COMMON)
@@ -183,23 +206,56 @@ demo: deps
 	$(MAKE) all
 	@BUILD=$(BUILD) sh tools/demo.sh
 
-install: all
+.PHONY: units
+units: $(UNITS)
+$(BUILD)/systemd/radianced.service: systemd/radianced.service
+	@mkdir -p $(dir $@)
+	$(UNIT_SED) $< > $@
+$(BUILD)/systemd/radiance-metrics.service: systemd/radiance-metrics.service
+	@mkdir -p $(dir $@)
+	$(UNIT_SED) $< > $@
+$(BUILD)/systemd/radianced.socket $(BUILD)/systemd/radiance-metrics.timer: $(BUILD)/systemd/%: systemd/%
+	@mkdir -p $(dir $@)
+	cp $< $@
+$(BUILD)/systemd/radianced@.service: systemd/radianced.service systemd/instance-service.sed
+	@mkdir -p $(dir $@)
+	sed -f systemd/instance-service.sed $< | $(UNIT_SED) > $@
+$(BUILD)/systemd/radianced@.socket: systemd/radianced.socket systemd/instance-socket.sed
+	@mkdir -p $(dir $@)
+	sed -f systemd/instance-socket.sed $< > $@
+
+# Installs only what it names; nothing is written outside $(DESTDIR). The
+# units and radiance.pc are generated here for the directories of this run,
+# so `make && make install PREFIX=/usr` installs /usr paths.
+INSTALL_BIN := $(RADIANCED) $(RADIANCECTL) $(LIB_CLIENT_A) $(LIB_CLIENT_SO)
+install: $(INSTALL_BIN)
 	install -d $(DESTDIR)$(SBINDIR) $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR)/pkgconfig \
 		$(DESTDIR)$(INCLUDEDIR) $(DESTDIR)$(UNITDIR) $(DESTDIR)$(SYSUSERSDIR) \
 		$(DESTDIR)$(TMPFILESDIR) $(DESTDIR)$(SYSCONFDIR)/radiance
 	install -m 0755 $(RADIANCED) $(DESTDIR)$(SBINDIR)/radianced
 	install -m 0755 $(RADIANCECTL) $(DESTDIR)$(BINDIR)/radiancectl
 	install -m 0644 $(LIB_CLIENT_A) $(DESTDIR)$(LIBDIR)/libradiance.a
-	install -m 0755 $(LIB_CLIENT_SO) $(DESTDIR)$(LIBDIR)/libradiance.so.0
+	install -m 0644 $(LIB_CLIENT_SO) $(DESTDIR)$(LIBDIR)/libradiance.so.0
 	ln -sf libradiance.so.0 $(DESTDIR)$(LIBDIR)/libradiance.so
 	install -m 0644 client/radiance.h $(DESTDIR)$(INCLUDEDIR)/radiance.h
-	install -m 0644 $(BUILD)/radiance.pc $(DESTDIR)$(LIBDIR)/pkgconfig/radiance.pc
-	sed 's|@SBINDIR@|$(SBINDIR)|' systemd/radianced.service > $(DESTDIR)$(UNITDIR)/radianced.service
+	$(PC_SED) client/radiance.pc.in > $(DESTDIR)$(LIBDIR)/pkgconfig/radiance.pc
+	$(UNIT_SED) systemd/radianced.service > $(DESTDIR)$(UNITDIR)/radianced.service
 	install -m 0644 systemd/radianced.socket $(DESTDIR)$(UNITDIR)/radianced.socket
+	sed -f systemd/instance-service.sed systemd/radianced.service | $(UNIT_SED) \
+		> $(DESTDIR)$(UNITDIR)/radianced@.service
+	sed -f systemd/instance-socket.sed systemd/radianced.socket > $(DESTDIR)$(UNITDIR)/radianced@.socket
+	$(UNIT_SED) systemd/radiance-metrics.service > $(DESTDIR)$(UNITDIR)/radiance-metrics.service
+	install -m 0644 systemd/radiance-metrics.timer $(DESTDIR)$(UNITDIR)/radiance-metrics.timer
 	install -m 0644 systemd/radiance.sysusers $(DESTDIR)$(SYSUSERSDIR)/radiance.conf
 	install -m 0644 systemd/radiance.tmpfiles $(DESTDIR)$(TMPFILESDIR)/radiance.conf
 	test -e $(DESTDIR)$(SYSCONFDIR)/radiance/radianced.conf || \
 		install -m 0644 systemd/radianced.conf $(DESTDIR)$(SYSCONFDIR)/radiance/radianced.conf
+
+# Every documented option combination this machine can build
+# (tests/build_matrix.sh; each in its own build directory). Takes minutes.
+.PHONY: check-build-matrix
+check-build-matrix: deps
+	@sh tests/build_matrix.sh
 
 clean:
 	rm -rf build build-*
