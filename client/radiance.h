@@ -130,11 +130,15 @@ const char *radiance_strerror(int err);
 /* --- connection ----------------------------------------------------------- */
 
 /* Writes the socket path radiance_connect(NULL, ...) uses into buf (size
- * bytes, NUL-terminated): $RADIANCE_SOCKET if set and non-empty; otherwise
+ * bytes, NUL-terminated): $RADIANCE_SOCKET if set and non-empty; otherwise,
+ * with $RADIANCE_DEVICE=N set and non-empty (a GPU ordinal, 0 to 1024, in
+ * decimal without leading zeros), /run/radiance/radiance-N.sock: the socket
+ * of radianced@N, one daemon per GPU; otherwise
  * /run/radiance/radiance.sock for root; otherwise
  * $XDG_RUNTIME_DIR/radiance.sock when $XDG_RUNTIME_DIR is set and that socket
  * exists, else /run/radiance/radiance.sock (a per-user daemon first, then
- * the system one). Returns 0 or -ENAMETOOLONG. Any thread. */
+ * the system one). Returns 0, -ENAMETOOLONG, or -EINVAL when
+ * $RADIANCE_DEVICE is not such a number. Any thread. */
 int radiance_default_socket_path(char *buf, size_t size);
 
 /* Connects to radianced at socket_path (NULL: radiance_default_socket_path)
@@ -155,7 +159,8 @@ int radiance_default_socket_path(char *buf, size_t size);
  *   ETIMEDOUT                     no answer within opt->timeout_ms;
  *   EINVAL                        opt->size too small for the fields
  *                                 before `log`, spin_us below -1 or
- *                                 timeout_ms below 0;
+ *                                 timeout_ms below 0; or socket_path NULL
+ *                                 and $RADIANCE_DEVICE not a GPU ordinal;
  *   ENOMEM, or an errno of socket()/connect().
  * There is no handle to ask radiance_error_message() then: the reason (the
  * daemon's text for a refusal, e.g. "too many sessions (the limit is 64)")
