@@ -47,7 +47,11 @@ INC     := -Icommon -Iproto -Ikernels -Idaemon -Iclient -I$(BUILD)/gen
 DEFS    := -D_GNU_SOURCE -DRADIANCE_VERSION=\"$(VERSION)\"
 # -ffp-contract=off: the CPU reference rounds every product and sum as written
 # (a fused multiply-add would change results between machines).
-ALLCFLAGS = -std=c11 $(WARN) $(INC) $(DEFS) -fPIC -ffp-contract=off $(SANFLAGS) $(CFLAGS) $(GPU_DEFS)
+ALLCFLAGS = -std=c11 $(WARN) $(INC) $(DEFS) -fPIC -ffp-contract=off $(SANFLAGS) $(CPPFLAGS) $(CFLAGS) $(GPU_DEFS)
+# CPPFLAGS and LDFLAGS as a distribution passes them (dpkg-buildflags:
+# _FORTIFY_SOURCE, -z relro/now); empty by default.
+CPPFLAGS ?=
+LDFLAGS  ?=
 
 # Libraries found through pkg-config. STATIC_DEPS=1 links libuv, protobuf-c,
 # jansson and inih statically into the executables (for hosts without them,
@@ -124,10 +128,14 @@ EXTRA_BIN  := $(patsubst %.c,$(BUILD)/%,$(wildcard bench/*.c tools/*.c examples/
 
 # The per-GPU template units are made from the single-daemon ones
 # (systemd/instance-*.sed), so the hardening is written once.
+INSTALL_BIN := $(RADIANCED) $(RADIANCECTL) $(LIB_CLIENT_A) $(LIB_CLIENT_SO)
 UNITS := $(BUILD)/systemd/radianced.service $(BUILD)/systemd/radianced.socket \
          $(BUILD)/systemd/radianced@.service $(BUILD)/systemd/radianced@.socket \
          $(BUILD)/systemd/radiance-metrics.service $(BUILD)/systemd/radiance-metrics.timer
-.PHONY: all deps check demo install clean gpu-check-code
+.PHONY: all bin deps check demo install clean gpu-check-code
+# what `make install` installs, without the tests (debian/rules builds this)
+bin: $(INSTALL_BIN) $(BUILD)/radiance.pc $(UNITS)
+
 all: $(RADIANCED) $(RADIANCECTL) $(LIB_CLIENT_A) $(LIB_CLIENT_SO) $(BUILD)/radiance.pc $(UNITS) \
      $(TEST_BIN) $(EXTRA_BIN)
 
@@ -161,7 +169,7 @@ $(LIB_CORE): $(CORE_OBJ) $(GPU_OBJS)
 LINK_CORE = $(LIB_CORE) $(LIB_COMMON) $(DEP_LIBS) $(GPU_LIBS)
 
 $(RADIANCED): $(BUILD)/obj/daemon/main.o $(LIB_CORE) $(LIB_COMMON)
-	$(CC) $(SANFLAGS) -o $@ $< $(LINK_CORE)
+	$(CC) $(SANFLAGS) $(LDFLAGS) -o $@ $< $(LINK_CORE)
 
 # The client library exports radiance_* only (client/libradiance.sym).
 $(LIB_CLIENT_A): $(CLIENT_OBJ) $(COMMON_OBJ)
@@ -172,12 +180,12 @@ $(LIB_CLIENT_SO): $(CLIENT_OBJ) $(LIB_COMMON) client/libradiance.sym
 ifeq ($(STATIC_DEPS),1)
 	@echo "note: STATIC_DEPS=1: libradiance.so links the shared libprotobuf-c and libjansson (static archives are not PIC); libradiance.a carries no such dependency"
 endif
-	$(CC) $(SANFLAGS) -shared -Wl,-soname,libradiance.so.0 -Wl,--version-script=client/libradiance.sym \
+	$(CC) $(SANFLAGS) $(LDFLAGS) -shared -Wl,-soname,libradiance.so.0 -Wl,--version-script=client/libradiance.sym \
 		-Wl,--as-needed -o $@ $(CLIENT_OBJ) $(LIB_COMMON) $(CLIENT_SO_LIBS)
 	ln -sf libradiance.so.0 $(BUILD)/libradiance.so
 
 $(RADIANCECTL): $(BUILD)/obj/client/radiancectl.o $(LIB_CLIENT_A)
-	$(CC) $(SANFLAGS) -o $@ $< $(LIB_CLIENT_A) $(DEP_LIBS)
+	$(CC) $(SANFLAGS) $(LDFLAGS) -o $@ $< $(LIB_CLIENT_A) $(DEP_LIBS)
 
 # radiance.pc for PREFIX/LIBDIR/INCLUDEDIR as given to this make run: `make
 # install` writes it anew (the one in $(BUILD) is for the prefix of the build).
@@ -227,7 +235,6 @@ $(BUILD)/systemd/radianced@.socket: systemd/radianced.socket systemd/instance-so
 # Installs only what it names; nothing is written outside $(DESTDIR). The
 # units and radiance.pc are generated here for the directories of this run,
 # so `make && make install PREFIX=/usr` installs /usr paths.
-INSTALL_BIN := $(RADIANCED) $(RADIANCECTL) $(LIB_CLIENT_A) $(LIB_CLIENT_SO)
 install: $(INSTALL_BIN)
 	install -d $(DESTDIR)$(SBINDIR) $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR)/pkgconfig \
 		$(DESTDIR)$(INCLUDEDIR) $(DESTDIR)$(UNITDIR) $(DESTDIR)$(SYSUSERSDIR) \
