@@ -13,6 +13,7 @@
 s|^Description=.*|Description=radiance W4A8 inference daemon on GPU %i|
 s|radianced\.socket|radianced@%i.socket|g
 s|radianced\.conf|radianced-%i.conf|g
+s|/run/radiance/radiance\.sock|/run/radiance/radiance-%i.sock|g
 s|^ExecStart=\(.*\)$|Environment=RADIANCED_REQUIRE_GPU=yes\nExecStart=\1 --device %i --require-gpu=${RADIANCED_REQUIRE_GPU}|
 /^# backend = auto (the default)/,/^# radianced@N\.service, which requires its GPU\.$/c\
 # An instance requires its GPU (--require-gpu=yes below): when this build has\

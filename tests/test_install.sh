@@ -70,7 +70,7 @@ stage() {
 		sed 's/^/    | /' "$pc"
 	fi
 	unit=$dest$prefix/lib/systemd/system
-	grep -qx "ExecStart=$prefix/sbin/radianced --config $sysconf/radiance/radianced.conf" "$unit/radianced.service" &&
+	grep -qx "ExecStart=$prefix/sbin/radianced --config $sysconf/radiance/radianced.conf --socket /run/radiance/radiance.sock" "$unit/radianced.service" &&
 		grep -q "^ExecStart=$prefix/sbin/radianced --config $sysconf/radiance/radianced-%i.conf " "$unit/radianced@.service" &&
 		grep -q "^ExecStart=$prefix/bin/radiancectl " "$unit/radiance-metrics.service" &&
 		ok "$name: units run $prefix/sbin/radianced with $sysconf/radiance/radianced.conf" ||

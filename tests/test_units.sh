@@ -82,7 +82,7 @@ t=$tmp/units/radianced@.service
 grep -q '^ListenStream=/run/radiance/radiance-%i.sock$' "$tmp/units/radianced@.socket" &&
 	grep -q '^Requires=radianced@%i.socket$' "$t" &&
 	grep -q '^Also=radianced@%i.socket$' "$t" &&
-	grep -q '^ExecStart=.*/radianced --config /etc/radiance/radianced-%i.conf --device %i --require-gpu=${RADIANCED_REQUIRE_GPU}$' "$t" &&
+	grep -q '^ExecStart=.*/radianced --config /etc/radiance/radianced-%i.conf --socket /run/radiance/radiance-%i.sock --device %i --require-gpu=${RADIANCED_REQUIRE_GPU}$' "$t" &&
 	grep -q '^Environment=RADIANCED_REQUIRE_GPU=yes$' "$t" &&
 	! cat "$t" "$tmp/units/radianced@.socket" | grep -v '^#' | grep -q 'radianced\.socket\|radiance\.sock'
 report "radianced@N: socket radiance-N.sock, radianced-N.conf, --device N, GPU required" $?
@@ -101,6 +101,9 @@ out=$(systemd-sysusers --root="$tmp/root" "$units/radiance.sysusers" 2>&1)
 rc=$?
 echo "$out" | grep -Eqi 'fail|invalid|ignor|unknown' && rc=1
 [ $rc = 0 ] && ! grep -q '^radiance:' "$tmp/root/etc/passwd" && rc=1
+# the GPU device groups: render created where missing, radiance a member
+[ $rc = 0 ] && ! grep -q '^render:.*:radiance$' "$tmp/root/etc/group" && rc=1
+[ $rc = 0 ] && ! grep -q '^video:.*:radiance$' "$tmp/root/etc/group" && rc=1
 [ $rc = 0 ] || echo "$out"
 report "systemd-sysusers radiance.sysusers" $rc
 
