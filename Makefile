@@ -9,6 +9,8 @@
 #   make install PREFIX=/usr DESTDIR=...   (SYSCONFDIR: /etc for PREFIX=/usr, else PREFIX/etc)
 #   make check-build-matrix  build every documented option combination this machine can
 #                            (GPU=cuda with nvcc, STATIC_DEPS=1, SAN=...): tests/build_matrix.sh
+#   make check-deb           build the Debian packages, lintian, install and use them in a
+#                            Debian 12 container (systemd-nspawn): tests/deb_check.sh
 #
 # Every directory's sources are picked up by wildcard: one file, one responsibility.
 
@@ -260,9 +262,14 @@ install: $(INSTALL_BIN)
 
 # Every documented option combination this machine can build
 # (tests/build_matrix.sh; each in its own build directory). Takes minutes.
-.PHONY: check-build-matrix
+.PHONY: check-build-matrix check-deb
 check-build-matrix: deps
 	@sh tests/build_matrix.sh
+
+# The Debian packages built, linted, installed and used in a Debian 12
+# container booted with systemd-nspawn (tests/deb_check.sh; root, network).
+check-deb:
+	@sh tests/deb_check.sh
 
 clean:
 	rm -rf build build-*
