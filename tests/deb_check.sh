@@ -14,7 +14,12 @@
 #      built from the installed libradiance-dev's files (pkg-config),
 #      runs a layer of the checkpoint against it; the journal shows the
 #      daemon ran as user radiance and why it serves from the CPU; the
-#      radiance-metrics.service writes its textfile.
+#      radiance-metrics.service writes its textfile;
+#   5. the per-GPU template: radianced@0.socket creates radiance-0.sock, and
+#      radianced@0 fails naming the missing GPU (it requires it); with the
+#      documented drop-in RADIANCED_REQUIRE_GPU=no it serves, and
+#      radiancectl --device 0 and RADIANCE_DEVICE=0 examples/linear reach
+#      it (the same output as from radianced.service).
 # Env: DEB_CHECK_DIR (work dir, default build-debcheck/), ROOTFS (a
 #      debootstrapped root to copy instead of bootstrapping one; the first
 #      bootstrap is kept in DEB_CHECK_DIR/rootfs for the next run).
@@ -208,6 +213,47 @@ else
 	bad "radiance-metrics.service:"
 	sed 's/^/    | /' "$work/metrics.log"
 	inside journalctl -u radiance-metrics --no-pager -n 10 2>&1 | sed 's/^/    journal: /'
+fi
+
+# --- 5. one daemon per GPU: the template units -----------------------------
+# radianced@0 requires GPU 0, which this container lacks: it must fail
+# naming the reason, not serve from the CPU
+inside sh -c 'cp /etc/radiance/radianced.conf /etc/radiance/radianced-0.conf &&
+	systemctl start radianced@0.socket' >"$work/inst.log" 2>&1
+s=$(inside stat -c '%U:%G %a' /run/radiance/radiance-0.sock 2>&1)
+[ "$s" = "root:radiance 660" ] && ok "radianced@0.socket: /run/radiance/radiance-0.sock root:radiance 0660" ||
+	{ bad "radianced@0.socket: $s"; sed 's/^/    | /' "$work/inst.log"; }
+inside timeout 10 radiancectl --device 0 status >"$work/inst.log" 2>&1
+rc=$?
+inside journalctl -u radianced@0 --no-pager -o cat >"$work/inst-journal.log" 2>&1
+if [ $rc != 0 ] && grep -q "require_gpu is set and this build has no GPU backend" "$work/inst-journal.log" &&
+	! grep -q "using cpu" "$work/inst-journal.log"; then
+	ok "radianced@0 without a GPU fails (radiancectl --device 0: exit $rc): $(grep -m1 -o "backend 'auto': require_gpu is set.*" "$work/inst-journal.log")"
+else
+	bad "radianced@0 without a GPU: radiancectl exit $rc, journal:"
+	tail -n 10 "$work/inst-journal.log" | sed 's/^/    | /'
+fi
+# the documented drop-in lets it fall back; then it serves GPU "0"'s socket
+inside sh -c 'systemctl stop radianced@0.socket radianced@0.service;
+	systemctl reset-failed radianced@0.service;
+	mkdir -p /etc/systemd/system/radianced@0.service.d &&
+	printf "[Service]\nEnvironment=RADIANCED_REQUIRE_GPU=no\n" >/etc/systemd/system/radianced@0.service.d/cpu.conf &&
+	systemctl daemon-reload && systemctl start radianced@0.socket' >"$work/inst.log" 2>&1
+if inside timeout 60 radiancectl --device 0 status >"$work/inst.log" 2>&1 && grep -q 'backend: *cpu' "$work/inst.log"; then
+	ok "with RADIANCED_REQUIRE_GPU=no, radiancectl --device 0 reaches radianced@0 (backend cpu)"
+else
+	bad "radianced@0 with the drop-in:"
+	sed 's/^/    | /' "$work/inst.log"
+	inside journalctl -u radianced@0 --no-pager -n 10 -o cat 2>&1 | sed 's/^/    journal: /'
+fi
+inside env RADIANCE_DEVICE=0 timeout 60 linear /srv/models/minilm-w4g128 encoder.layer.0.attention.self.query 4 \
+	>"$work/linear0.log" 2>&1
+rc=$?
+if [ $rc = 0 ] && cmp -s "$work/linear.log" "$work/linear0.log"; then
+	ok "RADIANCE_DEVICE=0 examples/linear: the same output as from radianced.service"
+else
+	bad "RADIANCE_DEVICE=0 linear exit $rc:"
+	diff "$work/linear.log" "$work/linear0.log" | sed 's/^/    | /'
 fi
 
 inside systemctl poweroff >/dev/null 2>&1
