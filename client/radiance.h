@@ -475,6 +475,18 @@ struct radiance_stats_reply {
 	struct radiance_session_stats *sessions;   /* [n_sessions]; may be empty
 	                                              when the daemon shows only
 	                                              the caller's */
+	/* The global latency histogram at coarse bounds, for exporters (kept
+	 * at the end: the struct is only ever allocated by the library).
+	 * latency_le_ns[i] (ns, increasing, inclusive) and latency_cumulative[i]
+	 * (requests that took at most that long), [n_latency_buckets]; the
+	 * +Inf bucket is global.requests (counters and buckets are not one
+	 * atomic snapshot: the last bucket may exceed it by the requests
+	 * completed meanwhile). latency_sum_ns is every request's
+	 * latency summed. 0 buckets from a daemon that does not send them. */
+	size_t n_latency_buckets;
+	const uint64_t *latency_le_ns;
+	const uint64_t *latency_cumulative;
+	uint64_t latency_sum_ns;
 };
 
 /* Asks the daemon for its counters. *out is allocated; free it with

@@ -636,9 +636,9 @@ static void prom_u64(FILE *f, const char *name, const char *type, const char *he
 
 /* What radiancectl stats shows for all sessions, and each resident model's
  * bytes. Per-session series are left out on purpose: a label per session id
- * would create a new series with every connection. Latency is a summary
- * from the daemon's p50/p99 (upper edges of log-spaced buckets, within
- * 25%), with _count; there is no _sum: the daemon keeps no latency sum. */
+ * would create a new series with every connection. Latency is a histogram
+ * at the daemon's coarse power-of-two bounds (exact counts), and the
+ * daemon's finer p50/p99 estimates as gauges. */
 static void prom_write(FILE *f, const struct radiance_server_info *si,
 		       const struct radiance_stats_reply *st, const struct radiance_model_list *ml)
 {
@@ -665,19 +665,39 @@ static void prom_write(FILE *f, const struct radiance_server_info *si,
 		 "activation bytes read by successful requests", g->bytes_in);
 	prom_u64(f, "radiance_output_bytes_total", "counter",
 		 "output bytes written by successful requests", g->bytes_out);
-	prom_family(f, "radiance_request_latency_seconds", "summary",
-		    "queue + execution time in the daemon; quantiles are histogram bucket upper "
-		    "edges (within 25%)");
-	if (g->requests) {
-		fprintf(f, "radiance_request_latency_seconds{quantile=\"0.5\"} %.9g\n",
-			g->latency_p50_ns / 1e9);
-		fprintf(f, "radiance_request_latency_seconds{quantile=\"0.99\"} %.9g\n",
-			g->latency_p99_ns / 1e9);
-	} else {
-		fputs("radiance_request_latency_seconds{quantile=\"0.5\"} NaN\n"
-		      "radiance_request_latency_seconds{quantile=\"0.99\"} NaN\n", f);
+	if (st->n_latency_buckets) {
+		/* counters and buckets are read one after the other, not as one
+		 * snapshot: the total must not fall below the last bucket */
+		uint64_t total = g->requests;
+		if (st->latency_cumulative[st->n_latency_buckets - 1] > total)
+			total = st->latency_cumulative[st->n_latency_buckets - 1];
+		prom_family(f, "radiance_request_latency_seconds", "histogram",
+			    "queue + execution time of a request in the daemon");
+		/* le exactly, in decimal: a rounded %g bound could fall below
+		 * the daemon's and misplace a request */
+		for (size_t i = 0; i < st->n_latency_buckets; i++)
+			fprintf(f, "radiance_request_latency_seconds_bucket{le=\"%" PRIu64 ".%09" PRIu64
+				"\"} %" PRIu64 "\n", st->latency_le_ns[i] / 1000000000u,
+				st->latency_le_ns[i] % 1000000000u, st->latency_cumulative[i]);
+		fprintf(f, "radiance_request_latency_seconds_bucket{le=\"+Inf\"} %" PRIu64 "\n", total);
+		fprintf(f, "radiance_request_latency_seconds_sum %.9g\n", st->latency_sum_ns / 1e9);
+		fprintf(f, "radiance_request_latency_seconds_count %" PRIu64 "\n", total);
 	}
-	fprintf(f, "radiance_request_latency_seconds_count %" PRIu64 "\n", g->requests);
+	/* finer than the histogram's power-of-two buckets: the daemon's own
+	 * estimates, upper edges of buckets a quarter of a power of two wide */
+	prom_family(f, "radiance_request_latency_p50_seconds", "gauge",
+		    "median request latency, an upper bound within 25% (NaN before any request)");
+	if (g->requests)
+		fprintf(f, "radiance_request_latency_p50_seconds %.9g\n", g->latency_p50_ns / 1e9);
+	else
+		fputs("radiance_request_latency_p50_seconds NaN\n", f);
+	prom_family(f, "radiance_request_latency_p99_seconds", "gauge",
+		    "99th percentile request latency, an upper bound within 25% (NaN before any "
+		    "request)");
+	if (g->requests)
+		fprintf(f, "radiance_request_latency_p99_seconds %.9g\n", g->latency_p99_ns / 1e9);
+	else
+		fputs("radiance_request_latency_p99_seconds NaN\n", f);
 	prom_family(f, "radiance_request_latency_max_seconds", "gauge",
 		    "longest request since the daemon started");
 	fprintf(f, "radiance_request_latency_max_seconds %.9g\n", g->latency_max_ns / 1e9);

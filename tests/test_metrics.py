@@ -282,10 +282,27 @@ def main():
         check(one("radiance_input_bytes_total") == js["bytes_in"] and
               one("radiance_output_bytes_total") == js["bytes_out"],
               "bytes in/out %r/%r == json" % (one("radiance_input_bytes_total"), one("radiance_output_bytes_total")))
-        check(one("radiance_request_latency_seconds_count") == js["requests"], "latency _count == requests")
-        p50 = one("radiance_request_latency_seconds", {"quantile": "0.5"})
-        p99 = one("radiance_request_latency_seconds", {"quantile": "0.99"})
+        # the histogram: one request, whose latency is the exact max
         mx = one("radiance_request_latency_max_seconds")
+        max_ns = js["latency_max_ns"]
+        check(mx is not None and abs(mx - max_ns / 1e9) < 1e-12 and max_ns > 0, "max %r s == json" % mx)
+        hist = [(lab["le"], v) for n, lab, v in fams["radiance_request_latency_seconds"]["samples"]
+                if n == "radiance_request_latency_seconds_bucket"]
+        check(len(hist) == 26 and hist[-1] == ("+Inf", 1.0), "26 buckets ending with +Inf 1 (%d)" % len(hist))
+        wrong = []
+        for le, v in hist[:-1]:
+            sec, frac = le.split(".")
+            le_ns = int(sec) * 10**9 + int(frac)
+            if le_ns + 1 & le_ns:
+                wrong.append("le %s is not 2^k-1 ns" % le)
+            if v != (1 if max_ns <= le_ns else 0):
+                wrong.append("le %s: %r" % (le, v))
+        check(not wrong, "each bucket counts the request iff its %d ns fit: %s" % (max_ns, wrong or "all right"))
+        check(one("radiance_request_latency_seconds_count") == js["requests"] and
+              abs(one("radiance_request_latency_seconds_sum") - max_ns / 1e9) < 1e-12,
+              "_count == requests, _sum == the one request's latency")
+        p50 = one("radiance_request_latency_p50_seconds")
+        p99 = one("radiance_request_latency_p99_seconds")
         check(p50 is not None and abs(p50 - js["latency_p50_ns"] / 1e9) < 1e-12 and
               abs(p99 - js["latency_p99_ns"] / 1e9) < 1e-12 and 0 < p50 <= p99 <= mx,
               "latency p50 %r <= p99 %r <= max %r s, as json's ns" % (p50, p99, mx))
