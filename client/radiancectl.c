@@ -305,19 +305,29 @@ static json_t *stats_json(const struct radiance_stats *s, bool global)
 	return j;
 }
 
+/* The counters and the resident models, both or neither (EXIT_OK, or the
+ * failure reported). */
+static int get_stats_models(struct ctl *c, struct radiance_stats_reply **st,
+			    struct radiance_model_list **ml)
+{
+	int rc = radiance_get_stats(c->r, st);
+	if (rc < 0)
+		return fail(c, rc, "stats");
+	if ((rc = radiance_list_models(c->r, ml)) < 0) {
+		radiance_stats_free(*st);
+		return fail(c, rc, "list models");
+	}
+	return EXIT_OK;
+}
+
 static int cmd_status(struct ctl *c)
 {
 	const struct radiance_server_info *si = radiance_get_server_info(c->r);
 	struct radiance_stats_reply *st;
 	struct radiance_model_list *ml;
-	int rc = radiance_get_stats(c->r, &st);
-	if (rc < 0)
-		return fail(c, rc, "stats");
-	if ((rc = radiance_list_models(c->r, &ml)) < 0) {
-		radiance_stats_free(st);
-		return fail(c, rc, "list models");
-	}
-	int ret;
+	int ret = get_stats_models(c, &st, &ml);
+	if (ret != EXIT_OK)
+		return ret;
 	if (c->json) {
 		/* every figure of the text below, and the library's version */
 		ret = print_json(c, json_pack("{s:s, s:i, s:s, s:s, s:i, s:i, s:I, s:i, s:I, s:I, s:s}",
@@ -634,6 +644,16 @@ static void prom_u64(FILE *f, const char *name, const char *type, const char *he
 	fprintf(f, "%s %" PRIu64 "\n", name, v);
 }
 
+/* A gauge in seconds from ns; NaN when there is no value yet. */
+static void prom_seconds(FILE *f, const char *name, const char *help, uint64_t ns, bool known)
+{
+	prom_family(f, name, "gauge", help);
+	if (known)
+		fprintf(f, "%s %.9g\n", name, ns / 1e9);
+	else
+		fprintf(f, "%s NaN\n", name);
+}
+
 /* What radiancectl stats shows for all sessions, and each resident model's
  * bytes. Per-session series are left out on purpose: a label per session id
  * would create a new series with every connection. Latency is a histogram
@@ -652,8 +672,8 @@ static void prom_write(FILE *f, const struct radiance_server_info *si,
 	fprintf(f, "\",device=\"");
 	prom_label(f, si->device);
 	fprintf(f, "\"} 1\n");
-	prom_family(f, "radiance_uptime_seconds", "gauge", "seconds since the daemon started");
-	fprintf(f, "radiance_uptime_seconds %.9g\n", g->uptime_ns / 1e9);
+	prom_seconds(f, "radiance_uptime_seconds", "seconds since the daemon started", g->uptime_ns,
+		     true);
 	prom_u64(f, "radiance_sessions", "gauge", "live client sessions (this one included)",
 		 g->sessions);
 	prom_u64(f, "radiance_requests_total", "counter", "requests decoded, good or not",
@@ -685,22 +705,14 @@ static void prom_write(FILE *f, const struct radiance_server_info *si,
 	}
 	/* finer than the histogram's power-of-two buckets: the daemon's own
 	 * estimates, upper edges of buckets a quarter of a power of two wide */
-	prom_family(f, "radiance_request_latency_p50_seconds", "gauge",
-		    "median request latency, an upper bound within 25% (NaN before any request)");
-	if (g->requests)
-		fprintf(f, "radiance_request_latency_p50_seconds %.9g\n", g->latency_p50_ns / 1e9);
-	else
-		fputs("radiance_request_latency_p50_seconds NaN\n", f);
-	prom_family(f, "radiance_request_latency_p99_seconds", "gauge",
-		    "99th percentile request latency, an upper bound within 25% (NaN before any "
-		    "request)");
-	if (g->requests)
-		fprintf(f, "radiance_request_latency_p99_seconds %.9g\n", g->latency_p99_ns / 1e9);
-	else
-		fputs("radiance_request_latency_p99_seconds NaN\n", f);
-	prom_family(f, "radiance_request_latency_max_seconds", "gauge",
-		    "longest request since the daemon started");
-	fprintf(f, "radiance_request_latency_max_seconds %.9g\n", g->latency_max_ns / 1e9);
+	prom_seconds(f, "radiance_request_latency_p50_seconds",
+		     "median request latency, an upper bound within 25% (NaN before any request)",
+		     g->latency_p50_ns, g->requests != 0);
+	prom_seconds(f, "radiance_request_latency_p99_seconds",
+		     "99th percentile request latency, an upper bound within 25% (NaN before any "
+		     "request)", g->latency_p99_ns, g->requests != 0);
+	prom_seconds(f, "radiance_request_latency_max_seconds",
+		     "longest request since the daemon started", g->latency_max_ns, true);
 	prom_u64(f, "radiance_models", "gauge", "resident models", ml->count);
 	prom_family(f, "radiance_model_resident_bytes", "gauge",
 		    "bytes of a resident model's layers on the device");
@@ -769,14 +781,10 @@ static int cmd_stats_prometheus(struct ctl *c)
 {
 	struct radiance_stats_reply *st;
 	struct radiance_model_list *ml;
-	int rc = radiance_get_stats(c->r, &st);
-	if (rc < 0)
-		return fail(c, rc, "stats");
-	if ((rc = radiance_list_models(c->r, &ml)) < 0) {
-		radiance_stats_free(st);
-		return fail(c, rc, "list models");
-	}
-	int ret = prom_emit(c, radiance_get_server_info(c->r), st, ml);
+	int ret = get_stats_models(c, &st, &ml);
+	if (ret != EXIT_OK)
+		return ret;
+	ret = prom_emit(c, radiance_get_server_info(c->r), st, ml);
 	radiance_model_list_free(ml);
 	radiance_stats_free(st);
 	return ret;

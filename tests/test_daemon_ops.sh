@@ -18,7 +18,7 @@ failed=0
 tmp=$(mktemp -d)
 first=""
 cleanup() {
-	[ -n "$first" ] && kill "$first" 2>/dev/null && wait "$first" 2>/dev/null
+	stop_first
 	rm -rf "$tmp"
 }
 trap cleanup EXIT
@@ -26,6 +26,12 @@ trap cleanup EXIT
 ok() { echo "ok: $*"; passed=$((passed + 1)); }
 bad() { echo "FAIL: $*"; failed=$((failed + 1)); }
 show() { sed 's/^/    | /' "$1"; }
+
+# stop_first: the daemon started in the background, if any
+stop_first() {
+	[ -n "$first" ] && kill "$first" 2>/dev/null && wait "$first" 2>/dev/null
+	first=""
+}
 
 # wait_up SOCKET: 0 once radiancectl status answers there (at most ~10 s)
 wait_up() {
@@ -103,9 +109,7 @@ else
 	bad "auto daemon did not come up"
 	show "$tmp/auto.log"
 fi
-kill "$first" 2>/dev/null
-wait "$first" 2>/dev/null
-first=""
+stop_first
 
 # 2b. require_gpu: fatal, with the reason, before any socket exists
 check_required() {   # description, then radianced arguments
@@ -139,9 +143,7 @@ else
 	bad "--require-gpu=no did not start a daemon"
 	show "$tmp/no.log"
 fi
-kill "$first" 2>/dev/null
-wait "$first" 2>/dev/null
-first=""
+stop_first
 
 # a bad value is a usage error naming it, exit 2
 printf 'require_gpu = maybe\n' >"$tmp/bad.conf"
