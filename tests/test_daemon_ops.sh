@@ -13,8 +13,7 @@ set -u
 BUILD=${RADIANCE_BUILD:-${BUILD:-build}}
 RADIANCED=${RADIANCED:-$BUILD/radianced}
 RADIANCECTL=${RADIANCECTL:-$BUILD/radiancectl}
-passed=0
-failed=0
+. "$(dirname "$0")/script_lib.sh"
 tmp=$(mktemp -d)
 first=""
 cleanup() {
@@ -23,9 +22,6 @@ cleanup() {
 }
 trap cleanup EXIT
 
-ok() { echo "ok: $*"; passed=$((passed + 1)); }
-bad() { echo "FAIL: $*"; failed=$((failed + 1)); }
-show() { sed 's/^/    | /' "$1"; }
 
 # stop_first: the daemon started in the background, if any
 stop_first() {
@@ -156,5 +152,4 @@ else
 	show "$tmp/bad.log"
 fi
 
-echo "test_daemon_ops: $passed passed, $failed failed"
-[ $failed = 0 ]
+script_done test_daemon_ops

@@ -8,12 +8,9 @@
 set -u
 BUILD=${RADIANCE_BUILD:-${BUILD:-build}}
 RADIANCECTL=${RADIANCECTL:-$BUILD/radiancectl}
-passed=0
-failed=0
+. "$(dirname "$0")/script_lib.sh"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-ok() { echo "ok: $*"; passed=$((passed + 1)); }
-bad() { echo "FAIL: $*"; failed=$((failed + 1)); }
 
 san=""
 objdump -p "$BUILD/libradiance.so.0" | grep -q 'NEEDED.*libasan' && san="$san -fsanitize=address"
@@ -36,8 +33,7 @@ int main(void)
 EOF
 if ! cc $san -std=c11 -Iclient "$tmp/path.c" -L"$BUILD" -lradiance -o "$tmp/path" 2>"$tmp/cc.err"; then
 	bad "cannot build the probe: $(cat "$tmp/cc.err")"
-	echo "test_device_socket: $passed passed, $failed failed"
-	exit 1
+	script_done test_device_socket
 fi
 
 # resolve "ENV..." EXPECTED: the probe's answer with exactly these variables
@@ -82,5 +78,4 @@ rc=$?
 [ $rc = 2 ] && echo "$out" | grep -q "pick one" && ok "--device with --socket: exit 2" ||
 	bad "--device with --socket: exit $rc: $out"
 
-echo "test_device_socket: $passed passed, $failed failed"
-[ $failed = 0 ]
+script_done test_device_socket

@@ -13,13 +13,10 @@
 set -u
 BUILD=${RADIANCE_BUILD:-${BUILD:-build}}
 top=$(cd "$(dirname "$0")/.." && pwd)
-passed=0
-failed=0
+. "$(dirname "$0")/script_lib.sh"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-ok() { echo "ok: $*"; passed=$((passed + 1)); }
-bad() { echo "FAIL: $*"; failed=$((failed + 1)); }
 
 # sanitizer builds: a program linked to the library needs the same runtime
 san=""
@@ -119,5 +116,4 @@ make -s --no-print-directory -C "$top" BUILD="$BUILD" DESTDIR="$tmp/usr" PREFIX=
 	grep -qx 'max_rows = 7' "$conf" && ok "a second install keeps the edited radianced.conf" ||
 	bad "a second install replaced radianced.conf"
 
-echo "test_install: $passed passed, $failed failed"
-[ $failed = 0 ]
+script_done test_install
