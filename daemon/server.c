@@ -490,6 +490,44 @@ static void raise_fd_limit(const struct radiance_config *cfg)
 		log_debug("descriptor limit %llu", (unsigned long long)rl.rlim_cur);
 }
 
+/* connect()s to addr: 0 when something listens there, connect's errno
+ * (ECONNREFUSED: nobody listens), or -errno when no probe socket. */
+static int socket_probe(const struct sockaddr_un *addr)
+{
+	int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (probe < 0)
+		return -errno;
+	int e = connect(probe, (const struct sockaddr *)addr, sizeof *addr) < 0 ? errno : 0;
+	close(probe);
+	return e;
+}
+
+/* EAGAIN: it listens, its backlog is just full */
+static int socket_listened(int probe_result)
+{
+	return probe_result == 0 || probe_result == EAGAIN || probe_result == EINPROGRESS;
+}
+
+/* Before the backend starts: a second daemon on a live socket must fail at
+ * once, not after initialising a GPU and allocating scratch that the first
+ * one may need. Anything else about the path (missing, stale, not a socket,
+ * too long) is for listen_socket() to handle, which also checks again at
+ * bind (another daemon may start meanwhile). Under socket activation the
+ * socket is systemd's: nothing to check. */
+static int socket_check_free(const struct radiance_config *cfg, char *err, size_t errlen)
+{
+	struct sockaddr_un addr = { .sun_family = AF_UNIX };
+	struct stat st;
+	if (notify_socket_activated() || strlen(cfg->socket_path) >= sizeof addr.sun_path ||
+	    lstat(cfg->socket_path, &st) < 0 || !S_ISSOCK(st.st_mode))
+		return 0;
+	strcpy(addr.sun_path, cfg->socket_path);
+	if (!socket_listened(socket_probe(&addr)))
+		return 0;
+	snprintf(err, errlen, "another daemon is listening on %s", cfg->socket_path);
+	return -EADDRINUSE;
+}
+
 /* bind() found something at the path. Only a socket nobody listens on
  * (connect: ECONNREFUSED) is a leftover of ours to replace; a live daemon,
  * a file, a directory, a device or a symlink is left alone. */
@@ -509,16 +547,12 @@ static int remove_stale_socket(const struct sockaddr_un *addr, char *err, size_t
 			 "--socket)", path);
 		return -EEXIST;
 	}
-	int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-	if (probe < 0) {
-		int e = errno;
-		snprintf(err, errlen, "socket: %s", strerror(e));
-		return -e;
+	int e = socket_probe(addr);
+	if (e < 0) {
+		snprintf(err, errlen, "socket: %s", strerror(-e));
+		return e;
 	}
-	int e = connect(probe, (const struct sockaddr *)addr, sizeof *addr) < 0 ? errno : 0;
-	close(probe);
-	if (e == 0 || e == EAGAIN || e == EINPROGRESS) {
-		/* EAGAIN: it listens, its backlog is just full */
+	if (socket_listened(e)) {
 		snprintf(err, errlen, "another daemon is listening on %s", path);
 		return -EADDRINUSE;
 	}
@@ -885,16 +919,12 @@ int server_run(const struct radiance_config *cfg)
 	if (srv.reserve_fd < 0)
 		log_warn("open /dev/null (the reserve descriptor): %s", strerror(errno));
 
-	/* The socket before the backend: a second daemon on a live socket must
-	 * fail at once, not after initialising a GPU and allocating its scratch
-	 * (which the first daemon may need). Clients connecting meanwhile wait
-	 * in the backlog, as under socket activation. No thread is started. */
-	rc = listen_socket(&srv, err, sizeof err);
+	rc = socket_check_free(cfg, err, sizeof err);
 	if (rc < 0) {
 		log_error("%s", err);
-		goto fail_socket;
+		goto fail_loop;
 	}
-	/* Then the backend (in the executor thread): it is the thing most likely
+	/* The backend (in the executor thread) first: it is the thing most likely
 	 * to fail, and HIP/CUDA want initialising before other threads run. */
 	struct executor_options eo = {
 		.backend = {
@@ -915,7 +945,7 @@ int server_run(const struct radiance_config *cfg)
 	rc = executor_create(&loop, &eo, &srv.exec, err, sizeof err);
 	if (rc < 0) {
 		log_error("backend '%s': %s", cfg->backend, err);
-		goto fail_socket;
+		goto fail_loop;
 	}
 	const struct radiance_backend_info *bi = executor_backend_info(srv.exec);
 	log_info("radianced %s: backend %s on %s, %llu bytes of scratch", RADIANCE_VERSION, bi->name,
@@ -924,7 +954,12 @@ int server_run(const struct radiance_config *cfg)
 	rc = registry_create(&loop, srv.exec, &srv.reg);
 	if (rc < 0) {
 		log_error("registry: %s", strerror(-rc));
-		goto fail_registry;
+		goto fail_exec;
+	}
+	rc = listen_socket(&srv, err, sizeof err);
+	if (rc < 0) {
+		log_error("%s", err);
+		goto fail_socket;
 	}
 	uv_poll_init(&loop, &srv.listen_poll, srv.listen_fd);
 	srv.listen_poll.data = &srv;
@@ -963,12 +998,14 @@ int server_run(const struct radiance_config *cfg)
 	log_info("stopped");
 	return srv.exit_code;
 
-fail_registry:
-	executor_destroy(srv.exec);
 fail_socket:
 	if (srv.listen_fd >= 0)
 		close(srv.listen_fd);
 	unlink_own_socket(&srv);
+	registry_destroy(srv.reg);
+fail_exec:
+	executor_destroy(srv.exec);
+fail_loop:
 	if (srv.reserve_fd >= 0)
 		close(srv.reserve_fd);
 	uv_run(&loop, UV_RUN_DEFAULT);   /* let closing handles finish */
