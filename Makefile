@@ -6,7 +6,11 @@
 #   make check SAN=thread TESTS="..."  ThreadSanitizer, in build-tsan/
 #   make demo                the main job on the CPU backend and the shipped checkpoint
 #   make GPU=cuda | GPU=hip  add the GPU backend (nvcc for sm_90a / hipcc for gfx1201)
-#   make install PREFIX=/usr DESTDIR=...
+#   make install PREFIX=/usr DESTDIR=...   (SYSCONFDIR: /etc for PREFIX=/usr, else PREFIX/etc)
+#   make check-build-matrix  build every documented option combination this machine can
+#                            (GPU=cuda with nvcc, STATIC_DEPS=1, SAN=...): tests/build_matrix.sh
+#   make check-deb           build the Debian packages, lintian, install and use them in a
+#                            Debian 12 container (systemd-nspawn): tests/deb_check.sh
 #
 # Every directory's sources are picked up by wildcard: one file, one responsibility.
 
@@ -16,7 +20,9 @@ BINDIR     ?= $(PREFIX)/bin
 SBINDIR    ?= $(PREFIX)/sbin
 LIBDIR     ?= $(PREFIX)/lib
 INCLUDEDIR ?= $(PREFIX)/include
-SYSCONFDIR ?= /etc
+# autoconf's rule with the FHS exception Debian uses: /usr's configuration
+# lives in /etc, any other prefix's in PREFIX/etc (/usr/local/etc, /opt/x/etc).
+SYSCONFDIR ?= $(if $(filter /usr /usr/,$(PREFIX)),/etc,$(PREFIX)/etc)
 UNITDIR    ?= $(PREFIX)/lib/systemd/system
 SYSUSERSDIR?= $(PREFIX)/lib/sysusers.d
 TMPFILESDIR?= $(PREFIX)/lib/tmpfiles.d
@@ -43,12 +49,22 @@ INC     := -Icommon -Iproto -Ikernels -Idaemon -Iclient -I$(BUILD)/gen
 DEFS    := -D_GNU_SOURCE -DRADIANCE_VERSION=\"$(VERSION)\"
 # -ffp-contract=off: the CPU reference rounds every product and sum as written
 # (a fused multiply-add would change results between machines).
-ALLCFLAGS = -std=c11 $(WARN) $(INC) $(DEFS) -fPIC -ffp-contract=off $(SANFLAGS) $(CFLAGS) $(GPU_DEFS)
+ALLCFLAGS = -std=c11 $(WARN) $(INC) $(DEFS) -fPIC -ffp-contract=off $(SANFLAGS) $(CPPFLAGS) $(CFLAGS) $(GPU_DEFS)
+# CPPFLAGS and LDFLAGS as a distribution passes them (dpkg-buildflags:
+# _FORTIFY_SOURCE, -z relro/now); empty by default.
+CPPFLAGS ?=
+LDFLAGS  ?=
 
 # Libraries found through pkg-config. STATIC_DEPS=1 links libuv, protobuf-c,
-# jansson and inih statically (for hosts without them, such as the H200 host).
+# jansson and inih statically into the executables (for hosts without them,
+# such as the H200 host). libradiance.so always links the shared protobuf-c
+# and jansson, the only libraries the client uses: a shared object cannot
+# embed Debian's static archives, which are not built as PIC; a client on
+# a host without those libraries links libradiance.a (radiance.pc --static).
 PKGS := libuv libprotobuf-c jansson inih libsystemd
+CLIENT_PKGS := libprotobuf-c jansson
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+CLIENT_SO_LIBS := $(shell pkg-config --libs $(CLIENT_PKGS) 2>/dev/null) -lpthread
 ifeq ($(STATIC_DEPS),1)
 LIBDIR_SYS := $(shell pkg-config --variable=libdir libuv 2>/dev/null)
 DEP_LIBS := $(LIBDIR_SYS)/libuv_a.a $(LIBDIR_SYS)/libprotobuf-c.a $(LIBDIR_SYS)/libjansson.a \
@@ -121,9 +137,18 @@ RADIANCED  := $(BUILD)/radianced
 RADIANCECTL:= $(BUILD)/radiancectl
 EXTRA_BIN  := $(patsubst %.c,$(BUILD)/%,$(wildcard bench/*.c tools/*.c examples/*.c))
 
-.PHONY: all deps check demo install clean gpu-check-code
-all: $(RADIANCED) $(RADIANCECTL) $(LIB_CLIENT_A) $(LIB_CLIENT_SO) $(BUILD)/radiance.pc $(TEST_BIN) $(EXTRA_BIN) \
-	$(GPU_CLIENT_TARGETS)
+# The per-GPU template units are made from the single-daemon ones
+# (systemd/instance-*.sed), so the hardening is written once.
+INSTALL_BIN := $(RADIANCED) $(RADIANCECTL) $(LIB_CLIENT_A) $(LIB_CLIENT_SO)
+UNITS := $(BUILD)/systemd/radianced.service $(BUILD)/systemd/radianced.socket \
+         $(BUILD)/systemd/radianced@.service $(BUILD)/systemd/radianced@.socket \
+         $(BUILD)/systemd/radiance-metrics.service $(BUILD)/systemd/radiance-metrics.timer
+.PHONY: all bin deps check demo install clean gpu-check-code
+# what `make install` installs, without the tests (debian/rules builds this)
+bin: $(INSTALL_BIN) $(BUILD)/radiance.pc $(UNITS) $(GPU_CLIENT_TARGETS)
+
+all: $(RADIANCED) $(RADIANCECTL) $(LIB_CLIENT_A) $(LIB_CLIENT_SO) $(BUILD)/radiance.pc $(UNITS) \
+     $(TEST_BIN) $(EXTRA_BIN) $(GPU_CLIENT_TARGETS)
 
 $(PROTO_C) $(PROTO_H): proto/radiance.proto
 	@mkdir -p $(BUILD)/gen
@@ -155,7 +180,7 @@ $(LIB_CORE): $(CORE_OBJ) $(GPU_OBJS)
 LINK_CORE = $(LIB_CORE) $(LIB_COMMON) $(DEP_LIBS) $(GPU_LIBS)
 
 $(RADIANCED): $(BUILD)/obj/daemon/main.o $(LIB_CORE) $(LIB_COMMON)
-	$(CC) $(SANFLAGS) -o $@ $< $(LINK_CORE)
+	$(CC) $(SANFLAGS) $(LDFLAGS) -o $@ $< $(LINK_CORE)
 
 # The client library exports radiance_* only (client/libradiance.sym).
 $(LIB_CLIENT_A): $(CLIENT_OBJ) $(COMMON_OBJ)
@@ -163,15 +188,22 @@ $(LIB_CLIENT_A): $(CLIENT_OBJ) $(COMMON_OBJ)
 	ar rcs $@ $^
 
 $(LIB_CLIENT_SO): $(CLIENT_OBJ) $(LIB_COMMON) client/libradiance.sym
-	$(CC) $(SANFLAGS) -shared -Wl,-soname,libradiance.so.0 -Wl,--version-script=client/libradiance.sym \
-		-o $@ $(CLIENT_OBJ) $(LIB_COMMON) $(DEP_LIBS)
+ifeq ($(STATIC_DEPS),1)
+	@echo "note: STATIC_DEPS=1: libradiance.so links the shared libprotobuf-c and libjansson (static archives are not PIC); libradiance.a carries no such dependency"
+endif
+	$(CC) $(SANFLAGS) $(LDFLAGS) -shared -Wl,-soname,libradiance.so.0 -Wl,--version-script=client/libradiance.sym \
+		-Wl,--as-needed -o $@ $(CLIENT_OBJ) $(LIB_COMMON) $(CLIENT_SO_LIBS)
 	ln -sf libradiance.so.0 $(BUILD)/libradiance.so
 
 $(RADIANCECTL): $(BUILD)/obj/client/radiancectl.o $(LIB_CLIENT_A)
-	$(CC) $(SANFLAGS) -o $@ $< $(LIB_CLIENT_A) $(DEP_LIBS)
+	$(CC) $(SANFLAGS) $(LDFLAGS) -o $@ $< $(LIB_CLIENT_A) $(DEP_LIBS)
 
+# radiance.pc for PREFIX/LIBDIR/INCLUDEDIR as given to this make run: `make
+# install` writes it anew (the one in $(BUILD) is for the prefix of the build).
+PC_SED = sed -e 's|@PREFIX@|$(PREFIX)|; s|@LIBDIR@|$(LIBDIR)|; s|@INCLUDEDIR@|$(INCLUDEDIR)|; s|@VERSION@|$(VERSION)|'
+UNIT_SED = sed -e 's|@SBINDIR@|$(SBINDIR)|g; s|@BINDIR@|$(BINDIR)|g; s|@SYSCONFDIR@|$(SYSCONFDIR)|g'
 $(BUILD)/radiance.pc: client/radiance.pc.in
-	sed -e 's|@PREFIX@|$(PREFIX)|; s|@LIBDIR@|$(LIBDIR)|; s|@INCLUDEDIR@|$(INCLUDEDIR)|; s|@VERSION@|$(VERSION)|' $< > $@
+	$(PC_SED) $< > $@
 
 # The .a holds client/gpu/ and the kernels (its users link libradiance and the
 # vendor runtime themselves: pkg-config --static); the .so links them in and
@@ -187,7 +219,7 @@ $(LIB_GPU_SO): $(GPU_CLIENT_OBJ) $(GPU_OBJS) $(LIB_CLIENT_SO) client/gpu/libradi
 	ln -sf libradiance-gpu.so.0 $(BUILD)/libradiance-gpu.so
 
 $(BUILD)/radiance-gpu.pc: client/gpu/radiance-gpu.pc.in
-	sed -e 's|@PREFIX@|$(PREFIX)|; s|@LIBDIR@|$(LIBDIR)|; s|@INCLUDEDIR@|$(INCLUDEDIR)|; s|@VERSION@|$(VERSION)|; s|@GPU@|$(GPU)|' $< > $@
+	$(PC_SED) -e 's|@GPU@|$(GPU)|' $< > $@
 
 # Tests link everything (core, client, common) plus cmocka.
 # (GPU builds: with libradiance-gpu's objects, for test_gpu_map and bench_mapped.)
@@ -210,30 +242,67 @@ demo: deps
 	$(MAKE) all
 	@BUILD=$(BUILD) sh tools/demo.sh
 
-install: all
+.PHONY: units
+units: $(UNITS)
+$(BUILD)/systemd/radianced.service: systemd/radianced.service
+	@mkdir -p $(dir $@)
+	$(UNIT_SED) $< > $@
+$(BUILD)/systemd/radiance-metrics.service: systemd/radiance-metrics.service
+	@mkdir -p $(dir $@)
+	$(UNIT_SED) $< > $@
+$(BUILD)/systemd/radianced.socket $(BUILD)/systemd/radiance-metrics.timer: $(BUILD)/systemd/%: systemd/%
+	@mkdir -p $(dir $@)
+	cp $< $@
+$(BUILD)/systemd/radianced@.service: systemd/radianced.service systemd/instance-service.sed
+	@mkdir -p $(dir $@)
+	sed -f systemd/instance-service.sed $< | $(UNIT_SED) > $@
+$(BUILD)/systemd/radianced@.socket: systemd/radianced.socket systemd/instance-socket.sed
+	@mkdir -p $(dir $@)
+	sed -f systemd/instance-socket.sed $< > $@
+
+# Installs only what it names; nothing is written outside $(DESTDIR). The
+# units and radiance.pc are generated here for the directories of this run,
+# so `make && make install PREFIX=/usr` installs /usr paths.
+install: $(INSTALL_BIN) $(GPU_CLIENT_TARGETS)
 	install -d $(DESTDIR)$(SBINDIR) $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR)/pkgconfig \
 		$(DESTDIR)$(INCLUDEDIR) $(DESTDIR)$(UNITDIR) $(DESTDIR)$(SYSUSERSDIR) \
 		$(DESTDIR)$(TMPFILESDIR) $(DESTDIR)$(SYSCONFDIR)/radiance
 	install -m 0755 $(RADIANCED) $(DESTDIR)$(SBINDIR)/radianced
 	install -m 0755 $(RADIANCECTL) $(DESTDIR)$(BINDIR)/radiancectl
 	install -m 0644 $(LIB_CLIENT_A) $(DESTDIR)$(LIBDIR)/libradiance.a
-	install -m 0755 $(LIB_CLIENT_SO) $(DESTDIR)$(LIBDIR)/libradiance.so.0
+	install -m 0644 $(LIB_CLIENT_SO) $(DESTDIR)$(LIBDIR)/libradiance.so.0
 	ln -sf libradiance.so.0 $(DESTDIR)$(LIBDIR)/libradiance.so
 	install -m 0644 client/radiance.h $(DESTDIR)$(INCLUDEDIR)/radiance.h
-	install -m 0644 $(BUILD)/radiance.pc $(DESTDIR)$(LIBDIR)/pkgconfig/radiance.pc
+	$(PC_SED) client/radiance.pc.in > $(DESTDIR)$(LIBDIR)/pkgconfig/radiance.pc
 ifneq ($(GPU),)
 	install -m 0644 $(LIB_GPU_A) $(DESTDIR)$(LIBDIR)/libradiance-gpu.a
 	install -m 0755 $(LIB_GPU_SO) $(DESTDIR)$(LIBDIR)/libradiance-gpu.so.0
 	ln -sf libradiance-gpu.so.0 $(DESTDIR)$(LIBDIR)/libradiance-gpu.so
 	install -m 0644 client/radiance_gpu.h $(DESTDIR)$(INCLUDEDIR)/radiance_gpu.h
-	install -m 0644 $(BUILD)/radiance-gpu.pc $(DESTDIR)$(LIBDIR)/pkgconfig/radiance-gpu.pc
+	$(PC_SED) -e 's|@GPU@|$(GPU)|' client/gpu/radiance-gpu.pc.in > $(DESTDIR)$(LIBDIR)/pkgconfig/radiance-gpu.pc
 endif
-	sed 's|@SBINDIR@|$(SBINDIR)|' systemd/radianced.service > $(DESTDIR)$(UNITDIR)/radianced.service
+	$(UNIT_SED) systemd/radianced.service > $(DESTDIR)$(UNITDIR)/radianced.service
 	install -m 0644 systemd/radianced.socket $(DESTDIR)$(UNITDIR)/radianced.socket
+	sed -f systemd/instance-service.sed systemd/radianced.service | $(UNIT_SED) \
+		> $(DESTDIR)$(UNITDIR)/radianced@.service
+	sed -f systemd/instance-socket.sed systemd/radianced.socket > $(DESTDIR)$(UNITDIR)/radianced@.socket
+	$(UNIT_SED) systemd/radiance-metrics.service > $(DESTDIR)$(UNITDIR)/radiance-metrics.service
+	install -m 0644 systemd/radiance-metrics.timer $(DESTDIR)$(UNITDIR)/radiance-metrics.timer
 	install -m 0644 systemd/radiance.sysusers $(DESTDIR)$(SYSUSERSDIR)/radiance.conf
 	install -m 0644 systemd/radiance.tmpfiles $(DESTDIR)$(TMPFILESDIR)/radiance.conf
 	test -e $(DESTDIR)$(SYSCONFDIR)/radiance/radianced.conf || \
 		install -m 0644 systemd/radianced.conf $(DESTDIR)$(SYSCONFDIR)/radiance/radianced.conf
+
+# Every documented option combination this machine can build
+# (tests/build_matrix.sh; each in its own build directory). Takes minutes.
+.PHONY: check-build-matrix check-deb
+check-build-matrix: deps
+	@sh tests/build_matrix.sh
+
+# The Debian packages built, linted, installed and used in a Debian 12
+# container booted with systemd-nspawn (tests/deb_check.sh; root, network).
+check-deb:
+	@sh tests/deb_check.sh
 
 clean:
 	rm -rf build build-*

@@ -196,6 +196,8 @@ void radiance__client_leave(struct radiance *r)
 
 /* --- socket path ---------------------------------------------------------- */
 
+#define RUN_DIR "/run/radiance"
+
 static int put_path(char *buf, size_t size, const char *a, const char *b)
 {
 	int n = snprintf(buf, size, "%s%s", a, b);
@@ -207,6 +209,16 @@ int radiance_default_socket_path(char *buf, size_t size)
 	const char *env = getenv("RADIANCE_SOCKET");
 	if (env && *env)
 		return put_path(buf, size, env, "");
+	/* one daemon per GPU (radianced@N.socket): the device ordinal names it */
+	const char *dev = getenv("RADIANCE_DEVICE");
+	if (dev && *dev) {
+		size_t len = strspn(dev, "0123456789");
+		if (dev[len] || len > 4 || (len > 1 && dev[0] == '0') || atoi(dev) > 1024)
+			return -EINVAL;
+		char name[32];
+		snprintf(name, sizeof name, "/radiance-%s.sock", dev);
+		return put_path(buf, size, RUN_DIR, name);
+	}
 	if (geteuid() != 0) {
 		const char *xdg = getenv("XDG_RUNTIME_DIR");
 		struct stat st;
@@ -214,7 +226,7 @@ int radiance_default_socket_path(char *buf, size_t size)
 		    stat(buf, &st) == 0 && S_ISSOCK(st.st_mode))
 			return 0;
 	}
-	return put_path(buf, size, "/run/radiance/radiance.sock", "");
+	return put_path(buf, size, RUN_DIR, "/radiance.sock");
 }
 
 /* --- framing -------------------------------------------------------------- */

@@ -169,11 +169,15 @@ const char *radiance_strerror(int err);
 /* --- connection ----------------------------------------------------------- */
 
 /* Writes the socket path radiance_connect(NULL, ...) uses into buf (size
- * bytes, NUL-terminated): $RADIANCE_SOCKET if set and non-empty; otherwise
+ * bytes, NUL-terminated): $RADIANCE_SOCKET if set and non-empty; otherwise,
+ * with $RADIANCE_DEVICE=N set and non-empty (a GPU ordinal, 0 to 1024, in
+ * decimal without leading zeros), /run/radiance/radiance-N.sock: the socket
+ * of radianced@N, one daemon per GPU; otherwise
  * /run/radiance/radiance.sock for root; otherwise
  * $XDG_RUNTIME_DIR/radiance.sock when $XDG_RUNTIME_DIR is set and that socket
  * exists, else /run/radiance/radiance.sock (a per-user daemon first, then
- * the system one). Returns 0 or -ENAMETOOLONG. Any thread. */
+ * the system one). Returns 0, -ENAMETOOLONG, or -EINVAL when
+ * $RADIANCE_DEVICE is not such a number. Any thread. */
 int radiance_default_socket_path(char *buf, size_t size);
 
 /* Connects to radianced at socket_path (NULL: radiance_default_socket_path)
@@ -196,7 +200,8 @@ int radiance_default_socket_path(char *buf, size_t size);
  *   ETIMEDOUT                     no answer within opt->timeout_ms;
  *   EINVAL                        opt->size too small for the fields
  *                                 before `log`, spin_us below -1 or
- *                                 timeout_ms below 0;
+ *                                 timeout_ms below 0; or socket_path NULL
+ *                                 and $RADIANCE_DEVICE not a GPU ordinal;
  *   ENOMEM, or an errno of socket()/connect().
  * There is no handle to ask radiance_error_message() then: the reason (the
  * daemon's text for a refusal, e.g. "too many sessions (the limit is 64)")
@@ -604,6 +609,18 @@ struct radiance_stats_reply {
 	struct radiance_session_stats *sessions;   /* [n_sessions]; may be empty
 	                                              when the daemon shows only
 	                                              the caller's */
+	/* The global latency histogram at coarse bounds, for exporters (kept
+	 * at the end: the struct is only ever allocated by the library).
+	 * latency_le_ns[i] (ns, increasing, inclusive) and latency_cumulative[i]
+	 * (requests that took at most that long), [n_latency_buckets]; the
+	 * +Inf bucket is global.requests (counters and buckets are not one
+	 * atomic snapshot: the last bucket may exceed it by the requests
+	 * completed meanwhile). latency_sum_ns is every request's
+	 * latency summed. 0 buckets from a daemon that does not send them. */
+	size_t n_latency_buckets;
+	const uint64_t *latency_le_ns;
+	const uint64_t *latency_cumulative;
+	uint64_t latency_sum_ns;
 };
 
 /* Asks the daemon for its counters. *out is allocated; free it with

@@ -13,6 +13,7 @@
  *   3  cannot reach the daemon, or the connection broke
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <signal.h>
@@ -39,6 +40,8 @@ struct ctl {
 	bool json;
 	const char *name;     /* load --name */
 	bool hold;            /* load --hold */
+	bool prometheus;      /* stats --prometheus */
+	const char *output;   /* stats --prometheus --output FILE */
 	bool verbose;
 	char connect_error[512];   /* libradiance's reason when connect fails */
 	struct radiance *r;
@@ -71,11 +74,20 @@ static void usage(FILE *f)
 		"                      one releases or disconnects.\n"
 		"  stats               request counters and latency, global and per session\n"
 		"                      (p50/p99 are histogram bucket upper bounds)\n"
+		"  stats --prometheus [--output FILE]\n"
+		"                      the same (global) and resident bytes per model in the\n"
+		"                      Prometheus text format; --output replaces FILE\n"
+		"                      atomically (a temporary file renamed over it), for\n"
+		"                      node_exporter's textfile collector, and writes\n"
+		"                      radiance_up 0 there when the daemon cannot be reached\n"
 		"\n"
 		"Options:\n"
 		"  -s, --socket PATH   daemon socket (default: $RADIANCE_SOCKET, else\n"
+		"                      /run/radiance/radiance-N.sock for $RADIANCE_DEVICE=N, else\n"
 		"                      /run/radiance/radiance.sock for root, else\n"
 		"                      $XDG_RUNTIME_DIR/radiance.sock if it exists)\n"
+		"  -d, --device N      the daemon of GPU N, radianced@N:\n"
+		"                      /run/radiance/radiance-N.sock (as $RADIANCE_DEVICE=N)\n"
 		"  -j, --json          print one JSON document on stdout; a failure is\n"
 		"                      {\"error\": {\"code\", \"errno\", \"message\"}} there too\n"
 		"  -n, --name NAME     (load) model name\n"
@@ -293,19 +305,29 @@ static json_t *stats_json(const struct radiance_stats *s, bool global)
 	return j;
 }
 
+/* The counters and the resident models, both or neither (EXIT_OK, or the
+ * failure reported). */
+static int get_stats_models(struct ctl *c, struct radiance_stats_reply **st,
+			    struct radiance_model_list **ml)
+{
+	int rc = radiance_get_stats(c->r, st);
+	if (rc < 0)
+		return fail(c, rc, "stats");
+	if ((rc = radiance_list_models(c->r, ml)) < 0) {
+		radiance_stats_free(*st);
+		return fail(c, rc, "list models");
+	}
+	return EXIT_OK;
+}
+
 static int cmd_status(struct ctl *c)
 {
 	const struct radiance_server_info *si = radiance_get_server_info(c->r);
 	struct radiance_stats_reply *st;
 	struct radiance_model_list *ml;
-	int rc = radiance_get_stats(c->r, &st);
-	if (rc < 0)
-		return fail(c, rc, "stats");
-	if ((rc = radiance_list_models(c->r, &ml)) < 0) {
-		radiance_stats_free(st);
-		return fail(c, rc, "list models");
-	}
-	int ret;
+	int ret = get_stats_models(c, &st, &ml);
+	if (ret != EXIT_OK)
+		return ret;
 	if (c->json) {
 		/* every figure of the text below, and the library's version */
 		ret = print_json(c, json_pack("{s:s, s:i, s:s, s:s, s:i, s:i, s:I, s:i, s:I, s:I, s:s}",
@@ -595,6 +617,179 @@ static void print_stats_row(const char *who, const struct radiance_stats *s)
 	       s->requests, s->rows, s->errors, in, out, p50, p99, max);
 }
 
+/* --- Prometheus text exposition format (version 0.0.4) -------------------- */
+
+/* A label value: backslash, double quote and newline escaped, as the
+ * format requires; other bytes pass as they are. */
+static void prom_label(FILE *f, const char *s)
+{
+	for (; *s; s++) {
+		if (*s == '\\' || *s == '"')
+			fprintf(f, "\\%c", *s);
+		else if (*s == '\n')
+			fputs("\\n", f);
+		else
+			fputc(*s, f);
+	}
+}
+
+static void prom_family(FILE *f, const char *name, const char *type, const char *help)
+{
+	fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+static void prom_u64(FILE *f, const char *name, const char *type, const char *help, uint64_t v)
+{
+	prom_family(f, name, type, help);
+	fprintf(f, "%s %" PRIu64 "\n", name, v);
+}
+
+/* A gauge in seconds from ns; NaN when there is no value yet. */
+static void prom_seconds(FILE *f, const char *name, const char *help, uint64_t ns, bool known)
+{
+	prom_family(f, name, "gauge", help);
+	if (known)
+		fprintf(f, "%s %.9g\n", name, ns / 1e9);
+	else
+		fprintf(f, "%s NaN\n", name);
+}
+
+/* What radiancectl stats shows for all sessions, and each resident model's
+ * bytes. Per-session series are left out on purpose: a label per session id
+ * would create a new series with every connection. Latency is a histogram
+ * at the daemon's coarse power-of-two bounds (exact counts), and the
+ * daemon's finer p50/p99 estimates as gauges. */
+static void prom_write(FILE *f, const struct radiance_server_info *si,
+		       const struct radiance_stats_reply *st, const struct radiance_model_list *ml)
+{
+	const struct radiance_stats *g = &st->global;
+	prom_u64(f, "radiance_up", "gauge", "1 when radiancectl reached the daemon", 1);
+	prom_family(f, "radiance_info", "gauge", "daemon version, protocol, backend and device");
+	fprintf(f, "radiance_info{version=\"");
+	prom_label(f, si->server_version);
+	fprintf(f, "\",protocol=\"%u\",backend=\"", si->protocol_version);
+	prom_label(f, si->backend);
+	fprintf(f, "\",device=\"");
+	prom_label(f, si->device);
+	fprintf(f, "\"} 1\n");
+	prom_seconds(f, "radiance_uptime_seconds", "seconds since the daemon started", g->uptime_ns,
+		     true);
+	prom_u64(f, "radiance_sessions", "gauge", "live client sessions (this one included)",
+		 g->sessions);
+	prom_u64(f, "radiance_requests_total", "counter", "requests decoded, good or not",
+		 g->requests);
+	prom_u64(f, "radiance_errors_total", "counter", "requests answered with an error",
+		 g->errors);
+	prom_u64(f, "radiance_rows_total", "counter", "rows (M) of successful requests", g->rows);
+	prom_u64(f, "radiance_input_bytes_total", "counter",
+		 "activation bytes read by successful requests", g->bytes_in);
+	prom_u64(f, "radiance_output_bytes_total", "counter",
+		 "output bytes written by successful requests", g->bytes_out);
+	if (st->n_latency_buckets) {
+		/* counters and buckets are read one after the other, not as one
+		 * snapshot: the total must not fall below the last bucket */
+		uint64_t total = g->requests;
+		if (st->latency_cumulative[st->n_latency_buckets - 1] > total)
+			total = st->latency_cumulative[st->n_latency_buckets - 1];
+		prom_family(f, "radiance_request_latency_seconds", "histogram",
+			    "queue + execution time of a request in the daemon");
+		/* le exactly, in decimal: a rounded %g bound could fall below
+		 * the daemon's and misplace a request */
+		for (size_t i = 0; i < st->n_latency_buckets; i++)
+			fprintf(f, "radiance_request_latency_seconds_bucket{le=\"%" PRIu64 ".%09" PRIu64
+				"\"} %" PRIu64 "\n", st->latency_le_ns[i] / 1000000000u,
+				st->latency_le_ns[i] % 1000000000u, st->latency_cumulative[i]);
+		fprintf(f, "radiance_request_latency_seconds_bucket{le=\"+Inf\"} %" PRIu64 "\n", total);
+		fprintf(f, "radiance_request_latency_seconds_sum %.9g\n", st->latency_sum_ns / 1e9);
+		fprintf(f, "radiance_request_latency_seconds_count %" PRIu64 "\n", total);
+	}
+	/* finer than the histogram's power-of-two buckets: the daemon's own
+	 * estimates, upper edges of buckets a quarter of a power of two wide */
+	prom_seconds(f, "radiance_request_latency_p50_seconds",
+		     "median request latency, an upper bound within 25% (NaN before any request)",
+		     g->latency_p50_ns, g->requests != 0);
+	prom_seconds(f, "radiance_request_latency_p99_seconds",
+		     "99th percentile request latency, an upper bound within 25% (NaN before any "
+		     "request)", g->latency_p99_ns, g->requests != 0);
+	prom_seconds(f, "radiance_request_latency_max_seconds",
+		     "longest request since the daemon started", g->latency_max_ns, true);
+	prom_u64(f, "radiance_models", "gauge", "resident models", ml->count);
+	prom_family(f, "radiance_model_resident_bytes", "gauge",
+		    "bytes of a resident model's layers on the device");
+	for (size_t i = 0; i < ml->count; i++) {
+		fprintf(f, "radiance_model_resident_bytes{model=\"");
+		prom_label(f, ml->models[i].name);
+		fprintf(f, "\"} %" PRIu64 "\n", ml->models[i].resident_bytes);
+	}
+	prom_family(f, "radiance_model_users", "gauge", "sessions holding a resident model");
+	for (size_t i = 0; i < ml->count; i++) {
+		fprintf(f, "radiance_model_users{model=\"");
+		prom_label(f, ml->models[i].name);
+		fprintf(f, "\"} %" PRIu32 "\n", ml->models[i].users);
+	}
+}
+
+/* Writes the metrics (or, st NULL, radiance_up 0) to stdout, or replaces
+ * c->output atomically: node_exporter reads the textfile directory at any
+ * moment and must never see half a file. The temporary name does not end
+ * in .prom, so the collector ignores it. */
+static int prom_emit(struct ctl *c, const struct radiance_server_info *si,
+		     const struct radiance_stats_reply *st, const struct radiance_model_list *ml)
+{
+	if (!c->output) {
+		if (st)
+			prom_write(stdout, si, st, ml);
+		else
+			prom_u64(stdout, "radiance_up", "gauge", "1 when radiancectl reached the daemon", 0);
+		return fflush(stdout) == 0 ? EXIT_OK : EXIT_FAILED;
+	}
+	char tmp[4096];
+	if (snprintf(tmp, sizeof tmp, "%s.tmp.%ld", c->output, (long)getpid()) >= (int)sizeof tmp)
+		return report(c, EXIT_FAILED, ENAMETOOLONG, NULL, "--output %s: path too long",
+			      c->output);
+	int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+	if (fd < 0)
+		return report(c, EXIT_FAILED, errno, NULL, "--output: cannot create %s: %s", tmp,
+			      strerror(errno));
+	FILE *f = fdopen(fd, "w");
+	if (!f) {
+		int e = errno;
+		close(fd);
+		unlink(tmp);
+		return report(c, EXIT_FAILED, e, NULL, "--output %s: %s", tmp, strerror(e));
+	}
+	if (st)
+		prom_write(f, si, st, ml);
+	else
+		prom_u64(f, "radiance_up", "gauge", "1 when radiancectl reached the daemon", 0);
+	int e = 0;
+	if (fflush(f) != 0 || ferror(f) || fsync(fileno(f)) != 0)
+		e = errno ? errno : EIO;
+	if (fclose(f) != 0 && !e)
+		e = errno;
+	if (!e && rename(tmp, c->output) != 0)
+		e = errno;
+	if (e) {
+		unlink(tmp);
+		return report(c, EXIT_FAILED, e, NULL, "--output: writing %s: %s", c->output,
+			      strerror(e));
+	}
+	return EXIT_OK;
+}
+
+static int cmd_stats_prometheus(struct ctl *c)
+{
+	struct radiance_stats_reply *st;
+	struct radiance_model_list *ml;
+	int ret = get_stats_models(c, &st, &ml);
+	if (ret != EXIT_OK)
+		return ret;
+	ret = prom_emit(c, radiance_get_server_info(c->r), st, ml);
+	radiance_model_list_free(ml);
+	radiance_stats_free(st);
+	return ret;
+}
+
 static int cmd_stats(struct ctl *c)
 {
 	struct radiance_stats_reply *st;
@@ -658,9 +853,13 @@ static int bad_option(int o, const char *arg, const struct option *opts)
 int main(int argc, char **argv)
 {
 	struct ctl c = { 0 };
-	enum { OPT_HOLD = 256 };
+	const char *device = NULL;
+	enum { OPT_HOLD = 256, OPT_PROMETHEUS, OPT_OUTPUT };
 	static const struct option opts[] = {
 		{ "socket", required_argument, NULL, 's' },
+		{ "device", required_argument, NULL, 'd' },
+		{ "prometheus", no_argument, NULL, OPT_PROMETHEUS },
+		{ "output", required_argument, NULL, OPT_OUTPUT },
 		{ "json", no_argument, NULL, 'j' },
 		{ "name", required_argument, NULL, 'n' },
 		{ "hold", no_argument, NULL, OPT_HOLD },
@@ -671,12 +870,23 @@ int main(int argc, char **argv)
 	};
 	int o;
 	opterr = 0;   /* our own one-line messages, without argv[0]'s path */
-	while ((o = getopt_long(argc, argv, ":s:jn:vhV", opts, NULL)) != -1) {
+	while ((o = getopt_long(argc, argv, ":s:d:jn:vhV", opts, NULL)) != -1) {
 		switch (o) {
 		case 's':
 			if (!*optarg)
 				return usage_error("--socket needs a path, not an empty string");
 			c.socket = optarg;
+			break;
+		case 'd':
+			device = optarg;
+			break;
+		case OPT_PROMETHEUS:
+			c.prometheus = true;
+			break;
+		case OPT_OUTPUT:
+			if (!*optarg)
+				return usage_error("--output needs a file name, not an empty string");
+			c.output = optarg;
 			break;
 		case 'j':
 			c.json = true;
@@ -723,6 +933,26 @@ int main(int argc, char **argv)
 	}
 	if ((c.name || c.hold) && strcmp(cmd, "load"))
 		return usage_error("--name and --hold belong to load");
+	if ((c.prometheus || c.output) && strcmp(cmd, "stats"))
+		return usage_error("--prometheus and --output belong to stats");
+	if (c.output && !c.prometheus)
+		return usage_error("--output needs --prometheus");
+	if (c.prometheus && c.json)
+		return usage_error("--prometheus and --json are two output formats: pick one");
+	if (device) {
+		if (c.socket)
+			return usage_error("--socket and --device both name the socket: pick one");
+		/* libradiance's own resolution ($RADIANCE_DEVICE), so that the two
+		 * agree on the path; the option wins over $RADIANCE_SOCKET */
+		if (setenv("RADIANCE_DEVICE", device, 1) < 0 || unsetenv("RADIANCE_SOCKET") < 0)
+			return report(&c, EXIT_FAILED, errno, NULL, "setenv: %s", strerror(errno));
+		char path[108];
+		int prc = radiance_default_socket_path(path, sizeof path);
+		if (prc < 0)
+			return usage_error("--device '%s': %s", device,
+					   prc == -EINVAL ? "not a GPU ordinal (0 to 1024)"
+							  : radiance_strerror(prc));
+	}
 	if (!strcmp(cmd, "layers") || !strcmp(cmd, "unload")) {
 		if (!*args[0])
 			return usage_error("%s needs a model name or id, not an empty string", cmd);
@@ -736,6 +966,13 @@ int main(int argc, char **argv)
 	ro.log_user = &c;
 	ro.log_priority = c.verbose ? LOG_DEBUG : LOG_WARNING;
 	c.r = radiance_connect(c.socket, &ro);
+	if (!c.r && c.output) {
+		/* the collector's file must say the daemon is down, not keep the
+		 * last figures; the reason still goes to stderr and the exit code */
+		int e = errno;
+		prom_emit(&c, NULL, NULL, NULL);
+		errno = e;
+	}
 	if (!c.r) {
 		int e = errno;
 		char path[108] = "";
@@ -764,7 +1001,7 @@ int main(int argc, char **argv)
 	else if (!strcmp(cmd, "models"))
 		ret = cmd_models(&c);
 	else if (!strcmp(cmd, "stats"))
-		ret = cmd_stats(&c);
+		ret = c.prometheus ? cmd_stats_prometheus(&c) : cmd_stats(&c);
 	else if (!strcmp(cmd, "layers"))
 		ret = cmd_layers(&c, args[0]);
 	else if (!strcmp(cmd, "load"))

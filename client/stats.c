@@ -32,6 +32,8 @@ void radiance_stats_free(struct radiance_stats_reply *s)
 	for (size_t i = 0; i < s->n_sessions; i++)
 		free((char *)s->sessions[i].client_name);
 	free(s->sessions);
+	free((uint64_t *)s->latency_le_ns);
+	free((uint64_t *)s->latency_cumulative);
 	free(s);
 }
 
@@ -63,6 +65,30 @@ static int get_stats(struct radiance *r, struct radiance_stats_reply **out)
 		goto out;
 	}
 	stats_from_pb(&s->global, pb->global);
+	/* the histogram: two arrays of one length, bounds increasing, counts
+	 * not decreasing; otherwise it is left out. The counts may run ahead
+	 * of `requests` (not one atomic snapshot). */
+	const Radiance__Stats *g = pb->global;
+	if (g && g->n_latency_le_ns && g->n_latency_le_ns == g->n_latency_cumulative &&
+	    g->n_latency_le_ns <= 1024) {
+		size_t n = g->n_latency_le_ns, i = 0;
+		for (; i < n; i++)
+			if (i && (g->latency_le_ns[i] <= g->latency_le_ns[i - 1] ||
+				  g->latency_cumulative[i] < g->latency_cumulative[i - 1]))
+				break;
+		uint64_t *le = i == n ? malloc(n * sizeof *le) : NULL;
+		uint64_t *cum = le ? malloc(n * sizeof *cum) : NULL;
+		if (cum) {
+			memcpy(le, g->latency_le_ns, n * sizeof *le);
+			memcpy(cum, g->latency_cumulative, n * sizeof *cum);
+			s->latency_le_ns = le;
+			s->latency_cumulative = cum;
+			s->n_latency_buckets = n;
+			s->latency_sum_ns = g->latency_sum_ns;
+		} else {
+			free(le);
+		}
+	}
 	stats_from_pb(&s->session, pb->session);
 	for (size_t i = 0; i < pb->n_sessions; i++) {
 		const Radiance__SessionStats *ps = pb->sessions[i];

@@ -16,10 +16,16 @@ struct radiance_backend {
 	uint32_t max_n, max_k;   /* largest layer it takes, 0: the backend's own check */
 };
 
+#ifndef RADIANCE_GPU
+#define NO_GPU_BUILD_REASON "this build has no GPU backend (make GPU=cuda or GPU=hip adds one)"
+#endif
+
 /* Says once, at start, what "auto" chose and why, and which GPU-only
  * options do nothing on the CPU: otherwise `--backend auto --device 7` on a
- * machine without a GPU serves from the CPU without a word. no_gpu is the
- * GPU backend's reason for -ENODEV, when it was tried. */
+ * machine without a GPU serves from the CPU without a word. A fall-back to
+ * the CPU is a warning: on a GPU host it means the daemon serves ~100x
+ * slower than it should (require_gpu makes it fatal instead). no_gpu is the
+ * reason the GPU backend was not taken. */
 static void backend_log_choice(const char *kind, const struct radiance_backend_options *opt,
 			       const struct radiance_backend_ops *ops, const char *no_gpu)
 {
@@ -27,14 +33,9 @@ static void backend_log_choice(const char *kind, const struct radiance_backend_o
 	if (strcmp(kind, "auto") == 0) {
 		if (!cpu)
 			log_info("backend auto: using the %s backend", ops->name);
-#ifdef RADIANCE_GPU
 		else
-			log_info("backend auto: no GPU device answered (%s), using cpu", no_gpu);
-#else
-		else
-			log_info("backend auto: this build has no GPU backend (make GPU=cuda or "
-				 "GPU=hip adds one), using cpu");
-#endif
+			log_warn("backend auto: %s, using cpu (require_gpu = yes makes this fatal, "
+				 "backend = cpu silences it)", no_gpu);
 	}
 	if (!cpu)
 		return;
@@ -69,8 +70,12 @@ int radiance_backend_create(const struct radiance_backend_options *opt,
 				 "GPU=cuda or GPU=hip)");
 			return -ENODEV;
 		}
+		if (opt->require_gpu) {
+			snprintf(err, errlen, "require_gpu is set and %s", NO_GPU_BUILD_REASON);
+			return -ENODEV;
+		}
 #endif
-		if (strcmp(kind, "auto") == 0)
+		if (strcmp(kind, "auto") == 0 && !opt->require_gpu)
 			order[n++] = &radiance__backend_cpu_ops;
 	} else {
 		snprintf(err, errlen, "'%s' is not a backend (expected auto, cpu or gpu)", kind);
@@ -90,7 +95,11 @@ int radiance_backend_create(const struct radiance_backend_options *opt,
 	b->max_rows = o.max_rows;
 	b->max_n = o.max_n;
 	b->max_k = o.max_k;
+#ifdef RADIANCE_GPU
 	char no_gpu[256] = "";
+#else
+	char no_gpu[256] = NO_GPU_BUILD_REASON;
+#endif
 	int rc = -ENODEV;
 	for (size_t i = 0; i < n; i++) {
 		rc = order[i]->create(&o, &b->state, err, errlen);
@@ -103,7 +112,13 @@ int radiance_backend_create(const struct radiance_backend_options *opt,
 		/* auto: a missing GPU falls through to the CPU; any other error is final */
 		if (!(rc == -ENODEV && i + 1 < n))
 			break;
-		snprintf(no_gpu, sizeof no_gpu, "%s", err && errlen ? err : "no device");
+		snprintf(no_gpu, sizeof no_gpu, "no GPU device answered (%s)",
+			 err && errlen ? err : "no device");
+	}
+	if (rc == -ENODEV && opt->require_gpu && err && errlen) {
+		char why[256];
+		snprintf(why, sizeof why, "%s", err);
+		snprintf(err, errlen, "require_gpu is set and no GPU device answered (%s)", why);
 	}
 	free(b);
 	return rc;

@@ -29,6 +29,8 @@ struct radiance_backend_options {
 	int device;              /* GPU ordinal; below 0: not chosen, the GPU backend
 	                            takes 0. The CPU backend ignores it, with a
 	                            warning when one was chosen. */
+	int require_gpu;         /* auto: no fallback to the CPU; create fails with
+	                            -ENODEV and the GPU's reason instead */
 	uint32_t max_rows;       /* largest M of one launch (rows of all stacked
 	                            requests); sizes activation and output staging */
 	uint32_t max_decode_rows;/* decode band's largest M; sizes split-K partials */

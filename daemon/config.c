@@ -18,7 +18,7 @@
 #include "shm.h"
 
 enum value_type {
-	V_STRING, V_BACKEND, V_INT, V_U32, V_POW2, V_BYTES, V_LOGLEVEL, V_PRELOAD,
+	V_STRING, V_BACKEND, V_BOOL, V_INT, V_U32, V_POW2, V_BYTES, V_LOGLEVEL, V_PRELOAD,
 	V_MAPALLOW,
 	V_LIMIT_BYTES, V_LIMIT,    /* uint64_t: bytes or a count, or "auto" (LIMIT_AUTO) */
 };
@@ -41,6 +41,10 @@ static const struct setting settings[] = {
 	{ "group", 'g', "GROUP", V_STRING, OFF(socket_group), 0, 0,
 	  "group owning the socket, which is then mode 0660 (default: none, 0600)" },
 	{ "backend", 'b', "KIND", V_BACKEND, OFF(backend), 0, 0, "auto, cpu or gpu (default auto)" },
+	{ "require_gpu", 268, "[=yes|no]", V_BOOL, OFF(require_gpu), 0, 1,
+	  "with backend auto: fail to start instead of falling back to the CPU when "
+	  "this build has no GPU backend or no device answers (no; the option alone "
+	  "means yes)" },
 	{ "device", 'd', "N", V_INT, OFF(device), 0, 1024,
 	  "GPU ordinal (default 0); no effect on the cpu backend" },
 	{ "preload", 'p', "DIR", V_PRELOAD, OFF(preload), 0, 0,
@@ -73,7 +77,7 @@ static const struct setting settings[] = {
 	{ "numerics_gate", 267, "0|1", V_U32, OFF(numerics_gate), 0, 1,
 	  "GPU: compare the first launch of each (layer, M) with the CPU reference "
 	  "and log the relative error (0)" },
-	{ "map_allow", 268, "WHO", V_MAPALLOW, OFF(map_allow), 0, 0,
+	{ "map_allow", 269, "WHO", V_MAPALLOW, OFF(map_allow), 0, 0,
 	  "who may map models' device memory into their own process (MapModel, "
 	  "docs/mapped.md): owner (root and the daemon's user), all, or none (owner); "
 	  "a mapping process can write the weights every session computes with" },
@@ -278,6 +282,18 @@ static int apply(struct radiance_config *cfg, const struct setting *st, const ch
 		else {
 			snprintf(err, errlen, "%s: '%s' is not a map_allow value (expected owner, all "
 				 "or none)", where, value);
+			return -EINVAL;
+		}
+		return 0;
+	case V_BOOL:
+		/* the command-line flag alone (no =VALUE) means yes */
+		if (!value || !strcmp(value, "yes") || !strcmp(value, "true") || !strcmp(value, "1")) {
+			*(uint32_t *)field = 1;
+		} else if (!strcmp(value, "no") || !strcmp(value, "false") || !strcmp(value, "0")) {
+			*(uint32_t *)field = 0;
+		} else {
+			snprintf(err, errlen, "%s: '%s' is not yes or no (also true/false, 1/0)",
+				 where, value);
 			return -EINVAL;
 		}
 		return 0;
@@ -571,7 +587,8 @@ static void usage(FILE *out)
 		if (st->opt < 256)
 			snprintf(opt, sizeof opt, "-%c, --%s %s", st->opt, name, st->arg);
 		else
-			snprintf(opt, sizeof opt, "    --%s %s", name, st->arg);
+			snprintf(opt, sizeof opt, "    --%s%s%s", name, st->type == V_BOOL ? "" : " ",
+				 st->arg);
 		usage_line(out, opt, st->help);
 	}
 	usage_line(out, "-h, --help", "show this help");
@@ -613,7 +630,10 @@ static void build_opts(struct opt_table *t)
 		for (char *p = t->names[i]; *p; p++)
 			if (*p == '_')
 				*p = '-';
-		t->opts[n++] = (struct option){ t->names[i], required_argument, NULL, settings[i].opt };
+		t->opts[n++] = (struct option){ t->names[i],
+						settings[i].type == V_BOOL ? optional_argument
+									   : required_argument,
+						NULL, settings[i].opt };
 	}
 	t->opts[n++] = (struct option){ "config", required_argument, NULL, OPT_CONFIG };
 	t->opts[n++] = (struct option){ "no-config", no_argument, NULL, OPT_NO_CONFIG };

@@ -30,6 +30,7 @@ struct radiance_config {
 	gid_t socket_gid;           /* socket_group resolved by config_load, or (gid_t)-1 */
 	char *backend;              /* "auto", "cpu", "gpu" */
 	int device;                 /* GPU ordinal; -1 when not given (the GPU backend takes 0) */
+	uint32_t require_gpu;       /* 1: backend auto may not fall back to the CPU */
 	char **preload;             /* checkpoint directories to load at start; config_load
 	                               refuses two with one basename (the model name) and
 	                               drops repeats of one directory */

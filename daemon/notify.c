@@ -9,6 +9,11 @@
 
 #include "log.h"
 
+int notify_socket_activated(void)
+{
+	return sd_listen_fds(0) > 0;
+}
+
 int notify_listen_fd(char *err, unsigned long errlen)
 {
 	int n = sd_listen_fds(1);

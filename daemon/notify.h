@@ -16,6 +16,10 @@
  * close-on-exec; LISTEN_* variables are removed from the environment. */
 int notify_listen_fd(char *err, unsigned long errlen);
 
+/* 1 when systemd passed this process a socket (LISTEN_FDS), without taking
+ * it: notify_listen_fd() still finds it. */
+int notify_socket_activated(void);
+
 /* READY=1 with a STATUS= line. */
 void notify_ready(const char *status);
 /* STATUS= only. */

@@ -570,6 +570,44 @@ static void log_limits(const struct radiance_config *cfg)
 		 cfg->max_sessions, per_uid, cfg->max_n, cfg->max_k, mem);
 }
 
+/* connect()s to addr: 0 when something listens there, connect's errno
+ * (ECONNREFUSED: nobody listens), or -errno when no probe socket. */
+static int socket_probe(const struct sockaddr_un *addr)
+{
+	int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (probe < 0)
+		return -errno;
+	int e = connect(probe, (const struct sockaddr *)addr, sizeof *addr) < 0 ? errno : 0;
+	close(probe);
+	return e;
+}
+
+/* EAGAIN: it listens, its backlog is just full */
+static int socket_listened(int probe_result)
+{
+	return probe_result == 0 || probe_result == EAGAIN || probe_result == EINPROGRESS;
+}
+
+/* Before the backend starts: a second daemon on a live socket must fail at
+ * once, not after initialising a GPU and allocating scratch that the first
+ * one may need. Anything else about the path (missing, stale, not a socket,
+ * too long) is for listen_socket() to handle, which also checks again at
+ * bind (another daemon may start meanwhile). Under socket activation the
+ * socket is systemd's: nothing to check. */
+static int socket_check_free(const struct radiance_config *cfg, char *err, size_t errlen)
+{
+	struct sockaddr_un addr = { .sun_family = AF_UNIX };
+	struct stat st;
+	if (notify_socket_activated() || strlen(cfg->socket_path) >= sizeof addr.sun_path ||
+	    lstat(cfg->socket_path, &st) < 0 || !S_ISSOCK(st.st_mode))
+		return 0;
+	strcpy(addr.sun_path, cfg->socket_path);
+	if (!socket_listened(socket_probe(&addr)))
+		return 0;
+	snprintf(err, errlen, "another daemon is listening on %s", cfg->socket_path);
+	return -EADDRINUSE;
+}
+
 /* bind() found something at the path. Only a socket nobody listens on
  * (connect: ECONNREFUSED) is a leftover of ours to replace; a live daemon,
  * a file, a directory, a device or a symlink is left alone. */
@@ -589,16 +627,12 @@ static int remove_stale_socket(const struct sockaddr_un *addr, char *err, size_t
 			 "--socket)", path);
 		return -EEXIST;
 	}
-	int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-	if (probe < 0) {
-		int e = errno;
-		snprintf(err, errlen, "socket: %s", strerror(e));
-		return -e;
+	int e = socket_probe(addr);
+	if (e < 0) {
+		snprintf(err, errlen, "socket: %s", strerror(-e));
+		return e;
 	}
-	int e = connect(probe, (const struct sockaddr *)addr, sizeof *addr) < 0 ? errno : 0;
-	close(probe);
-	if (e == 0 || e == EAGAIN || e == EINPROGRESS) {
-		/* EAGAIN: it listens, its backlog is just full */
+	if (socket_listened(e)) {
 		snprintf(err, errlen, "another daemon is listening on %s", path);
 		return -EADDRINUSE;
 	}
@@ -965,12 +999,18 @@ int server_run(const struct radiance_config *cfg)
 	if (srv.reserve_fd < 0)
 		log_warn("open /dev/null (the reserve descriptor): %s", strerror(errno));
 
+	rc = socket_check_free(cfg, err, sizeof err);
+	if (rc < 0) {
+		log_error("%s", err);
+		goto fail_loop;
+	}
 	/* The backend (in the executor thread) first: it is the thing most likely
 	 * to fail, and HIP/CUDA want initialising before other threads run. */
 	struct executor_options eo = {
 		.backend = {
 			.kind = cfg->backend,
 			.device = cfg->device,
+			.require_gpu = cfg->require_gpu != 0,
 			.max_rows = cfg->max_rows,
 			.max_decode_rows = cfg->decode_rows < cfg->max_rows ? cfg->decode_rows
 									     : cfg->max_rows,

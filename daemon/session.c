@@ -458,6 +458,13 @@ static void handle_stats(struct radiance_session *s, uint64_t tag)
 	struct radiance_server *srv = s->server;
 	Radiance__Stats global, mine;
 	radiance__stats__init(&global);
+	/* the histogram before the counters: the executor keeps recording, and
+	 * this way the buckets rarely run ahead of `requests` */
+	uint64_t le[STATS_COARSE], cum[STATS_COARSE];
+	global.n_latency_le_ns = global.n_latency_cumulative =
+		stats_histogram(&srv->stats, le, cum, STATS_COARSE);
+	global.latency_le_ns = le;
+	global.latency_cumulative = cum;
 	stats_fill(&srv->stats, &global);
 	global.sessions = srv->nsessions;
 	global.uptime_ns = now_ns() - srv->start_ns;

@@ -11,6 +11,7 @@ void stats_init(struct radiance_stats *s)
 	atomic_init(&s->bytes_out, 0);
 	atomic_init(&s->errors, 0);
 	atomic_init(&s->latency_max, 0);
+	atomic_init(&s->latency_sum, 0);
 	for (unsigned i = 0; i < STATS_BUCKETS; i++)
 		atomic_init(&s->hist[i], 0);
 }
@@ -50,9 +51,25 @@ void stats_record(struct radiance_stats *s, uint32_t rows, uint64_t bytes_in, ui
 		add(&s->bytes_out, bytes_out);
 	}
 	add(&s->hist[stats_bucket(latency_ns)], 1);
+	add(&s->latency_sum, latency_ns);
 	/* single writer: a plain compare is enough */
 	if (latency_ns > atomic_load_explicit(&s->latency_max, memory_order_relaxed))
 		atomic_store_explicit(&s->latency_max, latency_ns, memory_order_relaxed);
+}
+
+size_t stats_histogram(struct radiance_stats *s, uint64_t *le, uint64_t *cum, size_t n)
+{
+	size_t k = 0;
+	uint64_t seen = 0;
+	unsigned idx = 0;
+	for (; k < n && k < STATS_COARSE; k++) {
+		le[k] = ((uint64_t)1 << (10 + k)) - 1;
+		/* the fine buckets up to and including the one ending at le[k] */
+		for (; idx < STATS_BUCKETS && stats_bucket_upper(idx) <= le[k]; idx++)
+			seen += atomic_load_explicit(&s->hist[idx], memory_order_relaxed);
+		cum[k] = seen;
+	}
+	return k;
 }
 
 uint64_t stats_percentile(struct radiance_stats *s, double p)
@@ -89,4 +106,5 @@ void stats_fill(struct radiance_stats *s, Radiance__Stats *out)
 	out->latency_p50_ns = stats_percentile(s, 0.50);
 	out->latency_p99_ns = stats_percentile(s, 0.99);
 	out->latency_max_ns = atomic_load_explicit(&s->latency_max, memory_order_relaxed);
+	out->latency_sum_ns = atomic_load_explicit(&s->latency_sum, memory_order_relaxed);
 }

@@ -15,6 +15,7 @@
 #define RADIANCE_STATS_H
 
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "radiance.pb-c.h"
@@ -28,6 +29,7 @@ struct radiance_stats {
 	atomic_uint_fast64_t bytes_out;  /* output bytes written */
 	atomic_uint_fast64_t errors;     /* requests answered with status != 0 */
 	atomic_uint_fast64_t latency_max;
+	atomic_uint_fast64_t latency_sum;   /* ns, of every request */
 	atomic_uint_fast64_t hist[STATS_BUCKETS];
 };
 
@@ -42,6 +44,13 @@ void stats_record(struct radiance_stats *s, uint32_t rows, uint64_t bytes_in, ui
 /* Copies counters and p50/p99/max into out (a Radiance__Stats already
  * initialised with RADIANCE__STATS__INIT); sessions/uptime are left as is. */
 void stats_fill(struct radiance_stats *s, Radiance__Stats *out);
+
+/* The histogram at coarse bounds for exporters: le[i] = 2^(10+i) - 1 ns
+ * (1.023 us, 2.047 us, ... 17.2 s), which are edges of the fine buckets, so
+ * cum[i] (requests with latency <= le[i]) is exact. Fills at most n
+ * entries and returns how many (STATS_COARSE when n allows). */
+#define STATS_COARSE 25
+size_t stats_histogram(struct radiance_stats *s, uint64_t *le, uint64_t *cum, size_t n);
 
 /* p in [0,1]: the latency at that quantile, 0 when nothing was recorded. */
 uint64_t stats_percentile(struct radiance_stats *s, double p);

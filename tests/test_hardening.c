@@ -761,7 +761,7 @@ static void auto_backend_says_why(void **state)
 	char line[2048];
 	assert_int_equal(h_count_lines(da.log, "backend auto:"), 1);
 	assert_int_equal(find_line(da.log, "backend auto:", line, sizeof line), 0);
-	if (!strstr(line, "[info]") || !strstr(line, "this build has no GPU backend") ||
+	if (!strstr(line, "[warn]") || !strstr(line, "this build has no GPU backend") ||
 	    !strstr(line, "using cpu"))
 		fail_msg("the backend auto line: %s", line);
 	assert_int_equal(find_line(da.log, "device 7 has no effect", line, sizeof line), 0);

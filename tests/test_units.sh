@@ -1,9 +1,13 @@
 #!/bin/sh
 # Checks systemd/ offline, as root or not, with no running systemd:
-#   - radianced.service (ExecStart pointed at the built binary, as
-#     `make install` seds @SBINDIR@) and radianced.socket with
-#     `systemd-analyze verify`; any message at all is a failure, because
-#     verify exits 0 on "Unknown key ... ignoring" and similar;
+#   - the units as `make units` generates them (ExecStart pointed at the
+#     built binaries): radianced.service/.socket, the per-GPU template
+#     radianced@.service/.socket (verified as instance radianced@0) and
+#     radiance-metrics.service/.timer, with `systemd-analyze verify`; any
+#     message at all is a failure, because verify exits 0 on "Unknown key
+#     ... ignoring" and similar;
+#   - that the template's instance is the device: its own socket, config
+#     file, --device and --require-gpu;
 #   - radiance.sysusers with systemd-sysusers into a scratch root;
 #   - radiance.tmpfiles with systemd-tmpfiles --create into that root;
 #   - and that this checker does catch a broken unit.
@@ -31,10 +35,11 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$tmp/units" "$tmp/root/etc"
 
-# verify DIR: 0 when systemd-analyze verify is silent and happy
+# verify DIR UNIT...: 0 when systemd-analyze verify is silent and happy
 verify() {
-	out=$(cd "$1" && SYSTEMD_UNIT_PATH="$1:" systemd-analyze verify --man=no \
-		"$1/radianced.service" "$1/radianced.socket" 2>&1)
+	d=$1
+	shift
+	out=$(cd "$d" && SYSTEMD_UNIT_PATH="$d:" systemd-analyze verify --man=no "$@" 2>&1)
 	rc=$?
 	if [ $rc -ne 0 ] || [ -n "$out" ]; then
 		echo "$out"
@@ -52,14 +57,39 @@ report() {   # name rc
 	fi
 }
 
-sed "s|@SBINDIR@|$(dirname "$bin")|" "$units/radianced.service" > "$tmp/units/radianced.service"
-cp "$units/radianced.socket" "$tmp/units/"
-if grep -q '@[A-Z]*@' "$tmp/units/radianced.service"; then
-	echo "unsubstituted placeholder in radianced.service"
+# the Makefile's own recipes (make units), pointed at this build's binaries
+bindir=$(dirname "$bin")
+if ! make -s --no-print-directory -C "$top" BUILD="$tmp/gen" SBINDIR="$bindir" BINDIR="$bindir" \
+	SYSCONFDIR=/etc units >"$tmp/make.log" 2>&1; then
+	cat "$tmp/make.log"
+	report "make units" 1
+fi
+cp "$tmp/gen/systemd/"* "$tmp/units/"
+ln -s radianced@.service "$tmp/units/radianced@0.service"
+ln -s radianced@.socket "$tmp/units/radianced@0.socket"
+if grep -l '@[A-Z]*@' "$tmp/units/"*; then
+	echo "unsubstituted placeholder in the files above"
 	report "placeholders" 1
 fi
-verify "$tmp/units"
-report "systemd-analyze verify radianced.service radianced.socket" $?
+all_units="radianced.service radianced.socket radianced@0.service radianced@0.socket
+radiance-metrics.service radiance-metrics.timer"
+list=""
+for u in $all_units; do list="$list $tmp/units/$u"; done
+verify "$tmp/units" $list
+report "systemd-analyze verify $(echo $all_units)" $?
+
+t=$tmp/units/radianced@.service
+grep -q '^ListenStream=/run/radiance/radiance-%i.sock$' "$tmp/units/radianced@.socket" &&
+	grep -q '^Requires=radianced@%i.socket$' "$t" &&
+	grep -q '^Also=radianced@%i.socket$' "$t" &&
+	grep -q '^ExecStart=.*/radianced --config /etc/radiance/radianced-%i.conf --socket /run/radiance/radiance-%i.sock --device %i --require-gpu=${RADIANCED_REQUIRE_GPU}$' "$t" &&
+	grep -q '^Environment=RADIANCED_REQUIRE_GPU=yes$' "$t" &&
+	! cat "$t" "$tmp/units/radianced@.socket" | grep -v '^#' | grep -q 'radianced\.socket\|radiance\.sock'
+report "radianced@N: socket radiance-N.sock, radianced-N.conf, --device N, GPU required" $?
+grep -q '^ExecStart=.*/radiancectl stats --prometheus --output ${RADIANCE_TEXTFILE_DIR}/radiance.prom$' \
+	"$tmp/units/radiance-metrics.service" &&
+	grep -q '^OnUnitActiveSec=' "$tmp/units/radiance-metrics.timer"
+report "radiance-metrics.service writes the textfile, the timer repeats it" $?
 
 grep -q '^Type=notify$' "$units/radianced.service" &&
 	grep -q '^WatchdogSec=' "$units/radianced.service" &&
@@ -71,6 +101,9 @@ out=$(systemd-sysusers --root="$tmp/root" "$units/radiance.sysusers" 2>&1)
 rc=$?
 echo "$out" | grep -Eqi 'fail|invalid|ignor|unknown' && rc=1
 [ $rc = 0 ] && ! grep -q '^radiance:' "$tmp/root/etc/passwd" && rc=1
+# the GPU device groups: render created where missing, radiance a member
+[ $rc = 0 ] && ! grep -q '^render:.*:radiance$' "$tmp/root/etc/group" && rc=1
+[ $rc = 0 ] && ! grep -q '^video:.*:radiance$' "$tmp/root/etc/group" && rc=1
 [ $rc = 0 ] || echo "$out"
 report "systemd-sysusers radiance.sysusers" $rc
 
@@ -84,12 +117,13 @@ report "systemd-tmpfiles radiance.tmpfiles" $rc
 
 # the checker itself: an unknown key and a bad value must be caught
 mkdir -p "$tmp/broken"
-sed 's/^Type=notify$/Type=bogus\nNoSuchKey=1/' "$tmp/units/radianced.service" > "$tmp/broken/radianced.service"
-cp "$units/radianced.socket" "$tmp/broken/"
-if verify "$tmp/broken" >/dev/null; then
-	report "verify catches a broken unit" 1
+sed 's/^Type=notify$/Type=bogus\nNoSuchKey=1/' "$tmp/units/radianced@.service" > "$tmp/broken/radianced@.service"
+cp "$units/radianced.socket" "$tmp/broken/radianced@.socket"
+ln -s radianced@.service "$tmp/broken/radianced@3.service"
+if verify "$tmp/broken" "$tmp/broken/radianced@3.service" >/dev/null; then
+	report "verify catches a broken (template) unit" 1
 else
-	report "verify catches a broken unit" 0
+	report "verify catches a broken (template) unit" 0
 fi
 
 [ $failed = 0 ] && echo "test_units: all ok"

@@ -12,6 +12,11 @@ clang-19 clang-tools-19 llvm-19 lld-19 libamdhip64-dev"
 if [ "${RADIANCE_DEPS_FUZZ:-0}" = 1 ]; then
 	PKGS="$PKGS clang-19 libclang-rt-19-dev"
 fi
+# make check-deb (tests/deb_check.sh): the Debian packaging tools, lintian,
+# and a Debian 12 root booted with systemd-nspawn.
+if [ "${RADIANCE_DEPS_DEB:-0}" = 1 ]; then
+	PKGS="$PKGS dpkg-dev debhelper help2man lintian debootstrap systemd-container procps"
+fi
 missing=""
 for p in $PKGS; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
