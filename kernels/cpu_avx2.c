@@ -1,0 +1,280 @@
+/*
+ * The CPU fast path's AVX2+FMA kernels (built with -mavx2 -mfma -mf16c, see
+ * the Makefile; called only where cpu_fast.c found those at run time).
+ *
+ * W4A8 is bit-exact with the scalar reference kernels/w4a8_cpu.c, because it
+ * performs the same fp32 operations in the same order:
+ *  - the reference's dot_group() keeps eight accumulators, lane i summing the
+ *    products of k = 8t + i for t = 0..15 in turn; here one ymm accumulator
+ *    holds those eight lanes, one qweight word (k = 8t .. 8t+7) per step.
+ *    Each product e4m3 * (c - 8) is exact in fp32 (at most 4 x 4 significant
+ *    bits), so the fused multiply-add rounds exactly where the reference's
+ *    separate add does;
+ *  - the eight lanes are reduced as ((a0+a4)+(a1+a5)) + ((a2+a6)+(a3+a7));
+ *  - the group sums are scaled and added one group after the other, multiply
+ *    and add rounded separately (no FMA there: that product is inexact);
+ *  - y = bf16_rne(acc * s + bias), again unfused.
+ * The activations are quantized with the same steps as
+ * radiance_quant_row_e4m3(); e4m3 rounding is done on the fp32 bits.
+ *
+ * bf16 linears sum along K in eight lanes (then a lane tree), where the
+ * reference sums in K order: equal to the reference to fp32 summation error,
+ * see docs/numerics.md for the bound tests/test_cpu_fast.c checks.
+ */
+#include "cpu_simd.h"
+
+#if defined(__x86_64__)
+
+#include <immintrin.h>
+
+#define INLINE static inline __attribute__((always_inline))
+
+/* 8 elements of x (bf16 or fp16 bits) to fp32, exactly (F16C ignores DAZ). */
+INLINE __m256 load_x8(const uint16_t *x, enum radiance_dtype dtype)
+{
+	__m128i h = _mm_loadu_si128((const __m128i *)x);
+	if (dtype == RADIANCE_DTYPE_FP16)
+		return _mm256_cvtph_ps(h);
+	return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+/* The e4m3 value radiance_e4m3_from_f32() rounds f to, as fp32 (what the
+ * reference's decode table gives for that code). */
+INLINE __m256 e4m3_round(__m256 f)
+{
+	const __m256i b = _mm256_castps_si256(f);
+	const __m256i sign = _mm256_and_si256(b, _mm256_set1_epi32((int)0x80000000u));
+	const __m256i a = _mm256_and_si256(b, _mm256_set1_epi32(0x7FFFFFFF));
+	/* normal range: RNE on the 20 mantissa bits e4m3 drops */
+	__m256i r = _mm256_add_epi32(a, _mm256_add_epi32(_mm256_set1_epi32(0x7FFFF),
+		_mm256_and_si256(_mm256_srli_epi32(a, 20), _mm256_set1_epi32(1))));
+	__m256i sat = _mm256_cmpgt_epi32(_mm256_srli_epi32(r, 20), _mm256_set1_epi32(0x43E));
+	__m256i vn = _mm256_and_si256(r, _mm256_set1_epi32((int)0xFFF00000u));
+	vn = _mm256_blendv_epi8(vn, _mm256_set1_epi32(0x43E00000), sat);   /* 448 */
+	/* below 2^-6: a multiple of 2^-9, rounded to nearest even */
+	__m256 q = _mm256_mul_ps(_mm256_castsi256_ps(a), _mm256_set1_ps(512.0f));
+	q = _mm256_round_ps(q, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+	__m256i vs = _mm256_castps_si256(_mm256_mul_ps(q, _mm256_set1_ps(0x1p-9f)));
+	__m256i sub = _mm256_cmpgt_epi32(_mm256_set1_epi32(0x3C800000), a);
+	__m256i v = _mm256_or_si256(_mm256_blendv_epi8(vn, vs, sub), sign);
+	/* NaN: code 0x7F, which decodes to the positive quiet NaN */
+	__m256i nan = _mm256_cmpgt_epi32(a, _mm256_set1_epi32(0x7F800000));
+	v = _mm256_blendv_epi8(v, _mm256_castps_si256(_mm256_set1_ps(NAN)), nan);
+	return _mm256_castsi256_ps(v);
+}
+
+float radiance__quant_row_avx2(const uint16_t *x, enum radiance_dtype dtype, uint32_t k, float *xf)
+{
+	const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+	const __m256i expmask = _mm256_set1_epi32(0x7F800000);
+	__m256 amax = _mm256_setzero_ps();
+	__m256i bad = _mm256_setzero_si256();
+	for (uint32_t i = 0; i < k; i += 8) {
+		__m256 v = load_x8(x + i, dtype);
+		__m256i e = _mm256_and_si256(_mm256_castps_si256(v), expmask);
+		bad = _mm256_or_si256(bad, _mm256_cmpeq_epi32(e, expmask));
+		amax = _mm256_max_ps(amax, _mm256_and_ps(v, absmask));
+	}
+	if (!_mm256_testz_si256(bad, bad)) {
+		const __m256 nan = _mm256_set1_ps(NAN);
+		for (uint32_t i = 0; i < k; i += 8)
+			_mm256_store_ps(xf + i, nan);
+		return NAN;
+	}
+	/* max is exact in any order; no NaN can be left here */
+	__m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+	m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+	m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+	float am = _mm_cvtss_f32(m4);
+	float s = fmaxf(am / RADIANCE_E4M3_MAX, RADIANCE_MIN_SCALE);
+	float inv = 1.0f / s;
+	const __m256 vinv = _mm256_set1_ps(inv);
+	for (uint32_t i = 0; i < k; i += 8)
+		_mm256_store_ps(xf + i, e4m3_round(_mm256_mul_ps(load_x8(x + i, dtype), vinv)));
+	return s;
+}
+
+void radiance__widen_row_avx2(const uint16_t *x, enum radiance_dtype dtype, uint32_t k, float *xf)
+{
+	uint32_t i = 0;
+	for (; i + 8 <= k; i += 8)
+		_mm256_storeu_ps(xf + i, load_x8(x + i, dtype));
+	for (; i < k; i++)
+		xf[i] = dtype == RADIANCE_DTYPE_FP16 ? radiance_f16_to_f32(x[i])
+						     : radiance_bf16_to_f32(x[i]);
+}
+
+/* Reduces eight accumulators, each as the reference's dot_group() does
+ * (((a0+a4)+(a1+a5)) + ((a2+a6)+(a3+a7))), into one vector whose lanes hold
+ * accumulators 0, 2, 4, 6, 1, 3, 5, 7. */
+INLINE __m256 hsum8(const __m256 *acc)
+{
+	__m256 s[4];
+	for (int i = 0; i < 4; i++) {
+		__m256 lo = _mm256_permute2f128_ps(acc[2 * i], acc[2 * i + 1], 0x20);
+		__m256 hi = _mm256_permute2f128_ps(acc[2 * i], acc[2 * i + 1], 0x31);
+		s[i] = _mm256_add_ps(lo, hi);
+	}
+	return _mm256_hadd_ps(_mm256_hadd_ps(s[0], s[1]), _mm256_hadd_ps(s[2], s[3]));
+}
+
+static const int lane_slot[8] = { 0, 2, 4, 6, 1, 3, 5, 7 };
+
+/* R rows from r0 by C columns from j0 (R * C <= 8 accumulators: enough
+ * independent FMA chains to cover the FMA latency). */
+INLINE void w4a8_micro(const struct radiance__w4a8_tile *t, uint32_t r0, uint32_t j0,
+		       const int R, const int C)
+{
+	const uint32_t words = t->k / RADIANCE_PACK, groups = t->k / RADIANCE_GROUP_SIZE;
+	const __m256i shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+	const __m256i nib = _mm256_set1_epi32(0xF);
+	/* 0x4B000000 | c is the float 2^23 + c; minus 2^23 + 8 it is c - 8, exactly */
+	const __m256i magic = _mm256_set1_epi32(0x4B000000);
+	const __m256 magic8 = _mm256_set1_ps(8388616.0f);
+	const uint32_t *q[8];
+	const uint16_t *sc[8];
+	const float *xr[8];
+	for (int c = 0; c < C; c++) {
+		q[c] = t->qweight + (size_t)(j0 + c) * words;
+		sc[c] = t->scales + (size_t)(j0 + c) * groups;
+	}
+	for (int r = 0; r < R; r++)
+		xr[r] = t->xf + (size_t)(r0 + r) * t->ldx;
+
+	__m256 gacc = _mm256_setzero_ps();
+	for (uint32_t g = 0; g < groups; g++) {
+		__m256 acc[8];
+		for (int i = 0; i < 8; i++)
+			acc[i] = _mm256_setzero_ps();
+		for (int s = 0; s < RADIANCE_GROUP_SIZE / RADIANCE_PACK; s++) {
+			__m256 w[8];
+			for (int c = 0; c < C; c++) {
+				__m256i v = _mm256_set1_epi32((int)q[c][g * 16 + s]);
+				v = _mm256_and_si256(_mm256_srlv_epi32(v, shifts), nib);
+				w[c] = _mm256_sub_ps(_mm256_castsi256_ps(_mm256_or_si256(v, magic)), magic8);
+			}
+			for (int r = 0; r < R; r++) {
+				__m256 xv = _mm256_load_ps(xr[r] + g * RADIANCE_GROUP_SIZE + 8 * s);
+				for (int c = 0; c < C; c++)
+					acc[r * C + c] = _mm256_fmadd_ps(xv, w[c], acc[r * C + c]);
+			}
+		}
+		/* group scales in the lane order hsum8 leaves */
+		uint16_t h[8];
+		for (int l = 0; l < 8; l++) {
+			int slot = lane_slot[l];
+			h[l] = slot < R * C ? sc[slot % C][g] : 0;
+		}
+		__m256 scale = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
+		gacc = _mm256_add_ps(gacc, _mm256_mul_ps(hsum8(acc), scale));
+	}
+	float out[8];
+	_mm256_storeu_ps(out, gacc);
+	for (int l = 0; l < 8; l++) {
+		int slot = lane_slot[l];
+		if (slot >= R * C)
+			continue;
+		uint32_t r = r0 + (uint32_t)(slot / C), j = j0 + (uint32_t)(slot % C);
+		float b = t->bias ? t->bias[j] : 0.0f;
+		t->y[(size_t)r * t->n + j] = radiance_bf16_from_f32(out[l] * t->s[r] + b);
+	}
+}
+
+#define MICRO(KIND, R, C) \
+	static void KIND##_micro_##R##_##C(const void *t, uint32_t r0, uint32_t j0) \
+	{ KIND##_micro(t, r0, j0, R, C); }
+#define MICRO_SET(KIND) \
+	MICRO(KIND, 1, 8) MICRO(KIND, 2, 4) MICRO(KIND, 3, 2) MICRO(KIND, 4, 2) \
+	MICRO(KIND, 5, 1) MICRO(KIND, 6, 1) MICRO(KIND, 7, 1) MICRO(KIND, 8, 1) \
+	MICRO(KIND, 1, 1) MICRO(KIND, 2, 1) MICRO(KIND, 3, 1) MICRO(KIND, 4, 1)
+
+typedef void (*micro_fn)(const void *t, uint32_t r0, uint32_t j0);
+struct micro_pick {
+	micro_fn wide[9];   /* by R: R rows by cols_for(R) columns */
+	micro_fn one[9];    /* by R: R rows by one column (column tails) */
+};
+
+static int cols_for(uint32_t rows)
+{
+	return rows == 1 ? 8 : rows == 2 ? 4 : rows <= 4 ? 2 : 1;
+}
+
+#define MICRO_TABLE(KIND) { \
+	.wide = { NULL, KIND##_micro_1_8, KIND##_micro_2_4, KIND##_micro_3_2, KIND##_micro_4_2, \
+		  KIND##_micro_5_1, KIND##_micro_6_1, KIND##_micro_7_1, KIND##_micro_8_1 }, \
+	.one = { NULL, KIND##_micro_1_1, KIND##_micro_2_1, KIND##_micro_3_1, KIND##_micro_4_1, \
+		 KIND##_micro_5_1, KIND##_micro_6_1, KIND##_micro_7_1, KIND##_micro_8_1 } }
+
+/* Rows in blocks of at most 8, columns by the block's width, then one by one. */
+static void run_tile(const struct micro_pick *pick, const void *t, uint32_t r0, uint32_t r1,
+		     uint32_t n0, uint32_t n1)
+{
+	for (uint32_t r = r0; r < r1; r += 8) {
+		uint32_t rows = r1 - r < 8 ? r1 - r : 8;
+		uint32_t cols = (uint32_t)cols_for(rows);
+		uint32_t j = n0;
+		for (; j + cols <= n1; j += cols)
+			pick->wide[rows](t, r, j);
+		for (; j < n1; j++)
+			pick->one[rows](t, r, j);
+	}
+}
+
+MICRO_SET(w4a8)
+static const struct micro_pick w4a8_pick = MICRO_TABLE(w4a8);
+
+void radiance__w4a8_tile_avx2(const struct radiance__w4a8_tile *t)
+{
+	run_tile(&w4a8_pick, t, t->r0, t->r1, t->n0, t->n1);
+}
+
+/* bf16: R rows by C columns, each accumulator eight lanes along K. */
+INLINE void bf16_micro(const struct radiance__bf16_tile *t, uint32_t r0, uint32_t j0,
+		       const int R, const int C)
+{
+	const uint32_t k = t->k;
+	const uint16_t *wr[8];
+	const float *xr[8];
+	for (int c = 0; c < C; c++)
+		wr[c] = t->weight + (size_t)(j0 + c) * k;
+	for (int r = 0; r < R; r++)
+		xr[r] = t->xf + (size_t)(r0 + r) * t->ldx;
+	__m256 acc[8];
+	for (int i = 0; i < 8; i++)
+		acc[i] = _mm256_setzero_ps();
+	uint32_t i = 0;
+	for (; i + 8 <= k; i += 8) {
+		__m256 w[8];
+		for (int c = 0; c < C; c++)
+			w[c] = load_x8(wr[c] + i, RADIANCE_DTYPE_BF16);
+		for (int r = 0; r < R; r++) {
+			__m256 xv = _mm256_loadu_ps(xr[r] + i);
+			for (int c = 0; c < C; c++)
+				acc[r * C + c] = _mm256_fmadd_ps(xv, w[c], acc[r * C + c]);
+		}
+	}
+	float out[8];
+	_mm256_storeu_ps(out, hsum8(acc));
+	for (int l = 0; l < 8; l++) {
+		int slot = lane_slot[l];
+		if (slot >= R * C)
+			continue;
+		int r = slot / C, c = slot % C;
+		float a = out[l];
+		for (uint32_t e = i; e < k; e++)
+			a += xr[r][e] * radiance_bf16_to_f32(wr[c][e]);
+		uint32_t j = j0 + (uint32_t)c;
+		t->y[(size_t)(r0 + (uint32_t)r) * t->n + j] =
+			radiance_bf16_from_f32(a + (t->bias ? t->bias[j] : 0.0f));
+	}
+}
+
+MICRO_SET(bf16)
+static const struct micro_pick bf16_pick = MICRO_TABLE(bf16);
+
+void radiance__bf16_tile_avx2(const struct radiance__bf16_tile *t)
+{
+	run_tile(&bf16_pick, t, t->r0, t->r1, t->n0, t->n1);
+}
+
+#endif
