@@ -1,21 +1,24 @@
 /*
- * The CPU backend: the reference numerics (kernels/w4a8_cpu.c) serving real
- * requests. Weights stay in the loader's canonical host layout, so a layer
- * "upload" is a handle onto the model's arrays. The only memory it owns is
- * the activation-code scratch, sized once at create for max_rows x max_k.
+ * The CPU backend: the numerics of kernels/numerics.h serving real requests
+ * on the fast path of kernels/cpu_fast.h (SIMD level picked once at create,
+ * a pool of compute threads), which is bit-exact with the scalar reference
+ * kernels/w4a8_cpu.c for W4A8 layers. Weights stay in the loader's canonical
+ * host layout, so a layer "upload" is a handle onto the model's arrays. The
+ * only memory it owns is the activation scratch, sized once at create for
+ * max_rows x max_k, and the pool.
  */
 #include "backend_impl.h"
-#include "w4a8_cpu.h"
+#include "cpu_fast.h"
 
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "log.h"
+
 struct cpu_state {
-	void *scratch;
-	size_t scratch_bytes;
-	uint32_t max_rows;
+	struct radiance_cpu_fast *fast;
 	uint32_t max_k;
 	char cpu_model[128];
 };
@@ -53,20 +56,22 @@ static int cpu_create(const struct radiance_backend_options *opt, void **state, 
 		snprintf(err, errlen, "cpu backend: out of memory");
 		return -ENOMEM;
 	}
-	s->max_rows = opt->max_rows;
 	s->max_k = opt->max_k ? opt->max_k : RADIANCE_GROUP_SIZE;
-	s->scratch_bytes = radiance_cpu_w4a8_scratch_bytes(s->max_rows, s->max_k);
-	s->scratch = aligned_alloc(64, (s->scratch_bytes + 63) & ~(size_t)63);
-	if (!s->scratch) {
-		/* the size is the operator's choice: say which options make it */
-		snprintf(err, errlen, "cpu backend: out of memory for %zu bytes (%.1f GiB) of "
-			 "activation scratch, sized by max_rows %u x max_k %u (about 5 bytes "
-			 "each); lower --max-rows or --max-k", s->scratch_bytes,
-			 (double)s->scratch_bytes / (1u << 30), s->max_rows, s->max_k);
+	struct radiance_cpu_fast_options fo = {
+		.threads = opt->cpu_threads,
+		.simd = RADIANCE_CPU_SIMD_AUTO,
+		.max_rows = opt->max_rows,
+		.max_k = s->max_k,
+	};
+	int rc = radiance_cpu_fast_create(&fo, &s->fast, err, errlen);
+	if (rc < 0) {
 		free(s);
-		return -ENOMEM;
+		return rc;
 	}
 	read_cpu_model(s->cpu_model, sizeof s->cpu_model);
+	log_info("cpu backend: %s kernels, %u compute threads (%s; --cpu-threads sets it)",
+		 radiance_cpu_simd_name(radiance_cpu_fast_simd(s->fast)),
+		 radiance_cpu_fast_threads(s->fast), radiance_cpu_fast_threads_source(s->fast));
 	*state = s;
 	return 0;
 }
@@ -76,7 +81,7 @@ static void cpu_destroy(void *state)
 	struct cpu_state *s = state;
 	if (!s)
 		return;
-	free(s->scratch);
+	radiance_cpu_fast_destroy(s->fast);
 	free(s);
 }
 
@@ -84,8 +89,12 @@ static void cpu_info(void *state, struct radiance_backend_info *info)
 {
 	struct cpu_state *s = state;
 	snprintf(info->name, sizeof info->name, "cpu");
-	snprintf(info->device, sizeof info->device, "%s", s->cpu_model);
-	info->scratch_bytes = s->scratch_bytes;
+	/* the SIMD level and threads travel with the device string to
+	 * `radiancectl status` */
+	snprintf(info->device, sizeof info->device, "%.90s (%s, %u threads)", s->cpu_model,
+		 radiance_cpu_simd_name(radiance_cpu_fast_simd(s->fast)),
+		 radiance_cpu_fast_threads(s->fast));
+	info->scratch_bytes = radiance_cpu_fast_scratch_bytes(s->fast);
 }
 
 static int cpu_layer_upload(void *state, const struct radiance_layer *l,
@@ -127,11 +136,19 @@ static int cpu_linear(void *state, const struct radiance_layer *l, struct radian
 	struct cpu_state *s = state;
 	for (size_t i = 0; i < nrows; i++) {
 		const struct radiance_rows *r = &rows[i];
+		int rc;
 		if (l->kind == RADIANCE_LAYER_W4A8)
-			radiance_cpu_w4a8(r->x, r->dtype, r->m, l->qweight, l->scales, l->bias, l->n,
-					  l->k, r->y, s->scratch);
+			rc = radiance_cpu_fast_w4a8(s->fast, r->x, r->dtype, r->m, l->qweight, l->scales,
+						    l->bias, l->n, l->k, r->y);
 		else
-			radiance_cpu_bf16(r->x, r->dtype, r->m, l->weight, l->bias, l->n, l->k, r->y);
+			rc = radiance_cpu_fast_bf16(s->fast, r->x, r->dtype, r->m, l->weight, l->bias,
+						    l->n, l->k, r->y);
+		if (rc < 0) {
+			/* backend.c checked rows against max_rows and upload K against max_k */
+			snprintf(err, errlen, "layer %s: %u rows of K=%u refused by the cpu kernels: %s",
+				 l->name, r->m, l->k, strerror(-rc));
+			return rc;
+		}
 	}
 	return 0;
 }

@@ -68,6 +68,9 @@ static const struct setting settings[] = {
 	{ "numerics_gate", 267, "0|1", V_U32, OFF(numerics_gate), 0, 1,
 	  "GPU: compare the first launch of each (layer, M) with the CPU reference "
 	  "and log the relative error (0)" },
+	{ "cpu_threads", 290, "N", V_U32, OFF(cpu_threads), 0, 4096,
+	  "CPU backend: compute threads, the executor's included; 0: as many as this "
+	  "process may run on (sched_getaffinity, capped by cgroup cpu.max) (0)" },
 	{ "log_level", 'l', "LEVEL", V_LOGLEVEL, OFF(log_level), 0, 0,
 	  "silent, error, warn, info or debug (info)" },
 };
