@@ -147,16 +147,18 @@ INLINE void w4a8_micro(const struct radiance__w4a8_tile *t, uint32_t r0, uint32_
 		for (int i = 0; i < 8; i++)
 			acc[i] = _mm256_setzero_ps();
 		for (int s = 0; s < RADIANCE_GROUP_SIZE / RADIANCE_PACK; s++) {
-			__m256 w[8];
+			/* one column's weights at a time, used by every row at once:
+			 * eight accumulators, one weight vector and the constants
+			 * fit the sixteen ymm registers */
 			for (int c = 0; c < C; c++) {
 				__m256i v = _mm256_set1_epi32((int)q[c][g * 16 + s]);
 				v = _mm256_and_si256(_mm256_srlv_epi32(v, shifts), nib);
-				w[c] = _mm256_sub_ps(_mm256_castsi256_ps(_mm256_or_si256(v, magic)), magic8);
-			}
-			for (int r = 0; r < R; r++) {
-				__m256 xv = _mm256_load_ps(xr[r] + g * RADIANCE_GROUP_SIZE + 8 * s);
-				for (int c = 0; c < C; c++)
-					acc[r * C + c] = _mm256_fmadd_ps(xv, w[c], acc[r * C + c]);
+				__m256 w = _mm256_sub_ps(_mm256_castsi256_ps(_mm256_or_si256(v, magic)),
+							 magic8);
+				for (int r = 0; r < R; r++) {
+					__m256 xv = _mm256_load_ps(xr[r] + g * RADIANCE_GROUP_SIZE + 8 * s);
+					acc[r * C + c] = _mm256_fmadd_ps(xv, w, acc[r * C + c]);
+				}
 			}
 		}
 		/* group scales in the lane order hsum8 leaves */
