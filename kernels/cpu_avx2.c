@@ -17,9 +17,9 @@
  * The activations are quantized with the same steps as
  * radiance_quant_row_e4m3(); e4m3 rounding is done on the fp32 bits.
  *
- * bf16 linears sum along K in eight lanes (then a lane tree), where the
- * reference sums in K order: equal to the reference to fp32 summation error,
- * see docs/numerics.md for the bound tests/test_cpu_fast.c checks.
+ * bf16 linears are bit-exact with radiance_cpu_bf16() as well: a lane per
+ * output column, each summing its products in K order with the multiply and
+ * the add rounded separately, as the reference's scalar loop does.
  */
 #include "cpu_simd.h"
 
@@ -230,53 +230,96 @@ void radiance__w4a8_tile_avx2(const struct radiance__w4a8_tile *t)
 	run_tile(&w4a8_pick, t, t->r0, t->r1, t->n0, t->n1);
 }
 
-/* bf16: R rows by C columns, each accumulator eight lanes along K. */
-INLINE void bf16_micro(const struct radiance__bf16_tile *t, uint32_t r0, uint32_t j0,
-		       const int R, const int C)
+/* Eight rows of eight bf16 (row l = column j + l at k .. k+7) transposed to
+ * eight fp32 vectors, w[i] lane l = column j + l at k + i. */
+INLINE void transpose8_bf16(const uint16_t *const *rows, uint32_t k, __m256 *w)
 {
-	const uint32_t k = t->k;
-	const uint16_t *wr[8];
-	const float *xr[8];
-	for (int c = 0; c < C; c++)
-		wr[c] = t->weight + (size_t)(j0 + c) * k;
-	for (int r = 0; r < R; r++)
-		xr[r] = t->xf + (size_t)(r0 + r) * t->ldx;
-	__m256 acc[8];
-	for (int i = 0; i < 8; i++)
-		acc[i] = _mm256_setzero_ps();
-	uint32_t i = 0;
-	for (; i + 8 <= k; i += 8) {
-		__m256 w[8];
-		for (int c = 0; c < C; c++)
-			w[c] = load_x8(wr[c] + i, RADIANCE_DTYPE_BF16);
-		for (int r = 0; r < R; r++) {
-			__m256 xv = _mm256_loadu_ps(xr[r] + i);
-			for (int c = 0; c < C; c++)
-				acc[r * C + c] = _mm256_fmadd_ps(xv, w[c], acc[r * C + c]);
-		}
+	__m128i r[8], t[8], u[8];
+	for (int l = 0; l < 8; l++)
+		r[l] = _mm_loadu_si128((const __m128i *)(rows[l] + k));
+	for (int l = 0; l < 4; l++) {
+		t[2 * l] = _mm_unpacklo_epi16(r[2 * l], r[2 * l + 1]);
+		t[2 * l + 1] = _mm_unpackhi_epi16(r[2 * l], r[2 * l + 1]);
 	}
-	float out[8];
-	_mm256_storeu_ps(out, hsum8(acc));
-	for (int l = 0; l < 8; l++) {
-		int slot = lane_slot[l];
-		if (slot >= R * C)
-			continue;
-		int r = slot / C, c = slot % C;
-		float a = out[l];
-		for (uint32_t e = i; e < k; e++)
-			a += xr[r][e] * radiance_bf16_to_f32(wr[c][e]);
-		uint32_t j = j0 + (uint32_t)c;
-		t->y[(size_t)(r0 + (uint32_t)r) * t->n + j] =
-			radiance_bf16_from_f32(a + (t->bias ? t->bias[j] : 0.0f));
+	for (int h = 0; h < 2; h++) {   /* rows 0-3, then 4-7 */
+		u[4 * h + 0] = _mm_unpacklo_epi32(t[4 * h + 0], t[4 * h + 2]);   /* k 0, 1 */
+		u[4 * h + 1] = _mm_unpackhi_epi32(t[4 * h + 0], t[4 * h + 2]);   /* k 2, 3 */
+		u[4 * h + 2] = _mm_unpacklo_epi32(t[4 * h + 1], t[4 * h + 3]);   /* k 4, 5 */
+		u[4 * h + 3] = _mm_unpackhi_epi32(t[4 * h + 1], t[4 * h + 3]);   /* k 6, 7 */
+	}
+	for (int i = 0; i < 4; i++) {
+		__m128i lo = _mm_unpacklo_epi64(u[i], u[4 + i]);
+		__m128i hi = _mm_unpackhi_epi64(u[i], u[4 + i]);
+		w[2 * i] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(lo), 16));
+		w[2 * i + 1] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(hi), 16));
 	}
 }
 
-MICRO_SET(bf16)
-static const struct micro_pick bf16_pick = MICRO_TABLE(bf16);
+/* bf16: R rows by a block of eight columns from j (fewer at the end: the
+ * missing ones read the last column again and write nothing), lane l being
+ * column j + l. Each lane sums its column in K order, multiply and add
+ * rounded separately, as radiance_cpu_bf16() does: bit for bit the
+ * reference. */
+INLINE void bf16_micro(const struct radiance__bf16_tile *t, uint32_t r0, uint32_t j, const int R)
+{
+	const uint32_t k = t->k;
+	const int valid = t->n1 - j < 8 ? (int)(t->n1 - j) : 8;
+	const uint16_t *wr[8];
+	const float *xr[8];
+	for (int l = 0; l < 8; l++)
+		wr[l] = t->weight + (size_t)(j + (uint32_t)(l < valid ? l : valid - 1)) * k;
+	for (int r = 0; r < R; r++)
+		xr[r] = t->xf + (size_t)(r0 + r) * t->ldx;
+	__m256 acc[8];
+	for (int r = 0; r < R; r++)
+		acc[r] = _mm256_setzero_ps();
+	uint32_t e = 0;
+	for (; e + 8 <= k; e += 8) {
+		__m256 w[8];
+		transpose8_bf16(wr, e, w);
+		for (int r = 0; r < R; r++) {
+			__m256 a = acc[r];
+			for (int i = 0; i < 8; i++)
+				a = _mm256_add_ps(a, _mm256_mul_ps(_mm256_broadcast_ss(xr[r] + e + i), w[i]));
+			acc[r] = a;
+		}
+	}
+	for (; e < k; e++) {   /* K not a multiple of 8 */
+		float w[8];
+		for (int l = 0; l < 8; l++)
+			w[l] = radiance_bf16_to_f32(wr[l][e]);
+		__m256 wv = _mm256_loadu_ps(w);
+		for (int r = 0; r < R; r++)
+			acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(_mm256_broadcast_ss(xr[r] + e), wv));
+	}
+	for (int r = 0; r < R; r++) {
+		float out[8];
+		_mm256_storeu_ps(out, acc[r]);
+		uint16_t *y = t->y + (size_t)(r0 + (uint32_t)r) * t->n + j;
+		for (int l = 0; l < valid; l++)
+			y[l] = radiance_bf16_from_f32(out[l] + (t->bias ? t->bias[j + (uint32_t)l] : 0.0f));
+	}
+}
+
+#define BF16_MICRO(R) \
+	static void bf16_micro_##R(const struct radiance__bf16_tile *t, uint32_t r0, uint32_t j) \
+	{ bf16_micro(t, r0, j, R); }
+BF16_MICRO(1) BF16_MICRO(2) BF16_MICRO(3) BF16_MICRO(4)
+BF16_MICRO(5) BF16_MICRO(6) BF16_MICRO(7) BF16_MICRO(8)
+
+typedef void (*bf16_micro_fn)(const struct radiance__bf16_tile *t, uint32_t r0, uint32_t j);
+static const bf16_micro_fn bf16_micro_rows[9] = {
+	NULL, bf16_micro_1, bf16_micro_2, bf16_micro_3, bf16_micro_4,
+	bf16_micro_5, bf16_micro_6, bf16_micro_7, bf16_micro_8,
+};
 
 void radiance__bf16_tile_avx2(const struct radiance__bf16_tile *t)
 {
-	run_tile(&bf16_pick, t, t->r0, t->r1, t->n0, t->n1);
+	for (uint32_t r = t->r0; r < t->r1; r += 8) {
+		uint32_t rows = t->r1 - r < 8 ? t->r1 - r : 8;
+		for (uint32_t j = t->n0; j < t->n1; j += 8)
+			bf16_micro_rows[rows](t, r, j);
+	}
 }
 
 #endif

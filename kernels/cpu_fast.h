@@ -3,13 +3,10 @@
  * kernels (chosen once, at create, from what the CPU has) and a compute pool.
  * The scalar kernels of w4a8_cpu.h stay the reference it is tested against.
  *
- * Contract (tests/test_cpu_fast.c checks both, docs/numerics.md states them):
- *  - W4A8: bit-exact with radiance_cpu_w4a8() for every SIMD level and
- *    thread count (the same fp32 operations in the same order);
- *  - bf16 linears: the same up to the order of the fp32 sum along K (the
- *    reference sums in K order, the AVX2 kernel in eight lanes), so within
- *    the fp32 summation bound of docs/numerics.md, not bit for bit. The
- *    scalar level runs the reference itself and is bit-exact.
+ * Contract (tests/test_cpu_fast.c checks it, docs/numerics.md states it):
+ * bit-exact with the scalar reference, radiance_cpu_w4a8() and
+ * radiance_cpu_bf16(), for every SIMD level and thread count: the same fp32
+ * operations in the same order (the kernels say how).
  *
  * Threading: a radiance_cpu_fast is used from one thread at a time (the
  * backend's executor thread); its pool threads are its own and are joined by
