@@ -15,7 +15,10 @@
  *    and add rounded separately (no FMA there: that product is inexact);
  *  - y = bf16_rne(acc * s + bias), again unfused.
  * The activations are quantized with the same steps as
- * radiance_quant_row_e4m3(); e4m3 rounding is done on the fp32 bits.
+ * radiance_quant_row_e4m3(); e4m3 rounding is done on the fp32 bits. The
+ * kernel's weights are (c - 8) * 2^28 (an int4 nibble at the top of an int32
+ * lane, converted) and its activations e4m3 * 2^-28: both scalings are
+ * exact, so every product is the reference's.
  *
  * bf16 linears are bit-exact with radiance_cpu_bf16() as well: a lane per
  * output column, each summing its products in K order with the multiply and
@@ -90,7 +93,8 @@ float radiance__quant_row_avx2(const uint16_t *x, enum radiance_dtype dtype, uin
 	float inv = 1.0f / s;
 	const __m256 vinv = _mm256_set1_ps(inv);
 	for (uint32_t i = 0; i < k; i += 8)
-		_mm256_store_ps(xf + i, e4m3_round(_mm256_mul_ps(load_x8(x + i, dtype), vinv)));
+		_mm256_store_ps(xf + i, _mm256_mul_ps(e4m3_round(_mm256_mul_ps(load_x8(x + i, dtype), vinv)),
+						      _mm256_set1_ps(0x1p-28f)));
 	return s;
 }
 
@@ -123,14 +127,13 @@ static const int lane_slot[8] = { 0, 2, 4, 6, 1, 3, 5, 7 };
 /* R rows from r0 by C columns from j0 (R * C <= 8 accumulators: enough
  * independent FMA chains to cover the FMA latency). */
 INLINE void w4a8_micro(const struct radiance__w4a8_tile *t, uint32_t r0, uint32_t j0,
-		       const int R, const int C)
+		       uint32_t g0, uint32_t g1, __m256 *state, const int R, const int C)
 {
 	const uint32_t words = t->k / RADIANCE_PACK, groups = t->k / RADIANCE_GROUP_SIZE;
-	const __m256i shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
-	const __m256i nib = _mm256_set1_epi32(0xF);
-	/* 0x4B000000 | c is the float 2^23 + c; minus 2^23 + 8 it is c - 8, exactly */
-	const __m256i magic = _mm256_set1_epi32(0x4B000000);
-	const __m256 magic8 = _mm256_set1_ps(8388616.0f);
+	/* lane j: nibble j of a word moved to bits 28..31, the rest cleared */
+	const __m256i shifts = _mm256_setr_epi32(28, 24, 20, 16, 12, 8, 4, 0);
+	const __m256i top = _mm256_set1_epi32((int)0xF0000000u);
+	const __m256i flip = _mm256_set1_epi32((int)0x88888888u);
 	const uint32_t *q[8];
 	const uint16_t *sc[8];
 	const float *xr[8];
@@ -141,20 +144,35 @@ INLINE void w4a8_micro(const struct radiance__w4a8_tile *t, uint32_t r0, uint32_
 	for (int r = 0; r < R; r++)
 		xr[r] = t->xf + (size_t)(r0 + r) * t->ldx;
 
-	__m256 gacc = _mm256_setzero_ps();
-	for (uint32_t g = 0; g < groups; g++) {
+	/* the running group sums of groups before g0 (a K block ago) */
+	__m256 gacc = g0 == 0 ? _mm256_setzero_ps() : *state;
+	for (uint32_t g = g0; g < g1; g++) {
 		__m256 acc[8];
 		for (int i = 0; i < 8; i++)
 			acc[i] = _mm256_setzero_ps();
+		/* Each column's group is one 64-byte line. The next C columns' rows
+		 * are short streams (k/2 bytes) that the hardware prefetcher would
+		 * only pick up part way: fetch their line of this group now. A
+		 * prefetch past the last column is harmless (it cannot fault). */
+		for (int c = 0; c < C; c++)
+			_mm_prefetch((const char *)(q[c] + (size_t)C * words + g * 16), _MM_HINT_T0);
+		/* c ^ 8 read as a signed nibble is c - 8: flip the group's words once */
+		uint32_t fl[8][16] __attribute__((aligned(32)));
+		for (int c = 0; c < C; c++) {
+			const __m256i *src = (const __m256i *)(q[c] + g * 16);
+			_mm256_store_si256((__m256i *)fl[c], _mm256_xor_si256(_mm256_loadu_si256(src), flip));
+			_mm256_store_si256((__m256i *)fl[c] + 1,
+					   _mm256_xor_si256(_mm256_loadu_si256(src + 1), flip));
+		}
 		for (int s = 0; s < RADIANCE_GROUP_SIZE / RADIANCE_PACK; s++) {
 			/* one column's weights at a time, used by every row at once:
 			 * eight accumulators, one weight vector and the constants
 			 * fit the sixteen ymm registers */
 			for (int c = 0; c < C; c++) {
-				__m256i v = _mm256_set1_epi32((int)q[c][g * 16 + s]);
-				v = _mm256_and_si256(_mm256_srlv_epi32(v, shifts), nib);
-				__m256 w = _mm256_sub_ps(_mm256_castsi256_ps(_mm256_or_si256(v, magic)),
-							 magic8);
+				__m256i v = _mm256_set1_epi32((int)fl[c][s]);
+				v = _mm256_and_si256(_mm256_sllv_epi32(v, shifts), top);
+				/* (c - 8) * 2^28, exactly; x carries the 2^-28 */
+				__m256 w = _mm256_cvtepi32_ps(v);
 				for (int r = 0; r < R; r++) {
 					__m256 xv = _mm256_load_ps(xr[r] + g * RADIANCE_GROUP_SIZE + 8 * s);
 					acc[r * C + c] = _mm256_fmadd_ps(xv, w, acc[r * C + c]);
@@ -170,6 +188,10 @@ INLINE void w4a8_micro(const struct radiance__w4a8_tile *t, uint32_t r0, uint32_
 		__m256 scale = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
 		gacc = _mm256_add_ps(gacc, _mm256_mul_ps(hsum8(acc), scale));
 	}
+	if (g1 < groups) {
+		*state = gacc;
+		return;
+	}
 	float out[8];
 	_mm256_storeu_ps(out, gacc);
 	for (int l = 0; l < 8; l++) {
@@ -182,52 +204,54 @@ INLINE void w4a8_micro(const struct radiance__w4a8_tile *t, uint32_t r0, uint32_
 	}
 }
 
-#define MICRO(KIND, R, C) \
-	static void KIND##_micro_##R##_##C(const void *t, uint32_t r0, uint32_t j0) \
-	{ KIND##_micro(t, r0, j0, R, C); }
-#define MICRO_SET(KIND) \
-	MICRO(KIND, 1, 8) MICRO(KIND, 2, 4) MICRO(KIND, 3, 2) MICRO(KIND, 4, 2) \
-	MICRO(KIND, 5, 1) MICRO(KIND, 6, 1) MICRO(KIND, 7, 1) MICRO(KIND, 8, 1) \
-	MICRO(KIND, 1, 1) MICRO(KIND, 2, 1) MICRO(KIND, 3, 1) MICRO(KIND, 4, 1)
+#define W4A8_MICRO(R, C) \
+	static void w4a8_micro_##R##_##C(const struct radiance__w4a8_tile *t, uint32_t r0, \
+					 uint32_t j0, uint32_t g0, uint32_t g1, __m256 *state) \
+	{ w4a8_micro(t, r0, j0, g0, g1, state, R, C); }
+W4A8_MICRO(1, 8) W4A8_MICRO(2, 4) W4A8_MICRO(3, 2) W4A8_MICRO(4, 2) W4A8_MICRO(5, 1)
+W4A8_MICRO(6, 1) W4A8_MICRO(7, 1) W4A8_MICRO(8, 1) W4A8_MICRO(1, 1) W4A8_MICRO(2, 1)
+W4A8_MICRO(3, 1) W4A8_MICRO(4, 1)
 
-typedef void (*micro_fn)(const void *t, uint32_t r0, uint32_t j0);
-struct micro_pick {
-	micro_fn wide[9];   /* by R: R rows by cols_for(R) columns */
-	micro_fn one[9];    /* by R: R rows by one column (column tails) */
+typedef void (*w4a8_micro_fn)(const struct radiance__w4a8_tile *t, uint32_t r0, uint32_t j0,
+			      uint32_t g0, uint32_t g1, __m256 *state);
+/* by rows: rows x cols_for(rows) columns, and rows x 1 for column tails */
+static const w4a8_micro_fn w4a8_wide[9] = {
+	NULL, w4a8_micro_1_8, w4a8_micro_2_4, w4a8_micro_3_2, w4a8_micro_4_2,
+	w4a8_micro_5_1, w4a8_micro_6_1, w4a8_micro_7_1, w4a8_micro_8_1,
+};
+static const w4a8_micro_fn w4a8_one[9] = {
+	NULL, w4a8_micro_1_1, w4a8_micro_2_1, w4a8_micro_3_1, w4a8_micro_4_1,
+	w4a8_micro_5_1, w4a8_micro_6_1, w4a8_micro_7_1, w4a8_micro_8_1,
 };
 
-static int cols_for(uint32_t rows)
+static uint32_t cols_for(uint32_t rows)
 {
 	return rows == 1 ? 8 : rows == 2 ? 4 : rows <= 4 ? 2 : 1;
 }
 
-#define MICRO_TABLE(KIND) { \
-	.wide = { NULL, KIND##_micro_1_8, KIND##_micro_2_4, KIND##_micro_3_2, KIND##_micro_4_2, \
-		  KIND##_micro_5_1, KIND##_micro_6_1, KIND##_micro_7_1, KIND##_micro_8_1 }, \
-	.one = { NULL, KIND##_micro_1_1, KIND##_micro_2_1, KIND##_micro_3_1, KIND##_micro_4_1, \
-		 KIND##_micro_5_1, KIND##_micro_6_1, KIND##_micro_7_1, KIND##_micro_8_1 } }
-
-/* Rows in blocks of at most 8, columns by the block's width, then one by one. */
-static void run_tile(const struct micro_pick *pick, const void *t, uint32_t r0, uint32_t r1,
-		     uint32_t n0, uint32_t n1)
-{
-	for (uint32_t r = r0; r < r1; r += 8) {
-		uint32_t rows = r1 - r < 8 ? r1 - r : 8;
-		uint32_t cols = (uint32_t)cols_for(rows);
-		uint32_t j = n0;
-		for (; j + cols <= n1; j += cols)
-			pick->wide[rows](t, r, j);
-		for (; j < n1; j++)
-			pick->one[rows](t, r, j);
-	}
-}
-
-MICRO_SET(w4a8)
-static const struct micro_pick w4a8_pick = MICRO_TABLE(w4a8);
-
+/* Rows in blocks of at most 8; with several rows, K in blocks whose
+ * activations (rows x 128 x groups fp32) fit in 16 KiB of L1, every column of
+ * the tile passing over one K block before the next. A column's groups are
+ * still summed in order, so the result is unchanged. */
 void radiance__w4a8_tile_avx2(const struct radiance__w4a8_tile *t)
 {
-	run_tile(&w4a8_pick, t, t->r0, t->r1, t->n0, t->n1);
+	const uint32_t groups = t->k / RADIANCE_GROUP_SIZE;
+	__m256 state[RADIANCE__TILE_MAX_COLS];
+	for (uint32_t r = t->r0; r < t->r1; r += 8) {
+		uint32_t rows = t->r1 - r < 8 ? t->r1 - r : 8;
+		uint32_t cols = cols_for(rows);
+		uint32_t gstep = rows == 1 ? groups : 32 / rows;
+		for (uint32_t g0 = 0; g0 < groups; g0 += gstep) {
+			uint32_t g1 = g0 + gstep < groups ? g0 + gstep : groups;
+			uint32_t j = t->n0;
+			/* one K block (gstep == groups) needs no running state */
+			const int blocked = gstep < groups;
+			for (; j + cols <= t->n1; j += cols)
+				w4a8_wide[rows](t, r, j, g0, g1, blocked ? &state[j - t->n0] : NULL);
+			for (; j < t->n1; j++)
+				w4a8_one[rows](t, r, j, g0, g1, blocked ? &state[j - t->n0] : NULL);
+		}
+	}
 }
 
 /* Eight rows of eight bf16 (row l = column j + l at k .. k+7) transposed to

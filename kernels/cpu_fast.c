@@ -297,6 +297,8 @@ static uint32_t plan(struct fast_job *j, unsigned width, size_t weight_row_bytes
 	cols = (cols + 7) & ~7u;
 	if (cols < 8)
 		cols = 8;
+	if (j->m > 1 && cols > RADIANCE__TILE_MAX_COLS)
+		cols = RADIANCE__TILE_MAX_COLS;
 	if (cols > j->n)
 		cols = j->n;
 	j->chunk_cols = cols;

@@ -11,8 +11,12 @@
 
 #include "numerics.h"
 
+/* Most columns of one W4A8 tile with more than one row (its K-blocked
+ * running sums live on the stack: 32 bytes a column). */
+#define RADIANCE__TILE_MAX_COLS 1024
+
 /* One tile of a W4A8 GEMM: rows [r0, r1) (at most 8) by columns [n0, n1).
- * xf: decoded e4m3 activations fp32 [m][ldx]; s: per-token scales [m]. */
+ * xf: e4m3 activations * 2^-28 fp32 [m][ldx]; s: per-token scales [m]. */
 struct radiance__w4a8_tile {
 	const float *xf;
 	const float *s;
@@ -36,8 +40,8 @@ struct radiance__bf16_tile {
 
 #if defined(__x86_64__)
 /* Per-token quant of one row of k (multiple of 8) elements, as
- * radiance_quant_row_e4m3(), writing the e4m3 values (not the codes) as fp32
- * to xf. Returns s_m (NaN for a row holding Inf/NaN, xf all NaN then). */
+ * radiance_quant_row_e4m3(), writing the e4m3 values (not the codes) times
+ * 2^-28 (exact) as fp32 to xf, the scaling radiance__w4a8_tile_avx2 expects. Returns s_m (NaN for a row holding Inf/NaN, xf all NaN then). */
 float radiance__quant_row_avx2(const uint16_t *x, enum radiance_dtype dtype, uint32_t k, float *xf);
 /* x row widened to fp32 (exact), any k. */
 void radiance__widen_row_avx2(const uint16_t *x, enum radiance_dtype dtype, uint32_t k, float *xf);
