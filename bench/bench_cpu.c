@@ -120,26 +120,6 @@ static void usage(void)
 	exit(2);
 }
 
-static void cpu_model(char *out, size_t len)
-{
-	FILE *f = fopen("/proc/cpuinfo", "r");
-	char line[256];
-	snprintf(out, len, "cpu");
-	if (!f)
-		return;
-	while (fgets(line, sizeof line, f))
-		if (strncmp(line, "model name", 10) == 0) {
-			char *p = strchr(line, ':');
-			if (p) {
-				p += 1 + strspn(p + 1, " \t");
-				p[strcspn(p, "\n")] = 0;
-				snprintf(out, len, "%s", p);
-			}
-			break;
-		}
-	fclose(f);
-}
-
 int main(int argc, char **argv)
 {
 	unsigned threads = 0;
@@ -171,7 +151,7 @@ int main(int argc, char **argv)
 		max_m = ms[i] > max_m ? ms[i] : max_m;
 
 	char err[256], cpu[128], date[16];
-	cpu_model(cpu, sizeof cpu);
+	radiance_cpu_model_name(cpu, sizeof cpu);
 	for (char *p = cpu; *p; p++)
 		if (*p == ',')
 			*p = ' ';

@@ -9,6 +9,7 @@
  */
 #include "backend_impl.h"
 #include "cpu_fast.h"
+#include "cpu_pool.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -26,27 +27,6 @@ struct cpu_state {
 struct radiance_backend_layer {
 	const struct radiance_layer *layer;
 };
-
-static void read_cpu_model(char *out, size_t len)
-{
-	FILE *f = fopen("/proc/cpuinfo", "r");
-	char line[256];
-	snprintf(out, len, "cpu");
-	if (!f)
-		return;
-	while (fgets(line, sizeof line, f)) {
-		if (strncmp(line, "model name", 10) == 0) {
-			char *p = strchr(line, ':');
-			if (p) {
-				p += 1 + strspn(p + 1, " \t");
-				p[strcspn(p, "\n")] = 0;
-				snprintf(out, len, "%s", p);
-			}
-			break;
-		}
-	}
-	fclose(f);
-}
 
 static int cpu_create(const struct radiance_backend_options *opt, void **state, char *err,
 		      size_t errlen)
@@ -68,7 +48,12 @@ static int cpu_create(const struct radiance_backend_options *opt, void **state, 
 		free(s);
 		return rc;
 	}
-	read_cpu_model(s->cpu_model, sizeof s->cpu_model);
+	radiance_cpu_model_name(s->cpu_model, sizeof s->cpu_model);
+	const char *why;
+	unsigned usable = radiance_cpu_usable_threads(&why);
+	if (opt->cpu_threads > usable)
+		log_warn("cpu_threads %u is more than the %u CPUs this process may run on (%s): "
+			 "the threads will share them", opt->cpu_threads, usable, why);
 	log_info("cpu backend: %s kernels, %u compute threads (%s; --cpu-threads sets it)",
 		 radiance_cpu_simd_name(radiance_cpu_fast_simd(s->fast)),
 		 radiance_cpu_fast_threads(s->fast), radiance_cpu_fast_threads_source(s->fast));

@@ -274,3 +274,24 @@ unsigned radiance_cpu_usable_threads(const char **why)
 		*why = w;
 	return n;
 }
+
+void radiance_cpu_model_name(char *out, size_t len)
+{
+	FILE *f = fopen("/proc/cpuinfo", "re");
+	char line[256];
+	snprintf(out, len, "cpu");
+	if (!f)
+		return;
+	while (fgets(line, sizeof line, f)) {
+		if (strncmp(line, "model name", 10) == 0) {
+			char *p = strchr(line, ':');
+			if (p) {
+				p += 1 + strspn(p + 1, " \t");
+				p[strcspn(p, "\n")] = 0;
+				snprintf(out, len, "%s", p);
+			}
+			break;
+		}
+	}
+	fclose(f);
+}

@@ -29,6 +29,10 @@ typedef void (*radiance_cpu_task_fn)(void *arg, uint32_t task);
  * static string naming what set it ("affinity", "cgroup cpu.max"). */
 unsigned radiance_cpu_usable_threads(const char **why);
 
+/* The CPU's model name ("model name" of /proc/cpuinfo) into out, or "cpu"
+ * where there is none (e.g. most ARM kernels). */
+void radiance_cpu_model_name(char *out, size_t len);
+
 /* Creates a pool of `threads` threads in all: threads - 1 workers plus the
  * caller of radiance_cpu_pool_run. threads 0 is refused (-EINVAL); the caller
  * resolves "auto" with radiance_cpu_usable_threads(). 0, -EINVAL, -ENOMEM or
