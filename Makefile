@@ -27,6 +27,7 @@ STATIC_DEPS ?= 0
 
 ifeq ($(SAN),thread)
 BUILD ?= build-tsan
+SANFLAGS := -fsanitize=thread -fno-omit-frame-pointer
 else ifneq ($(SAN),)
 BUILD ?= build-san
 SANFLAGS := -fsanitize=$(SAN) -fno-omit-frame-pointer -fno-sanitize-recover=all
