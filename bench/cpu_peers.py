@@ -128,9 +128,11 @@ def main():
                                                           f"missed ({ratio / 3:.1f}x over)")
                                                          if is27 else "(no target)")
         rf = ref.get((t, shape, 1))
-        md.append(f"| {t} | {shape} | {float(r['us']):.1f} | {float(r['probe_us']):.1f} | {fr} | "
-                  f"{r16['us'] if r16 else ''} | {rr} | {'' if rf is None else f'{rf:.1f}'} | "
-                  f"{'' if rf is None else f'{rf / float(r[chr(117) + chr(115)]):.1f}x'} |")
+        us = float(r["us"])
+        rf_s = "" if rf is None else f"{rf:.1f}"
+        up_s = "" if rf is None else f"{rf / us:.1f}x"
+        md.append(f"| {t} | {shape} | {us:.1f} | {float(r['probe_us']):.1f} | {fr} | "
+                  f"{r16['us'] if r16 else ''} | {rr} | {rf_s} | {up_s} |")
     md.append("\n## All rows\n")
     md.append("| threads | shape | m | us | GB/s (int4+scales) | probe us | fraction | numpy us |")
     md.append("|---|---|---|---|---|---|---|---|")
