@@ -98,6 +98,34 @@ static int pick_simd(enum radiance_cpu_simd want, enum radiance_cpu_simd *out, c
 	return 0;
 }
 
+/* The scratch for f's level, threads, max_rows and max_k. */
+static void scratch_plan(struct radiance_cpu_fast *f)
+{
+	if (f->simd == RADIANCE_CPU_SIMD_SCALAR) {
+		/* the reference kernels on row slices, one scratch region per task */
+		f->task_rows = (f->max_rows + f->threads - 1) / f->threads;
+		f->task_scratch = align64(radiance_cpu_w4a8_scratch_bytes(f->task_rows, f->max_k));
+		f->scratch_bytes = f->task_scratch * f->threads;
+	} else {
+		f->scratch_bytes = align64((size_t)f->max_rows * f->ldx * sizeof(float)) +
+				   align64((size_t)f->max_rows * sizeof(float));
+	}
+}
+
+size_t radiance_cpu_fast_scratch_bytes_for(const struct radiance_cpu_fast_options *opt)
+{
+	struct radiance_cpu_fast f = { 0 };
+	char err[160];
+	if (opt->max_rows == 0 || opt->max_k == 0 || pick_simd(opt->simd, &f.simd, err, sizeof err) < 0)
+		return 0;
+	f.threads = opt->threads ? opt->threads : radiance_cpu_usable_threads(NULL);
+	f.max_rows = opt->max_rows;
+	f.max_k = opt->max_k;
+	f.ldx = (opt->max_k + 15) & ~15u;
+	scratch_plan(&f);
+	return f.scratch_bytes;
+}
+
 int radiance_cpu_fast_create(const struct radiance_cpu_fast_options *opt,
 			     struct radiance_cpu_fast **out, char *err, size_t errlen)
 {
@@ -124,15 +152,7 @@ int radiance_cpu_fast_create(const struct radiance_cpu_fast_options *opt,
 	f->max_rows = opt->max_rows;
 	f->max_k = opt->max_k;
 	f->ldx = (opt->max_k + 15) & ~15u;   /* rows of xf start 64-byte aligned */
-	if (f->simd == RADIANCE_CPU_SIMD_SCALAR) {
-		/* the reference kernels on row slices, one scratch region per task */
-		f->task_rows = (opt->max_rows + f->threads - 1) / f->threads;
-		f->task_scratch = align64(radiance_cpu_w4a8_scratch_bytes(f->task_rows, opt->max_k));
-		f->scratch_bytes = f->task_scratch * f->threads;
-	} else {
-		f->scratch_bytes = align64((size_t)opt->max_rows * f->ldx * sizeof(float)) +
-				   align64((size_t)opt->max_rows * sizeof(float));
-	}
+	scratch_plan(f);
 	f->scratch = aligned_alloc(64, f->scratch_bytes);
 	if (!f->scratch) {
 		snprintf(err, errlen, "cpu fast path: out of memory for %zu bytes (%.1f GiB) of "

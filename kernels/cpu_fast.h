@@ -44,6 +44,11 @@ struct radiance_cpu_fast;
  * -ENOMEM, or a pthread_create error; err names the cause. */
 int radiance_cpu_fast_create(const struct radiance_cpu_fast_options *opt,
 			     struct radiance_cpu_fast **out, char *err, size_t errlen);
+/* Bytes of activation scratch radiance_cpu_fast_create() allocates for opt
+ * (resolving AUTO, RADIANCE_CPU_SIMD and threads 0 as it does); 0 when it
+ * would refuse opt. */
+size_t radiance_cpu_fast_scratch_bytes_for(const struct radiance_cpu_fast_options *opt);
+
 /* Joins the pool threads and frees everything. NULL is a no-op. */
 void radiance_cpu_fast_destroy(struct radiance_cpu_fast *f);
 

@@ -376,6 +376,10 @@ static void test_errors(void **state)
 	static uint32_t qw[8 * 512 / 8];
 	static uint16_t sc[8 * 4];
 	assert_int_equal(radiance_cpu_fast_create(&o, &f, err, sizeof err), 0);
+	/* what create allocated is what the sizing function says (the daemon's
+	 * out-of-memory message and test_hardening rely on it) */
+	assert_int_equal(radiance_cpu_fast_scratch_bytes_for(&o), radiance_cpu_fast_scratch_bytes(f));
+	assert_true(radiance_cpu_fast_scratch_bytes(f) >= 4 * 256 * 4);
 	assert_int_equal(radiance_cpu_fast_w4a8(f, x, RADIANCE_DTYPE_BF16, 5, qw, sc, NULL, 8, 256, y),
 			 -E2BIG);
 	assert_int_equal(radiance_cpu_fast_w4a8(f, x, RADIANCE_DTYPE_BF16, 4, qw, sc, NULL, 8, 512, y),
@@ -388,9 +392,11 @@ static void test_errors(void **state)
 	setenv("RADIANCE_CPU_SIMD", "sse9", 1);
 	assert_int_equal(radiance_cpu_fast_create(&o, &f, err, sizeof err), -EINVAL);
 	assert_non_null(strstr(err, "sse9"));
+	assert_int_equal(radiance_cpu_fast_scratch_bytes_for(&o), 0);
 	setenv("RADIANCE_CPU_SIMD", "scalar", 1);
 	assert_int_equal(radiance_cpu_fast_create(&o, &f, err, sizeof err), 0);
 	assert_int_equal(radiance_cpu_fast_simd(f), RADIANCE_CPU_SIMD_SCALAR);
+	assert_int_equal(radiance_cpu_fast_scratch_bytes_for(&o), radiance_cpu_fast_scratch_bytes(f));
 	radiance_cpu_fast_destroy(f);
 	unsetenv("RADIANCE_CPU_SIMD");
 
