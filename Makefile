@@ -33,6 +33,7 @@ STATIC_DEPS ?= 0
 
 ifeq ($(SAN),thread)
 BUILD ?= build-tsan
+SANFLAGS := -fsanitize=thread -fno-omit-frame-pointer
 else ifneq ($(SAN),)
 BUILD ?= build-san
 SANFLAGS := -fsanitize=$(SAN) -fno-omit-frame-pointer -fno-sanitize-recover=all
@@ -73,6 +74,13 @@ else
 DEP_LIBS := $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lpthread -lm
 endif
 ALLCFLAGS += $(PKG_CFLAGS)
+
+# kernels/cpu_avx2.c is compiled for AVX2+FMA+F16C (and -O3, for its unrolled
+# micro-kernels); kernels/cpu_fast.c calls it only where the CPU has them.
+ifneq ($(filter x86_64 amd64,$(shell uname -m)),)
+SIMD_AVX2 := -mavx2 -mfma -mf16c -O3
+endif
+$(BUILD)/obj/kernels/cpu_avx2.o: ALLCFLAGS += $(SIMD_AVX2)
 
 # GPU backend: kernels/*.hip built by nvcc (as CUDA) or hipcc. The kernels'
 # vendor mapping is kernels/gpu_compat.h; tools/gpu-compile-check.sh is the CI
@@ -357,6 +365,8 @@ fuzz: fuzz-deps
 $(FUZZ_DIR)/obj/gen/radiance.pb-c.o: $(PROTO_C)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -Wno-error -c $< -o $@
+
+$(FUZZ_DIR)/obj/kernels/cpu_avx2.o: FUZZ_CFLAGS += $(SIMD_AVX2)
 
 $(FUZZ_DIR)/obj/%.o: %.c $(PROTO_H)
 	@mkdir -p $(dir $@)

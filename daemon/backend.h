@@ -36,6 +36,10 @@ struct radiance_backend_options {
 	uint32_t max_decode_rows;/* decode band's largest M; sizes split-K partials */
 	uint32_t max_n;          /* largest N of any layer served; sizes split-K partials */
 	uint32_t max_k;          /* largest K of any layer served */
+	unsigned cpu_threads;    /* CPU backend: compute threads in all, the calling
+	                            (executor) thread included; 0: as many as the
+	                            process may run on (sched_getaffinity, cgroup
+	                            cpu.max). The GPU backend ignores it. */
 	int numerics_gate;       /* GPU: check the first launch of each (layer, M)
 	                            against the CPU reference and log the relative
 	                            error (also env RADIANCE_NUMERICS_GATE=1); the

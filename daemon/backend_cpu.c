@@ -1,8 +1,11 @@
 /*
- * The CPU backend: the reference numerics (kernels/w4a8_cpu.c) serving real
- * requests. Weights stay in the loader's canonical host layout, so a layer
- * "upload" is a handle onto the model's arrays. The only memory it owns is
- * the activation-code scratch, sized once at create for max_rows x max_k.
+ * The CPU backend: the numerics of kernels/numerics.h serving real requests
+ * on the fast path of kernels/cpu_fast.h (SIMD level picked once at create,
+ * a pool of compute threads), which is bit-exact with the scalar reference
+ * kernels/w4a8_cpu.c for W4A8 layers. Weights stay in the loader's canonical
+ * host layout, so a layer "upload" is a handle onto the model's arrays. The
+ * only memory it owns is the activation scratch, sized once at create for
+ * max_rows x max_k, and the pool.
  *
  * It has no device memory to share: MapModel is refused. For tests of the
  * protocol and the fd passing on machines without a GPU, RADIANCE_FAKE_SHARE=1
@@ -11,7 +14,8 @@
  * model's own arrays.
  */
 #include "backend_impl.h"
-#include "w4a8_cpu.h"
+#include "cpu_fast.h"
+#include "cpu_pool.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -23,10 +27,10 @@
 
 #define TEST_SHARE_GRANULARITY 4096u
 
+#include "log.h"
+
 struct cpu_state {
-	void *scratch;
-	size_t scratch_bytes;
-	uint32_t max_rows;
+	struct radiance_cpu_fast *fast;
 	uint32_t max_k;
 	char cpu_model[128];
 	int fake_share;           /* RADIANCE_FAKE_SHARE=1 */
@@ -36,27 +40,6 @@ struct radiance_backend_layer {
 	const struct radiance_layer *layer;
 };
 
-static void read_cpu_model(char *out, size_t len)
-{
-	FILE *f = fopen("/proc/cpuinfo", "r");
-	char line[256];
-	snprintf(out, len, "cpu");
-	if (!f)
-		return;
-	while (fgets(line, sizeof line, f)) {
-		if (strncmp(line, "model name", 10) == 0) {
-			char *p = strchr(line, ':');
-			if (p) {
-				p += 1 + strspn(p + 1, " \t");
-				p[strcspn(p, "\n")] = 0;
-				snprintf(out, len, "%s", p);
-			}
-			break;
-		}
-	}
-	fclose(f);
-}
-
 static int cpu_create(const struct radiance_backend_options *opt, void **state, char *err,
 		      size_t errlen)
 {
@@ -65,20 +48,27 @@ static int cpu_create(const struct radiance_backend_options *opt, void **state, 
 		snprintf(err, errlen, "cpu backend: out of memory");
 		return -ENOMEM;
 	}
-	s->max_rows = opt->max_rows;
 	s->max_k = opt->max_k ? opt->max_k : RADIANCE_GROUP_SIZE;
-	s->scratch_bytes = radiance_cpu_w4a8_scratch_bytes(s->max_rows, s->max_k);
-	s->scratch = aligned_alloc(64, (s->scratch_bytes + 63) & ~(size_t)63);
-	if (!s->scratch) {
-		/* the size is the operator's choice: say which options make it */
-		snprintf(err, errlen, "cpu backend: out of memory for %zu bytes (%.1f GiB) of "
-			 "activation scratch, sized by max_rows %u x max_k %u (about 5 bytes "
-			 "each); lower --max-rows or --max-k", s->scratch_bytes,
-			 (double)s->scratch_bytes / (1u << 30), s->max_rows, s->max_k);
+	struct radiance_cpu_fast_options fo = {
+		.threads = opt->cpu_threads,
+		.simd = RADIANCE_CPU_SIMD_AUTO,
+		.max_rows = opt->max_rows,
+		.max_k = s->max_k,
+	};
+	int rc = radiance_cpu_fast_create(&fo, &s->fast, err, errlen);
+	if (rc < 0) {
 		free(s);
-		return -ENOMEM;
+		return rc;
 	}
-	read_cpu_model(s->cpu_model, sizeof s->cpu_model);
+	radiance_cpu_model_name(s->cpu_model, sizeof s->cpu_model);
+	const char *why;
+	unsigned usable = radiance_cpu_usable_threads(&why);
+	if (opt->cpu_threads > usable)
+		log_warn("cpu_threads %u is more than the %u CPUs this process may run on (%s): "
+			 "the threads will share them", opt->cpu_threads, usable, why);
+	log_info("cpu backend: %s kernels, %u compute threads (%s; --cpu-threads sets it)",
+		 radiance_cpu_simd_name(radiance_cpu_fast_simd(s->fast)),
+		 radiance_cpu_fast_threads(s->fast), radiance_cpu_fast_threads_source(s->fast));
 	const char *fake = getenv("RADIANCE_FAKE_SHARE");
 	s->fake_share = fake && strcmp(fake, "1") == 0;
 	*state = s;
@@ -90,7 +80,7 @@ static void cpu_destroy(void *state)
 	struct cpu_state *s = state;
 	if (!s)
 		return;
-	free(s->scratch);
+	radiance_cpu_fast_destroy(s->fast);
 	free(s);
 }
 
@@ -98,8 +88,12 @@ static void cpu_info(void *state, struct radiance_backend_info *info)
 {
 	struct cpu_state *s = state;
 	snprintf(info->name, sizeof info->name, "cpu");
-	snprintf(info->device, sizeof info->device, "%s", s->cpu_model);
-	info->scratch_bytes = s->scratch_bytes;
+	/* the SIMD level and threads travel with the device string to
+	 * `radiancectl status` */
+	snprintf(info->device, sizeof info->device, "%.90s (%s, %u threads)", s->cpu_model,
+		 radiance_cpu_simd_name(radiance_cpu_fast_simd(s->fast)),
+		 radiance_cpu_fast_threads(s->fast));
+	info->scratch_bytes = radiance_cpu_fast_scratch_bytes(s->fast);
 	snprintf(info->share, sizeof info->share, "%s", s->fake_share ? "test-memfd" : "none");
 	snprintf(info->share_why, sizeof info->share_why, "%s",
 		 s->fake_share ? "RADIANCE_FAKE_SHARE=1: a memfd of host arrays, for tests"
@@ -238,11 +232,19 @@ static int cpu_linear(void *state, const struct radiance_layer *l, struct radian
 	struct cpu_state *s = state;
 	for (size_t i = 0; i < nrows; i++) {
 		const struct radiance_rows *r = &rows[i];
+		int rc;
 		if (l->kind == RADIANCE_LAYER_W4A8)
-			radiance_cpu_w4a8(r->x, r->dtype, r->m, l->qweight, l->scales, l->bias, l->n,
-					  l->k, r->y, s->scratch);
+			rc = radiance_cpu_fast_w4a8(s->fast, r->x, r->dtype, r->m, l->qweight, l->scales,
+						    l->bias, l->n, l->k, r->y);
 		else
-			radiance_cpu_bf16(r->x, r->dtype, r->m, l->weight, l->bias, l->n, l->k, r->y);
+			rc = radiance_cpu_fast_bf16(s->fast, r->x, r->dtype, r->m, l->weight, l->bias,
+						    l->n, l->k, r->y);
+		if (rc < 0) {
+			/* backend.c checked rows against max_rows and upload K against max_k */
+			snprintf(err, errlen, "layer %s: %u rows of K=%u refused by the cpu kernels: %s",
+				 l->name, r->m, l->k, strerror(-rc));
+			return rc;
+		}
 	}
 	return 0;
 }

@@ -81,6 +81,9 @@ static const struct setting settings[] = {
 	  "who may map models' device memory into their own process (MapModel, "
 	  "docs/mapped.md): owner (root and the daemon's user), all, or none (owner); "
 	  "a mapping process can write the weights every session computes with" },
+	{ "cpu_threads", 290, "N", V_U32, OFF(cpu_threads), 0, 4096,
+	  "CPU backend: compute threads, the executor's included; 0: as many as this "
+	  "process may run on (sched_getaffinity, capped by cgroup cpu.max) (0)" },
 	{ "log_level", 'l', "LEVEL", V_LOGLEVEL, OFF(log_level), 0, 0,
 	  "silent, error, warn, info or debug (info)" },
 	/* memory and per-uid limits: 0 is none, auto is derived (docs/daemon.md "Limits") */

@@ -28,7 +28,7 @@
 #include "proto_util.h"
 #include "raw_client.h"
 #include "shm.h"
-#include "w4a8_cpu.h"
+#include "cpu_fast.h"
 
 static struct h_ref ref;
 static struct h_daemon da, db;   /* a test's daemons; teardown stops what is left */
@@ -808,8 +808,11 @@ static void cpu_scratch_oom_names_size_and_options(void **state)
 	make_dir();
 	snprintf(log, sizeof log, "%s/radianced.log", dir);
 	snprintf(path, sizeof path, "%s/radiance.sock", dir);
+	/* what the CPU backend's fast path would allocate here (its level and
+	 * threads are this process's too) */
 	snprintf(bytes, sizeof bytes, "%zu bytes",
-		 radiance_cpu_w4a8_scratch_bytes(65536, 1u << 20));
+		 radiance_cpu_fast_scratch_bytes_for(&(struct radiance_cpu_fast_options){
+			 .simd = RADIANCE_CPU_SIMD_AUTO, .max_rows = 65536, .max_k = 1u << 20 }));
 
 	int sanitized = 0;
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)

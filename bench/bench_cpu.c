@@ -1,0 +1,277 @@
+/*
+ * CPU backend benchmark: the fast path (kernels/cpu_fast.h, as the daemon's
+ * CPU backend runs it) on the 27B model's layer shapes and MiniLM's, against
+ * a read-bandwidth probe over the same bytes with the same threads, and
+ * optionally the scalar reference (kernels/w4a8_cpu.h) as a peer.
+ *
+ *   bench_cpu [--threads N] [--ms 1,4,16,64,256] [--set 27b|minilm|all]
+ *             [--reference] [--header] [--quick]
+ *
+ * Weights are random (no checkpoint needed), generated in-process. For the
+ * 27B shapes the weights rotate over enough copies that each call reads
+ * them from DRAM (a working set of at least 4 x 32 MiB, the L3 here), as
+ * when a whole model is served; the MiniLM shapes (a ~10 MB model) stay in
+ * cache, as they do when that model is served. Each time is the median of
+ * its repetitions (at least 3; about 0.5 s in all for small M).
+ * Prints CSV rows: date,cpu,threads,shape,m,us,gbps,probe_us,
+ * fraction_of_probe,peer,peer_us (bench/cpu_peers.py adds the numpy peer
+ * and writes bench/results/).
+ */
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cpu_fast.h"
+#include "cpu_pool.h"
+#include "numerics.h"
+#include "w4a8_cpu.h"
+
+struct shape {
+	uint32_t n, k;
+	int rotate;   /* weights from DRAM (27B) or hot in cache (MiniLM) */
+};
+
+static const struct shape shapes_27b[] = {
+	{ 16384, 5120, 1 }, { 14336, 5120, 1 }, { 5120, 6144, 1 }, { 34816, 5120, 1 },
+	{ 5120, 17408, 1 },
+};
+static const struct shape shapes_minilm[] = { { 384, 384, 0 }, { 1536, 384, 0 }, { 384, 1536, 0 } };
+
+#define WORKING_SET (128u << 20)
+
+struct copy {
+	uint8_t *buf;        /* qweight then scales, one allocation (what the probe reads) */
+	uint32_t *qweight;
+	uint16_t *scales;
+};
+
+static uint64_t rng = 0x9E3779B97F4A7C15ull;
+static uint32_t rnd(void)
+{
+	rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+	return (uint32_t)(rng >> 33);
+}
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n)
+{
+	qsort(v, (size_t)n, sizeof *v, cmp_double);
+	return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* ---- the read probe: sum every 64-bit word of the bytes, split by chunks ---- */
+
+struct probe_job {
+	const uint8_t *buf;
+	size_t bytes;
+	uint64_t sums[256];
+};
+#define PROBE_CHUNK (256u << 10)
+
+static void probe_task(void *arg, uint32_t t)
+{
+	struct probe_job *j = arg;
+	size_t off = (size_t)t * PROBE_CHUNK;
+	size_t len = j->bytes - off < PROBE_CHUNK ? j->bytes - off : PROBE_CHUNK;
+	const uint64_t *p = (const uint64_t *)(j->buf + off);
+	uint64_t a = 0, b = 0, c = 0, d = 0;
+	size_t n = len / 8, i = 0;
+	for (; i + 4 <= n; i += 4) {
+		a += p[i];
+		b += p[i + 1];
+		c += p[i + 2];
+		d += p[i + 3];
+	}
+	for (; i < n; i++)
+		a += p[i];
+	j->sums[t % 256] += a + b + c + d;   /* keeps the loads live */
+}
+
+static double probe_once(struct radiance_cpu_pool *pool, const uint8_t *buf, size_t bytes)
+{
+	static struct probe_job j;
+	j.buf = buf;
+	j.bytes = bytes;
+	double t0 = now_s();
+	radiance_cpu_pool_run(pool, 0, (uint32_t)((bytes + PROBE_CHUNK - 1) / PROBE_CHUNK),
+			      probe_task, &j);
+	return now_s() - t0;
+}
+
+static void usage(void)
+{
+	fprintf(stderr, "usage: bench_cpu [--threads N] [--ms 1,4,16,64,256] [--set 27b|minilm|all] "
+			"[--reference] [--header] [--quick]\n");
+	exit(2);
+}
+
+int main(int argc, char **argv)
+{
+	unsigned threads = 0;
+	uint32_t ms[16] = { 1, 4, 16, 64, 256 };
+	size_t nms = 5;
+	const char *set = "all";
+	int reference = 0, header = 0, quick = 0;
+	for (int i = 1; i < argc; i++) {
+		if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc) {
+			threads = (unsigned)strtoul(argv[++i], NULL, 10);
+		} else if (strcmp(argv[i], "--ms") == 0 && i + 1 < argc) {
+			nms = 0;
+			for (char *p = strtok(argv[++i], ","); p && nms < 16; p = strtok(NULL, ","))
+				ms[nms++] = (uint32_t)strtoul(p, NULL, 10);
+		} else if (strcmp(argv[i], "--set") == 0 && i + 1 < argc) {
+			set = argv[++i];
+		} else if (strcmp(argv[i], "--reference") == 0) {
+			reference = 1;
+		} else if (strcmp(argv[i], "--header") == 0) {
+			header = 1;
+		} else if (strcmp(argv[i], "--quick") == 0) {
+			quick = 1;
+		} else {
+			usage();
+		}
+	}
+	uint32_t max_m = 1;
+	for (size_t i = 0; i < nms; i++)
+		max_m = ms[i] > max_m ? ms[i] : max_m;
+
+	char err[256], cpu[128], date[16];
+	radiance_cpu_model_name(cpu, sizeof cpu);
+	for (char *p = cpu; *p; p++)
+		if (*p == ',')
+			*p = ' ';
+	time_t now = time(NULL);
+	strftime(date, sizeof date, "%Y-%m-%d", gmtime(&now));
+
+	struct radiance_cpu_fast *fast;
+	struct radiance_cpu_fast_options fo = { .threads = threads, .simd = RADIANCE_CPU_SIMD_AUTO,
+						.max_rows = max_m, .max_k = 17408 };
+	if (radiance_cpu_fast_create(&fo, &fast, err, sizeof err) < 0) {
+		fprintf(stderr, "bench_cpu: %s\n", err);
+		return 1;
+	}
+	threads = radiance_cpu_fast_threads(fast);
+	struct radiance_cpu_pool *pool;
+	if (radiance_cpu_pool_create(threads, &pool) < 0) {
+		fprintf(stderr, "bench_cpu: pool\n");
+		return 1;
+	}
+	fprintf(stderr, "bench_cpu: %s, %s kernels, %u threads\n", cpu,
+		radiance_cpu_simd_name(radiance_cpu_fast_simd(fast)), threads);
+	if (header)
+		printf("date,cpu,threads,shape,m,us,gbps,probe_us,fraction_of_probe,peer,peer_us\n");
+
+	uint16_t *x = malloc((size_t)max_m * 17408 * 2);
+	uint16_t *y = malloc((size_t)max_m * 34816 * 2);
+	void *ref_scratch = aligned_alloc(64, (radiance_cpu_w4a8_scratch_bytes(4, 17408) + 63) & ~63ul);
+	if (!x || !y || !ref_scratch)
+		return 1;
+	for (size_t i = 0; i < (size_t)max_m * 17408; i++)
+		x[i] = radiance_bf16_from_f32(((float)(rnd() % 2001) - 1000.0f) / 1000.0f);
+
+	for (int pass = 0; pass < 2; pass++) {
+		const struct shape *sh = pass == 0 ? shapes_27b : shapes_minilm;
+		size_t nsh = pass == 0 ? 5 : 3;
+		if ((pass == 0 && strcmp(set, "minilm") == 0) || (pass == 1 && strcmp(set, "27b") == 0))
+			continue;
+		for (size_t s = 0; s < nsh; s++) {
+			const uint32_t n = sh[s].n, k = sh[s].k;
+			size_t qbytes = (size_t)n * k / 2, sbytes = (size_t)n * (k / 128) * 2;
+			size_t bytes = qbytes + sbytes;
+			size_t ncopies = sh[s].rotate ? (WORKING_SET + bytes - 1) / bytes : 1;
+			if (ncopies < 1)
+				ncopies = 1;
+			if (sh[s].rotate && ncopies < 2)
+				ncopies = 2;
+			struct copy *cp = calloc(ncopies, sizeof *cp);
+			for (size_t c = 0; c < ncopies; c++) {
+				cp[c].buf = aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+				if (!cp[c].buf) {
+					fprintf(stderr, "bench_cpu: out of memory\n");
+					return 1;
+				}
+				cp[c].qweight = (uint32_t *)cp[c].buf;
+				cp[c].scales = (uint16_t *)(cp[c].buf + qbytes);
+				for (size_t i = 0; i < qbytes / 4; i++)
+					cp[c].qweight[i] = rnd();
+				for (size_t i = 0; i < sbytes / 2; i++)
+					cp[c].scales[i] = (uint16_t)(0x2000 + rnd() % 0x1000);
+			}
+			/* the probe, over the same copies in the same rotation */
+			double pt[64];
+			int preps = quick ? 5 : 21;
+			probe_once(pool, cp[0].buf, bytes);
+			for (int r = 0; r < preps; r++)
+				pt[r] = probe_once(pool, cp[(r + 1) % ncopies].buf, bytes);
+			double probe_us = median(pt, preps) * 1e6;
+
+			for (size_t mi = 0; mi < nms; mi++) {
+				const uint32_t m = ms[mi];
+				size_t it = 0;
+				double t0 = now_s();
+				radiance_cpu_fast_w4a8(fast, x, RADIANCE_DTYPE_BF16, m, cp[it % ncopies].qweight,
+						       cp[it % ncopies].scales, NULL, n, k, y);
+				it++;
+				double first = now_s() - t0;
+				int reps = (int)(0.5 / (first > 1e-7 ? first : 1e-7));
+				if (quick)
+					reps /= 5;
+				reps = reps < 3 ? 3 : reps > 2001 ? 2001 : reps;
+				double *tv = malloc(sizeof *tv * (size_t)reps);
+				for (int r = 0; r < reps; r++, it++) {
+					double a = now_s();
+					radiance_cpu_fast_w4a8(fast, x, RADIANCE_DTYPE_BF16, m,
+							       cp[it % ncopies].qweight,
+							       cp[it % ncopies].scales, NULL, n, k, y);
+					tv[r] = now_s() - a;
+				}
+				double us = median(tv, reps) * 1e6;
+				free(tv);
+				char peer[64] = "";
+				char peer_us[32] = "";
+				if (reference && m <= 4) {
+					/* the scalar reference, single-threaded, as the backend ran before */
+					int rr = n * (uint64_t)k * m > (1u << 26) ? 3 : 51;
+					double rt[51];
+					for (int r = 0; r < rr; r++, it++) {
+						double a = now_s();
+						radiance_cpu_w4a8(x, RADIANCE_DTYPE_BF16, m, cp[it % ncopies].qweight,
+								  cp[it % ncopies].scales, NULL, n, k, y,
+								  ref_scratch);
+						rt[r] = now_s() - a;
+					}
+					snprintf(peer, sizeof peer, "scalar-reference-1thread");
+					snprintf(peer_us, sizeof peer_us, "%.1f", median(rt, rr) * 1e6);
+				}
+				printf("%s,%s,%u,%ux%u,%u,%.1f,%.2f,%.1f,%.3f,%s,%s\n", date, cpu, threads, n,
+				       k, m, us, (double)bytes / us * 1e-3, probe_us, probe_us / us, peer,
+				       peer_us);
+				fflush(stdout);
+			}
+			for (size_t c = 0; c < ncopies; c++)
+				free(cp[c].buf);
+			free(cp);
+		}
+	}
+	free(x);
+	free(y);
+	free(ref_scratch);
+	radiance_cpu_pool_destroy(pool);
+	radiance_cpu_fast_destroy(fast);
+	return 0;
+}

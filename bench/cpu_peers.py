@@ -1,0 +1,149 @@
+#!/usr/bin/env python3
+"""numpy/OpenBLAS peer for bench/bench_cpu.c, and the results files.
+
+    python3 bench/cpu_peers.py BENCH.csv [BENCH.csv ...] --out bench/results/cpu-DATE
+            [--load "uptime line"] [--no-peer]
+
+BENCH.csv are bench_cpu's rows (threads 1 and 2 runs). For each (threads,
+shape, m) they hold, this times numpy's fp32 matmul x[m, k] @ W.T on
+dequantized weights W[n, k] = (c - 8) * scale (random int4 codes, generated
+here; the same shapes and m, not the same numbers) with OpenBLAS limited to
+that thread count through threadpoolctl, which also names the kernel
+OpenBLAS picked. Run it without OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE in the
+environment (env -u ...), so OpenBLAS picks its kernel itself.
+Writes OUT.csv (bench columns) and OUT.md (targets met or missed).
+PyTorch is a peer only where it is installed (it is not here: said in OUT.md).
+"""
+import argparse
+import csv
+import importlib.util
+import statistics
+import time
+
+import numpy as np
+from threadpoolctl import threadpool_info, threadpool_limits
+
+COLS = ["date", "cpu", "threads", "shape", "m", "us", "gbps", "probe_us", "fraction_of_probe",
+        "peer", "peer_us"]
+SHAPES_27B = ["16384x5120", "14336x5120", "5120x6144", "34816x5120", "5120x17408"]
+
+
+def time_us(fn, budget=0.5, least=3, most=200):
+    fn()
+    t0 = time.perf_counter()
+    fn()
+    first = time.perf_counter() - t0
+    reps = max(least, min(most, int(budget / max(first, 1e-7))))
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts) * 1e6
+
+
+def numpy_peers(rows):
+    want = {}
+    for r in rows:
+        want.setdefault(r["shape"], set()).add((int(r["threads"]), int(r["m"])))
+    rng = np.random.default_rng(1)
+    out, arch = {}, "?"
+    for shape, tm in want.items():
+        n, k = map(int, shape.split("x"))
+        w = rng.integers(0, 16, size=(n, k), dtype=np.int8).astype(np.float32)
+        w -= 8.0
+        w *= 0.01
+        maxm = max(m for _, m in tm)
+        x = rng.standard_normal((maxm, k), dtype=np.float32)
+        for threads, m in sorted(tm):
+            with threadpool_limits(limits=threads, user_api="blas"):
+                info = [i for i in threadpool_info() if i["user_api"] == "blas"]
+                arch = f"{info[0]['internal_api']} {info[0].get('version', '')} " \
+                       f"{info[0].get('architecture', '?')}" if info else "?"
+                xm = x[:m]
+                out[(threads, shape, m)] = time_us(lambda: xm @ w.T,
+                                                   least=3 if m >= 64 else 5)
+        del w
+    return out, arch
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("bench", nargs="+")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--load", default="")
+    ap.add_argument("--no-peer", action="store_true")
+    a = ap.parse_args()
+    rows = []
+    for path in a.bench:
+        with open(path) as f:
+            rows += [r for r in csv.DictReader(f)]
+    peers, arch = ({}, "not run") if a.no_peer else numpy_peers(rows)
+    peer_name = f"numpy-fp32 ({arch})"
+    torch_here = importlib.util.find_spec("torch") is not None
+
+    with open(a.out + ".csv", "w", newline="") as f:
+        wr = csv.DictWriter(f, fieldnames=COLS, lineterminator="\n")
+        wr.writeheader()
+        for r in rows:
+            key = (int(r["threads"]), r["shape"], int(r["m"]))
+            if r["peer"]:
+                wr.writerow(r)
+            if key in peers:
+                wr.writerow({**r, "peer": peer_name, "peer_us": f"{peers[key]:.1f}"})
+            elif not r["peer"]:
+                wr.writerow(r)
+
+    by = {(int(r["threads"]), r["shape"], int(r["m"])): r for r in rows}
+    ref = {k: float(r["peer_us"]) for k, r in by.items() if r["peer"].startswith("scalar")}
+    md = []
+    cpu = rows[0]["cpu"] if rows else "?"
+    md.append(f"# CPU backend fast path, {rows[0]['date'] if rows else ''}\n")
+    md.append(f"Machine: {cpu}, 2 vCPUs (KVM), AVX2+FMA+F16C, no AVX-512; kernels avx2+fma "
+              "(bench/bench_cpu.c through kernels/cpu_fast.h, as the daemon runs them). "
+              "**The machine was shared with other busy processes during the run** "
+              f"(load at start: `{a.load}`): times are medians, and the read probe is measured in "
+              "the same conditions right before each shape, but both move from run to run.\n")
+    md.append("27B shapes read their weights from DRAM (the bench rotates copies over a 128 MiB "
+              "working set, 4x the L3); MiniLM shapes stay in cache, as when that model is "
+              "served. `fraction` = probe_us / us (1.0: as fast as reading the bytes). "
+              f"numpy peer: {peer_name}, fp32 matmul on dequantized fp32 weights (8x the bytes "
+              "of int4). " + ("" if torch_here else "PyTorch is not installed here: no torch "
+                              "peer.") + "\n")
+    md.append("## Targets\n")
+    md.append("| threads | shape | M=1 us | probe us | fraction (>= 0.7) | M=16 us | M16/M1 (<= 3) "
+              "| scalar ref M=1 us | speed-up |")
+    md.append("|---|---|---|---|---|---|---|---|---|")
+    for (t, shape, m), r in sorted(by.items(), key=lambda kv: (kv[0][0], kv[0][1] not in SHAPES_27B,
+                                                               kv[0][1])):
+        if m != 1:
+            continue
+        frac = float(r["fraction_of_probe"])
+        r16 = by.get((t, shape, 16))
+        ratio = float(r16["us"]) / float(r["us"]) if r16 else None
+        is27 = shape in SHAPES_27B
+        fr = f"{frac:.2f} " + (("met" if frac >= 0.7 else f"missed by {0.7 - frac:.2f}")
+                               if is27 else "(no target)")
+        rr = "" if ratio is None else f"{ratio:.1f} " + (("met" if ratio <= 3 else
+                                                          f"missed ({ratio / 3:.1f}x over)")
+                                                         if is27 else "(no target)")
+        rf = ref.get((t, shape, 1))
+        us = float(r["us"])
+        rf_s = "" if rf is None else f"{rf:.1f}"
+        up_s = "" if rf is None else f"{rf / us:.1f}x"
+        md.append(f"| {t} | {shape} | {us:.1f} | {float(r['probe_us']):.1f} | {fr} | "
+                  f"{r16['us'] if r16 else ''} | {rr} | {rf_s} | {up_s} |")
+    md.append("\n## All rows\n")
+    md.append("| threads | shape | m | us | GB/s (int4+scales) | probe us | fraction | numpy us |")
+    md.append("|---|---|---|---|---|---|---|---|")
+    for (t, shape, m), r in sorted(by.items(), key=lambda kv: (kv[0][0], kv[0][1] not in SHAPES_27B,
+                                                               kv[0][1], kv[0][2])):
+        p = peers.get((t, shape, m))
+        md.append(f"| {t} | {shape} | {m} | {float(r['us']):.1f} | {r['gbps']} | {r['probe_us']} | "
+                  f"{r['fraction_of_probe']} | {'' if p is None else f'{p:.1f}'} |")
+    with open(a.out + ".md", "w") as f:
+        f.write("\n".join(md) + "\n")
+
+
+if __name__ == "__main__":
+    main()

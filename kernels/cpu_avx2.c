@@ -1,0 +1,349 @@
+/*
+ * The CPU fast path's AVX2+FMA kernels (built with -mavx2 -mfma -mf16c, see
+ * the Makefile; called only where cpu_fast.c found those at run time).
+ *
+ * W4A8 is bit-exact with the scalar reference kernels/w4a8_cpu.c, because it
+ * performs the same fp32 operations in the same order:
+ *  - the reference's dot_group() keeps eight accumulators, lane i summing the
+ *    products of k = 8t + i for t = 0..15 in turn; here one ymm accumulator
+ *    holds those eight lanes, one qweight word (k = 8t .. 8t+7) per step.
+ *    Each product e4m3 * (c - 8) is exact in fp32 (at most 4 x 4 significant
+ *    bits), so the fused multiply-add rounds exactly where the reference's
+ *    separate add does;
+ *  - the eight lanes are reduced as ((a0+a4)+(a1+a5)) + ((a2+a6)+(a3+a7));
+ *  - the group sums are scaled and added one group after the other, multiply
+ *    and add rounded separately (no FMA there: that product is inexact);
+ *  - y = bf16_rne(acc * s + bias), again unfused.
+ * The activations are quantized with the same steps as
+ * radiance_quant_row_e4m3(); e4m3 rounding is done on the fp32 bits. The
+ * kernel's weights are (c - 8) * 2^28 (an int4 nibble at the top of an int32
+ * lane, converted) and its activations e4m3 * 2^-28: both scalings are
+ * exact, so every product is the reference's.
+ *
+ * bf16 linears are bit-exact with radiance_cpu_bf16() as well: a lane per
+ * output column, each summing its products in K order with the multiply and
+ * the add rounded separately, as the reference's scalar loop does.
+ */
+#include "cpu_simd.h"
+
+#if defined(__x86_64__)
+
+#include <immintrin.h>
+
+#define INLINE static inline __attribute__((always_inline))
+
+/* 8 elements of x (bf16 or fp16 bits) to fp32, exactly (F16C ignores DAZ). */
+INLINE __m256 load_x8(const uint16_t *x, enum radiance_dtype dtype)
+{
+	__m128i h = _mm_loadu_si128((const __m128i *)x);
+	if (dtype == RADIANCE_DTYPE_FP16)
+		return _mm256_cvtph_ps(h);
+	return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+/* The e4m3 value radiance_e4m3_from_f32() rounds f to, as fp32 (what the
+ * reference's decode table gives for that code). */
+INLINE __m256 e4m3_round(__m256 f)
+{
+	const __m256i b = _mm256_castps_si256(f);
+	const __m256i sign = _mm256_and_si256(b, _mm256_set1_epi32((int)0x80000000u));
+	const __m256i a = _mm256_and_si256(b, _mm256_set1_epi32(0x7FFFFFFF));
+	/* normal range: RNE on the 20 mantissa bits e4m3 drops */
+	__m256i r = _mm256_add_epi32(a, _mm256_add_epi32(_mm256_set1_epi32(0x7FFFF),
+		_mm256_and_si256(_mm256_srli_epi32(a, 20), _mm256_set1_epi32(1))));
+	__m256i sat = _mm256_cmpgt_epi32(_mm256_srli_epi32(r, 20), _mm256_set1_epi32(0x43E));
+	__m256i vn = _mm256_and_si256(r, _mm256_set1_epi32((int)0xFFF00000u));
+	vn = _mm256_blendv_epi8(vn, _mm256_set1_epi32(0x43E00000), sat);   /* 448 */
+	/* below 2^-6: a multiple of 2^-9, rounded to nearest even */
+	__m256 q = _mm256_mul_ps(_mm256_castsi256_ps(a), _mm256_set1_ps(512.0f));
+	q = _mm256_round_ps(q, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+	__m256i vs = _mm256_castps_si256(_mm256_mul_ps(q, _mm256_set1_ps(0x1p-9f)));
+	__m256i sub = _mm256_cmpgt_epi32(_mm256_set1_epi32(0x3C800000), a);
+	__m256i v = _mm256_or_si256(_mm256_blendv_epi8(vn, vs, sub), sign);
+	/* NaN: code 0x7F, which decodes to the positive quiet NaN */
+	__m256i nan = _mm256_cmpgt_epi32(a, _mm256_set1_epi32(0x7F800000));
+	v = _mm256_blendv_epi8(v, _mm256_castps_si256(_mm256_set1_ps(NAN)), nan);
+	return _mm256_castsi256_ps(v);
+}
+
+float radiance__quant_row_avx2(const uint16_t *x, enum radiance_dtype dtype, uint32_t k, float *xf)
+{
+	const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+	const __m256i expmask = _mm256_set1_epi32(0x7F800000);
+	__m256 amax = _mm256_setzero_ps();
+	__m256i bad = _mm256_setzero_si256();
+	for (uint32_t i = 0; i < k; i += 8) {
+		__m256 v = load_x8(x + i, dtype);
+		__m256i e = _mm256_and_si256(_mm256_castps_si256(v), expmask);
+		bad = _mm256_or_si256(bad, _mm256_cmpeq_epi32(e, expmask));
+		amax = _mm256_max_ps(amax, _mm256_and_ps(v, absmask));
+	}
+	if (!_mm256_testz_si256(bad, bad)) {
+		const __m256 nan = _mm256_set1_ps(NAN);
+		for (uint32_t i = 0; i < k; i += 8)
+			_mm256_store_ps(xf + i, nan);
+		return NAN;
+	}
+	/* max is exact in any order; no NaN can be left here */
+	__m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+	m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+	m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+	float am = _mm_cvtss_f32(m4);
+	float s = fmaxf(am / RADIANCE_E4M3_MAX, RADIANCE_MIN_SCALE);
+	float inv = 1.0f / s;
+	const __m256 vinv = _mm256_set1_ps(inv);
+	for (uint32_t i = 0; i < k; i += 8)
+		_mm256_store_ps(xf + i, _mm256_mul_ps(e4m3_round(_mm256_mul_ps(load_x8(x + i, dtype), vinv)),
+						      _mm256_set1_ps(0x1p-28f)));
+	return s;
+}
+
+void radiance__widen_row_avx2(const uint16_t *x, enum radiance_dtype dtype, uint32_t k, float *xf)
+{
+	uint32_t i = 0;
+	for (; i + 8 <= k; i += 8)
+		_mm256_storeu_ps(xf + i, load_x8(x + i, dtype));
+	for (; i < k; i++)
+		xf[i] = dtype == RADIANCE_DTYPE_FP16 ? radiance_f16_to_f32(x[i])
+						     : radiance_bf16_to_f32(x[i]);
+}
+
+/* Reduces eight accumulators, each as the reference's dot_group() does
+ * (((a0+a4)+(a1+a5)) + ((a2+a6)+(a3+a7))), into one vector whose lanes hold
+ * accumulators 0, 2, 4, 6, 1, 3, 5, 7. */
+INLINE __m256 hsum8(const __m256 *acc)
+{
+	__m256 s[4];
+	for (int i = 0; i < 4; i++) {
+		__m256 lo = _mm256_permute2f128_ps(acc[2 * i], acc[2 * i + 1], 0x20);
+		__m256 hi = _mm256_permute2f128_ps(acc[2 * i], acc[2 * i + 1], 0x31);
+		s[i] = _mm256_add_ps(lo, hi);
+	}
+	return _mm256_hadd_ps(_mm256_hadd_ps(s[0], s[1]), _mm256_hadd_ps(s[2], s[3]));
+}
+
+static const int lane_slot[8] = { 0, 2, 4, 6, 1, 3, 5, 7 };
+
+/* R rows from r0 by C columns from j0 (R * C <= 8 accumulators: enough
+ * independent FMA chains to cover the FMA latency). */
+INLINE void w4a8_micro(const struct radiance__w4a8_tile *t, uint32_t r0, uint32_t j0,
+		       uint32_t g0, uint32_t g1, __m256 *state, const int R, const int C)
+{
+	const uint32_t words = t->k / RADIANCE_PACK, groups = t->k / RADIANCE_GROUP_SIZE;
+	/* lane j: nibble j of a word moved to bits 28..31, the rest cleared */
+	const __m256i shifts = _mm256_setr_epi32(28, 24, 20, 16, 12, 8, 4, 0);
+	const __m256i top = _mm256_set1_epi32((int)0xF0000000u);
+	const __m256i flip = _mm256_set1_epi32((int)0x88888888u);
+	const uint32_t *q[8];
+	const uint16_t *sc[8];
+	const float *xr[8];
+	for (int c = 0; c < C; c++) {
+		q[c] = t->qweight + (size_t)(j0 + c) * words;
+		sc[c] = t->scales + (size_t)(j0 + c) * groups;
+	}
+	for (int r = 0; r < R; r++)
+		xr[r] = t->xf + (size_t)(r0 + r) * t->ldx;
+
+	/* the running group sums of groups before g0 (a K block ago) */
+	__m256 gacc = g0 == 0 ? _mm256_setzero_ps() : *state;
+	for (uint32_t g = g0; g < g1; g++) {
+		__m256 acc[8];
+		for (int i = 0; i < 8; i++)
+			acc[i] = _mm256_setzero_ps();
+		/* Each column's group is one 64-byte line. The next C columns' rows
+		 * are short streams (k/2 bytes) that the hardware prefetcher would
+		 * only pick up part way: fetch their line of this group now. A
+		 * prefetch past the last column is harmless (it cannot fault). */
+		for (int c = 0; c < C; c++)
+			_mm_prefetch((const char *)(q[c] + (size_t)C * words + g * 16), _MM_HINT_T0);
+		/* c ^ 8 read as a signed nibble is c - 8: flip the group's words once */
+		uint32_t fl[8][16] __attribute__((aligned(32)));
+		for (int c = 0; c < C; c++) {
+			const __m256i *src = (const __m256i *)(q[c] + g * 16);
+			_mm256_store_si256((__m256i *)fl[c], _mm256_xor_si256(_mm256_loadu_si256(src), flip));
+			_mm256_store_si256((__m256i *)fl[c] + 1,
+					   _mm256_xor_si256(_mm256_loadu_si256(src + 1), flip));
+		}
+		for (int s = 0; s < RADIANCE_GROUP_SIZE / RADIANCE_PACK; s++) {
+			/* one column's weights at a time, used by every row at once:
+			 * eight accumulators, one weight vector and the constants
+			 * fit the sixteen ymm registers */
+			for (int c = 0; c < C; c++) {
+				__m256i v = _mm256_set1_epi32((int)fl[c][s]);
+				v = _mm256_and_si256(_mm256_sllv_epi32(v, shifts), top);
+				/* (c - 8) * 2^28, exactly; x carries the 2^-28 */
+				__m256 w = _mm256_cvtepi32_ps(v);
+				for (int r = 0; r < R; r++) {
+					__m256 xv = _mm256_load_ps(xr[r] + g * RADIANCE_GROUP_SIZE + 8 * s);
+					acc[r * C + c] = _mm256_fmadd_ps(xv, w, acc[r * C + c]);
+				}
+			}
+		}
+		/* group scales in the lane order hsum8 leaves */
+		uint16_t h[8];
+		for (int l = 0; l < 8; l++) {
+			int slot = lane_slot[l];
+			h[l] = slot < R * C ? sc[slot % C][g] : 0;
+		}
+		__m256 scale = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
+		gacc = _mm256_add_ps(gacc, _mm256_mul_ps(hsum8(acc), scale));
+	}
+	if (g1 < groups) {
+		*state = gacc;
+		return;
+	}
+	float out[8];
+	_mm256_storeu_ps(out, gacc);
+	for (int l = 0; l < 8; l++) {
+		int slot = lane_slot[l];
+		if (slot >= R * C)
+			continue;
+		uint32_t r = r0 + (uint32_t)(slot / C), j = j0 + (uint32_t)(slot % C);
+		float b = t->bias ? t->bias[j] : 0.0f;
+		t->y[(size_t)r * t->n + j] = radiance_bf16_from_f32(out[l] * t->s[r] + b);
+	}
+}
+
+#define W4A8_MICRO(R, C) \
+	static void w4a8_micro_##R##_##C(const struct radiance__w4a8_tile *t, uint32_t r0, \
+					 uint32_t j0, uint32_t g0, uint32_t g1, __m256 *state) \
+	{ w4a8_micro(t, r0, j0, g0, g1, state, R, C); }
+W4A8_MICRO(1, 8) W4A8_MICRO(2, 4) W4A8_MICRO(3, 2) W4A8_MICRO(4, 2) W4A8_MICRO(5, 1)
+W4A8_MICRO(6, 1) W4A8_MICRO(7, 1) W4A8_MICRO(8, 1) W4A8_MICRO(1, 1) W4A8_MICRO(2, 1)
+W4A8_MICRO(3, 1) W4A8_MICRO(4, 1)
+
+typedef void (*w4a8_micro_fn)(const struct radiance__w4a8_tile *t, uint32_t r0, uint32_t j0,
+			      uint32_t g0, uint32_t g1, __m256 *state);
+/* by rows: rows x cols_for(rows) columns, and rows x 1 for column tails */
+static const w4a8_micro_fn w4a8_wide[9] = {
+	NULL, w4a8_micro_1_8, w4a8_micro_2_4, w4a8_micro_3_2, w4a8_micro_4_2,
+	w4a8_micro_5_1, w4a8_micro_6_1, w4a8_micro_7_1, w4a8_micro_8_1,
+};
+static const w4a8_micro_fn w4a8_one[9] = {
+	NULL, w4a8_micro_1_1, w4a8_micro_2_1, w4a8_micro_3_1, w4a8_micro_4_1,
+	w4a8_micro_5_1, w4a8_micro_6_1, w4a8_micro_7_1, w4a8_micro_8_1,
+};
+
+static uint32_t cols_for(uint32_t rows)
+{
+	return rows == 1 ? 8 : rows == 2 ? 4 : rows <= 4 ? 2 : 1;
+}
+
+/* Rows in blocks of at most 8; with several rows, K in blocks whose
+ * activations (rows x 128 x groups fp32) fit in 16 KiB of L1, every column of
+ * the tile passing over one K block before the next. A column's groups are
+ * still summed in order, so the result is unchanged. */
+void radiance__w4a8_tile_avx2(const struct radiance__w4a8_tile *t)
+{
+	const uint32_t groups = t->k / RADIANCE_GROUP_SIZE;
+	__m256 state[RADIANCE__TILE_MAX_COLS];
+	for (uint32_t r = t->r0; r < t->r1; r += 8) {
+		uint32_t rows = t->r1 - r < 8 ? t->r1 - r : 8;
+		uint32_t cols = cols_for(rows);
+		uint32_t gstep = rows == 1 ? groups : 32 / rows;
+		for (uint32_t g0 = 0; g0 < groups; g0 += gstep) {
+			uint32_t g1 = g0 + gstep < groups ? g0 + gstep : groups;
+			uint32_t j = t->n0;
+			/* one K block (gstep == groups) needs no running state */
+			const int blocked = gstep < groups;
+			for (; j + cols <= t->n1; j += cols)
+				w4a8_wide[rows](t, r, j, g0, g1, blocked ? &state[j - t->n0] : NULL);
+			for (; j < t->n1; j++)
+				w4a8_one[rows](t, r, j, g0, g1, blocked ? &state[j - t->n0] : NULL);
+		}
+	}
+}
+
+/* Eight rows of eight bf16 (row l = column j + l at k .. k+7) transposed to
+ * eight fp32 vectors, w[i] lane l = column j + l at k + i. */
+INLINE void transpose8_bf16(const uint16_t *const *rows, uint32_t k, __m256 *w)
+{
+	__m128i r[8], t[8], u[8];
+	for (int l = 0; l < 8; l++)
+		r[l] = _mm_loadu_si128((const __m128i *)(rows[l] + k));
+	for (int l = 0; l < 4; l++) {
+		t[2 * l] = _mm_unpacklo_epi16(r[2 * l], r[2 * l + 1]);
+		t[2 * l + 1] = _mm_unpackhi_epi16(r[2 * l], r[2 * l + 1]);
+	}
+	for (int h = 0; h < 2; h++) {   /* rows 0-3, then 4-7 */
+		u[4 * h + 0] = _mm_unpacklo_epi32(t[4 * h + 0], t[4 * h + 2]);   /* k 0, 1 */
+		u[4 * h + 1] = _mm_unpackhi_epi32(t[4 * h + 0], t[4 * h + 2]);   /* k 2, 3 */
+		u[4 * h + 2] = _mm_unpacklo_epi32(t[4 * h + 1], t[4 * h + 3]);   /* k 4, 5 */
+		u[4 * h + 3] = _mm_unpackhi_epi32(t[4 * h + 1], t[4 * h + 3]);   /* k 6, 7 */
+	}
+	for (int i = 0; i < 4; i++) {
+		__m128i lo = _mm_unpacklo_epi64(u[i], u[4 + i]);
+		__m128i hi = _mm_unpackhi_epi64(u[i], u[4 + i]);
+		w[2 * i] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(lo), 16));
+		w[2 * i + 1] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(hi), 16));
+	}
+}
+
+/* bf16: R rows by a block of eight columns from j (fewer at the end: the
+ * missing ones read the last column again and write nothing), lane l being
+ * column j + l. Each lane sums its column in K order, multiply and add
+ * rounded separately, as radiance_cpu_bf16() does: bit for bit the
+ * reference. */
+INLINE void bf16_micro(const struct radiance__bf16_tile *t, uint32_t r0, uint32_t j, const int R)
+{
+	const uint32_t k = t->k;
+	const int valid = t->n1 - j < 8 ? (int)(t->n1 - j) : 8;
+	const uint16_t *wr[8];
+	const float *xr[8];
+	for (int l = 0; l < 8; l++)
+		wr[l] = t->weight + (size_t)(j + (uint32_t)(l < valid ? l : valid - 1)) * k;
+	for (int r = 0; r < R; r++)
+		xr[r] = t->xf + (size_t)(r0 + r) * t->ldx;
+	__m256 acc[8];
+	for (int r = 0; r < R; r++)
+		acc[r] = _mm256_setzero_ps();
+	uint32_t e = 0;
+	for (; e + 8 <= k; e += 8) {
+		__m256 w[8];
+		transpose8_bf16(wr, e, w);
+		for (int r = 0; r < R; r++) {
+			__m256 a = acc[r];
+			for (int i = 0; i < 8; i++)
+				a = _mm256_add_ps(a, _mm256_mul_ps(_mm256_broadcast_ss(xr[r] + e + i), w[i]));
+			acc[r] = a;
+		}
+	}
+	for (; e < k; e++) {   /* K not a multiple of 8 */
+		float w[8];
+		for (int l = 0; l < 8; l++)
+			w[l] = radiance_bf16_to_f32(wr[l][e]);
+		__m256 wv = _mm256_loadu_ps(w);
+		for (int r = 0; r < R; r++)
+			acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(_mm256_broadcast_ss(xr[r] + e), wv));
+	}
+	for (int r = 0; r < R; r++) {
+		float out[8];
+		_mm256_storeu_ps(out, acc[r]);
+		uint16_t *y = t->y + (size_t)(r0 + (uint32_t)r) * t->n + j;
+		for (int l = 0; l < valid; l++)
+			y[l] = radiance_bf16_from_f32(out[l] + (t->bias ? t->bias[j + (uint32_t)l] : 0.0f));
+	}
+}
+
+#define BF16_MICRO(R) \
+	static void bf16_micro_##R(const struct radiance__bf16_tile *t, uint32_t r0, uint32_t j) \
+	{ bf16_micro(t, r0, j, R); }
+BF16_MICRO(1) BF16_MICRO(2) BF16_MICRO(3) BF16_MICRO(4)
+BF16_MICRO(5) BF16_MICRO(6) BF16_MICRO(7) BF16_MICRO(8)
+
+typedef void (*bf16_micro_fn)(const struct radiance__bf16_tile *t, uint32_t r0, uint32_t j);
+static const bf16_micro_fn bf16_micro_rows[9] = {
+	NULL, bf16_micro_1, bf16_micro_2, bf16_micro_3, bf16_micro_4,
+	bf16_micro_5, bf16_micro_6, bf16_micro_7, bf16_micro_8,
+};
+
+void radiance__bf16_tile_avx2(const struct radiance__bf16_tile *t)
+{
+	for (uint32_t r = t->r0; r < t->r1; r += 8) {
+		uint32_t rows = t->r1 - r < 8 ? t->r1 - r : 8;
+		for (uint32_t j = t->n0; j < t->n1; j += 8)
+			bf16_micro_rows[rows](t, r, j);
+	}
+}
+
+#endif

@@ -1,0 +1,398 @@
+/* The CPU fast path: level choice, work split and the scalar fallback; see
+ * cpu_fast.h. The SIMD kernels are in cpu_avx2.c. */
+#include "cpu_fast.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu_pool.h"
+#include "cpu_simd.h"
+#include "w4a8_cpu.h"
+
+/* Below this many multiply-adds a call runs on the calling thread alone:
+ * waking the pool costs more than it saves (e.g. M=1 on a 384x384 layer). */
+#define PAR_MIN_MACS (1u << 19)
+/* Rows of one GEMM task; the micro-kernels take at most 8. */
+#define TASK_ROWS 8
+/* Weight bytes of one task's column chunk when there are several row
+ * blocks: small enough to stay in L2 while every row block passes over it. */
+#define CHUNK_BYTES (256u << 10)
+
+struct radiance_cpu_fast {
+	enum radiance_cpu_simd simd;
+	struct radiance_cpu_pool *pool;
+	unsigned threads;
+	const char *threads_source;
+	uint32_t max_rows, max_k, ldx;
+	void *scratch;             /* AVX2: xf [max_rows][ldx] fp32, then s [max_rows];
+	                              scalar: per-task reference scratch */
+	size_t scratch_bytes;
+	size_t task_scratch;       /* scalar: bytes of one task's region */
+	uint32_t task_rows;        /* scalar: rows of one task */
+};
+
+static size_t align64(size_t v)
+{
+	return (v + 63) & ~(size_t)63;
+}
+
+const char *radiance_cpu_simd_name(enum radiance_cpu_simd simd)
+{
+	switch (simd) {
+	case RADIANCE_CPU_SIMD_SCALAR:
+		return "scalar";
+	case RADIANCE_CPU_SIMD_AVX2:
+		return "avx2+fma";
+	default:
+		return "auto";
+	}
+}
+
+static int cpu_has(enum radiance_cpu_simd simd)
+{
+	if (simd == RADIANCE_CPU_SIMD_SCALAR)
+		return 1;
+#if defined(__x86_64__)
+	if (simd == RADIANCE_CPU_SIMD_AVX2) {
+		/* libgcc's and compiler-rt's checks include the OS's XSAVE support */
+		__builtin_cpu_init();
+		return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+		       __builtin_cpu_supports("f16c");
+	}
+#endif
+	return 0;
+}
+
+static int pick_simd(enum radiance_cpu_simd want, enum radiance_cpu_simd *out, char *err,
+		     size_t errlen)
+{
+	if (want == RADIANCE_CPU_SIMD_AUTO) {
+		const char *env = getenv("RADIANCE_CPU_SIMD");
+		if (env && *env) {
+			if (strcmp(env, "scalar") == 0)
+				want = RADIANCE_CPU_SIMD_SCALAR;
+			else if (strcmp(env, "avx2") == 0 || strcmp(env, "avx2+fma") == 0)
+				want = RADIANCE_CPU_SIMD_AVX2;
+			else {
+				snprintf(err, errlen, "RADIANCE_CPU_SIMD='%s' is not a SIMD level "
+					 "(expected scalar or avx2)", env);
+				return -EINVAL;
+			}
+		}
+	}
+	if (want == RADIANCE_CPU_SIMD_AUTO) {
+		*out = cpu_has(RADIANCE_CPU_SIMD_AVX2) ? RADIANCE_CPU_SIMD_AVX2 : RADIANCE_CPU_SIMD_SCALAR;
+		return 0;
+	}
+	if (want != RADIANCE_CPU_SIMD_SCALAR && want != RADIANCE_CPU_SIMD_AVX2) {
+		snprintf(err, errlen, "SIMD level %d is not one this build knows", (int)want);
+		return -EINVAL;
+	}
+	if (!cpu_has(want)) {
+		snprintf(err, errlen, "this CPU (or build) has no %s", radiance_cpu_simd_name(want));
+		return -ENOTSUP;
+	}
+	*out = want;
+	return 0;
+}
+
+/* The scratch for f's level, threads, max_rows and max_k. */
+static void scratch_plan(struct radiance_cpu_fast *f)
+{
+	if (f->simd == RADIANCE_CPU_SIMD_SCALAR) {
+		/* the reference kernels on row slices, one scratch region per task */
+		f->task_rows = (f->max_rows + f->threads - 1) / f->threads;
+		f->task_scratch = align64(radiance_cpu_w4a8_scratch_bytes(f->task_rows, f->max_k));
+		f->scratch_bytes = f->task_scratch * f->threads;
+	} else {
+		f->scratch_bytes = align64((size_t)f->max_rows * f->ldx * sizeof(float)) +
+				   align64((size_t)f->max_rows * sizeof(float));
+	}
+}
+
+size_t radiance_cpu_fast_scratch_bytes_for(const struct radiance_cpu_fast_options *opt)
+{
+	struct radiance_cpu_fast f = { 0 };
+	char err[160];
+	if (opt->max_rows == 0 || opt->max_k == 0 || pick_simd(opt->simd, &f.simd, err, sizeof err) < 0)
+		return 0;
+	f.threads = opt->threads ? opt->threads : radiance_cpu_usable_threads(NULL);
+	f.max_rows = opt->max_rows;
+	f.max_k = opt->max_k;
+	f.ldx = (opt->max_k + 15) & ~15u;
+	scratch_plan(&f);
+	return f.scratch_bytes;
+}
+
+int radiance_cpu_fast_create(const struct radiance_cpu_fast_options *opt,
+			     struct radiance_cpu_fast **out, char *err, size_t errlen)
+{
+	int rc;
+	if (opt->max_rows == 0 || opt->max_k == 0) {
+		snprintf(err, errlen, "cpu fast path: max_rows %u and max_k %u must be at least 1",
+			 opt->max_rows, opt->max_k);
+		return -EINVAL;
+	}
+	struct radiance_cpu_fast *f = calloc(1, sizeof *f);
+	if (!f) {
+		snprintf(err, errlen, "cpu fast path: out of memory");
+		return -ENOMEM;
+	}
+	rc = pick_simd(opt->simd, &f->simd, err, errlen);
+	if (rc < 0)
+		goto fail_simd;
+	if (opt->threads) {
+		f->threads = opt->threads;
+		f->threads_source = "cpu_threads";
+	} else {
+		f->threads = radiance_cpu_usable_threads(&f->threads_source);
+	}
+	f->max_rows = opt->max_rows;
+	f->max_k = opt->max_k;
+	f->ldx = (opt->max_k + 15) & ~15u;   /* rows of xf start 64-byte aligned */
+	scratch_plan(f);
+	f->scratch = aligned_alloc(64, f->scratch_bytes);
+	if (!f->scratch) {
+		snprintf(err, errlen, "cpu fast path: out of memory for %zu bytes (%.1f GiB) of "
+			 "activation scratch, sized by max_rows %u x max_k %u; lower --max-rows "
+			 "or --max-k", f->scratch_bytes, (double)f->scratch_bytes / (1u << 30),
+			 opt->max_rows, opt->max_k);
+		rc = -ENOMEM;
+		goto fail_scratch;
+	}
+	rc = radiance_cpu_pool_create(f->threads, &f->pool);
+	if (rc < 0) {
+		snprintf(err, errlen, "cpu fast path: starting %u threads: %s", f->threads,
+			 strerror(-rc));
+		goto fail_pool;
+	}
+	*out = f;
+	return 0;
+
+fail_pool:
+	free(f->scratch);
+fail_scratch:
+fail_simd:
+	free(f);
+	return rc;
+}
+
+void radiance_cpu_fast_destroy(struct radiance_cpu_fast *f)
+{
+	if (!f)
+		return;
+	radiance_cpu_pool_destroy(f->pool);
+	free(f->scratch);
+	free(f);
+}
+
+enum radiance_cpu_simd radiance_cpu_fast_simd(const struct radiance_cpu_fast *f)
+{
+	return f->simd;
+}
+
+unsigned radiance_cpu_fast_threads(const struct radiance_cpu_fast *f)
+{
+	return f->threads;
+}
+
+const char *radiance_cpu_fast_threads_source(const struct radiance_cpu_fast *f)
+{
+	return f->threads_source;
+}
+
+size_t radiance_cpu_fast_scratch_bytes(const struct radiance_cpu_fast *f)
+{
+	return f->scratch_bytes;
+}
+
+static unsigned width_for(const struct radiance_cpu_fast *f, uint32_t m, uint32_t n, uint32_t k)
+{
+	return (uint64_t)m * n * k < PAR_MIN_MACS ? 1 : f->threads;
+}
+
+/* ---- the scalar level: the reference on row slices -------------------------- */
+
+struct scalar_job {
+	struct radiance_cpu_fast *f;
+	const uint16_t *x;
+	enum radiance_dtype dtype;
+	uint32_t m, n, k;
+	const uint32_t *qweight;
+	const uint16_t *scales;
+	const uint16_t *weight;
+	const float *bias;
+	uint16_t *y;
+};
+
+static void scalar_task(void *arg, uint32_t task)
+{
+	const struct scalar_job *j = arg;
+	uint32_t r0 = task * j->f->task_rows;
+	uint32_t rows = j->m - r0 < j->f->task_rows ? j->m - r0 : j->f->task_rows;
+	const uint16_t *x = j->x + (size_t)r0 * j->k;
+	uint16_t *y = j->y + (size_t)r0 * j->n;
+	if (j->qweight)
+		radiance_cpu_w4a8(x, j->dtype, rows, j->qweight, j->scales, j->bias, j->n, j->k, y,
+				  (uint8_t *)j->f->scratch + (size_t)task * j->f->task_scratch);
+	else
+		radiance_cpu_bf16(x, j->dtype, rows, j->weight, j->bias, j->n, j->k, y);
+}
+
+static void scalar_run(struct radiance_cpu_fast *f, struct scalar_job *j)
+{
+	uint32_t tasks = (j->m + f->task_rows - 1) / f->task_rows;
+	radiance_cpu_pool_run(f->pool, width_for(f, j->m, j->n, j->k), tasks, scalar_task, j);
+}
+
+/* ---- the SIMD levels ---------------------------------------------------------- */
+
+#if defined(__x86_64__)
+struct fast_job {
+	struct radiance_cpu_fast *f;
+	const uint16_t *x;
+	enum radiance_dtype dtype;
+	uint32_t m, n, k;
+	float *xf, *s;
+	uint32_t row_blocks, chunk_cols;
+	struct radiance__w4a8_tile w4a8;
+	struct radiance__bf16_tile bf16;
+};
+
+static void quant_task(void *arg, uint32_t r)
+{
+	struct fast_job *j = arg;
+	j->s[r] = radiance__quant_row_avx2(j->x + (size_t)r * j->k, j->dtype, j->k,
+					   j->xf + (size_t)r * j->f->ldx);
+}
+
+static void widen_task(void *arg, uint32_t r)
+{
+	struct fast_job *j = arg;
+	radiance__widen_row_avx2(j->x + (size_t)r * j->k, j->dtype, j->k,
+				 j->xf + (size_t)r * j->f->ldx);
+}
+
+/* Task t: column chunk t / row_blocks, row block t % row_blocks, so one
+ * thread's consecutive tasks pass over one chunk of weights. */
+static void tile_bounds(const struct fast_job *j, uint32_t t, uint32_t *r0, uint32_t *r1,
+			uint32_t *n0, uint32_t *n1)
+{
+	uint32_t rb = t % j->row_blocks, cc = t / j->row_blocks;
+	*r0 = rb * TASK_ROWS;
+	*r1 = *r0 + TASK_ROWS < j->m ? *r0 + TASK_ROWS : j->m;
+	*n0 = cc * j->chunk_cols;
+	*n1 = *n0 + j->chunk_cols < j->n ? *n0 + j->chunk_cols : j->n;
+}
+
+static void w4a8_task(void *arg, uint32_t t)
+{
+	struct fast_job *j = arg;
+	struct radiance__w4a8_tile tile = j->w4a8;
+	tile_bounds(j, t, &tile.r0, &tile.r1, &tile.n0, &tile.n1);
+	radiance__w4a8_tile_avx2(&tile);
+}
+
+static void bf16_task(void *arg, uint32_t t)
+{
+	struct fast_job *j = arg;
+	struct radiance__bf16_tile tile = j->bf16;
+	tile_bounds(j, t, &tile.r0, &tile.r1, &tile.n0, &tile.n1);
+	radiance__bf16_tile_avx2(&tile);
+}
+
+/* Splits N (and M, by row blocks of 8): for decode, about eight column
+ * chunks per thread (a thread that loses its core to another process takes
+ * fewer); with several row blocks, chunks of about CHUNK_BYTES of weights. */
+static uint32_t plan(struct fast_job *j, unsigned width, size_t weight_row_bytes)
+{
+	j->row_blocks = (j->m + TASK_ROWS - 1) / TASK_ROWS;
+	uint32_t cols;
+	if (j->row_blocks == 1)
+		cols = (j->n + width * 8 - 1) / (width * 8);
+	else
+		cols = (uint32_t)(CHUNK_BYTES / (weight_row_bytes ? weight_row_bytes : 1));
+	cols = (cols + 7) & ~7u;
+	if (cols < 8)
+		cols = 8;
+	if (j->m > 1 && cols > RADIANCE__TILE_MAX_COLS)
+		cols = RADIANCE__TILE_MAX_COLS;
+	if (cols > j->n)
+		cols = j->n;
+	j->chunk_cols = cols;
+	return j->row_blocks * ((j->n + cols - 1) / cols);
+}
+
+static void prepare_rows(struct fast_job *j, unsigned width, radiance_cpu_task_fn fn)
+{
+	/* the per-token quant is a pass over m x k: parallel once it is large */
+	unsigned w = (uint64_t)j->m * j->k >= 65536 && j->m >= 2 ? width : 1;
+	radiance_cpu_pool_run(j->f->pool, w, j->m, fn, j);
+}
+#endif
+
+int radiance_cpu_fast_w4a8(struct radiance_cpu_fast *f, const uint16_t *x, enum radiance_dtype dtype,
+			   uint32_t m, const uint32_t *qweight, const uint16_t *scales,
+			   const float *bias, uint32_t n, uint32_t k, uint16_t *y)
+{
+	if (m > f->max_rows || k > f->max_k)
+		return -E2BIG;
+	if (k % RADIANCE_GROUP_SIZE)
+		return -EINVAL;
+	if (m == 0 || n == 0)
+		return 0;
+#if defined(__x86_64__)
+	if (f->simd == RADIANCE_CPU_SIMD_AVX2) {
+		unsigned width = width_for(f, m, n, k);
+		struct fast_job j = {
+			.f = f, .x = x, .dtype = dtype, .m = m, .n = n, .k = k,
+			.xf = f->scratch,
+			.s = (float *)((uint8_t *)f->scratch +
+				       align64((size_t)f->max_rows * f->ldx * sizeof(float))),
+		};
+		j.w4a8 = (struct radiance__w4a8_tile){
+			.xf = j.xf, .s = j.s, .ldx = f->ldx, .k = k, .n = n,
+			.qweight = qweight, .scales = scales, .bias = bias, .y = y,
+		};
+		prepare_rows(&j, width, quant_task);
+		uint32_t tasks = plan(&j, width, (size_t)k / 2);
+		radiance_cpu_pool_run(f->pool, width, tasks, w4a8_task, &j);
+		return 0;
+	}
+#endif
+	struct scalar_job j = { .f = f, .x = x, .dtype = dtype, .m = m, .n = n, .k = k,
+				.qweight = qweight, .scales = scales, .bias = bias, .y = y };
+	scalar_run(f, &j);
+	return 0;
+}
+
+int radiance_cpu_fast_bf16(struct radiance_cpu_fast *f, const uint16_t *x, enum radiance_dtype dtype,
+			   uint32_t m, const uint16_t *weight, const float *bias, uint32_t n,
+			   uint32_t k, uint16_t *y)
+{
+	if (m > f->max_rows || k > f->max_k)
+		return -E2BIG;
+	if (m == 0 || n == 0)
+		return 0;
+#if defined(__x86_64__)
+	if (f->simd == RADIANCE_CPU_SIMD_AVX2) {
+		unsigned width = width_for(f, m, n, k);
+		struct fast_job j = { .f = f, .x = x, .dtype = dtype, .m = m, .n = n, .k = k,
+				      .xf = f->scratch };
+		j.bf16 = (struct radiance__bf16_tile){
+			.xf = j.xf, .ldx = f->ldx, .k = k, .n = n,
+			.weight = weight, .bias = bias, .y = y,
+		};
+		prepare_rows(&j, width, widen_task);
+		uint32_t tasks = plan(&j, width, (size_t)k * 2);
+		radiance_cpu_pool_run(f->pool, width, tasks, bf16_task, &j);
+		return 0;
+	}
+#endif
+	struct scalar_job j = { .f = f, .x = x, .dtype = dtype, .m = m, .n = n, .k = k,
+				.weight = weight, .bias = bias, .y = y };
+	scalar_run(f, &j);
+	return 0;
+}

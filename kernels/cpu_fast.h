@@ -1,0 +1,76 @@
+/*
+ * The CPU backend's fast path: the numerics of kernels/numerics.h on SIMD
+ * kernels (chosen once, at create, from what the CPU has) and a compute pool.
+ * The scalar kernels of w4a8_cpu.h stay the reference it is tested against.
+ *
+ * Contract (tests/test_cpu_fast.c checks it, docs/numerics.md states it):
+ * bit-exact with the scalar reference, radiance_cpu_w4a8() and
+ * radiance_cpu_bf16(), for every SIMD level and thread count: the same fp32
+ * operations in the same order (the kernels say how).
+ *
+ * Threading: a radiance_cpu_fast is used from one thread at a time (the
+ * backend's executor thread); its pool threads are its own and are joined by
+ * radiance_cpu_fast_destroy(). Nothing is allocated per call.
+ */
+#ifndef RADIANCE_CPU_FAST_H
+#define RADIANCE_CPU_FAST_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "numerics.h"
+
+enum radiance_cpu_simd {
+	RADIANCE_CPU_SIMD_AUTO = -1,   /* the best this CPU has (RADIANCE_CPU_SIMD may lower it) */
+	RADIANCE_CPU_SIMD_SCALAR = 0,  /* the reference kernels, split by rows over threads */
+	RADIANCE_CPU_SIMD_AVX2 = 1,    /* x86-64 AVX2 + FMA + F16C */
+};
+
+struct radiance_cpu_fast_options {
+	unsigned threads;              /* threads in all, caller included; 0: all this process
+	                                  may use (radiance_cpu_usable_threads()) */
+	enum radiance_cpu_simd simd;   /* AUTO, or a level to insist on (-ENOTSUP if absent) */
+	uint32_t max_rows;             /* largest m of one call (>= 1) */
+	uint32_t max_k;                /* largest k of one call (>= 1) */
+};
+
+struct radiance_cpu_fast;
+
+/* Picks the SIMD level, starts the pool and allocates the activation scratch
+ * for max_rows x max_k. With simd AUTO the environment variable
+ * RADIANCE_CPU_SIMD=scalar|avx2 can ask for a lower level (a higher one than
+ * the CPU has is refused with a message). 0, -EINVAL (zero max_rows/max_k,
+ * unknown RADIANCE_CPU_SIMD), -ENOTSUP (the level is not on this CPU),
+ * -ENOMEM, or a pthread_create error; err names the cause. */
+int radiance_cpu_fast_create(const struct radiance_cpu_fast_options *opt,
+			     struct radiance_cpu_fast **out, char *err, size_t errlen);
+/* Bytes of activation scratch radiance_cpu_fast_create() allocates for opt
+ * (resolving AUTO, RADIANCE_CPU_SIMD and threads 0 as it does); 0 when it
+ * would refuse opt. */
+size_t radiance_cpu_fast_scratch_bytes_for(const struct radiance_cpu_fast_options *opt);
+
+/* Joins the pool threads and frees everything. NULL is a no-op. */
+void radiance_cpu_fast_destroy(struct radiance_cpu_fast *f);
+
+enum radiance_cpu_simd radiance_cpu_fast_simd(const struct radiance_cpu_fast *f);
+const char *radiance_cpu_simd_name(enum radiance_cpu_simd simd);   /* "scalar", "avx2+fma" */
+unsigned radiance_cpu_fast_threads(const struct radiance_cpu_fast *f);
+/* What set the thread count: "cpu_threads" (asked for), or the auto source
+ * ("sched_getaffinity", "cgroup cpu.max"). Static string. */
+const char *radiance_cpu_fast_threads_source(const struct radiance_cpu_fast *f);
+size_t radiance_cpu_fast_scratch_bytes(const struct radiance_cpu_fast *f);
+
+/* W4A8 linear, as radiance_cpu_w4a8(): x [m][k] bf16/fp16 bits, qweight
+ * uint32 [n][k/8], scales fp16 [n][k/128], bias fp32 [n] or NULL, y bf16
+ * [m][n]. k a multiple of 128. 0, or -E2BIG when m > max_rows or k > max_k,
+ * -EINVAL for k not a multiple of 128 (nothing written then). */
+int radiance_cpu_fast_w4a8(struct radiance_cpu_fast *f, const uint16_t *x, enum radiance_dtype dtype,
+			   uint32_t m, const uint32_t *qweight, const uint16_t *scales,
+			   const float *bias, uint32_t n, uint32_t k, uint16_t *y);
+
+/* bf16 linear, as radiance_cpu_bf16(): weight bf16 [n][k], any k. 0 or -E2BIG. */
+int radiance_cpu_fast_bf16(struct radiance_cpu_fast *f, const uint16_t *x, enum radiance_dtype dtype,
+			   uint32_t m, const uint16_t *weight, const float *bias, uint32_t n,
+			   uint32_t k, uint16_t *y);
+
+#endif

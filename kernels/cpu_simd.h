@@ -1,0 +1,52 @@
+/*
+ * Private to kernels/cpu_fast.c: the SIMD kernels behind the CPU fast path.
+ * Each set lives in its own file, compiled with that instruction set enabled
+ * (the Makefile's per-file flags), and is only called after cpu_fast.c has
+ * checked at run time that the CPU has it.
+ */
+#ifndef RADIANCE_CPU_SIMD_H
+#define RADIANCE_CPU_SIMD_H
+
+#include <stdint.h>
+
+#include "numerics.h"
+
+/* Most columns of one W4A8 tile with more than one row (its K-blocked
+ * running sums live on the stack: 32 bytes a column). */
+#define RADIANCE__TILE_MAX_COLS 1024
+
+/* One tile of a W4A8 GEMM: rows [r0, r1) (at most 8) by columns [n0, n1).
+ * xf: e4m3 activations * 2^-28 fp32 [m][ldx]; s: per-token scales [m]. */
+struct radiance__w4a8_tile {
+	const float *xf;
+	const float *s;
+	uint32_t ldx, k, n;
+	uint32_t r0, r1, n0, n1;
+	const uint32_t *qweight;   /* [n][k/8] */
+	const uint16_t *scales;    /* fp16 [n][k/128] */
+	const float *bias;         /* [n] or NULL */
+	uint16_t *y;               /* bf16 [m][n] */
+};
+
+/* One tile of a bf16 linear, the same shape; xf is x widened to fp32. */
+struct radiance__bf16_tile {
+	const float *xf;
+	uint32_t ldx, k, n;
+	uint32_t r0, r1, n0, n1;
+	const uint16_t *weight;    /* bf16 [n][k] */
+	const float *bias;
+	uint16_t *y;
+};
+
+#if defined(__x86_64__)
+/* Per-token quant of one row of k (multiple of 8) elements, as
+ * radiance_quant_row_e4m3(), writing the e4m3 values (not the codes) times
+ * 2^-28 (exact) as fp32 to xf, the scaling radiance__w4a8_tile_avx2 expects. Returns s_m (NaN for a row holding Inf/NaN, xf all NaN then). */
+float radiance__quant_row_avx2(const uint16_t *x, enum radiance_dtype dtype, uint32_t k, float *xf);
+/* x row widened to fp32 (exact), any k. */
+void radiance__widen_row_avx2(const uint16_t *x, enum radiance_dtype dtype, uint32_t k, float *xf);
+void radiance__w4a8_tile_avx2(const struct radiance__w4a8_tile *t);
+void radiance__bf16_tile_avx2(const struct radiance__bf16_tile *t);
+#endif
+
+#endif

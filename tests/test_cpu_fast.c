@@ -1,0 +1,417 @@
+/*
+ * The CPU fast path (kernels/cpu_fast.h) against the scalar reference
+ * (kernels/w4a8_cpu.h), which tests/test_numerics.c and test_numerics_ref
+ * check against the definition and an independent numpy/ml_dtypes one:
+ *   - W4A8: bit-exact with radiance_cpu_w4a8() on every SIMD level this CPU
+ *     has, thread counts 1..4, odd N, K multiples of 128, M = 1..65, bf16
+ *     and fp16 x, rows of NaN, +-Inf, zeros, -0 and subnormal-scale values,
+ *     subnormal fp16 scales, with and without bias;
+ *   - bf16 linears: bit-exact with radiance_cpu_bf16() too (odd N and K,
+ *     K from 1, NaN/Inf/zero rows), and the reference's outputs within the
+ *     fp32 summation bound of a double reference (so the data is sane);
+ *   - the pool: every task of a job runs exactly once, at every width;
+ *   - the usable-thread count follows sched_setaffinity;
+ *   - errors: M over max_rows, K not a multiple of 128, a bad
+ *     RADIANCE_CPU_SIMD.
+ */
+#include <errno.h>
+#include <math.h>
+#include <sched.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "cpu_fast.h"
+#include "cpu_pool.h"
+#include "numerics.h"
+#include "w4a8_cpu.h"
+
+#define MAX_M 65
+#define MAX_K 1152
+#define MAX_N 300
+
+static uint64_t rng_state = 0x2545F4914F6CDD1Dull;
+
+static uint32_t rnd(void)
+{
+	rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+	return (uint32_t)(rng_state >> 33);
+}
+
+static double rnd_unit(void)   /* (-1, 1) */
+{
+	return ((double)rnd() / 2147483648.0) - 1.0;
+}
+
+static uint16_t to_x(float v, enum radiance_dtype dt)
+{
+	if (dt == RADIANCE_DTYPE_BF16)
+		return radiance_bf16_from_f32(v);
+	/* fp16 by way of a value already exactly representable: round to 11
+	 * bits in the normal range, keep the range of fp16 */
+	float a = fabsf(v);
+	if (a > 60000.0f)
+		a = 60000.0f;
+	int e;
+	float m = frexpf(a, &e);
+	m = nearbyintf(m * 2048.0f) / 2048.0f;
+	a = ldexpf(m, e);
+	uint16_t h;
+	if (a < 0x1p-14f) {   /* subnormal fp16: multiple of 2^-24 */
+		h = (uint16_t)nearbyintf(a * 0x1p24f);
+	} else {
+		int ee;
+		float mm = frexpf(a, &ee);   /* a = mm * 2^ee, mm in [0.5, 1) */
+		uint32_t man = (uint32_t)nearbyintf((mm * 2.0f - 1.0f) * 1024.0f);
+		uint32_t exp = (uint32_t)(ee - 1 + 15);
+		if (man == 1024) {
+			man = 0;
+			exp++;
+		}
+		h = (uint16_t)((exp << 10) | man);
+	}
+	return (uint16_t)(h | (v < 0 ? 0x8000u : 0));
+}
+
+/* Row r of x: random values over a range that changes with the row, with
+ * special rows: all zero, a NaN, +Inf, -Inf, -0 and tiny values. */
+static void fill_x(uint16_t *x, uint32_t m, uint32_t k, enum radiance_dtype dt)
+{
+	const uint16_t inf = dt == RADIANCE_DTYPE_BF16 ? 0x7F80 : 0x7C00;
+	const uint16_t nan = dt == RADIANCE_DTYPE_BF16 ? 0x7FC1 : 0x7E01;
+	for (uint32_t r = 0; r < m; r++) {
+		uint16_t *row = x + (size_t)r * k;
+		float range = ldexpf(1.0f, (int)(r % 13) * 3 - 18);
+		for (uint32_t i = 0; i < k; i++) {
+			float v = (float)rnd_unit() * range;
+			if (rnd() % 16 == 0)   /* a wide spread inside the row: subnormal e4m3 */
+				v *= 1e-4f;
+			row[i] = to_x(v, dt);
+		}
+		switch (r % 11) {
+		case 3:
+			memset(row, 0, k * sizeof *row);
+			break;
+		case 5:
+			row[rnd() % k] = nan;
+			break;
+		case 7:
+			row[rnd() % k] = inf;
+			break;
+		case 8:
+			row[rnd() % k] = (uint16_t)(inf | 0x8000);
+			break;
+		case 9:
+			for (uint32_t i = 0; i < k; i++)
+				row[i] = (i % 2) ? 0x8000 : row[i];
+			break;
+		}
+	}
+}
+
+static void fill_w4a8(uint32_t *qw, uint16_t *sc, float *bias, uint32_t n, uint32_t k)
+{
+	for (size_t i = 0; i < (size_t)n * k / 8; i++)
+		qw[i] = rnd();
+	for (size_t i = 0; i < (size_t)n * k / 128; i++) {
+		/* fp16 scales: mostly around 0.01, some subnormal, some zero */
+		uint32_t sel = rnd() % 16;
+		sc[i] = sel == 0 ? 0 : sel == 1 ? (uint16_t)(1 + rnd() % 1023)
+						: (uint16_t)(0x2000 + rnd() % 0x1000);
+	}
+	for (uint32_t j = 0; j < n; j++)
+		bias[j] = (float)rnd_unit() * 4.0f;
+}
+
+struct level {
+	enum radiance_cpu_simd simd;
+	unsigned threads;
+	struct radiance_cpu_fast *f;
+};
+
+static size_t make_levels(struct level *lv, size_t cap)
+{
+	size_t n = 0;
+	const enum radiance_cpu_simd levels[] = { RADIANCE_CPU_SIMD_SCALAR, RADIANCE_CPU_SIMD_AVX2 };
+	for (size_t s = 0; s < 2; s++)
+		for (unsigned t = 1; t <= 4 && n < cap; t++) {
+			struct radiance_cpu_fast_options o = { .threads = t, .simd = levels[s],
+							       .max_rows = MAX_M, .max_k = MAX_K };
+			char err[256];
+			struct radiance_cpu_fast *f;
+			int rc = radiance_cpu_fast_create(&o, &f, err, sizeof err);
+			if (rc == -ENOTSUP) {
+				print_message("  %s not on this CPU: %s (untested here)\n",
+					      radiance_cpu_simd_name(levels[s]), err);
+				break;
+			}
+			assert_int_equal(rc, 0);
+			assert_int_equal(radiance_cpu_fast_threads(f), t);
+			lv[n++] = (struct level){ levels[s], t, f };
+		}
+	return n;
+}
+
+static void free_levels(struct level *lv, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		radiance_cpu_fast_destroy(lv[i].f);
+}
+
+static void check_w4a8_shape(struct level *lv, size_t nlv, uint32_t m, uint32_t n, uint32_t k,
+			     enum radiance_dtype dt, bool with_bias)
+{
+	static uint16_t x[MAX_M * MAX_K], yref[MAX_M * MAX_N], y[MAX_M * MAX_N + 1];
+	static uint32_t qw[MAX_N * MAX_K / 8];
+	static uint16_t sc[MAX_N * MAX_K / 128];
+	static float bias[MAX_N];
+	static uint8_t scratch[MAX_M * MAX_K * 6 + 4096] __attribute__((aligned(64)));
+	assert_true(radiance_cpu_w4a8_scratch_bytes(m, k) <= sizeof scratch);
+	fill_x(x, m, k, dt);
+	fill_w4a8(qw, sc, bias, n, k);
+	radiance_cpu_w4a8(x, dt, m, qw, sc, with_bias ? bias : NULL, n, k, yref, scratch);
+	for (size_t i = 0; i < nlv; i++) {
+		memset(y, 0xA5, sizeof y);
+		assert_int_equal(radiance_cpu_fast_w4a8(lv[i].f, x, dt, m, qw, sc,
+							with_bias ? bias : NULL, n, k, y), 0);
+		for (size_t e = 0; e < (size_t)m * n; e++) {
+			if (y[e] != yref[e]) {
+				fail_msg("%s threads %u: m=%u n=%u k=%u %s bias %d: y[%zu][%zu] = %#06x, "
+					 "reference %#06x", radiance_cpu_simd_name(lv[i].simd),
+					 lv[i].threads, m, n, k, dt == RADIANCE_DTYPE_BF16 ? "bf16" : "fp16",
+					 with_bias, e / n, e % n, y[e], yref[e]);
+			}
+		}
+		/* nothing written past the m x n outputs */
+		if (y[(size_t)m * n] != 0xA5A5)
+			fail_msg("%s threads %u: m=%u n=%u k=%u wrote past the outputs",
+				 radiance_cpu_simd_name(lv[i].simd), lv[i].threads, m, n, k);
+	}
+}
+
+static void test_w4a8_bit_exact(void **state)
+{
+	(void)state;
+	struct level lv[8];
+	size_t nlv = make_levels(lv, 8);
+	/* every M 1..65 on two shapes (odd N below and above the 8-column step) */
+	for (uint32_t m = 1; m <= MAX_M; m++) {
+		check_w4a8_shape(lv, nlv, m, 13, 256, m % 2 ? RADIANCE_DTYPE_BF16 : RADIANCE_DTYPE_FP16,
+				 m % 3 != 0);
+		check_w4a8_shape(lv, nlv, m, 67, 128, m % 2 ? RADIANCE_DTYPE_FP16 : RADIANCE_DTYPE_BF16,
+				 m % 4 != 0);
+	}
+	/* more N and K at a few M */
+	const uint32_t shapes[][2] = { { 1, 128 }, { 7, 384 }, { 8, 128 }, { 9, 1024 }, { 31, 640 },
+				       { 64, 512 }, { 129, 1152 }, { 257, 256 }, { 300, 128 } };
+	const uint32_t ms[] = { 1, 2, 3, 4, 5, 8, 9, 16, 17, 33, 64, 65 };
+	for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+		for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++)
+			check_w4a8_shape(lv, nlv, ms[i], shapes[s][0], shapes[s][1],
+					 (s + i) % 2 ? RADIANCE_DTYPE_BF16 : RADIANCE_DTYPE_FP16,
+					 (s + i) % 3 != 1);
+	free_levels(lv, nlv);
+}
+
+/* The fp32 sum of K products and the bias is within gamma = (K + 1) * 2^-24
+ * (to first order) times the sum of magnitudes of the exact sum, in any
+ * order; bf16 rounding adds 2^-8 relative. */
+static bool within_bf16_bound(uint16_t y, double exact, double mag, uint32_t k)
+{
+	double gamma = (double)(k + 1) * 0x1p-24 * 1.01;
+	double err = gamma * mag;
+	double v = radiance_bf16_to_f32(y);
+	return fabs(v - exact) <= 0x1p-8 * (fabs(exact) + err) + err + 1e-37;
+}
+
+static void check_bf16_shape(struct level *lv, size_t nlv, uint32_t m, uint32_t n, uint32_t k,
+			     enum radiance_dtype dt, bool integers)
+{
+	static uint16_t x[MAX_M * MAX_K], w[MAX_N * MAX_K], yref[MAX_M * MAX_N], y[MAX_M * MAX_N];
+	static float bias[MAX_N];
+	if (integers) {
+		/* every product and partial sum an integer below 2^24: exact in any order */
+		for (size_t i = 0; i < (size_t)m * k; i++)
+			x[i] = to_x((float)((int)(rnd() % 9) - 4), dt);
+		for (size_t i = 0; i < (size_t)n * k; i++)
+			w[i] = radiance_bf16_from_f32((float)((int)(rnd() % 9) - 4));
+		for (uint32_t j = 0; j < n; j++)
+			bias[j] = (float)((int)(rnd() % 64) - 32);
+	} else {
+		fill_x(x, m, k, dt);
+		for (size_t i = 0; i < (size_t)n * k; i++)
+			w[i] = radiance_bf16_from_f32((float)rnd_unit() * 0.1f);
+		for (uint32_t j = 0; j < n; j++)
+			bias[j] = (float)rnd_unit();
+	}
+	radiance_cpu_bf16(x, dt, m, w, bias, n, k, yref);
+	for (size_t i = 0; i < nlv; i++) {
+		assert_int_equal(radiance_cpu_fast_bf16(lv[i].f, x, dt, m, w, bias, n, k, y), 0);
+		for (uint32_t r = 0; r < m; r++)
+			for (uint32_t j = 0; j < n; j++) {
+				size_t e = (size_t)r * n + j;
+				double exact = bias[j], mag = fabs(bias[j]);
+				bool finite = true;
+				for (uint32_t t = 0; t < k; t++) {
+					float xv = dt == RADIANCE_DTYPE_BF16
+							   ? radiance_bf16_to_f32(x[(size_t)r * k + t])
+							   : radiance_f16_to_f32(x[(size_t)r * k + t]);
+					double p = (double)xv * radiance_bf16_to_f32(w[(size_t)j * k + t]);
+					finite = finite && isfinite(xv);
+					exact += p;
+					mag += fabs(p);
+				}
+				/* the reference's own bound: a test of the bound and the data */
+				if (finite)
+					assert_true(within_bf16_bound(yref[e], exact, mag, k));
+				if (y[e] != yref[e])
+					fail_msg("%s threads %u: m=%u n=%u k=%u %s y[%u][%u] = %#06x, "
+						 "reference %#06x (exact %.9g)",
+						 radiance_cpu_simd_name(lv[i].simd), lv[i].threads, m, n, k,
+						 integers ? "integers" : "random", r, j, y[e], yref[e], exact);
+			}
+	}
+}
+
+static void test_bf16_bit_exact(void **state)
+{
+	(void)state;
+	struct level lv[8];
+	size_t nlv = make_levels(lv, 8);
+	const uint32_t shapes[][2] = { { 1, 1 }, { 5, 7 }, { 9, 8 }, { 17, 100 }, { 33, 387 },
+				       { 64, 384 }, { 129, 1152 }, { 300, 31 } };
+	const uint32_t ms[] = { 1, 2, 3, 5, 8, 9, 16, 33, 65 };
+	for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+		for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++)
+			for (int integers = 0; integers < 2; integers++)
+				check_bf16_shape(lv, nlv, ms[i], shapes[s][0], shapes[s][1],
+						 (s + i) % 2 ? RADIANCE_DTYPE_BF16 : RADIANCE_DTYPE_FP16,
+						 integers);
+	free_levels(lv, nlv);
+}
+
+struct count_job {
+	atomic_uint *hits;
+};
+
+static void count_task(void *arg, uint32_t t)
+{
+	struct count_job *j = arg;
+	atomic_fetch_add(&j->hits[t], 1);
+}
+
+static void test_pool_runs_each_task_once(void **state)
+{
+	(void)state;
+	enum { MAX_TASKS = 700 };
+	static atomic_uint hits[MAX_TASKS];
+	for (unsigned threads = 1; threads <= 4; threads++) {
+		struct radiance_cpu_pool *p;
+		assert_int_equal(radiance_cpu_pool_create(threads, &p), 0);
+		assert_int_equal(radiance_cpu_pool_threads(p), threads);
+		for (uint32_t count = 0; count < MAX_TASKS; count += 1 + count / 3)
+			for (unsigned width = 0; width <= threads + 1; width++) {
+				for (uint32_t t = 0; t < MAX_TASKS; t++)
+					atomic_store(&hits[t], 0);
+				struct count_job j = { hits };
+				radiance_cpu_pool_run(p, width, count, count_task, &j);
+				for (uint32_t t = 0; t < MAX_TASKS; t++)
+					if (atomic_load(&hits[t]) != (t < count ? 1u : 0u))
+						fail_msg("threads %u width %u count %u: task %u ran %u times",
+							 threads, width, count, t, atomic_load(&hits[t]));
+			}
+		radiance_cpu_pool_destroy(p);
+	}
+	assert_int_equal(radiance_cpu_pool_create(0, &(struct radiance_cpu_pool *){ NULL }), -EINVAL);
+}
+
+static void test_usable_threads_follow_affinity(void **state)
+{
+	(void)state;
+	cpu_set_t set;
+	assert_int_equal(sched_getaffinity(0, sizeof set, &set), 0);
+	unsigned n = radiance_cpu_usable_threads(NULL);
+	assert_true(n >= 1 && n <= (unsigned)CPU_COUNT(&set));
+	/* in a child pinned to one CPU the count is 1, said to come from affinity */
+	pid_t pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		cpu_set_t one;
+		CPU_ZERO(&one);
+		for (int c = 0; c < CPU_SETSIZE; c++)
+			if (CPU_ISSET(c, &set)) {
+				CPU_SET(c, &one);
+				break;
+			}
+		const char *why = NULL;
+		if (sched_setaffinity(0, sizeof one, &one) != 0)
+			_exit(2);
+		_exit(radiance_cpu_usable_threads(&why) == 1 && why &&
+		      strcmp(why, "sched_getaffinity") == 0 ? 0 : 1);
+	}
+	int status;
+	assert_int_equal(waitpid(pid, &status, 0), pid);
+	assert_true(WIFEXITED(status));
+	assert_int_equal(WEXITSTATUS(status), 0);
+}
+
+static void test_errors(void **state)
+{
+	(void)state;
+	char err[256] = "";
+	struct radiance_cpu_fast *f = NULL;
+	struct radiance_cpu_fast_options o = { .threads = 2, .simd = RADIANCE_CPU_SIMD_AUTO,
+					       .max_rows = 4, .max_k = 256 };
+	static uint16_t x[8 * 512], y[8 * 8];
+	static uint32_t qw[8 * 512 / 8];
+	static uint16_t sc[8 * 4];
+	assert_int_equal(radiance_cpu_fast_create(&o, &f, err, sizeof err), 0);
+	/* what create allocated is what the sizing function says (the daemon's
+	 * out-of-memory message and test_hardening rely on it) */
+	assert_int_equal(radiance_cpu_fast_scratch_bytes_for(&o), radiance_cpu_fast_scratch_bytes(f));
+	assert_true(radiance_cpu_fast_scratch_bytes(f) >= 4 * 256 * 4);
+	assert_int_equal(radiance_cpu_fast_w4a8(f, x, RADIANCE_DTYPE_BF16, 5, qw, sc, NULL, 8, 256, y),
+			 -E2BIG);
+	assert_int_equal(radiance_cpu_fast_w4a8(f, x, RADIANCE_DTYPE_BF16, 4, qw, sc, NULL, 8, 512, y),
+			 -E2BIG);
+	assert_int_equal(radiance_cpu_fast_w4a8(f, x, RADIANCE_DTYPE_BF16, 4, qw, sc, NULL, 8, 200, y),
+			 -EINVAL);
+	assert_int_equal(radiance_cpu_fast_bf16(f, x, RADIANCE_DTYPE_BF16, 5, x, NULL, 8, 8, y), -E2BIG);
+	radiance_cpu_fast_destroy(f);
+
+	setenv("RADIANCE_CPU_SIMD", "sse9", 1);
+	assert_int_equal(radiance_cpu_fast_create(&o, &f, err, sizeof err), -EINVAL);
+	assert_non_null(strstr(err, "sse9"));
+	assert_int_equal(radiance_cpu_fast_scratch_bytes_for(&o), 0);
+	setenv("RADIANCE_CPU_SIMD", "scalar", 1);
+	assert_int_equal(radiance_cpu_fast_create(&o, &f, err, sizeof err), 0);
+	assert_int_equal(radiance_cpu_fast_simd(f), RADIANCE_CPU_SIMD_SCALAR);
+	assert_int_equal(radiance_cpu_fast_scratch_bytes_for(&o), radiance_cpu_fast_scratch_bytes(f));
+	radiance_cpu_fast_destroy(f);
+	unsetenv("RADIANCE_CPU_SIMD");
+
+	o.max_rows = 0;
+	assert_int_equal(radiance_cpu_fast_create(&o, &f, err, sizeof err), -EINVAL);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_w4a8_bit_exact),
+		cmocka_unit_test(test_bf16_bit_exact),
+		cmocka_unit_test(test_pool_runs_each_task_once),
+		cmocka_unit_test(test_usable_threads_follow_affinity),
+		cmocka_unit_test(test_errors),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
