@@ -1,0 +1,147 @@
+"""Fixtures of the Python tests: a real radianced per test module (or per
+test, where the test stops it), clients, the shipped checkpoint.
+
+Environment (tests/run.sh sets them): RADIANCE_BUILD (default build),
+RADIANCED (default $RADIANCE_BUILD/radianced), RADIANCE_TEST_DATA (default
+tests/data), RADIANCE_TEST_BACKEND (default cpu), RADIANCE_LIBRARY (default
+$RADIANCE_BUILD/libradiance.so.0). The package under test is the working
+tree's python/, not an installed copy.
+"""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _repo_path(p):
+    p = Path(p)
+    return p if p.is_absolute() else REPO / p
+
+
+BUILD = _repo_path(os.environ.get("RADIANCE_BUILD", "build"))
+RADIANCED = _repo_path(os.environ.get("RADIANCED", BUILD / "radianced"))
+DATA = _repo_path(os.environ.get("RADIANCE_TEST_DATA", "tests/data"))
+CKPT = DATA / "minilm-w4g128"
+BACKEND = os.environ.get("RADIANCE_TEST_BACKEND", "cpu")
+os.environ["RADIANCE_LIBRARY"] = str(_repo_path(os.environ.get("RADIANCE_LIBRARY",
+                                                               BUILD / "libradiance.so.0")))
+for p in (REPO / "tests", REPO / "examples" / "engine", REPO / "python"):
+    if str(p) not in sys.path:
+        sys.path.insert(0, str(p))
+
+
+class Daemon:
+    """One radianced on a private socket. start() waits until it accepts
+    connections; stop() sends SIGTERM and returns the exit status."""
+
+    def __init__(self, directory, *args):
+        self.dir = Path(directory)
+        self.socket = str(self.dir / "radiance.sock")
+        self.args = list(args)
+        self.proc = None
+        self.log_path = self.dir / "radianced.log"
+
+    def start(self, timeout=20.0):
+        assert self.proc is None or self.proc.poll() is not None
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [str(RADIANCED), "--no-config", "--backend", BACKEND, "--socket", self.socket,
+             "--log-level", "info", *self.args], stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"radianced exited {self.proc.returncode}:\n{self.log()}")
+            try:
+                with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                    s.connect(self.socket)
+                return self
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"radianced did not listen on {self.socket}:\n{self.log()}")
+                time.sleep(0.02)
+
+    @property
+    def pid(self):
+        return self.proc.pid
+
+    def send(self, sig):
+        self.proc.send_signal(sig)
+
+    def stop(self, sig=signal.SIGTERM, timeout=20.0):
+        if self.proc is None or self.proc.poll() is not None:
+            return None if self.proc is None else self.proc.returncode
+        if sig != signal.SIGKILL:
+            self.proc.send_signal(signal.SIGCONT)
+        self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise
+
+    def log(self):
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+
+def _daemon(tmp):
+    if not RADIANCED.exists():
+        pytest.fail(f"{RADIANCED} is missing: run make first")
+    return Daemon(tmp).start()
+
+
+@pytest.fixture(scope="module")
+def daemon():
+    """A daemon shared by the tests of one module."""
+    with tempfile.TemporaryDirectory(prefix="radiance-py-") as tmp:
+        d = _daemon(tmp)
+        try:
+            yield d
+        finally:
+            rc = d.stop()
+            if rc != 0:
+                print(d.log())
+            assert rc == 0, f"radianced exited {rc}"
+
+
+@pytest.fixture
+def own_daemon():
+    """A daemon of this test alone (it may stop, restart or pause it)."""
+    with tempfile.TemporaryDirectory(prefix="radiance-py-") as tmp:
+        d = _daemon(tmp)
+        try:
+            yield d
+        finally:
+            d.stop(signal.SIGKILL)
+
+
+@pytest.fixture
+def client(daemon):
+    import radiance
+
+    with radiance.Client(daemon.socket, timeout=60) as c:
+        yield c
+
+
+@pytest.fixture
+def model(client):
+    return client.load(CKPT)
+
+
+@pytest.fixture(scope="session")
+def ckpt_tensors():
+    import minilm
+
+    return minilm.CheckpointTensors(str(CKPT))
