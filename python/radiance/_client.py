@@ -892,7 +892,12 @@ class Request:
                                             f"complete after {timeout} s")
                     ms = max(1, min(ms, int(left * 1000)))
                 if s.dead is None:
-                    c._wait_one(s, ms)
+                    try:
+                        c._wait_one(s, ms)
+                    except RadianceError:
+                        if s.dead is None:
+                            raise
+                        # the session ended: its requests carry the reason
             # the lock is free here for other threads
 
     def _finish(self) -> Array:
