@@ -399,6 +399,9 @@ def record_sentences(out_dir):
     groups = [g for g, _ in EMBED_SENTENCES]
     pairs = [[i, i + 1] for i in range(0, len(groups) - 1)
              if groups[i] == "para" and groups[i + 1] == "para" and i % 2 == 0]
+    # as many unrelated pairs: the first sentence of one paraphrase pair with
+    # the second of the next
+    unrelated = [[pairs[i][0], pairs[(i + 1) % len(pairs)][1]] for i in range(len(pairs))]
     meta = {
         "description": "fp32 reference sentence embeddings of all-MiniLM-L6-v2 "
                        "(tools/make_checkpoint.py --sentences, docs/checkpoint.md)",
@@ -416,6 +419,7 @@ def record_sentences(out_dir):
         "dim": int(emb.shape[1]),
         "embedding_encoding": "base64 of the little-endian float32 vector, one per sentence",
         "paraphrase_pairs": pairs,
+        "unrelated_pairs": unrelated,
         "sentences": [{"group": g, "text": t, "token_ids": ids,
                        "embedding": base64.b64encode(e.astype("<f4").tobytes()).decode()}
                       for (g, t), ids, e in zip(EMBED_SENTENCES, token_ids, emb)],
@@ -424,7 +428,8 @@ def record_sentences(out_dir):
     path.write_text(json.dumps(meta, indent=1, ensure_ascii=False) + "\n")
     lens = [len(ids) for ids in token_ids]
     print(f"[make_checkpoint] wrote {path} ({path.stat().st_size} B): {len(texts)} sentences, "
-          f"{min(lens)}..{max(lens)} tokens, {len(pairs)} paraphrase pairs")
+          f"{min(lens)}..{max(lens)} tokens, {len(pairs)} paraphrase and {len(unrelated)} "
+          f"unrelated pairs")
 
 
 # --------------------------------------------------------------------------

@@ -317,11 +317,23 @@ def pair_similarities(emb: np.ndarray) -> np.ndarray:
     return sim[i, j]
 
 
-def compare(emb: np.ndarray, ref: np.ndarray) -> dict:
-    """cosine of each embedding with its reference (min, mean, argmin) and
-    the Spearman correlation of the pair-similarity ranking."""
-    cos = np.sum(emb.astype(np.float64) * ref, axis=1) / (
-        np.linalg.norm(emb, axis=1) * np.linalg.norm(ref, axis=1))
-    return {"cos": cos, "cos_min": float(cos.min()), "cos_mean": float(cos.mean()),
-            "cos_argmin": int(cos.argmin()),
-            "spearman": spearman(pair_similarities(emb), pair_similarities(ref))}
+def reference_pairs(meta: dict) -> np.ndarray:
+    """The designed pairs of the reference file: its paraphrase pairs and
+    as many unrelated ones, [n, 2] sentence indices."""
+    return np.array(meta["paraphrase_pairs"] + meta["unrelated_pairs"], np.int64)
+
+
+def compare(emb: np.ndarray, ref: np.ndarray, pairs: Optional[np.ndarray] = None) -> dict:
+    """cosine of each embedding with its reference (min, mean, argmin), the
+    Spearman correlation of the similarities of all sentence pairs with the
+    reference's ("spearman"), and with `pairs` ([n, 2] indices, e.g.
+    reference_pairs()) the same over those pairs only ("spearman_pairs")."""
+    e = emb.astype(np.float64)
+    cos = np.sum(e * ref, axis=1) / (np.linalg.norm(e, axis=1) * np.linalg.norm(ref, axis=1))
+    out = {"cos": cos, "cos_min": float(cos.min()), "cos_mean": float(cos.mean()),
+           "cos_argmin": int(cos.argmin()),
+           "spearman": spearman(pair_similarities(emb), pair_similarities(ref))}
+    if pairs is not None:
+        sim = lambda v: np.sum(v[pairs[:, 0]] * v[pairs[:, 1]], axis=1)   # noqa: E731
+        out["spearman_pairs"] = spearman(sim(e), sim(ref.astype(np.float64)))
+    return out

@@ -38,6 +38,14 @@ for p in (REPO / "tests", REPO / "examples" / "engine", REPO / "python"):
         sys.path.insert(0, str(p))
 
 
+def _die_with_parent():
+    # a test process that crashes (a segfault skips every fixture's
+    # teardown) takes its daemons with it: PR_SET_PDEATHSIG, SIGKILL
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)
+
+
 class Daemon:
     """One radianced on a private socket. start() waits until it accepts
     connections; stop() sends SIGTERM and returns the exit status."""
@@ -54,7 +62,8 @@ class Daemon:
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             [str(RADIANCED), "--no-config", "--backend", BACKEND, "--socket", self.socket,
-             "--log-level", "info", *self.args], stdout=log, stderr=subprocess.STDOUT)
+             "--log-level", "info", *self.args], stdout=log, stderr=subprocess.STDOUT,
+            preexec_fn=_die_with_parent)
         log.close()
         deadline = time.monotonic() + timeout
         while True:

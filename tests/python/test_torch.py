@@ -2,7 +2,7 @@
 the custom op under torch.compile, and the engineer's case: all-MiniLM-L6-v2
 in transformers with every linear served by the daemon. Skipped where torch
 is not installed (tests/requirements.txt leaves it out: PyPI's torch wheel
-brings some 3 GB of CUDA libraries)."""
+and its CUDA libraries take ~5 GB installed)."""
 import errno
 
 import ml_dtypes
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed in this venv (the PyPI "
-                            "wheel pulls ~3 GB of CUDA libraries; tests/requirements.txt "
+                            "wheel and its CUDA libraries take ~5 GB; tests/requirements.txt "
                             "leaves it out)")
 import radiance  # noqa: E402
 import radiance.torch as rt  # noqa: E402
