@@ -4,6 +4,7 @@ into a private directory, then imported from there alone. The header the
 cffi declarations come from must be in it as a file (it is a symlink to
 client/radiance.h in the tree)."""
 import os
+import shutil
 import subprocess
 import sys
 
@@ -14,10 +15,17 @@ from conftest import CKPT, REPO
 
 def test_pip_install_builds_a_working_package(tmp_path, daemon):
     pytest.importorskip("setuptools", reason="setuptools (tests/requirements.txt) is not installed")
+    # pip builds in the source directory (build/, *.egg-info): build a copy,
+    # laid out as in the repository so the header symlink resolves
+    src = tmp_path / "repo"
+    shutil.copytree(REPO / "python", src / "python", symlinks=True)
+    (src / "client").mkdir()
+    shutil.copy(REPO / "client" / "radiance.h", src / "client" / "radiance.h")
+    assert (src / "python" / "radiance" / "radiance.h").is_symlink()
     target = tmp_path / "site"
     p = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
                         "--no-build-isolation", "--disable-pip-version-check",
-                        "--target", str(target), str(REPO / "python")],
+                        "--target", str(target), str(src / "python")],
                        capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert p.returncode == 0, p.stdout + p.stderr
     header = target / "radiance" / "radiance.h"
