@@ -21,8 +21,12 @@ import threading
 import weakref
 from typing import Dict, Iterable, List, NamedTuple, Optional, Union
 
-import torch
-from torch import nn
+try:
+    import torch
+    from torch import nn
+except ImportError as e:
+    raise ImportError(f"radiance.torch needs PyTorch ({e}): pip install torch, or "
+                      f"pip install './python[torch]'") from e
 
 from ._client import Layer, Model
 from ._errors import RadianceError

@@ -59,6 +59,24 @@ def test_library_from_env_and_a_wrong_path(tmp_path):
     assert "libnothere.so.0" in out.stdout
 
 
+def test_library_from_the_system_loader(tmp_path):
+    import subprocess
+    import sys
+    code = ("import radiance\ntry:\n    print(radiance.library_path())\n"
+            "except radiance.RadianceError as e:\n    print(e.code, e.message)\n")
+    env = {k: v for k, v in os.environ.items() if k != "RADIANCE_LIBRARY"}
+    env["PYTHONPATH"] = str(REPO / "python")
+    env["LD_LIBRARY_PATH"] = os.path.dirname(os.environ["RADIANCE_LIBRARY"])
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == "libradiance.so.0", out.stdout + out.stderr
+    env["LD_LIBRARY_PATH"] = str(tmp_path)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    if out.stdout.strip() != "libradiance.so.0":   # (unless make install put one there)
+        assert out.stdout.startswith("ENOENT cannot find libradiance: tried $RADIANCE_LIBRARY "
+                                     "(not set);"), out.stdout
+        assert "RADIANCE_LIBRARY=build/libradiance.so.0" in out.stdout
+
+
 def test_connect_failures_name_the_socket(tmp_path):
     with pytest.raises(radiance.RadianceError) as ei:
         radiance.Client(tmp_path / "none.sock")
