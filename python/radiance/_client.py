@@ -161,8 +161,8 @@ class Client:
     by name (a model this client loaded from a directory is loaded again from
     that directory when the new daemon does not hold it). A synchronous
     linear() that finds the connection lost is retried once on the new
-    session; requests submitted asynchronously before the loss fail with a
-    RadianceError (ECONNRESET) saying so.
+    session; requests submitted asynchronously before a call noticed the
+    loss fail with a RadianceError (ECONNRESET) saying so.
     """
 
     def __init__(self, socket: Optional[Union[str, os.PathLike]] = None,

@@ -7,6 +7,7 @@ tests/data), RADIANCE_TEST_BACKEND (default cpu), RADIANCE_LIBRARY (default
 $RADIANCE_BUILD/libradiance.so.0). The package under test is the working
 tree's python/, not an installed copy.
 """
+import contextlib
 import os
 import signal
 import socket
@@ -85,6 +86,21 @@ class Daemon:
     def send(self, sig):
         self.proc.send_signal(sig)
 
+    def pause(self, timeout=10.0):
+        """SIGSTOP, and wait until every thread of the daemon is stopped:
+        from then on nothing submitted completes."""
+        self.proc.send_signal(signal.SIGSTOP)
+        deadline = time.monotonic() + timeout
+        tasks = Path(f"/proc/{self.pid}/task")
+        while True:
+            states = [(t / "stat").read_text().rsplit(")", 1)[1].split()[0]
+                      for t in tasks.iterdir()]
+            if all(s in "Tt" for s in states):
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"radianced did not stop: thread states {states}")
+            time.sleep(0.005)
+
     def stop(self, sig=signal.SIGTERM, timeout=20.0):
         if self.proc is None or self.proc.poll() is not None:
             return None if self.proc is None else self.proc.returncode
@@ -105,35 +121,35 @@ class Daemon:
             return ""
 
 
-def _daemon(tmp):
+@contextlib.contextmanager
+def _running_daemon():
     if not RADIANCED.exists():
         pytest.fail(f"{RADIANCED} is missing: run make first")
-    return Daemon(tmp).start()
+    with tempfile.TemporaryDirectory(prefix="radiance-py-") as tmp:
+        d = Daemon(tmp).start()
+        try:
+            yield d
+        finally:
+            d.stop(signal.SIGKILL)   # no-op when it was stopped already
 
 
 @pytest.fixture(scope="module")
 def daemon():
-    """A daemon shared by the tests of one module."""
-    with tempfile.TemporaryDirectory(prefix="radiance-py-") as tmp:
-        d = _daemon(tmp)
-        try:
-            yield d
-        finally:
-            rc = d.stop()
-            if rc != 0:
-                print(d.log())
-            assert rc == 0, f"radianced exited {rc}"
+    """A daemon shared by the tests of one module; it must exit 0 on SIGTERM
+    at the end."""
+    with _running_daemon() as d:
+        yield d
+        rc = d.stop()
+        if rc != 0:
+            print(d.log())
+        assert rc == 0, f"radianced exited {rc}"
 
 
 @pytest.fixture
 def own_daemon():
     """A daemon of this test alone (it may stop, restart or pause it)."""
-    with tempfile.TemporaryDirectory(prefix="radiance-py-") as tmp:
-        d = _daemon(tmp)
-        try:
-            yield d
-        finally:
-            d.stop(signal.SIGKILL)
+    with _running_daemon() as d:
+        yield d
 
 
 @pytest.fixture

@@ -304,12 +304,12 @@ def test_dropped_requests_give_their_arena_back(daemon):
 def test_arena_exhaustion_is_a_clear_error(daemon):
     with radiance.Client(daemon.socket, arena_bytes=1 << 20) as c:
         m = c.load(CKPT)
-        x = rand((300, 384), seed=3)
+        x = rand((100, 384), seed=3)
         reqs = []
         with pytest.raises(radiance.RadianceError) as ei:
             for _ in range(10):
-                reqs.append(m.submit(FFN_IN, x))     # 1.1 MB of x and y each
-        assert ei.value.errno == errno.ENOMEM
+                reqs.append(m.submit(FFN_IN, x))     # 384 KiB of x and y each
+        assert len(reqs) == 2 and ei.value.errno == errno.ENOMEM
         assert "arena" in ei.value.message and "arena_bytes" in ei.value.message
         for r in reqs:
             r.result()

@@ -223,7 +223,7 @@ def test_request_in_flight_when_the_daemon_dies(own_daemon):
     c = radiance.Client(own_daemon.socket)
     m = c.load(CKPT)
     want = bits(m.linear(Q, x))
-    own_daemon.send(signal.SIGSTOP)        # nothing completes from here
+    own_daemon.pause()                     # nothing completes from here
     pending = m.submit(Q, x)
     assert not pending.done()
     own_daemon.stop(signal.SIGKILL)
