@@ -4,7 +4,8 @@
 # "check: N passed, N failed" (counting individual test cases).
 #
 # Env: BUILD (build dir, default build), RADIANCE_TEST_DATA (default tests/data),
-#      TESTS (space-separated subset of names, e.g. "test_ring test_numerics").
+#      TESTS (space-separated subset of names, e.g. "test_ring test_numerics";
+#      test_python is the pytest suite of tests/python/).
 set -u
 BUILD=${BUILD:-build}
 export RADIANCE_TEST_DATA=${RADIANCE_TEST_DATA:-tests/data}
@@ -77,14 +78,14 @@ for t in tests/test_*.sh; do
 done
 
 # Python tests check our numerics against independent implementations
-# (ml_dtypes, numpy) from PyPI, in a venv of their own.
+# (ml_dtypes, numpy) from PyPI, and the Python package (tests/python/,
+# pytest), in a venv of their own: the pins of tests/requirements.txt,
+# (re)installed by tools/pyenv.sh when they change.
+venv=$BUILD/pyenv
+if want test_python || ls tests/test_*.py >/dev/null 2>&1; then
+	sh tools/pyenv.sh "$venv" || echo "FAIL: tools/pyenv.sh could not build $venv"
+fi
 if ls tests/test_*.py >/dev/null 2>&1; then
-	venv=$BUILD/pyenv
-	# the pins in tests/requirements.txt; reinstalled when they change
-	if [ ! -x "$venv/bin/python" ] || ! cmp -s tests/requirements.txt "$venv/requirements.txt"; then
-		python3 -m venv "$venv" && "$venv/bin/pip" install -q -r tests/requirements.txt &&
-			cp tests/requirements.txt "$venv/requirements.txt"
-	fi
 	for t in tests/test_*.py; do
 		name=$(basename "$t" .py)
 		want "$name" || continue
@@ -94,6 +95,43 @@ if ls tests/test_*.py >/dev/null 2>&1; then
 		cat "$log"
 		count "$name" $rc
 	done
+fi
+
+# tests/python/: pytest against the working tree's python/ and a daemon of
+# its own per module; its closing line ("N passed, N skipped in Ts", or
+# "N failed, N passed ...") is counted here
+# A sanitizer build's libradiance needs its runtime loaded before anything
+# else in the (uninstrumented) interpreter: preload it; CPython's own
+# allocations at exit are not leaks of ours.
+san_rt=$(ldd "$BUILD/libradiance.so.0" 2>/dev/null |
+	sed -n 's/.*=> \(\/[^ ]*lib[at]san\.so[^ ]*\) .*/\1/p' | head -n 1)
+if want test_python && [ -d tests/python ] && [ "${san_rt#*libtsan}" != "$san_rt" ]; then
+	echo "== test_python"
+	echo "test_python: skipped: not run under ThreadSanitizer (CPython is not instrumented)"
+	skipped=$((skipped + 1))
+	skipped_names="$skipped_names test_python"
+elif want test_python && [ -d tests/python ]; then
+	echo "== test_python"
+	LD_PRELOAD=$san_rt ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0} \
+		PYTHONPATH=python RADIANCE_LIBRARY=$BUILD/libradiance.so.0 \
+		"$venv/bin/python" -m pytest -q -rs -p no:cacheprovider tests/python >"$log" 2>&1
+	rc=$?
+	cat "$log"
+	line=$(grep -E '^[= ]*[0-9]+ (passed|failed|error|skipped).* in [0-9.]+s' "$log" | tail -n 1)
+	num() { echo "$line" | sed -n "s/.*[^0-9]\([0-9][0-9]*\) $1.*/\1/p"; }
+	line=" $line"
+	p=$(num passed) f=$(num failed) e=$(num error) s=$(num skipped)
+	passed=$((passed + ${p:-0}))
+	failed=$((failed + ${f:-0} + ${e:-0}))
+	if [ "$rc" != 0 ]; then
+		[ "${f:-0}" = 0 ] && [ "${e:-0}" = 0 ] && failed=$((failed + 1))
+		failed_names="$failed_names test_python"
+		echo "FAIL: test_python (exit $rc)"
+	fi
+	if [ -n "$s" ] && [ "$s" != 0 ]; then
+		skipped=$((skipped + s))
+		skipped_names="$skipped_names test_python"
+	fi
 fi
 
 [ -n "$failed_names" ] && echo "failed:$failed_names"

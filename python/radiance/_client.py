@@ -1,0 +1,967 @@
+"""Client, Model, Layer and Request: libradiance for Python programs."""
+from __future__ import annotations
+
+import errno
+import logging
+import math
+import os
+import sys
+import threading
+import time
+import weakref
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
+
+import ml_dtypes
+import numpy as np
+
+from . import _lib
+from ._errors import RadianceError
+
+log = logging.getLogger("radiance")
+
+#: numpy dtype of bf16 tensors (``ml_dtypes.bfloat16``): inputs may be bf16
+#: or float16, outputs are always bf16.
+bfloat16 = np.dtype(ml_dtypes.bfloat16)
+float16 = np.dtype(np.float16)
+
+# the C enums (radiance_elem, radiance_linear_kind)
+_BF16, _FP16 = 1, 2
+_KIND = {1: "w4a8", 2: "bf16"}
+# connection errors after which a synchronous call is worth one more try on a
+# fresh session: the daemon went away (restart); linear is a pure function,
+# nothing was delivered
+_LOST = (errno.ECONNRESET, errno.EPIPE, errno.ENOTCONN)
+# one wait holds the client's lock at most this long, so threads sharing the
+# client get their turn while a request is slow
+_WAIT_SLICE_MS = 50
+
+_LOG_LEVELS = {0: logging.CRITICAL, 1: logging.CRITICAL, 2: logging.CRITICAL, 3: logging.ERROR,
+               4: logging.WARNING, 5: logging.INFO, 6: logging.INFO, 7: logging.DEBUG}
+_LOG_WARNING, _LOG_DEBUG = 4, 7
+
+Array = Any   # numpy.ndarray or torch.Tensor (torch is optional)
+
+
+class Layer(NamedTuple):
+    """One linear layer of a resident model: ``y[rows, N] = x[rows, K] . W^T (+ bias)``.
+
+    index: what requests name it by; name: module path
+    ("encoder.layer.0.attention.self.query"); kind: "w4a8" (int4 weights,
+    fp8 e4m3 activations) or "bf16"; N: output features; K: input features;
+    bias: whether it adds a bias; bytes: resident bytes of its weights."""
+    index: int
+    name: str
+    kind: str
+    N: int
+    K: int
+    bias: bool
+    bytes: int
+
+
+class OtherTensor(NamedTuple):
+    """A checkpoint tensor outside the linear layers (norms, embeddings): the
+    daemon knows it but does not serve its data (yet)."""
+    name: str
+    dtype: str
+    shape: Tuple[int, ...]
+
+
+class ResidentModel(NamedTuple):
+    """A model the daemon holds, as Client.resident_models() lists it."""
+    model_id: int
+    name: str
+    resident_bytes: int
+    preloaded: bool
+    users: int
+
+
+def _is_torch(x: Any) -> bool:
+    t = sys.modules.get("torch")
+    return t is not None and isinstance(x, t.Tensor)
+
+
+def _cstr(ffi, p) -> str:
+    return ffi.string(p).decode("utf-8", "replace") if p != ffi.NULL else ""
+
+
+# --------------------------------------------------------------------------
+# one libradiance handle = one daemon session
+# --------------------------------------------------------------------------
+class _Slot:
+    """One C request in flight: its arena blocks and, once reaped, its
+    completion. x/y are arena pointers owned by the session."""
+    __slots__ = ("session", "rid", "x", "y", "ybytes", "done", "status", "error", "ycopy",
+                 "abandoned")
+
+    def __init__(self, session: "_Session", x, y, ybytes: int):
+        self.session = session
+        self.rid = 0
+        self.x, self.y, self.ybytes = x, y, ybytes
+        self.done = False
+        self.status = 0
+        self.error: Optional[RadianceError] = None   # set when it cannot complete
+        self.ycopy: Optional[bytes] = None            # y saved before the arena died
+        self.abandoned = False
+
+
+class _Session:
+    def __init__(self, ffi, lib, h, pid: int, log_cb):
+        self.ffi, self.lib, self.h = ffi, lib, h
+        self.pid = pid
+        self.log_cb = log_cb                   # the cffi callback lives as long as h
+        self.model_ids: Dict[str, int] = {}    # model name -> id in this session
+        self.slots: Dict[int, _Slot] = {}      # request id -> request in flight
+        self.dead: Optional[RadianceError] = None
+        si = lib.radiance_get_server_info(h)
+        self.info = {
+            "protocol_version": int(si.protocol_version),
+            "server_version": _cstr(ffi, si.server_version),
+            "backend": _cstr(ffi, si.backend),
+            "device": _cstr(ffi, si.device),
+            "session_id": int(si.session_id),
+            "max_rows": int(si.max_rows),
+        }
+
+    def message(self) -> str:
+        return _cstr(self.ffi, self.lib.radiance_error_message(self.h))
+
+
+# --------------------------------------------------------------------------
+class Client:
+    """A connection to radianced (one session), shared by the Models it opens.
+
+    Args:
+        socket: the daemon's Unix socket; None: libradiance's default
+            ($RADIANCE_SOCKET, else /run/radiance/radiance.sock for root, else
+            $XDG_RUNTIME_DIR/radiance.sock if it exists, else the system one).
+        timeout: longest wait for one control reply (connect, load progress
+            step, attach), in seconds; None: no limit (libradiance's default).
+        name: shown in the daemon's logs and ``radiancectl stats``.
+        arena_bytes, sq_entries, cq_entries, spin_us: data-plane sizes and
+            the completion spin, as ``struct radiance_options`` (0: the
+            daemon's or library's default).
+
+    Connects at once (raises RadianceError: ENOENT/ECONNREFUSED no daemon
+    there, ENOTSOCK not a socket, EBUSY the daemon's session limit, EPROTO
+    another protocol, ETIMEDOUT).
+
+    Threads: a Client may be shared by any number of threads. One lock
+    serializes the calls on the session (libradiance handles are not
+    thread-safe); the lock is released during waits for asynchronous
+    results in slices of 50 ms, and the GIL is released inside every C call.
+    For parallel requests from many threads, one Client per thread avoids the
+    lock.
+
+    Fork: a child process that uses an inherited Client gets a fresh session
+    on its first call (the parent's session is never touched; the child's copy
+    of it is freed). Requests the parent had in flight fail in the child.
+
+    Daemon restart: when the connection is lost (the daemon exited or was
+    restarted), the next call connects again and re-attaches every open model
+    by name (a model this client loaded from a directory is loaded again from
+    that directory when the new daemon does not hold it). A synchronous
+    linear() that finds the connection lost is retried once on the new
+    session; requests submitted asynchronously before a call noticed the
+    loss fail with a RadianceError (ECONNRESET) saying so.
+    """
+
+    def __init__(self, socket: Optional[Union[str, os.PathLike]] = None,
+                 timeout: Optional[float] = None, *, name: Optional[str] = None,
+                 arena_bytes: int = 0, sq_entries: int = 0, cq_entries: int = 0,
+                 spin_us: int = 0):
+        self._ffi, self._lib = _lib.load()
+        if timeout is not None:
+            if not (isinstance(timeout, (int, float)) and math.isfinite(timeout) and timeout > 0):
+                raise RadianceError(errno.EINVAL, f"timeout must be a positive number of seconds "
+                                                  f"or None, not {timeout!r}")
+            self._timeout_ms = max(1, int(round(timeout * 1000)))
+        else:
+            self._timeout_ms = 0
+        for k, v in (("arena_bytes", arena_bytes), ("sq_entries", sq_entries),
+                     ("cq_entries", cq_entries)):
+            if not isinstance(v, int) or v < 0:
+                raise RadianceError(errno.EINVAL, f"{k} must be an int >= 0, not {v!r}")
+        if not isinstance(spin_us, int) or spin_us < -1:
+            raise RadianceError(errno.EINVAL, f"spin_us must be an int >= -1, not {spin_us!r}")
+        if socket is None:
+            buf = self._ffi.new("char[]", 4096)
+            rc = self._lib.radiance_default_socket_path(buf, 4096)
+            if rc < 0:
+                raise RadianceError(-rc, "the default socket path ($RADIANCE_SOCKET) is too long")
+            self._socket = self._ffi.string(buf).decode()
+        else:
+            self._socket = os.fspath(socket)
+            if not self._socket:
+                raise RadianceError(errno.EINVAL, "socket is an empty path")
+        self._name = name if name is not None else \
+            f"python:{os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else 'python'}"
+        self._sizes = (arena_bytes, sq_entries, cq_entries, spin_us)
+        self._lock = threading.RLock()
+        self._session: Optional[_Session] = None
+        self._models: Dict[str, "Model"] = {}
+        self._closed = False
+        self._garbage: List[List[_Slot]] = []   # slots of Requests dropped unread
+        self._connect()
+        _CLIENTS.add(self)
+
+    # -- session management (caller holds the lock) -------------------------
+    def _connect(self) -> _Session:
+        ffi, lib = self._ffi, self._lib
+        last = {"warning": ""}
+
+        def on_log(user, priority, message):
+            text = _cstr(ffi, message)
+            if priority <= _LOG_WARNING:
+                last["warning"] = text
+            log.log(_LOG_LEVELS.get(priority, logging.DEBUG), "%s", text)
+
+        cb = ffi.callback("radiance_log_fn", on_log)
+        opt = ffi.new("struct radiance_options *")
+        opt.size = ffi.sizeof("struct radiance_options")
+        cname = ffi.new("char[]", self._name.encode())
+        opt.client_name = cname
+        opt.log = cb
+        opt.log_priority = _LOG_DEBUG if log.isEnabledFor(logging.DEBUG) else _LOG_WARNING
+        opt.arena_bytes, opt.sq_entries, opt.cq_entries, opt.spin_us = self._sizes
+        opt.timeout_ms = self._timeout_ms
+        h = lib.radiance_connect(self._socket.encode(), opt)
+        if h == ffi.NULL:
+            e = ffi.errno
+            msg = last["warning"] or f"cannot connect to {self._socket}: {_strerror(e)}"
+            if e in (errno.ENOENT, errno.ECONNREFUSED):
+                msg += " (is radianced running? Client(socket=...) or $RADIANCE_SOCKET names another)"
+            raise RadianceError(e or errno.EIO, msg)
+        s = _Session(ffi, lib, h, os.getpid(), cb)
+        self._session = s
+        return s
+
+    def _drop(self, s: _Session, why: RadianceError, forked: bool = False) -> None:
+        """Ends session s: every request in flight on it fails with `why`
+        (results already reaped are copied out of the arena first), then the
+        handle is freed (in a forked child: only the child's copy)."""
+        s.dead = why
+        for slot in list(s.slots.values()):
+            slot.done = True
+            slot.error = why
+        s.slots.clear()
+        if not forked:
+            for m in self._models.values():
+                for slot in m._reaped_slots(s):
+                    if slot.status == 0 and slot.ycopy is None and slot.error is None:
+                        slot.ycopy = bytes(self._ffi.buffer(slot.y, slot.ybytes))
+        self._lib.radiance_disconnect(s.h)
+        s.h = self._ffi.NULL
+        if self._session is s:
+            self._session = None
+
+    def _sess(self) -> _Session:
+        self._collect()
+        if self._closed:
+            raise RadianceError(errno.EBADF, f"{self!r} is closed")
+        s = self._session
+        if s is not None and s.pid != os.getpid():
+            self._drop(s, RadianceError(errno.ECHILD, f"submitted by process {s.pid} before it "
+                                        f"forked; it cannot complete in process {os.getpid()}"),
+                       forked=True)
+            s = None
+        if s is None:
+            s = self._connect()
+        return s
+
+    def _fail(self, s: _Session, rc: int, what: str) -> RadianceError:
+        """The RadianceError for return code rc of a call on s; a sticky
+        (connection) error ends the session so the next call reconnects."""
+        text = s.message() or _strerror(rc)
+        err = RadianceError(-rc, f"{what}: {text}")
+        sticky = self._lib.radiance_get_error(s.h)
+        if sticky:
+            self._drop(s, RadianceError(-sticky, f"the connection to the daemon was lost "
+                                        f"({text}): resubmit the request"))
+        return err
+
+    def _collect(self) -> None:
+        """Frees the arena blocks of Requests dropped without result()."""
+        while self._garbage:
+            for slot in self._garbage.pop():
+                if slot.done:
+                    self._free_slot(slot)
+                else:
+                    slot.abandoned = True
+
+    def _free_slot(self, slot: _Slot) -> None:
+        s = slot.session
+        if s.dead is None and slot.x is not None:
+            self._lib.radiance_arena_free(s.h, slot.x)
+            self._lib.radiance_arena_free(s.h, slot.y)
+        slot.x = slot.y = None
+
+    def _alloc(self, s: _Session, nbytes: int):
+        """An arena block, or NULL (ffi.errno set). When the arena is full
+        and Requests dropped unread are still in flight, their completions
+        give blocks back: wait for them first."""
+        lib, ffi = self._lib, self._ffi
+        while True:
+            p = lib.radiance_arena_alloc(s.h, nbytes)
+            if p != ffi.NULL or ffi.errno != errno.ENOMEM:
+                return p
+            if not any(sl.abandoned for sl in s.slots.values()):
+                ffi.errno = errno.ENOMEM
+                return p
+            self._wait_one(s, -1)
+
+    def _reap(self, s: _Session, c) -> None:
+        slot = s.slots.pop(int(c.request_id), None)
+        if slot is None:
+            log.warning("completion for unknown request %d ignored", int(c.request_id))
+            return
+        slot.done = True
+        slot.status = int(c.status)
+        if slot.status != 0:
+            slot.error = RadianceError(-slot.status, _cstr(self._ffi, c.error) or
+                                       _strerror(slot.status))
+        if slot.abandoned:
+            self._free_slot(slot)
+
+    def _wait_one(self, s: _Session, timeout_ms: int) -> bool:
+        """Reaps one completion of s (waiting up to timeout_ms); False on
+        timeout. Raises on a connection error (after ending the session)."""
+        c = self._ffi.new("struct radiance_completion *")
+        rc = self._lib.radiance_wait(s.h, c, timeout_ms)
+        if rc == 1:
+            self._reap(s, c)
+            return True
+        if rc == -errno.ETIMEDOUT:
+            return False
+        if rc == -errno.ENOENT:       # nothing in flight: nothing to wait for
+            return True
+        raise self._fail(s, rc, "waiting for a completion")
+
+    def _model_id(self, s: _Session, model: "Model") -> int:
+        """model's id in session s, attaching it (after a reconnect or a
+        fork) by name, or loading it again from its directory."""
+        if model._closed:
+            raise RadianceError(errno.EBADF, f"{model!r} was released")
+        mid = s.model_ids.get(model.name)
+        if mid is not None:
+            return mid
+        ffi, lib = self._ffi, self._lib
+        out = ffi.new("uint32_t *")
+        rc = lib.radiance_attach_model(s.h, model.name.encode(), out)
+        if rc == -errno.ENOENT and model.directory is not None:
+            rc = self._load_call(s, model.directory, model.name, None, out)
+        if rc < 0:
+            raise self._fail(s, rc, f"re-attaching model '{model.name}' on session "
+                                    f"{s.info['session_id']}")
+        info = lib.radiance_held_model(s.h, out[0])
+        layers = _layers(ffi, info)
+        if layers != model.layers:
+            lib.radiance_release_model(s.h, out[0])
+            raise RadianceError(errno.ESTALE, f"model '{model.name}' on session "
+                                f"{s.info['session_id']} has other layers than when it was "
+                                f"opened: another checkpoint under the same name")
+        s.model_ids[model.name] = int(out[0])
+        return int(out[0])
+
+    def _load_call(self, s, directory: str, name: Optional[str], progress, out) -> int:
+        ffi = self._ffi
+        opt = ffi.new("struct radiance_load_options *")
+        opt.size = ffi.sizeof("struct radiance_load_options")
+        keep = []
+        if name:
+            cname = ffi.new("char[]", name.encode())
+            keep.append(cname)
+            opt.name = cname
+        if progress is not None:
+            opt.progress = progress
+        return self._lib.radiance_load_model(s.h, os.fsencode(directory), opt, out)
+
+    # -- public ---------------------------------------------------------------
+    @property
+    def socket(self) -> str:
+        """The socket path this client connects to."""
+        return self._socket
+
+    @property
+    def server_info(self) -> Dict[str, Any]:
+        """The daemon's handshake: protocol_version, server_version, backend
+        ("cpu", "cuda", "hip"), device, session_id, max_rows (rows one
+        request may carry; linear() and submit() split larger inputs)."""
+        with self._lock:
+            return dict(self._sess().info)
+
+    @property
+    def session_id(self) -> int:
+        """The daemon's id of the current session (changes on reconnect)."""
+        return self.server_info["session_id"]
+
+    def load(self, directory: Union[str, os.PathLike], name: Optional[str] = None,
+             progress: Optional[Callable[[int, int], None]] = None) -> "Model":
+        """Loads the AutoRound int4 checkpoint in `directory` (or attaches
+        to the resident copy of the very same files, under the name it
+        already has) and returns its Model.
+
+        name: model name (default: the directory's basename).
+        progress: called as progress(done_bytes, total_bytes) while the
+            daemon reads; an exception it raises is re-raised once the load
+            has finished (the load itself cannot be interrupted), and the
+            model is released.
+
+        Raises RadianceError: ENOENT (directory or a file missing), EACCES,
+        EINVAL (malformed checkpoint, with the daemon's reason), EEXIST
+        (another checkpoint holds that name), ENOMEM, ETIMEDOUT."""
+        directory = os.path.abspath(os.fspath(directory))
+        ffi = self._ffi
+        raised: List[BaseException] = []
+        cb = None
+        if progress is not None:
+            if not callable(progress):
+                raise RadianceError(errno.EINVAL, f"progress must be callable, not {progress!r}")
+
+            def on_progress(user, done, total):
+                if not raised:
+                    try:
+                        progress(int(done), int(total))
+                    except BaseException as e:   # noqa: B902 - re-raised below
+                        raised.append(e)
+            cb = ffi.callback("radiance_load_progress_fn", on_progress)
+        with self._lock:
+            s = self._sess()
+            out = ffi.new("uint32_t *")
+            rc = self._load_call(s, directory, name, cb, out)
+            if rc < 0:
+                raise self._fail(s, rc, f"loading {directory}")
+            m = self._open(s, int(out[0]), directory)
+            if raised:
+                m.close()
+                raise raised[0]
+            return m
+
+    def attach(self, name: str) -> "Model":
+        """The Model of a checkpoint the daemon already holds (preloaded, or
+        loaded by another process), by name. Raises RadianceError ENOENT
+        (no such model: ``radiancectl models`` lists them), EINVAL (empty
+        name)."""
+        if not isinstance(name, str) or not name:
+            raise RadianceError(errno.EINVAL, f"model name must be a non-empty str, not {name!r}")
+        with self._lock:
+            m = self._models.get(name)
+            if m is not None:
+                return m
+            s = self._sess()
+            out = self._ffi.new("uint32_t *")
+            rc = self._lib.radiance_attach_model(s.h, name.encode(), out)
+            if rc < 0:
+                raise self._fail(s, rc, f"attaching model '{name}'")
+            return self._open(s, int(out[0]), None)
+
+    def _open(self, s: _Session, mid: int, directory: Optional[str]) -> "Model":
+        info = self._lib.radiance_held_model(s.h, mid)
+        name = _cstr(self._ffi, info.name)
+        s.model_ids[name] = mid
+        m = self._models.get(name)
+        if m is None:   # one Model per name: the session holds one reference
+            other = tuple(OtherTensor(_cstr(self._ffi, o.name), _cstr(self._ffi, o.dtype),
+                                      tuple(int(o.shape[i]) for i in range(o.ndim)))
+                          for o in (info.other[i] for i in range(info.n_other)))
+            m = Model(self, name, _layers(self._ffi, info), other, directory)
+            self._models[name] = m
+        return m
+
+    def resident_models(self) -> List[ResidentModel]:
+        """Every model the daemon holds (any session's), without taking a
+        reference."""
+        with self._lock:
+            s = self._sess()
+            pp = self._ffi.new("struct radiance_model_list **")
+            rc = self._lib.radiance_list_models(s.h, pp)
+            if rc < 0:
+                raise self._fail(s, rc, "listing models")
+            try:
+                lst = pp[0]
+                return [ResidentModel(int(m.model_id), _cstr(self._ffi, m.name),
+                                      int(m.resident_bytes), bool(m.preloaded), int(m.users))
+                        for m in (lst.models[i] for i in range(lst.count))]
+            finally:
+                self._lib.radiance_model_list_free(pp[0])
+
+    def close(self) -> None:
+        """Ends the session: the daemon drops this client's model references;
+        requests in flight fail (RadianceError EBADF); every Model of this
+        client is closed. A second close is a no-op."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            s = self._session
+            if s is not None:
+                self._drop(s, RadianceError(errno.EBADF, "the client was closed"),
+                           forked=s.pid != os.getpid())
+            for m in self._models.values():
+                m._closed = True
+            self._models.clear()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __repr__(self) -> str:
+        s = self._session
+        if self._closed:
+            state = "closed"
+        elif s is None or s.pid != os.getpid():
+            state = "not connected"
+        else:
+            state = f"session {s.info['session_id']}, backend {s.info['backend']}"
+        return f"<radiance.Client socket={self._socket!r} {state}>"
+
+
+def _strerror(rc: int) -> str:
+    ffi, lib = _lib.load()
+    return _cstr(ffi, lib.radiance_strerror(int(rc)))
+
+
+def _layers(ffi, info) -> Tuple[Layer, ...]:
+    return tuple(Layer(int(l.index), _cstr(ffi, l.name), _KIND.get(int(l.kind), str(int(l.kind))),
+                       int(l.n), int(l.k), bool(l.has_bias), int(l.bytes))
+                 for l in (info.layers[i] for i in range(info.n_layers)))
+
+
+# --------------------------------------------------------------------------
+class _Prepared(NamedTuple):
+    x: np.ndarray          # [rows, K] uint16 view, C-contiguous
+    elem: int              # _BF16 / _FP16
+    lead: Tuple[int, ...]  # leading shape of x
+    y: np.ndarray          # [rows, N] uint16 view of the output
+    result: Array          # what the call returns (ndarray or torch.Tensor)
+
+
+class Model:
+    """A model this client holds (Client.load / Client.attach).
+
+    ``layers`` is the tuple of its Layer rows, by index. Calls take a layer
+    by name or index. Usable as a context manager (releases on exit).
+    Thread-safe as its Client is."""
+
+    def __init__(self, client: Client, name: str, layers: Tuple[Layer, ...],
+                 other: Tuple[OtherTensor, ...], directory: Optional[str]):
+        self._client = client
+        self.name = name
+        self.layers = layers
+        self.other_tensors = other
+        self.directory = directory
+        self._by_name = {l.name: l for l in layers}
+        self._closed = False
+        self._requests: "weakref.WeakSet[Request]" = weakref.WeakSet()
+
+    @property
+    def client(self) -> Client:
+        return self._client
+
+    def layer(self, layer: Union[int, str, Layer]) -> Layer:
+        """The Layer called `layer` (a name), at index `layer` (an int), or
+        `layer` itself if it is one of this model's. RadianceError ENOENT
+        (no such name), ERANGE (index out of range)."""
+        if isinstance(layer, Layer):
+            if layer.index < len(self.layers) and self.layers[layer.index] == layer:
+                return layer
+            raise RadianceError(errno.ENOENT, f"{layer!r} is not a layer of model '{self.name}'")
+        if isinstance(layer, str):
+            l = self._by_name.get(layer)
+            if l is None:
+                raise RadianceError(errno.ENOENT, f"model '{self.name}' has no layer '{layer}' "
+                                    f"({len(self.layers)} layers: Model.layers lists them)")
+            return l
+        if isinstance(layer, (int, np.integer)) and not isinstance(layer, bool):
+            i = int(layer)
+            if not 0 <= i < len(self.layers):
+                raise RadianceError(errno.ERANGE, f"layer index {i} out of range: model "
+                                    f"'{self.name}' has layers 0..{len(self.layers) - 1}")
+            return self.layers[i]
+        raise RadianceError(errno.EINVAL, f"layer must be a name (str) or an index (int), "
+                                          f"not {type(layer).__name__}")
+
+    # -- argument checks: everything before it reaches the daemon ------------
+    def _prepare(self, l: Layer, x: Array, out: Optional[Array]) -> _Prepared:
+        where = f"layer '{l.name}' of model '{self.name}'"
+        if _is_torch(x):
+            t = sys.modules["torch"]
+            if x.device.type != "cpu":
+                raise RadianceError(errno.EOPNOTSUPP, f"{where}: x is on {x.device}: mapped mode "
+                                    f"not yet available, only CPU tensors are served (x.cpu())")
+            if x.dtype == t.bfloat16:
+                elem = _BF16
+            elif x.dtype == t.float16:
+                elem = _FP16
+            else:
+                raise RadianceError(errno.EINVAL, f"{where}: x has dtype {x.dtype}; the layer takes "
+                                    f"torch.bfloat16 or torch.float16 (convert explicitly, e.g. "
+                                    f"x.to(torch.bfloat16))")
+            shape = tuple(x.shape)
+            xn = x.detach().contiguous().view(t.int16).numpy().view(np.uint16)
+        elif isinstance(x, np.ndarray):
+            if x.dtype == bfloat16:
+                elem = _BF16
+            elif x.dtype.kind == "f" and x.dtype.itemsize == 2:   # float16, either byte order
+                elem = _FP16
+                if not x.dtype.isnative:
+                    x = x.astype(float16)
+            else:
+                raise RadianceError(errno.EINVAL, f"{where}: x has dtype {x.dtype}; the layer "
+                                    f"takes bfloat16 (ml_dtypes.bfloat16) or float16 (convert "
+                                    f"explicitly, e.g. x.astype(ml_dtypes.bfloat16))")
+            shape = x.shape
+            # non-contiguous inputs (slices, transposes, broadcasts) are copied
+            xn = np.ascontiguousarray(x).view(np.uint16)
+        else:
+            raise RadianceError(errno.EINVAL, f"{where}: x must be a numpy.ndarray or a "
+                                              f"torch.Tensor, not {type(x).__name__}")
+        if len(shape) == 0:
+            raise RadianceError(errno.EINVAL, f"{where}: x is a scalar; it needs a last "
+                                              f"dimension of K={l.K}")
+        if shape[-1] != l.K:
+            raise RadianceError(errno.EINVAL, f"{where}: x has shape {shape}: its last dimension "
+                                f"is {shape[-1]}, the layer takes K={l.K} (N={l.N})")
+        lead = tuple(int(d) for d in shape[:-1])
+        rows = int(np.prod(lead, dtype=np.int64)) if lead else 1
+        if rows >= 1 << 32:
+            raise RadianceError(errno.EINVAL, f"{where}: {rows} rows, more than 2^32-1")
+        xn = xn.reshape(rows, l.K)
+        yshape = lead + (l.N,)
+        if out is None:
+            if _is_torch(x):
+                t = sys.modules["torch"]
+                result = t.empty(yshape, dtype=t.bfloat16)
+                y = result.view(t.int16).numpy().view(np.uint16)
+            else:
+                result = np.empty(yshape, dtype=bfloat16)
+                y = result.view(np.uint16)
+        elif _is_torch(out):
+            t = sys.modules["torch"]
+            if out.device.type != "cpu":
+                raise RadianceError(errno.EOPNOTSUPP, f"{where}: out is on {out.device}: mapped "
+                                    f"mode not yet available, only CPU tensors are served")
+            if out.dtype != t.bfloat16 or tuple(out.shape) != yshape or not out.is_contiguous():
+                raise RadianceError(errno.EINVAL, f"{where}: out must be a contiguous "
+                                    f"torch.bfloat16 tensor of shape {yshape}, not "
+                                    f"{out.dtype} {tuple(out.shape)}"
+                                    f"{'' if out.is_contiguous() else ' (non-contiguous)'}")
+            result = out
+            y = out.detach().view(t.int16).numpy().view(np.uint16)
+        elif isinstance(out, np.ndarray):
+            problems = []
+            if out.dtype != bfloat16:
+                problems.append(f"dtype {out.dtype}")
+            if out.shape != yshape:
+                problems.append(f"shape {out.shape}")
+            if not out.flags.c_contiguous:
+                problems.append("not C-contiguous")
+            if not out.flags.writeable:
+                problems.append("read-only")
+            if problems:
+                raise RadianceError(errno.EINVAL, f"{where}: out must be a C-contiguous, writable "
+                                    f"bfloat16 array of shape {yshape}; it is "
+                                    f"{', '.join(problems)} (out= is never copied)")
+            result = out
+            y = out.view(np.uint16)
+        else:
+            raise RadianceError(errno.EINVAL, f"{where}: out must be a numpy.ndarray or a "
+                                              f"torch.Tensor, not {type(out).__name__}")
+        y = y.reshape(rows, l.N)
+        if out is not None and np.may_share_memory(y, xn):
+            raise RadianceError(errno.EINVAL, f"{where}: out overlaps x")
+        return _Prepared(xn, elem, lead, y, result)
+
+    # -- calls ----------------------------------------------------------------
+    def linear(self, layer: Union[int, str, Layer], x: Array, out: Optional[Array] = None) -> Array:
+        """``y = x . W^T + bias`` on the daemon, synchronously.
+
+        x: [..., K] bf16 (``ml_dtypes.bfloat16``) or float16 numpy array, or
+            a CPU torch tensor of torch.bfloat16 / torch.float16; any leading
+            shape (flattened to rows, reshaped back); non-contiguous inputs
+            are copied (np.ascontiguousarray / Tensor.contiguous).
+        out: optional [..., N] bf16 C-contiguous writable array (or tensor)
+            to write into; anything else is refused, never copied. On
+            failure its contents are unspecified.
+        Returns y [..., N] bf16: a numpy array (ml_dtypes.bfloat16), or a
+        torch.bfloat16 tensor when x is a tensor; `out` when given.
+
+        Raises RadianceError: EINVAL (dtype, last dimension != K, out),
+        ENOENT / ERANGE (layer), EOPNOTSUPP (a CUDA tensor), EBADF (model
+        released or client closed), the daemon's status for a refused
+        request (with its text), a connection error."""
+        l = self.layer(layer)
+        p = self._prepare(l, x, out)
+        rows = p.x.shape[0]
+        if rows == 0:
+            return p.result
+        c = self._client
+        ffi, lib = c._ffi, c._lib
+        xp = ffi.from_buffer("uint16_t[]", p.x)
+        yp = ffi.from_buffer("uint16_t[]", p.y, require_writable=True)
+        with c._lock:
+            for attempt in (0, 1):
+                s = c._sess()
+                mid = c._model_id(s, self)
+                rc = lib.radiance_linear(s.h, mid, l.index, rows, p.elem, xp, yp)
+                if rc == 0:
+                    return p.result
+                err = c._fail(s, rc, f"layer '{l.name}' of model '{self.name}'")
+                if attempt == 0 and s.dead is not None and s.dead.errno in _LOST:
+                    log.info("connection lost (%s): reconnecting once", err.message)
+                    continue
+                raise err
+        raise AssertionError("unreachable")
+
+    def submit(self, layer: Union[int, str, Layer], x: Array,
+               out: Optional[Array] = None) -> "Request":
+        """Like linear(), without waiting: x is copied into the session's
+        shared arena and the request queued at once; Request.result() waits
+        and returns y (or writes `out`). The arena blocks are freed when the
+        result is read (or, for a Request dropped unread, once it completes).
+
+        Raises at submission what linear() would for the arguments, and
+        ENOMEM when the arena has no room for x and y of this request (read
+        earlier results, or Client(arena_bytes=...))."""
+        l = self.layer(layer)
+        p = self._prepare(l, x, out)
+        req = Request(self, l, p)
+        rows = p.x.shape[0]
+        if rows == 0:
+            return req
+        c = self._client
+        ffi, lib = c._ffi, c._lib
+        with c._lock:
+            s = c._sess()
+            mid = c._model_id(s, self)
+            step = s.info["max_rows"]
+            blocks = []
+            try:
+                for r0 in range(0, rows, step):
+                    m = min(step, rows - r0)
+                    xb = c._alloc(s, m * l.K * 2)
+                    yb = c._alloc(s, m * l.N * 2) if xb != ffi.NULL else ffi.NULL
+                    if yb == ffi.NULL:
+                        e = ffi.errno
+                        if xb != ffi.NULL:
+                            lib.radiance_arena_free(s.h, xb)
+                        raise RadianceError(e or errno.ENOMEM, f"layer '{l.name}': the arena has "
+                                            f"no room for {m} rows ({m * (l.K + l.N) * 2} bytes of x "
+                                            f"and y; {len(s.slots)} requests in flight): read "
+                                            f"earlier results, or Client(arena_bytes=...)")
+                    blocks.append((r0, m, _Slot(s, xb, yb, m * l.N * 2)))
+            except BaseException:
+                for _, _, slot in blocks:
+                    c._free_slot(slot)
+                raise
+            rid = ffi.new("uint64_t *")
+            for i, (r0, m, slot) in enumerate(blocks):
+                ffi.memmove(slot.x, ffi.from_buffer(p.x[r0:r0 + m]), m * l.K * 2)
+                while True:
+                    rc = lib.radiance_submit(s.h, mid, l.index, m, p.elem, slot.x, slot.y, rid)
+                    if rc != -errno.EAGAIN:
+                        break
+                    c._wait_one(s, -1)   # the CQ is full: reap one, then retry
+                if rc < 0:
+                    err = c._fail(s, rc, f"submitting layer '{l.name}' of model '{self.name}'")
+                    req._slots = [sl for _, _, sl in blocks[:i]]
+                    for _, _, sl in blocks[i:]:
+                        c._free_slot(sl)
+                    del req   # the submitted part is collected once it completes
+                    raise err
+                slot.rid = int(rid[0])
+                s.slots[slot.rid] = slot
+            req._slots = [sl for _, _, sl in blocks]
+            req._rows = [(r0, m) for r0, m, _ in blocks]
+            self._requests.add(req)
+        return req
+
+    def _reaped_slots(self, s: _Session):
+        for r in list(self._requests):
+            for slot in r._slots:
+                if slot.session is s and slot.done:
+                    yield slot
+
+    def close(self) -> None:
+        """Releases this client's reference to the model (the daemon unloads
+        it when nobody holds it and it was not preloaded). Waits for this
+        session's requests in flight first (libradiance refuses a release
+        while any is). Later calls raise RadianceError EBADF. A second close
+        is a no-op."""
+        c = self._client
+        with c._lock:
+            if self._closed:
+                return
+            self._closed = True
+            c._models.pop(self.name, None)
+            s = c._session
+            if s is None or s.dead is not None or s.pid != os.getpid() or c._closed:
+                return
+            mid = s.model_ids.pop(self.name, None)
+            if mid is None:
+                return
+            while s.slots and s.dead is None:
+                c._wait_one(s, -1)
+            if s.dead is None:
+                rc = c._lib.radiance_release_model(s.h, mid)
+                if rc < 0:
+                    raise c._fail(s, rc, f"releasing model '{self.name}'")
+
+    release = close
+
+    def __enter__(self) -> "Model":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = " released" if self._closed else ""
+        return f"<radiance.Model '{self.name}' {len(self.layers)} layers{state}>"
+
+
+class Request:
+    """An asynchronous linear (Model.submit). result() waits for it."""
+
+    def __init__(self, model: Model, layer: Layer, p: _Prepared):
+        self.model = model
+        self.layer = layer
+        self._p = p
+        self._slots: List[_Slot] = []
+        self._rows: List[Tuple[int, int]] = []
+        self._read = False
+
+    @property
+    def rows(self) -> int:
+        return self._p.x.shape[0]
+
+    def done(self) -> bool:
+        """True once the daemon finished every part (successfully or not);
+        does not block."""
+        c = self.model._client
+        with c._lock:
+            s = c._session
+            if s is not None and s.dead is None and s.pid == os.getpid():
+                c2 = c._ffi.new("struct radiance_completion *")
+                while any(not sl.done for sl in self._slots):
+                    rc = c._lib.radiance_poll(s.h, c2)
+                    if rc == 1:
+                        c._reap(s, c2)
+                    elif rc == 0:
+                        break
+                    else:
+                        raise c._fail(s, rc, "polling")
+            return all(sl.done or sl.session is not s for sl in self._slots)
+
+    def result(self, timeout: Optional[float] = None) -> Array:
+        """Waits (up to `timeout` seconds; None: no limit) and returns y
+        [..., N] bf16 (an ndarray, a tensor for tensor inputs, or the `out`
+        given to submit). May be called again: returns the same object.
+
+        Raises RadianceError: ETIMEDOUT (not complete in time; the request
+        stays valid, call again), the daemon's status with its text for a
+        refused request, ECONNRESET (or the connection's error) when the
+        connection was lost while it was in flight, ECHILD in a forked child
+        for a request of the parent, EBADF when the client was closed."""
+        c = self.model._client
+        deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
+        if self._read:
+            return self._p.result
+        while True:
+            with c._lock:
+                c._collect()
+                pending = [sl for sl in self._slots if not sl.done]
+                if not pending:
+                    return self._finish()
+                s = pending[0].session
+                if s.pid != os.getpid() and c._session is s:
+                    c._sess()   # a forked child: fails the parent's requests
+                    continue
+                ms = _WAIT_SLICE_MS
+                if deadline is not None:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise RadianceError(errno.ETIMEDOUT, f"layer '{self.layer.name}': not "
+                                            f"complete after {timeout} s")
+                    ms = max(1, min(ms, int(left * 1000)))
+                if s.dead is None:
+                    try:
+                        c._wait_one(s, ms)
+                    except RadianceError:
+                        if s.dead is None:
+                            raise
+                        # the session ended: its requests carry the reason
+            # the lock is free here for other threads
+
+    def _finish(self) -> Array:
+        c = self.model._client
+        err = next((sl.error for sl in self._slots if sl.error is not None), None)
+        if err is not None:
+            for sl in self._slots:
+                c._free_slot(sl)
+            self._read = True
+            self._error = err
+            raise RadianceError(err.errno, f"layer '{self.layer.name}' of model "
+                                f"'{self.model.name}': {err.message}")
+        y = self._p.y
+        ffi = c._ffi
+        for (r0, m), sl in zip(self._rows, self._slots):
+            dst = y[r0:r0 + m]
+            if sl.ycopy is not None:
+                dst[...] = np.frombuffer(sl.ycopy, np.uint16).reshape(dst.shape)
+            else:
+                dst[...] = np.frombuffer(ffi.buffer(sl.y, sl.ybytes), np.uint16).reshape(dst.shape)
+            c._free_slot(sl)
+        self._read = True
+        self.model._requests.discard(self)
+        return self._p.result
+
+    def __del__(self):
+        try:
+            if not self._read and self._slots:
+                self.model._client._garbage.append(self._slots)
+        except Exception:
+            pass
+
+    def __repr__(self) -> str:
+        state = "read" if self._read else ("in flight" if self._slots else "empty")
+        return f"<radiance.Request '{self.layer.name}' rows={self.rows} {state}>"
+
+
+# clients of this process, for the fork hook
+_CLIENTS: "weakref.WeakSet[Client]" = weakref.WeakSet()
+
+
+def _after_fork_child() -> None:
+    # The lock may have been held by a thread that does not exist in the
+    # child: a fresh one. The session itself is replaced on first use (the
+    # pid check in _sess()).
+    for c in list(_CLIENTS):
+        c._lock = threading.RLock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_child)
+
+
+def default_socket_path() -> str:
+    """The socket Client(socket=None) connects to (radiance_default_socket_path)."""
+    ffi, lib = _lib.load()
+    buf = ffi.new("char[]", 4096)
+    rc = lib.radiance_default_socket_path(buf, 4096)
+    if rc < 0:
+        raise RadianceError(-rc, "the default socket path ($RADIANCE_SOCKET) is too long")
+    return ffi.string(buf).decode()
+
+
+def library_version() -> str:
+    """libradiance's version string."""
+    ffi, lib = _lib.load()
+    return ffi.string(lib.radiance_version()).decode()

@@ -1,0 +1,122 @@
+"""Loading libradiance through cffi in ABI mode.
+
+The declarations are not written here: they are client/radiance.h itself
+(shipped in the package as radiance.h), with the comments and preprocessor
+lines cffi cannot read taken out. A signature the Python side gets wrong is
+how the hand-written ctypes wrapper segfaulted; reading the header leaves
+nothing to get wrong, and no compiler is needed at install time.
+
+The library is found, in this order:
+
+1. ``$RADIANCE_LIBRARY``: a path to libradiance.so.0 (an error if it cannot
+   be loaded: a variable that is set and wrong is never silently skipped);
+2. ``libradiance.so.0`` next to this file (a wheel that bundles it);
+3. the system loader: ``libradiance.so.0`` on the default search path
+   (``make install``, ``$LD_LIBRARY_PATH``).
+"""
+from __future__ import annotations
+
+import errno as _errno
+import os
+import re
+import threading
+from importlib import resources
+from typing import Any, Tuple
+
+import cffi
+
+SONAME = "libradiance.so.0"
+
+_lock = threading.Lock()
+_loaded: Tuple[Any, Any] | None = None
+_path: str | None = None
+
+
+def cdef_source(header: str) -> str:
+    """The declarations of radiance.h in the form cffi's cdef() takes.
+
+    Drops comments, the C++ guard (``#ifdef __cplusplus`` .. ``#endif``) and
+    every other preprocessor line: include guards, #include, and the
+    ``*_INIT`` initializer macros (designated initializers are not cdef
+    syntax; Python sets ``size`` itself)."""
+    text = re.sub(r"/\*.*?\*/", " ", header, flags=re.S)
+    text = re.sub(r"//[^\n]*", "", text)
+    out = []
+    in_cplusplus = False
+    continued = False
+    for line in text.splitlines():
+        s = line.strip()
+        if continued:
+            continued = s.endswith("\\")
+            continue
+        if in_cplusplus:
+            if s.startswith("#endif"):
+                in_cplusplus = False
+            continue
+        if s.startswith("#"):
+            if re.match(r"#\s*ifdef\s+__cplusplus\b", s):
+                in_cplusplus = True
+            continued = s.endswith("\\")
+            continue
+        out.append(line)
+    return "\n".join(out)
+
+
+def _header_text() -> str:
+    return resources.files(__package__).joinpath("radiance.h").read_text(encoding="utf-8")
+
+
+def _error(message: str) -> Exception:
+    from ._errors import RadianceError
+
+    return RadianceError(_errno.ENOENT, message)
+
+
+def load() -> Tuple[Any, Any]:
+    """(ffi, lib), loading libradiance on first use; raises RadianceError
+    (ENOENT) naming every place that was tried."""
+    global _loaded, _path
+    with _lock:
+        if _loaded is not None:
+            return _loaded
+        ffi = cffi.FFI()
+        ffi.cdef(cdef_source(_header_text()))
+        tried = []
+        env = os.environ.get("RADIANCE_LIBRARY")
+        if env:
+            try:
+                lib = ffi.dlopen(env)
+            except OSError as e:
+                raise _error(f"cannot load $RADIANCE_LIBRARY={env}: {e}") from None
+            _path = env
+        else:
+            tried.append("$RADIANCE_LIBRARY (not set)")
+            lib = None
+            bundled = os.path.join(os.path.dirname(os.path.abspath(__file__)), SONAME)
+            if os.path.exists(bundled):
+                try:
+                    lib = ffi.dlopen(bundled)
+                    _path = bundled
+                except OSError as e:
+                    tried.append(f"{bundled}: {e}")
+            else:
+                tried.append(f"{bundled} (no such file)")
+            if lib is None:
+                try:
+                    lib = ffi.dlopen(SONAME)
+                    _path = SONAME
+                except OSError as e:
+                    tried.append(f"the system loader: {e}")
+                    raise _error(
+                        "cannot find libradiance: tried " + "; ".join(tried) +
+                        ". Build it (make) and set RADIANCE_LIBRARY=build/libradiance.so.0, "
+                        "or install it (make install)") from None
+        _loaded = (ffi, lib)
+        return _loaded
+
+
+def library_path() -> str:
+    """Where libradiance was loaded from (loading it if needed)."""
+    load()
+    assert _path is not None
+    return _path

@@ -1,0 +1,359 @@
+"""The radiance package's checks and plumbing against a real daemon: what is
+refused before it reaches the daemon (dtype, K, out=, closed handles), that
+layouts the C API cannot take (non-contiguous, transposed, broadcast) give
+the same bits as their contiguous copies, shapes, splitting, async, errors
+carrying the daemon's text."""
+import errno
+import os
+import re
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import radiance
+from radiance import _lib
+from conftest import CKPT, REPO
+
+BF16 = ml_dtypes.bfloat16
+Q = "encoder.layer.0.attention.self.query"      # N = K = 384
+FFN_IN = "encoder.layer.0.intermediate.dense"   # N = 1536, K = 384
+
+
+def rand(shape, seed=0, dtype=BF16):
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32).astype(dtype)
+
+
+def bits(a):
+    return np.asarray(a).view(np.uint16)
+
+
+# -- the library and its declarations -----------------------------------------
+def test_cdefs_are_the_header_and_declare_every_export():
+    ffi, lib = _lib.load()
+    exported = re.findall(r"(radiance_\w+);", (REPO / "client/libradiance.sym").read_text())
+    assert len(exported) >= 30
+    missing = [f for f in exported if not hasattr(lib, f)]
+    assert missing == []
+    # the packaged header is client/radiance.h (a symlink in the tree)
+    packaged = (REPO / "python/radiance/radiance.h").read_text()
+    assert packaged == (REPO / "client/radiance.h").read_text()
+    # the option struct's size is what the library itself checks (`size`):
+    # a field cffi got wrong would move `timeout_ms`, the last one
+    assert ffi.offsetof("struct radiance_options", "timeout_ms") + 4 <= \
+        ffi.sizeof("struct radiance_options")
+
+
+def test_library_from_env_and_a_wrong_path(tmp_path):
+    assert radiance.library_path() == os.environ["RADIANCE_LIBRARY"]
+    assert radiance.library_version() == "0.1.0"
+    code = ("import radiance\ntry:\n    radiance.Client('/nonexistent')\n"
+            "except radiance.RadianceError as e:\n    print(e.code, e.message)\n")
+    import subprocess
+    import sys
+    env = dict(os.environ, RADIANCE_LIBRARY=str(tmp_path / "libnothere.so.0"),
+               PYTHONPATH=str(REPO / "python"))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("ENOENT cannot load $RADIANCE_LIBRARY=")
+    assert "libnothere.so.0" in out.stdout
+
+
+def test_library_from_the_system_loader(tmp_path):
+    import subprocess
+    import sys
+    code = ("import radiance\ntry:\n    print(radiance.library_path())\n"
+            "except radiance.RadianceError as e:\n    print(e.code, e.message)\n")
+    env = {k: v for k, v in os.environ.items() if k != "RADIANCE_LIBRARY"}
+    env["PYTHONPATH"] = str(REPO / "python")
+    env["LD_LIBRARY_PATH"] = os.path.dirname(os.environ["RADIANCE_LIBRARY"])
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == "libradiance.so.0", out.stdout + out.stderr
+    env["LD_LIBRARY_PATH"] = str(tmp_path)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    if out.stdout.strip() != "libradiance.so.0":   # (unless make install put one there)
+        assert out.stdout.startswith("ENOENT cannot find libradiance: tried $RADIANCE_LIBRARY "
+                                     "(not set);"), out.stdout
+        assert "RADIANCE_LIBRARY=build/libradiance.so.0" in out.stdout
+
+
+def test_connect_failures_name_the_socket(tmp_path):
+    with pytest.raises(radiance.RadianceError) as ei:
+        radiance.Client(tmp_path / "none.sock")
+    assert ei.value.errno == errno.ENOENT
+    assert str(tmp_path / "none.sock") in ei.value.message
+    assert "is radianced running?" in ei.value.message
+    f = tmp_path / "file"
+    f.write_text("")
+    with pytest.raises(radiance.RadianceError) as ei:
+        radiance.Client(f)
+    assert ei.value.errno == errno.ENOTSOCK
+    with pytest.raises(radiance.RadianceError) as ei:
+        radiance.Client(f, timeout=-1)
+    assert ei.value.errno == errno.EINVAL and "timeout" in ei.value.message
+
+
+def test_default_socket_follows_env(monkeypatch, tmp_path):
+    monkeypatch.setenv("RADIANCE_SOCKET", str(tmp_path / "x.sock"))
+    assert radiance.default_socket_path() == str(tmp_path / "x.sock")
+
+
+# -- models ---------------------------------------------------------------------
+def test_load_layers_progress_and_repr(client):
+    seen = []
+    m = client.load(CKPT, progress=lambda done, total: seen.append((done, total)))
+    assert m.name == "minilm-w4g128"
+    assert len(m.layers) == 37
+    assert [l.index for l in m.layers] == list(range(37))
+    q = m.layer(Q)
+    assert (q.name, q.kind, q.N, q.K, q.bias) == (Q, "w4a8", 384, 384, True)
+    assert m.layer(q.index) is q and m.layer(q) is q
+    assert m.layer("pooler.dense").kind == "bf16"
+    assert m.layer(FFN_IN)[3:5] == (1536, 384)
+    assert {t.name for t in m.other_tensors} >= {"embeddings.word_embeddings.weight"}
+    assert seen and seen[-1][0] == seen[-1][1] > 0
+    assert all(a[0] <= b[0] for a, b in zip(seen, seen[1:]))
+    assert repr(m) == "<radiance.Model 'minilm-w4g128' 37 layers>"
+    assert "session" in repr(client) and "backend" in repr(client)
+    # one Model per name: loading again, or attaching, gives the same object
+    assert client.load(CKPT) is m and client.attach("minilm-w4g128") is m
+    assert [r.name for r in client.resident_models()] == ["minilm-w4g128"]
+
+
+def test_layer_lookup_errors(model):
+    with pytest.raises(radiance.RadianceError) as ei:
+        model.layer("encoder.layer.9.attention.self.query")
+    assert ei.value.errno == errno.ENOENT and "no layer 'encoder.layer.9" in ei.value.message
+    with pytest.raises(radiance.RadianceError) as ei:
+        model.linear(37, rand((1, 384)))
+    assert ei.value.errno == errno.ERANGE and "0..36" in ei.value.message
+    with pytest.raises(radiance.RadianceError) as ei:
+        model.linear(1.5, rand((1, 384)))
+    assert ei.value.errno == errno.EINVAL
+
+
+def test_daemon_errors_carry_its_text(client, tmp_path):
+    with pytest.raises(radiance.RadianceError) as ei:
+        client.attach("no-such-model")
+    assert ei.value.errno == errno.ENOENT
+    assert "no-such-model" in ei.value.message
+    with pytest.raises(radiance.RadianceError) as ei:
+        client.load(tmp_path / "empty")
+    assert ei.value.errno == errno.ENOENT and str(tmp_path / "empty") in ei.value.message
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for f in ("config.json", "quantization_config.json"):
+        (bad / f).write_bytes((CKPT / f).read_bytes())
+    (bad / "model.safetensors").write_bytes(b"\xff\x00\x00\x00\x00\x00\x00\x00{}")
+    with pytest.raises(radiance.RadianceError) as ei:
+        client.load(bad)
+    assert ei.value.errno == errno.EINVAL
+    assert "model.safetensors" in ei.value.message   # the daemon's reason
+    assert str(ei.value).endswith("[EINVAL]")
+    # the session goes on
+    assert client.load(CKPT).linear(Q, rand((1, 384))).shape == (1, 384)
+
+
+def test_progress_exception_is_reraised_after_the_load(client):
+    class Stop(Exception):
+        pass
+
+    def progress(done, total):
+        raise Stop()
+
+    with pytest.raises(Stop):
+        client.load(CKPT, progress=progress)
+    # the model was released, the client still works
+    assert "minilm-w4g128" not in [m.name for m in client.resident_models() if m.users]
+    assert client.load(CKPT).linear(0, rand((2, 384))).shape == (2, 384)
+
+
+# -- argument checks ----------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int16, np.uint16,
+                                   ml_dtypes.float8_e4m3fn])
+def test_wrong_dtype_is_refused(model, dtype):
+    x = np.zeros((3, 384), dtype)
+    with pytest.raises(radiance.RadianceError) as ei:
+        model.linear(Q, x)
+    e = ei.value
+    assert e.errno == errno.EINVAL
+    assert f"x has dtype {np.dtype(dtype)}" in e.message and Q in e.message
+    with pytest.raises(radiance.RadianceError):
+        model.submit(Q, x)
+
+
+def test_wrong_k_is_refused(model):
+    for shape in [(2, 383), (2, 1536), (384, 2), (7,)]:
+        with pytest.raises(radiance.RadianceError) as ei:
+            model.linear(Q, np.zeros(shape, BF16))
+        assert ei.value.errno == errno.EINVAL
+        assert f"shape {shape}" in ei.value.message and "K=384" in ei.value.message
+    with pytest.raises(radiance.RadianceError) as ei:
+        model.linear(Q, np.zeros((), BF16))
+    assert "scalar" in ei.value.message
+    with pytest.raises(radiance.RadianceError) as ei:
+        model.linear(Q, [[0.0] * 384])
+    assert "numpy.ndarray or a torch.Tensor, not list" in ei.value.message
+
+
+def test_noncontiguous_and_transposed_inputs_are_copied(model):
+    base = rand((6, 384), seed=1)
+    want = bits(model.linear(Q, base))
+    big = rand((384, 12), seed=2)
+    cases = {
+        "transposed": (big.T, np.ascontiguousarray(big.T)),
+        "row slice": (rand((12, 384), seed=3)[::2], None),
+        "column slice": (rand((6, 768), seed=4)[:, ::2], None),
+        "negative stride": (base[::-1], None),
+        "broadcast": (np.broadcast_to(base[0], (5, 384)), None),
+        "fortran order": (np.asfortranarray(base), None),
+        "3-d transposed": (rand((384, 2, 3), seed=5).transpose(1, 2, 0), None),
+    }
+    for name, (x, _) in cases.items():
+        assert not x.flags.c_contiguous, name
+        got = model.linear(Q, x)
+        ref = model.linear(Q, np.ascontiguousarray(x))
+        assert got.shape == x.shape[:-1] + (384,), name
+        assert np.array_equal(bits(got), bits(ref)), name
+        assert np.array_equal(bits(model.submit(Q, x).result()), bits(ref)), name
+    # and the fortran copy of base is base
+    assert np.array_equal(bits(model.linear(Q, np.asfortranarray(base))), want)
+
+
+def test_byteswapped_fp16_is_converted(model):
+    x = rand((4, 384), seed=6, dtype=np.float16)
+    want = bits(model.linear(Q, x))
+    assert np.array_equal(bits(model.linear(Q, x.astype(">f2"))), want)
+
+
+def test_fp16_and_bf16_of_the_same_values_agree(model):
+    # values exact in both formats (small integers / 8) give the same codes
+    x = (np.random.default_rng(7).integers(-64, 64, (5, 384)) / 8.0).astype(np.float32)
+    y16 = model.linear(Q, x.astype(np.float16))
+    yb = model.linear(Q, x.astype(BF16))
+    assert np.array_equal(bits(y16), bits(yb))
+
+
+def test_out_must_be_right(model):
+    x = rand((2, 3, 384), seed=8)
+    out = np.empty((2, 3, 384), BF16)
+    r = model.linear(Q, x, out=out)
+    assert r is out
+    assert np.array_equal(bits(out), bits(model.linear(Q, x)))
+    bad = {
+        "dtype float32": np.empty((2, 3, 384), np.float32),
+        "shape (6, 384)": np.empty((6, 384), BF16),
+        "not C-contiguous": np.empty((2, 3, 768), BF16)[..., ::2],
+        "shape (2, 3, 1536)": np.empty((2, 3, 1536), BF16),
+    }
+    ro = np.empty((2, 3, 384), BF16)
+    ro.flags.writeable = False
+    bad["read-only"] = ro
+    for what, o in bad.items():
+        with pytest.raises(radiance.RadianceError) as ei:
+            model.linear(Q, x, out=o)
+        assert ei.value.errno == errno.EINVAL
+        assert what in ei.value.message, (what, ei.value.message)
+        assert "(2, 3, 384)" in ei.value.message
+    with pytest.raises(radiance.RadianceError) as ei:
+        model.linear(Q, x, out=x)
+    assert "overlaps x" in ei.value.message
+
+
+def test_shapes_and_row_splitting(client, model):
+    max_rows = client.server_info["max_rows"]
+    x = rand((max_rows * 2 + 37, 384), seed=9)   # three daemon requests
+    y = model.linear(FFN_IN, x)
+    assert y.shape == (x.shape[0], 1536) and y.dtype == BF16
+    # row by row the same (rows are independent: per-token scales)
+    for i in (0, max_rows - 1, max_rows, x.shape[0] - 1):
+        assert np.array_equal(bits(model.linear(FFN_IN, x[i])), bits(y[i]))
+    a = model.submit(FFN_IN, x)
+    assert np.array_equal(bits(a.result()), bits(y))
+    assert model.linear(Q, np.zeros((0, 384), BF16)).shape == (0, 384)
+    assert model.submit(Q, np.zeros((3, 0, 384), BF16)).result().shape == (3, 0, 384)
+    x4 = rand((2, 2, 2, 384), seed=10)
+    assert np.array_equal(bits(model.linear(Q, x4)).reshape(8, 384),
+                          bits(model.linear(Q, x4.reshape(8, 384))))
+
+
+def test_async_requests_in_any_order(model):
+    xs = [rand((i + 1, 384), seed=20 + i) for i in range(40)]
+    want = [bits(model.linear(Q if i % 2 else FFN_IN, x)) for i, x in enumerate(xs)]
+    reqs = [model.submit(Q if i % 2 else FFN_IN, x) for i, x in enumerate(xs)]
+    for i in reversed(range(len(reqs))):
+        assert np.array_equal(bits(reqs[i].result(timeout=30)), want[i])
+        assert reqs[i].result() is reqs[i].result()    # read once, kept
+    r = model.submit(Q, xs[0], out=np.empty((1, 384), BF16))
+    assert r.result().shape == (1, 384)
+    assert "read" in repr(r)
+
+
+def test_dropped_requests_give_their_arena_back(daemon):
+    # a 256 KiB arena holds x and y of two 64-row requests (96 KiB each):
+    # 100 requests dropped unread must not leak theirs
+    with radiance.Client(daemon.socket, arena_bytes=256 << 10) as c:
+        m = c.load(CKPT)
+        x = rand((64, 384), seed=11)
+        want = bits(m.linear(Q, x))
+        for _ in range(100):
+            m.submit(Q, x)
+        assert np.array_equal(bits(m.submit(Q, x).result()), want)
+
+
+def test_arena_exhaustion_is_a_clear_error(daemon):
+    with radiance.Client(daemon.socket, arena_bytes=1 << 20) as c:
+        m = c.load(CKPT)
+        x = rand((100, 384), seed=3)
+        reqs = []
+        with pytest.raises(radiance.RadianceError) as ei:
+            for _ in range(10):
+                reqs.append(m.submit(FFN_IN, x))     # 384 KiB of x and y each
+        assert len(reqs) == 2 and ei.value.errno == errno.ENOMEM
+        assert "arena" in ei.value.message and "arena_bytes" in ei.value.message
+        for r in reqs:
+            r.result()
+        # synchronous calls split to fit the arena
+        assert m.linear(FFN_IN, rand((600, 384))).shape == (600, 1536)
+
+
+def test_closed_client_and_released_model(daemon):
+    c = radiance.Client(daemon.socket)
+    m = c.load(CKPT)
+    x = rand((1, 384))
+    pending = m.submit(Q, x)
+    m2 = c.attach("minilm-w4g128")
+    assert m2 is m
+    c.close()
+    assert "closed" in repr(c)
+    for call in (lambda: m.linear(Q, x), lambda: m.submit(Q, x), lambda: c.attach("x"),
+                 lambda: c.load(CKPT), lambda: c.server_info):
+        with pytest.raises(radiance.RadianceError) as ei:
+            call()
+        assert ei.value.errno == errno.EBADF
+    with pytest.raises(radiance.RadianceError) as ei:
+        pending.result()
+    assert ei.value.errno == errno.EBADF and "closed" in ei.value.message
+    c.close()   # no-op
+
+    with radiance.Client(daemon.socket) as c2:
+        with c2.load(CKPT) as m3:
+            r = m3.submit(Q, x)
+            assert m3.linear(Q, x).shape == (1, 384)
+        # close() waited for r; the model is released
+        assert r.result().shape == (1, 384)
+        with pytest.raises(radiance.RadianceError) as ei:
+            m3.linear(Q, x)
+        assert ei.value.errno == errno.EBADF and "released" in ei.value.message
+        assert "released" in repr(m3)
+        # a released name can be opened again
+        assert c2.load(CKPT).linear(Q, x).shape == (1, 384)
+
+
+def test_error_type():
+    e = radiance.RadianceError(-errno.EINVAL, "bad x")
+    assert (e.errno, e.code, e.message) == (errno.EINVAL, "EINVAL", "bad x")
+    assert str(e) == "bad x [EINVAL]" and "EINVAL" in repr(e)
+    import pickle
+    e2 = pickle.loads(pickle.dumps(e))
+    assert (e2.errno, e2.message) == (e.errno, e.message)

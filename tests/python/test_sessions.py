@@ -1,0 +1,261 @@
+"""A Client shared by threads, used across fork(), and across a daemon
+restart."""
+import errno
+import os
+import signal
+import threading
+import time
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import radiance
+from conftest import CKPT
+
+BF16 = ml_dtypes.bfloat16
+Q = "encoder.layer.0.attention.self.query"
+FFN_IN = "encoder.layer.0.intermediate.dense"
+
+
+def rand(shape, seed):
+    return np.random.default_rng(seed).standard_normal(shape).astype(BF16)
+
+
+def bits(a):
+    return np.asarray(a).view(np.uint16)
+
+
+# -- threads ----------------------------------------------------------------------
+def test_threads_share_one_client(model):
+    """8 threads, one Client: synchronous and asynchronous calls interleaved
+    on its one session; every result equals the single-threaded one."""
+    xs = [rand((1 + i % 5, 384), seed=i) for i in range(24)]
+    layers = [Q if i % 3 else FFN_IN for i in range(24)]
+    want = [bits(model.linear(l, x)) for l, x in zip(layers, xs)]
+    errors = []
+    barrier = threading.Barrier(8)
+
+    def work(t):
+        try:
+            barrier.wait()
+            for rep in range(6):
+                for i in range(t, 24, 8):
+                    if (rep + i) % 2:
+                        got = model.linear(layers[i], xs[i])
+                    else:
+                        got = model.submit(layers[i], xs[i]).result(timeout=60)
+                    if not np.array_equal(bits(got), want[i]):
+                        errors.append(f"thread {t} input {i} rep {rep}: wrong result")
+        except Exception as e:   # collected: an exception in a thread fails nothing
+            errors.append(f"thread {t}: {e!r}")
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(8)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(120)
+    assert not any(th.is_alive() for th in threads)
+    assert errors == []
+
+
+def test_one_thread_waits_while_another_submits(model):
+    """result() releases the client's lock between its wait slices: a
+    thread blocked on a result does not hold up another's calls."""
+    x = rand((2, 384), seed=1)
+    want = bits(model.linear(Q, x))
+    reqs = [model.submit(Q, x) for _ in range(50)]
+    done = []
+    t = threading.Thread(target=lambda: done.extend(bits(r.result()) for r in reqs))
+    t.start()
+    for _ in range(20):
+        assert np.array_equal(bits(model.linear(Q, x)), want)
+    t.join(60)
+    assert len(done) == 50 and all(np.array_equal(d, want) for d in done)
+
+
+# -- fork -------------------------------------------------------------------------
+def _in_child(fn, timeout=60.0):
+    """Runs fn() in a forked child; returns (exit status, what it raised):
+    0 when fn returned True, 2 when it raised, -9 when it hung (killed after
+    timeout seconds)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:   # the child: never returns into pytest
+        code = 1
+        try:
+            os.close(r)
+            code = 0 if fn() else 3
+        except BaseException as e:
+            os.write(w, repr(e).encode())
+            code = 2
+        finally:
+            os._exit(code)
+    os.close(w)
+    deadline = time.monotonic() + timeout
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            _, status = os.waitpid(pid, 0)
+            break
+        time.sleep(0.01)
+    with os.fdopen(r) as f:
+        why = f.read()
+    return os.waitstatus_to_exitcode(status), why
+
+
+def test_fork_child_gets_a_fresh_session(client, model):
+    x = rand((3, 384), seed=2)
+    want = bits(model.linear(Q, x))
+    parent_session = client.session_id
+    pending = model.submit(FFN_IN, x)    # in flight across the fork
+
+    def child():
+        s = client.session_id            # first use: a new session
+        assert s != parent_session, (s, parent_session)
+        assert np.array_equal(bits(model.linear(Q, x)), want)
+        assert np.array_equal(bits(model.submit(Q, x).result()), want)
+        with pytest.raises(radiance.RadianceError) as ei:
+            pending.result()             # the parent's request
+        assert ei.value.errno == errno.ECHILD and "before it forked" in ei.value.message
+        return True
+
+    code, why = _in_child(child)
+    assert code == 0, why
+    # the parent's session is untouched by the child's first use and exit
+    assert client.session_id == parent_session
+    assert pending.result().shape == (3, 1536)
+    assert np.array_equal(bits(model.linear(Q, x)), want)
+
+
+def test_fork_while_another_thread_holds_the_lock(client, model):
+    """A thread inside a call at fork time: the child's lock is a fresh one
+    (os.register_at_fork), so the child does not deadlock on it."""
+    x = rand((1, 384), seed=3)
+    want = bits(model.linear(Q, x))
+    held, release = threading.Event(), threading.Event()
+
+    def holder():   # stands for a thread in the middle of a call
+        with client._lock:
+            held.set()
+            release.wait(60)
+    t = threading.Thread(target=holder)
+    t.start()
+    held.wait(10)
+    try:
+        code, why = _in_child(lambda: np.array_equal(bits(model.linear(Q, x)), want), timeout=10)
+    finally:
+        release.set()
+        t.join()
+    assert code == 0, (code, why)
+
+
+_POOL = {}
+
+
+def _pool_call(i):
+    c, m, x = _POOL["client"], _POOL["model"], _POOL["x"]
+    return c.session_id, bits(m.linear(Q, x)).tobytes()
+
+
+def test_multiprocessing_fork_workers(client, model):
+    """multiprocessing's fork workers inherit the Client (through module
+    state): each gets its own session on first use."""
+    import multiprocessing as mp
+
+    x = rand((2, 384), seed=4)
+    want = bits(model.linear(Q, x))
+    _POOL.update(client=client, model=model, x=x)
+    try:
+        with mp.get_context("fork").Pool(2) as pool:
+            got = pool.map(_pool_call, range(4))
+    finally:
+        _POOL.clear()
+    assert client.session_id not in {s for s, _ in got}
+    assert all(np.array_equal(np.frombuffer(b, np.uint16).reshape(2, 384), want) for _, b in got)
+
+
+# -- daemon restart ------------------------------------------------------------------
+def test_daemon_restart_reconnects_and_reattaches(own_daemon):
+    x = rand((4, 384), seed=5)
+    c = radiance.Client(own_daemon.socket, timeout=30)
+    m = c.load(CKPT)
+    a = c.attach("minilm-w4g128")
+    assert a is m
+    want = bits(m.linear(Q, x))
+    assert own_daemon.stop() == 0
+    own_daemon.start()
+    # the first call after the restart reconnects, loads the model again (the
+    # new daemon does not hold it) and succeeds
+    assert np.array_equal(bits(m.linear(Q, x)), want)
+    assert [r.name for r in c.resident_models()] == ["minilm-w4g128"]
+    assert np.array_equal(bits(m.submit(Q, x).result()), want)
+    c.close()
+
+
+def test_attached_model_after_restart_without_it(own_daemon):
+    """A model the client only attached (no directory to load it from) and
+    that the new daemon does not hold: a clear ENOENT naming it."""
+    with radiance.Client(own_daemon.socket) as loader:
+        loader.load(CKPT)
+        c = radiance.Client(own_daemon.socket)
+        m = c.attach("minilm-w4g128")
+        x = rand((1, 384), seed=6)
+        m.linear(Q, x)
+        own_daemon.stop()
+        own_daemon.start()
+        with pytest.raises(radiance.RadianceError) as ei:
+            m.linear(Q, x)
+        assert ei.value.errno == errno.ENOENT
+        assert "re-attaching model 'minilm-w4g128'" in ei.value.message
+        # once some process loads it again, the attached model works again
+        with radiance.Client(own_daemon.socket) as again:
+            again.load(CKPT)
+            assert m.linear(Q, x).shape == (1, 384)
+        c.close()
+
+
+def test_request_in_flight_when_the_daemon_dies(own_daemon):
+    x = rand((8, 384), seed=7)
+    c = radiance.Client(own_daemon.socket)
+    m = c.load(CKPT)
+    want = bits(m.linear(Q, x))
+    own_daemon.pause()                     # nothing completes from here
+    pending = m.submit(Q, x)
+    assert not pending.done()
+    own_daemon.stop(signal.SIGKILL)
+    with pytest.raises(radiance.RadianceError) as ei:
+        pending.result(timeout=30)
+    e = ei.value
+    assert e.errno == errno.ECONNRESET, e
+    assert "connection to the daemon was lost" in e.message and "resubmit" in e.message
+    assert Q in e.message
+    # no daemon: the next call says so
+    with pytest.raises(radiance.RadianceError) as ei:
+        m.linear(Q, x)
+    assert ei.value.errno in (errno.ECONNREFUSED, errno.ENOENT)
+    assert own_daemon.socket in ei.value.message
+    own_daemon.start()
+    assert np.array_equal(bits(m.linear(Q, x)), want)
+    c.close()
+
+
+def test_completed_result_survives_the_connection_loss(own_daemon):
+    """A result the daemon delivered before it went away stays readable:
+    it is copied out of the arena before the session's memory goes."""
+    x = rand((2, 384), seed=8)
+    c = radiance.Client(own_daemon.socket)
+    m = c.load(CKPT)
+    want = bits(m.linear(Q, x))
+    r = m.submit(Q, x)
+    while not r.done():      # reaped, not read
+        pass
+    assert own_daemon.stop() == 0
+    with pytest.raises(radiance.RadianceError) as ei:
+        m.submit(FFN_IN, x).result(timeout=30)   # the lost connection is found here...
+    assert ei.value.errno in (errno.ECONNRESET, errno.EPIPE)
+    assert np.array_equal(bits(r.result()), want)   # ...and r's result was saved
+    c.close()
