@@ -68,6 +68,13 @@ static const struct setting settings[] = {
 	{ "numerics_gate", 267, "0|1", V_U32, OFF(numerics_gate), 0, 1,
 	  "GPU: compare the first launch of each (layer, M) with the CPU reference "
 	  "and log the relative error (0)" },
+	/* scheduling: fairness between sessions (daemon/scheduler.h) */
+	{ "sched_chunk_rows", 268, "N", V_U32, OFF(sched_chunk_rows), 1, 65536,
+	  "a request of more rows runs in pieces of this many, with other sessions' "
+	  "work and jobs in between; one piece of the biggest layer per busy session "
+	  "is what a small request may wait (256)" },
+	{ "sched_session_rows", 269, "N", V_U32, OFF(sched_session_rows), 1, 1u << 24,
+	  "rows of one session the executor queues at once; more wait in its SQ (1024)" },
 	{ "log_level", 'l', "LEVEL", V_LOGLEVEL, OFF(log_level), 0, 0,
 	  "silent, error, warn, info or debug (info)" },
 };
@@ -142,6 +149,8 @@ int config_init(struct radiance_config *cfg)
 	cfg->max_n = 65536;
 	cfg->hello_timeout_ms = 5000;
 	cfg->decode_rows = 64;
+	cfg->sched_chunk_rows = 256;
+	cfg->sched_session_rows = 1024;
 	cfg->device = -1;   /* not given: the GPU backend takes 0, the CPU one does not warn */
 	cfg->log_level = RADIANCE_LOG_INFO;
 	cfg->socket_gid = (gid_t)-1;
