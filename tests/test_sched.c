@@ -787,6 +787,16 @@ static uint16_t *long_request(struct xfix *fx, struct xring *x, uint64_t *id)
 	return y;
 }
 
+/* The mid-request tests' set-up: an executor serving pieces of one row,
+ * session x with a request of 4096 rows running, session w to wedge with. */
+static uint16_t *mid_request_setup(struct xfix *fx, struct xring *x, struct xring *w, uint64_t *id)
+{
+	x_setup(fx, 512, 512, 4096, 1, 4096);
+	xring_open(fx, x, XR_SQ, XR_SQ, 1);
+	xring_open(fx, w, XR_SQ, XR_SQ, 0);
+	return long_request(fx, x, id);
+}
+
 /* Rows of y [m][n] written (not the sentinel): a prefix of them. */
 static uint32_t rows_written(const uint16_t *y, uint32_t m, uint32_t n)
 {
@@ -806,10 +816,7 @@ static void test_exec_ring_removed_mid_request(void **state)
 {
 	struct xfix fx;
 	struct xring x, w;
-	x_setup(&fx, 512, 512, 4096, 1, 4096);
-	xring_open(&fx, &x, XR_SQ, XR_SQ, 1);
-	xring_open(&fx, &w, XR_SQ, XR_SQ, 0);
-	uint16_t *y = long_request(&fx, &x, NULL);
+	uint16_t *y = mid_request_setup(&fx, &x, &w, NULL);
 	x_wedge(&w);
 	struct xjob j;
 	x_job_submit(&fx, &j, EXEC_JOB_RING_REMOVE, &x.r, NULL, 0);
@@ -842,10 +849,7 @@ static void test_exec_ring_broken_mid_request(void **state)
 {
 	struct xfix fx;
 	struct xring x, w;
-	x_setup(&fx, 512, 512, 4096, 1, 4096);
-	xring_open(&fx, &x, XR_SQ, XR_SQ, 1);
-	xring_open(&fx, &w, XR_SQ, XR_SQ, 0);
-	uint16_t *y = long_request(&fx, &x, NULL);
+	uint16_t *y = mid_request_setup(&fx, &x, &w, NULL);
 	size_t ybytes = (size_t)4096 * 512 * 2;
 	x_wedge(&w);
 	__atomic_store_n(&x.h->sq.tail, x.client_sq.local + 1000, __ATOMIC_RELEASE);
@@ -875,11 +879,8 @@ static void test_exec_model_released_mid_request(void **state)
 {
 	struct xfix fx;
 	struct xring x, w;
-	x_setup(&fx, 512, 512, 4096, 1, 4096);
-	xring_open(&fx, &x, XR_SQ, XR_SQ, 1);
-	xring_open(&fx, &w, XR_SQ, XR_SQ, 0);
 	uint64_t want;
-	uint16_t *y = long_request(&fx, &x, &want);
+	uint16_t *y = mid_request_setup(&fx, &x, &w, &want);
 	x_wedge(&w);
 	assert_int_equal(exec_refs_remove(&x.refs, fx.em.id), 0);
 	struct xjob j;
