@@ -84,6 +84,13 @@ static const struct setting settings[] = {
 	{ "cpu_threads", 290, "N", V_U32, OFF(cpu_threads), 0, 4096,
 	  "CPU backend: compute threads, the executor's included; 0: as many as this "
 	  "process may run on (sched_getaffinity, capped by cgroup cpu.max) (0)" },
+	/* scheduling: fairness between sessions (daemon/scheduler.h) */
+	{ "sched_chunk_rows", 291, "N", V_U32, OFF(sched_chunk_rows), 1, 65536,
+	  "a request of more rows runs in pieces of this many, with other sessions' "
+	  "work and jobs in between; one piece of the biggest layer per busy session "
+	  "is what a small request may wait (256)" },
+	{ "sched_session_rows", 292, "N", V_U32, OFF(sched_session_rows), 1, 1u << 24,
+	  "rows of one session the executor queues at once; more wait in its SQ (1024)" },
 	{ "log_level", 'l', "LEVEL", V_LOGLEVEL, OFF(log_level), 0, 0,
 	  "silent, error, warn, info or debug (info)" },
 	/* memory and per-uid limits: 0 is none, auto is derived (docs/daemon.md "Limits") */
@@ -172,6 +179,8 @@ int config_init(struct radiance_config *cfg)
 	cfg->max_n = 65536;
 	cfg->hello_timeout_ms = 5000;
 	cfg->decode_rows = 64;
+	cfg->sched_chunk_rows = 256;
+	cfg->sched_session_rows = 1024;
 	cfg->device = -1;   /* not given: the GPU backend takes 0, the CPU one does not warn */
 	cfg->log_level = RADIANCE_LOG_INFO;
 	cfg->socket_gid = (gid_t)-1;

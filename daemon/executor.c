@@ -72,16 +72,28 @@ struct radiance_executor {
 	int ctl_efd;
 	int epfd;
 
+	/* watchdog: written by the executor, read by the loop */
+	atomic_uint_fast64_t progress;
+	atomic_int idle;
+
 	/* executor-private */
+	struct sched_params sched;
 	struct exec_ring **rings;
 	size_t nrings;
 	size_t rr;                            /* round-robin start */
 	struct exec_job *uploading;           /* UPLOAD jobs in progress, FIFO */
-	struct exec_entry **batch;            /* max_rings * EXEC_BATCH */
-	size_t nbatch;
+	struct sched_flow **flows;            /* max_rings: this round's */
+	struct sched_req **batch;             /* max_rings * EXEC_BATCH: this round's pieces */
 	struct radiance_rows *rows;           /* max_rows */
 	struct bump bump;
 };
+
+static void progress_bump(struct radiance_executor *e)
+{
+	/* one writer: a plain load and store, no read-modify-write */
+	atomic_store_explicit(&e->progress, atomic_load_explicit(&e->progress, memory_order_relaxed) + 1,
+			      memory_order_relaxed);
+}
 
 static uint64_t now_ns(void)
 {
@@ -168,6 +180,9 @@ void exec_ring_init(struct exec_ring *r, void (*broken_done)(struct exec_job *),
 	r->broken.ring = r;
 	r->dead = 0;
 	r->need_doorbell = 0;
+	sched_flow_init(&r->flow);
+	for (size_t i = 0; i < EXEC_BATCH; i++)
+		r->entries[i].in_use = 0;
 }
 
 /* ---- executor -> loop ---- */
@@ -337,7 +352,62 @@ static int arena_range(const struct exec_ring *r, uint64_t off, uint32_t rows, u
 	return 0;
 }
 
-/* Takes what one SQ offers this pass into the batch. */
+static struct exec_entry *entry_of(struct sched_req *s)
+{
+	return (struct exec_entry *)((char *)s - offsetof(struct exec_entry, s));
+}
+
+/* A free slot for a request the flow admitted: there is one, as every slot
+ * in use is queued in the flow and the flow holds at most EXEC_BATCH. */
+static struct exec_entry *entry_alloc(struct exec_ring *r)
+{
+	for (size_t i = 0; i < EXEC_BATCH; i++)
+		if (!r->entries[i].in_use)
+			return &r->entries[i];
+	return NULL;
+}
+
+static void entry_release(struct exec_ring *r, struct exec_entry *en)
+{
+	sched_flow_remove(&r->flow, &en->s);
+	en->in_use = 0;
+}
+
+/* Forgets every queued request of r without answering it (the ring died or
+ * is being removed): nothing of r's arena is touched again. */
+static void ring_drop_queue(struct exec_ring *r)
+{
+	for (size_t i = 0; i < EXEC_BATCH; i++)
+		r->entries[i].in_use = 0;
+	sched_flow_clear(&r->flow);
+}
+
+/* Posts en's one result (all its pieces ran, or it failed) and frees its slot. */
+static void entry_finish(struct radiance_executor *e, struct exec_entry *en, int status,
+			 const char *error, uint64_t end)
+{
+	struct exec_ring *r = en->ring;
+	uint64_t start = en->started ? en->t_start : end;
+	post_result(e, r, en->request_id, status, error, start - en->t_seen, end - start);
+	stats_record(r->stats, en->rows.m, en->bytes_in, en->bytes_out, end - en->t_seen, status);
+	stats_record(e->opt.global_stats, en->rows.m, en->bytes_in, en->bytes_out, end - en->t_seen,
+		     status);
+	entry_release(r, en);
+}
+
+/* One non-blocking write to our own end of the session's pipe: the client
+ * holds only the read end, a different open file description, so nothing
+ * it does can make this block. A full pipe (never drained) answers EAGAIN,
+ * and a wakeup is pending anyway; a closed read end gives EPIPE (SIGPIPE is
+ * ignored). */
+static void ring_doorbell(struct exec_ring *r)
+{
+	if (r->need_doorbell && !r->dead && radiance_ring_needs_wakeup(&r->cq))
+		radiance_doorbell_ring(r->cq_wfd);
+	r->need_doorbell = 0;
+}
+
+/* Takes what one SQ offers this round into the ring's flow. */
 static void collect_ring(struct radiance_executor *e, struct exec_ring *r)
 {
 	int space = radiance_ring_space(&r->cq);
@@ -345,12 +415,21 @@ static void collect_ring(struct radiance_executor *e, struct exec_ring *r)
 		cq_violation(e, r);
 		return;
 	}
-	uint32_t budget = (uint32_t)space < EXEC_BATCH ? (uint32_t)space : EXEC_BATCH;
+	/* looked at every round, even when the flow takes nothing: a broken
+	 * SQ ends the session now, not after its queued pieces ran */
+	if (radiance_ring_ready(&r->sq) < 0) {
+		sq_violation(e, r);
+		return;
+	}
+	/* every queued request holds a CQ slot for its result; each request
+	 * taken now, good or refused, needs one more */
+	uint32_t room = (uint32_t)space > r->flow.n ? (uint32_t)space - r->flow.n : 0;
+	uint32_t budget = room < EXEC_BATCH ? room : EXEC_BATCH;
 	uint32_t taken = 0;
 	uint8_t slot[RADIANCE_SLOT_BYTES];
 	ProtobufCAllocator alloc = { bump_alloc, bump_free, &e->bump };
 
-	while (taken < budget) {
+	while (taken < budget && sched_flow_can_take(&e->sched, &r->flow)) {
 		int len = radiance_ring_pop(&r->sq, slot);
 		if (len == 0)
 			break;
@@ -371,7 +450,7 @@ static void collect_ring(struct radiance_executor *e, struct exec_ring *r)
 		/* req lives in the bump arena: copy what we keep, nothing to free */
 		uint64_t id = req->request_id;
 		int ready = radiance_ring_ready(&r->sq);
-		uint64_t inflight = (uint64_t)(ready > 0 ? ready : 0) + taken;
+		uint64_t inflight = (uint64_t)(ready > 0 ? ready : 0) + r->flow.n + 1;
 		if (inflight > r->max_inflight) {
 			reject(e, r, id, t_seen, EBUSY, "%llu requests in flight exceed the limit of %u",
 			       (unsigned long long)inflight, r->max_inflight);
@@ -426,8 +505,9 @@ static void collect_ring(struct radiance_executor *e, struct exec_ring *r)
 			reject(e, r, id, t_seen, EINVAL, "input and output ranges overlap");
 			continue;
 		}
-		struct exec_entry *en = &r->entries[taken - 1];
+		struct exec_entry *en = entry_alloc(r);
 		*en = (struct exec_entry){
+			.in_use = 1,
 			.ring = r,
 			.model = m,
 			.layer = req->layer,
@@ -442,117 +522,93 @@ static void collect_ring(struct radiance_executor *e, struct exec_ring *r)
 				.dtype = (enum radiance_dtype)req->dtype,
 			},
 		};
-		e->batch[e->nbatch++] = en;
+		sched_flow_push(&r->flow, &en->s, (uint64_t)m->id << 32 | req->layer,
+				(uint64_t)l->n * l->k, req->rows);
 	}
 }
 
-/* Orders the batch by (model, layer), keeping each session's order within a
- * group. Insertion sort: no allocation, and batches are small. This is
- * where a priority (decode rows first) would become the leading key. */
-static int entry_before(const struct exec_entry *a, const struct exec_entry *b)
+/* Runs the pieces v[0..n) (one model, one layer, rows summing <= max_rows;
+ * sched_launch_len) as one launch, posts the results of the requests whose
+ * last piece this was (or that failed), and rings their doorbells at once,
+ * so a decode result does not wait for the prefill pieces after it. */
+static void launch(struct radiance_executor *e, struct sched_req **v, size_t n)
 {
-	if (a->model != b->model)
-		return a->model->id < b->model->id;
-	return a->layer < b->layer;
-}
-
-static void sort_batch(struct exec_entry **v, size_t n)
-{
-	for (size_t i = 1; i < n; i++) {
-		struct exec_entry *x = v[i];
-		size_t j = i;
-		while (j > 0 && entry_before(x, v[j - 1])) {
-			v[j] = v[j - 1];
-			j--;
-		}
-		v[j] = x;
-	}
-}
-
-/* Runs entries [0, n) (one model, one layer, rows summing <= max_rows) as
- * one launch and posts their results. */
-static void launch(struct radiance_executor *e, struct exec_entry **v, size_t n)
-{
-	struct exec_model *m = v[0]->model;
-	const struct radiance_layer *l = &m->model->layers[v[0]->layer];
+	size_t live = 0;
+	for (size_t i = 0; i < n; i++)   /* skipping rings that died this round */
+		if (!entry_of(v[i])->ring->dead)
+			v[live++] = v[i];
+	if (!live)
+		return;
+	struct exec_entry *first = entry_of(v[0]);
+	struct exec_model *m = first->model;
+	const struct radiance_layer *l = &m->model->layers[first->layer];
 	char err[192] = "";
-	for (size_t i = 0; i < n; i++)
-		e->rows[i] = v[i]->rows;
+	for (size_t i = 0; i < live; i++) {
+		struct exec_entry *en = entry_of(v[i]);
+		/* x and y are 16-bit elements, rows apart by K and N */
+		e->rows[i] = (struct radiance_rows){
+			.x = (const uint16_t *)en->rows.x + (size_t)en->s.piece_row * l->k,
+			.y = en->rows.y + (size_t)en->s.piece_row * l->n,
+			.m = en->s.piece_rows,
+			.dtype = en->rows.dtype,
+		};
+	}
 	uint64_t start = now_ns();
-	int rc = radiance_backend_linear(e->backend, l, m->handles[v[0]->layer], e->rows, n, err,
+	int rc = radiance_backend_linear(e->backend, l, m->handles[first->layer], e->rows, live, err,
 					 sizeof err);
 	uint64_t end = now_ns();
 	if (rc < 0)
 		log_warn("model %u layer %u (%s): launch of %zu requests failed: %s", m->id,
-			 v[0]->layer, l->name, n, err);
-	for (size_t i = 0; i < n; i++) {
-		struct exec_entry *en = v[i];
-		struct exec_ring *r = en->ring;
-		post_result(e, r, en->request_id, rc < 0 ? -rc : 0, err, start - en->t_seen, end - start);
-		stats_record(r->stats, en->rows.m, en->bytes_in, en->bytes_out, end - en->t_seen, -rc);
-		stats_record(e->opt.global_stats, en->rows.m, en->bytes_in, en->bytes_out,
-			     end - en->t_seen, -rc);
-	}
-}
-
-static void group_and_run(struct radiance_executor *e)
-{
-	struct exec_entry **v = e->batch;
-	size_t n = e->nbatch;
-	sort_batch(v, n);
-	for (size_t i = 0; i < n;) {
-		size_t j = i;
-		uint32_t rows = 0;
-		/* a group: same model and layer, skipping rings that died meanwhile */
-		while (j < n && v[j]->model == v[i]->model && v[j]->layer == v[i]->layer &&
-		       rows + v[j]->rows.m <= e->opt.backend.max_rows) {
-			rows += v[j]->rows.m;
-			j++;
+			 first->layer, l->name, live, err);
+	for (size_t i = 0; i < live; i++) {
+		struct exec_entry *en = entry_of(v[i]);
+		if (!en->started) {
+			en->started = 1;
+			en->t_start = start;
 		}
-		size_t k = i, live = i;
-		for (; k < j; k++)
-			if (!v[k]->ring->dead)
-				v[live++] = v[k];
-		if (live > i)
-			launch(e, v + i, live - i);
-		i = j;
+		/* a failed piece fails its request: it is answered now, and its
+		 * later pieces never run */
+		if (rc < 0 || sched_req_last_piece(&en->s))
+			entry_finish(e, en, rc < 0 ? -rc : 0, err, end);
 	}
-	e->nbatch = 0;
+	for (size_t i = 0; i < live; i++)
+		ring_doorbell(entry_of(v[i])->ring);
+	progress_bump(e);
 }
 
-/* One pass over every ring. Returns the number of requests taken. */
+/* One round over every ring (or only one). Returns the requests taken plus
+ * the pieces run: 0 when there was nothing to do. */
 static size_t serve_pass(struct radiance_executor *e, struct exec_ring *only)
 {
-	size_t taken = 0;
-	e->nbatch = 0;
-	if (only) {
-		uint32_t before = only->sq.local;
-		collect_ring(e, only);
-		taken += only->sq.local - before;
-	} else {
-		for (size_t i = 0; i < e->nrings; i++) {
-			struct exec_ring *r = e->rings[(e->rr + i) % e->nrings];
-			if (r->dead)
-				continue;
+	size_t work = 0, nflows = 0, nr = only ? 1 : e->nrings;
+	for (size_t i = 0; i < nr; i++) {
+		struct exec_ring *r = only ? only : e->rings[(e->rr + i) % e->nrings];
+		if (!r->dead) {
 			uint32_t before = r->sq.local;
 			collect_ring(e, r);
-			taken += r->sq.local - before;
+			work += r->sq.local - before;
 		}
+		if (r->dead)
+			ring_drop_queue(r);
+		else if (r->flow.n)
+			e->flows[nflows++] = &r->flow;
+	}
+	if (!only)
 		e->rr = e->nrings ? (e->rr + 1) % e->nrings : 0;
+	size_t n = sched_round(&e->sched, e->flows, nflows, e->batch);
+	for (size_t i = 0; i < n;) {
+		size_t len = sched_launch_len(&e->sched, e->batch, n, i);
+		launch(e, e->batch + i, len);
+		i += len;
 	}
-	group_and_run(e);
-	for (size_t i = 0; i < e->nrings; i++) {
-		struct exec_ring *r = e->rings[i];
-		/* One non-blocking write to our own end of the session's pipe:
-		 * the client holds only the read end, a different open file
-		 * description, so nothing it does can make this block. A full
-		 * pipe (never drained) answers EAGAIN, and a wakeup is pending
-		 * anyway; a closed read end gives EPIPE (SIGPIPE is ignored). */
-		if (r->need_doorbell && !r->dead && radiance_ring_needs_wakeup(&r->cq))
-			radiance_doorbell_ring(r->cq_wfd);
-		r->need_doorbell = 0;
-	}
-	return taken;
+	work += n;
+	/* results of refused requests */
+	if (only)
+		ring_doorbell(only);
+	else
+		for (size_t i = 0; i < e->nrings; i++)
+			ring_doorbell(e->rings[i]);
+	return work;
 }
 
 /* ---- jobs ---- */
@@ -596,22 +652,45 @@ static void ring_remove(struct radiance_executor *e, struct exec_job *job)
 		job->status = -ENOENT;
 		return;
 	}
-	/* Drain: run what the client had already submitted (at most one SQ's
-	 * worth, so a client that keeps submitting cannot hold us). */
-	for (uint32_t budget = r->sq.entries; job->drain && !r->dead && budget > 0;) {
-		size_t n = serve_pass(e, r);
-		if (n == 0)
+	/* Drain: run what the client had already submitted, its queued
+	 * requests to their last piece included (taking at most one SQ's
+	 * worth, so a client that keeps submitting cannot hold us). Whatever
+	 * is still queued after that is dropped unanswered: from here on,
+	 * nothing of the ring is touched. */
+	uint32_t first = r->sq.local;
+	while (job->drain && !r->dead && r->sq.local - first < r->sq.entries)
+		if (serve_pass(e, r) == 0)
 			break;
-		budget = n >= budget ? 0 : budget - (uint32_t)n;
-	}
+	ring_drop_queue(r);
 	epoll_ctl(e->epfd, EPOLL_CTL_DEL, r->sq_efd, NULL);
 	radiance_backend_unregister_host(e->backend, r->arena);
 	e->rings[i] = e->rings[--e->nrings];
 	e->rr = 0;
 }
 
+/* Fails the requests still queued for m: their session released it with
+ * requests in flight, and m is about to go. */
+static void model_cancel(struct radiance_executor *e, struct exec_model *m)
+{
+	uint64_t now = now_ns();
+	for (size_t i = 0; i < e->nrings; i++) {
+		struct exec_ring *r = e->rings[i];
+		for (size_t j = 0; j < EXEC_BATCH; j++) {
+			struct exec_entry *en = &r->entries[j];
+			if (!en->in_use || en->model != m)
+				continue;
+			char msg[160];
+			snprintf(msg, sizeof msg, "model %u was released while the request was in "
+				 "flight (%u of its %u rows had run)", m->id, en->s.next, en->s.rows);
+			entry_finish(e, en, ENOENT, msg, now);
+		}
+		ring_doorbell(r);
+	}
+}
+
 static void model_free(struct radiance_executor *e, struct exec_model *m)
 {
+	model_cancel(e, m);
 	for (size_t i = 0; i < m->model->n_layers; i++) {
 		radiance_backend_layer_free(e->backend, m->handles[i]);
 		m->handles[i] = NULL;
@@ -695,6 +774,7 @@ static void run_jobs(struct radiance_executor *e)
 			break;
 		}
 		post_done(e, job);
+		progress_bump(e);
 		job = next;
 	}
 }
@@ -725,7 +805,9 @@ static void idle_sleep(struct radiance_executor *e)
 	}
 	if (!wake && !atomic_load(&e->jobs_pending) && !atomic_load(&e->stop)) {
 		struct epoll_event evs[16];
+		atomic_store(&e->idle, 1);
 		int n = epoll_wait(e->epfd, evs, 16, -1);
+		atomic_store(&e->idle, 0);
 		for (int i = 0; i < n; i++)
 			if (!evs[i].data.ptr)
 				radiance_doorbell_drain(e->ctl_efd);
@@ -758,6 +840,7 @@ static void *executor_main(void *arg)
 			upload_step(e);
 			n++;
 		}
+		progress_bump(e);
 		uint64_t t = now_ns();
 		if (n) {
 			last_work = t;
@@ -785,6 +868,7 @@ static void executor_release(struct radiance_executor *e)
 	close(e->ctl_efd);
 	close(e->epfd);
 	free(e->rings);
+	free(e->flows);
 	free(e->batch);
 	free(e->rows);
 }
@@ -799,10 +883,16 @@ int executor_create(uv_loop_t *loop, const struct executor_options *opt,
 	e->loop = loop;
 	e->opt = *opt;
 	e->ctl_efd = e->epfd = -1;
+	e->sched = (struct sched_params){
+		.chunk_rows = opt->chunk_rows ? opt->chunk_rows : opt->backend.max_rows,
+		.session_rows = opt->session_rows ? opt->session_rows : opt->backend.max_rows,
+		.max_rows = opt->backend.max_rows,
+	};
 	e->rings = calloc(opt->max_rings, sizeof *e->rings);
+	e->flows = calloc(opt->max_rings, sizeof *e->flows);
 	e->batch = calloc((size_t)opt->max_rings * EXEC_BATCH, sizeof *e->batch);
 	e->rows = calloc(opt->backend.max_rows, sizeof *e->rows);
-	if (!e->rings || !e->batch || !e->rows)
+	if (!e->rings || !e->flows || !e->batch || !e->rows)
 		goto fail_alloc;
 	e->ctl_efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 	e->epfd = epoll_create1(EPOLL_CLOEXEC);
@@ -856,6 +946,7 @@ fail_fds:
 		close(e->epfd);
 fail_alloc:
 	free(e->rings);
+	free(e->flows);
 	free(e->batch);
 	free(e->rows);
 	free(e);
@@ -868,6 +959,25 @@ fail:
 const struct radiance_backend_info *executor_backend_info(const struct radiance_executor *e)
 {
 	return &e->info;
+}
+
+void executor_liveness(struct radiance_executor *e, struct exec_liveness *out)
+{
+	out->progress = atomic_load_explicit(&e->progress, memory_order_relaxed);
+	/* asleep with a job queued is a wakeup lost, not idleness */
+	out->idle = atomic_load(&e->idle) && !atomic_load(&e->jobs_pending);
+}
+
+int exec_watch_alive(struct exec_watch *w, const struct exec_liveness *l, uint64_t now_ns,
+		     uint64_t timeout_ns)
+{
+	if (!w->started || l->progress != w->progress || l->idle) {
+		w->started = 1;
+		w->progress = l->progress;
+		w->seen_ns = now_ns;
+		return 1;
+	}
+	return now_ns - w->seen_ns < timeout_ns;
 }
 
 void executor_destroy(struct radiance_executor *e)

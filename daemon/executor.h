@@ -6,38 +6,54 @@
  * thread owns the backend and a private list of the rings it serves. They
  * meet in exactly two places:
  *   - jobs: the loop submits a struct exec_job (add or remove a ring, upload
- *     or free a model's layers, ping); the executor runs it between passes
+ *     or free a model's layers, ping); the executor runs it between rounds
  *     over the rings and hands it back, and job->done runs on the loop
  *     thread (through a uv_async), in submission order.
  *   - a session's model references (struct exec_refs), which the loop
  *     changes and the executor reads per request, under the refs' mutex.
- * The executor holds pointers into a session's shared memory and into
- * models only within one pass, and jobs run between passes. So when a
+ * The executor holds pointers into a session's shared memory from the moment
+ * it takes a request from the SQ until that request completes, the ring
+ * dies or RING_REMOVE runs (which drops whatever is still queued), and into
+ * models only while some request uses them (MODEL_FREE first fails the
+ * requests still queued for the model); jobs run between rounds. So when a
  * RING_REMOVE job's done runs, the executor will never touch that ring's
  * memory again (the loop may munmap it); when a MODEL_FREE job's done runs,
- * no pass uses the model any more. The loop never frees either earlier.
+ * nothing uses the model any more. The loop never frees either earlier.
  *
- * A pass: for each ring in round-robin order, pop at most EXEC_BATCH
- * requests (never more than the CQ has room for: the CQ cannot overflow),
- * copy each slot out, decode and validate it; invalid ones get an error
- * result at once. The valid ones of all rings are grouped by (model, layer)
- * and each group runs as one backend launch of stacked rows (at most
- * max_rows); results are posted and CQ doorbells rung for clients that
- * sleep. Requests in flight at the same time are independent, so grouping
- * may reorder a session's completions. The seams for later work: a
- * priority (decode before prefill) is a sort key in group_and_run(); a
- * device-side merge of more rows is the backend's business.
+ * A round (daemon/scheduler.h has the policy): for each ring in round-robin
+ * order, take requests from the SQ into the ring's flow (its queue of
+ * requests being served) while the flow admits more (at most EXEC_BATCH
+ * requests and sched.session_rows rows) and the CQ has room for the result
+ * of every queued request as well (the CQ cannot overflow); copy each slot
+ * out, decode and validate it; invalid ones get an error result at once.
+ * Then deficit round robin hands each flow at most about one chunk of the
+ * biggest layer queued (sched.chunk_rows rows x N x K): requests of more
+ * than chunk_rows rows run in pieces of chunk_rows, one a round, and post
+ * one result when the last has run. The round's pieces run decode first,
+ * grouped by (model, layer) across sessions into launches of stacked rows
+ * (at most max_rows); after each launch its results are posted and CQ
+ * doorbells rung for clients that sleep. Between rounds the jobs run, so a
+ * flood of big requests delays ring set-up, uploads and other sessions'
+ * requests by about one chunk per busy session, not by the flood. Requests
+ * in flight at the same time are independent, so the order of a session's
+ * completions is not the order of submission.
+ *
+ * Liveness (the systemd watchdog): the thread counts its progress (every
+ * launch, job and round) and says when it is asleep waiting for work;
+ * exec_watch_alive() judges it stuck when neither happened for a whole
+ * watchdog interval, however busy the rings are.
  *
  * Idle: spin ~50 us, then set `sleeping` on every SQ, re-check, and
  * epoll_wait on all SQ doorbells plus a control eventfd.
  *
  * A ring that violates the protocol (corrupted head/tail, undecodable slot)
- * is no longer served; the executor posts the ring's `broken` notice job
- * (job->done on the loop, with the reason in job->err) and the loop ends
- * that session. Nobody else is affected.
+ * is no longer served; its queued requests are dropped and the executor
+ * posts the ring's `broken` notice job (job->done on the loop, with the
+ * reason in job->err) and the loop ends that session. Nobody else is
+ * affected.
  *
  * Memory: everything the executor uses while serving is allocated at create
- * or by the loop before RING_ADD; a pass does not allocate.
+ * or by the loop before RING_ADD; a round does not allocate.
  */
 #ifndef RADIANCE_EXECUTOR_H
 #define RADIANCE_EXECUTOR_H
@@ -50,9 +66,10 @@
 #include "backend.h"
 #include "model.h"
 #include "ring.h"
+#include "scheduler.h"
 #include "stats.h"
 
-#define EXEC_BATCH 32u          /* most requests taken from one SQ per pass */
+#define EXEC_BATCH SCHED_QUEUE  /* most requests of one SQ queued at once */
 
 struct radiance_executor;
 
@@ -90,15 +107,20 @@ int exec_refs_remove(struct exec_refs *r, uint32_t model_id);
 /* Any thread; the pointer is valid while the reference is held. */
 struct exec_model *exec_refs_find(struct exec_refs *r, uint32_t model_id);
 
-/* One request taken from an SQ, waiting in the pass's batch. */
+/* One request taken from an SQ, queued in its ring's flow until its last
+ * piece has run. */
 struct exec_entry {
+	struct sched_req s;              /* the scheduler's view; in ring->flow */
+	int in_use;
+	int started;                     /* a piece has run: t_start is set */
 	struct exec_ring *ring;
 	struct exec_model *model;
 	uint32_t layer;
 	uint64_t request_id;
 	uint64_t t_seen;                 /* CLOCK_MONOTONIC ns */
+	uint64_t t_start;                /* its first piece's launch */
 	uint64_t bytes_in, bytes_out;
-	struct radiance_rows rows;       /* x, y point into the ring's arena */
+	struct radiance_rows rows;       /* the whole request: x, y point into the arena */
 };
 
 enum exec_job_kind {
@@ -107,7 +129,7 @@ enum exec_job_kind {
 	EXEC_JOB_MODEL_UPLOAD,   /* upload every layer of job->model, one per step,
 	                            into its shared allocation when the backend makes one */
 	EXEC_JOB_MODEL_FREE,     /* free job->model's backend layers and shared allocation */
-	EXEC_JOB_PING,           /* nothing: proves the thread is alive (watchdog) */
+	EXEC_JOB_PING,           /* nothing: done once the jobs before it are */
 	EXEC_JOB_NOTICE,         /* executor -> loop only: a ring broke (job->err) */
 };
 
@@ -140,7 +162,8 @@ struct exec_ring {
 	/* executor-private */
 	int dead;
 	int need_doorbell;
-	struct exec_entry entries[EXEC_BATCH];
+	struct sched_flow flow;        /* the queued entries, in the order taken */
+	struct exec_entry entries[EXEC_BATCH];   /* slots; in_use ones are in flow */
 };
 
 /* Prepares the private part and the broken notice (done/user as given). */
@@ -150,6 +173,8 @@ struct executor_options {
 	struct radiance_backend_options backend;
 	uint32_t max_rings;           /* sessions that may hold a ring at once */
 	uint32_t spin_us;             /* busy-poll before sleeping (50) */
+	uint32_t chunk_rows;          /* piece size of prefill requests (sched_params) */
+	uint32_t session_rows;        /* rows one session may have queued (sched_params) */
 	struct radiance_stats *global_stats;
 };
 
@@ -168,5 +193,30 @@ void executor_submit(struct radiance_executor *e, struct exec_job *job);
  * uv_async and frees e once libuv lets go of it. Every ring must be removed
  * and every model freed first. Loop thread; e is gone after the loop runs. */
 void executor_destroy(struct radiance_executor *e);
+
+/* What the watchdog looks at. */
+struct exec_liveness {
+	uint64_t progress;   /* moves whenever the thread finishes a launch, a job or a round */
+	int idle;            /* asleep in epoll waiting for work, with no job queued */
+};
+
+/* A snapshot of e's liveness. Any thread (atomics). */
+void executor_liveness(struct radiance_executor *e, struct exec_liveness *out);
+
+/* The watchdog's memory between looks; zero it to start. */
+struct exec_watch {
+	int started;
+	uint64_t progress;   /* as last seen */
+	uint64_t seen_ns;    /* when it was last seen moving (or idle) */
+};
+
+/* The verdict at now_ns on a snapshot l: 1 (alive: feed the watchdog) when
+ * the thread is idle, or its progress moved since the last look, or it
+ * moved less than timeout_ns ago; 0 when it has been busy without progress
+ * for timeout_ns or more (wedged in a launch, a device call or a lock). The
+ * first look counts as a move. No I/O, no clock of its own: the caller
+ * passes the time. */
+int exec_watch_alive(struct exec_watch *w, const struct exec_liveness *l, uint64_t now_ns,
+		     uint64_t timeout_ns);
 
 #endif

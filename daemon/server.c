@@ -866,34 +866,25 @@ static int start_preloads(struct radiance_server *srv)
 
 /* ---- watchdog, signals, shutdown ---- */
 
-static void on_ping(struct exec_job *job)
-{
-	struct radiance_server *srv = job->user;
-	srv->ping_pending = 0;
-}
-
 /* Fed from the loop at half the interval, and only while the executor
- * answers pings: a wedged compute thread (a hung GPU call) stops the feed
- * after one full interval, and systemd restarts us. */
+ * makes progress (a launch, a job, a round) or sleeps waiting for work: a
+ * compute thread wedged in a GPU call or a lock stops the feed after one
+ * full interval, and systemd restarts us. A busy executor keeps it fed:
+ * big requests run in pieces (sched_chunk_rows), each one progress. */
 static void on_watchdog(uv_timer_t *t)
 {
 	struct radiance_server *srv = t->data;
+	if (!srv->exec)
+		return;
+	struct exec_liveness l;
+	executor_liveness(srv->exec, &l);
 	uint64_t now = now_ns();
-	if (!srv->ping_pending) {
-		memset(&srv->ping, 0, sizeof srv->ping);
-		srv->ping.kind = EXEC_JOB_PING;
-		srv->ping.done = on_ping;
-		srv->ping.user = srv;
-		srv->ping_pending = 1;
-		srv->ping_sent_ns = now;
-		executor_submit(srv->exec, &srv->ping);
+	if (exec_watch_alive(&srv->watch, &l, now, srv->watchdog_usec * 1000u))
 		notify_watchdog();
-	} else if (now - srv->ping_sent_ns < srv->watchdog_usec * 1000u) {
-		notify_watchdog();
-	} else {
-		log_error("the executor has not answered for %llu ms: not feeding the watchdog",
-			  (unsigned long long)((now - srv->ping_sent_ns) / 1000000u));
-	}
+	else
+		log_error("the executor has made no progress for %llu ms (a launch, a job or a "
+			  "lock that does not return): not feeding the watchdog",
+			  (unsigned long long)((now - srv->watch.seen_ns) / 1000000u));
 }
 
 static void registry_empty(void *user)
@@ -1021,6 +1012,8 @@ int server_run(const struct radiance_config *cfg)
 		},
 		.max_rings = cfg->max_sessions,
 		.spin_us = 50,
+		.chunk_rows = cfg->sched_chunk_rows,
+		.session_rows = cfg->sched_session_rows,
 		.global_stats = &srv.stats,
 	};
 	rc = executor_create(&loop, &eo, &srv.exec, err, sizeof err);

@@ -79,9 +79,7 @@ struct radiance_server {
 	uv_signal_t sigterm, sigint, sighup, sigusr1, sigusr2;
 	uv_timer_t watchdog;
 	uint64_t watchdog_usec;
-	struct exec_job ping;
-	int ping_pending;
-	uint64_t ping_sent_ns;
+	struct exec_watch watch;              /* the executor's progress as last seen */
 
 	size_t preloads_pending;
 	int stopping;

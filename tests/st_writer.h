@@ -154,6 +154,49 @@ static inline int stw_write(const struct stw *w, const char *path)
 	return stw_write_range(w, 0, w->n, path);
 }
 
+/* A W4A8 layer in the checkpoint's (AutoRound auto_gptq) layout, as
+ * module.qweight I32 [K/8, N] (code of k = 8w+j in bits 4j..4j+3 of word w),
+ * module.scales F16 [K/128, N] and module.qzeros I32 [K/128, ceil(N/8)],
+ * all 7s (zero point 8; padding nibbles past N are 0, as some exporters
+ * leave them). code(n, k) gives each int4 code (0..15), scale(n, g) each
+ * group's fp16 bits. */
+static inline void stw_add_w4(struct stw *w, const char *module, uint32_t n, uint32_t k,
+			      uint32_t (*code)(uint32_t n, uint32_t k),
+			      uint16_t (*scale)(uint32_t n, uint32_t g))
+{
+	char name[256];
+	uint32_t words = k / 8, groups = k / 128, zw = (n + 7) / 8;
+	uint32_t *qw = calloc((size_t)words * n, 4);
+	uint16_t *sc = calloc((size_t)groups * n, 2);
+	uint32_t *qz = calloc((size_t)groups * zw, 4);
+	assert(qw && sc && qz);
+	for (uint32_t wd = 0; wd < words; wd++)
+		for (uint32_t j = 0; j < n; j++) {
+			uint32_t v = 0;
+			for (uint32_t b = 0; b < 8; b++)
+				v |= (code(j, wd * 8 + b) & 0xFu) << (4 * b);
+			qw[(size_t)wd * n + j] = v;
+		}
+	for (uint32_t g = 0; g < groups; g++) {
+		for (uint32_t j = 0; j < n; j++)
+			sc[(size_t)g * n + j] = scale(j, g);
+		for (uint32_t z = 0; z < zw; z++) {
+			uint32_t cols = n - z * 8 < 8 ? n - z * 8 : 8;
+			qz[(size_t)g * zw + z] = cols == 8 ? 0x77777777u :
+				(uint32_t)((1ull << (4 * cols)) - 1) & 0x77777777u;
+		}
+	}
+	snprintf(name, sizeof name, "%s.qweight", module);
+	stw_add(w, name, "I32", 2, (uint64_t[]){ words, n }, qw, (size_t)words * n * 4);
+	snprintf(name, sizeof name, "%s.scales", module);
+	stw_add(w, name, "F16", 2, (uint64_t[]){ groups, n }, sc, (size_t)groups * n * 2);
+	snprintf(name, sizeof name, "%s.qzeros", module);
+	stw_add(w, name, "I32", 2, (uint64_t[]){ groups, zw }, qz, (size_t)groups * zw * 4);
+	free(qw);
+	free(sc);
+	free(qz);
+}
+
 static inline int write_text(const char *path, const char *text)
 {
 	FILE *f = fopen(path, "w");

@@ -63,41 +63,9 @@ static uint16_t scale_of(uint32_t n, uint32_t g)
 	return (uint16_t)(0x2C00u + n * 37u + g * 11u);   /* distinct finite fp16 */
 }
 
-/* W4A8 layer in the checkpoint's layout: qweight [K/8, N], scales [K/128, N],
- * qzeros [K/128, ceil(N/8)] all 7s (padding nibbles past N are 0, as some
- * exporters leave them). */
 static void add_w4(struct stw *w, const char *module, uint32_t n, uint32_t k)
 {
-	char name[256];
-	uint32_t words = k / 8, groups = k / 128, zw = (n + 7) / 8;
-	uint32_t *qw = calloc((size_t)words * n, 4);
-	uint16_t *sc = calloc((size_t)groups * n, 2);
-	uint32_t *qz = calloc((size_t)groups * zw, 4);
-	assert_non_null(qw);
-	for (uint32_t wd = 0; wd < words; wd++)
-		for (uint32_t j = 0; j < n; j++) {
-			uint32_t v = 0;
-			for (uint32_t b = 0; b < 8; b++)
-				v |= code_of(j, wd * 8 + b) << (4 * b);
-			qw[wd * n + j] = v;
-		}
-	for (uint32_t g = 0; g < groups; g++) {
-		for (uint32_t j = 0; j < n; j++)
-			sc[g * n + j] = scale_of(j, g);
-		for (uint32_t z = 0; z < zw; z++) {
-			uint32_t cols = n - z * 8 < 8 ? n - z * 8 : 8;
-			qz[g * zw + z] = cols == 8 ? 0x77777777u : (uint32_t)((1ull << (4 * cols)) - 1) & 0x77777777u;
-		}
-	}
-	snprintf(name, sizeof name, "%s.qweight", module);
-	stw_add(w, name, "I32", 2, (uint64_t[]){ words, n }, qw, (size_t)words * n * 4);
-	snprintf(name, sizeof name, "%s.scales", module);
-	stw_add(w, name, "F16", 2, (uint64_t[]){ groups, n }, sc, (size_t)groups * n * 2);
-	snprintf(name, sizeof name, "%s.qzeros", module);
-	stw_add(w, name, "I32", 2, (uint64_t[]){ groups, zw }, qz, (size_t)groups * zw * 4);
-	free(qw);
-	free(sc);
-	free(qz);
+	stw_add_w4(w, module, n, k, code_of, scale_of);
 }
 
 static uint16_t bf16_of(uint32_t i)

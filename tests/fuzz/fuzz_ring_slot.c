@@ -1,9 +1,10 @@
 /*
  * Fuzz target: the data plane as the executor sees it. The client owns the
  * SQ/CQ memory and can write anything there at any time; this drives the
- * executor's real pass (serve_pass -> collect_ring -> group_and_run ->
+ * executor's real round (serve_pass -> collect_ring -> sched_round ->
  * launch on the CPU backend) over two rings whose slots, SQ tail and CQ
- * head come from the input.
+ * head come from the input. Requests above 3 rows run in pieces, so some
+ * stay queued from one pass to the next.
  *
  * collect_ring(), the function that pops a slot, decodes the LinearRequest
  * and validates it against the session's models and arena, is static, and
@@ -84,6 +85,7 @@ struct fz_ring {
 	uint32_t client_tail;            /* the client's SQ producer counter */
 	struct radiance_stats stats;
 	int broken_seen;
+	int head_forged;                 /* this input moved the CQ head itself */
 };
 static struct fz_ring rings[FZ_RINGS];
 
@@ -152,15 +154,18 @@ static void setup(void)
 	};
 	E->opt.max_rings = FZ_RINGS;
 	E->opt.global_stats = &global_stats;
+	E->sched = (struct sched_params){ .chunk_rows = 3, .session_rows = FZ_MAX_ROWS,
+					  .max_rows = FZ_MAX_ROWS };
 	stats_init(&global_stats);
 	pthread_mutex_init(&E->lock, NULL);
 	FUZZ_CHECK(uv_async_init(&loop, &E->async, fz_on_async) == 0);
 	E->async.data = E;
 	E->ctl_efd = E->epfd = -1;
 	E->rings = calloc(FZ_RINGS, sizeof *E->rings);
+	E->flows = calloc(FZ_RINGS, sizeof *E->flows);
 	E->batch = calloc((size_t)FZ_RINGS * EXEC_BATCH, sizeof *E->batch);
 	E->rows = calloc(FZ_MAX_ROWS, sizeof *E->rows);
-	FUZZ_CHECK(E->rings && E->batch && E->rows);
+	FUZZ_CHECK(E->rings && E->flows && E->batch && E->rows);
 	FUZZ_CHECK(radiance_backend_create(&E->opt.backend, &E->backend, err, sizeof err) == 0);
 
 	static struct radiance_layer l1[3], l2[1], l3[1];
@@ -229,10 +234,11 @@ static void consume_cq(struct fz_ring *fr)
 /* One executor pass over both rings, then the client reads its results. */
 static void pass(void)
 {
-	uint32_t before[FZ_RINGS], cq_before[FZ_RINGS];
+	uint32_t before[FZ_RINGS], cq_before[FZ_RINGS], queued[FZ_RINGS];
 	for (int i = 0; i < FZ_RINGS; i++) {
 		before[i] = rings[i].r.sq.local;
 		cq_before[i] = rings[i].r.cq.local;
+		queued[i] = rings[i].r.flow.n;
 	}
 	serve_pass(E, NULL);
 	for (int i = 0; i < FZ_RINGS; i++) {
@@ -240,11 +246,35 @@ static void pass(void)
 		uint32_t taken = r->sq.local - before[i];
 		uint32_t posted = r->cq.local - cq_before[i];
 		FUZZ_CHECK(taken <= EXEC_BATCH);
-		/* one result per request taken, unless the ring broke on the way */
-		FUZZ_CHECK(r->dead || posted == taken);
-		FUZZ_CHECK(posted <= taken);
+		FUZZ_CHECK(r->flow.n <= EXEC_BATCH);
+		/* one result per request, when its last piece ran: what was
+		 * queued or taken is now posted or still queued, unless the
+		 * ring broke on the way */
+		FUZZ_CHECK(r->dead || posted + r->flow.n == queued[i] + taken);
+		FUZZ_CHECK(posted <= queued[i] + taken);
+		/* a queued request always has its CQ slot (unless the client
+		 * took slots back by moving the CQ head backwards) */
+		if (!r->dead && !rings[i].head_forged) {
+			int space = radiance_ring_space(&r->cq);
+			FUZZ_CHECK(space < 0 || (uint32_t)space >= r->flow.n);
+		}
 		consume_cq(&rings[i]);
 	}
+}
+
+/* Passes until every live ring's queue is empty: a queued request always
+ * completes (each pass runs at least one piece of every queue). */
+static void finish_queued(void)
+{
+	for (int n = 0; n < 4 * (int)EXEC_BATCH; n++) {
+		int left = 0;
+		for (int i = 0; i < FZ_RINGS; i++)
+			left |= !rings[i].r.dead && rings[i].r.flow.n;
+		if (!left)
+			return;
+		pass();
+	}
+	FUZZ_CHECK(!"queued requests did not complete");
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -261,7 +291,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
 	E->nrings = FZ_RINGS;
 	E->rr = 0;
-	E->nbatch = 0;
 	job_list_take(&E->done);
 	for (int i = 0; i < FZ_RINGS; i++) {
 		struct fz_ring *fr = &rings[i];
@@ -275,6 +304,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		radiance_ring_init(&r->cq, &fr->h->cq, fr->cq_slots, cq_entries);
 		radiance_ring_init(&fr->client_cq, &fr->h->cq, fr->cq_slots, cq_entries);
 		fr->client_tail = 0;
+		fr->head_forged = 0;
 		r->session_id = (uint64_t)i + 1;
 		r->arena = malloc(arena_bytes);   /* exact size: ASan guards both ends */
 		FUZZ_CHECK(r->arena);
@@ -310,8 +340,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		__atomic_store_n(&fr->h->sq.tail, fr->client_tail, __ATOMIC_RELEASE);
 		if (rh & 0x20)
 			__atomic_store_n(&fr->h->sq.tail, fr->r.sq.local + rd32(&in), __ATOMIC_RELEASE);
-		if (rh & 0x40)
+		if (rh & 0x40) {
 			__atomic_store_n(&fr->h->cq.head, fr->r.cq.local - rd8(&in), __ATOMIC_RELEASE);
+			fr->head_forged = 1;
+		}
 
 		if (rh & 0x10 && in.n)
 			continue;
@@ -319,6 +351,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		if (rings[0].r.dead && rings[1].r.dead)
 			break;
 	}
+	finish_queued();
 
 	/* A broken ring was reported exactly once, through its notice job. */
 	size_t notices = 0;
