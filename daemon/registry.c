@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "limit.h"
 #include "log.h"
 
@@ -36,13 +37,6 @@ struct radiance_registry {
 	struct uid_charge *uids;          /* uids with bytes > 0 */
 	size_t nuids, uids_cap;
 };
-
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 static void check_shutdown(struct radiance_registry *reg)
 {
@@ -512,7 +506,7 @@ out:
 static void send_progress(struct radiance_resident *res, int force)
 {
 	uint64_t total = atomic_load(&res->total_bytes), done = atomic_load(&res->done_bytes);
-	uint64_t t = now_ns();
+	uint64_t t = radiance_clock_ns();
 	if (done == res->sent_bytes && res->sent_ns)
 		return;
 	if (!force && done != total && done - res->sent_bytes < total / 100 &&

@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "limit.h"
 #include "log.h"
 #include "notify.h"
@@ -44,20 +45,13 @@
 #define FDS_PER_SESSION (RADIANCE_MAX_FDS + 5u)
 #define FDS_DAEMON (256u + REFUSED_MAX)
 
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 static void server_stop(struct radiance_server *srv, int exit_code);
 
 /* 1 when a rate-limited message may be logged now; *missed is how many
  * were held back since the last one. */
 static int ratelimit_pass(struct log_ratelimit *rl, uint64_t *missed)
 {
-	uint64_t now = now_ns();
+	uint64_t now = radiance_clock_ns();
 	if (now < rl->next_ns) {
 		rl->suppressed++;
 		return 0;
@@ -298,7 +292,7 @@ static int refused_drain(struct refused_conn *r)
 	for (int i = 0; i < 16; i++) {
 		char buf[4096];
 		union {
-			char b[CMSG_SPACE(sizeof(int) * 253)];
+			char b[CMSG_SPACE(sizeof(int) * RADIANCE_SCM_MAX_FD)];
 			struct cmsghdr align;
 		} ctl;
 		struct iovec iov = { .iov_base = buf, .iov_len = sizeof buf };
@@ -878,7 +872,7 @@ static void on_ping(struct exec_job *job)
 static void on_watchdog(uv_timer_t *t)
 {
 	struct radiance_server *srv = t->data;
-	uint64_t now = now_ns();
+	uint64_t now = radiance_clock_ns();
 	if (!srv->ping_pending) {
 		memset(&srv->ping, 0, sizeof srv->ping);
 		srv->ping.kind = EXEC_JOB_PING;
@@ -983,7 +977,7 @@ int server_run(const struct radiance_config *cfg)
 	srv.loop = &loop;
 	srv.cfg = cfg;
 	srv.listen_fd = -1;
-	srv.start_ns = now_ns();
+	srv.start_ns = radiance_clock_ns();
 	stats_init(&srv.stats);
 	/* writes to a vanished client must fail with EPIPE, not kill us */
 	signal(SIGPIPE, SIG_IGN);

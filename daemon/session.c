@@ -13,19 +13,13 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "limit.h"
 #include "log.h"
 #include "map.h"
 #include "proto_util.h"
 #include "server.h"
 #include "shm.h"
-
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 /* ---- replies ---- */
 
@@ -467,7 +461,7 @@ static void handle_stats(struct radiance_session *s, uint64_t tag)
 	global.latency_cumulative = cum;
 	stats_fill(&srv->stats, &global);
 	global.sessions = srv->nsessions;
-	global.uptime_ns = now_ns() - srv->start_ns;
+	global.uptime_ns = radiance_clock_ns() - srv->start_ns;
 	stats_msg_fill(s, &mine);
 	mine.uptime_ns = global.uptime_ns;
 
