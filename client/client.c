@@ -58,8 +58,6 @@ const char *radiance_strerror(int err)
 		return "the data plane (rings) is not open";
 	case EFAULT:
 		return "buffer not inside the shared arena";
-	case ERANGE:
-		return "layer index out of range";
 	case ENOTSOCK:
 		return "not a socket (the path names another kind of file)";
 	case EBADFD:

@@ -252,7 +252,7 @@ static int held_layer(struct radiance *r, uint32_t model_id, uint32_t layer,
 	if (!h)
 		return radiance__client_fail(r, -ENOENT, "this session holds no model %u", model_id);
 	if (layer >= h->info->n_layers)
-		return radiance__client_fail(r, -ERANGE, "layer %u is out of range: model %u has "
+		return radiance__client_fail(r, -ENOENT, "layer %u is out of range: model %u has "
 					     "%zu layers, indexed from 0", layer, model_id,
 					     h->info->n_layers);
 	*out = &h->info->layers[layer];
