@@ -535,7 +535,10 @@ static void on_ring_removed(struct exec_job *job)
 	session_maybe_free(s);
 }
 
-static void ring_remove(struct radiance_session *s)
+/* Hands the ring to the executor to take off its list (EXEC_JOB_RING_REMOVE);
+ * the segment is released in on_ring_removed, once the executor no longer
+ * reads it. Not executor.c's ring_remove, which does the taking off. */
+static void session_ring_release(struct radiance_session *s)
 {
 	memset(&s->ring_job, 0, sizeof s->ring_job);
 	s->ring_job.kind = EXEC_JOB_RING_REMOVE;
@@ -569,7 +572,7 @@ static void on_ring_added(struct exec_job *job)
 	}
 	s->ring_state = SESSION_RING_ACTIVE;
 	if (s->state == SESSION_CLOSING) {
-		ring_remove(s);
+		session_ring_release(s);
 		return;
 	}
 	Radiance__RingReady rr = RADIANCE__RING_READY__INIT;
@@ -917,7 +920,7 @@ void session_close(struct radiance_session *s, int violation, const char *fmt, .
 	uv_close((uv_handle_t *)&s->hello_timer, on_timer_closed);
 	radiance_conn_finish(&s->conn);
 	if (s->ring_state == SESSION_RING_ACTIVE)
-		ring_remove(s);
+		session_ring_release(s);
 	/* ADDING: on_ring_added sees CLOSING and removes it */
 }
 
