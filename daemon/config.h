@@ -46,6 +46,8 @@ struct radiance_config {
 	uint32_t hello_timeout_ms;  /* a connection that sends no Hello this long is closed */
 	uint32_t decode_rows;       /* largest M of the split-K decode path (clamped to max_rows) */
 	uint32_t numerics_gate;     /* 1: GPU backend checks first launches against the CPU */
+	char *share;                /* GPU backend: auto, vmm, ipc or none; NULL: auto */
+	uint32_t fake_share;        /* 1: CPU backend exports the test memfd (tests only) */
 	uint32_t cpu_threads;       /* CPU backend compute threads; 0: all usable (auto) */
 	enum radiance_map_allow map_allow;   /* who may map models' device memory */
 	/* Limits (docs/daemon.md "Limits"); 0: none. config_load resolves

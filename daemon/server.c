@@ -1009,6 +1009,8 @@ int server_run(const struct radiance_config *cfg)
 			.max_decode_rows = cfg->decode_rows < cfg->max_rows ? cfg->decode_rows
 									     : cfg->max_rows,
 			.numerics_gate = cfg->numerics_gate != 0,
+			.share = cfg->share,
+			.fake_share = cfg->fake_share != 0,
 			.cpu_threads = cfg->cpu_threads,
 			.max_n = cfg->max_n,
 			.max_k = cfg->max_k,
