@@ -20,6 +20,7 @@
 #include "proto_util.h"
 #include "server.h"
 #include "shm.h"
+#include "text.h"
 
 /* ---- replies ---- */
 
@@ -343,7 +344,7 @@ static void handle_attach(struct radiance_session *s, uint64_t tag, const Radian
 	const char *name = a->name ? a->name : "";
 	char err[512];
 	/* it goes into the log and the reply: never as the client wrote it */
-	if (registry_check_name("AttachModel.name", name, REGISTRY_NAME_MAX, err, sizeof err) < 0) {
+	if (radiance_text_check("AttachModel.name", name, REGISTRY_NAME_MAX, err, sizeof err) < 0) {
 		send_error(s, tag, EINVAL, "%s", err);
 		return;
 	}
