@@ -24,6 +24,7 @@
 #include "clock.h"
 #include "client-private.h"
 #include "proto_util.h"
+#include "wire.h"
 
 #ifndef RADIANCE_VERSION
 #define RADIANCE_VERSION "unknown"

@@ -15,6 +15,7 @@
 #include "checkpoint_files.h"
 #include "client-private.h"
 #include "proto_util.h"
+#include "wire.h"
 
 /* --- descriptions --------------------------------------------------------- */
 

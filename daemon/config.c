@@ -16,6 +16,7 @@
 #include "limit.h"
 #include "log.h"
 #include "shm.h"
+#include "wire.h"
 
 enum value_type {
 	V_STRING, V_BACKEND, V_BOOL, V_INT, V_U32, V_POW2, V_BYTES, V_LOGLEVEL, V_PRELOAD,

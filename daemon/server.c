@@ -20,6 +20,7 @@
 #include "notify.h"
 #include "proto_util.h"
 #include "session.h"
+#include "wire.h"
 
 /* Stop reading a client's requests while this much of its replies is
  * unsent: a client that never reads cannot make us buffer without bound. */

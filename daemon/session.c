@@ -21,6 +21,7 @@
 #include "server.h"
 #include "shm.h"
 #include "text.h"
+#include "wire.h"
 
 /* ---- replies ---- */
 

@@ -27,6 +27,7 @@
 #include "client-private.h"
 #include "proto_util.h"
 #include "radiance.h"
+#include "wire.h"
 
 /* --- arena ---------------------------------------------------------------- */
 

@@ -34,6 +34,7 @@
 #include "daemon_harness.h"
 #include "proto_util.h"
 #include "raw_client.h"
+#include "wire.h"
 
 static struct h_ref ref;
 static struct h_daemon daemon_;
