@@ -49,18 +49,6 @@ int radiance__client_arena_free(struct radiance__client_arena *a, void *p);
 /* Bytes in the largest free extent. */
 uint64_t radiance__client_arena_largest_free(const struct radiance__client_arena *a);
 
-/* --- checkpoint_files.c -------------------------------------------------- */
-
-/* The files of a checkpoint directory the daemon needs, in the order
- * LoadModel sends them: config.json, quantization_config.json (if present),
- * then model.safetensors.index.json and its shards (sorted, unique) or
- * model.safetensors. *names is a NULL-terminated array the caller frees with
- * radiance__client_checkpoint_files_free(). 0, -ENOENT (config.json or the weights
- * missing), -EINVAL (bad index JSON, or one of the files is not a regular
- * file; err says why), -ENOMEM. */
-int radiance__client_checkpoint_files(const char *dir, char ***names, char *err, size_t errlen);
-void radiance__client_checkpoint_files_free(char **names);
-
 /* --- client.c / data.c --------------------------------------------------- */
 
 struct radiance__client_held {

@@ -21,8 +21,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "client-private.h"
 #include "proto_util.h"
+#include "wire.h"
 
 #ifndef RADIANCE_VERSION
 #define RADIANCE_VERSION "unknown"
@@ -57,8 +59,6 @@ const char *radiance_strerror(int err)
 		return "the data plane (rings) is not open";
 	case EFAULT:
 		return "buffer not inside the shared arena";
-	case ERANGE:
-		return "layer index out of range";
 	case ENOTSOCK:
 		return "not a socket (the path names another kind of file)";
 	case EBADFD:
@@ -231,21 +231,14 @@ int radiance_default_socket_path(char *buf, size_t size)
 
 /* --- framing -------------------------------------------------------------- */
 
-static int64_t now_ms(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* poll() one fd, restarting on EINTR with what is left of timeout_ms (-1:
  * forever). 0 when ready, -ETIMEDOUT, or -errno. */
 static int wait_fd(int fd, short events, int timeout_ms)
 {
-	int64_t deadline = timeout_ms >= 0 ? now_ms() + timeout_ms : 0;
+	int64_t deadline = timeout_ms >= 0 ? radiance_clock_ms() + timeout_ms : 0;
 	for (;;) {
 		struct pollfd p = { .fd = fd, .events = events };
-		int left = timeout_ms >= 0 ? (int)(deadline - now_ms()) : -1;
+		int left = timeout_ms >= 0 ? (int)(deadline - radiance_clock_ms()) : -1;
 		if (timeout_ms >= 0 && left < 0)
 			left = 0;
 		int n = poll(&p, 1, left);

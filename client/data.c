@@ -18,15 +18,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "client-private.h"
 #include "proto_util.h"
-
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 static bool is_pow2(uint32_t v)
 {
@@ -258,7 +252,7 @@ static int held_layer(struct radiance *r, uint32_t model_id, uint32_t layer,
 	if (!h)
 		return radiance__client_fail(r, -ENOENT, "this session holds no model %u", model_id);
 	if (layer >= h->info->n_layers)
-		return radiance__client_fail(r, -ERANGE, "layer %u is out of range: model %u has "
+		return radiance__client_fail(r, -ENOENT, "layer %u is out of range: model %u has "
 					     "%zu layers, indexed from 0", layer, model_id,
 					     h->info->n_layers);
 	*out = &h->info->layers[layer];
@@ -322,28 +316,6 @@ unsigned radiance_in_flight(const struct radiance *r)
 
 /* --- completions ---------------------------------------------------------- */
 
-/* protobuf-c allocates while it decodes; completions decode into a stack
- * bump buffer instead of malloc. 16 KiB holds even a slot made only of
- * unknown fields (each kept with ~40 bytes of overhead). */
-struct bump {
-	size_t used;
-	_Alignas(16) uint8_t buf[16384];
-};
-
-static void *bump_alloc(void *data, size_t size)
-{
-	struct bump *b = data;
-	size_t at = (b->used + 15) & ~(size_t)15;
-	if (size > sizeof b->buf || at > sizeof b->buf - size)
-		return NULL;
-	b->used = at + size;
-	return b->buf + at;
-}
-
-static void bump_free(void *data, void *p)
-{
-}
-
 /* Takes one result off the CQ. 1, 0 when empty, or a sticky error. */
 static int reap_one(struct radiance *r, struct radiance__client_stashed *out)
 {
@@ -353,9 +325,9 @@ static int reap_one(struct radiance *r, struct radiance__client_stashed *out)
 		return 0;
 	if (len < 0)
 		return radiance__client_break(r, -EPROTO, "the daemon corrupted the CQ");
-	struct bump bump;
-	bump.used = 0;
-	ProtobufCAllocator alloc = { bump_alloc, bump_free, &bump };
+	struct radiance_proto_bump bump;
+	radiance_proto_bump_reset(&bump);
+	ProtobufCAllocator alloc = radiance_proto_bump_allocator(&bump);
 	Radiance__LinearResult *res = radiance__linear_result__unpack(&alloc, (size_t)len, slot);
 	if (!res)
 		return radiance__client_break(r, -EPROTO, "undecodable CQ entry (%d bytes)", len);
@@ -378,10 +350,10 @@ static int reap_wait(struct radiance *r, struct radiance__client_stashed *out, i
 	int rc = reap_one(r, out);
 	if (rc != 0 || timeout_ms == 0)
 		return rc ? rc : -ETIMEDOUT;
-	uint64_t start = now_ns();
+	uint64_t start = radiance_clock_ns();
 	uint64_t spin_end = start + (uint64_t)r->spin_us * 1000u;
 	uint64_t deadline = timeout_ms > 0 ? start + (uint64_t)timeout_ms * 1000000u : UINT64_MAX;
-	while (now_ns() < spin_end) {
+	while (radiance_clock_ns() < spin_end) {
 		for (int i = 0; i < 64; i++)
 			radiance_ring_cpu_relax();
 		if ((rc = reap_one(r, out)) != 0)
@@ -395,7 +367,7 @@ static int reap_wait(struct radiance *r, struct radiance__client_stashed *out, i
 			};
 			int left = -1;
 			if (deadline != UINT64_MAX) {
-				uint64_t now = now_ns();
+				uint64_t now = radiance_clock_ns();
 				left = now >= deadline ? 0 : (int)((deadline - now + 999999u) / 1000000u);
 			}
 			int n = poll(p, 2, left);
@@ -426,7 +398,7 @@ static int reap_wait(struct radiance *r, struct radiance__client_stashed *out, i
 		}
 		if ((rc = reap_one(r, out)) != 0)
 			return rc;
-		if (now_ns() >= deadline)
+		if (radiance_clock_ns() >= deadline)
 			return -ETIMEDOUT;
 	}
 }

@@ -12,8 +12,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "checkpoint_files.h"
 #include "client-private.h"
 #include "proto_util.h"
+#include "wire.h"
 
 /* --- descriptions --------------------------------------------------------- */
 
@@ -242,12 +244,10 @@ static int load_model(struct radiance *r, const char *dir, const struct radiance
 			return radiance__client_fail(r, -EINVAL, "radiance_load_options.size not set");
 		memcpy(&o, opt, opt->size < sizeof o ? opt->size : sizeof o);
 	}
-	if ((rc = radiance__client_checkpoint_files(dir, &names, err, sizeof err)) < 0)
+	if ((rc = radiance_checkpoint_list_files(dir, &names, err, sizeof err)) < 0)
 		return radiance__client_fail(r, rc, "%s", err);
 
-	size_t n = 0;
-	while (names[n])
-		n++;
+	size_t n = (size_t)rc;
 	if (n > RADIANCE_MAX_FDS) {
 		rc = radiance__client_fail(r, -E2BIG, "%s: %zu files, one message carries at most %u", dir, n,
 				    RADIANCE_MAX_FDS);
@@ -279,13 +279,9 @@ static int load_model(struct radiance *r, const char *dir, const struct radiance
 	 * one checkpoint has one name however it got resident. */
 	char base[256];
 	if (!o.name || !*o.name) {
-		size_t len = strlen(dir);
-		while (len > 1 && dir[len - 1] == '/')
-			len--;
-		size_t start = len;
-		while (start > 0 && dir[start - 1] != '/')
-			start--;
-		snprintf(base, sizeof base, "%.*s", (int)(len - start), dir + start);
+		size_t len;
+		const char *last = radiance_checkpoint_dir_name(dir, &len);
+		snprintf(base, sizeof base, "%.*s", (int)len, last);
 		o.name = base;
 	}
 	Radiance__LoadModel load = RADIANCE__LOAD_MODEL__INIT;
@@ -307,7 +303,7 @@ out_fds:
 	while (nfds > 0)
 		close(fds[--nfds]);
 out_names:
-	radiance__client_checkpoint_files_free(names);
+	radiance_checkpoint_files_free(names);
 	return rc;
 }
 

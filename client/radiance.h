@@ -444,8 +444,10 @@ void radiance_arena_free(struct radiance *r, void *p);
  * Returns 0, or:
  *   -EAGAIN   cq_entries requests in flight, not completed by the daemon
  *             yet (or the SQ is full): reap a completion first;
- *   -ENOENT   this session holds no model model_id;
- *   -ERANGE   layer out of range for the model;
+ *   -ENOENT   this session holds no model model_id, or layer is out of
+ *             range for the model (0 .. n_layers - 1; the message says
+ *             which): the daemon answers a request for a layer it does
+ *             not have with the same code;
  *   -EINVAL   rows out of range, bad dtype, or x/y misaligned;
  *   -EFAULT   x or y (with its whole extent) not inside the arena;
  *   or a sticky error. */
@@ -494,7 +496,7 @@ unsigned radiance_in_flight(const struct radiance *r);
  *      (on failure its contents are unspecified).
  * Completions of asynchronous requests that arrive meanwhile are kept for
  * radiance_poll/radiance_wait. Returns 0, the request's status (negative
- * errno, text in radiance_error_message()), -ENOENT / -ERANGE / -EINVAL as
+ * errno, text in radiance_error_message()), -ENOENT / -EINVAL as
  * radiance_submit, -ENOMEM when the arena cannot hold even one row, or a
  * sticky error. */
 int radiance_linear(struct radiance *r, uint32_t model_id, uint32_t layer, uint32_t rows,

@@ -95,7 +95,7 @@ int radiance_gpu_map(struct radiance *r, uint32_t model_id, const struct radianc
  * The calling thread's current device must be the model's
  * (radiance_gpu_get_info().device). Allocates nothing and never
  * synchronizes, so it may be captured in a CUDA graph. Returns 0, or
- * -ERANGE (layer out of range), -EINVAL (rows 0, dtype, misaligned x/y),
+ * -ENOENT (layer out of range, as radiance_submit), -EINVAL (rows 0, dtype, misaligned x/y),
  * -E2BIG (rows above max_rows), -EIO (a launch failed; the vendor's text). */
 int radiance_gpu_linear(struct radiance_gpu_model *g, uint32_t layer, const void *x, void *y, uint32_t rows,
 			enum radiance_elem dtype, void *stream);

@@ -114,3 +114,24 @@ int radiance_proto_pack_slot(const ProtobufCMessage *m, uint8_t *buf, size_t cap
 	protobuf_c_message_pack(m, buf);
 	return (int)len;
 }
+
+static void *bump_alloc(void *data, size_t size)
+{
+	struct radiance_proto_bump *b = data;
+	size_t at = (b->used + 15) & ~(size_t)15;
+	if (size > sizeof b->buf || at > sizeof b->buf - size)
+		return NULL;
+	b->used = at + size;
+	return b->buf + at;
+}
+
+static void bump_free(void *data, void *p)
+{
+	(void)data;
+	(void)p;
+}
+
+ProtobufCAllocator radiance_proto_bump_allocator(struct radiance_proto_bump *b)
+{
+	return (ProtobufCAllocator){ .alloc = bump_alloc, .free = bump_free, .allocator_data = b };
+}

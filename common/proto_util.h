@@ -55,4 +55,28 @@ const char *radiance_proto_server_name(const Radiance__ServerMessage *m);
  * which every decoder reads back as the same all-default message. */
 int radiance_proto_pack_slot(const ProtobufCMessage *m, uint8_t *buf, size_t cap);
 
+/* protobuf-c allocates while it unpacks; a bump buffer keeps the hot path
+ * (ring slots, both directions) off malloc. A slot is at most
+ * RADIANCE_SLOT_BYTES - 4 bytes, and 16 KiB holds even a slot made only of
+ * unknown fields (protobuf-c keeps each with ~40 bytes of overhead).
+ * Embed one per thread (or on the stack), call radiance_proto_bump_reset()
+ * before each unpack and pass radiance_proto_bump_allocator(): what the
+ * unpack returns lives in the buffer until the next reset and is never
+ * freed. An unpack that needs more than the buffer fails (NULL). */
+#define RADIANCE_PROTO_BUMP_BYTES 16384
+
+struct radiance_proto_bump {
+	size_t used;
+	_Alignas(16) uint8_t buf[RADIANCE_PROTO_BUMP_BYTES];
+};
+
+static inline void radiance_proto_bump_reset(struct radiance_proto_bump *b)
+{
+	b->used = 0;
+}
+
+/* An allocator drawing 16-byte aligned blocks from b; its free does nothing.
+ * b must outlive the unpack and what it returned. */
+ProtobufCAllocator radiance_proto_bump_allocator(struct radiance_proto_bump *b);
+
 #endif

@@ -11,11 +11,6 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-/* The kernel's SCM_MAX_FD: the most fds one sendmsg can carry. Sizing the
- * control buffer for it means an over-limit sender's fds all reach us and get
- * closed here, rather than being dropped half-way with MSG_CTRUNC. */
-#define SCM_MAX_FD_KERNEL 253
-
 static uint32_t get_le32(const uint8_t *p)
 {
 	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
@@ -117,7 +112,7 @@ int radiance_conn_read(struct radiance_conn *c)
 	}
 
 	union {
-		char buf[CMSG_SPACE(sizeof(int) * SCM_MAX_FD_KERNEL)];
+		char buf[CMSG_SPACE(sizeof(int) * RADIANCE_SCM_MAX_FD)];
 		struct cmsghdr align;
 	} ctl;
 	struct iovec iov = { .iov_base = c->in + c->in_len, .iov_len = want };
@@ -134,13 +129,13 @@ int radiance_conn_read(struct radiance_conn *c)
 	if (n < 0)
 		return (errno == EWOULDBLOCK) ? -EAGAIN : -errno;
 
-	int got[SCM_MAX_FD_KERNEL];
+	int got[RADIANCE_SCM_MAX_FD];
 	size_t ngot = 0;
 	for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm)) {
 		if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
 			continue;
 		size_t k = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-		for (size_t i = 0; i < k && ngot < SCM_MAX_FD_KERNEL; i++)
+		for (size_t i = 0; i < k && ngot < RADIANCE_SCM_MAX_FD; i++)
 			memcpy(&got[ngot++], CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
 	}
 	if (c->in_nfds + ngot > c->max_fds) {
@@ -221,7 +216,7 @@ static void out_compact(struct radiance_conn *c)
 int radiance_conn_queue(struct radiance_conn *c, const uint8_t *data, size_t len,
 			const int *fds, size_t nfds)
 {
-	if (len == 0 || len > c->max_frame || nfds > c->max_fds || nfds > SCM_MAX_FD_KERNEL)
+	if (len == 0 || len > c->max_frame || nfds > c->max_fds || nfds > RADIANCE_SCM_MAX_FD)
 		return -EMSGSIZE;
 	out_compact(c);
 	if (c->out_len + 4 + len > c->out_cap) {
@@ -269,7 +264,7 @@ int radiance_conn_flush(struct radiance_conn *c)
 {
 	while (c->out_sent < c->out_len) {
 		union {
-			char buf[CMSG_SPACE(sizeof(int) * SCM_MAX_FD_KERNEL)];
+			char buf[CMSG_SPACE(sizeof(int) * RADIANCE_SCM_MAX_FD)];
 			struct cmsghdr align;
 		} ctl;
 		struct radiance__fd_batch *b = c->out_nbatches ? &c->out_batches[0] : NULL;

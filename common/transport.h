@@ -28,6 +28,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* The kernel's SCM_MAX_FD: the most fds one sendmsg can carry. Sizing a
+ * control buffer for it means an over-limit sender's fds all reach us and get
+ * closed, rather than being dropped half-way with MSG_CTRUNC. */
+#define RADIANCE_SCM_MAX_FD 253
+
 /* fds waiting to go out with the frame that starts at byte `offset` of the
  * send queue. */
 struct radiance__fd_batch {

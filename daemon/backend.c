@@ -42,13 +42,9 @@ static void backend_log_choice(const char *kind, const struct radiance_backend_o
 	if (opt->device >= 0)
 		log_warn("device %d has no effect: the backend is cpu (device picks a GPU)",
 			 opt->device);
-	const char *gate = getenv("RADIANCE_NUMERICS_GATE");
 	if (opt->numerics_gate)
 		log_warn("numerics_gate has no effect: the backend is cpu (the gate checks GPU "
 			 "launches against the CPU reference)");
-	else if (gate && strcmp(gate, "1") == 0)
-		log_warn("RADIANCE_NUMERICS_GATE=1 has no effect: the backend is cpu (the gate "
-			 "checks GPU launches against the CPU reference)");
 }
 
 int radiance_backend_create(const struct radiance_backend_options *opt,

@@ -42,8 +42,12 @@ struct radiance_backend_options {
 	                            cpu.max). The GPU backend ignores it. */
 	int numerics_gate;       /* GPU: check the first launch of each (layer, M)
 	                            against the CPU reference and log the relative
-	                            error (also env RADIANCE_NUMERICS_GATE=1); the
-	                            CPU backend warns that it has no effect */
+	                            error; the CPU backend warns that it has no
+	                            effect */
+	const char *share;       /* GPU: "auto" (NULL), "vmm", "ipc" or "none": how
+	                            models are allocated for MapModel */
+	int fake_share;          /* CPU: export the host arrays in a sealed memfd
+	                            (the test handle; tests only) */
 };
 
 /* One request's rows inside a (possibly merged) launch. x and y point into a

@@ -33,7 +33,7 @@ struct cpu_state {
 	struct radiance_cpu_fast *fast;
 	uint32_t max_k;
 	char cpu_model[128];
-	int fake_share;           /* RADIANCE_FAKE_SHARE=1 */
+	int fake_share;           /* options' fake_share (RADIANCE_FAKE_SHARE=1) */
 };
 
 struct radiance_backend_layer {
@@ -69,8 +69,7 @@ static int cpu_create(const struct radiance_backend_options *opt, void **state, 
 	log_info("cpu backend: %s kernels, %u compute threads (%s; --cpu-threads sets it)",
 		 radiance_cpu_simd_name(radiance_cpu_fast_simd(s->fast)),
 		 radiance_cpu_fast_threads(s->fast), radiance_cpu_fast_threads_source(s->fast));
-	const char *fake = getenv("RADIANCE_FAKE_SHARE");
-	s->fake_share = fake && strcmp(fake, "1") == 0;
+	s->fake_share = opt->fake_share != 0;
 	*state = s;
 	return 0;
 }
@@ -96,7 +95,7 @@ static void cpu_info(void *state, struct radiance_backend_info *info)
 	info->scratch_bytes = radiance_cpu_fast_scratch_bytes(s->fast);
 	snprintf(info->share, sizeof info->share, "%s", s->fake_share ? "test-memfd" : "none");
 	snprintf(info->share_why, sizeof info->share_why, "%s",
-		 s->fake_share ? "RADIANCE_FAKE_SHARE=1: a memfd of host arrays, for tests"
+		 s->fake_share ? "fake_share = 1: a memfd of host arrays, for tests"
 			       : "the cpu backend computes from host memory: there is no device "
 				 "memory to map (run radianced --backend gpu, built with GPU=cuda "
 				 "or GPU=hip)");

@@ -21,8 +21,9 @@
  * Mapped weights (docs/mapped.md): each model's layers live in one
  * exportable allocation (kernels/gpu_share.hip): VMM with a POSIX fd where
  * the device has it, else a plain allocation with a legacy IPC handle, said
- * loudly at create. RADIANCE_SHARE=vmm|ipc|none overrides the choice (none:
- * private per-layer allocations, MapModel refused).
+ * loudly at create. The share option (config share, --share,
+ * RADIANCE_SHARE: vmm|ipc|none) overrides the choice (none: private
+ * per-layer allocations, MapModel refused).
  */
 #include "backend_impl.h"
 
@@ -111,28 +112,27 @@ static int alloc_dev(struct gpu_state *g, void **p, size_t bytes)
 /* Decides, once, how models are allocated, and says so: a model that
  * cannot be mapped turns every engine's MapModel into an error, and the
  * operator should know why before that. */
-static void share_choose(struct gpu_state *g)
+static void share_choose(struct gpu_state *g, const char *want)
 {
 	struct radiance__gpu_share_caps caps;
-	const char *want = getenv("RADIANCE_SHARE");
 	radiance__gpu_share_caps(g->dev.ordinal, &caps);
 	if (radiance__gpu_pci_bus_id(g->dev.ordinal, g->pci_bus_id, sizeof g->pci_bus_id) != 0)
 		g->pci_bus_id[0] = 0;
 	if (want && strcmp(want, "none") == 0) {
 		g->share = RADIANCE_SHARE_NONE;
-		snprintf(g->share_why, sizeof g->share_why, "RADIANCE_SHARE=none");
+		snprintf(g->share_why, sizeof g->share_why, "share = none");
 	} else if (want && strcmp(want, "ipc") == 0) {
 		g->share = RADIANCE_SHARE_IPC;
-		snprintf(g->share_why, sizeof g->share_why, "RADIANCE_SHARE=ipc");
+		snprintf(g->share_why, sizeof g->share_why, "share = ipc");
 	} else if (caps.vmm) {
 		g->share = RADIANCE_SHARE_VMM;
 		if (want && strcmp(want, "vmm") != 0 && strcmp(want, "auto") != 0)
-			log_warn("RADIANCE_SHARE=%s is not vmm, ipc, none or auto: using vmm", want);
+			log_warn("share = %s is not vmm, ipc, none or auto: using vmm", want);
 	} else {
 		g->share = RADIANCE_SHARE_IPC;
 		snprintf(g->share_why, sizeof g->share_why, "%s", caps.why);
 		if (want && strcmp(want, "vmm") == 0)
-			log_warn("RADIANCE_SHARE=vmm, but %s", caps.why);
+			log_warn("share = vmm, but %s", caps.why);
 	}
 	if (g->share == RADIANCE_SHARE_VMM)
 		log_info("gpu backend: models are mappable by clients (VMM, POSIX fd handles, "
@@ -162,8 +162,7 @@ static int gpu_create(const struct radiance_backend_options *opt, void **state, 
 	g->max_rows = opt->max_rows;
 	g->max_n = opt->max_n ? opt->max_n : 4096;
 	g->max_k = opt->max_k ? opt->max_k : 4096;
-	const char *gate = getenv("RADIANCE_NUMERICS_GATE");
-	g->gate = opt->numerics_gate || (gate && strcmp(gate, "1") == 0);
+	g->gate = opt->numerics_gate != 0;
 
 	const size_t rows_pad = ((size_t)g->max_rows + 63) & ~(size_t)63;
 	if ((rc = radiance__gpu_stream_create(&g->stream)))
@@ -176,7 +175,7 @@ static int gpu_create(const struct radiance_backend_options *opt, void **state, 
 					       g->max_k, 1, g->stream)))
 		goto fail;
 	g->scratch_bytes += g->scratch.bytes;
-	share_choose(g);
+	share_choose(g, opt->share);
 	*state = g;
 	return 0;
 fail:

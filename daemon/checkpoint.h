@@ -54,6 +54,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "checkpoint_files.h"   /* radiance_checkpoint_list_files, _dir_name */
 #include "model.h"
 
 /* One checkpoint file handed to the loader. name is its basename as in the
@@ -106,28 +107,12 @@ int radiance_checkpoint_load_checked(const struct radiance_file *files, size_t n
 				     radiance_progress_fn progress, void *user,
 				     struct radiance_model **out, char *err, size_t errlen);
 
-/* The name a checkpoint directory gives its model when none is asked for:
- * the last component of dir as written (no symlink resolved), trailing
- * slashes dropped; empty for "/" or "". Points into dir, *len bytes (not
- * NUL-terminated). The daemon names preloads this way, and
- * radiance_checkpoint_load_dir does after realpath(). */
-const char *radiance_checkpoint_dir_name(const char *dir, size_t *len);
-
 /* radiance_checkpoint_list_files(dir) + open each + radiance_checkpoint_load
  * + close. name NULL means the directory's basename (of its realpath, else
  * as written; "model" when that is empty). Also returns -errno of
  * open/fstat. */
 int radiance_checkpoint_load_dir(const char *dir, const char *name, radiance_progress_fn progress,
 				 void *user, struct radiance_model **out, char *err, size_t errlen);
-
-/* The files of dir a client must send (for LoadModel): config.json
- * (required), quantization_config.json if present, then either
- * model.safetensors.index.json and every shard it names (strcmp order, each
- * once) or, when there is no index, model.safetensors. Returns the count and sets *names to a malloc'ed
- * array of malloc'ed basenames (free each, then the array), or -errno
- * (-ENOENT for a missing required file or shard, -EINVAL for a bad index,
- * -ENOMEM) with *names NULL. */
-int radiance_checkpoint_list_files(const char *dir, char ***names, char *err, size_t errlen);
 
 /* Identity of a set of checkpoint files, to detect "the same checkpoint
  * loaded twice" without reading it: a hash of the (name, st_dev, st_ino,

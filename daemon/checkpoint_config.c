@@ -10,60 +10,6 @@
 
 /* Reads a whole small JSON file through pread (the fd's position is shared
  * with whoever sent it) and parses it; it must be a JSON object. */
-int radiance__ck_read_json(struct ck_loader *L, int fd, const char *fname, json_t **out)
-{
-	struct stat st;
-	json_error_t jerr;
-	char *buf;
-	size_t got = 0;
-	int rc = 0;
-
-	*out = NULL;
-	if (fstat(fd, &st) < 0) {
-		rc = -errno;
-		ck_err(L, "%s: fstat: %s", fname, strerror(-rc));
-		return rc == -EBADF ? -EINVAL : -EIO;
-	}
-	if (!S_ISREG(st.st_mode)) {
-		ck_err(L, "%s: not a regular file, expected a JSON file", fname);
-		return -EINVAL;
-	}
-	if ((uint64_t)st.st_size > CK_MAX_JSON) {
-		ck_err(L, "%s: %lld bytes, expected a JSON file of at most %u bytes", fname,
-		       (long long)st.st_size, CK_MAX_JSON);
-		return -EINVAL;
-	}
-	buf = malloc((size_t)st.st_size + 1);
-	if (!buf)
-		return ck_nomem(L, fname);
-	ssize_t r = radiance_st_pread(fd, buf, (size_t)st.st_size, 0);
-	if (r != (ssize_t)st.st_size) {
-		if (r < 0)
-			ck_err(L, "%s: read of %lld bytes failed: %s", fname, (long long)st.st_size,
-			       strerror((int)-r));
-		else
-			ck_err(L, "%s: file shrank to %zd bytes while loading (expected %lld)", fname, r,
-			       (long long)st.st_size);
-		rc = -EIO;
-		goto out;
-	}
-	got = (size_t)r;
-	*out = json_loadb(buf, got, JSON_REJECT_DUPLICATES, &jerr);
-	if (!*out) {
-		ck_err(L, "%s: not valid JSON: %s (line %d, column %d), expected a JSON object", fname,
-		       jerr.text, jerr.line, jerr.column);
-		rc = -EINVAL;
-	} else if (!json_is_object(*out)) {
-		ck_err(L, "%s: top level is not a JSON object", fname);
-		json_decref(*out);
-		*out = NULL;
-		rc = -EINVAL;
-	}
-out:
-	free(buf);
-	return rc;
-}
-
 /* config.json's quantization_config and quantization_config.json: the first
  * is what engines read; the second is what AutoRound also writes, the same
  * dict (auto_round/export/export_to_autoround/export.py dumps
@@ -143,7 +89,7 @@ static int open_sharded(struct ck_loader *L, const struct radiance_file *files, 
 		goto out;
 	}
 	json_object_foreach(wm, key, v) {
-		if (!json_is_string(v) || !ck_shard_name_ok(json_string_value(v))) {
+		if (!json_is_string(v) || !radiance_checkpoint_shard_name_ok(json_string_value(v))) {
 			ck_err(L, "%s: weight_map[\"%s\"] is not a shard file name, expected a basename "
 			       "such as \"model-00001-of-00002.safetensors\"", CK_INDEX, key);
 			rc = -EINVAL;

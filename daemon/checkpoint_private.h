@@ -4,7 +4,8 @@
  * the JSON files and opens the weights (configs and shards);
  * checkpoint_plan.c routes tensors to layers from the headers alone;
  * checkpoint_repack.c reads, checks and repacks each layer;
- * checkpoint_dir.c lists and loads checkpoint directories;
+ * checkpoint_dir.c loads checkpoint directories (common/checkpoint_files.c
+ * lists them);
  * checkpoint_identity.c hashes a file set. Not installed, not for other
  * parts of the daemon: daemon/checkpoint.h is the interface.
  *
@@ -23,14 +24,15 @@
 #include <jansson.h>
 
 #include "checkpoint.h"
+#include "checkpoint_files.h"
 #include "quant_config.h"
 #include "safetensors.h"
 
-#define CK_MAX_JSON (64u << 20)   /* config.json / index / quantization_config.json */
-#define CK_CONFIG "config.json"
-#define CK_QCONFIG "quantization_config.json"
-#define CK_SINGLE "model.safetensors"
-#define CK_INDEX "model.safetensors.index.json"
+#define CK_MAX_JSON RADIANCE_CHECKPOINT_MAX_JSON
+#define CK_CONFIG RADIANCE_CHECKPOINT_CONFIG
+#define CK_QCONFIG RADIANCE_CHECKPOINT_QCONFIG
+#define CK_SINGLE RADIANCE_CHECKPOINT_SINGLE
+#define CK_INDEX RADIANCE_CHECKPOINT_INDEX
 
 /* One tensor of the checkpoint, whichever shard holds it. */
 struct ck_ref {
@@ -99,20 +101,16 @@ static inline int ck_cmp_ref(const void *a, const void *b)
 	return strcmp(((const struct ck_ref *)a)->name, ((const struct ck_ref *)b)->name);
 }
 
-/* A shard name from the index must be a basename: it must not reach outside
- * the checkpoint directory. */
-static inline bool ck_shard_name_ok(const char *s)
-{
-	return *s && !strchr(s, '/') && strcmp(s, ".") != 0 && strcmp(s, "..") != 0;
-}
 
 /* checkpoint_config.c */
 
-/* Reads the small JSON file on fd (fname for messages) whole with pread
- * into private memory and parses it: a JSON object, no duplicate keys, at
- * most CK_MAX_JSON bytes. -EINVAL, -EIO (a read failed, the file shrank),
- * -ENOMEM. */
-int radiance__ck_read_json(struct ck_loader *L, int fd, const char *fname, json_t **out);
+/* radiance_checkpoint_read_json (common/checkpoint_files.h) with L's error
+ * buffer. */
+static inline int radiance__ck_read_json(struct ck_loader *L, int fd, const char *fname,
+					 json_t **out)
+{
+	return radiance_checkpoint_read_json(fd, fname, out, L->err, L->errlen);
+}
 
 /* L->qc from config.json's quantization_config (L->config) and/or
  * quantization_config.json among files, which must agree. */

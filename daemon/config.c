@@ -16,10 +16,11 @@
 #include "limit.h"
 #include "log.h"
 #include "shm.h"
+#include "wire.h"
 
 enum value_type {
 	V_STRING, V_BACKEND, V_BOOL, V_INT, V_U32, V_POW2, V_BYTES, V_LOGLEVEL, V_PRELOAD,
-	V_MAPALLOW,
+	V_MAPALLOW, V_SHARE,
 	V_LIMIT_BYTES, V_LIMIT,    /* uint64_t: bytes or a count, or "auto" (LIMIT_AUTO) */
 };
 
@@ -76,7 +77,13 @@ static const struct setting settings[] = {
 	  "at most max_rows)" },
 	{ "numerics_gate", 267, "0|1", V_U32, OFF(numerics_gate), 0, 1,
 	  "GPU: compare the first launch of each (layer, M) with the CPU reference "
-	  "and log the relative error (0)" },
+	  "and log the relative error (0; also RADIANCE_NUMERICS_GATE=0|1)" },
+	{ "share", 270, "HOW", V_SHARE, OFF(share), 0, 0,
+	  "GPU: how models are allocated so MapModel can share them: vmm, ipc, none, "
+	  "or auto: vmm where the device has it, else ipc (auto; also RADIANCE_SHARE)" },
+	{ "fake_share", 271, "0|1", V_U32, OFF(fake_share), 0, 1,
+	  "tests only: the cpu backend exports a sealed memfd of the host arrays for "
+	  "MapModel (0; also RADIANCE_FAKE_SHARE=0|1)" },
 	{ "map_allow", 269, "WHO", V_MAPALLOW, OFF(map_allow), 0, 0,
 	  "who may map models' device memory into their own process (MapModel, "
 	  "docs/mapped.md): owner (root and the daemon's user), all, or none (owner); "
@@ -205,6 +212,7 @@ void config_finish(struct radiance_config *cfg)
 	free(cfg->socket_path);
 	free(cfg->socket_group);
 	free(cfg->backend);
+	free(cfg->share);
 	preload_clear(cfg);
 	memset(cfg, 0, sizeof *cfg);
 }
@@ -271,8 +279,17 @@ static int apply(struct radiance_config *cfg, const struct setting *st, const ch
 				 where, value);
 			return -EINVAL;
 		}
-		/* fall through */
-	case V_STRING: {
+		goto string;
+	case V_SHARE:
+		if (strcmp(value, "auto") && strcmp(value, "vmm") && strcmp(value, "ipc") &&
+		    strcmp(value, "none")) {
+			snprintf(err, errlen, "%s: '%s' is not a share mode (expected auto, vmm, ipc or "
+				 "none)", where, value);
+			return -EINVAL;
+		}
+		goto string;
+	case V_STRING:
+	string: {
 		if (!*value) {
 			snprintf(err, errlen, "%s: empty value", where);
 			return -EINVAL;
@@ -825,6 +842,33 @@ static int resolve_group(struct radiance_config *cfg, const struct origins *o, c
 	return -EINVAL;
 }
 
+/* The environment variables the tests and bench scripts set, read here and
+ * nowhere else in the daemon: each is the fallback of its setting, used
+ * when neither the config file nor the command line gave one. */
+static int apply_env(struct radiance_config *cfg, struct origins *o, char *err, size_t errlen)
+{
+	static const struct {
+		const char *env, *key;
+	} envs[] = {
+		{ "RADIANCE_NUMERICS_GATE", "numerics_gate" },
+		{ "RADIANCE_SHARE", "share" },
+		{ "RADIANCE_FAKE_SHARE", "fake_share" },
+	};
+	for (size_t e = 0; e < sizeof envs / sizeof *envs; e++) {
+		const char *v = getenv(envs[e].env);
+		size_t i = setting_index(envs[e].key);
+		if (!v || !*v || o->where[i][0])
+			continue;
+		char where[64];
+		snprintf(where, sizeof where, "environment %s", envs[e].env);
+		int rc = apply(cfg, &settings[i], v, where, err, errlen);
+		if (rc < 0)
+			return rc;
+		snprintf(o->where[i], sizeof o->where[0], "%s", where);
+	}
+	return 0;
+}
+
 int config_load(struct radiance_config *cfg, int argc, char **argv, char *err, size_t errlen)
 {
 	struct opt_table t;
@@ -920,6 +964,10 @@ int config_load(struct radiance_config *cfg, int argc, char **argv, char *err, s
 			goto out;
 		snprintf(o->where[st - settings], sizeof o->where[0], "%s", where);
 	}
+
+	rc = apply_env(cfg, o, err, errlen);
+	if (rc < 0)
+		goto out;
 
 	rc = -EINVAL;
 	if (cfg->arena_bytes > cfg->max_arena_bytes) {

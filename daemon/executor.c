@@ -15,17 +15,8 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "clock.h"
 #include "proto_util.h"
-
-/* protobuf-c's unpack allocates; a per-executor bump arena keeps the hot
- * path off malloc. A slot is at most 252 bytes, so even a slot of nothing
- * but unknown fields (which protobuf-c keeps, ~32 bytes each) fits. */
-#define BUMP_BYTES 16384
-
-struct bump {
-	size_t used;
-	_Alignas(16) uint8_t buf[BUMP_BYTES];
-};
 
 /* A FIFO of jobs handed between the loop and the executor thread, under
  * the executor's lock. */
@@ -85,7 +76,7 @@ struct radiance_executor {
 	struct sched_flow **flows;            /* max_rings: this round's */
 	struct sched_req **batch;             /* max_rings * EXEC_BATCH: this round's pieces */
 	struct radiance_rows *rows;           /* max_rows */
-	struct bump bump;
+	struct radiance_proto_bump bump;   /* SQ slots unpack here, off malloc */
 };
 
 static void progress_bump(struct radiance_executor *e)
@@ -93,13 +84,6 @@ static void progress_bump(struct radiance_executor *e)
 	/* one writer: a plain load and store, no read-modify-write */
 	atomic_store_explicit(&e->progress, atomic_load_explicit(&e->progress, memory_order_relaxed) + 1,
 			      memory_order_relaxed);
-}
-
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
 /* ---- model references ---- */
@@ -314,7 +298,7 @@ static void reject(struct radiance_executor *e, struct exec_ring *r, uint64_t re
 	va_start(ap, fmt);
 	vsnprintf(msg, sizeof msg, fmt, ap);
 	va_end(ap);
-	uint64_t lat = now_ns() - t_seen;
+	uint64_t lat = radiance_clock_ns() - t_seen;
 	post_result(e, r, request_id, status, msg, lat, 0);
 	stats_record(r->stats, 0, 0, 0, lat, status);
 	stats_record(e->opt.global_stats, 0, 0, 0, lat, status);
@@ -323,20 +307,6 @@ static void reject(struct radiance_executor *e, struct exec_ring *r, uint64_t re
 }
 
 /* ---- decode and validate ---- */
-
-static void *bump_alloc(void *data, size_t size)
-{
-	struct bump *b = data;
-	size_t at = (b->used + 15) & ~(size_t)15;
-	if (size > BUMP_BYTES || at > BUMP_BYTES - size)
-		return NULL;
-	b->used = at + size;
-	return b->buf + at;
-}
-
-static void bump_free(void *data, void *p)
-{
-}
 
 /* Range [off, off + rows*dim*2) inside the arena, with every product and sum
  * overflow-checked; the byte count in *bytes. */
@@ -427,7 +397,7 @@ static void collect_ring(struct radiance_executor *e, struct exec_ring *r)
 	uint32_t budget = room < EXEC_BATCH ? room : EXEC_BATCH;
 	uint32_t taken = 0;
 	uint8_t slot[RADIANCE_SLOT_BYTES];
-	ProtobufCAllocator alloc = { bump_alloc, bump_free, &e->bump };
+	ProtobufCAllocator alloc = radiance_proto_bump_allocator(&e->bump);
 
 	while (taken < budget && sched_flow_can_take(&e->sched, &r->flow)) {
 		int len = radiance_ring_pop(&r->sq, slot);
@@ -437,9 +407,9 @@ static void collect_ring(struct radiance_executor *e, struct exec_ring *r)
 			sq_violation(e, r);
 			return;
 		}
-		uint64_t t_seen = now_ns();
+		uint64_t t_seen = radiance_clock_ns();
 		taken++;
-		e->bump.used = 0;
+		radiance_proto_bump_reset(&e->bump);
 		Radiance__LinearRequest *req =
 			radiance__linear_request__unpack(&alloc, (size_t)len, slot);
 		if (!req) {
@@ -553,10 +523,10 @@ static void launch(struct radiance_executor *e, struct sched_req **v, size_t n)
 			.dtype = en->rows.dtype,
 		};
 	}
-	uint64_t start = now_ns();
+	uint64_t start = radiance_clock_ns();
 	int rc = radiance_backend_linear(e->backend, l, m->handles[first->layer], e->rows, live, err,
 					 sizeof err);
-	uint64_t end = now_ns();
+	uint64_t end = radiance_clock_ns();
 	if (rc < 0)
 		log_warn("model %u layer %u (%s): launch of %zu requests failed: %s", m->id,
 			 first->layer, l->name, live, err);
@@ -672,7 +642,7 @@ static void ring_remove(struct radiance_executor *e, struct exec_job *job)
  * requests in flight, and m is about to go. */
 static void model_cancel(struct radiance_executor *e, struct exec_model *m)
 {
-	uint64_t now = now_ns();
+	uint64_t now = radiance_clock_ns();
 	for (size_t i = 0; i < e->nrings; i++) {
 		struct exec_ring *r = e->rings[i];
 		for (size_t j = 0; j < EXEC_BATCH; j++) {
@@ -832,7 +802,7 @@ static void *executor_main(void *arg)
 		return NULL;
 
 	uint64_t spin_ns = (uint64_t)e->opt.spin_us * 1000u;
-	uint64_t last_work = now_ns();
+	uint64_t last_work = radiance_clock_ns();
 	while (!atomic_load(&e->stop)) {
 		run_jobs(e);
 		size_t n = serve_pass(e, NULL);
@@ -841,7 +811,7 @@ static void *executor_main(void *arg)
 			n++;
 		}
 		progress_bump(e);
-		uint64_t t = now_ns();
+		uint64_t t = radiance_clock_ns();
 		if (n) {
 			last_work = t;
 			continue;
@@ -851,7 +821,7 @@ static void *executor_main(void *arg)
 			continue;
 		}
 		idle_sleep(e);
-		last_work = now_ns();
+		last_work = radiance_clock_ns();
 	}
 	run_jobs(e);
 	radiance_backend_destroy(e->backend);

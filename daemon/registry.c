@@ -11,8 +11,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "limit.h"
 #include "log.h"
+#include "text.h"
 
 /* Resident bytes charged to one uid. */
 struct uid_charge {
@@ -37,13 +39,6 @@ struct radiance_registry {
 	size_t nuids, uids_cap;
 };
 
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 static void check_shutdown(struct radiance_registry *reg)
 {
 	if (reg->shutting_down && !reg->list && reg->shutdown_cb) {
@@ -55,95 +50,6 @@ static void check_shutdown(struct radiance_registry *reg)
 
 /* ---- names ---- */
 
-/* s for a message: printable ASCII as is, every other byte as \xNN, cut
- * (with "...") where out is full. Never longer than outlen - 1. */
-static void escape(const char *s, char *out, size_t outlen)
-{
-	size_t o = 0;
-	for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-		size_t need = *p >= 0x20 && *p < 0x7f && *p != '\\' ? 1 : 4;
-		if (o + need + 4 > outlen) {   /* room for "..." and the 0 */
-			o += (size_t)snprintf(out + o, outlen - o, "...");
-			return;
-		}
-		if (need == 1)
-			out[o++] = (char)*p;
-		else
-			o += (size_t)snprintf(out + o, outlen - o, "\\x%02x", *p);
-	}
-	out[o] = 0;
-}
-
-/* Length of the UTF-8 sequence at p, with its code point in *cp; 0 when it
- * is not one (a stray continuation byte, a truncated sequence, an overlong
- * form, a surrogate, or beyond U+10FFFF). */
-static size_t utf8_decode(const unsigned char *p, uint32_t *cp)
-{
-	if (p[0] < 0x80) {
-		*cp = p[0];
-		return 1;
-	}
-	size_t n;
-	uint32_t min;
-	if (p[0] >= 0xC2 && p[0] <= 0xDF) {
-		n = 2, min = 0x80, *cp = p[0] & 0x1F;
-	} else if (p[0] >= 0xE0 && p[0] <= 0xEF) {
-		n = 3, min = 0x800, *cp = p[0] & 0x0F;
-	} else if (p[0] >= 0xF0 && p[0] <= 0xF4) {
-		n = 4, min = 0x10000, *cp = p[0] & 0x07;
-	} else {
-		return 0;
-	}
-	for (size_t i = 1; i < n; i++) {
-		if ((p[i] & 0xC0) != 0x80)   /* also stops at the terminating 0 */
-			return 0;
-		*cp = (*cp << 6) | (p[i] & 0x3F);
-	}
-	if (*cp < min || *cp > 0x10FFFF || (*cp >= 0xD800 && *cp <= 0xDFFF))
-		return 0;
-	return n;
-}
-
-int registry_check_name(const char *field, const char *name, size_t max_len, char *err,
-			size_t errlen)
-{
-	char shown[160];
-	size_t len = strlen(name);
-	if (max_len && len == 0) {
-		snprintf(err, errlen, "%s is empty; a name is 1..%zu bytes", field, max_len);
-		return -EINVAL;
-	}
-	if (max_len && len > max_len) {
-		snprintf(err, errlen, "%s is %zu bytes long; a name is 1..%zu bytes", field, len,
-			 max_len);
-		return -EINVAL;
-	}
-	const unsigned char *p = (const unsigned char *)name;
-	for (size_t i = 0; i < len;) {
-		uint32_t cp;
-		size_t n = utf8_decode(p + i, &cp);
-		if (n == 0) {
-			escape(name, shown, sizeof shown);
-			snprintf(err, errlen, "%s \"%s\" is not valid UTF-8 at byte %zu (0x%02x)", field,
-				 shown, i, p[i]);
-			return -EINVAL;
-		}
-		if (cp < 0x20 || (cp >= 0x7F && cp <= 0x9F)) {
-			char what[16];
-			if (n == 1)
-				snprintf(what, sizeof what, "0x%02x", (unsigned)cp);
-			else
-				snprintf(what, sizeof what, "U+%04X", (unsigned)cp);
-			escape(name, shown, sizeof shown);
-			snprintf(err, errlen, "%s \"%s\" has a control character (%s) at byte %zu; a "
-				 "name must be printable text", field, shown, what, i);
-			return -EINVAL;
-		}
-		i += n;
-	}
-	return 0;
-}
-
 /* Layer and tensor names come from the checkpoint's safetensors headers and
  * are listed to every client (GetModel) and logged. */
 static int check_tensor_names(const struct radiance_model *m, char *err, size_t errlen)
@@ -151,11 +57,11 @@ static int check_tensor_names(const struct radiance_model *m, char *err, size_t 
 	char why[400];
 	for (size_t i = 0; i < m->n_layers; i++)
 		if (m->layers[i].name &&
-		    registry_check_name("the layer name", m->layers[i].name, 0, why, sizeof why) < 0)
+		    radiance_text_check("the layer name", m->layers[i].name, 0, why, sizeof why) < 0)
 			goto bad;
 	for (size_t i = 0; i < m->n_other; i++)
 		if (m->other[i].name &&
-		    registry_check_name("the tensor name", m->other[i].name, 0, why, sizeof why) < 0)
+		    radiance_text_check("the tensor name", m->other[i].name, 0, why, sizeof why) < 0)
 			goto bad;
 	return 0;
 bad:
@@ -184,7 +90,7 @@ static int charge(struct radiance_resident *res, const char *name, uint64_t byte
 	char shown[160], doing[256], whose[48], size[32];
 	int rc = 0;
 
-	escape(name, shown, sizeof shown);
+	radiance_text_escape(name, shown, sizeof shown);
 	limit_format_bytes(bytes, size, sizeof size);
 	snprintf(doing, sizeof doing, "loading model '%s' (%s resident)", shown, size);
 	pthread_mutex_lock(&reg->charge_lock);
@@ -253,7 +159,7 @@ static int plan_check(void *user, const char *model_name, const struct radiance_
 		if (!n_over && !(lim->max_k && l->k > lim->max_k))
 			continue;
 		char shown[160], where[96];
-		escape(l->name, shown, sizeof shown);
+		radiance_text_escape(l->name, shown, sizeof shown);
 		limit_option(n_over ? "max_n" : "max_k", where, sizeof where);
 		snprintf(err, errlen, "layer '%s' has %s = %u, above %s = %u (%s), the largest the "
 			 "backend is sized for; refused before anything was allocated for it", shown,
@@ -512,7 +418,7 @@ out:
 static void send_progress(struct radiance_resident *res, int force)
 {
 	uint64_t total = atomic_load(&res->total_bytes), done = atomic_load(&res->done_bytes);
-	uint64_t t = now_ns();
+	uint64_t t = radiance_clock_ns();
 	if (done == res->sent_bytes && res->sent_ns)
 		return;
 	if (!force && done != total && done - res->sent_bytes < total / 100 &&
@@ -553,7 +459,7 @@ static void load_after(uv_work_t *work, int status)
 		/* config.json's text, which the client wrote: checked like a name it sent */
 		const char *from = m->name ? m->name : "model";
 		char why[400];
-		if (registry_check_name("the model name from config.json's _name_or_path", from,
+		if (radiance_text_check("the model name from config.json's _name_or_path", from,
 					REGISTRY_NAME_MAX, why, sizeof why) < 0) {
 			res->status = -EINVAL;
 			snprintf(res->err, sizeof res->err, "%s; give the load a name", why);
@@ -676,7 +582,7 @@ static int answer_later(struct radiance_resident *res, struct registry_waiter *w
 	return 0;
 }
 
-/* Length and characters are registry_check_name's. */
+/* Length and characters are radiance_text_check's (common/text.h). */
 static int valid_file_name(const char *n)
 {
 	return !strchr(n, '/') && strcmp(n, ".") && strcmp(n, "..");
@@ -700,7 +606,7 @@ int registry_load_files(struct radiance_registry *reg, const struct radiance_fil
 		snprintf(err, errlen, "LoadModel names no files");
 		goto fail;
 	}
-	if (name && registry_check_name("LoadModel.name", name, REGISTRY_NAME_MAX, err,
+	if (name && radiance_text_check("LoadModel.name", name, REGISTRY_NAME_MAX, err,
 					errlen) < 0) {
 		rc = -EINVAL;
 		goto fail;
@@ -709,7 +615,7 @@ int registry_load_files(struct radiance_registry *reg, const struct radiance_fil
 		struct stat st;
 		char field[48];
 		snprintf(field, sizeof field, "LoadModel.file_names[%zu]", i);
-		if (registry_check_name(field, files[i].name ? files[i].name : "", REGISTRY_NAME_MAX,
+		if (radiance_text_check(field, files[i].name ? files[i].name : "", REGISTRY_NAME_MAX,
 					err, errlen) < 0) {
 			rc = -EINVAL;
 			goto fail;
@@ -805,7 +711,7 @@ int registry_preload(struct radiance_registry *reg, const char *dir, struct regi
 		     char *err, size_t errlen)
 {
 	char shown[300], why[400];
-	escape(dir, shown, sizeof shown);
+	radiance_text_escape(dir, shown, sizeof shown);
 	/* named after the directory (config.c refuses two preloads that would
 	 * share a name by the same rule), a name every client sees, so it is
 	 * checked like one a client sends */
@@ -816,7 +722,7 @@ int registry_preload(struct radiance_registry *reg, const char *dir, struct regi
 		snprintf(err, errlen, "preload %s: out of memory", shown);
 		return -ENOMEM;
 	}
-	if (registry_check_name("its directory name (the model's name)", base, REGISTRY_NAME_MAX,
+	if (radiance_text_check("its directory name (the model's name)", base, REGISTRY_NAME_MAX,
 				why, sizeof why) < 0) {
 		snprintf(err, errlen, "preload %s: %s; rename the directory or link to it under a "
 			 "plain name", shown, why);

@@ -105,18 +105,6 @@ int registry_create(uv_loop_t *loop, struct radiance_executor *exec,
 /* Frees the registry; registry_shutdown must have completed. */
 void registry_destroy(struct radiance_registry *reg);
 
-/* Checks a name that came from a client or a checkpoint and that the daemon
- * logs and lists to every client (LoadModel.name and file_names,
- * AttachModel.name, config.json's _name_or_path, a preload's directory
- * name, tensor names): UTF-8 text of 1..max_len bytes (max_len 0: any
- * length, empty too) with no control character (C0, DEL or C1). A newline or an
- * escape sequence in one would forge lines of the log and rows of
- * `radiancectl models`; invalid UTF-8 would make a ModelList undecodable
- * for protobuf runtimes that check strings. Returns 0, or -EINVAL with err
- * naming `field`, the name (escaped), the offending byte and its offset. */
-int registry_check_name(const char *field, const char *name, size_t max_len, char *err,
-			size_t errlen);
-
 /* Longest model name (and file name) a client may give. */
 #define REGISTRY_NAME_MAX 255
 
@@ -125,7 +113,7 @@ int registry_check_name(const char *field, const char *name, size_t max_len, cha
  * copies the names. name may be NULL. w->done is always called later (never
  * from inside this call) unless registry_cancel() is called first.
  * Returns 0, or -errno (then w is not called and every fd is closed) with
- * err set: -EINVAL for a bad name or file name (registry_check_name),
+ * err set: -EINVAL for a bad name or file name (radiance_text_check, common/text.h),
  * -ESHUTDOWN, -ENOMEM. */
 int registry_load_files(struct radiance_registry *reg, const struct radiance_file *files,
 			size_t nfiles, const char *name, struct registry_waiter *w, char *err,
@@ -134,7 +122,7 @@ int registry_load_files(struct radiance_registry *reg, const struct radiance_fil
 /* Loads a checkpoint directory at start; it is preloaded (never unloaded
  * before shutdown) and named after the directory. w as above. Returns 0, or
  * -errno with err set (a whole sentence naming the directory): -EINVAL when
- * the directory's name is not a valid model name (registry_check_name),
+ * the directory's name is not a valid model name (radiance_text_check, common/text.h),
  * -ENOMEM, or uv_queue_work's error. */
 int registry_preload(struct radiance_registry *reg, const char *dir, struct registry_waiter *w,
 		     char *err, size_t errlen);

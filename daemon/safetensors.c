@@ -12,6 +12,7 @@
 
 #include <jansson.h>
 
+#include "io.h"
 #include "log.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -353,22 +354,6 @@ out:
 	return rc;
 }
 
-ssize_t radiance_st_pread(int fd, void *buf, size_t len, uint64_t off)
-{
-	size_t got = 0;
-	while (got < len) {
-		ssize_t r = pread(fd, (uint8_t *)buf + got, len - got, (off_t)(off + got));
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r < 0)
-			return -errno;
-		if (r == 0)
-			break;
-		got += (size_t)r;
-	}
-	return (ssize_t)got;
-}
-
 #define LFS_VERSION "version https://git-lfs.github.com/spec/v1"
 
 /* The value of the pointer line "key value", copied up to its end of line
@@ -566,7 +551,7 @@ static int regular_size(int fd, const char *name, uint64_t *size, char *err, siz
 static int read_exact(int fd, const char *name, const char *what, void *dst, uint64_t len,
 		      uint64_t off, uint64_t size, char *err, size_t errlen)
 {
-	ssize_t r = radiance_st_pread(fd, dst, (size_t)len, off);
+	ssize_t r = radiance_io_pread(fd, dst, (size_t)len, off);
 	if (r == (ssize_t)len)
 		return 0;
 	if (r < 0) {

@@ -161,11 +161,6 @@ int radiance_st_load_path(const char *path, struct radiance_st_file **out, char 
 int radiance_st_read(const struct radiance_st_file *f, const struct radiance_st_tensor *t,
 		     void *dst, char *err, size_t errlen);
 
-/* pread(fd, buf, len, off) until len bytes, end of file or an error (EINTR
- * is retried): the bytes read (fewer than len at end of file), or -errno.
- * Never moves fd's file position. */
-ssize_t radiance_st_pread(int fd, void *buf, size_t len, uint64_t off);
-
 /* Closes the dup'ed fd, frees; NULL is a no-op. Pointers into the file die
  * with it. */
 void radiance_st_close(struct radiance_st_file *f);

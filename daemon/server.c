@@ -14,11 +14,13 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "limit.h"
 #include "log.h"
 #include "notify.h"
 #include "proto_util.h"
 #include "session.h"
+#include "wire.h"
 
 /* Stop reading a client's requests while this much of its replies is
  * unsent: a client that never reads cannot make us buffer without bound. */
@@ -44,20 +46,13 @@
 #define FDS_PER_SESSION (RADIANCE_MAX_FDS + 5u)
 #define FDS_DAEMON (256u + REFUSED_MAX)
 
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 static void server_stop(struct radiance_server *srv, int exit_code);
 
 /* 1 when a rate-limited message may be logged now; *missed is how many
  * were held back since the last one. */
 static int ratelimit_pass(struct log_ratelimit *rl, uint64_t *missed)
 {
-	uint64_t now = now_ns();
+	uint64_t now = radiance_clock_ns();
 	if (now < rl->next_ns) {
 		rl->suppressed++;
 		return 0;
@@ -298,7 +293,7 @@ static int refused_drain(struct refused_conn *r)
 	for (int i = 0; i < 16; i++) {
 		char buf[4096];
 		union {
-			char b[CMSG_SPACE(sizeof(int) * 253)];
+			char b[CMSG_SPACE(sizeof(int) * RADIANCE_SCM_MAX_FD)];
 			struct cmsghdr align;
 		} ctl;
 		struct iovec iov = { .iov_base = buf, .iov_len = sizeof buf };
@@ -878,7 +873,7 @@ static void on_watchdog(uv_timer_t *t)
 		return;
 	struct exec_liveness l;
 	executor_liveness(srv->exec, &l);
-	uint64_t now = now_ns();
+	uint64_t now = radiance_clock_ns();
 	if (exec_watch_alive(&srv->watch, &l, now, srv->watchdog_usec * 1000u))
 		notify_watchdog();
 	else
@@ -974,7 +969,7 @@ int server_run(const struct radiance_config *cfg)
 	srv.loop = &loop;
 	srv.cfg = cfg;
 	srv.listen_fd = -1;
-	srv.start_ns = now_ns();
+	srv.start_ns = radiance_clock_ns();
 	stats_init(&srv.stats);
 	/* writes to a vanished client must fail with EPIPE, not kill us */
 	signal(SIGPIPE, SIG_IGN);
@@ -1006,6 +1001,8 @@ int server_run(const struct radiance_config *cfg)
 			.max_decode_rows = cfg->decode_rows < cfg->max_rows ? cfg->decode_rows
 									     : cfg->max_rows,
 			.numerics_gate = cfg->numerics_gate != 0,
+			.share = cfg->share,
+			.fake_share = cfg->fake_share != 0,
 			.cpu_threads = cfg->cpu_threads,
 			.max_n = cfg->max_n,
 			.max_k = cfg->max_k,

@@ -13,19 +13,15 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "limit.h"
 #include "log.h"
 #include "map.h"
 #include "proto_util.h"
 #include "server.h"
 #include "shm.h"
-
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
+#include "text.h"
+#include "wire.h"
 
 /* ---- replies ---- */
 
@@ -349,7 +345,7 @@ static void handle_attach(struct radiance_session *s, uint64_t tag, const Radian
 	const char *name = a->name ? a->name : "";
 	char err[512];
 	/* it goes into the log and the reply: never as the client wrote it */
-	if (registry_check_name("AttachModel.name", name, REGISTRY_NAME_MAX, err, sizeof err) < 0) {
+	if (radiance_text_check("AttachModel.name", name, REGISTRY_NAME_MAX, err, sizeof err) < 0) {
 		send_error(s, tag, EINVAL, "%s", err);
 		return;
 	}
@@ -467,7 +463,7 @@ static void handle_stats(struct radiance_session *s, uint64_t tag)
 	global.latency_cumulative = cum;
 	stats_fill(&srv->stats, &global);
 	global.sessions = srv->nsessions;
-	global.uptime_ns = now_ns() - srv->start_ns;
+	global.uptime_ns = radiance_clock_ns() - srv->start_ns;
 	stats_msg_fill(s, &mine);
 	mine.uptime_ns = global.uptime_ns;
 
@@ -541,7 +537,10 @@ static void on_ring_removed(struct exec_job *job)
 	session_maybe_free(s);
 }
 
-static void ring_remove(struct radiance_session *s)
+/* Hands the ring to the executor to take off its list (EXEC_JOB_RING_REMOVE);
+ * the segment is released in on_ring_removed, once the executor no longer
+ * reads it. Not executor.c's ring_remove, which does the taking off. */
+static void session_ring_release(struct radiance_session *s)
 {
 	memset(&s->ring_job, 0, sizeof s->ring_job);
 	s->ring_job.kind = EXEC_JOB_RING_REMOVE;
@@ -575,7 +574,7 @@ static void on_ring_added(struct exec_job *job)
 	}
 	s->ring_state = SESSION_RING_ACTIVE;
 	if (s->state == SESSION_CLOSING) {
-		ring_remove(s);
+		session_ring_release(s);
 		return;
 	}
 	Radiance__RingReady rr = RADIANCE__RING_READY__INIT;
@@ -923,7 +922,7 @@ void session_close(struct radiance_session *s, int violation, const char *fmt, .
 	uv_close((uv_handle_t *)&s->hello_timer, on_timer_closed);
 	radiance_conn_finish(&s->conn);
 	if (s->ring_state == SESSION_RING_ACTIVE)
-		ring_remove(s);
+		session_ring_release(s);
 	/* ADDING: on_ring_added sees CLOSING and removes it */
 }
 

@@ -10,6 +10,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "clock.h"
+
 /* How long a worker spins for the next job before it sleeps: long enough to
  * span the gap between two layers of one decode step, short enough not to
  * hold a core that other processes want. */
@@ -37,13 +39,6 @@ struct worker_arg {
 	unsigned index;             /* 0 .. threads - 2 */
 };
 
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 static inline void cpu_relax(void)
 {
 #if defined(__x86_64__) || defined(__i386__)
@@ -65,13 +60,13 @@ static void run_tasks(struct radiance_cpu_pool *p)
 
 static uint64_t wait_job(struct radiance_cpu_pool *p, uint64_t seen)
 {
-	uint64_t g, start = now_ns();
+	uint64_t g, start = radiance_clock_ns();
 	for (unsigned i = 1;; i++) {
 		g = atomic_load_explicit(&p->gen, memory_order_acquire);
 		if (g != seen)
 			return g;
 		cpu_relax();
-		if ((i & 63) == 0 && now_ns() - start > POOL_SPIN_NS)
+		if ((i & 63) == 0 && radiance_clock_ns() - start > POOL_SPIN_NS)
 			break;
 	}
 	pthread_mutex_lock(&p->mu);

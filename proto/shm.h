@@ -67,15 +67,12 @@
 
 #include <stdint.h>
 
-#define RADIANCE_PROTOCOL_VERSION 1u
 #define RADIANCE_SHM_MAGIC 0x314D485345434E41ull   /* "ANCESHM1" little-endian */
 #define RADIANCE_SHM_VERSION 1u
 #define RADIANCE_SHM_HEADER_BYTES 4096u
 #define RADIANCE_SHM_ALIGN 4096u
 #define RADIANCE_SLOT_BYTES 256u          /* fixed slot size, both rings */
 #define RADIANCE_ARENA_ALIGN 16u          /* input/output offsets are multiples */
-#define RADIANCE_MAX_FRAME (1u << 20)     /* largest control frame, bytes */
-#define RADIANCE_MAX_FDS 64u              /* most fds one control frame carries */
 
 /* One ring's control words; head and tail on separate cache lines. */
 struct radiance_shm_ring {

@@ -21,6 +21,7 @@
 #include "daemon_harness.h"
 #include "proto_util.h"
 #include "shm.h"
+#include "wire.h"
 
 struct raw {
 	struct radiance_conn conn;

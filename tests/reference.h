@@ -20,6 +20,7 @@
 #include <jansson.h>
 
 #include "checkpoint.h"
+#include "clock.h"
 #include "model.h"
 #include "numerics.h"
 #include "safetensors.h"
@@ -46,9 +47,7 @@ static inline void h_path(char *buf, size_t n, const char *name)
 
 static inline double h_now(void)
 {
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+	return radiance_clock_s();
 }
 
 static inline void h_sleep_ms(int ms)

@@ -27,6 +27,7 @@
 #include "client-private.h"
 #include "proto_util.h"
 #include "radiance.h"
+#include "wire.h"
 
 /* --- arena ---------------------------------------------------------------- */
 
@@ -121,40 +122,18 @@ static void rm_dir(const char *dir)
 	assert_int_equal(system(cmd), 0);
 }
 
-/* Same list, same order, as the daemon-side loader's. */
-static void assert_same_as_loader(const char *dir)
-{
-	char **mine, **theirs, err[256];
-	int rc1 = radiance__client_checkpoint_files(dir, &mine, err, sizeof err);
-	int rc2 = radiance_checkpoint_list_files(dir, &theirs, err, sizeof err);
-	assert_int_equal(rc1 < 0 ? rc1 : 0, rc2 < 0 ? rc2 : 0);
-	if (rc1 < 0)
-		return;
-	size_t n = 0;
-	for (; mine[n]; n++) {
-		assert_true((int)n < rc2);
-		assert_string_equal(mine[n], theirs[n]);
-	}
-	assert_int_equal((int)n, rc2);
-	for (int i = 0; i < rc2; i++)
-		free(theirs[i]);
-	free(theirs);
-	radiance__client_checkpoint_files_free(mine);
-}
-
 static void checkpoint_files_real(void **state)
 {
 	char dir[512], **names, err[256];
 	snprintf(dir, sizeof dir, "%s/minilm-w4g128",
 		 getenv("RADIANCE_TEST_DATA") ? getenv("RADIANCE_TEST_DATA") : "tests/data");
-	assert_int_equal(radiance__client_checkpoint_files(dir, &names, err, sizeof err), 0);
+	assert_int_equal(radiance_checkpoint_list_files(dir, &names, err, sizeof err), 3);
 	/* configs and weights only: tokenizer files stay home */
 	assert_string_equal(names[0], "config.json");
 	assert_string_equal(names[1], "quantization_config.json");
 	assert_string_equal(names[2], "model.safetensors");
 	assert_null(names[3]);
-	radiance__client_checkpoint_files_free(names);
-	assert_same_as_loader(dir);
+	radiance_checkpoint_files_free(names);
 }
 
 static void checkpoint_files_sharded(void **state)
@@ -169,33 +148,82 @@ static void checkpoint_files_sharded(void **state)
 	write_file(dir, "model-00001-of-00002.safetensors", "");
 	write_file(dir, "model-00002-of-00002.safetensors", "");
 	write_file(dir, "tokenizer.json", "{}");
-	assert_int_equal(radiance__client_checkpoint_files(dir, &names, err, sizeof err), 0);
+	assert_int_equal(radiance_checkpoint_list_files(dir, &names, err, sizeof err), 4);
 	assert_string_equal(names[0], "config.json");
 	assert_string_equal(names[1], "model.safetensors.index.json");
 	assert_string_equal(names[2], "model-00001-of-00002.safetensors");
 	assert_string_equal(names[3], "model-00002-of-00002.safetensors");
 	assert_null(names[4]);
-	radiance__client_checkpoint_files_free(names);
-	assert_same_as_loader(dir);
+	radiance_checkpoint_files_free(names);
 
 	/* a shard name with a path in it is refused (it would escape dir) */
 	write_file(dir, "model.safetensors.index.json",
 		   "{\"weight_map\": {\"a\": \"../etc/passwd\"}}");
-	assert_int_equal(radiance__client_checkpoint_files(dir, &names, err, sizeof err), -EINVAL);
+	assert_int_equal(radiance_checkpoint_list_files(dir, &names, err, sizeof err), -EINVAL);
 	assert_null(names);
+
+	/* a shard name is a plain basename: "..", "." and "" are refused too,
+	 * and so is an index that names no shard at all */
+	static const char *const bad[] = {
+		"{\"weight_map\": {\"a\": \"..\"}}",
+		"{\"weight_map\": {\"a\": \".\"}}",
+		"{\"weight_map\": {\"a\": \"\"}}",
+		"{\"weight_map\": {\"a\": 7}}",
+		"{\"weight_map\": {}}",
+	};
+	for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+		write_file(dir, "model.safetensors.index.json", bad[i]);
+		names = (void *)1;
+		int rc = radiance_checkpoint_list_files(dir, &names, err, sizeof err);
+		if (rc != -EINVAL)
+			fprintf(stderr, "index %s: rc %d, \"%s\"\n", bad[i], rc, err);
+		assert_int_equal(rc, -EINVAL);
+		assert_null(names);
+		assert_non_null(strstr(err, "model.safetensors.index.json"));
+		assert_non_null(strstr(err, "weight_map"));
+	}
 	rm_dir(dir);
+}
+
+/* The model name a directory gives: its last component as written. */
+static void checkpoint_dir_name(void **state)
+{
+	static const struct {
+		const char *dir, *name;
+	} cases[] = {
+		{ "/models/minilm-w4g128", "minilm-w4g128" },
+		{ "/models/minilm-w4g128///", "minilm-w4g128" },
+		{ "minilm", "minilm" },
+		{ "./a/b/", "b" },
+		{ "/", "" },
+		{ "", "" },
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+		size_t len;
+		const char *s = radiance_checkpoint_dir_name(cases[i].dir, &len);
+		char got[64];
+		snprintf(got, sizeof got, "%.*s", (int)len, s);
+		assert_string_equal(got, cases[i].name);
+	}
+	assert_true(radiance_checkpoint_shard_name_ok("model-00001-of-00002.safetensors"));
+	assert_true(radiance_checkpoint_shard_name_ok("..model"));
+	assert_false(radiance_checkpoint_shard_name_ok(".."));
+	assert_false(radiance_checkpoint_shard_name_ok("."));
+	assert_false(radiance_checkpoint_shard_name_ok(""));
+	assert_false(radiance_checkpoint_shard_name_ok("../x"));
+	assert_false(radiance_checkpoint_shard_name_ok("sub/x"));
 }
 
 static void checkpoint_files_missing(void **state)
 {
 	char dir[] = "/tmp/radiance-ckpt-XXXXXX", **names, err[256];
 	assert_non_null(mkdtemp(dir));
-	assert_int_equal(radiance__client_checkpoint_files(dir, &names, err, sizeof err), -ENOENT);
+	assert_int_equal(radiance_checkpoint_list_files(dir, &names, err, sizeof err), -ENOENT);
 	assert_non_null(strstr(err, "config.json"));
 	write_file(dir, "config.json", "{}");
-	assert_int_equal(radiance__client_checkpoint_files(dir, &names, err, sizeof err), -ENOENT);
+	assert_int_equal(radiance_checkpoint_list_files(dir, &names, err, sizeof err), -ENOENT);
 	assert_non_null(strstr(err, "model.safetensors"));
-	assert_int_equal(radiance__client_checkpoint_files("/nonexistent/dir", &names, err,
+	assert_int_equal(radiance_checkpoint_list_files("/nonexistent/dir", &names, err,
 							   sizeof err),
 			 -ENOENT);
 	rm_dir(dir);
@@ -222,7 +250,7 @@ static void checkpoint_files_not_regular(void **state)
 				assert_int_equal(mkdir(path, 0700), 0);
 			else
 				assert_int_equal(symlink("/dev/zero", path), 0);
-			int rc = radiance__client_checkpoint_files(dir, &names, err, sizeof err);
+			int rc = radiance_checkpoint_list_files(dir, &names, err, sizeof err);
 			if (rc != -EINVAL || !strstr(err, "is not a regular file") ||
 			    !strstr(err, files[f]))
 				fprintf(stderr, "%s as %s: rc %d, \"%s\"\n", files[f], kinds[k], rc, err);
@@ -554,6 +582,7 @@ int main(void)
 		cmocka_unit_test(arena_first_fit_and_merge),
 		cmocka_unit_test(arena_random_stress),
 		cmocka_unit_test(checkpoint_files_real),
+		cmocka_unit_test(checkpoint_dir_name),
 		cmocka_unit_test(checkpoint_files_sharded),
 		cmocka_unit_test(checkpoint_files_missing),
 		cmocka_unit_test(checkpoint_files_not_regular),

@@ -591,6 +591,57 @@ static void test_limits(void **state)
 		     "1M", NULL);
 }
 
+/* RADIANCE_NUMERICS_GATE, RADIANCE_SHARE and RADIANCE_FAKE_SHARE are the
+ * fallbacks of numerics_gate, share and fake_share, read by config_load
+ * alone: used when neither file nor command line sets the key, checked
+ * like the key, and named as the origin of a bad value. */
+static void test_env_fallbacks(void **state)
+{
+	struct radiance_config cfg;
+	char err[512];
+	setenv("XDG_RUNTIME_DIR", "/run/user/1234", 1);
+	unsetenv("RADIANCE_NUMERICS_GATE");
+	unsetenv("RADIANCE_SHARE");
+	unsetenv("RADIANCE_FAKE_SHARE");
+	assert_int_equal(load(&cfg, err, sizeof err, "--no-config", NULL), 0);
+	assert_int_equal(cfg.numerics_gate, 0);
+	assert_null(cfg.share);
+	assert_int_equal(cfg.fake_share, 0);
+	config_finish(&cfg);
+
+	setenv("RADIANCE_NUMERICS_GATE", "1", 1);
+	setenv("RADIANCE_SHARE", "ipc", 1);
+	setenv("RADIANCE_FAKE_SHARE", "1", 1);
+	assert_int_equal(load(&cfg, err, sizeof err, "--no-config", NULL), 0);
+	assert_int_equal(cfg.numerics_gate, 1);
+	assert_string_equal(cfg.share, "ipc");
+	assert_int_equal(cfg.fake_share, 1);
+	config_finish(&cfg);
+
+	/* the command line (and the file) win over the environment */
+	const char *path = write_file("share.conf", "share = none\n");
+	assert_int_equal(load(&cfg, err, sizeof err, "--config", path, "--numerics-gate", "0",
+			      "--fake-share", "0", NULL), 0);
+	assert_int_equal(cfg.numerics_gate, 0);
+	assert_string_equal(cfg.share, "none");
+	assert_int_equal(cfg.fake_share, 0);
+	config_finish(&cfg);
+
+	setenv("RADIANCE_SHARE", "shm", 1);
+	assert_int_equal(load(&cfg, err, sizeof err, "--no-config", NULL), -EINVAL);
+	assert_non_null(strstr(err, "environment RADIANCE_SHARE"));
+	assert_non_null(strstr(err, "'shm' is not a share mode"));
+	config_finish(&cfg);
+	assert_int_equal(load(&cfg, err, sizeof err, "--no-config", "--share", "bogus", NULL),
+			 -EINVAL);
+	assert_non_null(strstr(err, "--share: 'bogus' is not a share mode"));
+	config_finish(&cfg);
+
+	unsetenv("RADIANCE_NUMERICS_GATE");
+	unsetenv("RADIANCE_SHARE");
+	unsetenv("RADIANCE_FAKE_SHARE");
+}
+
 int main(void)
 {
 	radiance_log_init(RADIANCE_LOG_ERROR);
@@ -613,6 +664,7 @@ int main(void)
 		cmocka_unit_test(test_byte_suffixes),
 		cmocka_unit_test(test_device_unset),
 		cmocka_unit_test(test_limits),
+		cmocka_unit_test(test_env_fallbacks),
 	};
 	return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

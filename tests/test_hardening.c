@@ -29,6 +29,7 @@
 #include "raw_client.h"
 #include "shm.h"
 #include "cpu_fast.h"
+#include "wire.h"
 
 static struct h_ref ref;
 static struct h_daemon da, db;   /* a test's daemons; teardown stops what is left */

@@ -41,6 +41,7 @@
 #include "checkpoint.h"
 #include "map.h"
 #include "raw_client.h"
+#include "wire.h"
 
 static struct h_daemon daemon_;
 static char ckpt[512];

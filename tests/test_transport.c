@@ -15,6 +15,7 @@
 
 #include "transport.h"
 #include "shm.h"
+#include "wire.h"
 
 struct fixture {
 	int open_fds_before;

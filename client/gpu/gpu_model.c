@@ -183,7 +183,7 @@ int radiance__gpu_model_run(struct radiance_gpu_model *g, uint32_t layer, const 
 			    const char **path)
 {
 	if (layer >= g->n_layers)
-		return fail(-ERANGE, "layer %u out of range: model %u has %zu layers", layer, g->model_id,
+		return fail(-ENOENT, "layer %u out of range: model %u has %zu layers", layer, g->model_id,
 			    g->n_layers);
 	if (rows == 0)
 		return fail(-EINVAL, "rows is 0");

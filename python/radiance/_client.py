@@ -568,7 +568,8 @@ class Model:
     def layer(self, layer: Union[int, str, Layer]) -> Layer:
         """The Layer called `layer` (a name), at index `layer` (an int), or
         `layer` itself if it is one of this model's. RadianceError ENOENT
-        (no such name), ERANGE (index out of range)."""
+        (no such name, or an index out of range: the C library's and the
+        daemon's code for both)."""
         if isinstance(layer, Layer):
             if layer.index < len(self.layers) and self.layers[layer.index] == layer:
                 return layer
@@ -582,7 +583,7 @@ class Model:
         if isinstance(layer, (int, np.integer)) and not isinstance(layer, bool):
             i = int(layer)
             if not 0 <= i < len(self.layers):
-                raise RadianceError(errno.ERANGE, f"layer index {i} out of range: model "
+                raise RadianceError(errno.ENOENT, f"layer index {i} out of range: model "
                                     f"'{self.name}' has layers 0..{len(self.layers) - 1}")
             return self.layers[i]
         raise RadianceError(errno.EINVAL, f"layer must be a name (str) or an index (int), "
@@ -694,8 +695,8 @@ class Model:
         torch.bfloat16 tensor when x is a tensor; `out` when given.
 
         Raises RadianceError: EINVAL (dtype, last dimension != K, out),
-        ENOENT / ERANGE (layer), EOPNOTSUPP (a CUDA tensor), EBADF (model
-        released or client closed), the daemon's status for a refused
+        ENOENT (layer: no such name, index out of range), EOPNOTSUPP (a
+        CUDA tensor), EBADF (model released or client closed), the daemon's status for a refused
         request (with its text), a connection error."""
         l = self.layer(layer)
         p = self._prepare(l, x, out)

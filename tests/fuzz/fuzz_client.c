@@ -39,6 +39,7 @@
 #include "proto_util.h"
 #include "radiance.h"
 #include "shm.h"
+#include "wire.h"
 
 #define SEGMENT_MAX (1u << 20)
 

@@ -30,6 +30,7 @@
 #include "proto_util.h"
 #include "shm.h"
 #include "transport.h"
+#include "wire.h"
 
 /* Whether m or a message inside it kept unknown fields. protobuf-c 1.4.1
  * accepts a field number 0 written as a multi-byte varint (80 00) and keeps

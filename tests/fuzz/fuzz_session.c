@@ -46,6 +46,7 @@
 #include "server.h"
 #include "session.h"
 #include "shm.h"
+#include "wire.h"
 
 static struct radiance_config cfg;
 static struct fz_buf single, shard1, shard2;

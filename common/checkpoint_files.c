@@ -1,0 +1,246 @@
+/* The checkpoint directory rules; see checkpoint_files.h. */
+#include "checkpoint_files.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "io.h"
+#include "log.h"
+
+bool radiance_checkpoint_shard_name_ok(const char *s)
+{
+	return *s && !strchr(s, '/') && strcmp(s, ".") != 0 && strcmp(s, "..") != 0;
+}
+
+const char *radiance_checkpoint_dir_name(const char *dir, size_t *len)
+{
+	size_t end = strlen(dir);
+	while (end > 1 && dir[end - 1] == '/')
+		end--;
+	size_t start = end;
+	while (start && dir[start - 1] != '/')
+		start--;
+	*len = end - start;
+	return dir + start;
+}
+
+int radiance_checkpoint_read_json(int fd, const char *fname, json_t **out, char *err,
+				  size_t errlen)
+{
+	struct stat st;
+	json_error_t jerr;
+	char *buf;
+	int rc = 0;
+
+	*out = NULL;
+	if (fstat(fd, &st) < 0) {
+		rc = -errno;
+		radiance__errf(err, errlen, "%s: fstat: %s", fname, strerror(-rc));
+		return rc == -EBADF ? -EINVAL : -EIO;
+	}
+	if (!S_ISREG(st.st_mode)) {
+		radiance__errf(err, errlen, "%s: not a regular file, expected a JSON file", fname);
+		return -EINVAL;
+	}
+	if ((uint64_t)st.st_size > RADIANCE_CHECKPOINT_MAX_JSON) {
+		radiance__errf(err, errlen, "%s: %lld bytes, expected a JSON file of at most %u bytes",
+			       fname, (long long)st.st_size, RADIANCE_CHECKPOINT_MAX_JSON);
+		return -EINVAL;
+	}
+	buf = malloc((size_t)st.st_size + 1);
+	if (!buf) {
+		radiance__errf(err, errlen, "out of memory (%s)", fname);
+		return -ENOMEM;
+	}
+	ssize_t r = radiance_io_pread(fd, buf, (size_t)st.st_size, 0);
+	if (r != (ssize_t)st.st_size) {
+		if (r < 0)
+			radiance__errf(err, errlen, "%s: read of %lld bytes failed: %s", fname,
+				       (long long)st.st_size, strerror((int)-r));
+		else
+			radiance__errf(err, errlen,
+				       "%s: file shrank to %zd bytes while loading (expected %lld)", fname,
+				       r, (long long)st.st_size);
+		rc = -EIO;
+		goto out;
+	}
+	*out = json_loadb(buf, (size_t)r, JSON_REJECT_DUPLICATES, &jerr);
+	if (!*out) {
+		radiance__errf(err, errlen,
+			       "%s: not valid JSON: %s (line %d, column %d), expected a JSON object",
+			       fname, jerr.text, jerr.line, jerr.column);
+		rc = -EINVAL;
+	} else if (!json_is_object(*out)) {
+		radiance__errf(err, errlen, "%s: top level is not a JSON object", fname);
+		json_decref(*out);
+		*out = NULL;
+		rc = -EINVAL;
+	}
+out:
+	free(buf);
+	return rc;
+}
+
+/* 1 when dir/name is a regular file (after symlinks), 0 when it is missing
+ * and not required, else -errno with err set: -EINVAL for something that is
+ * not a regular file (a directory, a FIFO that would hang an open, a link
+ * to /dev/zero that never ends). */
+static int stat_regular(int dfd, const char *dir, const char *name, bool required, char *err,
+			size_t errlen)
+{
+	struct stat st;
+	if (fstatat(dfd, name, &st, 0) < 0) {
+		int e = errno;
+		if (e == ENOENT && !required)
+			return 0;
+		radiance__errf(err, errlen, "%s/%s: %s", dir, name,
+			       e == ENOENT ? "not found, expected it in a checkpoint directory"
+					   : strerror(e));
+		return -e;
+	}
+	if (!S_ISREG(st.st_mode)) {
+		radiance__errf(err, errlen, "%s/%s is not a regular file", dir, name);
+		return -EINVAL;
+	}
+	return 1;
+}
+
+static int names_add(char ***names, size_t *n, const char *s)
+{
+	for (size_t i = 0; i < *n; i++)
+		if (strcmp((*names)[i], s) == 0)
+			return 0;
+	char **nn = realloc(*names, (*n + 2) * sizeof *nn);
+	if (!nn)
+		return -ENOMEM;
+	*names = nn;
+	if (!(nn[*n] = strdup(s)))
+		return -ENOMEM;
+	nn[++*n] = NULL;
+	return 0;
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+void radiance_checkpoint_files_free(char **names)
+{
+	if (!names)
+		return;
+	for (char **p = names; *p; p++)
+		free(*p);
+	free(names);
+}
+
+/* Adds the index's shards to the list, sorted after what is there. */
+static int add_shards(int dfd, const char *dir, char ***list, size_t *n, char *err,
+		      size_t errlen)
+{
+	json_t *idx = NULL, *v;
+	const char *key;
+	size_t first_shard = *n;
+	int rc;
+
+	int ifd = openat(dfd, RADIANCE_CHECKPOINT_INDEX, O_RDONLY | O_CLOEXEC);
+	if (ifd < 0) {
+		rc = -errno;
+		radiance__errf(err, errlen, "%s/%s: %s", dir, RADIANCE_CHECKPOINT_INDEX, strerror(-rc));
+		return rc;
+	}
+	rc = radiance_checkpoint_read_json(ifd, RADIANCE_CHECKPOINT_INDEX, &idx, err, errlen);
+	close(ifd);
+	if (rc)
+		return rc;
+	json_t *wm = json_object_get(idx, "weight_map");
+	if (!json_is_object(wm)) {
+		radiance__errf(err, errlen, "%s/%s: \"weight_map\" is missing or not an object, "
+			       "expected tensor name -> shard file", dir, RADIANCE_CHECKPOINT_INDEX);
+		rc = -EINVAL;
+		goto out;
+	}
+	if (json_object_size(wm) == 0) {
+		radiance__errf(err, errlen, "%s/%s: empty weight_map, expected tensor name -> shard "
+			       "file", dir, RADIANCE_CHECKPOINT_INDEX);
+		rc = -EINVAL;
+		goto out;
+	}
+	json_object_foreach(wm, key, v) {
+		if (!json_is_string(v) || !radiance_checkpoint_shard_name_ok(json_string_value(v))) {
+			radiance__errf(err, errlen, "%s/%s: weight_map[\"%s\"] is not a shard file "
+				       "name, expected a plain basename", dir, RADIANCE_CHECKPOINT_INDEX,
+				       key);
+			rc = -EINVAL;
+			goto out;
+		}
+		if ((rc = names_add(list, n, json_string_value(v))))
+			goto out;
+	}
+	for (size_t i = first_shard; i < *n; i++)
+		if ((rc = stat_regular(dfd, dir, (*list)[i], true, err, errlen)) < 0)
+			goto out;
+	rc = 0;
+	qsort(*list + first_shard, *n - first_shard, sizeof **list, cmp_str);
+out:
+	json_decref(idx);
+	return rc;
+}
+
+int radiance_checkpoint_list_files(const char *dir, char ***names, char *err, size_t errlen)
+{
+	char **list = NULL;
+	size_t n = 0;
+	int dfd, rc;
+
+	if (!names || !dir)
+		return -EINVAL;
+	*names = NULL;
+	dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (dfd < 0) {
+		rc = -errno;
+		radiance__errf(err, errlen, "%s: %s", dir, strerror(-rc));
+		return rc;
+	}
+	if ((rc = stat_regular(dfd, dir, RADIANCE_CHECKPOINT_CONFIG, true, err, errlen)) < 0)
+		goto out;
+	if ((rc = names_add(&list, &n, RADIANCE_CHECKPOINT_CONFIG)))
+		goto out;
+	if ((rc = stat_regular(dfd, dir, RADIANCE_CHECKPOINT_QCONFIG, false, err, errlen)) < 0)
+		goto out;
+	if (rc == 1 && (rc = names_add(&list, &n, RADIANCE_CHECKPOINT_QCONFIG)))
+		goto out;
+	/* the index wins over a stray model.safetensors next to it */
+	if ((rc = stat_regular(dfd, dir, RADIANCE_CHECKPOINT_INDEX, false, err, errlen)) < 0)
+		goto out;
+	if (rc == 1) {
+		if ((rc = names_add(&list, &n, RADIANCE_CHECKPOINT_INDEX)) ||
+		    (rc = add_shards(dfd, dir, &list, &n, err, errlen)))
+			goto out;
+	} else {
+		if ((rc = stat_regular(dfd, dir, RADIANCE_CHECKPOINT_SINGLE, false, err, errlen)) < 0)
+			goto out;
+		if (rc == 0) {
+			radiance__errf(err, errlen, "%s: no weights, expected %s or %s", dir,
+				       RADIANCE_CHECKPOINT_SINGLE, RADIANCE_CHECKPOINT_INDEX);
+			rc = -ENOENT;
+			goto out;
+		}
+		if ((rc = names_add(&list, &n, RADIANCE_CHECKPOINT_SINGLE)))
+			goto out;
+	}
+	*names = list;
+	list = NULL;
+	rc = (int)n;
+out:
+	if (rc == -ENOMEM)
+		radiance__errf(err, errlen, "out of memory listing %s", dir);
+	radiance_checkpoint_files_free(list);
+	close(dfd);
+	return rc;
+}

@@ -1,0 +1,21 @@
+/* File reads; see io.h. */
+#include "io.h"
+
+#include <errno.h>
+#include <unistd.h>
+
+ssize_t radiance_io_pread(int fd, void *buf, size_t len, uint64_t off)
+{
+	size_t got = 0;
+	while (got < len) {
+		ssize_t r = pread(fd, (uint8_t *)buf + got, len - got, (off_t)(off + got));
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0)
+			return -errno;
+		if (r == 0)
+			break;
+		got += (size_t)r;
+	}
+	return (ssize_t)got;
+}
