@@ -152,11 +152,12 @@ UNITS := $(BUILD)/systemd/radianced.service $(BUILD)/systemd/radianced.socket \
          $(BUILD)/systemd/radianced@.service $(BUILD)/systemd/radianced@.socket \
          $(BUILD)/systemd/radiance-metrics.service $(BUILD)/systemd/radiance-metrics.timer
 .PHONY: all bin deps check demo install clean gpu-check-code
-# what `make install` installs, without the tests (debian/rules builds this)
-bin: $(INSTALL_BIN) $(BUILD)/radiance.pc $(UNITS) $(GPU_CLIENT_TARGETS)
-
+# `all` comes first: plain `make` builds the tests and examples the README runs
 all: $(RADIANCED) $(RADIANCECTL) $(LIB_CLIENT_A) $(LIB_CLIENT_SO) $(BUILD)/radiance.pc $(UNITS) \
      $(TEST_BIN) $(EXTRA_BIN) $(GPU_CLIENT_TARGETS)
+
+# what `make install` installs, without the tests (debian/rules builds this)
+bin: $(INSTALL_BIN) $(BUILD)/radiance.pc $(UNITS) $(GPU_CLIENT_TARGETS)
 
 $(PROTO_C) $(PROTO_H): proto/radiance.proto
 	@mkdir -p $(BUILD)/gen

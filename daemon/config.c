@@ -92,10 +92,11 @@ static const struct setting settings[] = {
 	  "CPU backend: compute threads, the executor's included; 0: as many as this "
 	  "process may run on (sched_getaffinity, capped by cgroup cpu.max) (0)" },
 	/* scheduling: fairness between sessions (daemon/scheduler.h) */
-	{ "sched_chunk_rows", 291, "N", V_U32, OFF(sched_chunk_rows), 1, 65536,
+	{ "sched_chunk_rows", 291, "N", V_U32, OFF(sched_chunk_rows), 0, 65536,
 	  "a request of more rows runs in pieces of this many, with other sessions' "
 	  "work and jobs in between; one piece of the biggest layer per busy session "
-	  "is what a small request may wait (256)" },
+	  "is what a small request may wait; 0: 256 on a GPU backend, 32 on the CPU "
+	  "(0)" },
 	{ "sched_session_rows", 292, "N", V_U32, OFF(sched_session_rows), 1, 1u << 24,
 	  "rows of one session the executor queues at once; more wait in its SQ (1024)" },
 	{ "log_level", 'l', "LEVEL", V_LOGLEVEL, OFF(log_level), 0, 0,
@@ -186,7 +187,7 @@ int config_init(struct radiance_config *cfg)
 	cfg->max_n = 65536;
 	cfg->hello_timeout_ms = 5000;
 	cfg->decode_rows = 64;
-	cfg->sched_chunk_rows = 256;
+	cfg->sched_chunk_rows = 0;   /* auto: by backend, executor_main */
 	cfg->sched_session_rows = 1024;
 	cfg->device = -1;   /* not given: the GPU backend takes 0, the CPU one does not warn */
 	cfg->log_level = RADIANCE_LOG_INFO;

@@ -794,6 +794,11 @@ static void *executor_main(void *arg)
 	pthread_mutex_lock(&e->lock);
 	if (rc == 0)
 		radiance_backend_info(e->backend, &e->info);
+	/* before the loop reads it: the piece size the backend serves best */
+	if (rc == 0 && e->opt.chunk_rows == EXEC_CHUNK_AUTO) {
+		uint32_t c = strcmp(e->info.name, "cpu") == 0 ? 32 : 256;
+		e->sched.chunk_rows = c < e->sched.max_rows ? c : e->sched.max_rows;
+	}
 	e->started = rc == 0 ? 1 : rc;
 	snprintf(e->start_err, sizeof e->start_err, "%s", err);
 	pthread_cond_signal(&e->cond);
@@ -854,7 +859,8 @@ int executor_create(uv_loop_t *loop, const struct executor_options *opt,
 	e->opt = *opt;
 	e->ctl_efd = e->epfd = -1;
 	e->sched = (struct sched_params){
-		.chunk_rows = opt->chunk_rows ? opt->chunk_rows : opt->backend.max_rows,
+		.chunk_rows = opt->chunk_rows && opt->chunk_rows != EXEC_CHUNK_AUTO ? opt->chunk_rows
+									    : opt->backend.max_rows,
 		.session_rows = opt->session_rows ? opt->session_rows : opt->backend.max_rows,
 		.max_rows = opt->backend.max_rows,
 	};

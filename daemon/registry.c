@@ -96,14 +96,17 @@ static int charge(struct radiance_resident *res, const char *name, uint64_t byte
 	pthread_mutex_lock(&reg->charge_lock);
 	struct uid_charge *u = res->asked_by ? uid_entry(reg, res->uid) : NULL;
 	uint64_t mine = (u ? u->bytes : 0) + bytes;
-	if (res->asked_by && lim->max_model_bytes_per_uid && mine > lim->max_model_bytes_per_uid) {
+	/* the total first: when both are passed (the per-uid limit defaults to
+	 * the total), the refusal names the limit the administrator set */
+	if (lim->max_model_bytes && reg->charged + bytes > lim->max_model_bytes) {
+		limit_refusal(err, errlen, doing, "all models'", "resident bytes",
+			       reg->charged + bytes, "max_model_bytes", lim->max_model_bytes, 1);
+		rc = -EDQUOT;
+	} else if (res->asked_by && lim->max_model_bytes_per_uid &&
+		   mine > lim->max_model_bytes_per_uid) {
 		snprintf(whose, sizeof whose, "uid %u's", (unsigned)res->uid);
 		limit_refusal(err, errlen, doing, whose, "resident model bytes", mine,
 			       "max_model_bytes_per_uid", lim->max_model_bytes_per_uid, 1);
-		rc = -EDQUOT;
-	} else if (lim->max_model_bytes && reg->charged + bytes > lim->max_model_bytes) {
-		limit_refusal(err, errlen, doing, "all models'", "resident bytes",
-			       reg->charged + bytes, "max_model_bytes", lim->max_model_bytes, 1);
 		rc = -EDQUOT;
 	} else if (res->asked_by && !u) {
 		if (reg->nuids == reg->uids_cap) {

@@ -1009,7 +1009,7 @@ int server_run(const struct radiance_config *cfg)
 		},
 		.max_rings = cfg->max_sessions,
 		.spin_us = 50,
-		.chunk_rows = cfg->sched_chunk_rows,
+		.chunk_rows = cfg->sched_chunk_rows ? cfg->sched_chunk_rows : EXEC_CHUNK_AUTO,
 		.session_rows = cfg->sched_session_rows,
 		.global_stats = &srv.stats,
 	};

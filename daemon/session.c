@@ -618,15 +618,16 @@ static int arena_over_limit(struct radiance_session *s, uint64_t arena, char *wh
 	char doing[64], whose[48], size[32];
 	limit_format_bytes(arena, size, sizeof size);
 	snprintf(doing, sizeof doing, "opening the rings with a %s arena", size);
+	/* the total first, as for model bytes: the per-uid limit defaults to it */
+	if (cfg->max_total_arena_bytes && total > cfg->max_total_arena_bytes) {
+		limit_refusal(why, len, doing, "all sessions'", "arena bytes", total,
+			       "max_total_arena_bytes", cfg->max_total_arena_bytes, 1);
+		return 1;
+	}
 	if (cfg->max_arena_bytes_per_uid && mine > cfg->max_arena_bytes_per_uid) {
 		snprintf(whose, sizeof whose, "uid %u's", (unsigned)s->uid);
 		limit_refusal(why, len, doing, whose, "arena bytes", mine, "max_arena_bytes_per_uid",
 			       cfg->max_arena_bytes_per_uid, 1);
-		return 1;
-	}
-	if (cfg->max_total_arena_bytes && total > cfg->max_total_arena_bytes) {
-		limit_refusal(why, len, doing, "all sessions'", "arena bytes", total,
-			       "max_total_arena_bytes", cfg->max_total_arena_bytes, 1);
 		return 1;
 	}
 	return 0;
