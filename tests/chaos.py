@@ -278,8 +278,8 @@ def run_killers(n, parallel, sock, copy, load_s, seed, daemon_pid, peak):
             if b"E" in got:
                 e = got[got.index(b"E") + 1:].decode(errors="replace")
                 got = got[:got.index(b"E")]
-                # a load killed by another killer's death cannot fail, but
-                # a child erroring is not the daemon's fault unless it is
+                # a step that failed before the kill (a refused connect, a
+                # failed load) is a violation: nothing here should be refused
                 if len(s["child_errors"]) < 5:
                     s["child_errors"].append(e)
                 s["points"]["error"] = s["points"].get("error", 0) + 1
@@ -470,8 +470,6 @@ def main():
         for r in tr:
             violations += [f"truncator: {u}" for u in r["unexpected"]]
         for k, s in kstats.items():
-            # a killer whose own step failed is not the daemon's fault unless
-            # the daemon refused it; list what it was
             if s["child_errors"]:
                 violations.append(f"{k} killers: {len(s['child_errors'])} errors, "
                                   f"e.g. {s['child_errors'][:2]}")
