@@ -313,6 +313,16 @@ check-build-matrix: deps
 check-deb:
 	@sh tests/deb_check.sh
 
+# Chaos at scale against one daemon (tests/chaos.py, docs/daemon.md "Chaos
+# test"): CLIENTS killed clients; SECONDS overrides the well-behaved wait bound.
+CLIENTS ?= 1000
+.PHONY: chaos
+chaos: deps
+	$(MAKE) all
+	@sh tools/pyenv.sh $(BUILD)/pyenv
+	PYTHONPATH=python RADIANCE_BUILD=$(BUILD) RADIANCE_LIBRARY=$(BUILD)/libradiance.so.0 \
+		$(BUILD)/pyenv/bin/python tests/chaos.py --clients $(CLIENTS) $(if $(SECONDS),--seconds $(SECONDS))
+
 clean:
 	rm -rf build build-*
 

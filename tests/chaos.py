@@ -1,0 +1,539 @@
+#!/usr/bin/env python3
+"""Chaos at scale against one radianced (issue 8; opt-in: `make chaos`).
+
+One CPU-backend daemon with the shipped checkpoint preloaded serves, at once:
+  killers      CLIENTS child processes, PARALLEL at a time, each SIGKILLed
+               at a random point: in the handshake (raw socket: nothing sent,
+               or half a frame), during a load of a copy of the checkpoint,
+               or with requests in flight (killed by the parent after a random
+               delay, or killing itself right after submitting);
+  flooders     clients keeping max-row requests in flight on the largest layer;
+  truncators   clients loading a private copy of the checkpoint (libradiance
+               passes its fds) and truncating model.safetensors during the
+               load: the load must fail with a RadianceError, or have finished
+               first, and the daemon must not notice otherwise;
+  well-behaved clients doing M=1..8 requests on random W4A8 layers, each result
+               compared bit for bit with the C kernel (tools/radiance-numerics,
+               which the CPU backend equals) computed before the run, each of
+               those expectations first checked against the numpy
+               transcription of docs/numerics.md (tests/numerics_ref.py).
+
+Afterwards the daemon's descriptors (/proc/PID/fd), shared-memory mappings
+(memfd: and /dev/shm lines of /proc/PID/maps), RSS, sessions and models
+(radiancectl status/models --json) must be back to the baseline taken before
+(RSS within RSS_SLACK_MIB), the daemon alive and exiting 0 on SIGTERM, no
+well-behaved result wrong and none waiting past the bound.
+
+The bound: docs/daemon.md (Scheduling) says a small request waits at most
+about one piece (sched_chunk_rows rows) of the biggest layer per session with
+prefill queued, plus its own launch. The piece cost and the M=8 cost are
+measured here on a quiet daemon first; the bound is
+  SAFETY * ((flooders + PARALLEL + well-behaved + truncators) * piece + own)
+(every session that can have rows queued at once), with SAFETY (4) for the
+CPU the chaos itself takes on a small machine (the clients, the loads and the
+checks run on the same cores as the daemon). SECONDS overrides it.
+
+Usage: PYTHONPATH=python RADIANCE_LIBRARY=build/libradiance.so.0 \
+       build/pyenv/bin/python tests/chaos.py [--clients N] [--parallel P]
+       [--seconds BOUND] [--json FILE]   (make chaos CLIENTS=N SECONDS=S)
+Exit status: 0 when every check held, 1 otherwise (the summary says which).
+"""
+import argparse
+import errno
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE / "python"), str(HERE), str(HERE.parent / "python"),
+                str(HERE.parent / "examples" / "engine")]
+
+import ml_dtypes  # noqa: E402
+import numpy as np  # noqa: E402
+
+import conftest  # noqa: E402  (the daemon fixture's Daemon, the paths)
+import numerics_ref as ref  # noqa: E402
+import radiance  # noqa: E402
+from test_numerics import kernel_bits, layer_ref  # noqa: E402
+
+BF16 = ml_dtypes.bfloat16
+MODEL = conftest.CKPT.name
+CHUNK_ROWS = 32
+SAFETY = 4.0
+WAKEUPS = 3
+RSS_SLACK_MIB = 16
+
+
+# -- what the daemon holds ----------------------------------------------------
+def proc_figures(pid):
+    """(descriptors, shared-memory mappings) of the daemon."""
+    fds = len(os.listdir(f"/proc/{pid}/fd"))
+    with open(f"/proc/{pid}/maps") as f:
+        shm = sum(1 for l in f if "memfd:" in l or "/dev/shm/" in l)
+    return fds, shm
+
+
+def daemon_figures(pid, sock):
+    fds, shm = proc_figures(pid)
+    with open(f"/proc/{pid}/status") as f:
+        rss = next(int(l.split()[1]) for l in f if l.startswith("VmRSS:"))
+    ctl = str(conftest.BUILD / "radiancectl")
+    st = json.loads(subprocess.run([ctl, "--socket", sock, "status", "--json"],
+                                   capture_output=True, check=True, text=True).stdout)
+    md = json.loads(subprocess.run([ctl, "--socket", sock, "models", "--json"],
+                                   capture_output=True, check=True, text=True).stdout)
+    # radiancectl's own connection is one of the sessions it reports
+    return {"fds": fds, "shm_maps": shm, "rss_kib": rss, "sessions": st["sessions"] - 1,
+            "models": len(md["models"]), "users": sum(m["users"] for m in md["models"])}
+
+
+# -- roles run as their own processes -----------------------------------------
+def role_flood(sock, stop, out):
+    c = radiance.Client(sock, timeout=120, name="chaos-flood")
+    m = c.attach(MODEL)
+    big = max((l for l in m.layers if l.kind == "w4a8"), key=lambda l: l.N * l.K)
+    rows = c.server_info["max_rows"]
+    x = np.random.default_rng(7).standard_normal((rows, big.K)).astype(BF16)
+    inflight, done = [], 0
+    while not os.path.exists(stop):
+        while len(inflight) < 4:
+            inflight.append(m.submit(big.index, x))
+        inflight.pop(0).result(timeout=120)
+        done += 1
+    for r in inflight:
+        r.result(timeout=120)
+    c.close()
+    Path(out).write_text(json.dumps({"requests": done, "rows": done * rows}))
+
+
+def role_wb(sock, stop, out, pool_path, seed):
+    pool = np.load(pool_path, allow_pickle=False)
+    n = int(pool["n"])
+    c = radiance.Client(sock, timeout=120, name=f"chaos-wb{seed}")
+    m = c.attach(MODEL)
+    rng = random.Random(seed)
+    lat, bad, checked = [], [], 0
+    while not os.path.exists(stop):
+        i = rng.randrange(n)
+        x, want, layer = pool[f"x{i}"].view(BF16), pool[f"y{i}"], str(pool[f"l{i}"])
+        t0 = time.monotonic()
+        y = m.linear(layer, x)
+        lat.append(time.monotonic() - t0)
+        checked += 1
+        if not np.array_equal(y.view(np.uint16), want):
+            bad.append(f"{layer} M={x.shape[0]}: "
+                       f"{int((y.view(np.uint16) != want).sum())} elements differ")
+    c.close()
+    Path(out).write_text(json.dumps({"checked": checked, "latency": lat, "bad": bad}))
+
+
+def role_trunc(sock, out, count, seed, load_s):
+    import threading
+
+    rng = random.Random(seed)
+    res = {"failed_cleanly": 0, "loaded_first": 0, "unexpected": [], "errors": {}}
+    c = radiance.Client(sock, timeout=120, name=f"chaos-trunc{seed}")
+    for it in range(count):
+        with tempfile.TemporaryDirectory(prefix="radiance-chaos-trunc-") as d:
+            copy = Path(d) / f"trunc{seed}-{it}"
+            shutil.copytree(conftest.CKPT, copy)
+            got = {}
+
+            def load():
+                try:
+                    got["model"] = c.load(copy, name=copy.name)
+                except radiance.RadianceError as e:
+                    got["error"] = e
+                except BaseException as e:   # noqa: B902 - reported as a violation
+                    got["other"] = e
+            t = threading.Thread(target=load)
+            t.start()
+            time.sleep(rng.uniform(0, load_s))
+            f = copy / "model.safetensors"
+            os.truncate(f, rng.choice([0, 7, f.stat().st_size // 2]))
+            t.join(300)
+            if t.is_alive():
+                res["unexpected"].append(f"load {it} did not return in 300 s")
+                break
+            if "other" in got:
+                res["unexpected"].append(f"load {it}: {got['other']!r}")
+            elif "error" in got:
+                res["failed_cleanly"] += 1
+                k = errno.errorcode.get(got["error"].errno, str(got["error"].errno))
+                res["errors"][k] = res["errors"].get(k, 0) + 1
+            else:
+                res["loaded_first"] += 1
+                got["model"].close()
+    c.close()
+    Path(out).write_text(json.dumps(res))
+
+
+# -- killers (forked children of the runner) ----------------------------------
+KINDS = ("handshake", "load", "inflight")
+
+
+def killer_child(kind, sock, copy, w, rng):
+    """Runs in a forked child: reports each point it reaches on w, then
+    waits to be killed (it never exits by itself)."""
+    def mark(ch):
+        os.write(w, ch)
+    try:
+        if kind == "handshake":
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect(sock)
+            mark(b"c")
+            what = rng.randrange(3)
+            if what == 1:        # half a frame: a length prefix, part of the body
+                s.sendall(struct.pack("<I", 64) + b"\x0a\x05hel")
+                mark(b"p")
+            elif what == 2:      # the whole handshake, then death before any use
+                c = radiance.Client(sock, timeout=60, name="chaos-kill")
+                mark(b"h")
+        elif kind == "load":
+            c = radiance.Client(sock, timeout=60, name="chaos-kill")
+            mark(b"h")
+            c.load(copy, name="chaos-copy")
+            mark(b"L")
+        else:
+            c = radiance.Client(sock, timeout=60, name="chaos-kill")
+            m = c.attach(MODEL)
+            mark(b"h")
+            layers = [l for l in m.layers if l.kind == "w4a8"]
+            rows = c.server_info["max_rows"]
+            for _ in range(rng.randrange(1, 6)):
+                l = rng.choice(layers)
+                x = np.ones((rng.randrange(1, rows + 1), l.K), BF16)
+                m.submit(l.index, x)
+            mark(b"s")
+            if rng.random() < 0.5:
+                os.kill(os.getpid(), signal.SIGKILL)
+    except BaseException as e:   # noqa: B902 - the parent counts it
+        os.write(w, b"E" + repr(e)[:200].encode())
+    while True:
+        time.sleep(60)
+
+
+def run_killers(n, parallel, sock, copy, load_s, seed, daemon_pid, peak):
+    rng = random.Random(seed)
+    kinds = [KINDS[i % 3] for i in range(n)]
+    rng.shuffle(kinds)
+    # kill delay ranges: the handshake is quick, a load takes load_s
+    span = {"handshake": 0.03, "load": 1.5 * load_s, "inflight": 0.15}
+    live = {}   # pid -> (kind, kill_at, read fd)
+    stats = {k: {"killed": 0, "points": {}, "child_errors": []} for k in KINDS}
+    i = 0
+    next_sample = 0.0
+    while i < n or live:
+        if time.monotonic() >= next_sample:   # the figures must move meanwhile
+            fds, shm = proc_figures(daemon_pid)
+            peak["fds"], peak["shm_maps"] = max(peak["fds"], fds), max(peak["shm_maps"], shm)
+            next_sample = time.monotonic() + 0.1
+        while i < n and len(live) < parallel:
+            kind = kinds[i]
+            r, w = os.pipe()
+            crng = random.Random(rng.random())
+            pid = os.fork()
+            if pid == 0:
+                conftest._die_with_parent()
+                os.close(r)
+                try:
+                    killer_child(kind, sock, copy, w, crng)
+                finally:
+                    os._exit(3)
+            os.close(w)
+            live[pid] = (kind, time.monotonic() + rng.uniform(0, span[kind]), r)
+            i += 1
+        now = time.monotonic()
+        for pid, (kind, at, r) in list(live.items()):
+            if now < at:
+                try:
+                    wpid, st = os.waitpid(pid, os.WNOHANG)   # self-killed
+                except ChildProcessError:
+                    wpid, st = pid, 0
+                if wpid == 0:
+                    continue
+            else:
+                os.kill(pid, signal.SIGKILL)
+                _, st = os.waitpid(pid, 0)
+            s = stats[kind]
+            if os.WIFSIGNALED(st) and os.WTERMSIG(st) == signal.SIGKILL:
+                s["killed"] += 1
+            else:
+                s["child_errors"].append(f"exit status {st}")
+            os.set_blocking(r, False)
+            try:
+                got = os.read(r, 4096)
+            except BlockingIOError:
+                got = b""
+            os.close(r)
+            if b"E" in got:
+                e = got[got.index(b"E") + 1:].decode(errors="replace")
+                got = got[:got.index(b"E")]
+                # a step that failed before the kill (a refused connect, a
+                # failed load) is a violation: nothing here should be refused
+                if len(s["child_errors"]) < 5:
+                    s["child_errors"].append(e)
+                s["points"]["error"] = s["points"].get("error", 0) + 1
+            point = {b"": "before connect", b"c": "connected", b"cp": "half a frame",
+                     b"ch": "after Hello", b"h": "after Hello", b"hL": "after the load",
+                     b"hs": "requests in flight"}.get(got, got.decode(errors="replace"))
+            if kind == "load" and got == b"h":
+                point = "during the load"
+            s["points"][point] = s["points"].get(point, 0) + 1
+            del live[pid]
+        t0 = time.monotonic()
+        time.sleep(0.002)
+        # how late a runnable process gets a CPU back in this run
+        peak["oversleep_s"] = max(peak["oversleep_s"], time.monotonic() - t0 - 0.002)
+    return stats
+
+
+# -- the runner -----------------------------------------------------------------
+def make_pool(path, rng, n=24):
+    """Inputs and the C kernel's bits for them; each also checked against the
+    numpy transcription (the bf16 floor), so the reference is independent."""
+    import minilm
+
+    t = minilm.CheckpointTensors(str(conftest.CKPT))
+    names = sorted({k[:-len(".qweight")] for k in t.keys() if k.endswith(".qweight")})
+    arrs = {"n": np.array(n)}
+    for i in range(n):
+        name = rng.choice(names)
+        k = t[name + ".qweight"].shape[0] * 8
+        mags = np.array([10.0 ** rng.uniform(-3, 2) for _ in range(rng.randrange(1, 9))])[:, None]
+        x = (np.random.default_rng(i).standard_normal((len(mags), k)) * mags).astype(BF16)
+        exact, absum, codes, scales, bias = layer_ref(t, name, x)
+        y = kernel_bits(x, codes, scales, bias)
+        ok = ref.bf16_floor_ok(y.view(BF16), exact, absum, k)
+        assert ok.all(), f"the C kernel is off the numpy reference on {name}"
+        arrs[f"x{i}"], arrs[f"y{i}"], arrs[f"l{i}"] = x.view(np.uint16), y, np.array(name)
+    np.savez(path, **arrs)
+
+
+def timed(f, reps=5):
+    ts = []
+    for _ in range(reps):
+        t0 = time.monotonic()
+        f()
+        ts.append(time.monotonic() - t0)
+    return float(np.median(ts))
+
+
+def pct(a, q):
+    return float(np.percentile(a, q)) if len(a) else float("nan")
+
+
+def print_summary(s):
+    ms = lambda v: f"{v * 1000:.1f} ms"   # noqa: E731
+    for k, v in s["killers"].items():
+        pts = ", ".join(f"{n} {p}" for p, n in sorted(v["points"].items()))
+        print(f"chaos: killers {k:9}: {v['killed']} SIGKILLed ({pts})")
+    t = s["truncated_loads"]
+    print(f"chaos: truncated loads: {t['failed_cleanly']} failed cleanly {t['errors']}, "
+          f"{t['loaded_first']} finished before the truncation")
+    print(f"chaos: flooders: {s['flood_requests']} requests, {s['flood_rows']} rows")
+    w = s["wb_latency_s"]
+    print(f"chaos: well-behaved: {s['wb_checked']} results checked bit for bit, "
+          f"{s['wb_mismatches']} wrong; wait p50 {ms(w['p50'])} p99 {ms(w['p99'])} "
+          f"max {ms(w['max'])}, bound {ms(s['bound_s'])} (piece {ms(s['piece_s'])}, "
+          f"own M=8 {ms(s['own_m8_s'])}, max oversleep {ms(s['peak_during']['oversleep_s'])})")
+    b, p, e = s["baseline"], s["peak_during"], s["end"]
+    print(f"chaos: daemon fds {b['fds']} -> peak {p['fds']} -> {e['fds']}, shm maps "
+          f"{b['shm_maps']} -> peak {p['shm_maps']} -> {e['shm_maps']}, RSS {b['rss_kib']} -> "
+          f"{e['rss_kib']} KiB, sessions {b['sessions']} -> {e['sessions']}, models "
+          f"{b['models']} -> {e['models']}; SIGTERM exit {s['sigterm_rc']}; wall {s['wall_s']} s "
+          f"(killers {s['killer_phase_s']} s)")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--clients", type=int, default=1000)
+    ap.add_argument("--parallel", type=int, default=16)
+    ap.add_argument("--flooders", type=int, default=2)
+    ap.add_argument("--wb", type=int, default=3)
+    ap.add_argument("--truncators", type=int, default=2)
+    ap.add_argument("--truncations", type=int, default=10, help="loads per truncator")
+    ap.add_argument("--seconds", type=float, default=0.0,
+                    help="the well-behaved wait bound (default: derived, see above)")
+    ap.add_argument("--rss-slack-mib", type=int, default=RSS_SLACK_MIB,
+                    help="RSS growth allowed (a sanitizer build's quarantine needs more)")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--json", help="write the figures here too")
+    ap.add_argument("--role", help=argparse.SUPPRESS)
+    ap.add_argument("--args", default="[]", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.role:
+        {"flood": role_flood, "wb": role_wb, "trunc": role_trunc}[a.role](*json.loads(a.args))
+        return 0
+
+    t_start = time.monotonic()
+    violations = []
+    tmp = tempfile.mkdtemp(prefix="radiance-chaos-")
+    d = conftest.Daemon(tmp, "--preload", str(conftest.CKPT), "--sched-chunk-rows",
+                        str(CHUNK_ROWS), "--max-sessions", str(a.parallel + 64),
+                        "--hello-timeout-ms", "2000", "--log-level", "warn").start()
+    procs = []
+    try:
+        sock = d.socket
+        copy = Path(tmp) / "chaos-copy"
+        shutil.copytree(conftest.CKPT, copy)
+        pool = Path(tmp) / "pool.npz"
+        make_pool(pool, random.Random(a.seed))
+
+        # quiet calibration; it also warms the daemon up (scratch, one load
+        # and unload) before the baseline
+        with radiance.Client(sock, timeout=120, name="chaos-cal") as c:
+            m = c.attach(MODEL)
+            big = max((l for l in m.layers if l.kind == "w4a8"), key=lambda l: l.N * l.K)
+            xs = np.ones((CHUNK_ROWS, big.K), BF16)
+            m.linear(big.index, xs)   # warm-up
+            piece = timed(lambda: m.linear(big.index, xs), reps=9)
+            own = timed(lambda: m.linear(big.index, xs[:8]), reps=9)
+            load_s = timed(lambda: c.load(copy, name="chaos-copy").close(), reps=3)
+            m.close()
+        sessions = a.flooders + a.parallel + a.wb + a.truncators
+        time.sleep(0.5)
+        base = daemon_figures(d.pid, sock)
+
+        stop = Path(tmp) / "stop"
+        me = [sys.executable, str(Path(__file__).resolve()), "--role"]
+
+        def spawn(role, *args):
+            out = Path(tmp) / f"{role}-{len(procs)}.json"
+            argv = [sock, str(stop), str(out)] if role != "trunc" else [sock, str(out)]
+            p = subprocess.Popen(me + [role, "--args", json.dumps(argv + list(args))],
+                                 preexec_fn=conftest._die_with_parent)
+            procs.append((role, p, out))
+        for _ in range(a.flooders):
+            spawn("flood")
+        for i in range(a.wb):
+            spawn("wb", str(pool), i + 1)
+        for i in range(a.truncators):
+            spawn("trunc", a.truncations, 100 + i, load_s)
+        time.sleep(1.0)   # the steady clients have connected and started
+        t_kill = time.monotonic()
+        peak = {"fds": 0, "shm_maps": 0, "oversleep_s": 0.0}
+        kstats = run_killers(a.clients, a.parallel, sock, copy, load_s, a.seed, d.pid, peak)
+        t_kill = time.monotonic() - t_kill
+        derived = SAFETY * (sessions * piece + own) + WAKEUPS * peak["oversleep_s"]
+        bound = a.seconds or derived
+        # the truncators end on their own; then the others stop
+        for role, p, out in procs:
+            if role == "trunc":
+                p.wait(600)
+        stop.touch()
+        results = {}
+        for role, p, out in procs:
+            rc = p.wait(600)
+            if rc != 0 or not out.exists():
+                violations.append(f"{role} client exited {rc}")
+                continue
+            results.setdefault(role, []).append(json.loads(out.read_text()))
+        if d.proc.poll() is not None:
+            violations.append(f"radianced died (exit {d.proc.returncode})")
+            raise SystemExit(1)
+
+        # settle: the daemon drops dead sessions after the round in progress
+        deadline = time.monotonic() + 10
+        while True:
+            end = daemon_figures(d.pid, sock)
+            same = all(end[k] == base[k] for k in ("fds", "shm_maps", "sessions", "models",
+                                                    "users"))
+            if same or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        for k in ("fds", "shm_maps", "sessions", "models", "users"):
+            if end[k] != base[k]:
+                violations.append(f"daemon {k}: {base[k]} before, {end[k]} after")
+        if end["rss_kib"] > base["rss_kib"] + a.rss_slack_mib * 1024:
+            violations.append(f"daemon RSS {base['rss_kib']} KiB before, {end['rss_kib']} after "
+                              f"(more than {a.rss_slack_mib} MiB up)")
+
+        lat = [x for r in results.get("wb", []) for x in r["latency"]]
+        bad = [x for r in results.get("wb", []) for x in r["bad"]]
+        checked = sum(r["checked"] for r in results.get("wb", []))
+        if bad:
+            violations.append(f"{len(bad)} wrong results, e.g. {bad[:3]}")
+        if not checked:
+            violations.append("no well-behaved request ran")
+        if lat and max(lat) > bound:
+            violations.append(f"a well-behaved request waited {max(lat):.3f} s > bound "
+                              f"{bound:.3f} s")
+        tr = results.get("trunc", [])
+        for r in tr:
+            violations += [f"truncator: {u}" for u in r["unexpected"]]
+        for k, s in kstats.items():
+            if s["child_errors"]:
+                violations.append(f"{k} killers: {len(s['child_errors'])} errors, "
+                                  f"e.g. {s['child_errors'][:2]}")
+        rc = d.stop()
+        if rc != 0:
+            violations.append(f"radianced exited {rc} on SIGTERM")
+        fl = results.get("flood", [])
+        summary = {
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "machine": f"{os.cpu_count()} cpus, {os.uname().machine}",
+            "killers": {k: {"killed": s["killed"], "points": s["points"]}
+                        for k, s in kstats.items()},
+            "killer_phase_s": round(t_kill, 1),
+            "flood_requests": sum(r["requests"] for r in fl),
+            "flood_rows": sum(r["rows"] for r in fl),
+            "truncated_loads": {"failed_cleanly": sum(r["failed_cleanly"] for r in tr),
+                                "loaded_first": sum(r["loaded_first"] for r in tr),
+                                "errors": {k: sum(r["errors"].get(k, 0) for r in tr)
+                                           for k in {k for r in tr for k in r["errors"]}}},
+            "wb_checked": checked, "wb_mismatches": len(bad),
+            "wb_latency_s": {"p50": pct(lat, 50), "p99": pct(lat, 99),
+                             "max": max(lat) if lat else float("nan")},
+            "bound_s": bound, "bound_derived_s": derived, "piece_s": piece, "own_m8_s": own,
+            "load_s": load_s, "baseline": base, "peak_during": peak, "end": end, "sigterm_rc": rc,
+            "wall_s": round(time.monotonic() - t_start, 1), "violations": violations,
+        }
+    except BaseException:
+        try:
+            st = Path(f"/proc/{d.pid}/status").read_text().split("\n")[:8]
+        except OSError as e:
+            st = repr(e)
+        print(f"chaos: radianced {d.pid}: {st}", file=sys.stderr)
+        if d.proc.poll() is not None:
+            print(f"chaos: radianced exited {d.proc.returncode} (signal "
+                  f"{-d.proc.returncode if d.proc.returncode < 0 else 'none'}); its log "
+                  f"ends:\n{d.log()[-6000:]}", file=sys.stderr)
+        violations.append("aborted")
+        raise
+    finally:
+        stop_path = Path(tmp) / "stop"
+        stop_path.touch()
+        for _, p, _ in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        if d.proc.poll() is None and violations:
+            d.stop(signal.SIGKILL)
+        if violations:
+            print(d.log()[-4000:], file=sys.stderr)
+            print(f"chaos: kept {tmp}", file=sys.stderr)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    print_summary(summary)
+    if a.json:
+        Path(a.json).write_text(json.dumps(summary, indent=2) + "\n")
+    for v in violations:
+        print(f"chaos: VIOLATION: {v}", file=sys.stderr)
+    print(f"chaos: {'FAIL' if violations else 'PASS'}: {a.clients} killers, {checked} results "
+          f"checked, {len(bad)} wrong, well-behaved max wait {summary['wb_latency_s']['max']:.3f} s "
+          f"(bound {bound:.3f} s), wall {summary['wall_s']} s")
+    return 1 if violations else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
