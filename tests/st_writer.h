@@ -154,6 +154,23 @@ static inline int stw_write(const struct stw *w, const char *path)
 	return stw_write_range(w, 0, w->n, path);
 }
 
+/* The three GPTQ tensors of one int4 group-128 layer, as the auto_gptq
+ * packing lays them out: module.qweight [K/8][N] int32, module.scales
+ * [K/128][N] fp16 bits, module.qzeros [K/128][ceil(N/8)] int32. The arrays
+ * are copied; the caller keeps them. */
+static inline void stw_add_gptq(struct stw *w, const char *module, uint32_t n, uint32_t k,
+				const uint32_t *qw, const uint16_t *sc, const uint32_t *qz)
+{
+	char name[256];
+	uint32_t words = k / 8, groups = k / 128, zw = (n + 7) / 8;
+	snprintf(name, sizeof name, "%s.qweight", module);
+	stw_add(w, name, "I32", 2, (uint64_t[]){ words, n }, qw, (size_t)words * n * 4);
+	snprintf(name, sizeof name, "%s.scales", module);
+	stw_add(w, name, "F16", 2, (uint64_t[]){ groups, n }, sc, (size_t)groups * n * 2);
+	snprintf(name, sizeof name, "%s.qzeros", module);
+	stw_add(w, name, "I32", 2, (uint64_t[]){ groups, zw }, qz, (size_t)groups * zw * 4);
+}
+
 /* A W4A8 layer in the checkpoint's (AutoRound auto_gptq) layout, as
  * module.qweight I32 [K/8, N] (code of k = 8w+j in bits 4j..4j+3 of word w),
  * module.scales F16 [K/128, N] and module.qzeros I32 [K/128, ceil(N/8)],
@@ -164,7 +181,6 @@ static inline void stw_add_w4(struct stw *w, const char *module, uint32_t n, uin
 			      uint32_t (*code)(uint32_t n, uint32_t k),
 			      uint16_t (*scale)(uint32_t n, uint32_t g))
 {
-	char name[256];
 	uint32_t words = k / 8, groups = k / 128, zw = (n + 7) / 8;
 	uint32_t *qw = calloc((size_t)words * n, 4);
 	uint16_t *sc = calloc((size_t)groups * n, 2);
@@ -186,12 +202,7 @@ static inline void stw_add_w4(struct stw *w, const char *module, uint32_t n, uin
 				(uint32_t)((1ull << (4 * cols)) - 1) & 0x77777777u;
 		}
 	}
-	snprintf(name, sizeof name, "%s.qweight", module);
-	stw_add(w, name, "I32", 2, (uint64_t[]){ words, n }, qw, (size_t)words * n * 4);
-	snprintf(name, sizeof name, "%s.scales", module);
-	stw_add(w, name, "F16", 2, (uint64_t[]){ groups, n }, sc, (size_t)groups * n * 2);
-	snprintf(name, sizeof name, "%s.qzeros", module);
-	stw_add(w, name, "I32", 2, (uint64_t[]){ groups, zw }, qz, (size_t)groups * zw * 4);
+	stw_add_gptq(w, module, n, k, qw, sc, qz);
 	free(qw);
 	free(sc);
 	free(qz);

@@ -67,12 +67,7 @@ static void add_w4(struct stw *w, const char *module, uint32_t n, uint32_t k, in
 		qz[i] = 0x77777777u;   /* symmetric: every zero point 8, stored as 7 */
 	for (uint32_t i = 0; i < n; i++)
 		b[i] = f32_to_f16(nrand() * 0.5f);
-	snprintf(name, sizeof name, "%s.qweight", module);
-	stw_add(w, name, "I32", 2, (uint64_t[]){ words, n }, qw, (size_t)words * n * 4);
-	snprintf(name, sizeof name, "%s.scales", module);
-	stw_add(w, name, "F16", 2, (uint64_t[]){ groups, n }, sc, (size_t)groups * n * 2);
-	snprintf(name, sizeof name, "%s.qzeros", module);
-	stw_add(w, name, "I32", 2, (uint64_t[]){ groups, zw }, qz, (size_t)groups * zw * 4);
+	stw_add_gptq(w, module, n, k, qw, sc, qz);
 	if (bias) {
 		snprintf(name, sizeof name, "%s.bias", module);
 		stw_add(w, name, "F16", 1, (uint64_t[]){ n }, b, (size_t)n * 2);
