@@ -121,19 +121,22 @@ def role_wb(sock, stop, out, pool_path, seed):
     c = radiance.Client(sock, timeout=120, name=f"chaos-wb{seed}")
     m = c.attach(MODEL)
     rng = random.Random(seed)
-    lat, bad, checked = [], [], 0
+    lat, daemon, bad, checked = [], [], [], 0
     while not os.path.exists(stop):
         i = rng.randrange(n)
         x, want, layer = pool[f"x{i}"].view(BF16), pool[f"y{i}"], str(pool[f"l{i}"])
         t0 = time.monotonic()
-        y = m.linear(layer, x)
+        req = m.submit(layer, x)
+        y = req.result()
         lat.append(time.monotonic() - t0)
+        daemon.append([req.queue_ns / 1e9, req.exec_ns / 1e9])
         checked += 1
         if not np.array_equal(y.view(np.uint16), want):
             bad.append(f"{layer} M={x.shape[0]}: "
                        f"{int((y.view(np.uint16) != want).sum())} elements differ")
     c.close()
-    Path(out).write_text(json.dumps({"checked": checked, "latency": lat, "bad": bad}))
+    Path(out).write_text(json.dumps({"checked": checked, "latency": lat, "daemon": daemon,
+                                     "bad": bad}))
 
 
 def role_trunc(sock, out, count, seed, load_s):
@@ -346,6 +349,10 @@ def print_summary(s):
           f"{s['wb_mismatches']} wrong; wait p50 {ms(w['p50'])} p99 {ms(w['p99'])} "
           f"max {ms(w['max'])}, bound {ms(s['bound_s'])} (piece {ms(s['piece_s'])}, "
           f"own M=8 {ms(s['own_m8_s'])}, max oversleep {ms(s['peak_during']['oversleep_s'])})")
+    for w in s["wb_slowest"][:3]:
+        print(f"chaos: a slow well-behaved wait {ms(w['wait_s'])}: queued in the daemon "
+              f"{ms(w['queue_s'])}, executing {ms(w['exec_s'])}, outside both "
+              f"{ms(w['outside_s'])} (SQ to pickup, wake-ups, the client's CPU)")
     b, p, e = s["baseline"], s["peak_during"], s["end"]
     print(f"chaos: daemon fds {b['fds']} -> peak {p['fds']} -> {e['fds']}, shm maps "
           f"{b['shm_maps']} -> peak {p['shm_maps']} -> {e['shm_maps']}, RSS {b['rss_kib']} -> "
@@ -459,6 +466,13 @@ def main():
                               f"(more than {a.rss_slack_mib} MiB up)")
 
         lat = [x for r in results.get("wb", []) for x in r["latency"]]
+        dmn = [x for r in results.get("wb", []) for x in r["daemon"]]
+        # The slowest waits taken apart: the daemon's queue (pickup to start)
+        # and execution against the rest (SQ to pickup, wake-ups, the
+        # client's own CPU), to tell a daemon stall from CPU starvation.
+        slowest = [{"wait_s": lat[i], "queue_s": dmn[i][0], "exec_s": dmn[i][1],
+                    "outside_s": lat[i] - dmn[i][0] - dmn[i][1]}
+                   for i in sorted(range(len(lat)), key=lat.__getitem__)[-5:][::-1]]
         bad = [x for r in results.get("wb", []) for x in r["bad"]]
         checked = sum(r["checked"] for r in results.get("wb", []))
         if bad:
@@ -494,6 +508,7 @@ def main():
             "wb_checked": checked, "wb_mismatches": len(bad),
             "wb_latency_s": {"p50": pct(lat, 50), "p99": pct(lat, 99),
                              "max": max(lat) if lat else float("nan")},
+            "wb_slowest": slowest,
             "bound_s": bound, "bound_derived_s": derived, "piece_s": piece, "own_m8_s": own,
             "load_s": load_s, "baseline": base, "peak_during": peak, "end": end, "sigterm_rc": rc,
             "wall_s": round(time.monotonic() - t_start, 1), "violations": violations,
