@@ -91,7 +91,7 @@ class _Slot:
     """One C request in flight: its arena blocks and, once reaped, its
     completion. x/y are arena pointers owned by the session."""
     __slots__ = ("session", "rid", "x", "y", "ybytes", "done", "status", "error", "ycopy",
-                 "abandoned")
+                 "abandoned", "queue_ns", "exec_ns")
 
     def __init__(self, session: "_Session", x, y, ybytes: int):
         self.session = session
@@ -102,6 +102,8 @@ class _Slot:
         self.error: Optional[RadianceError] = None   # set when it cannot complete
         self.ycopy: Optional[bytes] = None            # y saved before the arena died
         self.abandoned = False
+        self.queue_ns = 0                             # the completion's daemon-side times
+        self.exec_ns = 0
 
 
 class _Session:
@@ -316,6 +318,7 @@ class Client:
             return
         slot.done = True
         slot.status = int(c.status)
+        slot.queue_ns, slot.exec_ns = int(c.queue_ns), int(c.exec_ns)
         if slot.status != 0:
             slot.error = RadianceError(-slot.status, _cstr(self._ffi, c.error) or
                                        _strerror(slot.status))
@@ -829,7 +832,16 @@ class Model:
 
 
 class Request:
-    """An asynchronous linear (Model.submit). result() waits for it."""
+    """An asynchronous linear (Model.submit). result() waits for it.
+
+    After a successful result(), `queue_ns` and `exec_ns` hold the daemon's
+    own account of it (struct radiance_completion): nanoseconds from the
+    executor picking the request up to its execution start, and of execution
+    (copies included). A request above the daemon's max_rows is split into
+    parts that may run together; the figures are then those of the part
+    whose queue plus execution was longest. The time between submit() and
+    pickup (the doorbell, an executor busy with a round) and the client's own
+    wake-up are in neither. Both are None before the result is read."""
 
     def __init__(self, model: Model, layer: Layer, p: _Prepared):
         self.model = model
@@ -838,6 +850,8 @@ class Request:
         self._slots: List[_Slot] = []
         self._rows: List[Tuple[int, int]] = []
         self._read = False
+        self.queue_ns: Optional[int] = None
+        self.exec_ns: Optional[int] = None
 
     @property
     def rows(self) -> int:
@@ -913,6 +927,9 @@ class Request:
                                 f"'{self.model.name}': {err.message}")
         y = self._p.y
         ffi = c._ffi
+        if self._slots:
+            last = max(self._slots, key=lambda sl: sl.queue_ns + sl.exec_ns)
+            self.queue_ns, self.exec_ns = last.queue_ns, last.exec_ns
         for (r0, m), sl in zip(self._rows, self._slots):
             dst = y[r0:r0 + m]
             if sl.ycopy is not None:

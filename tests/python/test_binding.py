@@ -6,8 +6,10 @@ carrying the daemon's text."""
 import errno
 import os
 import re
+import time
 
 import ml_dtypes
+
 import numpy as np
 import pytest
 
@@ -287,6 +289,20 @@ def test_async_requests_in_any_order(model):
     r = model.submit(Q, xs[0], out=np.empty((1, 384), BF16))
     assert r.result().shape == (1, 384)
     assert "read" in repr(r)
+
+
+def test_request_reports_the_daemons_times(client, model):
+    max_rows = client.server_info["max_rows"]
+    x = rand((max_rows + 5, 384), seed=11)       # two daemon requests
+    t0 = time.monotonic_ns()
+    r = model.submit(FFN_IN, x)
+    assert r.queue_ns is None and r.exec_ns is None
+    r.result(timeout=30)
+    wall = time.monotonic_ns() - t0
+    # the daemon timed its parts; the longest part's account fits inside the
+    # client's wait (both clocks are CLOCK_MONOTONIC)
+    assert r.exec_ns > 0 and r.queue_ns >= 0
+    assert r.queue_ns + r.exec_ns <= wall
 
 
 def test_dropped_requests_give_their_arena_back(daemon):
