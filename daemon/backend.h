@@ -48,6 +48,9 @@ struct radiance_backend_options {
 	                            models are allocated for MapModel */
 	int fake_share;          /* CPU: export the host arrays in a sealed memfd
 	                            (the test handle; tests only) */
+	uint32_t test_pin_delay_us; /* CPU: sleep this long in register_host and
+	                            unregister_host, as page-locking an arena on
+	                            a GPU can take (tests only) */
 };
 
 /* One request's rows inside a (possibly merged) launch. x and y point into a

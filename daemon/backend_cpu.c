@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #define TEST_SHARE_GRANULARITY 4096u
@@ -34,6 +35,7 @@ struct cpu_state {
 	uint32_t max_k;
 	char cpu_model[128];
 	int fake_share;           /* options' fake_share (RADIANCE_FAKE_SHARE=1) */
+	uint32_t pin_delay_us;    /* options' test_pin_delay_us */
 };
 
 struct radiance_backend_layer {
@@ -70,6 +72,7 @@ static int cpu_create(const struct radiance_backend_options *opt, void **state, 
 		 radiance_cpu_simd_name(radiance_cpu_fast_simd(s->fast)),
 		 radiance_cpu_fast_threads(s->fast), radiance_cpu_fast_threads_source(s->fast));
 	s->fake_share = opt->fake_share != 0;
+	s->pin_delay_us = opt->test_pin_delay_us;
 	*state = s;
 	return 0;
 }
@@ -216,13 +219,25 @@ static int cpu_layer_upload_into(void *state, struct radiance_backend_share *sh,
 	return cpu_layer_upload(state, l, out, err, errlen);
 }
 
+/* Nothing to pin on the CPU; test_pin_delay_us stands in for the time a
+ * GPU's page-locking takes, so tests can see what a slow one does to the
+ * executor. */
+static void pin_delay(const struct cpu_state *s)
+{
+	struct timespec ts = { s->pin_delay_us / 1000000u, (long)(s->pin_delay_us % 1000000u) * 1000 };
+	while (s->pin_delay_us && nanosleep(&ts, &ts) < 0 && errno == EINTR)
+		;
+}
+
 static int cpu_register_host(void *state, void *base, size_t len, char *err, size_t errlen)
 {
+	pin_delay(state);
 	return 0;
 }
 
 static void cpu_unregister_host(void *state, void *base)
 {
+	pin_delay(state);
 }
 
 static int cpu_linear(void *state, const struct radiance_layer *l, struct radiance_backend_layer *h,

@@ -84,6 +84,9 @@ static const struct setting settings[] = {
 	{ "fake_share", 271, "0|1", V_U32, OFF(fake_share), 0, 1,
 	  "tests only: the cpu backend exports a sealed memfd of the host arrays for "
 	  "MapModel (0; also RADIANCE_FAKE_SHARE=0|1)" },
+	{ "test_pin_delay_us", 600, "US", V_U32, OFF(test_pin_delay_us), 0, 1000000,
+	  "tests only: the cpu backend sleeps this long in each arena registration and "
+	  "unregistration, as a GPU's page-locking does (0; also RADIANCE_TEST_PIN_DELAY_US)" },
 	{ "map_allow", 269, "WHO", V_MAPALLOW, OFF(map_allow), 0, 0,
 	  "who may map models' device memory into their own process (MapModel, "
 	  "docs/mapped.md): owner (root and the daemon's user), all, or none (owner); "
@@ -854,6 +857,7 @@ static int apply_env(struct radiance_config *cfg, struct origins *o, char *err, 
 		{ "RADIANCE_NUMERICS_GATE", "numerics_gate" },
 		{ "RADIANCE_SHARE", "share" },
 		{ "RADIANCE_FAKE_SHARE", "fake_share" },
+		{ "RADIANCE_TEST_PIN_DELAY_US", "test_pin_delay_us" },
 	};
 	for (size_t e = 0; e < sizeof envs / sizeof *envs; e++) {
 		const char *v = getenv(envs[e].env);

@@ -51,6 +51,7 @@ struct radiance_config {
 	uint32_t sched_session_rows;/* rows of one session the executor queues at once */
 	char *share;                /* GPU backend: auto, vmm, ipc or none; NULL: auto */
 	uint32_t fake_share;        /* 1: CPU backend exports the test memfd (tests only) */
+	uint32_t test_pin_delay_us; /* CPU backend: sleep per arena (un)registration (tests only) */
 	uint32_t cpu_threads;       /* CPU backend compute threads; 0: all usable (auto) */
 	enum radiance_map_allow map_allow;   /* who may map models' device memory */
 	/* Limits (docs/daemon.md "Limits"); 0: none. config_load resolves

@@ -42,6 +42,29 @@ static struct exec_job *job_list_take(struct job_list *l)
 	return job;
 }
 
+/* Moves every job of src to the end of dst, in order. */
+static void job_list_splice(struct job_list *dst, struct job_list *src)
+{
+	if (!src->head)
+		return;
+	if (dst->tail)
+		dst->tail->next = src->head;
+	else
+		dst->head = src->head;
+	dst->tail = src->tail;
+	src->head = src->tail = NULL;
+}
+
+/* Jobs (ring set-up and teardown, model frees) run between two passes for
+ * at most this long, at least one: a GPU page-locks or unlocks an arena in
+ * each ring job, which can take milliseconds, and a storm of connecting and
+ * dying clients must not hold every other session's requests until the
+ * whole queue of them is done (issue 8: three checked clients waited 3.1 s
+ * behind the ring jobs of 1000 killed ones on the H200). */
+#define JOB_BUDGET_NS 2000000ull
+/* A single job slower than this is logged: one job is never cut short. */
+#define JOB_SLOW_NS 50000000ull
+
 struct radiance_executor {
 	uv_loop_t *loop;
 	uv_async_t async;
@@ -57,6 +80,7 @@ struct radiance_executor {
 	char start_err[256];
 
 	struct job_list jobs;   /* loop -> executor */
+	struct job_list backlog;   /* executor-private: taken, not run yet */
 	struct job_list done;   /* executor -> loop */
 	atomic_int jobs_pending;
 	atomic_int stop;
@@ -707,16 +731,46 @@ static void upload_step(struct radiance_executor *e)
 	post_done(e, job);
 }
 
-static void run_jobs(struct radiance_executor *e)
+static const char *job_kind_name(enum exec_job_kind k)
 {
-	if (!atomic_load(&e->jobs_pending))
-		return;
-	pthread_mutex_lock(&e->lock);
-	struct exec_job *job = job_list_take(&e->jobs);
-	atomic_store(&e->jobs_pending, 0);
-	pthread_mutex_unlock(&e->lock);
-	while (job) {
+	switch (k) {
+	case EXEC_JOB_RING_ADD:
+		return "ring set-up";
+	case EXEC_JOB_RING_REMOVE:
+		return "ring teardown";
+	case EXEC_JOB_MODEL_UPLOAD:
+		return "model upload";
+	case EXEC_JOB_MODEL_FREE:
+		return "model free";
+	case EXEC_JOB_PING:
+		return "ping";
+	case EXEC_JOB_NOTICE:
+		return "notice";
+	}
+	return "job";
+}
+
+/* Runs queued jobs in order for up to budget_ns (at least one); the rest
+ * wait in the backlog for the next call, after a pass. Returns how many
+ * ran. */
+static size_t run_jobs(struct radiance_executor *e, uint64_t budget_ns)
+{
+	if (atomic_load(&e->jobs_pending)) {
+		pthread_mutex_lock(&e->lock);
+		job_list_splice(&e->backlog, &e->jobs);
+		atomic_store(&e->jobs_pending, 0);
+		pthread_mutex_unlock(&e->lock);
+	}
+	uint64_t t0 = radiance_clock_ns(), t = t0;
+	size_t ran = 0;
+	struct exec_job *job;
+	while ((job = e->backlog.head) && (ran == 0 || t - t0 < budget_ns)) {
 		struct exec_job *next = job->next;
+		e->backlog.head = next;
+		if (!next)
+			e->backlog.tail = NULL;
+		uint64_t tj = t;
+		ran++;
 		job->status = 0;
 		job->err[0] = 0;
 		switch (job->kind) {
@@ -733,7 +787,7 @@ static void run_jobs(struct radiance_executor *e)
 			while (*p)
 				p = &(*p)->next;
 			*p = job;
-			job = next;
+			t = radiance_clock_ns();
 			continue;   /* done later, by upload_step */
 		}
 		case EXEC_JOB_MODEL_FREE:
@@ -743,10 +797,15 @@ static void run_jobs(struct radiance_executor *e)
 		case EXEC_JOB_NOTICE:
 			break;
 		}
+		enum exec_job_kind kind = job->kind;
 		post_done(e, job);
 		progress_bump(e);
-		job = next;
+		t = radiance_clock_ns();
+		if (t - tj > JOB_SLOW_NS)
+			log_warn("executor: a %s took %llu ms; every session's requests waited for it",
+				 job_kind_name(kind), (unsigned long long)((t - tj) / 1000000u));
 	}
+	return ran;
 }
 
 void executor_submit(struct radiance_executor *e, struct exec_job *job)
@@ -773,7 +832,7 @@ static void idle_sleep(struct radiance_executor *e)
 			break;
 		}
 	}
-	if (!wake && !atomic_load(&e->jobs_pending) && !atomic_load(&e->stop)) {
+	if (!wake && !e->backlog.head && !atomic_load(&e->jobs_pending) && !atomic_load(&e->stop)) {
 		struct epoll_event evs[16];
 		atomic_store(&e->idle, 1);
 		int n = epoll_wait(e->epfd, evs, 16, -1);
@@ -809,8 +868,8 @@ static void *executor_main(void *arg)
 	uint64_t spin_ns = (uint64_t)e->opt.spin_us * 1000u;
 	uint64_t last_work = radiance_clock_ns();
 	while (!atomic_load(&e->stop)) {
-		run_jobs(e);
-		size_t n = serve_pass(e, NULL);
+		size_t n = run_jobs(e, JOB_BUDGET_NS);
+		n += serve_pass(e, NULL);
 		if (e->uploading) {
 			upload_step(e);
 			n++;
@@ -828,7 +887,8 @@ static void *executor_main(void *arg)
 		idle_sleep(e);
 		last_work = radiance_clock_ns();
 	}
-	run_jobs(e);
+	while (run_jobs(e, UINT64_MAX))
+		;
 	radiance_backend_destroy(e->backend);
 	e->backend = NULL;
 	return NULL;

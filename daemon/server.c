@@ -1003,6 +1003,7 @@ int server_run(const struct radiance_config *cfg)
 			.numerics_gate = cfg->numerics_gate != 0,
 			.share = cfg->share,
 			.fake_share = cfg->fake_share != 0,
+			.test_pin_delay_us = cfg->test_pin_delay_us,
 			.cpu_threads = cfg->cpu_threads,
 			.max_n = cfg->max_n,
 			.max_k = cfg->max_k,

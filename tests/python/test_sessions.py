@@ -259,3 +259,68 @@ def test_completed_result_survives_the_connection_loss(own_daemon):
     assert ei.value.errno in (errno.ECONNRESET, errno.EPIPE)
     assert np.array_equal(bits(r.result()), want)   # ...and r's result was saved
     c.close()
+
+
+# -- ring jobs and other sessions' requests ------------------------------------
+def test_ring_setups_do_not_hold_other_sessions(tmp_path):
+    """30 clients setting up and tearing down rings at once, each ring job
+    sleeping 50 ms in the daemon (--test-pin-delay-us, as a GPU's
+    page-locking of an arena can take): a client already serving keeps
+    getting answers between them. The executor used to run every queued job
+    before its next pass, so one M=1 request waited behind all of them (on
+    the H200: 3.1 s behind the rings of 1000 killed clients). Measured in
+    ring jobs: the sleep is a floor the machine's load cannot shorten, and
+    the longest wait may span a few jobs, not the storm (here, before the
+    fix: 23-31 jobs)."""
+    from conftest import Daemon
+
+    delay = 0.050
+    d = Daemon(tmp_path, "--preload", str(CKPT), "--test-pin-delay-us", str(int(delay * 1e6)),
+               "--max-sessions", "64").start()
+    try:
+        a = radiance.Client(d.socket, timeout=60, name="steady")
+        m = a.attach(CKPT.name)
+        x = rand((1, 384), seed=3)
+        want = bits(m.linear(Q, x))        # its ring is set up before the storm
+        waits, stop, errors = [], threading.Event(), []
+
+        def steady():
+            while not stop.is_set():
+                t0 = time.monotonic()
+                got = m.linear(Q, x)
+                waits.append(time.monotonic() - t0)
+                if not np.array_equal(bits(got), want):
+                    errors.append("steady client: wrong result")
+
+        barrier = threading.Barrier(30)
+
+        def storm(i):
+            try:
+                barrier.wait()
+                with radiance.Client(d.socket, timeout=60, name=f"storm{i}") as c:
+                    c.attach(CKPT.name).linear(Q, x)     # ring set-up, then one request
+            except Exception as e:
+                errors.append(f"storm client {i}: {e!r}")
+
+        th = threading.Thread(target=steady)
+        th.start()
+        time.sleep(0.1)
+        t_storm = time.monotonic()
+        ths = [threading.Thread(target=storm, args=(i,)) for i in range(30)]
+        for t in ths:
+            t.start()
+        for t in ths:
+            t.join(120)
+        t_storm = time.monotonic() - t_storm
+        stop.set()
+        th.join(60)
+        a.close()
+        assert errors == []
+        # the 30 set-ups did sleep, one after another (the teardowns may
+        # still be running when the last client is closed)
+        assert t_storm >= 30 * delay * 0.9
+        jobs = max(waits) / delay
+        assert jobs <= 8, (f"the steady client's longest wait ({max(waits) * 1000:.0f} ms) "
+                           f"lasted {jobs:.1f} ring jobs")
+    finally:
+        d.stop()
