@@ -261,3 +261,55 @@ def test_cpu_backend_daemon_refuses_cuda_tensors():
             assert "cannot be mapped" in e.message and "cpu backend" in e.message, e.message
             # the CPU path still works on that daemon
             assert rt.RadianceLinear(m, Q)(rand(2, 384)).shape == (2, 384)
+
+
+def test_torch_engine_matches_the_numpy_engine(gmodel):
+    """examples/engine/minilm_torch.py (torch on the GPU, linears mapped)
+    against minilm.py (numpy, linears through the rings) on the same daemon
+    and weights: not bit-exact (float32 order of operations on the GPU flips
+    a bf16 rounding of some layer input now and then, and a flip that moves
+    a row's amax changes its fp8 scale), but the same embeddings to about
+    1e-3; and against the fp32 reference within docs/accuracy.md's bounds."""
+    import minilm
+    import minilm_torch
+    import run as runner
+    from conftest import DATA
+
+    sentences, _, ref_emb, meta = minilm.load_reference(str(DATA / "minilm-sentences.json"))
+    enc = minilm_torch.TorchMiniLM.from_checkpoint(gmodel, str(CKPT), device="cuda")
+    assert enc.mapped.read_only
+    got = enc.encode(sentences)
+    want = minilm.MiniLM.from_checkpoint(gmodel, str(CKPT)).encode(sentences)
+    cos = np.sum(got * want, axis=1)
+    assert cos.min() > 0.995 and cos.mean() > 0.9995, np.sort(cos)[:5]
+    r = minilm.compare(got, ref_emb, minilm.reference_pairs(meta))
+    assert r["cos_min"] >= runner.MIN_COS and r["cos_mean"] >= runner.MIN_MEAN_COS, r
+    assert r["spearman"] >= runner.MIN_SPEARMAN and r["spearman_pairs"] >= runner.MIN_SPEARMAN_PAIRS
+
+
+def test_runner_two_cuda_workers(gpu_daemon, tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from conftest import DATA, REPO
+
+    out = tmp_path / "run.json"
+    env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
+    p = subprocess.run([sys.executable, str(REPO / "examples/engine/run.py"), "--device", "cuda",
+                        "--socket", gpu_daemon.socket, "--workers", "2", "--data", str(DATA),
+                        "--daemon-pid", str(gpu_daemon.pid), "--json", str(out)],
+                       env=env, capture_output=True, text=True, timeout=600)
+    print(p.stdout)
+    assert p.returncode == 0, p.stderr
+    r = json.loads(out.read_text())
+    w = r["workers"]
+    assert len(w) == 2 and r["failures"] == [] and r["server"]["backend"] != "cpu"
+    assert w[0]["pid"] != w[1]["pid"] and w[0]["sentences"] == 66
+    # the same kernels on the same weights and the same torch ops: the
+    # same bits in both processes
+    assert w[0]["embeddings_sha256"] == w[1]["embeddings_sha256"]
+    for x in w:
+        g = x["gpu"]
+        assert g["read_only"] and g["handle"] == "vmm" and g["mapped_bytes"] > 0
+    assert "every linear mapped" in p.stdout
