@@ -9,11 +9,12 @@
 #      holds tests/data/minilm-w4g128: --device cuda (torch on the GPU, every
 #      linear mapped) with 2 worker processes, nvidia-smi's per-process device
 #      memory sampled meanwhile; then --device cpu (numpy, the rings) on the
-#      same daemon for comparison;
+#      same daemon for comparison; bench/torch_mapped.py (per-call cost of
+#      RadianceLinear: mapped eager, mapped from a CUDA graph, the rings);
 #   2. pytest tests/python/test_torch_cuda.py test_torch.py test_mapped.py
 #      (the torch tests; RADIANCE_TEST_BACKEND=gpu).
-# Files in $OUT: engine-cuda.txt engine-cuda.json engine-cpu.txt smi.txt
-# daemon.log pytest.txt summary.txt.
+# Files in $OUT: engine-cuda.txt engine-cuda.json engine-cpu.txt bench.txt
+# bench.csv smi.txt daemon.log pytest.txt summary.txt.
 #   BUILD=dir (default build-cuda) WHL=dir (default: none) PYTHON=python3
 #   RADIANCE_TEST_DATA=dir (default tests/data) SKIP_PYTEST=1 SKIP_ENGINE=1
 set -u
@@ -61,6 +62,10 @@ if [ -z "${SKIP_ENGINE:-}" ]; then
 		--data "$DATA" >"$OUT/engine-cpu.txt" 2>&1
 	echo "engine --device cpu (rings) exit $?" | tee -a "$S"
 	cat "$OUT/engine-cpu.txt" | tee -a "$S"
+	timeout 60 $PY bench/torch_mapped.py "$SOCK" "$DATA/minilm-w4g128" --csv "$OUT/bench.csv" \
+		>"$OUT/bench.txt" 2>&1
+	echo "bench/torch_mapped.py exit $?" | tee -a "$S"
+	cat "$OUT/bench.txt" | tee -a "$S"
 	kill "$DPID"
 	wait "$DPID"
 	echo "daemon exit $?" | tee -a "$S"

@@ -18,7 +18,8 @@ LOAD = ("import radiance, radiance._gpu as g\ntry:\n    print('loaded', g.librar
 
 def run_load(**env):
     e = {k: v for k, v in os.environ.items() if k != "RADIANCE_GPU_LIBRARY"}
-    e.update(env, PYTHONPATH=str(REPO / "python"))
+    e.update(env, PYTHONPATH=os.pathsep.join([str(REPO / "python")] +
+             ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])))
     out = subprocess.run([sys.executable, "-c", LOAD], env=e, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     return out.stdout.strip()

@@ -295,7 +295,9 @@ def test_runner_two_cuda_workers(gpu_daemon, tmp_path):
     from conftest import DATA, REPO
 
     out = tmp_path / "run.json"
-    env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
+    # the package under test first; what the caller had (cffi from wheels) after
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(REPO / "python")] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])))
     p = subprocess.run([sys.executable, str(REPO / "examples/engine/run.py"), "--device", "cuda",
                         "--socket", gpu_daemon.socket, "--workers", "2", "--data", str(DATA),
                         "--daemon-pid", str(gpu_daemon.pid), "--json", str(out)],
