@@ -17,6 +17,7 @@ import numpy as np
 
 from . import _lib
 from ._errors import RadianceError
+from ._gpu import DEFAULT_MAX_ROWS
 
 if TYPE_CHECKING:   # pragma: no cover
     from ._gpu import MappedModel
@@ -801,7 +802,7 @@ class Model:
                 if slot.session is s and slot.done:
                     yield slot
 
-    def map(self, max_rows: int = 512) -> "MappedModel":
+    def map(self, max_rows: int = DEFAULT_MAX_ROWS) -> "MappedModel":
         """Maps the model into this process's GPU (libradiance-gpu,
         docs/mapped.md): a MappedModel whose linear() runs the daemon's W4A8
         kernels on torch CUDA tensors, on the caller's stream, on the
