@@ -15,6 +15,12 @@ model's, sentences per second, and the PSS (proportional set size, from
 /proc/PID/smaps_rollup) of the worker and of the daemon, read while every
 worker is still alive: the model's weights are resident once, in the daemon.
 
+--device cuda runs the torch engine instead (minilm_torch.py): tensors on
+the GPU, every linear mapped from the daemon (which must run the gpu
+backend) and run in the worker on the daemon's weights, the rest in torch;
+each worker also reports its device memory (torch's peak, the mapping's
+scratch; the weights are mapped, not copied).
+
 Exit status: 0, 1 when a worker failed or a result is below the bounds
 (--min-cos, --min-mean-cos, --min-spearman, --min-spearman-pairs;
 docs/accuracy.md explains the defaults), 2 for a usage error.
@@ -83,7 +89,13 @@ def worker(idx, conn, args):
                              np.int64).reshape(-1, 2)
         client = radiance.Client(args.socket, name=f"engine-worker-{idx}")
         model = client.attach(args.model_name)
-        enc = minilm.MiniLM.from_checkpoint(model, args.checkpoint)
+        if args.device == "cuda":
+            import minilm_torch
+
+            enc = minilm_torch.TorchMiniLM.from_checkpoint(model, args.checkpoint, device="cuda")
+            enc.encode(sentences[:2])   # warm-up: CUDA kernels, the mapping's first launches
+        else:
+            enc = minilm.MiniLM.from_checkpoint(model, args.checkpoint)
         conn.send(("ready", None))
         conn.recv()   # "go": every worker starts at once
         t0 = time.monotonic()
@@ -101,6 +113,7 @@ def worker(idx, conn, args):
             "cos": [float(c) for c in r["cos"]],
             "embeddings_sha256": hashlib.sha256(emb.astype("<f4").tobytes()).hexdigest(),
             "pss_kib": pss_kib(os.getpid()),
+            "gpu": minilm_torch.device_memory(enc.mapped) if args.device == "cuda" else None,
         }))
         conn.recv()   # "exit": stay alive (and attached) until the daemon's PSS is read
         client.close()
@@ -125,6 +138,9 @@ def main(argv=None):
                     help="at most N sentences, every k-th of the file (a quick run; default all)")
     ap.add_argument("--daemon-pid", type=int, default=0,
                     help="the daemon's pid, for its PSS (default: from the socket, SO_PEERCRED)")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="cpu: the numpy engine, linears through the rings (default); cuda: the "
+                         "torch engine on the GPU, linears mapped (minilm_torch.py)")
     ap.add_argument("--json", default=None, help="also write the results to this file")
     ap.add_argument("--min-cos", type=float, default=MIN_COS)
     ap.add_argument("--min-mean-cos", type=float, default=MIN_MEAN_COS)
@@ -195,7 +211,9 @@ def main(argv=None):
     print(f"all-MiniLM-L6-v2 engine (examples/engine) on radianced {info['server_version']}, "
           f"backend {info['backend']} ({info['device']})")
     print(f"{args.workers} worker processes, {n} sentences x {args.passes} pass(es) each, batches of "
-          f"<= {args.batch_tokens} padded tokens; every linear from the daemon, the rest in numpy")
+          f"<= {args.batch_tokens} padded tokens; " +
+          ("every linear from the daemon, the rest in numpy" if args.device == "cpu" else
+           "tensors on the GPU, every linear mapped from the daemon, the rest in torch"))
     print("against the fp32 model (sentence-transformers; tests/data/minilm-sentences.json):")
     print("cosine of each embedding with the fp32 one; Spearman of the pair similarities, over")
     npairs = results[0]["n_pairs"] if results else 0
@@ -216,6 +234,14 @@ def main(argv=None):
     print()
     print(f"model '{model.name}' resident once in the daemon: {resident.resident_bytes / 2**20:.1f} MiB "
           f"of weights, {resident.users} sessions using it (the runner and {len(results)} workers)")
+    for r in results:
+        g = r.get("gpu")
+        if g:
+            print(f"worker {r['worker']} on the GPU: mapped {g['mapped_bytes'] / 2**20:.1f} MiB "
+                  f"({g['handle']}{', read-only' if g['read_only'] else ''}; the daemon's copy), "
+                  f"scratch {g['scratch_bytes'] / 2**20:.1f} MiB, torch peak "
+                  f"{g['torch_max_allocated'] / 2**20:.1f} MiB; device in use "
+                  f"{g['device_used'] / 2**20:.0f} MiB of {g['device_total'] / 2**20:.0f}")
     same = len({r["embeddings_sha256"] for r in results}) == 1
     if len(results) > 1:
         print(f"workers' embeddings bit-identical: {'yes' if same else 'NO'}")

@@ -12,17 +12,20 @@ weights resident once and serves W4A8 linear layers to many processes.
 
 Every failure raises RadianceError(errno, message). The library is
 libradiance.so.0, found through $RADIANCE_LIBRARY, then this package's
-directory, then the system loader (see radiance._lib). torch support (CPU
-tensors, an nn.Linear replacement, a torch.compile-opaque custom op) is in
-radiance.torch. docs/engines.md is the guide.
+directory, then the system loader (see radiance._lib). Model.map() runs
+the layers on torch CUDA tensors in this process (mapped mode, through
+libradiance-gpu; radiance._gpu). torch support (CPU tensors through the
+daemon, CUDA tensors mapped, an nn.Linear replacement, a
+torch.compile-opaque custom op) is in radiance.torch. docs/engines.md is the guide.
 """
 from ._client import (Client, Layer, Model, OtherTensor, Request, ResidentModel, bfloat16,
                       default_socket_path, float16, library_version)
 from ._errors import RadianceError
+from ._gpu import MappedModel
 from ._lib import library_path
 
 __version__ = "0.1.0"
 
-__all__ = ["Client", "Model", "Layer", "OtherTensor", "Request", "ResidentModel",
+__all__ = ["Client", "Model", "MappedModel", "Layer", "OtherTensor", "Request", "ResidentModel",
            "RadianceError", "bfloat16", "float16", "default_socket_path", "library_path",
            "library_version", "__version__"]

@@ -9,13 +9,18 @@ import sys
 import threading
 import time
 import weakref
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import (TYPE_CHECKING, Any, Callable, Dict, List, NamedTuple, Optional, Sequence,
+                    Tuple, Union)
 
 import ml_dtypes
 import numpy as np
 
 from . import _lib
 from ._errors import RadianceError
+from ._gpu import DEFAULT_MAX_ROWS
+
+if TYPE_CHECKING:   # pragma: no cover
+    from ._gpu import MappedModel
 
 log = logging.getLogger("radiance")
 
@@ -494,6 +499,9 @@ class Client:
         with self._lock:
             if self._closed:
                 return
+            for m in self._models.values():
+                for mm in list(m._mappings):
+                    mm.close()
             self._closed = True
             s = self._session
             if s is not None:
@@ -563,6 +571,7 @@ class Model:
         self._by_name = {l.name: l for l in layers}
         self._closed = False
         self._requests: "weakref.WeakSet[Request]" = weakref.WeakSet()
+        self._mappings: list = []   # MappedModels of this process (Model.map)
 
     @property
     def client(self) -> Client:
@@ -598,8 +607,10 @@ class Model:
         if _is_torch(x):
             t = sys.modules["torch"]
             if x.device.type != "cpu":
-                raise RadianceError(errno.EOPNOTSUPP, f"{where}: x is on {x.device}: mapped mode "
-                                    f"not yet available, only CPU tensors are served (x.cpu())")
+                raise RadianceError(errno.EOPNOTSUPP, f"{where}: x is on {x.device}: linear() "
+                                    f"serves CPU tensors through the rings; for CUDA tensors map "
+                                    f"the model (Model.map().linear, or radiance.torch."
+                                    f"RadianceLinear)")
             if x.dtype == t.bfloat16:
                 elem = _BF16
             elif x.dtype == t.float16:
@@ -650,8 +661,9 @@ class Model:
         elif _is_torch(out):
             t = sys.modules["torch"]
             if out.device.type != "cpu":
-                raise RadianceError(errno.EOPNOTSUPP, f"{where}: out is on {out.device}: mapped "
-                                    f"mode not yet available, only CPU tensors are served")
+                raise RadianceError(errno.EOPNOTSUPP, f"{where}: out is on {out.device}: linear() "
+                                    f"serves CPU tensors through the rings; for CUDA tensors map "
+                                    f"the model (Model.map().linear)")
             if out.dtype != t.bfloat16 or tuple(out.shape) != yshape or not out.is_contiguous():
                 raise RadianceError(errno.EINVAL, f"{where}: out must be a contiguous "
                                     f"torch.bfloat16 tensor of shape {yshape}, not "
@@ -793,16 +805,36 @@ class Model:
                 if slot.session is s and slot.done:
                     yield slot
 
+    def map(self, max_rows: int = DEFAULT_MAX_ROWS) -> "MappedModel":
+        """Maps the model into this process's GPU (libradiance-gpu,
+        docs/mapped.md): a MappedModel whose linear() runs the daemon's W4A8
+        kernels on torch CUDA tensors, on the caller's stream, on the
+        daemon's one copy of the weights. max_rows sizes its scratch, once
+        (longer inputs are split into launches of max_rows rows).
+        Each call makes a new mapping (close() it, or Model.close() closes
+        them all); radiance.torch keeps one per model for its modules.
+
+        Raises RadianceError: ENOENT (libradiance-gpu not found: built by
+        make GPU=cuda), EOPNOTSUPP (the daemon cannot map: the cpu
+        backend, an older daemon, share = none; with its reason), EPERM
+        (the daemon's map_allow), ENODEV (the model's GPU is not visible
+        here), EIO (the driver refused the import), EBADF (released)."""
+        from ._gpu import MappedModel
+
+        return MappedModel(self, max_rows)
+
     def close(self) -> None:
         """Releases this client's reference to the model (the daemon unloads
-        it when nobody holds it and it was not preloaded). Waits for this
-        session's requests in flight first (libradiance refuses a release
-        while any is). Later calls raise RadianceError EBADF. A second close
-        is a no-op."""
+        it when nobody holds it and it was not preloaded), after closing its
+        mappings (Model.map). Waits for this session's requests in flight
+        first (libradiance refuses a release while any is). Later calls
+        raise RadianceError EBADF. A second close is a no-op."""
         c = self._client
         with c._lock:
             if self._closed:
                 return
+            for mm in list(self._mappings):
+                mm.close()
             self._closed = True
             c._models.pop(self.name, None)
             s = c._session

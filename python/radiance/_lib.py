@@ -62,14 +62,41 @@ def cdef_source(header: str) -> str:
     return "\n".join(out)
 
 
-def _header_text() -> str:
-    return resources.files(__package__).joinpath("radiance.h").read_text(encoding="utf-8")
+def _header_text(name: str = "radiance.h") -> str:
+    return resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
 
 
 def _error(message: str) -> Exception:
     from ._errors import RadianceError
 
     return RadianceError(_errno.ENOENT, message)
+
+
+def _dlopen(ffi, env: str, soname: str, dirs, hint: str) -> Tuple[Any, str]:
+    """(lib, where it came from) for `soname`: ``$env`` (a path that must
+    load), then `soname` in each of `dirs`, then the system loader; raises
+    RadianceError (ENOENT) naming every place tried, then `hint`."""
+    path = os.environ.get(env)
+    if path:
+        try:
+            return ffi.dlopen(path), path
+        except OSError as e:
+            raise _error(f"cannot load ${env}={path}: {e}") from None
+    tried = [f"${env} (not set)"]
+    for d in dirs:
+        p = os.path.join(d, soname)
+        if not os.path.exists(p):
+            tried.append(f"{p} (no such file)")
+            continue
+        try:
+            return ffi.dlopen(p), p
+        except OSError as e:
+            tried.append(f"{p}: {e}")
+    try:
+        return ffi.dlopen(soname), soname
+    except OSError as e:
+        tried.append(f"the system loader: {e}")
+    raise _error(f"cannot find {soname.split('.so')[0]}: tried " + "; ".join(tried) + ". " + hint)
 
 
 def load() -> Tuple[Any, Any]:
@@ -81,36 +108,10 @@ def load() -> Tuple[Any, Any]:
             return _loaded
         ffi = cffi.FFI()
         ffi.cdef(cdef_source(_header_text()))
-        tried = []
-        env = os.environ.get("RADIANCE_LIBRARY")
-        if env:
-            try:
-                lib = ffi.dlopen(env)
-            except OSError as e:
-                raise _error(f"cannot load $RADIANCE_LIBRARY={env}: {e}") from None
-            _path = env
-        else:
-            tried.append("$RADIANCE_LIBRARY (not set)")
-            lib = None
-            bundled = os.path.join(os.path.dirname(os.path.abspath(__file__)), SONAME)
-            if os.path.exists(bundled):
-                try:
-                    lib = ffi.dlopen(bundled)
-                    _path = bundled
-                except OSError as e:
-                    tried.append(f"{bundled}: {e}")
-            else:
-                tried.append(f"{bundled} (no such file)")
-            if lib is None:
-                try:
-                    lib = ffi.dlopen(SONAME)
-                    _path = SONAME
-                except OSError as e:
-                    tried.append(f"the system loader: {e}")
-                    raise _error(
-                        "cannot find libradiance: tried " + "; ".join(tried) +
-                        ". Build it (make) and set RADIANCE_LIBRARY=build/libradiance.so.0, "
-                        "or install it (make install)") from None
+        here = os.path.dirname(os.path.abspath(__file__))
+        lib, _path = _dlopen(ffi, "RADIANCE_LIBRARY", SONAME, [here],
+                             "Build it (make) and set RADIANCE_LIBRARY=build/libradiance.so.0, "
+                             "or install it (make install)")
         _loaded = (ffi, lib)
         return _loaded
 

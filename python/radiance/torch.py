@@ -8,10 +8,16 @@
 
 ``torch.ops.radiance.linear(x, model_key, layer, n)`` is a
 ``torch.library.custom_op`` with a fake (meta) implementation, so
-torch.compile traces through modules that use it and keeps the daemon call
-as one opaque node. Only CPU tensors are served (through the session's
-shared-memory rings); a CUDA tensor is refused ("mapped mode not yet
-available"). Inference only: there is no backward.
+torch.compile traces through modules that use it and keeps the call as one
+opaque node. CPU tensors are served by the daemon through the session's
+shared-memory rings. CUDA tensors run in mapped mode (docs/mapped.md): the
+model is mapped into this process once (libradiance-gpu, Model.map(); see
+mapped() here), and the daemon's W4A8 kernels run on the daemon's copy of the
+weights on ``torch.cuda.current_stream()``: no copy, no round trip, nothing
+allocated but y, so CUDA graphs capture it (map before capturing: the first
+CUDA call maps, and mapping cannot happen inside a capture). A daemon that
+cannot map (the cpu backend) refuses a CUDA tensor with its reason.
+Inference only: there is no backward.
 """
 from __future__ import annotations
 
@@ -30,6 +36,7 @@ except ImportError as e:
 
 from ._client import Layer, Model
 from ._errors import RadianceError
+from ._gpu import DEFAULT_MAX_ROWS, MappedModel
 
 # custom ops take tensors and plain values, not Python objects: models are
 # named by a key into this table (weak: a patched module holds its Model)
@@ -37,6 +44,9 @@ _MODELS: "weakref.WeakValueDictionary[int, Model]" = weakref.WeakValueDictionary
 _KEYS: "weakref.WeakKeyDictionary[Model, int]" = weakref.WeakKeyDictionary()
 _next_key = itertools.count(1)
 _keys_lock = threading.Lock()
+# the mapping CUDA calls of each model use (weak: it goes with its Model)
+_MAPPED: "weakref.WeakKeyDictionary[Model, MappedModel]" = weakref.WeakKeyDictionary()
+_map_lock = threading.Lock()
 
 
 def model_key(model: Model) -> int:
@@ -50,14 +60,37 @@ def model_key(model: Model) -> int:
         return k
 
 
+def mapped(model: Model, max_rows: int = DEFAULT_MAX_ROWS) -> MappedModel:
+    """The MappedModel that CUDA calls of `model` use (RadianceLinear, the
+    custom op): made on first use with `max_rows` (rows per launch: longer
+    inputs are split), kept while the Model lives and is open. Call it
+    before capturing a CUDA graph (or run the module once outside the
+    capture). A mapping that exists is returned as is, whatever max_rows
+    says. Raises what Model.map() raises."""
+    with _map_lock:
+        m = _MAPPED.get(model)
+        if m is None or m.closed:
+            if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+                raise RadianceError(errno.EBUSY, f"model '{model.name}' is not mapped yet, and "
+                                    f"mapping cannot happen while a CUDA graph is captured: call "
+                                    f"radiance.torch.mapped(model) (or run the module once) before "
+                                    f"capturing")
+            m = model.map(max_rows)
+            _MAPPED[model] = m
+        return m
+
+
 @torch.library.custom_op("radiance::linear", mutates_args=())
 def linear(x: torch.Tensor, model_key: int, layer: int, n: int) -> torch.Tensor:
     """y [..., n] bf16 = layer `layer` of the model named by `model_key`
-    (radiance.torch.model_key) applied to x [..., K] (CPU, bf16 or fp16)."""
+    (radiance.torch.model_key) applied to x [..., K] (bf16 or fp16): a CPU
+    tensor through the daemon, a CUDA tensor mapped (mapped())."""
     model = _MODELS.get(model_key)
     if model is None:
         raise RadianceError(errno.ENOENT, f"no radiance model has key {model_key} (was it "
                                           f"released or garbage-collected?)")
+    if x.device.type == "cuda":
+        return mapped(model).linear(layer, x)
     return model.linear(layer, x)
 
 
@@ -69,11 +102,15 @@ def _(x: torch.Tensor, model_key: int, layer: int, n: int) -> torch.Tensor:
 class RadianceLinear(nn.Module):
     """An nn.Linear whose weights live in radianced: layer `layer` of `model`.
 
-    forward(x): x [..., K] on the CPU, any float dtype; float16 is sent as
-    is, anything else rounded to bf16 (what the daemon takes); y [..., N]
-    comes back bf16 and is cast to x's dtype (bf16 stays bf16), so the
-    module drops into an fp32 model. A CUDA tensor raises RadianceError
-    EOPNOTSUPP (mapped mode not yet available)."""
+    forward(x): x [..., K], any float dtype; float16 is sent as is,
+    anything else rounded to bf16 (what the kernels take); y [..., N] comes
+    back bf16 and is cast to x's dtype (bf16 stays bf16), so the module
+    drops into an fp32 model. On the CPU the daemon computes it (the
+    rings); on CUDA this process does, on the daemon's mapped weights, on
+    torch.cuda.current_stream() (mapped(); the first CUDA call maps the model).
+    Non-contiguous inputs are copied. Other devices raise RadianceError
+    EOPNOTSUPP; a daemon that cannot map raises EOPNOTSUPP with its reason
+    on a CUDA tensor."""
 
     def __init__(self, model: Model, layer: Union[int, str, Layer]):
         super().__init__()
@@ -84,9 +121,10 @@ class RadianceLinear(nn.Module):
         self._key = model_key(model)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.device.type != "cpu":
+        if x.device.type not in ("cpu", "cuda"):
             raise RadianceError(errno.EOPNOTSUPP, f"layer '{self.layer.name}': x is on {x.device}: "
-                                f"mapped mode not yet available, only CPU tensors are served")
+                                f"CPU tensors are served by the daemon, CUDA tensors mapped; "
+                                f"nothing else")
         xs = x if x.dtype in (torch.bfloat16, torch.float16) else x.to(torch.bfloat16)
         y = torch.ops.radiance.linear(xs, self._key, self.layer.index, self.layer.N)
         return y if y.dtype == x.dtype else y.to(x.dtype)

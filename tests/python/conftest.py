@@ -56,8 +56,9 @@ class Daemon:
     """One radianced on a private socket. start() waits until it accepts
     connections; stop() sends SIGTERM and returns the exit status."""
 
-    def __init__(self, directory, *args):
+    def __init__(self, directory, *args, backend=None):
         self.dir = Path(directory)
+        self.backend = backend or BACKEND
         self.socket = str(self.dir / "radiance.sock")
         self.args = list(args)
         self.proc = None
@@ -67,7 +68,7 @@ class Daemon:
         assert self.proc is None or self.proc.poll() is not None
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [str(RADIANCED), "--no-config", "--backend", BACKEND, "--socket", self.socket,
+            [str(RADIANCED), "--no-config", "--backend", self.backend, "--socket", self.socket,
              "--log-level", "info", *self.args], stdout=log, stderr=subprocess.STDOUT,
             preexec_fn=_die_with_parent)
         log.close()
@@ -127,11 +128,12 @@ class Daemon:
 
 
 @contextlib.contextmanager
-def _running_daemon():
+def _running_daemon(backend=None):
+    """A daemon on BACKEND, or on `backend` ("cpu", "gpu")."""
     if not RADIANCED.exists():
         pytest.fail(f"{RADIANCED} is missing: run make first")
     with tempfile.TemporaryDirectory(prefix="radiance-py-") as tmp:
-        d = Daemon(tmp).start()
+        d = Daemon(tmp, backend=backend).start()
         try:
             yield d
         finally:

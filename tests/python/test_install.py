@@ -2,7 +2,7 @@
 with the venv's setuptools (no network: --no-build-isolation, --no-deps),
 into a private directory, then imported from there alone. The header the
 cffi declarations come from must be in it as a file (it is a symlink to
-client/radiance.h in the tree)."""
+client/radiance.h in the tree), and radiance_gpu.h (mapped mode) too."""
 import os
 import shutil
 import subprocess
@@ -20,7 +20,8 @@ def test_pip_install_builds_a_working_package(tmp_path, daemon):
     src = tmp_path / "repo"
     shutil.copytree(REPO / "python", src / "python", symlinks=True)
     (src / "client").mkdir()
-    shutil.copy(REPO / "client" / "radiance.h", src / "client" / "radiance.h")
+    for h in ("radiance.h", "radiance_gpu.h"):
+        shutil.copy(REPO / "client" / h, src / "client" / h)
     assert (src / "python" / "radiance" / "radiance.h").is_symlink()
     target = tmp_path / "site"
     p = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
@@ -31,6 +32,9 @@ def test_pip_install_builds_a_working_package(tmp_path, daemon):
     header = target / "radiance" / "radiance.h"
     assert header.is_file() and not header.is_symlink()
     assert header.read_bytes() == (REPO / "client" / "radiance.h").read_bytes()
+    gpu_header = target / "radiance" / "radiance_gpu.h"
+    assert gpu_header.is_file() and not gpu_header.is_symlink()
+    assert gpu_header.read_bytes() == (REPO / "client" / "radiance_gpu.h").read_bytes()
     assert (target / "radiance" / "py.typed").is_file()
     code = ("import radiance, ml_dtypes, numpy as np, sys\n"
             "assert radiance.__file__.startswith(sys.argv[1]), radiance.__file__\n"

@@ -56,14 +56,18 @@ def test_tensors_through_the_binding(model):
 
 
 def test_non_cpu_tensors_are_refused(model):
+    """Model.linear serves CPU tensors (CUDA ones go through Model.map(),
+    tests/python/test_torch_cuda.py); RadianceLinear takes CPU and CUDA
+    tensors, nothing else."""
     x = torch.empty(2, 384, dtype=torch.bfloat16, device="meta")
     with pytest.raises(radiance.RadianceError) as ei:
         model.linear(Q, x)
     assert ei.value.errno == errno.EOPNOTSUPP
-    assert "mapped mode not yet available" in ei.value.message
+    assert "x is on meta" in ei.value.message and "Model.map()" in ei.value.message
     with pytest.raises(radiance.RadianceError) as ei:
         rt.RadianceLinear(model, Q)(x)
-    assert "mapped mode not yet available" in ei.value.message
+    assert ei.value.errno == errno.EOPNOTSUPP
+    assert "x is on meta" in ei.value.message and "CUDA tensors mapped" in ei.value.message
 
 
 def test_radiance_linear_module(model):

@@ -1,0 +1,349 @@
+"""Mapped mode: a resident model's layers run in this process's GPU, on the
+daemon's one copy of the weights (libradiance-gpu, docs/mapped.md).
+
+libradiance-gpu.so.0 (``make GPU=cuda``) is loaded through the same cffi
+FFI as libradiance, its declarations read from radiance_gpu.h (shipped in
+the package, a symlink to client/radiance_gpu.h in the tree), so a
+``struct radiance *`` of a Client's session is the same C type for both.
+It is found, in this order:
+
+1. ``$RADIANCE_GPU_LIBRARY``: a path (an error if it cannot be loaded);
+2. ``libradiance-gpu.so.0`` in the directory libradiance was loaded from
+   (a build tree holds both: RADIANCE_LIBRARY=build-cuda/libradiance.so.0
+   is enough);
+3. ``libradiance-gpu.so.0`` next to this file (a wheel that bundles it);
+4. the system loader.
+
+Device memory and streams here are the vendor runtime's (CUDA or HIP) of
+the process: ``MappedModel.linear`` takes torch CUDA tensors and runs on
+``torch.cuda.current_stream()``; ``linear_ptr`` takes raw device pointers
+and a stream handle for other frameworks.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import sys
+import threading
+from typing import TYPE_CHECKING, Any, Optional, Tuple, Union
+
+from . import _lib
+from ._errors import RadianceError
+
+if TYPE_CHECKING:   # pragma: no cover
+    from ._client import Layer, Model
+
+GPU_SONAME = "libradiance-gpu.so.0"
+#: rows one radiance_gpu_linear call of a mapping takes unless told
+#: otherwise (Model.map(max_rows=)): the daemon's default max_rows; longer
+#: inputs are split into calls of this many rows
+DEFAULT_MAX_ROWS = 512
+_BF16, _FP16 = 1, 2
+
+_lock = threading.Lock()
+_loaded: Optional[Tuple[Any, Any]] = None
+_path: Optional[str] = None
+_declared = False
+
+
+def load() -> Tuple[Any, Any]:
+    """(ffi, gpu lib), loading libradiance-gpu on first use (and libradiance
+    before it: the GPU library links it, and the loader reuses the copy
+    already loaded, by its soname). Raises RadianceError ENOENT naming every
+    place tried."""
+    global _loaded, _path, _declared
+    ffi, lib = _lib.load()
+    with _lock:
+        if _loaded is not None:
+            return _loaded
+        if not _declared:   # once: a failed search below may be retried
+            ffi.cdef(_lib.cdef_source(_lib._header_text("radiance_gpu.h")))
+            _declared = True
+        dirs = []
+        where = _lib.library_path()
+        if os.sep in where:
+            dirs.append(os.path.dirname(os.path.abspath(where)))
+        dirs.append(os.path.dirname(os.path.abspath(__file__)))
+        glib, _path = _lib._dlopen(
+            ffi, "RADIANCE_GPU_LIBRARY", GPU_SONAME, dirs,
+            "It is built by make GPU=cuda (or GPU=hip) beside libradiance.so.0 "
+            "(build-cuda/); set RADIANCE_GPU_LIBRARY to its path, or install it")
+        _loaded = (ffi, glib)
+        return _loaded
+
+
+def library_path() -> str:
+    """Where libradiance-gpu was loaded from (loading it if needed)."""
+    load()
+    assert _path is not None
+    return _path
+
+
+def _message(ffi, glib) -> str:
+    p = glib.radiance_gpu_error_message()
+    return ffi.string(p).decode("utf-8", "replace") if p != ffi.NULL else ""
+
+
+def _torch():
+    t = sys.modules.get("torch")
+    if t is None:
+        import torch as t   # noqa: F811 - only MappedModel.linear needs it
+    return t
+
+
+class MappedModel:
+    """A model of the daemon mapped into this process's GPU
+    (``radiance_gpu_map``): Model.map() makes one.
+
+    The weights are the daemon's allocation, imported read-only (VMM; a
+    legacy IPC handle is read-write: that API has no read-only mode), not a
+    copy. The mapping allocated, once, the scratch its kernels need for
+    calls of up to ``max_rows`` rows (``scratch_bytes`` of device memory);
+    nothing is allocated per call, and calls never synchronize, so they can
+    be captured in a CUDA graph.
+
+    Attributes: model (the Model), device (the CUDA ordinal in this
+    process), handle ("vmm" or "ipc"), read_only, mapped_bytes,
+    scratch_bytes, max_rows.
+
+    Streams and threads: the scratch serves one stream at a time. linear()
+    keeps that true by itself: when a call comes on another stream than the
+    last one, the new stream first waits (an event) for the work enqueued
+    on the old one. While a stream is being captured into a CUDA graph no
+    such wait is inserted (nothing runs during capture): replay the graph
+    where it is ordered with other uses of this mapping, e.g. on the stream
+    that uses it, as torch's graph replay on the current stream does.
+    linear_ptr() leaves the ordering to its caller. Calls from several
+    threads are serialized by a lock.
+
+    Lifetime: the session counts as mapping the model until close(); the
+    daemon keeps the model resident and Model.close() unmaps first. After a
+    daemon restart the mapping keeps working (the process holds the
+    memory), outside the new daemon's accounting: close() it and map again.
+    Not inherited across fork (CUDA is not); a child maps its own.
+    """
+
+    def __init__(self, model: "Model", max_rows: int = DEFAULT_MAX_ROWS):
+        if not isinstance(max_rows, int) or isinstance(max_rows, bool) or not \
+                1 <= max_rows < 1 << 32:
+            raise RadianceError(errno.EINVAL, f"max_rows must be an int in 1..2^32-1, not "
+                                              f"{max_rows!r}")
+        ffi, glib = load()
+        self._ffi, self._glib = ffi, glib
+        self.model = model
+        self._lock = threading.Lock()
+        self._g = ffi.NULL
+        self._last_stream = None
+        c = model._client
+        with c._lock:
+            s = c._sess()
+            mid = c._model_id(s, model)
+            opt = ffi.new("struct radiance_gpu_options *")
+            opt.size = ffi.sizeof("struct radiance_gpu_options")
+            opt.max_rows = max_rows
+            pp = ffi.new("struct radiance_gpu_model **")
+            rc = glib.radiance_gpu_map(s.h, mid, opt, pp)
+            if rc < 0:
+                text = _message(ffi, glib)
+                if -rc == errno.EOPNOTSUPP and s.info["backend"] == "cpu":
+                    text += (f" (radianced {s.info['server_version']} runs the cpu backend: "
+                             f"CUDA tensors need a daemon on the gpu backend; pass CPU tensors "
+                             f"to use the rings)")
+                raise RadianceError(-rc, f"mapping model '{model.name}': {text}")
+            self._g = pp[0]
+            self._session = s
+            self._pid = os.getpid()
+            model._mappings.append(self)
+        info = ffi.new("struct radiance_gpu_info *")
+        glib.radiance_gpu_get_info(self._g, info)
+        self.device = int(info.device)
+        self.handle = ffi.string(info.handle).decode() if info.handle != ffi.NULL else ""
+        self.read_only = bool(info.read_only)
+        self.mapped_bytes = int(info.mapped_bytes)
+        self.scratch_bytes = int(info.scratch_bytes)
+        self.max_rows = int(info.max_rows)
+
+    @property
+    def closed(self) -> bool:
+        return self._g == self._ffi.NULL
+
+    def _check_open(self) -> None:
+        if self._g == self._ffi.NULL:
+            raise RadianceError(errno.EBADF, f"{self!r} is closed")
+        if self._pid != os.getpid():
+            raise RadianceError(errno.ECHILD, f"model '{self.model.name}' was mapped by process "
+                                f"{self._pid}; a forked child maps it again (Model.map())")
+
+    def linear_ptr(self, layer: Union[int, str, "Layer"], x: int, y: int, rows: int,
+                   dtype: str = "bf16", stream: int = 0) -> None:
+        """Enqueues y = layer(x) on `stream` (a cudaStream_t as an int, 0:
+        the legacy default stream): x a device pointer to [rows][K] bf16 or
+        fp16 (dtype "bf16" / "fp16"), y to [rows][N] bf16, both 16-byte
+        aligned, on this mapping's device, which must be the thread's
+        current device; rows 1..max_rows. Nothing is checked about the
+        memory behind the pointers: the caller owns it. Raises
+        RadianceError: ENOENT (layer), EINVAL (rows 0, dtype, alignment),
+        E2BIG (rows above max_rows), EIO (a launch failed), EBADF
+        (closed)."""
+        l = self.model.layer(layer)
+        elem = {"bf16": _BF16, "fp16": _FP16}.get(dtype)
+        if elem is None:
+            raise RadianceError(errno.EINVAL, f"dtype must be 'bf16' or 'fp16', not {dtype!r}")
+        with self._lock:
+            self._check_open()
+            self._run(l, x, y, rows, elem, stream)
+
+    def _run(self, l: "Layer", x: int, y: int, rows: int, elem: int, stream: int) -> None:
+        ffi = self._ffi
+        rc = self._glib.radiance_gpu_linear(self._g, l.index, ffi.cast("void *", x),
+                                            ffi.cast("void *", y), rows, elem,
+                                            ffi.cast("void *", stream))
+        if rc < 0:
+            raise RadianceError(-rc, f"layer '{l.name}' of model '{self.model.name}' (mapped): "
+                                     f"{_message(ffi, self._glib)}")
+
+    def _order(self, t, stream) -> None:
+        """Makes `stream` wait for the work enqueued on the last stream that
+        used the scratch (lock held)."""
+        last = self._last_stream
+        self._last_stream = stream
+        if last is None or last.cuda_stream == stream.cuda_stream:
+            return
+        if t.cuda.is_current_stream_capturing():
+            return   # nothing runs during capture; an outside event cannot be waited on
+        ev = t.cuda.Event()
+        ev.record(last)
+        stream.wait_event(ev)
+
+    def linear(self, layer: Union[int, str, "Layer"], x, out=None):
+        """``y = x . W^T + bias`` for a torch CUDA tensor x [..., K] of
+        torch.bfloat16 or torch.float16 on this mapping's device, enqueued
+        on ``torch.cuda.current_stream()`` (asynchronous, as any torch CUDA
+        op). Any leading shape; rows above max_rows are split into several
+        launches. Non-contiguous x, or x not 16-byte aligned (a view at an
+        odd offset), is copied first (on the device, on that stream).
+
+        out: optional contiguous torch.bfloat16 CUDA tensor [..., N] on the
+            same device, 16-byte aligned, not overlapping x (never copied).
+        Returns y [..., N] torch.bfloat16 (a new tensor, or `out`).
+
+        Raises RadianceError: EINVAL (not a tensor, not on CUDA, another
+        device, dtype, last dimension != K, out), ENOENT (layer), EBADF
+        (closed), ECHILD (mapped by the parent process), EIO (a launch
+        failed)."""
+        t = _torch()
+        l = self.model.layer(layer)
+        where = f"layer '{l.name}' of model '{self.model.name}' (mapped)"
+        if not isinstance(x, t.Tensor):
+            raise RadianceError(errno.EINVAL, f"{where}: x must be a torch.Tensor, not "
+                                              f"{type(x).__name__}")
+        if x.device.type != "cuda":
+            raise RadianceError(errno.EINVAL, f"{where}: x is on {x.device}; a mapped model "
+                                f"takes CUDA tensors (Model.linear serves CPU ones)")
+        if x.device.index != self.device:
+            raise RadianceError(errno.EINVAL, f"{where}: x is on {x.device}, the model is "
+                                f"mapped on cuda:{self.device} (where the daemon holds it)")
+        if x.dtype == t.bfloat16:
+            elem = _BF16
+        elif x.dtype == t.float16:
+            elem = _FP16
+        else:
+            raise RadianceError(errno.EINVAL, f"{where}: x has dtype {x.dtype}; the layer takes "
+                                f"torch.bfloat16 or torch.float16 (convert explicitly, e.g. "
+                                f"x.to(torch.bfloat16))")
+        if x.dim() == 0 or x.shape[-1] != l.K:
+            raise RadianceError(errno.EINVAL, f"{where}: x has shape {tuple(x.shape)}: the layer "
+                                f"takes a last dimension of K={l.K} (N={l.N})")
+        x = x.detach()
+        if not x.is_contiguous():
+            x = x.contiguous()
+        if x.data_ptr() % 16:
+            x = x.clone()
+        yshape = (*x.shape[:-1], l.N)
+        if out is None:
+            y = t.empty(yshape, dtype=t.bfloat16, device=x.device)
+        else:
+            problems = []
+            if not isinstance(out, t.Tensor):
+                raise RadianceError(errno.EINVAL, f"{where}: out must be a torch.Tensor, not "
+                                                  f"{type(out).__name__}")
+            if out.device != x.device:
+                problems.append(f"on {out.device}")
+            if out.dtype != t.bfloat16:
+                problems.append(f"dtype {out.dtype}")
+            if tuple(out.shape) != yshape:
+                problems.append(f"shape {tuple(out.shape)}")
+            if not out.is_contiguous():
+                problems.append("not contiguous")
+            elif out.data_ptr() % 16:
+                problems.append(f"not 16-byte aligned ({out.data_ptr():#x})")
+            if not problems and out.numel() and x.numel():
+                xb, yb = x.data_ptr(), out.data_ptr()
+                if xb < yb + out.numel() * 2 and yb < xb + x.numel() * x.element_size():
+                    problems.append("overlaps x")
+            if problems:
+                raise RadianceError(errno.EINVAL, f"{where}: out must be a contiguous, 16-byte "
+                                    f"aligned torch.bfloat16 tensor of shape {yshape} on "
+                                    f"{x.device}; it is {', '.join(problems)} (out= is never copied)")
+            y = out.detach()
+        rows = x.numel() // l.K if l.K else 0
+        if rows == 0:
+            return out if out is not None else y
+        stream = t.cuda.current_stream(x.device)
+        xs, ys = x.element_size() * l.K, 2 * l.N
+        with self._lock:
+            self._check_open()
+            with t.cuda.device(x.device):
+                self._order(t, stream)
+                xp, yp, h = x.data_ptr(), y.data_ptr(), stream.cuda_stream
+                for r0 in range(0, rows, self.max_rows):
+                    m = min(self.max_rows, rows - r0)
+                    self._run(l, xp + r0 * xs, yp + r0 * ys, m, elem, h)
+        return out if out is not None else y
+
+    def close(self) -> None:
+        """Unmaps: waits for this mapping's device (torch.cuda.synchronize,
+        when torch's CUDA is initialized: no work using the mapping may be
+        pending), frees the scratch, and tells the daemon (when the session
+        that mapped is still the client's). A second close is a no-op; in a
+        forked child it only forgets the mapping."""
+        with self._lock:
+            if self._g == self._ffi.NULL:
+                return
+            g, self._g = self._g, self._ffi.NULL
+            try:
+                self.model._mappings.remove(self)
+            except ValueError:
+                pass
+            if self._pid != os.getpid():
+                return
+            t = sys.modules.get("torch")
+            if t is not None and t.cuda.is_initialized():
+                t.cuda.synchronize(self.device)
+            c = self.model._client
+            with c._lock:
+                s = c._session
+                live = s is self._session and s is not None and s.dead is None
+                rc = self._glib.radiance_gpu_unmap(s.h if live else self._ffi.NULL, g)
+                if rc < 0 and live:
+                    raise c._fail(s, rc, f"unmapping model '{self.model.name}'")
+
+    def __enter__(self) -> "MappedModel":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __repr__(self) -> str:
+        if self._g == self._ffi.NULL:
+            return f"<radiance.MappedModel '{self.model.name}' closed>"
+        return (f"<radiance.MappedModel '{self.model.name}' cuda:{self.device} {self.handle}"
+                f"{' read-only' if self.read_only else ' read-write'} "
+                f"{self.mapped_bytes / 2**20:.1f} MiB mapped, {self.scratch_bytes / 2**20:.1f} MiB "
+                f"scratch, max_rows {self.max_rows}>")

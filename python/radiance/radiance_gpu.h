@@ -1,0 +1,1 @@
+../../client/radiance_gpu.h
