@@ -312,15 +312,17 @@ static int run_shape(uint32_t n, uint32_t k, const uint32_t *ms, size_t nms, int
 			for (uint32_t rep = 0; rep < reps; rep++) {
 				const int isdec = path == RADIANCE_W4A8_DECODE;
 				const uint32_t force = isdec ? dec[rep].split : 0u;
-				radiance__w4a8_set_decode(isdec ? dec[rep].kernel : 0, isdec ? dec[rep].ntw : 0,
-							  isdec ? dec[rep].cg : 0, isdec ? dec[rep].stages : 0);
-				/* wgmma: 128-token tiles (variant 1), then 96 (variant 2) */
-				radiance__w4a8_set_variant(path == RADIANCE_W4A8_WGMMA ? (int)rep + 1 : 0);
+				/* wgmma: 128-token tiles, then 96 */
+				const struct radiance__w4a8_settings set = {
+					.decode_kernel = isdec ? dec[rep].kernel : 0, .decode_ntw = isdec ? dec[rep].ntw : 0,
+					.decode_cg = isdec ? dec[rep].cg : 0, .decode_stages = isdec ? dec[rep].stages : 0,
+					.wgmma_tile = path == RADIANCE_W4A8_WGMMA ? (rep ? 96u : 128u) : 0u,
+				};
 				struct radiance__w4a8_args a = {
 					.codes = dc, .s = ds, .m = m, .n = n, .k = k, .w = L.dw, .sc = L.ds,
 					.bias = L.dbias, .y = dy, .partials = partials, .partials_bytes = part_bytes,
 					.counters = counters, .counters_n = ncnt, .path = path, .max_decode_rows = 64,
-					.split = force,
+					.split = force, .settings = &set,
 				};
 				struct radiance__w4a8_plan plan;
 				radiance__w4a8_plan(&dev, &a, &plan);
@@ -345,8 +347,6 @@ static int run_shape(uint32_t n, uint32_t k, const uint32_t *ms, size_t nms, int
 				}
 				failures += compare(what, y, ref, m, n, plan.path == RADIANCE_W4A8_PORTABLE) != 0;
 			}
-			radiance__w4a8_set_variant(0);
-			radiance__w4a8_set_decode(0, 0, 0, 0);
 		}
 		radiance__gpu_free(dx);
 		radiance__gpu_free(dc);
