@@ -175,6 +175,11 @@ static int gpu_create(const struct radiance_backend_options *opt, void **state, 
 					       g->max_k, 1, g->stream)))
 		goto fail;
 	g->scratch_bytes += g->scratch.bytes;
+	g->scratch.settings.prefill = opt->prefill ? RADIANCE_PREFILL_FAST : RADIANCE_PREFILL_EXACT;
+	g->scratch.settings.wgmma_tile = opt->wgmma_tile;
+	if (opt->prefill && !g->dev.wgmma)
+		log_warn("gpu backend: prefill = fast, but %s has no sm_90a wgmma kernel: prefill "
+			 "runs exact (f16 tensor cores)", g->dev.name);
 	share_choose(g, opt->share);
 	*state = g;
 	return 0;
