@@ -131,14 +131,20 @@ xb[0, :8] = 1.0
 y = bf16_to_f64(w4a8(xb, qw, sc, np.zeros(N, np.float32)))
 check("end to end: qweight 0x76543210, scale 1, x = 1 -> -36", y[0, 0] == -36.0, f"got {y[0, 0]}")
 
+def random_layer(M, N, K):
+    """Codes [N, K], the packed qweight, scales, bias and bf16 x [M, K]."""
+    codes = rng.integers(0, 16, size=(N, K), dtype=np.uint32)
+    qw = np.zeros((N, K // 8), np.uint32)
+    for j in range(8):
+        qw |= codes[:, j::8] << (4 * j)
+    sc = (rng.random((N, K // 128)) * 0.02).astype(np.float16)
+    bias = rng.standard_normal(N).astype(np.float32)
+    xb = (rng.standard_normal((M, K)) * 2).astype(ml_dtypes.bfloat16)
+    return codes, qw, sc, bias, xb
+
+
 M, N, K = 7, 37, 512
-codes = rng.integers(0, 16, size=(N, K), dtype=np.uint32)
-qw = np.zeros((N, K // 8), np.uint32)
-for j in range(8):
-    qw |= codes[:, j::8] << (4 * j)
-sc = (rng.random((N, K // 128)) * 0.02).astype(np.float16)
-bias = rng.standard_normal(N).astype(np.float32)
-xb = (rng.standard_normal((M, K)) * 2).astype(ml_dtypes.bfloat16)
+codes, qw, sc, bias, xb = random_layer(M, N, K)
 xb[3, :] = 0
 y = bf16_to_f64(w4a8(xb, qw, sc, bias))
 s_r, c_r = quant_ref(xb)
@@ -200,14 +206,7 @@ def bound_ref(xb, codes, sc, bias, acc):
     return exact, e + step
 
 
-M, N, K = 5, 23, 384
-bcodes = rng.integers(0, 16, size=(N, K), dtype=np.uint32)
-bqw = np.zeros((N, K // 8), np.uint32)
-for j in range(8):
-    bqw |= bcodes[:, j::8] << (4 * j)
-bsc = (rng.random((N, K // 128)) * 0.02).astype(np.float16)
-bbias = rng.standard_normal(N).astype(np.float32)
-bxb = (rng.standard_normal((M, K)) * 2).astype(ml_dtypes.bfloat16)
+bcodes, bqw, bsc, bbias, bxb = random_layer(5, 23, 384)
 by = w4a8(bxb, bqw, bsc, bbias)
 for acc in ("fp32", "fp8-sm90"):
     ex_o, al_o, msg = bound_ours(bxb, bqw, bsc, bbias, by, acc)
