@@ -116,7 +116,7 @@ static double probe_once(struct radiance_cpu_pool *pool, const uint8_t *buf, siz
 static void usage(void)
 {
 	fprintf(stderr, "usage: bench_cpu [--threads N] [--ms 1,4,16,64,256] [--set 27b|minilm|all] "
-			"[--reference] [--header] [--quick]\n");
+			"[--reference] [--header] [--quick] [--simd auto|scalar|avx2]\n");
 	exit(2);
 }
 
@@ -127,6 +127,7 @@ int main(int argc, char **argv)
 	size_t nms = 5;
 	const char *set = "all";
 	int reference = 0, header = 0, quick = 0;
+	enum radiance_cpu_simd simd = RADIANCE_CPU_SIMD_AUTO;   /* the daemon's cpu_simd */
 	for (int i = 1; i < argc; i++) {
 		if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc) {
 			threads = (unsigned)strtoul(argv[++i], NULL, 10);
@@ -140,6 +141,16 @@ int main(int argc, char **argv)
 			reference = 1;
 		} else if (strcmp(argv[i], "--header") == 0) {
 			header = 1;
+		} else if (strcmp(argv[i], "--simd") == 0 && i + 1 < argc) {
+			const char *v = argv[++i];
+			if (strcmp(v, "auto") == 0)
+				simd = RADIANCE_CPU_SIMD_AUTO;
+			else if (strcmp(v, "scalar") == 0)
+				simd = RADIANCE_CPU_SIMD_SCALAR;
+			else if (strcmp(v, "avx2") == 0)
+				simd = RADIANCE_CPU_SIMD_AVX2;
+			else
+				usage();
 		} else if (strcmp(argv[i], "--quick") == 0) {
 			quick = 1;
 		} else {
@@ -159,7 +170,7 @@ int main(int argc, char **argv)
 	strftime(date, sizeof date, "%Y-%m-%d", gmtime(&now));
 
 	struct radiance_cpu_fast *fast;
-	struct radiance_cpu_fast_options fo = { .threads = threads, .simd = RADIANCE_CPU_SIMD_AUTO,
+	struct radiance_cpu_fast_options fo = { .threads = threads, .simd = simd,
 						.max_rows = max_m, .max_k = 17408 };
 	if (radiance_cpu_fast_create(&fo, &fast, err, sizeof err) < 0) {
 		fprintf(stderr, "bench_cpu: %s\n", err);

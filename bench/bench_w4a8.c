@@ -116,6 +116,7 @@ static double time_us(launch_fn fn, void *ctx)
 
 struct ctx {
 	uint32_t n, k, m, copies, bcopies;
+	struct radiance__w4a8_settings set;   /* kernel settings of every launch (defaults: zeroed) */
 	void **w, **sc;
 	uint16_t **wb;
 	size_t wbytes, sbytes;
@@ -137,7 +138,7 @@ static struct radiance__w4a8_args args_for(struct ctx *c, uint32_t i)
 		.codes = c->codes, .s = c->s, .m = c->m, .n = c->n, .k = c->k, .w = c->w[i % c->copies],
 		.sc = c->sc[i % c->copies], .y = c->y, .partials = c->partials, .partials_bytes = c->partials_bytes,
 		.counters = c->counters, .counters_n = c->counters_n, .path = c->path,
-		.max_decode_rows = 64, .split = c->split,
+		.max_decode_rows = 64, .split = c->split, .settings = &c->set,
 	};
 	return a;
 }
@@ -221,13 +222,13 @@ static void run_sweep(struct ctx *c, FILE *csv)
 	struct radiance__w4a8_plan plan;
 	char ps[48];
 	const double p1 = time_us(run_probe, c);
-	radiance__w4a8_set_decode(1, 0, 0, 0);
+	c->set = (struct radiance__w4a8_settings){.decode_kernel = 1};
 	a = args_for(c, 0);
 	radiance__w4a8_plan(&dev, &a, &plan);
 	plan_str(ps, sizeof ps, &plan);
 	const double t_old = time_us(run_gemm, c);
 	fprintf(csv, "%u,%u,%u,%s,%.3f\n", c->n, c->k, c->m, ps, t_old);
-	radiance__w4a8_set_decode(0, 0, 0, 0);
+	c->set = (struct radiance__w4a8_settings){0};
 	a = args_for(c, 0);
 	radiance__w4a8_plan(&dev, &a, &plan);
 	char pol[48];
@@ -245,7 +246,10 @@ static void run_sweep(struct ctx *c, FILE *csv)
 				const uint32_t sp = splits[si];
 				if (sp * c->m > 256 || G / sp < 2)
 					continue;
-				radiance__w4a8_set_decode(2, ntwcg[ni][0], ntwcg[ni][1], q);
+				c->set.decode_kernel = 2;
+				c->set.decode_ntw = ntwcg[ni][0];
+				c->set.decode_cg = ntwcg[ni][1];
+				c->set.decode_stages = q;
 				a = args_for(c, 0);
 				a.split = sp;
 				radiance__w4a8_plan(&dev, &a, &plan);
@@ -262,7 +266,7 @@ static void run_sweep(struct ctx *c, FILE *csv)
 					snprintf(bs, sizeof bs, "%s", ps);
 				}
 			}
-	radiance__w4a8_set_decode(0, 0, 0, 0);
+	c->set = (struct radiance__w4a8_settings){0};
 	const double p2 = time_us(run_probe, c);
 	const double pr = p1 < p2 ? p1 : p2;
 	printf("SWEEP %6ux%-6u M=%-3u probe %7.2f | old %7.2f (%.3f) | policy %-22s %7.2f (%.3f) | best %-22s %7.2f (%.3f)\n",
@@ -434,11 +438,11 @@ int main(int argc, char **argv)
 							  c.s, stream));
 				r->us_wgmma = time_us(run_gemm, &c);
 				if (variants) {
-					radiance__w4a8_set_variant(1);
+					c.set.wgmma_tile = 128;
 					const double v1 = time_us(run_gemm, &c);
-					radiance__w4a8_set_variant(2);
+					c.set.wgmma_tile = 96;
 					const double v2 = time_us(run_gemm, &c);
-					radiance__w4a8_set_variant(0);
+					c.set.wgmma_tile = 0;
 					printf("  wgmma: %.2f us (128-token tiles %.2f us, 96-token tiles %.2f us)\n", r->us_wgmma,
 					       v1, v2);
 				}
@@ -518,7 +522,7 @@ int main(int argc, char **argv)
 		    "a working set of >= 4x the %.0f MB L2. Time: median of %d batches of %d launches.\n"
 		    "us = GEMM kernel alone on pre-quantized activations; quant+gemm adds the per-token quant kernel\n"
 		    "(the GEMM launched to overlap it, as the backend does). Prefill (M > 64) runs the default, fp32-\n"
-		    "accumulating f16 HMMA kernel; the fp8 wgmma kernel (RADIANCE_PREFILL=wgmma) accumulates with\n"
+		    "accumulating f16 HMMA kernel; the fp8 wgmma kernel (option prefill = fast) accumulates with\n"
 		    "~14-bit precision on Hopper and is shown in its own columns.\n"
 		    "GB/s and the probe fraction count weight + scale bytes; ratios are peer time / our time (> 1: we are faster).\n\n",
 		strcmp(dev.vendor, "cuda") == 0 ? "cuBLAS" : "hipBLAS", npeers ? "" : " (not available in this run)",

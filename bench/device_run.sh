@@ -24,7 +24,7 @@ echo "device_run: libcublas from ${lib:-nowhere}"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw \
 	--format=csv 2>&1 | tee "$OUT/gpu.txt"
 if command -v cuobjdump >/dev/null; then
-	for o in "$B"/obj/kernels/w4a8_gemm.gpu.o "$B"/obj/kernels/w4a8_wgmma.gpu.o; do
+	for o in "$B"/obj/kernels/w4a8_*.gpu.o; do
 		[ -f "$o" ] && echo "$(basename "$o"): $(cuobjdump --dump-sass "$o" | grep -cE 'QGMMA|HGMMA') gmma," \
 			"$(cuobjdump --dump-sass "$o" | grep -c 'HMMA') hmma, $(cuobjdump --dump-sass "$o" | grep -cE 'LDL|STL') local ld/st"
 	done | tee -a "$OUT/gpu.txt"

@@ -45,6 +45,11 @@ static void backend_log_choice(const char *kind, const struct radiance_backend_o
 	if (opt->numerics_gate)
 		log_warn("numerics_gate has no effect: the backend is cpu (the gate checks GPU "
 			 "launches against the CPU reference)");
+	if (opt->prefill)
+		log_warn("prefill = fast has no effect: the backend is cpu (it chooses the GPU's "
+			 "prefill kernel; the CPU computes the definition exactly)");
+	if (opt->wgmma_tile)
+		log_warn("wgmma_tile %u has no effect: the backend is cpu", opt->wgmma_tile);
 }
 
 int radiance_backend_create(const struct radiance_backend_options *opt,

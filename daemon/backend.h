@@ -51,6 +51,14 @@ struct radiance_backend_options {
 	uint32_t test_pin_delay_us; /* CPU: sleep this long in register_host and
 	                            unregister_host, as page-locking an arena on
 	                            a GPU can take (tests only) */
+	int cpu_simd;            /* CPU: SIMD kernels, 0 the best the CPU has, 1 scalar
+	                            (the reference kernels), 2 avx2; create fails
+	                            (-ENOTSUP, the text says why) when the CPU lacks
+	                            the level asked for */
+	int prefill;             /* GPU: enum radiance__w4a8_prefill (kernels/w4a8_plan.h):
+	                            0 exact (f16 tensor cores), 1 fast (fp8 wgmma
+	                            where built); the CPU backend warns for 1 */
+	uint32_t wgmma_tile;     /* GPU, prefill fast: 0 the policy, 128 or 96 tokens */
 };
 
 /* One request's rows inside a (possibly merged) launch. x and y point into a

@@ -53,7 +53,9 @@ static int cpu_create(const struct radiance_backend_options *opt, void **state, 
 	s->max_k = opt->max_k ? opt->max_k : RADIANCE_GROUP_SIZE;
 	struct radiance_cpu_fast_options fo = {
 		.threads = opt->cpu_threads,
-		.simd = RADIANCE_CPU_SIMD_AUTO,
+		.simd = opt->cpu_simd == 1   ? RADIANCE_CPU_SIMD_SCALAR
+			: opt->cpu_simd == 2 ? RADIANCE_CPU_SIMD_AVX2
+					      : RADIANCE_CPU_SIMD_AUTO,
 		.max_rows = opt->max_rows,
 		.max_k = s->max_k,
 	};

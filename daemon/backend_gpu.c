@@ -14,9 +14,10 @@
  * stream synchronize. Requests of different activation dtypes in one call
  * are run as consecutive launches (one per dtype run).
  *
- * Numerics gate (opt-in, RADIANCE_NUMERICS_GATE=1): the first launch of each
- * (layer, M) is recomputed by the CPU reference and the relative error is
- * logged to stderr.
+ * Numerics gate (opt-in, numerics_gate = 1): the first launch of each
+ * (layer, M) is recomputed by the CPU reference; the relative error and, for
+ * W4A8 layers, every element against the contract's bound
+ * (kernels/numerics_bound.h) are logged to stderr.
  *
  * Mapped weights (docs/mapped.md): each model's layers live in one
  * exportable allocation (kernels/gpu_share.hip): VMM with a POSIX fd where
@@ -36,6 +37,7 @@
 #include <string.h>
 
 #include "log.h"
+#include "numerics_bound.h"
 #include "w4a8_cpu.h"
 #include "w4a8_gpu.h"
 
@@ -175,6 +177,11 @@ static int gpu_create(const struct radiance_backend_options *opt, void **state, 
 					       g->max_k, 1, g->stream)))
 		goto fail;
 	g->scratch_bytes += g->scratch.bytes;
+	g->scratch.settings.prefill = opt->prefill ? RADIANCE_PREFILL_FAST : RADIANCE_PREFILL_EXACT;
+	g->scratch.settings.wgmma_tile = opt->wgmma_tile;
+	if (opt->prefill && !g->dev.wgmma)
+		log_warn("gpu backend: prefill = fast, but %s has no sm_90a wgmma kernel: prefill "
+			 "runs exact (f16 tensor cores)", g->dev.name);
 	share_choose(g, opt->share);
 	*state = g;
 	return 0;
@@ -430,31 +437,54 @@ static int gate_first(struct gpu_state *g, const struct radiance_layer *l, uint3
 	return 1;
 }
 
-/* The CPU reference for the requests of one launch, and the relative
- * Frobenius error of the GPU's outputs against it (NaN must match NaN). */
+/* The CPU reference for the requests of one launch, the relative Frobenius
+ * difference from it (the contract's norm bound, RADIANCE_NORM_BOUND), and for
+ * W4A8 layers every element against the per-element bound of the path's
+ * accumulation (kernels/numerics_bound.h, docs/numerics.md "Contract"):
+ * fp8-sm90 for the wgmma path, fp32 for every other. The activations are
+ * quantized once here, for the reference and the bound alike. */
 static void gate_check(struct gpu_state *g, const struct radiance_layer *l, const struct radiance_rows *rows,
 		       size_t nrows, uint32_t m_launch, const char *path)
 {
-	double num = 0, den = 0, max_abs = 0;
-	size_t nan_mismatch = 0;
+	const int w4a8 = l->kind == RADIANCE_LAYER_W4A8;
+	const enum radiance_acc acc = strcmp(path, "wgmma") == 0 ? RADIANCE_ACC_FP8_SM90 : RADIANCE_ACC_FP32;
+	double num = 0, den = 0, max_abs = 0, worst = 0, worst_y = 0, worst_exact = 0, worst_allowed = 0;
+	size_t nan_mismatch = 0, outside = 0, checked = 0;
+	(void)g;
 	for (size_t i = 0; i < nrows; i++) {
 		const struct radiance_rows *r = &rows[i];
 		size_t cnt = (size_t)r->m * l->n;
 		uint16_t *ref = malloc(cnt * sizeof *ref);
-		void *scratch = NULL;
-		if (l->kind == RADIANCE_LAYER_W4A8)
-			scratch = aligned_alloc(64, (radiance_cpu_w4a8_scratch_bytes(r->m, l->k) + 63) & ~(size_t)63);
-		if (!ref || (l->kind == RADIANCE_LAYER_W4A8 && !scratch)) {
+		uint8_t *codes = w4a8 ? malloc((size_t)r->m * l->k) : NULL;
+		float *s = w4a8 ? malloc((size_t)r->m * sizeof *s) : NULL;
+		if (!ref || (w4a8 && (!codes || !s))) {
 			free(ref);
-			free(scratch);
+			free(codes);
+			free(s);
 			fprintf(stderr, "radiance: numerics gate: layer %s: out of memory, skipped\n", l->name);
 			return;
 		}
-		if (l->kind == RADIANCE_LAYER_W4A8)
-			radiance_cpu_w4a8(r->x, r->dtype, r->m, l->qweight, l->scales, l->bias, l->n, l->k, ref,
-					  scratch);
-		else
+		if (w4a8) {
+			const size_t esz = 2;   /* bf16 and fp16 */
+			for (uint32_t t = 0; t < r->m; t++)
+				s[t] = radiance_quant_row_e4m3((const uint16_t *)((const char *)r->x + (size_t)t * l->k * esz),
+							       r->dtype, l->k, codes + (size_t)t * l->k);
+			radiance_cpu_w4a8_gemm(codes, s, r->m, l->qweight, l->scales, l->bias, l->n, l->k, ref);
+			struct radiance_bound_report br;
+			if (radiance_w4a8_bound_check(codes, s, l->qweight, l->scales, l->bias, r->m, l->n, l->k, acc,
+						      r->y, &br) == 0) {
+				outside += br.outside;
+				checked += br.checked;
+				if (br.worst > worst) {
+					worst = br.worst;
+					worst_y = br.worst_y;
+					worst_exact = br.worst_exact;
+					worst_allowed = br.worst_allowed;
+				}
+			}
+		} else {
 			radiance_cpu_bf16(r->x, r->dtype, r->m, l->weight, l->bias, l->n, l->k, ref);
+		}
 		for (size_t j = 0; j < cnt; j++) {
 			double a = radiance_bf16_to_f32(r->y[j]), b = radiance_bf16_to_f32(ref[j]);
 			if (isnan(a) || isnan(b)) {
@@ -467,14 +497,21 @@ static void gate_check(struct gpu_state *g, const struct radiance_layer *l, cons
 				max_abs = fabs(a - b);
 		}
 		free(ref);
-		free(scratch);
+		free(codes);
+		free(s);
 	}
 	double rel = den > 0 ? sqrt(num / den) : sqrt(num);
+	const int ok = rel < RADIANCE_NORM_BOUND && nan_mismatch == 0 && outside == 0;
+	char bound[256] = "";
+	if (w4a8)
+		snprintf(bound, sizeof bound, ", bound %s: %zu of %zu outside, worst %.3f of allowed (y %g, exact %g, "
+			 "allowed %.3g)", acc == RADIANCE_ACC_FP8_SM90 ? "fp8-sm90" : "fp32", outside, checked, worst,
+			 worst_y, worst_exact, worst_allowed);
 	fprintf(stderr,
 		"radiance: numerics gate: layer %s (%ux%u, %s) m=%u path=%s: rel_err %.3e, max_abs %.3e, "
-		"nan_mismatch %zu: %s\n",
-		l->name, l->n, l->k, l->kind == RADIANCE_LAYER_W4A8 ? "w4a8" : "bf16", m_launch, path, rel,
-		max_abs, nan_mismatch, rel < 3e-3 && nan_mismatch == 0 ? "ok" : "OUT OF TOLERANCE");
+		"nan_mismatch %zu%s: %s\n",
+		l->name, l->n, l->k, w4a8 ? "w4a8" : "bf16", m_launch, path, rel, max_abs, nan_mismatch, bound,
+		ok ? "ok" : "OUT OF TOLERANCE");
 }
 
 /* --------------------------------------------------------------- linear */

@@ -21,6 +21,7 @@
 enum value_type {
 	V_STRING, V_BACKEND, V_BOOL, V_INT, V_U32, V_POW2, V_BYTES, V_LOGLEVEL, V_PRELOAD,
 	V_MAPALLOW, V_SHARE,
+	V_CHOICE,                  /* uint32_t: the index of the value in choices[] */
 	V_LIMIT_BYTES, V_LIMIT,    /* uint64_t: bytes or a count, or "auto" (LIMIT_AUTO) */
 };
 
@@ -94,6 +95,19 @@ static const struct setting settings[] = {
 	{ "cpu_threads", 290, "N", V_U32, OFF(cpu_threads), 0, 4096,
 	  "CPU backend: compute threads, the executor's included; 0: as many as this "
 	  "process may run on (sched_getaffinity, capped by cgroup cpu.max) (0)" },
+	/* kernel settings (docs/cpu.md, docs/gpu.md, docs/numerics.md "Contract") */
+	{ "cpu_simd", 500, "LEVEL", V_CHOICE, OFF(cpu_simd), 0, 0,
+	  "CPU backend: SIMD kernels: auto (the best this CPU has), scalar (the "
+	  "reference kernels) or avx2; a level the CPU lacks fails start-up; every "
+	  "level gives the same bits (auto)" },
+	{ "prefill", 501, "HOW", V_CHOICE, OFF(prefill), 0, 0,
+	  "GPU: W4A8 launches above decode_rows: exact (f16 tensor cores, fp32 "
+	  "accumulation, within one bf16 step of the definition) or fast (sm_90a fp8 "
+	  "wgmma, Hopper's ~14-bit accumulation: within the bound of docs/numerics.md; "
+	  "exact where there is no wgmma) (exact)" },
+	{ "wgmma_tile", 502, "TOKENS", V_CHOICE, OFF(wgmma_tile), 0, 0,
+	  "GPU, prefill = fast: tokens per wgmma block: auto (96 where 128 leaves SMs "
+	  "idle, else 128), 128 or 96 (auto)" },
 	/* scheduling: fairness between sessions (daemon/scheduler.h) */
 	{ "sched_chunk_rows", 291, "N", V_U32, OFF(sched_chunk_rows), 0, 65536,
 	  "a request of more rows runs in pieces of this many, with other sessions' "
@@ -120,6 +134,27 @@ static const struct setting settings[] = {
 	  "sessions of one uid at once; auto: max_sessions (auto)" },
 };
 #define NSETTINGS (sizeof settings / sizeof settings[0])
+
+/* The values of each V_CHOICE setting, in the order of their indices. */
+static const char *const cpu_simd_choices[] = { "auto", "scalar", "avx2", NULL };
+static const char *const prefill_choices[] = { "exact", "fast", NULL };
+static const char *const wgmma_tile_choices[] = { "auto", "128", "96", NULL };
+static const struct {
+	size_t offset;
+	const char *const *values;
+} choices[] = {
+	{ OFF(cpu_simd), cpu_simd_choices },
+	{ OFF(prefill), prefill_choices },
+	{ OFF(wgmma_tile), wgmma_tile_choices },
+};
+
+static const char *const *choices_of(const struct setting *st)
+{
+	for (size_t i = 0; i < sizeof choices / sizeof choices[0]; i++)
+		if (choices[i].offset == st->offset)
+			return choices[i].values;
+	return NULL;
+}
 enum { OPT_CONFIG = 'c', OPT_NO_CONFIG = 300, OPT_HELP = 'h', OPT_VERSION = 'V' };
 
 /* Where each setting's value came from ("default", "--max-rows",
@@ -318,6 +353,21 @@ static int apply(struct radiance_config *cfg, const struct setting *st, const ch
 			return -EINVAL;
 		}
 		return 0;
+	case V_CHOICE: {
+		const char *const *values = choices_of(st);
+		char list[96] = "";
+		for (uint32_t i = 0; values && values[i]; i++) {
+			if (strcmp(value, values[i]) == 0) {
+				*(uint32_t *)field = i;
+				return 0;
+			}
+			snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s",
+				 i == 0 ? "" : values[i + 1] ? ", " : " or ", values[i]);
+		}
+		snprintf(err, errlen, "%s: '%s' is not a %s value (expected %s)", where, value, st->key,
+			 list);
+		return -EINVAL;
+	}
 	case V_BOOL:
 		/* the command-line flag alone (no =VALUE) means yes */
 		if (!value || !strcmp(value, "yes") || !strcmp(value, "true") || !strcmp(value, "1")) {
@@ -883,6 +933,15 @@ int config_load(struct radiance_config *cfg, int argc, char **argv, char *err, s
 	rc = config_init(cfg);
 	if (rc < 0)
 		return rc;
+	/* two settings with one getopt value would make the second unreachable
+	 * from the command line: a programming error every config test catches */
+	for (size_t i = 0; i < NSETTINGS; i++)
+		for (size_t j = 0; j < i; j++)
+			if (settings[i].opt == settings[j].opt) {
+				snprintf(err, errlen, "internal: options %s and %s share getopt value %d",
+					 settings[j].key, settings[i].key, settings[i].opt);
+				return -EINVAL;
+			}
 	build_opts(&t);
 	struct origins *o = calloc(1, sizeof *o);
 	if (!o)

@@ -1005,6 +1005,9 @@ int server_run(const struct radiance_config *cfg)
 			.fake_share = cfg->fake_share != 0,
 			.test_pin_delay_us = cfg->test_pin_delay_us,
 			.cpu_threads = cfg->cpu_threads,
+			.cpu_simd = (int)cfg->cpu_simd,         /* auto, scalar, avx2 */
+			.prefill = (int)cfg->prefill,           /* exact, fast */
+			.wgmma_tile = cfg->wgmma_tile == 1 ? 128u : cfg->wgmma_tile == 2 ? 96u : 0u,
 			.max_n = cfg->max_n,
 			.max_k = cfg->max_k,
 		},

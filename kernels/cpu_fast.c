@@ -69,20 +69,6 @@ static int pick_simd(enum radiance_cpu_simd want, enum radiance_cpu_simd *out, c
 		     size_t errlen)
 {
 	if (want == RADIANCE_CPU_SIMD_AUTO) {
-		const char *env = getenv("RADIANCE_CPU_SIMD");
-		if (env && *env) {
-			if (strcmp(env, "scalar") == 0)
-				want = RADIANCE_CPU_SIMD_SCALAR;
-			else if (strcmp(env, "avx2") == 0 || strcmp(env, "avx2+fma") == 0)
-				want = RADIANCE_CPU_SIMD_AVX2;
-			else {
-				snprintf(err, errlen, "RADIANCE_CPU_SIMD='%s' is not a SIMD level "
-					 "(expected scalar or avx2)", env);
-				return -EINVAL;
-			}
-		}
-	}
-	if (want == RADIANCE_CPU_SIMD_AUTO) {
 		*out = cpu_has(RADIANCE_CPU_SIMD_AVX2) ? RADIANCE_CPU_SIMD_AVX2 : RADIANCE_CPU_SIMD_SCALAR;
 		return 0;
 	}

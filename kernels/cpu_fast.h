@@ -21,7 +21,7 @@
 #include "numerics.h"
 
 enum radiance_cpu_simd {
-	RADIANCE_CPU_SIMD_AUTO = -1,   /* the best this CPU has (RADIANCE_CPU_SIMD may lower it) */
+	RADIANCE_CPU_SIMD_AUTO = -1,   /* the best this CPU has */
 	RADIANCE_CPU_SIMD_SCALAR = 0,  /* the reference kernels, split by rows over threads */
 	RADIANCE_CPU_SIMD_AVX2 = 1,    /* x86-64 AVX2 + FMA + F16C */
 };
@@ -36,17 +36,15 @@ struct radiance_cpu_fast_options {
 
 struct radiance_cpu_fast;
 
-/* Picks the SIMD level, starts the pool and allocates the activation scratch
- * for max_rows x max_k. With simd AUTO the environment variable
- * RADIANCE_CPU_SIMD=scalar|avx2 can ask for a lower level (a higher one than
- * the CPU has is refused with a message). 0, -EINVAL (zero max_rows/max_k,
- * unknown RADIANCE_CPU_SIMD), -ENOTSUP (the level is not on this CPU),
- * -ENOMEM, or a pthread_create error; err names the cause. */
+/* Picks the SIMD level (opt->simd: AUTO, or the level the daemon's cpu_simd
+ * option asks for), starts the pool and allocates the activation scratch
+ * for max_rows x max_k. 0, -EINVAL (zero max_rows/max_k, a level this build
+ * does not know), -ENOTSUP (the level is not on this CPU), -ENOMEM, or a
+ * pthread_create error; err names the cause. */
 int radiance_cpu_fast_create(const struct radiance_cpu_fast_options *opt,
 			     struct radiance_cpu_fast **out, char *err, size_t errlen);
 /* Bytes of activation scratch radiance_cpu_fast_create() allocates for opt
- * (resolving AUTO, RADIANCE_CPU_SIMD and threads 0 as it does); 0 when it
- * would refuse opt. */
+ * (resolving AUTO and threads 0 as it does); 0 when it would refuse opt. */
 size_t radiance_cpu_fast_scratch_bytes_for(const struct radiance_cpu_fast_options *opt);
 
 /* Joins the pool threads and frees everything. NULL is a no-op. */

@@ -4,8 +4,8 @@
  * runs on a client's stream over a mapped model, so both run the same
  * launches in the same order.
  *
- * Host code only; the kernels are in w4a8_quant.hip, w4a8_gemm.hip,
- * bf16_gpu.hip and gpu_blas.hip.
+ * Host code only; the kernels are in w4a8_quant.hip, w4a8_launch.hip (and the
+ * kernel files it dispatches to), bf16_gpu.hip and gpu_blas.hip.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -125,6 +125,7 @@ extern "C" int radiance__gpu_layer_run(const struct radiance__gpu_device *dev, s
 		a.path = force;
 		a.max_decode_rows = s->max_decode_rows;
 		a.pdl = 1;
+		a.settings = &s->settings;
 		struct radiance__w4a8_plan plan;
 		radiance__w4a8_plan(dev, &a, &plan);
 		*path = path_name(plan.path);

@@ -22,6 +22,9 @@ extern "C" int radiance__gpu_fail_text(int rc, const char *fmt, ...)
 static int probe_blocks = 1024;   /* resident blocks of the probe: 8 per SM */
 
 extern "C" int radiance__wgmma_probe(int *usable);   /* w4a8_wgmma.hip */
+#ifdef RAD_HAVE_BULK
+extern "C" int radiance__w4a8_gemv_blocks(unsigned inst, uint32_t stages);   /* w4a8_gemv.hip */
+#endif
 
 static int fail(const char *what, hipError_t e)
 {
@@ -76,6 +79,9 @@ extern "C" int radiance__gpu_init(int ordinal, struct radiance__gpu_device *dev)
 	dev->cc_minor = p.minor;
 	/* e4m3 mma.sync exists from sm_89 */
 	dev->fp8_mma = p.major * 10 + p.minor >= 89;
+#ifdef RAD_HAVE_BULK
+	dev->gemv_blocks = radiance__w4a8_gemv_blocks;
+#endif
 	int usable = 0;
 	if (p.major == 9 && radiance__wgmma_probe(&usable) == 0)
 		dev->wgmma = usable;

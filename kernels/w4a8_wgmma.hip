@@ -24,8 +24,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "numerics_gpu.h"
-#include "w4a8_gpu.h"
+#include "w4a8_dequant.h"
+#include "w4a8_kernels.h"
 
 #ifdef RAD_NVIDIA
 
@@ -335,22 +335,12 @@ extern "C" int radiance__wgmma_probe(int *usable)
 	return 0;
 }
 
-static int wgmma_variant;
-
-extern "C" void radiance__w4a8_set_variant(int variant)
-{
-	wgmma_variant = variant;
-}
-
 extern "C" int radiance__w4a8_wgmma_launch(const uint8_t *codes, const float *s, const void *w, const void *sc,
 					   const float *bias, uint16_t *y, uint32_t m, uint32_t n, uint32_t k,
-					   int sm_count, void *stream)
+					   uint32_t tile, void *stream)
 {
 	static int attr_set;
 	if (!attr_set) {
-		const char *v = getenv("RADIANCE_WGMMA");
-		if (v && strcmp(v, "n96") == 0)
-			wgmma_variant = 2;
 		if (cudaFuncSetAttribute(rad_w4a8_wgmma<128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
 					 WG_SMEM(128)) != cudaSuccess ||
 		    cudaFuncSetAttribute(rad_w4a8_wgmma<96>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -358,30 +348,21 @@ extern "C" int radiance__w4a8_wgmma_launch(const uint8_t *codes, const float *s,
 			return radiance__gpu_check_launch("wgmma shared memory attribute");
 		attr_set = 1;
 	}
-	dim3 grid((m + WG_BT - 1) / WG_BT, (n + WG_BN - 1) / WG_BN);
-	/* 96-token tiles when 128-token tiles leave SMs idle (narrow layers at a
-	 * few hundred tokens: 5120 x K at M = 256 ran 25% faster on the H200),
-	 * 128 otherwise (less unpack and L2 traffic per FLOP) */
-	const uint32_t nb = (n + WG_BN - 1) / WG_BN;
-	const uint32_t b128 = (m + 127) / 128 * nb, b96 = (m + 95) / 96 * nb;
-	const int use96 = wgmma_variant == 2 || (wgmma_variant == 0 && b128 < (uint32_t)sm_count && b96 > b128);
-	if (use96) {
+	/* the token tile is the planner's (w4a8_plan.c: 96 when 128-token tiles
+	 * leave SMs idle) */
+	if (tile == 96) {
 		dim3 g96((m + 95) / 96, (n + WG_BN - 1) / WG_BN);
 		rad_w4a8_wgmma<96><<<g96, 256, WG_SMEM(96), (cudaStream_t)stream>>>(
 			codes, s, (const uint8_t *)w, (const uint8_t *)sc, bias, y, m, n, k);
 		return radiance__gpu_check_launch("w4a8 wgmma kernel (n96)");
 	}
+	dim3 grid((m + WG_BT - 1) / WG_BT, (n + WG_BN - 1) / WG_BN);
 	rad_w4a8_wgmma<128><<<grid, 256, WG_SMEM(128), (cudaStream_t)stream>>>(
 		codes, s, (const uint8_t *)w, (const uint8_t *)sc, bias, y, m, n, k);
 	return radiance__gpu_check_launch("w4a8 wgmma kernel");
 }
 
 #else /* AMD: no wgmma */
-
-extern "C" void radiance__w4a8_set_variant(int variant)
-{
-	(void)variant;
-}
 
 extern "C" int radiance__wgmma_probe(int *usable)
 {
@@ -391,7 +372,7 @@ extern "C" int radiance__wgmma_probe(int *usable)
 
 extern "C" int radiance__w4a8_wgmma_launch(const uint8_t *codes, const float *s, const void *w, const void *sc,
 					   const float *bias, uint16_t *y, uint32_t m, uint32_t n, uint32_t k,
-					   int sm_count, void *stream)
+					   uint32_t tile, void *stream)
 {
 	return -ENOTSUP;
 }

@@ -591,6 +591,55 @@ static void test_limits(void **state)
 		     "1M", NULL);
 }
 
+/* The kernel settings (cpu_simd, prefill, wgmma_tile): defaults, each from
+ * the command line and the file without touching the others, and a value
+ * outside the list named with the list. */
+static void test_kernel_settings(void **state)
+{
+	struct radiance_config cfg;
+	char err[512];
+	setenv("XDG_RUNTIME_DIR", "/run/user/1234", 1);
+	assert_int_equal(load(&cfg, err, sizeof err, "--no-config", NULL), 0);
+	assert_int_equal(cfg.cpu_simd, 0);
+	assert_int_equal(cfg.prefill, 0);
+	assert_int_equal(cfg.wgmma_tile, 0);
+	config_finish(&cfg);
+
+	assert_int_equal(load(&cfg, err, sizeof err, "--no-config", "--cpu-simd", "scalar", NULL), 0);
+	assert_int_equal(cfg.cpu_simd, 1);
+	assert_int_equal(cfg.prefill, 0);
+	config_finish(&cfg);
+	assert_int_equal(load(&cfg, err, sizeof err, "--no-config", "--cpu-simd", "avx2", "--prefill", "fast",
+			      "--wgmma-tile", "96", NULL), 0);
+	assert_int_equal(cfg.cpu_simd, 2);
+	assert_int_equal(cfg.prefill, 1);
+	assert_int_equal(cfg.wgmma_tile, 2);
+	config_finish(&cfg);
+
+	const char *path = write_file("kernels.conf", "prefill = fast\nwgmma_tile = 128\ncpu_simd = auto\n");
+	assert_int_equal(load(&cfg, err, sizeof err, "--config", path, NULL), 0);
+	assert_int_equal(cfg.prefill, 1);
+	assert_int_equal(cfg.wgmma_tile, 1);
+	assert_int_equal(cfg.cpu_simd, 0);
+	config_finish(&cfg);
+	/* the command line overrides the file */
+	assert_int_equal(load(&cfg, err, sizeof err, "--config", path, "--prefill", "exact", NULL), 0);
+	assert_int_equal(cfg.prefill, 0);
+	assert_int_equal(cfg.wgmma_tile, 1);
+	config_finish(&cfg);
+
+	assert_int_equal(load(&cfg, err, sizeof err, "--no-config", "--prefill", "wgmma", NULL), -EINVAL);
+	assert_string_equal(err, "--prefill: 'wgmma' is not a prefill value (expected exact or fast)");
+	config_finish(&cfg);
+	assert_int_equal(load(&cfg, err, sizeof err, "--no-config", "--cpu-simd", "sse9", NULL), -EINVAL);
+	assert_string_equal(err, "--cpu-simd: 'sse9' is not a cpu_simd value (expected auto, scalar or avx2)");
+	config_finish(&cfg);
+	path = write_file("tile.conf", "wgmma_tile = 64\n");
+	assert_int_equal(load(&cfg, err, sizeof err, "--config", path, NULL), -EINVAL);
+	assert_non_null(strstr(err, "'64' is not a wgmma_tile value (expected auto, 128 or 96)"));
+	config_finish(&cfg);
+}
+
 /* RADIANCE_NUMERICS_GATE, RADIANCE_SHARE and RADIANCE_FAKE_SHARE are the
  * fallbacks of numerics_gate, share and fake_share, read by config_load
  * alone: used when neither file nor command line sets the key, checked
@@ -665,6 +714,7 @@ int main(void)
 		cmocka_unit_test(test_device_unset),
 		cmocka_unit_test(test_limits),
 		cmocka_unit_test(test_env_fallbacks),
+		cmocka_unit_test(test_kernel_settings),
 	};
 	return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

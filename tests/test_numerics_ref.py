@@ -13,7 +13,7 @@ import sys
 import ml_dtypes
 import numpy as np
 
-from numerics_ref import E4M3, e4m3_ref, quant_ref   # tests/numerics_ref.py
+from numerics_ref import E4M3, GROUP, e4m3_ref, quant_ref   # tests/numerics_ref.py
 
 np.seterr(invalid="ignore")   # NaN/Inf rows are part of the test
 
@@ -131,14 +131,20 @@ xb[0, :8] = 1.0
 y = bf16_to_f64(w4a8(xb, qw, sc, np.zeros(N, np.float32)))
 check("end to end: qweight 0x76543210, scale 1, x = 1 -> -36", y[0, 0] == -36.0, f"got {y[0, 0]}")
 
+def random_layer(M, N, K):
+    """Codes [N, K], the packed qweight, scales, bias and bf16 x [M, K]."""
+    codes = rng.integers(0, 16, size=(N, K), dtype=np.uint32)
+    qw = np.zeros((N, K // 8), np.uint32)
+    for j in range(8):
+        qw |= codes[:, j::8] << (4 * j)
+    sc = (rng.random((N, K // 128)) * 0.02).astype(np.float16)
+    bias = rng.standard_normal(N).astype(np.float32)
+    xb = (rng.standard_normal((M, K)) * 2).astype(ml_dtypes.bfloat16)
+    return codes, qw, sc, bias, xb
+
+
 M, N, K = 7, 37, 512
-codes = rng.integers(0, 16, size=(N, K), dtype=np.uint32)
-qw = np.zeros((N, K // 8), np.uint32)
-for j in range(8):
-    qw |= codes[:, j::8] << (4 * j)
-sc = (rng.random((N, K // 128)) * 0.02).astype(np.float16)
-bias = rng.standard_normal(N).astype(np.float32)
-xb = (rng.standard_normal((M, K)) * 2).astype(ml_dtypes.bfloat16)
+codes, qw, sc, bias, xb = random_layer(M, N, K)
 xb[3, :] = 0
 y = bf16_to_f64(w4a8(xb, qw, sc, bias))
 s_r, c_r = quant_ref(xb)
@@ -152,6 +158,64 @@ check("w4a8 all-zero row gives exactly the bias (bf16)",
 elem = np.abs(y - ref) / np.maximum(np.abs(ref), 1e-3)
 check(f"w4a8 per-element error within bf16 rounding ({elem.max():.2e} <= 2^-8)",
       elem.max() <= 2.0**-8)
+
+
+# -- the contract's per-element bound (docs/numerics.md "Contract"), computed
+# here from its formula in float64, against kernels/numerics_bound.c
+def bound_ours(xb, qw, sc, bias, y, acc):
+    m, k = xb.shape
+    n = qw.shape[0]
+    data = (xb.view(np.uint16).tobytes() + qw.astype(np.uint32).tobytes()
+            + sc.view(np.uint16).tobytes() + bias.astype(np.float32).tobytes()
+            + y.astype(np.uint16).tobytes())
+    p = subprocess.run([TOOL, "w4a8-bound", *map(str, (m, n, k)), acc], input=data, capture_output=True,
+                       check=True)
+    out = np.frombuffer(p.stdout, np.float64).reshape(2, m, n)
+    return out[0], out[1], p.stderr.decode()
+
+
+def bound_ref(xb, codes, sc, bias, acc):
+    s, c = quant_ref(xb)
+    q = c.view(E4M3).astype(np.float64)                       # [M, K]
+    w = codes.astype(np.float64) - 8                            # [N, K]
+    m, k = q.shape
+    G = k // GROUP
+    scd = sc.astype(np.float64)                                 # [N, G]
+    prod = q[:, None, :] * w[None, :, :]                        # [M, N, K]
+    steps = np.abs(prod).reshape(m, w.shape[0], G, 4, 32)
+    S = steps.sum(axis=(3, 4))                                  # [M, N, G]
+    if acc == "fp32":
+        e_g = 4 * 2.0**-24 * 128 * S
+    else:
+        Sj = steps.sum(axis=4)                                  # [M, N, G, 4]
+        A = np.cumsum(Sj, axis=3)
+        A_prev = A - Sj
+        pmax = steps.max(axis=4)
+        nz = (steps != 0).sum(axis=4)
+        M_ = np.maximum(pmax, A_prev * 1.01)
+        E = np.floor(np.log2(np.where(M_ > 0, M_, 1.0)))
+        e_g = np.where(nz > 0, 2.0**-12 * ((nz + 1) * 2.0**E + A), 0).sum(axis=3)
+    sd = s.astype(np.float64)[:, None]
+    e = 1.01 * (np.abs(sd) * (np.abs(scd)[None] * e_g).sum(axis=2)
+                + 2.0**-24 * ((G + 3) * np.abs(sd) * (np.abs(scd)[None] * S).sum(axis=2)
+                              + np.abs(bias.astype(np.float64))[None]))
+    exact = sd * (q[:, None, :] * w[None, :, :] * np.repeat(scd, GROUP, axis=1)[None]).sum(axis=2) \
+        + bias.astype(np.float64)[None]
+    mag = np.abs(exact) + e
+    step = np.where(mag >= 2.0**-126, 2.0**(np.floor(np.log2(np.where(mag > 0, mag, 1.0))) - 7), 2.0**-133)
+    return exact, e + step
+
+
+bcodes, bqw, bsc, bbias, bxb = random_layer(5, 23, 384)
+by = w4a8(bxb, bqw, bsc, bbias)
+for acc in ("fp32", "fp8-sm90"):
+    ex_o, al_o, msg = bound_ours(bxb, bqw, bsc, bbias, by, acc)
+    ex_r, al_r = bound_ref(bxb, bcodes, bsc, bbias, acc)
+    dex = np.max(np.abs(ex_o - ex_r) / np.maximum(np.abs(ex_r), 1e-30))
+    dal = np.max(np.abs(al_o - al_r) / al_r)
+    check(f"bound {acc}: y* matches float64 ({dex:.1e} <= 1e-12)", dex <= 1e-12)
+    check(f"bound {acc}: allowed matches the documented formula ({dal:.1e} <= 1e-9)", dal <= 1e-9)
+    check(f"bound {acc}: the CPU reference is inside it ({msg.strip()})", msg.startswith("w4a8-bound: 0 of"))
 
 print(f"numerics_ref: {passed} passed, {failed} failed")
 sys.exit(1 if failed else 0)

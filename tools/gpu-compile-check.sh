@@ -3,8 +3,9 @@
 #   - for AMD gfx1201 with Debian's clang-19 and HIP headers (-nogpulib: Debian
 #     ships no gfx1201 device libraries), then checks the device code:
 #       * the fp8 WMMA instruction v_wmma_f32_16x16x16_fp8_fp8 is in the W4A8
-#         GEMM, every kernel has no scratch (private segment 0, no VGPR/SGPR
-#         spills), and VGPR/SGPR counts are reported per kernel;
+#         matrix-core kernel (kernels/w4a8_mma.hip), every kernel has no
+#         scratch (private segment 0, no VGPR/SGPR spills), and VGPR/SGPR
+#         counts are reported per kernel;
 #       * the host side and the fat object link (needs lld-19);
 #   - for NVIDIA sm_90a with nvcc when it is installed (registers, spills and
 #     stack per kernel reported; compile errors fail the check). Without nvcc
@@ -64,11 +65,11 @@ else
 		[ -s "$out/$name.meta" ] || ok "$name: compiled (host code only, no kernels)"
 		n=$(grep -c 'v_wmma_f32_16x16x16_fp8_fp8' "$s")
 		wmma_total=$((wmma_total + n))
-		if [ "$name" = w4a8_gemm ]; then
+		if [ "$name" = w4a8_mma ]; then
 			if [ "$n" -gt 0 ]; then
 				ok "$name: $n v_wmma_f32_16x16x16_fp8_fp8 instructions"
 			else
-				bad "$name: no v_wmma_f32_16x16x16_fp8_fp8 in the W4A8 GEMM"
+				bad "$name: no v_wmma_f32_16x16x16_fp8_fp8 in the W4A8 matrix-core kernel"
 			fi
 		fi
 	done

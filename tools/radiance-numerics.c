@@ -11,6 +11,12 @@
  *   radiance-numerics w4a8 M N K       bf16 x[M][K], uint32 qweight[N][K/8],
  *                                      uint16 scales[N][K/128], fp32 bias[N]
  *                                                         -> bf16 y[M][N]
+ *   radiance-numerics w4a8-bound M N K fp32|fp8-sm90
+ *                                      the w4a8 input, then bf16 y[M][N] (a
+ *                                      path's output)     -> float64 exact[M][N],
+ *                                                            float64 allowed[M][N]
+ *                                      (docs/numerics.md "Contract"); stderr:
+ *                                      elements outside, worst fraction
  */
 #include <errno.h>
 #include <stdio.h>
@@ -18,6 +24,7 @@
 #include <string.h>
 
 #include "numerics.h"
+#include "numerics_bound.h"
 #include "w4a8_cpu.h"
 
 static void *read_all(size_t *len)
@@ -43,8 +50,60 @@ static void *read_all(size_t *len)
 static int usage(void)
 {
 	fprintf(stderr, "usage: radiance-numerics e4m3-encode|e4m3-decode|bf16-encode|f16-decode\n"
-			"       radiance-numerics quant-rows M K | w4a8 M N K  (binary stdin -> stdout)\n");
+			"       radiance-numerics quant-rows M K | w4a8 M N K  (binary stdin -> stdout)\n"
+			"       radiance-numerics w4a8-bound M N K fp32|fp8-sm90\n");
 	return 2;
+}
+
+/* w4a8-bound: the contract's bound for every element of y, and what falls
+ * outside it (the numerics gate's report, for scripts). */
+static int w4a8_bound(const unsigned char *in, size_t len, unsigned long m, unsigned long n, unsigned long k,
+		      enum radiance_acc acc)
+{
+	const size_t xb = m * k * 2, qb = n * (k / 8) * 4, sb = n * (k / 128) * 2, bb = n * 4, yb = m * n * 2;
+	if (k % 128 || len != xb + qb + sb + bb + yb) {
+		fprintf(stderr, "radiance-numerics: w4a8-bound wants K %% 128 == 0 and %zu bytes, got %zu\n",
+			xb + qb + sb + bb + yb, len);
+		return 1;
+	}
+	uint16_t *x = malloc(xb + 1), *sc = malloc(sb + 1), *y = malloc(yb + 1);
+	uint32_t *qw = malloc(qb + 1);
+	float *bias = malloc(bb + 1), *s = malloc(m * sizeof *s + 1);
+	uint8_t *codes = malloc(m * k + 1);
+	double *out = malloc(2 * m * n * sizeof *out + 1);
+	int rc = 1;
+	if (!x || !sc || !y || !qw || !bias || !s || !codes || !out) {
+		fprintf(stderr, "radiance-numerics: out of memory\n");
+		goto out;
+	}
+	/* each section to its own aligned buffer before reading it as its type */
+	memcpy(x, in, xb);
+	memcpy(qw, in + xb, qb);
+	memcpy(sc, in + xb + qb, sb);
+	memcpy(bias, in + xb + qb + sb, bb);
+	memcpy(y, in + xb + qb + sb + bb, yb);
+	for (unsigned long r = 0; r < m; r++)
+		s[r] = radiance_quant_row_e4m3(x + r * k, RADIANCE_DTYPE_BF16, (uint32_t)k, codes + r * k);
+	for (unsigned long r = 0; r < m; r++)
+		for (unsigned long j = 0; j < n; j++)
+			radiance_w4a8_bound(codes + r * k, s[r], qw + j * (k / 8), sc + j * (k / 128), bias[j],
+					    (uint32_t)k, acc, &out[r * n + j], &out[m * n + r * n + j]);
+	struct radiance_bound_report rep;
+	radiance_w4a8_bound_check(codes, s, qw, sc, bias, (uint32_t)m, (uint32_t)n, (uint32_t)k, acc, y, &rep);
+	fwrite(out, sizeof *out, 2 * m * n, stdout);
+	fprintf(stderr, "w4a8-bound: %zu of %zu outside, worst %.3f of allowed, %zu NaN mismatches\n", rep.outside,
+		rep.checked, rep.worst, rep.nan_mismatch);
+	rc = 0;
+out:
+	free(x);
+	free(sc);
+	free(y);
+	free(qw);
+	free(bias);
+	free(s);
+	free(codes);
+	free(out);
+	return rc;
 }
 
 int main(int argc, char **argv)
@@ -135,6 +194,11 @@ int main(int argc, char **argv)
 			free(sc);
 			free(bias);
 		}
+	} else if (strcmp(op, "w4a8-bound") == 0 && argc == 6 &&
+		   (strcmp(argv[5], "fp32") == 0 || strcmp(argv[5], "fp8-sm90") == 0)) {
+		rc = w4a8_bound(in, len, strtoul(argv[2], NULL, 10), strtoul(argv[3], NULL, 10),
+				strtoul(argv[4], NULL, 10),
+				strcmp(argv[5], "fp32") == 0 ? RADIANCE_ACC_FP32 : RADIANCE_ACC_FP8_SM90);
 	} else {
 		rc = usage();
 	}

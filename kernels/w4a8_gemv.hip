@@ -1,0 +1,370 @@
+/*
+ * The streaming decode kernel rad_w4a8_gemv (path DECODE on sm_90, m <= 16,
+ * when w4a8_plan.c picks it): the swap-AB f16 MMAs of w4a8_mma.h, weights
+ * through per-warp bulk-copy (TMA) rings, split-K from the planner; 1.1-1.65x
+ * the matrix-core kernel there (docs/gpu.md). NVIDIA only; on AMD this file
+ * compiles to nothing.
+ */
+#include <errno.h>
+
+#include "w4a8_mma.h"
+
+#ifdef RAD_HAVE_BULK
+/*
+ * GEMV (decode, m <= 16, sm_90): the same swap-AB f16 MMAs as the kernel
+ * above, organised for bytes in flight and few instructions per weight byte.
+ * A block is GV_WARPS independent warps; each owns NTW adjacent n-tiles and
+ * one split's K range. Its weight tiles and scale blocks stream through a
+ * private ring of `stages` shared-memory slots, a slot holding CG consecutive
+ * groups of its NTW tiles (NTW x CG KiB of weights), filled by 1-D
+ * bulk copies (TMA, one per tile and one per tile's scales: [n_tile][group]
+ * makes a tile's groups contiguous) that complete on one mbarrier per slot.
+ * No lane computes an address per 16 bytes and the ring costs no registers,
+ * so nearly all of shared memory is in flight. Per group the warp converts
+ * its activations once (e4m3 -> f16) for its NTW tiles, unpacks each weight
+ * word into f16 pairs (lop3 magic number, the zero point in the f16
+ * subtraction), and runs NT x NTW independent MMA chains (two per tile when
+ * there are few), scaled in fp32 per group. Split-K partials and the
+ * last-block fixup are those of the kernel above, per block column of
+ * GV_WARPS x NTW tiles.
+ */
+#define GV_WARPS RADIANCE_W4A8_GEMV_WARPS
+#define GV_THREADS (GV_WARPS * 32)
+#define GV_MAX_STAGES RADIANCE_W4A8_GEMV_MAX_STAGES
+#define GV_BAR_BYTES (GV_WARPS * GV_MAX_STAGES * 8)
+#define GV_SLOT(NTW, CG) ((uint32_t)(NTW) * (CG) * (RAD_TILE_BYTES + RAD_SCALE_BYTES))
+#define GV_MINB(TOK, NTW) ((TOK) / 8 * (NTW) >= 4 ? 3 : 4)
+
+template <int TOK, int NTW, int CG>
+__global__ void __launch_bounds__(GV_THREADS, GV_MINB(TOK, NTW)) rad_w4a8_gemv(gemm_params P, uint32_t stages)
+{
+	constexpr int NT = TOK / 8;                 /* 8-token tiles */
+	constexpr uint32_t GV_TILES = NTW * CG;      /* tile-groups per slot */
+	constexpr uint32_t SLOT = GV_SLOT(NTW, CG);
+	constexpr int CH = NT * NTW >= 4 ? 1 : 2;    /* MMA chains per (tile, token tile) */
+	extern __shared__ __align__(16) uint8_t dsmem[];
+	__shared__ uint32_t last_block;
+	const uint32_t tid = RAD_TID(), lane = tid & 31u, warp = tid >> 5;
+	const uint32_t tile0 = (RAD_BID_X() * GV_WARPS + warp) * NTW;
+	const uint32_t split = RAD_BID_Y(), nsplit = RAD_NBLK_Y();
+	const uint32_t G = P.groups;
+	const uint32_t g0 = G * split / nsplit, g1 = G * (split + 1) / nsplit;
+	const uint32_t L = g1 - g0;
+	const bool active = tile0 < P.ntiles;
+
+	float acc[NTW][NT][4];
+#pragma unroll
+	for (int j = 0; j < NTW; j++)
+#pragma unroll
+		for (int it = 0; it < NT; it++)
+#pragma unroll
+			for (int q = 0; q < 4; q++)
+				acc[j][it][q] = 0.f;
+
+	if (active && L > 0) {
+		const uint32_t bar0 = rad_smem_u32(dsmem) + warp * (GV_MAX_STAGES * 8u);
+		const uint8_t *ring = dsmem + GV_BAR_BYTES + warp * stages * SLOT;
+		if (lane == 0)
+			for (uint32_t s = 0; s < stages; s++)
+				rad_mbar_init(bar0 + 8u * s, 1);
+		rad_mbar_init_fence();
+		__syncwarp();
+		/* lane c < NTW copies tile c's weights of a slot's groups, lane
+		 * NTW + c their scale blocks; tiles past the last are clamped
+		 * (read, unused) */
+		const bool cw = lane < (uint32_t)NTW;
+		const uint32_t c = cw ? lane : (lane - NTW) % NTW;
+		uint32_t ct = tile0 + c;
+		ct = ct < P.ntiles ? ct : P.ntiles - 1;
+		const uint32_t cunit = cw ? RAD_TILE_BYTES : RAD_SCALE_BYTES;
+		const uint8_t *csrc = cw ? (const uint8_t *)P.w + ((size_t)ct * G + g0) * RAD_TILE_BYTES
+					 : P.sc + ((size_t)ct * G + g0) * RAD_SCALE_BYTES;
+		const uint32_t cdst = rad_smem_u32(ring) + (cw ? c * CG * RAD_TILE_BYTES
+							      : GV_TILES * RAD_TILE_BYTES + c * CG * RAD_SCALE_BYTES);
+		const bool copier = lane < 2u * NTW;
+		const uint32_t nslots = (L + CG - 1) / CG;
+		/* slot i holds groups g0 + CG i .. (at most CG, fewer in the last) */
+		auto issue = [&](uint32_t i, uint32_t s) {
+			const uint32_t nq = L - i * CG < (uint32_t)CG ? L - i * CG : (uint32_t)CG;
+			if (copier)
+				rad_bulk_g2s(cdst + s * SLOT, csrc + (size_t)i * CG * cunit, nq * cunit, bar0 + 8u * s);
+			if (lane == 0)
+				rad_mbar_arrive_tx(bar0 + 8u * s, nq * NTW * (RAD_TILE_BYTES + RAD_SCALE_BYTES));
+		};
+		const uint32_t pre = nslots < stages ? nslots : stages;
+		for (uint32_t i = 0; i < pre; i++)
+			issue(i, i);
+		/* the weights do not depend on the quant kernel before us: they
+		 * are in flight before we wait for its codes */
+		rad_grid_wait();
+
+		const uint8_t *abase[NT];
+#pragma unroll
+		for (int it = 0; it < NT; it++) {
+			uint32_t t = (uint32_t)it * 8u + (lane >> 2);
+			t = t < P.m ? t : P.m - 1;      /* rows past m: a valid row, output dropped */
+			abase[it] = P.codes + (size_t)t * P.k + (lane & 3u) * 32u + (size_t)g0 * RAD_GROUP;
+		}
+		/* activations of group gi (clamped to the range), two named
+		 * sets: the next group's load is in flight while one computes */
+		afrag A0[NT], A1[NT];
+		auto aload = [&](afrag (&a)[NT], uint32_t gi) {
+			gi = gi < L ? gi : L - 1;
+#pragma unroll
+			for (int it = 0; it < NT; it++)
+				afrag_load(a[it], abase[it] + (size_t)gi * RAD_GROUP);
+		};
+		/* one group: weights of its NTW tiles and their scales from the slot */
+		auto group = [&](const uint8_t *sw, const uint8_t *ss, const afrag (&a)[NT]) {
+			float d[NTW][NT][CH][4];
+#pragma unroll
+			for (int j = 0; j < NTW; j++)
+#pragma unroll
+				for (int it = 0; it < NT; it++)
+#pragma unroll
+					for (int e = 0; e < CH; e++)
+#pragma unroll
+						for (int q = 0; q < 4; q++)
+							d[j][it][e][q] = 0.f;
+			uint32_t wg[NTW][4], w8[NTW][4], sc[NTW];
+#pragma unroll
+			for (int j = 0; j < NTW; j++) {
+				const rad_u4 x = *(const rad_u4 *)(sw + j * CG * RAD_TILE_BYTES);
+				const rad_u4 y = *(const rad_u4 *)(sw + j * CG * RAD_TILE_BYTES + 512u);
+				wg[j][0] = x.x, wg[j][1] = x.y, wg[j][2] = x.z, wg[j][3] = x.w;
+				w8[j][0] = y.x, w8[j][1] = y.y, w8[j][2] = y.z, w8[j][3] = y.w;
+				sc[j] = *(const uint32_t *)(ss + j * CG * RAD_SCALE_BYTES);
+			}
+#pragma unroll
+			for (int w = 0; w < 4; w++) {
+				/* activation words 2w, 2w+1: k = 32t + 8w .. +7 */
+				uint32_t b[NT][4];
+#pragma unroll
+				for (int it = 0; it < NT; it++) {
+					const uint32_t lo = w < 2 ? (w == 0 ? a[it].lo.x : a[it].lo.z)
+								  : (w == 2 ? a[it].hi.x : a[it].hi.z);
+					const uint32_t hi = w < 2 ? (w == 0 ? a[it].lo.y : a[it].lo.w)
+								  : (w == 2 ? a[it].hi.y : a[it].hi.w);
+					e4m3x4_to_f16(lo, b[it][0], b[it][1]);
+					e4m3x4_to_f16(hi, b[it][2], b[it][3]);
+				}
+#pragma unroll
+				for (int j = 0; j < NTW; j++) {
+					uint32_t hg[4], h8[4];
+					rad_unpack8_f16(wg[j][w], hg);
+					rad_unpack8_f16(w8[j][w], h8);
+#pragma unroll
+					for (int it = 0; it < NT; it++) {
+						mma_f16(d[j][it][0], hg[0], h8[0], hg[1], h8[1], b[it][0], b[it][1]);
+						mma_f16(d[j][it][CH - 1], hg[2], h8[2], hg[3], h8[3], b[it][2], b[it][3]);
+					}
+				}
+			}
+#pragma unroll
+			for (int j = 0; j < NTW; j++) {
+				const float slo = rad_h2f(sc[j] & 0xFFFFu), shi = rad_h2f(sc[j] >> 16);
+#pragma unroll
+				for (int it = 0; it < NT; it++) {
+					float v[4];
+#pragma unroll
+					for (int q = 0; q < 4; q++)
+						v[q] = CH == 2 ? d[j][it][0][q] + d[j][it][CH - 1][q] : d[j][it][0][q];
+					acc[j][it][0] += v[0] * slo;
+					acc[j][it][1] += v[1] * slo;
+					acc[j][it][2] += v[2] * shi;
+					acc[j][it][3] += v[3] * shi;
+				}
+			}
+		};
+		/* this lane's bytes in slot 0: weights, scales */
+		const uint8_t *lw = ring + lane * 16u;
+		const uint8_t *ls = ring + GV_TILES * RAD_TILE_BYTES + (lane >> 2) * 4u;
+		uint32_t s = 0, ph = 0;
+		/* slot i; its first group's activations are in set P0 (group
+		 * parity: CG even keeps it, CG odd alternates, hence two slots
+		 * per iteration) */
+		auto slot = [&](uint32_t i, auto &P0, auto &P1) {
+			rad_mbar_wait(bar0 + 8u * s, ph);
+			const uint32_t off = s * SLOT;
+			const uint32_t nq = L - i * CG;
+#pragma unroll
+			for (int q = 0; q < CG; q++) {
+				if (q > 0 && (uint32_t)q >= nq)
+					break;
+				if (q % 2 == 0) {
+					aload(P1, i * CG + q + 1);
+					group(lw + off + q * RAD_TILE_BYTES, ls + off + q * RAD_SCALE_BYTES, P0);
+				} else {
+					aload(P0, i * CG + q + 1);
+					group(lw + off + q * RAD_TILE_BYTES, ls + off + q * RAD_SCALE_BYTES, P1);
+				}
+			}
+			__syncwarp();                  /* every lane has read the slot */
+			if (i + stages < nslots)
+				issue(i + stages, s);
+			if (++s == stages) {
+				s = 0;
+				ph ^= 1u;
+			}
+		};
+		aload(A0, 0);
+		for (uint32_t i = 0; i < nslots; i += 2) {
+			slot(i, A0, A1);
+			if (i + 1 >= nslots)
+				break;
+			if (CG % 2 == 0)
+				slot(i + 1, A0, A1);
+			else
+				slot(i + 1, A1, A0);
+		}
+	} else {
+		rad_grid_wait();
+	}
+
+	if (nsplit == 1) {
+		if (active)
+#pragma unroll
+			for (int j = 0; j < NTW; j++)
+#pragma unroll
+				for (int it = 0; it < NT; it++)
+#pragma unroll
+					for (int q = 0; q < 4; q++) {
+						uint32_t r, t;
+						acc_coord(it * 4 + q, lane, r, t);
+						const uint32_t n = (tile0 + j) * RAD_TILE_N + r;
+						if (n < P.n && t < P.m)
+							P.y[(size_t)t * P.n + n] = out_bf16(acc[j][it][q], P.s[t], P.bias, n);
+					}
+		return;
+	}
+
+	/* global split-K: partials [split][m][n]; the last block of this column
+	 * sums them in split order (deterministic) and writes y */
+	if (active)
+#pragma unroll
+		for (int j = 0; j < NTW; j++)
+#pragma unroll
+			for (int it = 0; it < NT; it++)
+#pragma unroll
+				for (int q = 0; q < 4; q++) {
+					uint32_t r, t;
+					acc_coord(it * 4 + q, lane, r, t);
+					const uint32_t n = (tile0 + j) * RAD_TILE_N + r;
+					if (n < P.n && t < P.m)
+						P.partials[((size_t)split * P.m + t) * P.n + n] = acc[j][it][q];
+				}
+	RAD_FENCE_DEVICE();
+	RAD_SYNC();
+	if (tid == 0)
+		last_block = rad_atomic_inc(&P.counters[RAD_BID_X()]) == nsplit - 1;
+	RAD_SYNC();
+	if (!last_block)
+		return;
+	RAD_FENCE_DEVICE();
+	const uint32_t bn = GV_WARPS * NTW * RAD_TILE_N, n0 = RAD_BID_X() * bn;
+	for (uint32_t idx = tid; idx < bn * P.m; idx += GV_THREADS) {
+		const uint32_t n = n0 + idx % bn, t = idx / bn;
+		if (n >= P.n)
+			continue;
+		float v = 0.f;
+		for (uint32_t sp = 0; sp < nsplit; sp++)
+			v += rad_ld_cg(P.partials + ((size_t)sp * P.m + t) * P.n + n);
+		P.y[(size_t)t * P.n + n] = out_bf16(v, P.s[t], P.bias, n);
+	}
+	if (tid == 0)
+		P.counters[RAD_BID_X()] = 0;
+}
+
+
+static size_t gemv_smem(uint32_t ntw, uint32_t cg, uint32_t stages)
+{
+	return GV_BAR_BYTES + (size_t)GV_WARPS * stages * GV_SLOT(ntw, cg);
+}
+
+template <int TOK, int NTW, int CG>
+static void gemv_attr(void)
+{
+	static int set;
+	if (!set) {
+		cudaFuncSetAttribute(rad_w4a8_gemv<TOK, NTW, CG>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+				     (int)gemv_smem(NTW, CG, GV_MAX_STAGES));
+		cudaFuncSetAttribute(rad_w4a8_gemv<TOK, NTW, CG>, cudaFuncAttributePreferredSharedMemoryCarveout, 100);
+		set = 1;
+	}
+}
+
+/* resident blocks per SM of an instance at a ring depth (0: none fit) */
+template <int TOK, int NTW, int CG>
+static int gemv_occ(uint32_t stages)
+{
+	gemv_attr<TOK, NTW, CG>();
+	int nb = 0;
+	if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, rad_w4a8_gemv<TOK, NTW, CG>, GV_THREADS,
+							  gemv_smem(NTW, CG, stages)) != cudaSuccess) {
+		(void)cudaGetLastError();
+		nb = 0;
+	}
+	return nb;
+}
+
+template <int TOK, int NTW, int CG>
+static void gemv_launch(const gemm_params &p, dim3 grid, uint32_t stages, hipStream_t st, int pdl)
+{
+	gemv_attr<TOK, NTW, CG>();
+	cudaLaunchConfig_t cfg = {};
+	cudaLaunchAttribute attr[1];
+	attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+	attr[0].val.programmaticStreamSerializationAllowed = 1;
+	cfg.gridDim = grid;
+	cfg.blockDim = dim3(GV_THREADS);
+	cfg.dynamicSmemBytes = gemv_smem(NTW, CG, stages);
+	cfg.stream = st;
+	cfg.attrs = attr;
+	cfg.numAttrs = pdl ? 1 : 0;
+	cudaLaunchKernelEx(&cfg, rad_w4a8_gemv<TOK, NTW, CG>, p, stages);
+}
+
+/* the instances of RADIANCE_W4A8_GEMV_INSTANCES, in its order */
+struct gemv_inst {
+	uint32_t tok, ntw, cg;
+	int (*occ)(uint32_t stages);
+	void (*launch)(const gemm_params &p, dim3 grid, uint32_t stages, hipStream_t st, int pdl);
+};
+#define GV_INST(T, N, C) {T, N, C, gemv_occ<T, N, C>, gemv_launch<T, N, C>},
+static const struct gemv_inst gemv_insts[] = {RADIANCE_W4A8_GEMV_INSTANCES(GV_INST)};
+#undef GV_INST
+#define GV_NINST (sizeof gemv_insts / sizeof gemv_insts[0])
+static_assert(GV_NINST == RADIANCE_W4A8_GEMV_NINST, "RADIANCE_W4A8_GEMV_NINST");
+
+static int gemv_find(uint32_t tok, uint32_t ntw, uint32_t cg)
+{
+	for (size_t i = 0; i < GV_NINST; i++)
+		if (gemv_insts[i].tok == tok && gemv_insts[i].ntw == ntw && gemv_insts[i].cg == cg)
+			return (int)i;
+	return -1;
+}
+
+extern "C" int radiance__w4a8_gemv_blocks(unsigned inst, uint32_t stages)
+{
+	static int cache[GV_NINST][GV_MAX_STAGES + 1];
+	int &c = cache[inst][stages];
+	if (c == 0) {
+		c = gemv_insts[inst].occ(stages);
+		if (c <= 0)
+			c = -1;
+	}
+	return c;
+}
+
+int radiance__w4a8_gemv_launch(const gemm_params &p, const struct radiance__w4a8_plan &plan, void *stream,
+			       int pdl)
+{
+	const int i = gemv_find(plan.tok, plan.ntw, plan.cg);
+	if (i < 0 || plan.stages < 1 || plan.stages > GV_MAX_STAGES)
+		return -EINVAL;
+	gemv_insts[i].launch(p, dim3(ceil_div(p.ntiles, GV_WARPS * plan.ntw), plan.split, 1), plan.stages,
+			     (hipStream_t)stream, pdl);
+	return radiance__gpu_check_launch("w4a8 gemv kernel");
+}
+
+#endif

@@ -1,0 +1,65 @@
+/*
+ * W4A8 GEMM on the device weight layout of kernels/numerics_gpu.h:
+ *   y[m][n] = bf16( sum_g (sum_{k in g} e4m3(q[m][k]) * v[n][k]) * scale[g][n] * s[m] + bias[n] )
+ *
+ * The dispatcher: radiance__w4a8_plan (plain C, w4a8_plan.c) picks the path
+ * and launch shape, this file fills the kernel parameters and calls the
+ * kernel's launcher. The kernels, one file each (vLLM's Marlin split):
+ *
+ *   w4a8_mma.hip      DECODE / TILED: the matrix-core kernel (mma.sync
+ *                     m16n8k16 f16 on NVIDIA, v_wmma_f32_16x16x16_fp8_fp8 on
+ *                     gfx12), split-K, tiled over tokens for prefill;
+ *   w4a8_gemv.hip     DECODE on sm_90, m <= 16: the bulk-copy streaming kernel;
+ *   w4a8_wgmma.hip    WGMMA: the sm_90a fp8 prefill (prefill = fast);
+ *   w4a8_portable.hip PORTABLE: bit-identical to the CPU reference, any GPU;
+ *   w4a8_repack.hip   the weight repack and the bf16 dequantization.
+ *
+ * Fragments of the matrix-core kernels: w4a8_mma.h; register dequantization
+ * (int4 -> f16 / e4m3, e4m3 -> f16): w4a8_dequant.h; what they share:
+ * w4a8_kernels.h. docs/gpu.md has the measurements.
+ */
+#include <errno.h>
+
+#include "w4a8_kernels.h"
+
+extern "C" int radiance__w4a8_gemm(const struct radiance__gpu_device *dev, const struct radiance__w4a8_args *a,
+				   void *stream)
+{
+	if (a->m == 0 && a->n && a->k && a->k % RAD_GROUP == 0)
+		return 0;
+	struct radiance__w4a8_plan plan;
+	int rc = radiance__w4a8_plan(dev, a, &plan);
+	if (rc)
+		return rc;
+	gemm_params p;
+	p.codes = a->codes;
+	p.s = a->s;
+	p.w = (const rad_u4 *)a->w;
+	p.sc = (const uint8_t *)a->sc;
+	p.bias = a->bias;
+	p.y = a->y;
+	p.partials = a->partials;
+	p.counters = a->counters;
+	p.m = a->m;
+	p.n = a->n;
+	p.k = a->k;
+	p.groups = a->k / RAD_GROUP;
+	p.ntiles = ceil_div(a->n, RAD_TILE_N);
+	p.wk = plan.wk;
+	p.wn = GEMM_WARPS / plan.wk;
+
+	switch (plan.path) {
+	case RADIANCE_W4A8_PORTABLE:
+		return radiance__w4a8_portable_launch(p, stream);
+	case RADIANCE_W4A8_WGMMA:
+		return radiance__w4a8_wgmma_launch(a->codes, a->s, a->w, a->sc, a->bias, a->y, a->m, a->n, a->k,
+						   plan.tok, stream);
+	default:
+		break;
+	}
+#ifdef RAD_HAVE_BULK
+	if (plan.ntw)
+		return radiance__w4a8_gemv_launch(p, plan, stream, a->pdl);
+#endif
+	return radiance__w4a8_mma_launch(p, plan, stream, a->pdl);
+}

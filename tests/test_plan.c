@@ -1,0 +1,425 @@
+/*
+ * The W4A8 launch planner (kernels/w4a8_plan.c) on the CPU, against plans
+ * that were chosen on real hardware or follow by hand from the documented
+ * policy:
+ *   - the 27B shapes at M = 1..2048 on an H200 give the plans the H200 run
+ *     of bench/results/w4a8-2026-11-30.csv printed (its "plan" column), from
+ *     an occupancy model of the streaming kernel built from its sm_90a
+ *     register counts (nvcc -Xptxas -v) and shared-memory size;
+ *   - fast prefill picks wgmma and its 96-token tile where 128 leaves SMs idle;
+ *   - MiniLM shapes (384x384, 1536x384, 384x1536), worked out from the
+ *     policy's rules in the comments below;
+ *   - sm_89 (no streaming kernel, no wgmma), no fp8 (portable), gfx1201
+ *     (16-token WMMA tiles), forced paths and splits, the decode overrides;
+ *   - invariants over a grid: a split never exceeds the partials or
+ *     split * m <= RADIANCE_W4A8_SPLIT_ROWS, a global split leaves every
+ *     warp >= 4 groups, and the plan's code order is its path's;
+ *   - edge cases: K not a multiple of the group, zero m/n/k (-EINVAL), N of
+ *     one output.
+ */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "w4a8_plan.h"
+
+/* Registers per thread of each streaming-kernel instance, in the order of
+ * RADIANCE_W4A8_GEMV_INSTANCES, as ptxas reported them for sm_90a (nvcc
+ * 13.0, kernels/w4a8_gemv.hip; tools/gpu-compile-check.sh prints them). */
+static const unsigned gemv_regs[RADIANCE_W4A8_GEMV_NINST] = {71, 70, 71, 90, 92, 120, 96, 104, 102, 116, 118};
+static const unsigned gemv_ntw[RADIANCE_W4A8_GEMV_NINST] = {1, 1, 1, 2, 2, 4, 1, 1, 1, 2, 2};
+static const unsigned gemv_cg[RADIANCE_W4A8_GEMV_NINST] = {1, 2, 4, 1, 2, 1, 1, 2, 4, 1, 2};
+
+/* sm_90 occupancy as the CUDA occupancy calculator computes it: registers
+ * in units of 256 per warp, 65536 per SM; 228 KiB shared memory per SM, 1 KiB
+ * reserved per block, 227 KiB at most per block; 16 blocks of 128 threads. */
+static int h200_gemv_blocks(unsigned inst, uint32_t stages)
+{
+	const unsigned warp_regs = (gemv_regs[inst] * 32 + 255) / 256 * 256;
+	const unsigned by_regs = 65536 / warp_regs / RADIANCE_W4A8_GEMV_WARPS;
+	/* w4a8_gemv.hip: barriers, then each warp's ring of slots of ntw x cg
+	 * (1 KiB weights + 32 B scales) */
+	const unsigned smem = RADIANCE_W4A8_GEMV_WARPS * RADIANCE_W4A8_GEMV_MAX_STAGES * 8 +
+			      RADIANCE_W4A8_GEMV_WARPS * stages * gemv_ntw[inst] * gemv_cg[inst] * 1056;
+	if (smem > 227 * 1024)
+		return 0;
+	const unsigned by_smem = 228 * 1024 / (smem + 1024);
+	unsigned b = by_regs < by_smem ? by_regs : by_smem;
+	return (int)(b < 16 ? b : 16);
+}
+
+static struct radiance__gpu_device h200(void)
+{
+	struct radiance__gpu_device d = {0};
+	snprintf(d.name, sizeof d.name, "NVIDIA H200");
+	snprintf(d.vendor, sizeof d.vendor, "cuda");
+	d.sm_count = 132;
+	d.cc_major = 9;
+	d.fp8_mma = 1;
+	d.wgmma = 1;
+	d.gemv_blocks = h200_gemv_blocks;
+	return d;
+}
+
+/* The backend's scratch for max_n (kernels/gpu_layer.hip sizes it so). */
+static float partials_mem[1];
+static uint32_t counters_mem[1];
+static struct radiance__w4a8_args args(uint32_t m, uint32_t n, uint32_t k)
+{
+	struct radiance__w4a8_args a = {
+		.m = m, .n = n, .k = k,
+		.w = (const void *)(uintptr_t)0x10000, .sc = (const void *)(uintptr_t)0x20000,
+		.partials = partials_mem, .partials_bytes = radiance__w4a8_partials_bytes(64, 65536),
+		.counters = counters_mem, .counters_n = radiance__w4a8_counters_needed(65536),
+		.max_decode_rows = 64,
+	};
+	return a;
+}
+
+/* The bench's plan string (bench/bench_w4a8.c plan_str). */
+static void plan_str(char *buf, size_t len, const struct radiance__w4a8_plan *p)
+{
+	static const char *pn[] = {"auto", "decode", "tiled", "wgmma", "portable"};
+	if (p->path == RADIANCE_W4A8_DECODE && p->ntw)
+		snprintf(buf, len, "gemv t%u n%u c%u q%u s%u", p->tok, p->ntw, p->cg, p->stages, p->split);
+	else if (p->path == RADIANCE_W4A8_DECODE || p->path == RADIANCE_W4A8_TILED)
+		snprintf(buf, len, "%s t%u wk%u s%u", pn[p->path], p->tok, p->wk, p->split);
+	else if (p->path == RADIANCE_W4A8_WGMMA)
+		snprintf(buf, len, "wgmma t%u", p->tok);
+	else
+		snprintf(buf, len, "%s", pn[p->path]);
+}
+
+static void expect(const struct radiance__gpu_device *d, const struct radiance__w4a8_args *a, const char *want)
+{
+	struct radiance__w4a8_plan p;
+	char got[64];
+	assert_int_equal(radiance__w4a8_plan(d, a, &p), 0);
+	plan_str(got, sizeof got, &p);
+	if (strcmp(got, want) != 0)
+		fail_msg("%s %ux%u m=%u: planned '%s', expected '%s'", d->name, a->n, a->k, a->m, got, want);
+}
+
+/* bench/results/w4a8-2026-11-30.csv, columns shape, m, plan (H200) */
+static const struct {
+	uint32_t n, k, m;
+	const char *plan;
+} h200_plans[] = {
+	{16384, 5120, 1, "gemv t8 n1 c2 q2 s3"},   {16384, 5120, 4, "gemv t8 n1 c2 q2 s3"},
+	{16384, 5120, 8, "gemv t8 n1 c2 q2 s3"},   {16384, 5120, 16, "gemv t16 n1 c2 q2 s2"},
+	{16384, 5120, 32, "decode t32 wk1 s2"},    {16384, 5120, 64, "decode t64 wk1 s2"},
+	{16384, 5120, 256, "tiled t64 wk1 s1"},    {16384, 5120, 2048, "tiled t64 wk1 s1"},
+	{14336, 5120, 1, "gemv t8 n1 c2 q2 s4"},   {14336, 5120, 4, "gemv t8 n1 c2 q2 s4"},
+	{14336, 5120, 8, "gemv t8 n1 c2 q2 s4"},   {14336, 5120, 16, "gemv t16 n1 c2 q2 s2"},
+	{14336, 5120, 32, "decode t32 wk1 s2"},    {14336, 5120, 64, "decode t64 wk1 s2"},
+	{14336, 5120, 256, "tiled t64 wk1 s1"},    {14336, 5120, 2048, "tiled t64 wk1 s1"},
+	{5120, 6144, 1, "gemv t8 n1 c2 q2 s8"},    {5120, 6144, 4, "gemv t8 n1 c2 q2 s8"},
+	{5120, 6144, 8, "gemv t8 n1 c2 q2 s8"},    {5120, 6144, 16, "gemv t16 n1 c2 q2 s4"},
+	{5120, 6144, 32, "decode t32 wk2 s3"},     {5120, 6144, 64, "decode t64 wk2 s3"},
+	{5120, 6144, 256, "tiled t64 wk1 s1"},     {5120, 6144, 2048, "tiled t64 wk1 s1"},
+	{34816, 5120, 1, "gemv t8 n1 c2 q2 s1"},   {34816, 5120, 4, "gemv t8 n1 c2 q2 s1"},
+	{34816, 5120, 8, "gemv t8 n1 c2 q2 s1"},   {34816, 5120, 16, "gemv t16 n2 c2 q2 s1"},
+	{34816, 5120, 32, "decode t32 wk1 s3"},    {34816, 5120, 64, "decode t64 wk1 s2"},
+	{34816, 5120, 256, "tiled t64 wk1 s1"},    {34816, 5120, 2048, "tiled t64 wk1 s1"},
+	{5120, 17408, 1, "gemv t8 n1 c2 q2 s8"},   {5120, 17408, 4, "gemv t8 n1 c2 q2 s8"},
+	{5120, 17408, 8, "gemv t8 n1 c2 q2 s8"},   {5120, 17408, 16, "gemv t16 n1 c2 q2 s6"},
+	{5120, 17408, 32, "decode t32 wk1 s6"},    {5120, 17408, 64, "decode t64 wk2 s3"},
+	{5120, 17408, 256, "tiled t64 wk1 s1"},    {5120, 17408, 2048, "tiled t64 wk1 s1"},
+};
+
+static void h200_27b_shapes(void **state)
+{
+	(void)state;
+	const struct radiance__gpu_device d = h200();
+	for (size_t i = 0; i < sizeof h200_plans / sizeof h200_plans[0]; i++) {
+		struct radiance__w4a8_args a = args(h200_plans[i].m, h200_plans[i].n, h200_plans[i].k);
+		expect(&d, &a, h200_plans[i].plan);
+	}
+}
+
+/* prefill = fast: wgmma above the decode band, 96-token tiles where the
+ * 128-token grid (ceil(m/128) x ceil(n/128) blocks) is under one block per
+ * SM and the 96-token one is larger; decode unchanged */
+static void h200_fast_prefill(void **state)
+{
+	(void)state;
+	const struct radiance__gpu_device d = h200();
+	const struct radiance__w4a8_settings fast = {.prefill = RADIANCE_PREFILL_FAST};
+	struct radiance__w4a8_args a = args(256, 5120, 17408);
+	a.settings = &fast;
+	expect(&d, &a, "wgmma t96");            /* 2 x 40 = 80 < 132 blocks; 3 x 40 = 120 */
+	a = args(256, 16384, 5120);
+	a.settings = &fast;
+	expect(&d, &a, "wgmma t128");           /* 2 x 128 = 256 blocks fill the GPU */
+	a = args(2048, 5120, 6144);
+	a.settings = &fast;
+	expect(&d, &a, "wgmma t128");
+	a = args(65, 5120, 6144);
+	a.settings = &fast;
+	expect(&d, &a, "wgmma t128");           /* 1 x 40 blocks either way */
+	a = args(16, 5120, 6144);
+	a.settings = &fast;
+	expect(&d, &a, "gemv t16 n1 c2 q2 s4");
+	struct radiance__w4a8_plan p;
+	assert_int_equal(radiance__w4a8_plan(&d, &a, &p), 0);
+	assert_int_equal(p.order, RADIANCE_CODES_NATURAL);
+	a = args(300, 5120, 6144);
+	a.settings = &fast;
+	assert_int_equal(radiance__w4a8_plan(&d, &a, &p), 0);
+	assert_int_equal(p.path, RADIANCE_W4A8_WGMMA);
+	assert_int_equal(p.order, RADIANCE_CODES_WGMMA);
+	/* the tile setting overrides the policy both ways */
+	const struct radiance__w4a8_settings t128 = {.prefill = RADIANCE_PREFILL_FAST, .wgmma_tile = 128};
+	const struct radiance__w4a8_settings t96 = {.prefill = RADIANCE_PREFILL_FAST, .wgmma_tile = 96};
+	a = args(256, 5120, 17408);
+	a.settings = &t128;
+	expect(&d, &a, "wgmma t128");
+	a = args(2048, 16384, 5120);
+	a.settings = &t96;
+	expect(&d, &a, "wgmma t96");
+	/* exact (the default) keeps the f16 tensor cores; forcing wgmma where it
+	 * is not built falls back to them */
+	a = args(256, 5120, 17408);
+	expect(&d, &a, "tiled t64 wk1 s1");
+	struct radiance__gpu_device nowg = d;
+	nowg.wgmma = 0;
+	a.settings = &fast;
+	expect(&nowg, &a, "tiled t64 wk1 s1");
+	a.path = RADIANCE_W4A8_WGMMA;
+	expect(&nowg, &a, "tiled t64 wk1 s1");
+}
+
+/*
+ * MiniLM-L6 (hidden 384, intermediate 1536), by the policy's rules:
+ *   M=1 384x384: 24 n-tiles, 3 groups; the t8 n1 c2 q2 instance fits 7
+ *     blocks per SM (70 registers), 6 block columns << 924; S = min(924/6,
+ *     8, G/4 = 0) -> 1.
+ *   M=1 384x1536: 12 groups, G/4 = 3; partial traffic 0.2 * 384*1536*0.516 /
+ *     (8*384) = 19.8 -> S = 3.
+ *   M=32 (the matrix-core kernel, 32-token tile): 3 groups cannot give a
+ *     warp 4 groups under any K split -> wk 1, s 1; 12 groups (K = 1536)
+ *     allow wk*s up to 3.
+ *   M=512: tiled over 8 token blocks, no global split (a launch of several
+ *     token blocks has no split-K fixup); K slices within a block only as
+ *     far as the groups go.
+ */
+static void h200_minilm(void **state)
+{
+	(void)state;
+	const struct radiance__gpu_device d = h200();
+	struct radiance__w4a8_args a = args(1, 384, 384);
+	expect(&d, &a, "gemv t8 n1 c2 q2 s1");
+	a = args(1, 1536, 384);
+	expect(&d, &a, "gemv t8 n1 c2 q2 s1");
+	a = args(1, 384, 1536);
+	expect(&d, &a, "gemv t8 n1 c2 q2 s3");
+	a = args(32, 384, 384);
+	expect(&d, &a, "decode t32 wk1 s1");
+	struct radiance__w4a8_plan p;
+	for (int i = 0; i < 2; i++) {
+		a = args(512, i ? 1536 : 384, 384);
+		assert_int_equal(radiance__w4a8_plan(&d, &a, &p), 0);
+		assert_int_equal(p.path, RADIANCE_W4A8_TILED);
+		assert_int_equal(p.tok, 64);
+		assert_int_equal(p.split, 1);
+		assert_true(p.wk <= 3);
+	}
+	a = args(32, 384, 1536);
+	assert_int_equal(radiance__w4a8_plan(&d, &a, &p), 0);
+	assert_int_equal(p.path, RADIANCE_W4A8_DECODE);
+	assert_int_equal(p.tok, 32);
+	assert_true(p.wk * p.split <= 3);
+}
+
+/* other devices: what each can run */
+static void other_devices(void **state)
+{
+	(void)state;
+	struct radiance__gpu_device ada = {.name = "sm_89", .vendor = "cuda", .sm_count = 142, .cc_major = 8,
+					   .cc_minor = 9, .fp8_mma = 1};
+	struct radiance__w4a8_args a = args(1, 16384, 5120);
+	struct radiance__w4a8_plan p;
+	assert_int_equal(radiance__w4a8_plan(&ada, &a, &p), 0);
+	/* no streaming kernel below sm_90: the cp.async-ring kernel, 8-token tile */
+	assert_int_equal(p.path, RADIANCE_W4A8_DECODE);
+	assert_int_equal(p.ntw, 0);
+	assert_int_equal(p.tok, 8);
+	const struct radiance__w4a8_settings fast = {.prefill = RADIANCE_PREFILL_FAST};
+	a = args(2048, 16384, 5120);
+	a.settings = &fast;
+	expect(&ada, &a, "tiled t64 wk1 s1");
+
+	struct radiance__gpu_device ampere = {.name = "sm_80", .vendor = "cuda", .sm_count = 108, .cc_major = 8};
+	for (uint32_t m = 1; m <= 2048; m *= 4) {
+		a = args(m, 5120, 6144);
+		expect(&ampere, &a, "portable");
+		a.path = RADIANCE_W4A8_DECODE;
+		expect(&ampere, &a, "portable");
+	}
+
+	/* gfx1201: WMMA 16x16, so the smallest token tile is 16; no streaming
+	 * kernel even with an occupancy callback (vendor hip) */
+	struct radiance__gpu_device rdna = {.name = "gfx1201", .vendor = "hip", .sm_count = 64, .cc_major = 0x12,
+					    .cc_minor = 1, .fp8_mma = 1, .gemv_blocks = h200_gemv_blocks};
+	a = args(1, 5120, 17408);
+	assert_int_equal(radiance__w4a8_plan(&rdna, &a, &p), 0);
+	assert_int_equal(p.path, RADIANCE_W4A8_DECODE);
+	assert_int_equal(p.tok, 16);
+	assert_int_equal(p.ntw, 0);
+	a = args(17, 5120, 17408);
+	assert_int_equal(radiance__w4a8_plan(&rdna, &a, &p), 0);
+	assert_int_equal(p.tok, 32);
+	a = args(2048, 5120, 17408);
+	a.settings = &fast;
+	expect(&rdna, &a, "tiled t64 wk1 s1");
+}
+
+/* the decode overrides (bench --sweep, test_gpu) and forced splits */
+static void overrides(void **state)
+{
+	(void)state;
+	const struct radiance__gpu_device d = h200();
+	const struct radiance__w4a8_settings ring = {.decode_kernel = 1};
+	struct radiance__w4a8_args a = args(1, 16384, 5120);
+	a.settings = &ring;
+	struct radiance__w4a8_plan p;
+	assert_int_equal(radiance__w4a8_plan(&d, &a, &p), 0);
+	assert_int_equal(p.path, RADIANCE_W4A8_DECODE);
+	assert_int_equal(p.ntw, 0);
+	assert_int_equal(p.tok, 8);
+	const struct radiance__w4a8_settings inst = {.decode_kernel = 2, .decode_ntw = 2, .decode_cg = 1,
+						     .decode_stages = 3};
+	a.settings = &inst;
+	a.split = 5;
+	expect(&d, &a, "gemv t8 n2 c1 q3 s5");
+	/* a forced split on the matrix-core kernel, even below 4 groups a warp */
+	a = args(33, 200, 640);
+	a.split = 3;
+	expect(&d, &a, "decode t64 wk1 s3");
+	/* no partials: no global split */
+	a = args(1, 72, 4096);
+	a.partials = NULL;
+	expect(&d, &a, "gemv t8 n1 c2 q2 s1");
+	a = args(1, 72, 4096);
+	expect(&d, &a, "gemv t8 n1 c2 q2 s8");
+	/* weights not 16-byte aligned: no bulk copies, the ring kernel */
+	a.w = (const void *)(uintptr_t)0x10008;
+	assert_int_equal(radiance__w4a8_plan(&d, &a, &p), 0);
+	assert_int_equal(p.ntw, 0);
+	/* decode forced past m = 64 is tiled (two token blocks: no global split) */
+	a = args(65, 5120, 6144);
+	a.path = RADIANCE_W4A8_DECODE;
+	assert_int_equal(radiance__w4a8_plan(&d, &a, &p), 0);
+	assert_int_equal(p.path, RADIANCE_W4A8_TILED);
+	assert_int_equal(p.tok, 64);
+	assert_int_equal(p.split, 1);
+	/* max_decode_rows moves the band's edge */
+	a = args(40, 5120, 6144);
+	a.max_decode_rows = 32;
+	assert_int_equal(radiance__w4a8_plan(&d, &a, &p), 0);
+	assert_int_equal(p.path, RADIANCE_W4A8_TILED);
+	assert_int_equal(p.tok, 64);
+}
+
+static void edge_cases(void **state)
+{
+	(void)state;
+	const struct radiance__gpu_device d = h200();
+	struct radiance__w4a8_plan p = {.tok = 12345};
+	struct radiance__w4a8_args a = args(1, 5120, 200);   /* K not a multiple of 128 */
+	assert_int_equal(radiance__w4a8_plan(&d, &a, &p), -EINVAL);
+	assert_int_equal(p.tok, 12345);                         /* untouched */
+	a = args(1, 5120, 5120 + 64);
+	assert_int_equal(radiance__w4a8_plan(&d, &a, &p), -EINVAL);
+	a = args(0, 5120, 5120);
+	assert_int_equal(radiance__w4a8_plan(&d, &a, &p), -EINVAL);
+	a = args(1, 0, 5120);
+	assert_int_equal(radiance__w4a8_plan(&d, &a, &p), -EINVAL);
+	a = args(1, 5120, 0);
+	assert_int_equal(radiance__w4a8_plan(&d, &a, &p), -EINVAL);
+	/* one output, one n-tile: K = 5120 is 40 groups, G/4 = 10, capped at 8;
+	 * at m = 16 the partial traffic caps it at 0.2 * 5120 * 0.516 / (8 * 16)
+	 * = 4.1 -> 4 */
+	a = args(1, 1, 5120);
+	expect(&d, &a, "gemv t8 n1 c2 q2 s8");
+	a = args(16, 1, 5120);
+	expect(&d, &a, "gemv t16 n1 c2 q2 s4");
+	/* one group: never split */
+	a = args(1, 16, 128);
+	expect(&d, &a, "gemv t8 n1 c2 q2 s1");
+	a = args(64, 16, 128);
+	expect(&d, &a, "decode t64 wk1 s1");
+	/* sizes of the device arrays: 16-row tiles of 1 KiB and 32 B per group */
+	assert_int_equal(radiance__w4a8_weight_bytes(17, 256), 2 * 2 * 1024);
+	assert_int_equal(radiance__w4a8_scale_bytes(17, 256), 2 * 2 * 32);
+	assert_int_equal(radiance__w4a8_counters_needed(17), 2);
+	assert_int_equal(radiance__w4a8_partials_bytes(64, 1000), 256 * 1000 * 4);
+}
+
+/* invariants of every plan over a grid of shapes, rows and devices */
+static void invariants(void **state)
+{
+	(void)state;
+	const struct radiance__gpu_device devs[] = {
+		h200(),
+		{.name = "gfx1201", .vendor = "hip", .sm_count = 64, .cc_major = 0x12, .fp8_mma = 1},
+	};
+	static const uint32_t ns[] = {1, 16, 72, 200, 384, 1536, 5120, 14336, 34816};
+	static const uint32_t ks[] = {128, 384, 640, 1536, 5120, 17408};
+	static const uint32_t ms[] = {1, 2, 3, 7, 8, 9, 16, 17, 31, 33, 64, 65, 100, 256, 1000, 2048};
+	size_t plans = 0;
+	for (size_t di = 0; di < sizeof devs / sizeof devs[0]; di++)
+		for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++)
+			for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++)
+				for (size_t mi = 0; mi < sizeof ms / sizeof ms[0]; mi++) {
+					const uint32_t n = ns[ni], k = ks[ki], m = ms[mi], G = k / 128;
+					struct radiance__w4a8_args a = args(m, n, k);
+					a.partials_bytes = radiance__w4a8_partials_bytes(64, n);
+					struct radiance__w4a8_plan p;
+					assert_int_equal(radiance__w4a8_plan(&devs[di], &a, &p), 0);
+					plans++;
+					assert_int_equal(p.order, p.path == RADIANCE_W4A8_WGMMA ? RADIANCE_CODES_WGMMA
+												: RADIANCE_CODES_NATURAL);
+					if (m <= 64)
+						assert_int_equal(p.path, RADIANCE_W4A8_DECODE);
+					else
+						assert_int_equal(p.path, RADIANCE_W4A8_TILED);
+					assert_true(p.split >= 1 && p.wk >= 1);
+					if (p.split > 1) {
+						assert_true((uint64_t)p.split * m <= RADIANCE_W4A8_SPLIT_ROWS);
+						assert_true((uint64_t)p.split * m * n * 4 <= a.partials_bytes);
+					}
+					/* a global split leaves every warp a batch of 4 groups */
+					if (p.split > 1)
+						assert_true(G / (p.wk * p.split) >= 4);
+					assert_true(p.wk * p.split <= G);
+					if (p.ntw) {
+						assert_true(m <= 16);
+						assert_true(p.stages >= 1 && p.stages <= RADIANCE_W4A8_GEMV_MAX_STAGES);
+					} else {
+						assert_true(p.tok >= m || p.tok == 64);
+						assert_true(p.tok >= (devs[di].vendor[0] == 'h' ? 16u : 8u));
+					}
+				}
+	assert_int_equal(plans, 2 * 9 * 6 * 16);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(h200_27b_shapes),
+		cmocka_unit_test(h200_fast_prefill),
+		cmocka_unit_test(h200_minilm),
+		cmocka_unit_test(other_devices),
+		cmocka_unit_test(overrides),
+		cmocka_unit_test(edge_cases),
+		cmocka_unit_test(invariants),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
