@@ -317,6 +317,18 @@ int radiance__ck_build_tensors(struct ck_loader *L, struct radiance_model *m)
 		ck_err(L, "shared tensors of \"%s\": sealing the memfd: %s", m->name, strerror(errno));
 		goto out;
 	}
+	/* What clients get is a read-only open of it (as wl_shm compositors
+	 * take sealed memfds): a mapping of an O_RDONLY fd can never become
+	 * writable (mprotect: EACCES), and kernels before 6.7 refuse even a
+	 * read-only MAP_SHARED of a write-sealed memfd opened for writing.
+	 * Without /proc the seals alone stand guard. */
+	char self[64];
+	snprintf(self, sizeof self, "/proc/self/fd/%d", fd);
+	int ro = open(self, O_RDONLY | O_CLOEXEC);
+	if (ro >= 0) {
+		close(fd);
+		fd = ro;
+	}
 	m->tensors_fd = fd;
 	fd = -1;
 out:

@@ -226,4 +226,65 @@ static inline int raw_expect_closed(struct raw *w)
 	return code;
 }
 
+/* --- an older daemon ----------------------------------------------------- */
+
+/* A radianced from before the optional features (mapped weights, shared
+ * tensors), forked: listens on path, answers one Hello with a Welcome that
+ * has neither map_layout_version nor tensors_version, then reads until EOF.
+ * Exits 0 when nothing but the Hello came, 3 when another message did (a
+ * real old daemon would have ended the session over it). */
+static inline pid_t raw_old_daemon(const char *path)
+{
+	int ls = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	assert_true(ls >= 0);
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
+	assert_int_equal(bind(ls, (struct sockaddr *)&sa, sizeof sa), 0);
+	assert_int_equal(listen(ls, 1), 0);
+	fflush(NULL);
+	pid_t pid = fork();
+	assert_true(pid >= 0);
+	if (pid > 0) {
+		close(ls);
+		return pid;
+	}
+	int fd = accept(ls, NULL, NULL);
+	struct radiance_conn c;
+	if (fd < 0 || radiance_conn_init(&c, fd, RADIANCE_MAX_FRAME, 8) < 0)
+		_exit(2);
+	int frames = 0, other = 0;
+	for (;;) {
+		const uint8_t *data;
+		size_t len;
+		int rc = radiance_conn_next_frame(&c, &data, &len);
+		if (rc == 1) {
+			Radiance__ClientMessage *m = radiance_proto_unpack_client(data, len);
+			if (!m)
+				_exit(2);
+			if (frames++ == 0 && m->msg_case == RADIANCE__CLIENT_MESSAGE__MSG_HELLO) {
+				Radiance__Welcome w = RADIANCE__WELCOME__INIT;
+				Radiance__ServerMessage sm = RADIANCE__SERVER_MESSAGE__INIT;
+				w.protocol_version = RADIANCE_PROTOCOL_VERSION;
+				w.server_version = "0.1.0-old";
+				w.backend = "cuda";
+				w.device = "an old one";
+				w.max_rows = 16;
+				sm.tag = m->tag;
+				sm.msg_case = RADIANCE__SERVER_MESSAGE__MSG_WELCOME;
+				sm.welcome = &w;
+				if (radiance_proto_queue_server(&c, &sm, NULL, 0) < 0 || radiance_conn_flush(&c) < 0)
+					_exit(2);
+			} else {
+				other = 1;
+			}
+			radiance__client_message__free_unpacked(m, NULL);
+			continue;
+		}
+		rc = radiance_conn_read(&c);
+		if (rc <= 0)
+			break;
+	}
+	_exit(other ? 3 : 0);
+}
+
 #endif
