@@ -870,6 +870,13 @@ class Model:
         error."""
         return self._tensors().tensors
 
+    @property
+    def shared_bytes(self) -> int:
+        """Size of the memfd holding the shared tensors (a multiple of 4096):
+        what the daemon charges the model for them, once, in its
+        resident_bytes. Maps them on first use, as ``tensors``."""
+        return self._tensors().bytes
+
     def tensor(self, name: str) -> np.ndarray:
         """The shared tensor called `name` as a read-only numpy array of its
         shape, in its checkpoint dtype (BF16 as ``ml_dtypes.bfloat16``, F16
