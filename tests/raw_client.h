@@ -226,6 +226,37 @@ static inline int raw_expect_closed(struct raw *w)
 	return code;
 }
 
+/* Loads the checkpoint directory dir (config.json, quantization_config.json,
+ * model.safetensors) on w and returns its model id; fails the test unless
+ * the load succeeds. */
+static inline uint32_t raw_load_dir(struct raw *w, const char *dir)
+{
+	char *names[] = { "config.json", "quantization_config.json", "model.safetensors" };
+	int fds[3];
+	for (int i = 0; i < 3; i++) {
+		char p[600];
+		snprintf(p, sizeof p, "%s/%s", dir, names[i]);
+		fds[i] = open(p, O_RDONLY | O_CLOEXEC);
+		assert_true(fds[i] >= 0);
+	}
+	raw_send_load_model(w, names, 3, fds, 3);
+	for (int i = 0; i < 3; i++)
+		close(fds[i]);
+	Radiance__ServerMessage *reply;
+	uint32_t id = 0;
+	for (;;) {
+		assert_int_equal(raw_recv(w, &reply, 20000), 1);
+		int c = reply->msg_case;
+		if (c == RADIANCE__SERVER_MESSAGE__MSG_MODEL_INFO)
+			id = reply->model_info->model_id;
+		radiance__server_message__free_unpacked(reply, NULL);
+		if (c != RADIANCE__SERVER_MESSAGE__MSG_LOAD_PROGRESS) {
+			assert_int_equal(c, RADIANCE__SERVER_MESSAGE__MSG_MODEL_INFO);
+			return id;
+		}
+	}
+}
+
 /* --- an older daemon ----------------------------------------------------- */
 
 /* A radianced from before the optional features (mapped weights, shared

@@ -183,32 +183,9 @@ static void raw_refusals(void **state)
 static void raw_layout_version(void **state)
 {
 	struct raw w;
-	char *names[] = { "config.json", "quantization_config.json", "model.safetensors" };
-	int fds[3];
-	for (int i = 0; i < 3; i++) {
-		char p[600];
-		snprintf(p, sizeof p, "%s/%s", ckpt, names[i]);
-		fds[i] = open(p, O_RDONLY | O_CLOEXEC);
-		assert_true(fds[i] >= 0);
-	}
 	assert_int_equal(raw_open_at(&w, daemon_.socket), 0);
 	raw_hello(&w);
-	raw_send_load_model(&w, names, 3, fds, 3);
-	for (int i = 0; i < 3; i++)
-		close(fds[i]);
-	Radiance__ServerMessage *reply;
-	uint32_t id = 0;
-	for (;;) {
-		assert_int_equal(raw_recv(&w, &reply, 20000), 1);
-		int c = reply->msg_case;
-		if (c == RADIANCE__SERVER_MESSAGE__MSG_MODEL_INFO)
-			id = reply->model_info->model_id;
-		radiance__server_message__free_unpacked(reply, NULL);
-		if (c != RADIANCE__SERVER_MESSAGE__MSG_LOAD_PROGRESS) {
-			assert_int_equal(c, RADIANCE__SERVER_MESSAGE__MSG_MODEL_INFO);
-			break;
-		}
-	}
+	uint32_t id = raw_load_dir(&w, ckpt);
 	raw_map_refused(&w, id, RADIANCE_MAP_LAYOUT_VERSION + 1, EPROTONOSUPPORT, "layout version 2 is not served");
 	/* the right version on the cpu backend: ENOTSUP, no fd */
 	raw_map_refused(&w, id, RADIANCE_MAP_LAYOUT_VERSION, ENOTSUP, "cpu backend");

@@ -575,6 +575,48 @@ static void raw_refusals(void **state)
 	radiance_disconnect(r);
 }
 
+/* A client that pipelines MapTensors and reads nothing: the daemon keeps at
+ * most SESSION_TENSORS_MAX_QUEUED (8) replies with their memfd dup unsent
+ * and answers EBUSY beyond, instead of holding one descriptor per request.
+ * 1000 replies of ~2 KiB are far more than a Unix socket buffers, so some
+ * must wait in the daemon's queue. */
+static void pipelined_maps_bounded(void **state)
+{
+	struct raw w;
+	assert_int_equal(raw_open_at(&w, daemon_.socket), 0);
+	raw_hello(&w);
+	uint32_t id = raw_load_dir(&w, ckpt);
+	int before = h_count_fds(daemon_.pid);
+	enum { N = 1000 };
+	Radiance__MapTensors mt = RADIANCE__MAP_TENSORS__INIT;
+	mt.model_id = id;
+	Radiance__ClientMessage m = RADIANCE__CLIENT_MESSAGE__INIT;
+	m.msg_case = RADIANCE__CLIENT_MESSAGE__MSG_MAP_TENSORS;
+	m.map_tensors = &mt;
+	for (int i = 0; i < N; i++)
+		raw_send(&w, &m, NULL, 0);
+	int maps = 0, busy = 0, most_fds = 0;
+	for (int i = 0; i < N; i++) {
+		int n = h_count_fds(daemon_.pid) - before;
+		most_fds = n > most_fds ? n : most_fds;
+		Radiance__ServerMessage *reply;
+		assert_int_equal(raw_recv(&w, &reply, 20000), 1);
+		if (reply->msg_case == RADIANCE__SERVER_MESSAGE__MSG_TENSOR_MAPPING)
+			maps++;
+		else if (reply->msg_case == RADIANCE__SERVER_MESSAGE__MSG_ERROR &&
+			 reply->error->code == EBUSY && strstr(reply->error->message, "still unsent"))
+			busy++;
+		radiance__server_message__free_unpacked(reply, NULL);
+	}
+	printf("# %d pipelined MapTensors: %d mapped, %d EBUSY; the daemon held at most %d "
+	       "descriptors more meanwhile\n", N, maps, busy, most_fds);
+	assert_int_equal(maps + busy, N);
+	assert_true(maps >= 8 && busy > 0);
+	assert_true(most_fds <= 8);
+	raw_expect_alive(&w);
+	raw_close(&w);
+}
+
 /* ---- an older daemon ------------------------------------------------------- */
 
 static void old_daemon_never_asked(void **state)
@@ -610,6 +652,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(freed_with_model, start, stop),
 		cmocka_unit_test(limit_counts_tensors),
 		cmocka_unit_test_setup_teardown(raw_refusals, start, stop),
+		cmocka_unit_test_setup_teardown(pipelined_maps_bounded, start, stop),
 		cmocka_unit_test(old_daemon_never_asked),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
