@@ -403,6 +403,16 @@ static const char *kind_name(enum radiance_linear_kind k)
 	return k == RADIANCE_LINEAR_W4A8 ? "w4a8" : k == RADIANCE_LINEAR_BF16 ? "bf16" : "?";
 }
 
+/* [d0, d1, ...] of a tensor's shape; NULL when out of memory (json_pack
+ * then fails, and the command reports it). */
+static json_t *json_shape(uint32_t ndim, const uint64_t *shape)
+{
+	json_t *a = json_array();
+	for (uint32_t d = 0; a && d < ndim; d++)
+		json_array_append_new(a, json_integer((json_int_t)shape[d]));
+	return a;
+}
+
 static int cmd_layers(struct ctl *c, const char *model)
 {
 	uint32_t id;
@@ -422,11 +432,9 @@ static int cmd_layers(struct ctl *c, const char *model)
 		}
 		json_t *o = json_array();
 		for (size_t i = 0; o && i < m->n_other; i++) {
-			json_t *shape = json_array();
-			for (uint32_t d = 0; shape && d < m->other[i].ndim; d++)
-				json_array_append_new(shape, json_integer((json_int_t)m->other[i].shape[d]));
 			json_array_append_new(o, json_pack("{s:s, s:s, s:o}", "name", m->other[i].name,
-							   "dtype", m->other[i].dtype, "shape", shape));
+							   "dtype", m->other[i].dtype, "shape",
+							   json_shape(m->other[i].ndim, m->other[i].shape)));
 		}
 		ret = print_json(c, json_pack("{s:i, s:s, s:I, s:o, s:o}", "model_id", (int)m->model_id,
 					   "name", m->name, "resident_bytes",
@@ -471,11 +479,9 @@ static int cmd_tensors(struct ctl *c, const char *model)
 		json_t *a = json_array();
 		for (size_t i = 0; a && i < t->count; i++) {
 			const struct radiance_tensor *x = &t->tensors[i];
-			json_t *shape = json_array();
-			for (uint32_t d = 0; shape && d < x->ndim; d++)
-				json_array_append_new(shape, json_integer((json_int_t)x->shape[d]));
 			json_array_append_new(a, json_pack("{s:s, s:s, s:o, s:I, s:I}", "name", x->name,
-							   "dtype", x->dtype, "shape", shape, "bytes",
+							   "dtype", x->dtype, "shape",
+							   json_shape(x->ndim, x->shape), "bytes",
 							   (json_int_t)x->bytes, "offset",
 							   (json_int_t)x->offset));
 		}

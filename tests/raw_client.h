@@ -188,6 +188,21 @@ static inline void raw_hello(struct raw *w)
 	raw_expect_reply(w, RADIANCE__SERVER_MESSAGE__MSG_WELCOME);
 }
 
+/* Sends m; the reply must be Error(code) with `says` in its text. */
+static inline void raw_send_refused(struct raw *w, Radiance__ClientMessage *m, int code, const char *says)
+{
+	raw_send(w, m, NULL, 0);
+	Radiance__ServerMessage *reply;
+	assert_int_equal(raw_recv(w, &reply, 10000), 1);
+	int got = reply->msg_case == RADIANCE__SERVER_MESSAGE__MSG_ERROR ? reply->error->code : -1;
+	char text[512] = "";
+	if (got >= 0)
+		snprintf(text, sizeof text, "%s", reply->error->message ? reply->error->message : "");
+	radiance__server_message__free_unpacked(reply, NULL);
+	if (got != code || !strstr(text, says))
+		fail_msg("expected Error %d '...%s...', got %d '%s'", code, says, got, text);
+}
+
 /* The session survives: a ListModels round trip still works. */
 static inline void raw_expect_alive(struct raw *w)
 {

@@ -517,20 +517,6 @@ static void limit_counts_tensors(void **state)
 
 /* ---- raw refusals and what an old client reads ------------------------------ */
 
-static void raw_expect_error(struct raw *w, Radiance__ClientMessage *m, int code, const char *says)
-{
-	raw_send(w, m, NULL, 0);
-	Radiance__ServerMessage *reply;
-	assert_int_equal(raw_recv(w, &reply, 10000), 1);
-	int got = reply->msg_case == RADIANCE__SERVER_MESSAGE__MSG_ERROR ? reply->error->code : -1;
-	char text[512] = "";
-	if (got >= 0)
-		snprintf(text, sizeof text, "%s", reply->error->message ? reply->error->message : "");
-	radiance__server_message__free_unpacked(reply, NULL);
-	if (got != code || !strstr(text, says))
-		fail_msg("expected Error %d '...%s...', got %d '%s'", code, says, got, text);
-}
-
 static void raw_refusals(void **state)
 {
 	struct raw w;
@@ -549,12 +535,12 @@ static void raw_refusals(void **state)
 	Radiance__ClientMessage m = RADIANCE__CLIENT_MESSAGE__INIT;
 	m.msg_case = RADIANCE__CLIENT_MESSAGE__MSG_LIST_TENSORS;
 	m.list_tensors = &lt;
-	raw_expect_error(&w, &m, ENOENT, "no resident model has model_id 9");
+	raw_send_refused(&w, &m, ENOENT, "no resident model has model_id 9");
 	Radiance__MapTensors mt = RADIANCE__MAP_TENSORS__INIT;
 	mt.model_id = 9;
 	m.msg_case = RADIANCE__CLIENT_MESSAGE__MSG_MAP_TENSORS;
 	m.map_tensors = &mt;
-	raw_expect_error(&w, &m, ENOENT, "not loaded by this session");
+	raw_send_refused(&w, &m, ENOENT, "not loaded by this session");
 	raw_expect_alive(&w);
 	raw_close(&w);
 
