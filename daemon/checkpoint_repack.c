@@ -273,8 +273,9 @@ int radiance__ck_build_tensors(struct ck_loader *L, struct radiance_model *m)
 	snprintf(mname, sizeof mname, "radiance-tensors:%s", m->name);
 	int fd = memfd_create(mname, MFD_CLOEXEC | MFD_ALLOW_SEALING);
 	if (fd < 0) {
-		ck_err(L, "shared tensors of \"%s\": memfd_create: %s", m->name, strerror(errno));
-		return -errno;
+		int e = errno;
+		ck_err(L, "shared tensors of \"%s\": memfd_create: %s", m->name, strerror(e));
+		return -e;
 	}
 	int rc = 0;
 	uint8_t *base = NULL;
@@ -306,22 +307,26 @@ int radiance__ck_build_tensors(struct ck_loader *L, struct radiance_model *m)
 		if (o->bytes && (rc = radiance_st_read(r->f, r->t, base + o->offset, L->err, L->errlen)))
 			goto out;
 	}
-	if (base && munmap(base, (size_t)m->tensors_bytes) < 0) {
-		rc = -errno;
-		goto out;
+	if (base) {
+		int mrc = munmap(base, (size_t)m->tensors_bytes);
+		base = NULL;
+		if (mrc < 0) {
+			rc = -errno;
+			ck_err(L, "shared tensors of \"%s\": munmap: %s", m->name, strerror(errno));
+			goto out;
+		}
 	}
-	base = NULL;
 	/* F_SEAL_WRITE needs no writable shared mapping left: hence the munmap */
 	if (fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
 		rc = -errno;
 		ck_err(L, "shared tensors of \"%s\": sealing the memfd: %s", m->name, strerror(errno));
 		goto out;
 	}
-	/* What clients get is a read-only open of it (as wl_shm compositors
-	 * take sealed memfds): a mapping of an O_RDONLY fd can never become
-	 * writable (mprotect: EACCES), and kernels before 6.7 refuse even a
-	 * read-only MAP_SHARED of a write-sealed memfd opened for writing.
-	 * Without /proc the seals alone stand guard. */
+	/* What clients get is a read-only open of it: a MAP_SHARED mapping
+	 * of an O_RDONLY fd can never become writable (mprotect: EACCES), on
+	 * any kernel; through a read-write fd that rests on the seal checks,
+	 * which older kernels (before 6.7's VM_MAYWRITE rework) did not make
+	 * the same way. Without /proc the seals alone stand guard. */
 	char self[64];
 	snprintf(self, sizeof self, "/proc/self/fd/%d", fd);
 	int ro = open(self, O_RDONLY | O_CLOEXEC);
