@@ -60,7 +60,8 @@
  * with your own lock; passing a handle to another thread between calls is
  * fine). The library checks the rule at the entry of every call that uses
  * the handle (radiance_load_model, _attach_model, _release_model,
- * _unload_preloaded, _get_model, _list_models, _open_rings, _arena_alloc,
+ * _unload_preloaded, _get_model, _list_models, _list_tensors,
+ * _map_tensors, _open_rings, _arena_alloc,
  * _arena_free, _submit, _poll, _wait, _linear, _get_stats, _disconnect): one
  * made while another thread is inside a call on the same handle fails at
  * once with -EBUSY (radiance_arena_alloc: NULL, errno EBUSY), never waits,
@@ -244,6 +245,9 @@ struct radiance_server_info {
 	uint32_t map_layout_version;/* mapped-weights layout the daemon serves
 	                               (radiance_map_model); 0: an older radianced
 	                               that does not offer mapping */
+	uint32_t tensors_version;   /* shared tensors the daemon serves
+	                               (radiance_list_tensors, _map_tensors);
+	                               0: an older radianced without them */
 };
 
 /* Owned by the handle; valid until radiance_disconnect. Never NULL. */
@@ -576,6 +580,87 @@ int radiance_unmap_model(struct radiance *r, uint32_t model_id);
 
 /* Frees m and closes its fd unless it is -1. NULL is a no-op. Any thread. */
 void radiance_mapping_free(struct radiance_mapping *m);
+
+/* --- shared tensors (docs/engines.md, "Shared tensors") ------------------- */
+
+/* A checkpoint tensor of no linear layer (embeddings, norms, the biases of
+ * what the daemon does not serve as a linear), as the daemon keeps it: the
+ * bytes exactly as the safetensors file stores them, little-endian,
+ * row-major (C order) of `shape`, in the checkpoint's dtype. */
+struct radiance_tensor {
+	const char *name;                /* as the checkpoint names it */
+	const char *dtype;               /* safetensors dtype: "BF16", "F16", "F32",
+	                                    "I64", ... */
+	uint32_t ndim;
+	const uint64_t *shape;           /* [ndim]; NULL for a scalar (ndim 0) */
+	uint64_t bytes;                  /* product(shape) x the dtype's size */
+	uint64_t offset;                 /* in the model's memfd, a multiple of 64 */
+	const void *data;                /* radiance_map_tensors: the tensor in the
+	                                    read-only mapping (base + offset), 64-byte
+	                                    aligned; radiance_list_tensors: NULL */
+};
+
+/* A model's shared tensors. Owned by the caller: radiance_tensors_free().
+ * Immutable: any thread may read it. It does not depend on the handle that
+ * made it: it stays valid after radiance_disconnect(), a daemon restart
+ * and the model's unload (a mapping keeps its pages; that memory is then
+ * this process's, see below). */
+struct radiance_tensors {
+	uint32_t model_id;
+	size_t count;
+	const struct radiance_tensor *tensors;   /* [count], sorted by name */
+	uint64_t bytes;                  /* size of the model's memfd (a multiple of 4096) */
+	const void *base;                /* radiance_map_tensors: the memfd mapped
+	                                    PROT_READ, MAP_SHARED, `bytes` long (NULL
+	                                    when bytes is 0); a listing: NULL */
+	int fd;                          /* radiance_map_tensors: the sealed memfd,
+	                                    owned (closed by radiance_tensors_free;
+	                                    set it to -1 to keep it); a listing: -1 */
+};
+
+/* Describes the shared tensors of any resident model (no reference is
+ * taken, as radiance_get_model). *out is allocated (data, base NULL, fd
+ * -1); free it with radiance_tensors_free(). The reply is checked: every
+ * tensor inside the memfd, aligned, of the size its dtype and shape say.
+ * Returns 0, or:
+ *   -ENOTSUP  the daemon predates shared tensors
+ *             (radiance_server_info.tensors_version 0): nothing was sent;
+ *   -ENOENT   no resident model has model_id;
+ *   -EINVAL   out NULL;
+ *   -EPROTO   the reply is inconsistent (sticky);
+ *   -ENOMEM, or a sticky error. */
+int radiance_list_tensors(struct radiance *r, uint32_t model_id, struct radiance_tensors **out);
+
+/* As radiance_list_tensors, for a model this session holds
+ * (radiance_load_model / radiance_attach_model), and maps its tensors: the
+ * daemon passes the model's memfd, sealed against writes, shrinking and
+ * growing (checked here: a memfd without those seals is -EPROTO), and it
+ * is mapped PROT_READ, MAP_SHARED. Every process that maps it shares the
+ * same physical pages, charged once to the model in the daemon (its
+ * resident_bytes, the daemon's model limits); mapping costs this process
+ * page tables only. A write through `data` faults (SIGSEGV); mprotect to
+ * PROT_WRITE and a writable MAP_SHARED mmap of fd fail (EACCES, EPERM); a
+ * MAP_PRIVATE writable mapping copies on write and changes nothing shared.
+ * Lifetime: the pages live as long as the daemon's model or any fd or
+ * mapping of them, whichever is last: after the model is unloaded this
+ * struct still reads the old bytes and keeps them in memory (no longer
+ * counted by the daemon) until radiance_tensors_free().
+ * Returns 0, or:
+ *   -ENOTSUP  the daemon predates shared tensors: nothing was sent;
+ *   -ENOENT   this session holds no model model_id;
+ *   -EINVAL   out NULL;
+ *   -EPROTO   the reply is inconsistent, lacks its fd, or the fd is not a
+ *             sealed memfd of the size announced (sticky);
+ *   -ENOMEM, an errno of mmap (-EMFILE, -ENOMEM), or a sticky error. */
+int radiance_map_tensors(struct radiance *r, uint32_t model_id, struct radiance_tensors **out);
+
+/* The tensor called name in t, or NULL. Any thread. */
+const struct radiance_tensor *radiance_find_tensor(const struct radiance_tensors *t,
+						   const char *name);
+
+/* Unmaps t's mapping, closes its fd unless -1, and frees t: every data
+ * pointer dies. NULL is a no-op. Any thread. */
+void radiance_tensors_free(struct radiance_tensors *t);
 
 /* --- stats ---------------------------------------------------------------- */
 

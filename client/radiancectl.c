@@ -59,6 +59,10 @@ static void usage(FILE *f)
 		"  status              daemon version, backend, device, sessions, uptime\n"
 		"  models              resident models\n"
 		"  layers MODEL        linear layers of a resident model (name or id)\n"
+		"  tensors MODEL       the shared tensors of a resident model: every tensor of\n"
+		"                      no linear layer (embeddings, norms, ...) that the\n"
+		"                      daemon holds once in a sealed memfd for all clients\n"
+		"                      (name, dtype, shape, bytes, offset in the memfd)\n"
 		"  load DIR [--name NAME] [--hold]\n"
 		"                      load the checkpoint in DIR (progress bar on a TTY).\n"
 		"                      The model stays resident only while some session\n"
@@ -399,6 +403,16 @@ static const char *kind_name(enum radiance_linear_kind k)
 	return k == RADIANCE_LINEAR_W4A8 ? "w4a8" : k == RADIANCE_LINEAR_BF16 ? "bf16" : "?";
 }
 
+/* [d0, d1, ...] of a tensor's shape; NULL when out of memory (json_pack
+ * then fails, and the command reports it). */
+static json_t *json_shape(uint32_t ndim, const uint64_t *shape)
+{
+	json_t *a = json_array();
+	for (uint32_t d = 0; a && d < ndim; d++)
+		json_array_append_new(a, json_integer((json_int_t)shape[d]));
+	return a;
+}
+
 static int cmd_layers(struct ctl *c, const char *model)
 {
 	uint32_t id;
@@ -418,11 +432,9 @@ static int cmd_layers(struct ctl *c, const char *model)
 		}
 		json_t *o = json_array();
 		for (size_t i = 0; o && i < m->n_other; i++) {
-			json_t *shape = json_array();
-			for (uint32_t d = 0; shape && d < m->other[i].ndim; d++)
-				json_array_append_new(shape, json_integer((json_int_t)m->other[i].shape[d]));
 			json_array_append_new(o, json_pack("{s:s, s:s, s:o}", "name", m->other[i].name,
-							   "dtype", m->other[i].dtype, "shape", shape));
+							   "dtype", m->other[i].dtype, "shape",
+							   json_shape(m->other[i].ndim, m->other[i].shape)));
 		}
 		ret = print_json(c, json_pack("{s:i, s:s, s:I, s:o, s:o}", "model_id", (int)m->model_id,
 					   "name", m->name, "resident_bytes",
@@ -441,9 +453,61 @@ static int cmd_layers(struct ctl *c, const char *model)
 			       l->n, l->k, l->has_bias ? "yes" : "no", b);
 		}
 		if (m->n_other)
-			printf("%zu other tensors (no linear layer): norms, embeddings, ...\n", m->n_other);
+			printf("%zu other tensors (no linear layer): norms, embeddings, ... (radiancectl "
+			       "tensors %u lists them)\n", m->n_other, m->model_id);
 		ret = EXIT_OK;
 	}
+	radiance_model_info_free(m);
+	return ret;
+}
+
+static int cmd_tensors(struct ctl *c, const char *model)
+{
+	uint32_t id;
+	struct radiance_model_info *m;
+	int ret = get_model(c, model, &id, &m);
+	if (ret != EXIT_OK)
+		return ret;
+	struct radiance_tensors *t;
+	int rc = radiance_list_tensors(c->r, id, &t);
+	if (rc < 0) {
+		ret = fail(c, rc, "list tensors");
+		radiance_model_info_free(m);
+		return ret;
+	}
+	if (c->json) {
+		json_t *a = json_array();
+		for (size_t i = 0; a && i < t->count; i++) {
+			const struct radiance_tensor *x = &t->tensors[i];
+			json_array_append_new(a, json_pack("{s:s, s:s, s:o, s:I, s:I}", "name", x->name,
+							   "dtype", x->dtype, "shape",
+							   json_shape(x->ndim, x->shape), "bytes",
+							   (json_int_t)x->bytes, "offset",
+							   (json_int_t)x->offset));
+		}
+		ret = print_json(c, json_pack("{s:i, s:s, s:I, s:o}", "model_id", (int)m->model_id,
+					   "name", m->name, "bytes", (json_int_t)t->bytes, "tensors", a));
+	} else {
+		char b[32], shape[96];
+		human_bytes(b, sizeof b, t->bytes);
+		printf("model %u \"%s\": %zu shared tensors, %s in one sealed memfd (mapped read-only "
+		       "by every client that asks)\n", m->model_id, m->name, t->count, b);
+		printf("%-56s %-5s %-16s %10s %10s\n", "NAME", "DTYPE", "SHAPE", "BYTES", "OFFSET");
+		for (size_t i = 0; i < t->count; i++) {
+			const struct radiance_tensor *x = &t->tensors[i];
+			size_t o = (size_t)snprintf(shape, sizeof shape, "[");
+			for (uint32_t d = 0; d < x->ndim && o < sizeof shape; d++)
+				o += (size_t)snprintf(shape + o, sizeof shape - o, "%s%llu", d ? ", " : "",
+						      (unsigned long long)x->shape[d]);
+			if (o < sizeof shape)
+				snprintf(shape + o, sizeof shape - o, "]");
+			human_bytes(b, sizeof b, x->bytes);
+			printf("%-56s %-5s %-16s %10s %10llu\n", x->name, x->dtype, shape, b,
+			       (unsigned long long)x->offset);
+		}
+		ret = EXIT_OK;
+	}
+	radiance_tensors_free(t);
 	radiance_model_info_free(m);
 	return ret;
 }
@@ -914,14 +978,15 @@ int main(int argc, char **argv)
 		}
 	}
 	if (optind >= argc)
-		return usage_error("no command given (status, models, layers, load, unload, stats)");
+		return usage_error("no command given (status, models, layers, tensors, load, unload, stats)");
 	const char *cmd = argv[optind];
 	int nargs = argc - optind - 1;
 	char **args = argv + optind + 1;
 	int want = -1;
 	if (!strcmp(cmd, "status") || !strcmp(cmd, "models") || !strcmp(cmd, "stats"))
 		want = 0;
-	else if (!strcmp(cmd, "layers") || !strcmp(cmd, "load") || !strcmp(cmd, "unload"))
+	else if (!strcmp(cmd, "layers") || !strcmp(cmd, "tensors") || !strcmp(cmd, "load") ||
+		 !strcmp(cmd, "unload"))
 		want = 1;
 	if (want < 0)
 		return usage_error("unknown command \"%s\"", cmd);
@@ -953,7 +1018,7 @@ int main(int argc, char **argv)
 					   prc == -EINVAL ? "not a GPU ordinal (0 to 1024)"
 							  : radiance_strerror(prc));
 	}
-	if (!strcmp(cmd, "layers") || !strcmp(cmd, "unload")) {
+	if (!strcmp(cmd, "layers") || !strcmp(cmd, "tensors") || !strcmp(cmd, "unload")) {
 		if (!*args[0])
 			return usage_error("%s needs a model name or id, not an empty string", cmd);
 	} else if (!strcmp(cmd, "load") && !*args[0]) {
@@ -1004,6 +1069,8 @@ int main(int argc, char **argv)
 		ret = c.prometheus ? cmd_stats_prometheus(&c) : cmd_stats(&c);
 	else if (!strcmp(cmd, "layers"))
 		ret = cmd_layers(&c, args[0]);
+	else if (!strcmp(cmd, "tensors"))
+		ret = cmd_tensors(&c, args[0]);
 	else if (!strcmp(cmd, "load"))
 		ret = cmd_load(&c, args[0]);
 	else

@@ -63,6 +63,8 @@ size_t radiance_proto_server_fds(const Radiance__ServerMessage *m)
 		return RADIANCE_RING_READY_FDS;
 	if (m->msg_case == RADIANCE__SERVER_MESSAGE__MSG_MODEL_MAPPING && m->model_mapping)
 		return radiance_proto_mapping_fds(m->model_mapping->handle);
+	if (m->msg_case == RADIANCE__SERVER_MESSAGE__MSG_TENSOR_MAPPING)
+		return 1;   /* the model's sealed memfd */
 	return 0;
 }
 
@@ -79,6 +81,8 @@ const char *radiance_proto_client_name(const Radiance__ClientMessage *m)
 	case RADIANCE__CLIENT_MESSAGE__MSG_GET_STATS: return "get_stats";
 	case RADIANCE__CLIENT_MESSAGE__MSG_MAP_MODEL: return "map_model";
 	case RADIANCE__CLIENT_MESSAGE__MSG_UNMAP_MODEL: return "unmap_model";
+	case RADIANCE__CLIENT_MESSAGE__MSG_LIST_TENSORS: return "list_tensors";
+	case RADIANCE__CLIENT_MESSAGE__MSG_MAP_TENSORS: return "map_tensors";
 	default: return "none";
 	}
 }
@@ -95,6 +99,8 @@ const char *radiance_proto_server_name(const Radiance__ServerMessage *m)
 	case RADIANCE__SERVER_MESSAGE__MSG_STATS: return "stats";
 	case RADIANCE__SERVER_MESSAGE__MSG_OK: return "ok";
 	case RADIANCE__SERVER_MESSAGE__MSG_MODEL_MAPPING: return "model_mapping";
+	case RADIANCE__SERVER_MESSAGE__MSG_TENSOR_LIST: return "tensor_list";
+	case RADIANCE__SERVER_MESSAGE__MSG_TENSOR_MAPPING: return "tensor_mapping";
 	default: return "none";
 	}
 }

@@ -34,7 +34,8 @@ Radiance__ClientMessage *radiance_proto_unpack_client(const uint8_t *data, size_
 Radiance__ServerMessage *radiance_proto_unpack_server(const uint8_t *data, size_t len);
 
 /* How many fds a message declares it carries: LoadModel one per file name,
- * RingReady RADIANCE_RING_READY_FDS, ModelMapping radiance_proto_mapping_fds()
+ * RingReady RADIANCE_RING_READY_FDS, TensorList as tensor_mapping 1,
+ * ModelMapping radiance_proto_mapping_fds()
  * of its handle, everything else 0. A frame that came with a different
  * number of fds is a protocol violation. */
 size_t radiance_proto_client_fds(const Radiance__ClientMessage *m);

@@ -97,6 +97,8 @@ int radiance_checkpoint_load_checked(const struct radiance_file *files, size_t n
 		goto out;
 
 	m = calloc(1, sizeof *m);
+	if (m)
+		m->tensors_fd = -1;   /* before anything can fail: destroy closes it */
 	if (!m || !(m->layers = calloc(L.n_plans, sizeof *m->layers))) {
 		rc = ck_nomem(&L, "model");
 		goto out;
@@ -109,12 +111,14 @@ int radiance_checkpoint_load_checked(const struct radiance_file *files, size_t n
 	m->group_size = RADIANCE_GROUP_SIZE;
 	m->bits = 4;
 	if ((rc = radiance__ck_build_other(&L, m)) ||
-	    (check && (rc = radiance__ck_check_plan(&L, m->name, check, user))))
+	    (check && (rc = radiance__ck_check_plan(&L, m->name, m->tensors_bytes, check, user))))
 		goto out;
 
 	uint64_t total = 0, done = 0;
 	for (size_t i = 0; i < L.n_plans; i++)
 		total += L.plans[i].src_bytes;
+	for (size_t i = 0; i < m->n_other; i++)
+		total += m->other[i].bytes;
 	if (progress)
 		progress(user, 0, total);
 	for (size_t i = 0; i < L.n_plans; i++) {
@@ -126,9 +130,14 @@ int radiance_checkpoint_load_checked(const struct radiance_file *files, size_t n
 		L.plans[i].module = NULL;
 		m->resident_bytes += l->bytes;
 		done += L.plans[i].src_bytes;
-		if (progress)
+		if (progress && done < total)
 			progress(user, done, total);
 	}
+	if ((rc = radiance__ck_build_tensors(&L, m)))
+		goto out;
+	m->resident_bytes += m->tensors_bytes;
+	if (progress)
+		progress(user, total, total);
 	*out = m;
 	m = NULL;
 out:

@@ -8,11 +8,13 @@
  *   - safetensors files (model.safetensors, or model.safetensors.index.json
  *     plus its shards): their headers are read with pread and validated as
  *     the format's reference implementation does (daemon/safetensors.h);
- *     only the tensors of linear layers are read, with pread into private
+ *     the tensors of linear layers are read with pread into private
  *     memory one tensor at a time just before that layer is checked and
  *     repacked (never through a mapping: a client that shrinks its file
  *     mid-load gets -EIO for that load, the daemon no SIGBUS), so the load
- *     holds about one tensor beyond the resident model;
+ *     holds about one tensor beyond the resident model; every other tensor
+ *     is read the same way (pread) into the model's shared memfd, which is
+ *     then sealed (model->tensors_fd, daemon/model.h);
  *   - the quantization config (config.json's "quantization_config" and/or
  *     quantization_config.json, which must agree when both are present) must
  *     be AutoRound, auto_round:auto_gptq packing, bits 4, group_size 128,
@@ -37,6 +39,8 @@
  *            something the kernels do not support; also bad arguments
  *   -ENOENT  a required file is missing (config, weights, a shard)
  *   -ENOMEM  out of memory
+ *   other -errno of memfd_create/ftruncate/mmap for the shared tensors
+ *            (-EMFILE, -ENOSPC, ...)
  *   -EIO     a read failed, or a file shrank while being read ("<file>:
  *            tensor "<name>": file shrank to N bytes while loading
  *            (expected M)")
@@ -68,10 +72,12 @@ struct radiance_file {
 	int fd;
 };
 
-/* Load progress: done_bytes of total_bytes of checkpoint tensor data that
- * goes into linear layers (qweight, scales, qzeros, g_idx, weight, bias) has
- * been verified and repacked. Called with done 0 before the first layer,
- * after every layer, and last with done == total; done never decreases. */
+/* Load progress: done_bytes of total_bytes of checkpoint tensor data (what
+ * goes into linear layers: qweight, scales, qzeros, g_idx, weight, bias;
+ * and the shared tensors of no linear) has been read. Called with done 0
+ * before the first layer, after every layer (but the last when no shared
+ * tensor remains), and last with done == total once the shared tensors
+ * are sealed too; done never decreases. */
 typedef void (*radiance_progress_fn)(void *user, uint64_t done_bytes, uint64_t total_bytes);
 
 /* Loads the checkpoint made of files[0..nfiles) into *out (free it with
@@ -93,7 +99,8 @@ int radiance_checkpoint_load(const struct radiance_file *files, size_t nfiles, c
  * max_n, max_k, resident bytes). layers[0..n_layers) have name (as the
  * checkpoint spells it: not yet checked to be printable), kind, n, k and
  * bytes (what the layer will hold resident) set and no arrays;
- * resident_bytes is their sum, model_name the model's name. Returns 0, or
+ * resident_bytes is their sum plus the shared tensors' memfd
+ * (model->tensors_bytes), model_name the model's name. Returns 0, or
  * a negative errno (with err written) that ends the load. Runs on the
  * loading thread. */
 typedef int (*radiance_plan_check_fn)(void *user, const char *model_name,

@@ -336,11 +336,11 @@ uint64_t radiance__ck_plan_bytes(const struct ck_plan *p)
 	return b + (p->bias ? (uint64_t)p->n * 4 : 0);
 }
 
-int radiance__ck_check_plan(struct ck_loader *L, const char *name, radiance_plan_check_fn check,
-			    void *user)
+int radiance__ck_check_plan(struct ck_loader *L, const char *name, uint64_t extra_bytes,
+			    radiance_plan_check_fn check, void *user)
 {
 	struct radiance_layer *v = calloc(L->n_plans + 1, sizeof *v);
-	uint64_t total = 0;
+	uint64_t total = extra_bytes;
 	if (!v)
 		return ck_nomem(L, "plan");
 	for (size_t i = 0; i < L->n_plans; i++) {

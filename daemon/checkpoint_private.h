@@ -133,16 +133,22 @@ int radiance__ck_plan_layers(struct ck_loader *L);
 uint64_t radiance__ck_plan_bytes(const struct ck_plan *p);
 
 /* Hands the plan, as layers without arrays, to the caller's check before
- * anything is allocated for a layer. 0 or the check's -errno. */
-int radiance__ck_check_plan(struct ck_loader *L, const char *name, radiance_plan_check_fn check,
-			    void *user);
+ * anything is allocated for a layer; the resident bytes it is told are the
+ * layers' plus extra_bytes (the shared tensors). 0 or the check's -errno. */
+int radiance__ck_check_plan(struct ck_loader *L, const char *name, uint64_t extra_bytes,
+			    radiance_plan_check_fn check, void *user);
 
 /* checkpoint_repack.c */
 
 /* Reads plan p's tensors, checks their data and repacks them into l. */
 int radiance__ck_build_layer(struct ck_loader *L, struct ck_plan *p, struct radiance_layer *l);
 
-/* m->other: every tensor no linear claimed, sorted by name. */
+/* m->other: every tensor no linear claimed, sorted by name, with its
+ * offset in the shared memfd; m->tensors_bytes. Reads no data. */
 int radiance__ck_build_other(struct ck_loader *L, struct radiance_model *m);
+
+/* m->tensors_fd: a sealed memfd holding every m->other tensor's bytes at
+ * its offset, read with pread. */
+int radiance__ck_build_tensors(struct ck_loader *L, struct radiance_model *m);
 
 #endif

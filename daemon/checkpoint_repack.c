@@ -1,12 +1,19 @@
 /* Checkpoint loader, verify and repack: each planned layer's tensors copied
  * out of their files, their data checked (qzeros, g_idx, scales) on that
  * copy, and the copy repacked into the canonical host layout of
- * daemon/model.h. */
+ * daemon/model.h; and the tensors of no linear copied into the model's
+ * sealed shared memfd. */
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdlib.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "checkpoint_private.h"
 #include "numerics.h"
+#include "wire.h"   /* RADIANCE_TENSORS_ALIGN */
+
+#define TENSORS_PAGE 4096u
 
 static int cmp_other(const void *a, const void *b)
 {
@@ -241,5 +248,98 @@ int radiance__ck_build_other(struct ck_loader *L, struct radiance_model *m)
 		o->bytes = r->t->end - r->t->begin;
 	}
 	qsort(m->other, m->n_other, sizeof *m->other, cmp_other);
+	/* the memfd's layout, decided here so the plan check can charge it:
+	 * name order, each tensor on a RADIANCE_TENSORS_ALIGN boundary. The
+	 * sizes come from validated headers (each within its file), so the
+	 * sum stays far from overflowing. */
+	uint64_t off = 0;
+	for (size_t i = 0; i < m->n_other; i++) {
+		off = (off + RADIANCE_TENSORS_ALIGN - 1) & ~(uint64_t)(RADIANCE_TENSORS_ALIGN - 1);
+		m->other[i].offset = off;
+		off += m->other[i].bytes;
+	}
+	m->tensors_bytes = (off + TENSORS_PAGE - 1) & ~(uint64_t)(TENSORS_PAGE - 1);
 	return 0;
+}
+
+/* The shared tensors: a memfd of the daemon's own (mapping it is safe: no
+ * client holds it until it is sealed), each tensor read into place with
+ * pread through radiance_st_read (so a client's shrinking file is this
+ * load's -EIO), then unmapped and sealed so that nobody, the daemon
+ * included, can change or resize it again. */
+int radiance__ck_build_tensors(struct ck_loader *L, struct radiance_model *m)
+{
+	char mname[200];
+	snprintf(mname, sizeof mname, "radiance-tensors:%s", m->name);
+	int fd = memfd_create(mname, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (fd < 0) {
+		int e = errno;
+		ck_err(L, "shared tensors of \"%s\": memfd_create: %s", m->name, strerror(e));
+		return -e;
+	}
+	int rc = 0;
+	uint8_t *base = NULL;
+	if (m->tensors_bytes > SIZE_MAX || ftruncate(fd, (off_t)m->tensors_bytes) < 0) {
+		rc = m->tensors_bytes > SIZE_MAX ? -ENOMEM : -errno;
+		ck_err(L, "shared tensors of \"%s\": %" PRIu64 " bytes: %s", m->name, m->tensors_bytes,
+		       strerror(-rc));
+		goto out;
+	}
+	if (m->tensors_bytes) {
+		base = mmap(NULL, (size_t)m->tensors_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+		if (base == MAP_FAILED) {
+			base = NULL;
+			rc = -errno;
+			ck_err(L, "shared tensors of \"%s\": mmap of %" PRIu64 " bytes: %s", m->name,
+			       m->tensors_bytes, strerror(errno));
+			goto out;
+		}
+	}
+	for (size_t i = 0; i < m->n_other; i++) {
+		const struct radiance_tensor_info *o = &m->other[i];
+		struct ck_ref key = { .name = o->name };
+		const struct ck_ref *r = bsearch(&key, L->refs, L->n_refs, sizeof key, ck_cmp_ref);
+		if (!r) {   /* m->other was made from L->refs */
+			ck_err(L, "shared tensors: \"%s\" vanished from the index", o->name);
+			rc = -EINVAL;
+			goto out;
+		}
+		if (o->bytes && (rc = radiance_st_read(r->f, r->t, base + o->offset, L->err, L->errlen)))
+			goto out;
+	}
+	if (base) {
+		int mrc = munmap(base, (size_t)m->tensors_bytes);
+		base = NULL;
+		if (mrc < 0) {
+			rc = -errno;
+			ck_err(L, "shared tensors of \"%s\": munmap: %s", m->name, strerror(errno));
+			goto out;
+		}
+	}
+	/* F_SEAL_WRITE needs no writable shared mapping left: hence the munmap */
+	if (fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
+		rc = -errno;
+		ck_err(L, "shared tensors of \"%s\": sealing the memfd: %s", m->name, strerror(errno));
+		goto out;
+	}
+	/* What clients get is a read-only open of it: a MAP_SHARED mapping
+	 * of an O_RDONLY fd can never become writable (mprotect: EACCES), on
+	 * any kernel; through a read-write fd that rests on the seal checks,
+	 * which older kernels (before 6.7's VM_MAYWRITE rework) did not make
+	 * the same way. Without /proc the seals alone stand guard. */
+	char self[64];
+	snprintf(self, sizeof self, "/proc/self/fd/%d", fd);
+	int ro = open(self, O_RDONLY | O_CLOEXEC);
+	if (ro >= 0) {
+		close(fd);
+		fd = ro;
+	}
+	m->tensors_fd = fd;
+	fd = -1;
+out:
+	if (base)
+		munmap(base, (size_t)m->tensors_bytes);
+	if (fd >= 0)
+		close(fd);
+	return rc;
 }

@@ -3,6 +3,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 long radiance_model_find_layer(const struct radiance_model *m, const char *name)
 {
@@ -28,6 +29,8 @@ void radiance_model_destroy(struct radiance_model *m)
 		free(m->other[i].name);
 	free(m->layers);
 	free(m->other);
+	if (m->tensors_fd >= 0)
+		close(m->tensors_fd);
 	free(m->name);
 	free(m);
 }

@@ -47,22 +47,32 @@ struct radiance_layer {
 	uint64_t bytes;            /* resident bytes of this layer's host arrays */
 };
 
-/* A tensor that is not part of any linear layer, listed for the inventory. */
+/* A tensor that is not part of any linear layer (embeddings, norms, the
+ * biases of what is no served linear). Its bytes, exactly as the
+ * safetensors file stores them, sit in the model's shared memfd at offset. */
 struct radiance_tensor_info {
 	char *name;
 	char dtype[8];             /* safetensors dtype string, e.g. "BF16" */
 	uint32_t ndim;
 	uint64_t shape[8];
 	uint64_t bytes;
+	uint64_t offset;           /* in tensors_fd, a multiple of RADIANCE_TENSORS_ALIGN */
 };
 
 struct radiance_model {
 	char *name;                /* load_dir: the directory basename; from fds: config.json's "_name_or_path" basename, else "model" */
 	struct radiance_layer *layers;
 	size_t n_layers;
-	struct radiance_tensor_info *other;   /* tensors of no linear */
+	struct radiance_tensor_info *other;   /* tensors of no linear, sorted by name */
 	size_t n_other;
-	uint64_t resident_bytes;   /* sum of layers[i].bytes */
+	/* The shared tensors: a memfd holding every other[i]'s bytes, sealed
+	 * (F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) once the
+	 * loader filled it; tensors_bytes long (a multiple of 4096, 0 when
+	 * n_other is 0). -1 when none was made (a model built by hand). The
+	 * daemon hands out dups of it (MapTensors); closed by destroy. */
+	int tensors_fd;
+	uint64_t tensors_bytes;
+	uint64_t resident_bytes;   /* sum of layers[i].bytes, plus tensors_bytes */
 	uint32_t group_size;       /* 128, verified */
 	uint32_t bits;             /* 4, verified */
 };
@@ -70,7 +80,8 @@ struct radiance_model {
 /* Index of the layer called `name`, or -1. O(n_layers). */
 long radiance_model_find_layer(const struct radiance_model *m, const char *name);
 
-/* Frees everything the model owns; NULL is a no-op. */
+/* Frees everything the model owns and closes tensors_fd (when >= 0); NULL
+ * is a no-op. */
 void radiance_model_destroy(struct radiance_model *m);
 
 #endif

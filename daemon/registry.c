@@ -82,17 +82,21 @@ static struct uid_charge *uid_entry(struct radiance_registry *reg, uid_t uid)
 
 /* Charges res's model (bytes, named name) to the total and to its uid, or
  * says which limit it would cross. Loader thread. */
-static int charge(struct radiance_resident *res, const char *name, uint64_t bytes, char *err,
-		  size_t errlen)
+static int charge(struct radiance_resident *res, const char *name, uint64_t bytes,
+		  uint64_t shared_bytes, char *err, size_t errlen)
 {
 	struct radiance_registry *reg = res->reg;
 	const struct registry_limits *lim = &reg->limits;
-	char shown[160], doing[256], whose[48], size[32];
+	char shown[160], doing[400], whose[48], size[32], lin[32], shared[32];
 	int rc = 0;
 
 	radiance_text_escape(name, shown, sizeof shown);
 	limit_format_bytes(bytes, size, sizeof size);
-	snprintf(doing, sizeof doing, "loading model '%s' (%s resident)", shown, size);
+	limit_format_bytes(bytes - shared_bytes, lin, sizeof lin);
+	limit_format_bytes(shared_bytes, shared, sizeof shared);
+	/* the shared tensors are charged with the linears: say what is what */
+	snprintf(doing, sizeof doing, "loading model '%s' (%s resident: %s of linear weights, %s of "
+		 "shared tensors)", shown, size, lin, shared);
 	pthread_mutex_lock(&reg->charge_lock);
 	struct uid_charge *u = res->asked_by ? uid_entry(reg, res->uid) : NULL;
 	uint64_t mine = (u ? u->bytes : 0) + bytes;
@@ -156,8 +160,10 @@ static int plan_check(void *user, const char *model_name, const struct radiance_
 {
 	struct radiance_resident *res = user;
 	const struct registry_limits *lim = &res->reg->limits;
+	uint64_t layer_bytes = 0;
 	for (size_t i = 0; i < n_layers; i++) {
 		const struct radiance_layer *l = &layers[i];
+		layer_bytes += l->bytes;
 		bool n_over = lim->max_n && l->n > lim->max_n;
 		if (!n_over && !(lim->max_k && l->k > lim->max_k))
 			continue;
@@ -170,7 +176,9 @@ static int plan_check(void *user, const char *model_name, const struct radiance_
 			 n_over ? lim->max_n : lim->max_k, where);
 		return -E2BIG;
 	}
-	return charge(res, model_name, resident_bytes, err, errlen);
+	/* resident_bytes is the layers' plus the shared tensors' memfd */
+	return charge(res, model_name, resident_bytes,
+		      resident_bytes > layer_bytes ? resident_bytes - layer_bytes : 0, err, errlen);
 }
 
 static void files_close(struct radiance_resident *res)

@@ -20,6 +20,7 @@
 #include "notify.h"
 #include "proto_util.h"
 #include "session.h"
+#include "session_tensors.h"
 #include "wire.h"
 
 /* Stop reading a client's requests while this much of its replies is
@@ -39,11 +40,12 @@
 /* Descriptors one session may hold: RADIANCE_MAX_FDS received and not yet
  * handed to a loader (a busy session reads no further), its socket, the SQ
  * doorbell eventfd, the CQ doorbell pipe's write end, and while RingReady is
- * queued the memfd and the pipe's read end. Plus what the
+ * queued the memfd and the pipe's read end, and the memfd dups of unsent
+ * MapTensors replies (session_tensors.h). Plus what the
  * daemon itself holds (libuv, threads, the GPU runtime, a preload's files,
  * lingering refused connections). docs/daemon.md does the arithmetic for
  * LimitNOFILE=. */
-#define FDS_PER_SESSION (RADIANCE_MAX_FDS + 5u)
+#define FDS_PER_SESSION (RADIANCE_MAX_FDS + 5u + SESSION_TENSORS_MAX_QUEUED)
 #define FDS_DAEMON (256u + REFUSED_MAX)
 
 static void server_stop(struct radiance_server *srv, int exit_code);

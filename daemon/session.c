@@ -19,6 +19,7 @@
 #include "map.h"
 #include "proto_util.h"
 #include "server.h"
+#include "session_tensors.h"
 #include "shm.h"
 #include "text.h"
 #include "wire.h"
@@ -307,6 +308,7 @@ static void handle_hello(struct radiance_session *s, uint64_t tag, const Radianc
 	w.session_id = s->id;
 	w.max_rows = s->server->cfg->max_rows;
 	w.map_layout_version = RADIANCE_MAP_LAYOUT_VERSION;
+	w.tensors_version = RADIANCE_TENSORS_VERSION;
 	m.tag = tag;
 	m.msg_case = RADIANCE__SERVER_MESSAGE__MSG_WELCOME;
 	m.welcome = &w;
@@ -804,6 +806,12 @@ void session_handle_frame(struct radiance_session *s, const uint8_t *data, size_
 		break;
 	case RADIANCE__CLIENT_MESSAGE__MSG_UNMAP_MODEL:
 		session_handle_unmap(s, m->tag, m->unmap_model);
+		break;
+	case RADIANCE__CLIENT_MESSAGE__MSG_LIST_TENSORS:
+		session_handle_list_tensors(s, m->tag, m->list_tensors);
+		break;
+	case RADIANCE__CLIENT_MESSAGE__MSG_MAP_TENSORS:
+		session_handle_map_tensors(s, m->tag, m->map_tensors);
 		break;
 	default:
 		session_close(s, 1, "unknown message");

@@ -56,7 +56,7 @@ static void maps_add(struct session_maps *m, uint32_t model_id)
 		m->v[m->n++] = (struct session_map){ model_id, 1 };
 }
 
-static struct radiance_resident *held_model(struct radiance_session *s, uint32_t model_id)
+struct radiance_resident *session_held_model(struct radiance_session *s, uint32_t model_id)
 {
 	for (size_t i = 0; i < s->nmodels; i++)
 		if (s->models[i]->em.id == model_id)
@@ -161,7 +161,7 @@ void session_handle_map(struct radiance_session *s, uint64_t tag, const Radiance
 		session_reply_error(s, tag, EPERM, "%s", why);
 		return;
 	}
-	struct radiance_resident *res = held_model(s, mm->model_id);
+	struct radiance_resident *res = session_held_model(s, mm->model_id);
 	if (!res) {
 		session_reply_error(s, tag, ENOENT, "model_id %u is not loaded by this session (load or "
 				    "attach it before mapping it)", mm->model_id);

@@ -35,6 +35,8 @@ struct session_maps {
 };
 
 void session_maps_finish(struct session_maps *m);
+/* The model model_id if this session holds a reference to it, else NULL. */
+struct radiance_resident *session_held_model(struct radiance_session *s, uint32_t model_id);
 /* 1 when the session has model_id mapped. */
 int session_maps_has(const struct session_maps *m, uint32_t model_id);
 

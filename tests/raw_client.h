@@ -188,6 +188,21 @@ static inline void raw_hello(struct raw *w)
 	raw_expect_reply(w, RADIANCE__SERVER_MESSAGE__MSG_WELCOME);
 }
 
+/* Sends m; the reply must be Error(code) with `says` in its text. */
+static inline void raw_send_refused(struct raw *w, Radiance__ClientMessage *m, int code, const char *says)
+{
+	raw_send(w, m, NULL, 0);
+	Radiance__ServerMessage *reply;
+	assert_int_equal(raw_recv(w, &reply, 10000), 1);
+	int got = reply->msg_case == RADIANCE__SERVER_MESSAGE__MSG_ERROR ? reply->error->code : -1;
+	char text[512] = "";
+	if (got >= 0)
+		snprintf(text, sizeof text, "%s", reply->error->message ? reply->error->message : "");
+	radiance__server_message__free_unpacked(reply, NULL);
+	if (got != code || !strstr(text, says))
+		fail_msg("expected Error %d '...%s...', got %d '%s'", code, says, got, text);
+}
+
 /* The session survives: a ListModels round trip still works. */
 static inline void raw_expect_alive(struct raw *w)
 {
@@ -224,6 +239,98 @@ static inline int raw_expect_closed(struct raw *w)
 	int code;
 	assert_int_not_equal(raw_read_to_end(w, 5000, &code, NULL, 0), -ETIMEDOUT);
 	return code;
+}
+
+/* Loads the checkpoint directory dir (config.json, quantization_config.json,
+ * model.safetensors) on w and returns its model id; fails the test unless
+ * the load succeeds. */
+static inline uint32_t raw_load_dir(struct raw *w, const char *dir)
+{
+	char *names[] = { "config.json", "quantization_config.json", "model.safetensors" };
+	int fds[3];
+	for (int i = 0; i < 3; i++) {
+		char p[600];
+		snprintf(p, sizeof p, "%s/%s", dir, names[i]);
+		fds[i] = open(p, O_RDONLY | O_CLOEXEC);
+		assert_true(fds[i] >= 0);
+	}
+	raw_send_load_model(w, names, 3, fds, 3);
+	for (int i = 0; i < 3; i++)
+		close(fds[i]);
+	Radiance__ServerMessage *reply;
+	uint32_t id = 0;
+	for (;;) {
+		assert_int_equal(raw_recv(w, &reply, 20000), 1);
+		int c = reply->msg_case;
+		if (c == RADIANCE__SERVER_MESSAGE__MSG_MODEL_INFO)
+			id = reply->model_info->model_id;
+		radiance__server_message__free_unpacked(reply, NULL);
+		if (c != RADIANCE__SERVER_MESSAGE__MSG_LOAD_PROGRESS) {
+			assert_int_equal(c, RADIANCE__SERVER_MESSAGE__MSG_MODEL_INFO);
+			return id;
+		}
+	}
+}
+
+/* --- an older daemon ----------------------------------------------------- */
+
+/* A radianced from before the optional features (mapped weights, shared
+ * tensors), forked: listens on path, answers one Hello with a Welcome that
+ * has neither map_layout_version nor tensors_version, then reads until EOF.
+ * Exits 0 when nothing but the Hello came, 3 when another message did (a
+ * real old daemon would have ended the session over it). */
+static inline pid_t raw_old_daemon(const char *path)
+{
+	int ls = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	assert_true(ls >= 0);
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
+	assert_int_equal(bind(ls, (struct sockaddr *)&sa, sizeof sa), 0);
+	assert_int_equal(listen(ls, 1), 0);
+	fflush(NULL);
+	pid_t pid = fork();
+	assert_true(pid >= 0);
+	if (pid > 0) {
+		close(ls);
+		return pid;
+	}
+	int fd = accept(ls, NULL, NULL);
+	struct radiance_conn c;
+	if (fd < 0 || radiance_conn_init(&c, fd, RADIANCE_MAX_FRAME, 8) < 0)
+		_exit(2);
+	int frames = 0, other = 0;
+	for (;;) {
+		const uint8_t *data;
+		size_t len;
+		int rc = radiance_conn_next_frame(&c, &data, &len);
+		if (rc == 1) {
+			Radiance__ClientMessage *m = radiance_proto_unpack_client(data, len);
+			if (!m)
+				_exit(2);
+			if (frames++ == 0 && m->msg_case == RADIANCE__CLIENT_MESSAGE__MSG_HELLO) {
+				Radiance__Welcome w = RADIANCE__WELCOME__INIT;
+				Radiance__ServerMessage sm = RADIANCE__SERVER_MESSAGE__INIT;
+				w.protocol_version = RADIANCE_PROTOCOL_VERSION;
+				w.server_version = "0.1.0-old";
+				w.backend = "cuda";
+				w.device = "an old one";
+				w.max_rows = 16;
+				sm.tag = m->tag;
+				sm.msg_case = RADIANCE__SERVER_MESSAGE__MSG_WELCOME;
+				sm.welcome = &w;
+				if (radiance_proto_queue_server(&c, &sm, NULL, 0) < 0 || radiance_conn_flush(&c) < 0)
+					_exit(2);
+			} else {
+				other = 1;
+			}
+			radiance__client_message__free_unpacked(m, NULL);
+			continue;
+		}
+		rc = radiance_conn_read(&c);
+		if (rc <= 0)
+			break;
+	}
+	_exit(other ? 3 : 0);
 }
 
 #endif

@@ -23,6 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdbool.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -336,7 +337,7 @@ static void check_model(struct fixture *fx, const struct radiance_model *m)
 	uint64_t resident = 0;
 	for (size_t i = 0; i < m->n_layers; i++)
 		resident += m->layers[i].bytes;
-	assert_int_equal(m->resident_bytes, resident);
+	assert_int_equal(m->resident_bytes, resident + m->tensors_bytes);
 
 	/* everything else, listed, nothing dropped */
 	static const char *const other[] = {
@@ -354,15 +355,41 @@ static void check_model(struct fixture *fx, const struct radiance_model *m)
 	assert_int_equal(m->other[3].shape[0], 10);
 	assert_int_equal(m->other[3].shape[1], 16);
 	assert_int_equal(radiance_model_find_layer(m, "embeddings.word_embeddings"), -1);
+
+	/* the shared tensors: a sealed memfd holding each one's bytes as the
+	 * checkpoint writer made them, aligned, in name order, one page */
+	assert_true(m->tensors_fd >= 0);
+	int seals = fcntl(m->tensors_fd, F_GET_SEALS);
+	assert_int_equal(seals & (F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL),
+			 F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
+	struct stat sb;
+	assert_int_equal(fstat(m->tensors_fd, &sb), 0);
+	assert_int_equal((uint64_t)sb.st_size, m->tensors_bytes);
+	assert_int_equal(m->tensors_bytes, 4096);
+	const uint8_t *base = mmap(NULL, m->tensors_bytes, PROT_READ, MAP_SHARED, m->tensors_fd, 0);
+	assert_true(base != MAP_FAILED);
+	uint64_t end = 0;
+	for (size_t i = 0; i < m->n_other; i++) {
+		const struct radiance_tensor_info *o = &m->other[i];
+		const struct stw_tensor *src = stw_get(&fx->w, o->name);
+		assert_non_null(src);
+		assert_int_equal(o->bytes, src->nbytes);
+		assert_int_equal(o->offset % 64, 0);
+		assert_true(o->offset >= end);
+		end = o->offset + o->bytes;
+		assert_true(end <= m->tensors_bytes);
+		if (memcmp(base + o->offset, src->data, src->nbytes) != 0)
+			fail_msg("shared tensor %s differs from the checkpoint's bytes", o->name);
+	}
+	munmap((void *)base, m->tensors_bytes);
 }
 
-/* checkpoint bytes of the tensors that go into linears */
+/* checkpoint bytes of every tensor: the linears' and the shared ones */
 static uint64_t linear_bytes(struct fixture *fx)
 {
 	uint64_t b = 0;
 	for (size_t i = 0; i < fx->w.n; i++)
-		if (!strstr(fx->w.t[i].name, "embeddings.") && !strstr(fx->w.t[i].name, "LayerNorm"))
-			b += fx->w.t[i].nbytes;
+		b += fx->w.t[i].nbytes;
 	return b;
 }
 
@@ -1089,7 +1116,7 @@ static void test_file_shrinks_while_loading(void **state)
 	uint32_t seed = 0x5eed1234u;
 	int loaded = 0, shrank = 0;
 	for (int it = 0; it < 150; it++) {
-		struct shrink s = { .at = (int)(shrink_rand(&seed) % (n_layers + 1)),
+		struct shrink s = { .at = (int)(shrink_rand(&seed) % (n_layers + 2)),
 				    .len = (off_t)(shrink_rand(&seed) % size) };
 		s.fd = open(st_path, O_RDWR | O_TRUNC);
 		assert_true(s.fd >= 0);
@@ -1118,6 +1145,22 @@ static void test_file_shrinks_while_loading(void **state)
 					 (long long)s.len, size);
 				named = named || strcmp(fx->err, want) == 0;
 			}
+		}
+		/* the shared tensors are read after the last layer's progress
+		 * call (call n_layers), before the final one (n_layers + 1) */
+		for (size_t j = 0; s.at <= (int)n_layers && j < m->n_other; j++) {
+			const struct radiance_st_tensor *x = NULL;
+			for (size_t t = 0; t < st->n_tensors && !x; t++)
+				if (strcmp(st->tensors[t].name, m->other[j].name) == 0)
+					x = &st->tensors[t];
+			assert_non_null(x);
+			if (base + x->end <= (uint64_t)s.len || x->end == x->begin)
+				continue;
+			fits = false;
+			char want[512];
+			snprintf(want, sizeof want, "model.safetensors: tensor \"%s\": file shrank to "
+				 "%lld bytes while loading (expected %zu)", x->name, (long long)s.len, size);
+			named = named || strcmp(fx->err, want) == 0;
 		}
 		if (fits) {
 			if (rc)

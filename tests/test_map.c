@@ -134,17 +134,7 @@ static void raw_map_refused(struct raw *w, uint32_t model_id, uint32_t version, 
 	Radiance__ClientMessage m = RADIANCE__CLIENT_MESSAGE__INIT;
 	m.msg_case = RADIANCE__CLIENT_MESSAGE__MSG_MAP_MODEL;
 	m.map_model = &mm;
-	raw_send(w, &m, NULL, 0);
-	Radiance__ServerMessage *reply;
-	assert_int_equal(raw_recv(w, &reply, 10000), 1);
-	int got = reply->msg_case == RADIANCE__SERVER_MESSAGE__MSG_ERROR ? reply->error->code : -1;
-	char text[512] = "";
-	if (got >= 0)
-		snprintf(text, sizeof text, "%s", reply->error->message ? reply->error->message : "");
-	radiance__server_message__free_unpacked(reply, NULL);
-	if (got != code || !strstr(text, says))
-		fail_msg("MapModel(%u, v%u): expected Error %d '...%s...', got %d '%s'", model_id, version, code,
-			 says, got, text);
+	raw_send_refused(w, &m, code, says);
 	assert_int_equal(radiance_conn_queued_fds(&w->conn), 0);
 }
 
@@ -183,32 +173,9 @@ static void raw_refusals(void **state)
 static void raw_layout_version(void **state)
 {
 	struct raw w;
-	char *names[] = { "config.json", "quantization_config.json", "model.safetensors" };
-	int fds[3];
-	for (int i = 0; i < 3; i++) {
-		char p[600];
-		snprintf(p, sizeof p, "%s/%s", ckpt, names[i]);
-		fds[i] = open(p, O_RDONLY | O_CLOEXEC);
-		assert_true(fds[i] >= 0);
-	}
 	assert_int_equal(raw_open_at(&w, daemon_.socket), 0);
 	raw_hello(&w);
-	raw_send_load_model(&w, names, 3, fds, 3);
-	for (int i = 0; i < 3; i++)
-		close(fds[i]);
-	Radiance__ServerMessage *reply;
-	uint32_t id = 0;
-	for (;;) {
-		assert_int_equal(raw_recv(&w, &reply, 20000), 1);
-		int c = reply->msg_case;
-		if (c == RADIANCE__SERVER_MESSAGE__MSG_MODEL_INFO)
-			id = reply->model_info->model_id;
-		radiance__server_message__free_unpacked(reply, NULL);
-		if (c != RADIANCE__SERVER_MESSAGE__MSG_LOAD_PROGRESS) {
-			assert_int_equal(c, RADIANCE__SERVER_MESSAGE__MSG_MODEL_INFO);
-			break;
-		}
-	}
+	uint32_t id = raw_load_dir(&w, ckpt);
 	raw_map_refused(&w, id, RADIANCE_MAP_LAYOUT_VERSION + 1, EPROTONOSUPPORT, "layout version 2 is not served");
 	/* the right version on the cpu backend: ENOTSUP, no fd */
 	raw_map_refused(&w, id, RADIANCE_MAP_LAYOUT_VERSION, ENOTSUP, "cpu backend");
@@ -464,69 +431,12 @@ static void allow_bad_value(void **state)
 
 /* ---- an older daemon ------------------------------------------------------- */
 
-/* Listens on path, answers one Hello with a Welcome that has no
- * map_layout_version (an older radianced), then reads until EOF. Exits 0
- * when nothing but the Hello came, 3 when another message did. */
-static pid_t old_daemon(const char *path)
-{
-	int ls = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	assert_true(ls >= 0);
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
-	assert_int_equal(bind(ls, (struct sockaddr *)&sa, sizeof sa), 0);
-	assert_int_equal(listen(ls, 1), 0);
-	fflush(NULL);
-	pid_t pid = fork();
-	assert_true(pid >= 0);
-	if (pid > 0) {
-		close(ls);
-		return pid;
-	}
-	int fd = accept(ls, NULL, NULL);
-	struct radiance_conn c;
-	if (fd < 0 || radiance_conn_init(&c, fd, RADIANCE_MAX_FRAME, 8) < 0)
-		_exit(2);
-	int frames = 0, other = 0;
-	for (;;) {
-		const uint8_t *data;
-		size_t len;
-		int rc = radiance_conn_next_frame(&c, &data, &len);
-		if (rc == 1) {
-			Radiance__ClientMessage *m = radiance_proto_unpack_client(data, len);
-			if (!m)
-				_exit(2);
-			if (frames++ == 0 && m->msg_case == RADIANCE__CLIENT_MESSAGE__MSG_HELLO) {
-				Radiance__Welcome w = RADIANCE__WELCOME__INIT;
-				Radiance__ServerMessage sm = RADIANCE__SERVER_MESSAGE__INIT;
-				w.protocol_version = RADIANCE_PROTOCOL_VERSION;
-				w.server_version = "0.1.0-old";
-				w.backend = "cuda";
-				w.device = "an old one";
-				w.max_rows = 16;
-				sm.tag = m->tag;
-				sm.msg_case = RADIANCE__SERVER_MESSAGE__MSG_WELCOME;
-				sm.welcome = &w;
-				if (radiance_proto_queue_server(&c, &sm, NULL, 0) < 0 || radiance_conn_flush(&c) < 0)
-					_exit(2);
-			} else {
-				other = 1;
-			}
-			radiance__client_message__free_unpacked(m, NULL);
-			continue;
-		}
-		rc = radiance_conn_read(&c);
-		if (rc <= 0)
-			break;
-	}
-	_exit(other ? 3 : 0);
-}
-
 static void old_daemon_never_asked(void **state)
 {
 	char dir[] = "/tmp/radiance-old-XXXXXX", path[64];
 	assert_non_null(mkdtemp(dir));
 	snprintf(path, sizeof path, "%s/old.sock", dir);
-	pid_t pid = old_daemon(path);
+	pid_t pid = raw_old_daemon(path);
 	struct radiance *r = radiance_connect(path, NULL);
 	assert_non_null(r);
 	assert_int_equal(radiance_get_server_info(r)->map_layout_version, 0);

@@ -174,6 +174,7 @@ static void usage_and_exit_codes(void **state)
 	assert_int_equal(ctl("frobnicate"), 2);
 	assert_non_null(strstr(err, "unknown command"));
 	assert_int_equal(ctl("layers"), 2);
+	assert_int_equal(ctl("tensors"), 2);
 	assert_int_equal(ctl("status extra"), 2);
 	assert_int_equal(ctl("--name x status"), 2);
 	assert_int_equal(ctl("--bogus-option status"), 2);
@@ -294,6 +295,39 @@ static void status_models_layers_stats(void **state)
 	assert_string_equal(out, "");
 	assert_int_equal(ctl("--socket %s --json layers no-such-model", daemon_.socket), 1);
 	assert_json_error("ENOENT", ENOENT, "no resident model \"no-such-model\"", NULL);
+
+	/* the shared tensors: the inventory, with sizes and aligned offsets
+	 * inside the memfd, which is the model's resident bytes beyond its
+	 * layers' */
+	j = ctl_json("--socket %s --json layers %s", "minilm-w4g128");
+	json_t *inv = json_object_get(j, "other_tensors");
+	json_int_t layer_bytes = 0, resident = json_integer_value(json_object_get(j, "resident_bytes"));
+	json_t *l;
+	size_t li;
+	json_array_foreach(json_object_get(j, "layers"), li, l)
+		layer_bytes += json_integer_value(json_object_get(l, "bytes"));
+	json_t *t = ctl_json("--socket %s --json tensors %s", "minilm-w4g128");
+	json_t *tensors = json_object_get(t, "tensors");
+	assert_int_equal(json_array_size(tensors), json_array_size(inv));
+	assert_int_equal(json_integer_value(json_object_get(t, "bytes")), resident - layer_bytes);
+	json_int_t end = 0;
+	for (size_t i = 0; i < json_array_size(tensors); i++) {
+		json_t *x = json_array_get(tensors, i);
+		assert_string_equal(json_string_value(json_object_get(x, "name")),
+				    json_string_value(json_object_get(json_array_get(inv, i), "name")));
+		json_int_t off = json_integer_value(json_object_get(x, "offset"));
+		assert_int_equal(off % 64, 0);
+		assert_true(off >= end);
+		end = off + json_integer_value(json_object_get(x, "bytes"));
+	}
+	assert_true(end <= json_integer_value(json_object_get(t, "bytes")));
+	json_decref(t);
+	json_decref(j);
+	assert_int_equal(ctl("--socket %s tensors minilm-w4g128", daemon_.socket), 0);
+	assert_non_null(strstr(out, "29 shared tensors"));
+	assert_non_null(strstr(out, "embeddings.word_embeddings.weight                        BF16  [30522, 384]"));
+	assert_int_equal(ctl("--socket %s tensors no-such-model", daemon_.socket), 1);
+	assert_non_null(strstr(err, "no resident model"));
 
 	j = ctl_json("--socket %s --json stats", "");
 	assert_non_null(json_object_get(json_object_get(j, "global"), "requests"));

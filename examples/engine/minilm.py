@@ -7,11 +7,14 @@ L2 normalization, the way sentence-transformers computes them (Transformer ->
 mean Pooling -> Normalize, max_seq_length 256, padding to the longest
 sentence of a batch).
 
-The tensors that are not linear layers (embeddings, LayerNorm weights) are
-not served by the daemon yet; open_tensors() reads them from the
-checkpoint's own safetensors file (bf16 there), memory-mapped, so worker
-processes share the page cache. Serving them from the daemon later is a
-change of open_tensors() alone.
+The tensors that are not linear layers (embeddings, LayerNorm weights and
+biases) come from the daemon too: open_tensors() gives read-only numpy views
+of the model's shared tensors (Model.tensor), the one copy the daemon keeps
+in a sealed memfd that every worker maps, so a worker holds no weights of
+its own: they are widened to float32 per batch, where they are used. Only
+config.json and tokenizer.json are read from the checkpoint directory.
+(CheckpointTensors, reading a safetensors file itself, is kept for tests
+and references that run without a daemon.)
 
     import radiance, minilm
     client = radiance.Client()
@@ -99,16 +102,31 @@ class CheckpointTensors(Mapping):
         return len(self._where)
 
 
-def open_tensors(model, directory: str) -> Mapping[str, np.ndarray]:
-    """Where the non-linear tensors come from: today the checkpoint files in
-    `directory` (the daemon lists them in model.other_tensors but does not
-    share their data yet). When it does, this function returns a mapping of
-    the daemon-shared tensors instead; nothing else changes."""
-    tensors = CheckpointTensors(directory)
-    missing = [t.name for t in getattr(model, "other_tensors", ()) if t.name not in tensors]
-    if missing:
-        raise ValueError(f"{directory}: tensors the daemon lists are missing: {missing[:3]}")
-    return tensors
+class SharedTensors(Mapping):
+    """The daemon's shared tensors of a radiance.Model, by name: read-only
+    numpy views of its one copy (Model.tensor), mapped on first use."""
+
+    def __init__(self, model):
+        self._model = model
+        self._names = [t.name for t in model.tensors]   # maps them (one round trip)
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name not in self._names:
+            raise KeyError(f"no shared tensor {name!r} in model '{self._model.name}'")
+        return self._model.tensor(name)
+
+    def __iter__(self):
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
+def open_tensors(model) -> Mapping[str, np.ndarray]:
+    """Where the non-linear tensors come from: the daemon's shared tensors of
+    `model` (a radiance.Model). Raises radiance.RadianceError (ENOTSUP) for a
+    radianced that predates shared tensors."""
+    return SharedTensors(model)
 
 
 # ---------------------------------------------------------------------------
@@ -175,17 +193,17 @@ class MiniLM:
                 config.get("position_embedding_type", "absolute") != "absolute":
             raise ValueError("only BERT with erf GELU and absolute positions is implemented")
         self.max_seq_length = min(max_seq_length, int(config["max_position_embeddings"]))
-        f32 = lambda n: np.asarray(tensors[n], dtype=np.float32)   # noqa: E731
-        # the word-embedding table stays a bf16 memory map: rows are gathered
-        # per batch, so a worker holds no private copy of it
+        # every tensor stays the view it came as (the daemon's shared pages,
+        # bf16 there): rows and vectors are widened to float32 per batch,
+        # where they are used, so a worker holds no private copy of any
         self.word = tensors["embeddings.word_embeddings.weight"]
-        self.pos = f32("embeddings.position_embeddings.weight")
-        self.type0 = f32("embeddings.token_type_embeddings.weight")[0]
+        self.pos = tensors["embeddings.position_embeddings.weight"]
+        self.type0 = tensors["embeddings.token_type_embeddings.weight"][0]
         self.ln = {}
         for n in ["embeddings.LayerNorm"] + [f"encoder.layer.{i}.{p}.LayerNorm"
                                              for i in range(self.n_layers)
                                              for p in ("attention.output", "output")]:
-            self.ln[n] = (f32(n + ".weight"), f32(n + ".bias"))
+            self.ln[n] = (tensors[n + ".weight"], tensors[n + ".bias"])
         self.tokenizer = tokenizer
         tokenizer.no_padding()
         tokenizer.enable_truncation(self.max_seq_length)
@@ -193,15 +211,15 @@ class MiniLM:
     @classmethod
     def from_checkpoint(cls, model, directory: str, linear: Optional[Linear] = None,
                         **kw) -> "MiniLM":
-        """The encoder of the checkpoint in `directory` (config.json,
-        tokenizer.json) whose linear layers `model` (a radiance.Model of the
-        same checkpoint) serves."""
+        """The encoder of the checkpoint in `directory` (config.json and
+        tokenizer.json only) whose linear layers and other tensors `model`
+        (a radiance.Model of the same checkpoint) serves."""
         from tokenizers import Tokenizer
 
         with open(os.path.join(directory, "config.json"), encoding="utf-8") as f:
             config = json.load(f)
         tok = Tokenizer.from_file(os.path.join(directory, "tokenizer.json"))
-        return cls(linear or daemon_linear(model), open_tensors(model, directory), config, tok, **kw)
+        return cls(linear or daemon_linear(model), open_tensors(model), config, tok, **kw)
 
     def tokenize(self, sentences: Sequence[str]) -> List[List[int]]:
         """Token ids of each sentence, [CLS] .. [SEP], truncated to
@@ -244,8 +262,9 @@ class MiniLM:
         B, L = tok.shape
         H, nh = self.hidden, self.heads
         hd = H // nh
-        h = self.word[tok].astype(np.float32) + self.pos[:L] + self.type0
-        h = layer_norm(h, *self.ln["embeddings.LayerNorm"], self.eps).reshape(B * L, H)
+        f32 = np.float32
+        h = self.word[tok].astype(f32) + self.pos[:L].astype(f32) + self.type0.astype(f32)
+        h = layer_norm(h, *self._ln("embeddings.LayerNorm"), self.eps).reshape(B * L, H)
         # padding keys get the most negative float added before the softmax,
         # as transformers' BERT does: exp() of it is exactly 0
         bias = ((1.0 - mask) * np.finfo(np.float32).min)[:, None, None, :]
@@ -261,11 +280,16 @@ class MiniLM:
             probs = softmax((q @ np.ascontiguousarray(k.transpose(0, 1, 3, 2))) * scale + bias)
             ctx = (probs @ v).transpose(0, 2, 1, 3).reshape(B * L, H).astype(np.float32)
             a = self.linear(p + "attention.output.dense", ctx)
-            h = layer_norm(a + h, *self.ln[p + "attention.output.LayerNorm"], self.eps)
+            h = layer_norm(a + h, *self._ln(p + "attention.output.LayerNorm"), self.eps)
             f = gelu(self.linear(p + "intermediate.dense", h))
             o = self.linear(p + "output.dense", f)
-            h = layer_norm(o + h, *self.ln[p + "output.LayerNorm"], self.eps)
+            h = layer_norm(o + h, *self._ln(p + "output.LayerNorm"), self.eps)
         return h.reshape(B, L, H)
+
+    def _ln(self, name: str):
+        """LayerNorm `name`'s (weight, bias), widened to float32 for this use."""
+        w, b = self.ln[name]
+        return w.astype(np.float32), b.astype(np.float32)
 
     @staticmethod
     def pool(h: np.ndarray, mask: np.ndarray) -> np.ndarray:

@@ -11,8 +11,9 @@ the gpu backend on this GPU.
 
 Tokenization, batching, padding and the comparison with the reference are
 minilm.MiniLM's; only forward() and pool() are torch here. The non-linear
-tensors come from the same place as there (open_tensors), copied to the
-device once (about 24 MiB, mostly the word embeddings, kept bf16).
+tensors come from the same place as there (open_tensors: the daemon's
+shared tensors), copied to the device once (about 24 MiB, mostly the word
+embeddings, kept bf16).
 
     enc = TorchMiniLM.from_checkpoint(model, "tests/data/minilm-w4g128", device="cuda")
     emb = enc.encode(sentences)          # numpy [n, 384] float32, unit norm
@@ -69,7 +70,7 @@ class TorchMiniLM(MiniLM):
         with open(os.path.join(directory, "config.json"), encoding="utf-8") as f:
             config = json.load(f)
         tok = Tokenizer.from_file(os.path.join(directory, "tokenizer.json"))
-        return cls(model, open_tensors(model, directory), config, tok, device=device, **kw)
+        return cls(model, open_tensors(model), config, tok, device=device, **kw)
 
     def linear_t(self, name: str, x: torch.Tensor) -> torch.Tensor:
         """float32 [rows, K] -> float32 [rows, N]: rounded to bf16 for the

@@ -15,15 +15,24 @@ model's, sentences per second, and the PSS (proportional set size, from
 /proc/PID/smaps_rollup) of the worker and of the daemon, read while every
 worker is still alive: the model's weights are resident once, in the daemon.
 
+Every weight a worker uses comes from the daemon: the linears run there,
+and the embeddings and LayerNorm weights and biases are read-only views of
+the model's shared tensors (one sealed memfd, the same pages in every
+worker). The PSS columns split each process's memory: "anon" is its own
+(numpy temporaries, Python, libraries), "shmem" its share of the shared
+tensors' pages it touched (shared by every worker that maps them; the daemon
+keeps them without mapping them, charged to the model's resident bytes).
+
 --device cuda runs the torch engine instead (minilm_torch.py): tensors on
 the GPU, every linear mapped from the daemon (which must run the gpu
 backend) and run in the worker on the daemon's weights, the rest in torch;
 each worker also reports its device memory (torch's peak, the mapping's
 scratch; the weights are mapped, not copied).
 
-Exit status: 0, 1 when a worker failed or a result is below the bounds
+Exit status: 0, 1 when a worker failed, a result is below the bounds
 (--min-cos, --min-mean-cos, --min-spearman, --min-spearman-pairs;
-docs/accuracy.md explains the defaults), 2 for a usage error.
+docs/accuracy.md explains the defaults) or PyPI's tokenizers is not
+installed (said at once, before anything else), 2 for a usage error.
 """
 import argparse
 import hashlib
@@ -34,6 +43,13 @@ import socket as socketlib
 import struct
 import sys
 import time
+
+try:   # the engine's tokenizer: fail here, clearly, not in every worker
+    import tokenizers  # noqa: F401
+except ImportError as e:
+    sys.exit(f"run.py: the engine needs PyPI's tokenizers package ({e}): "
+             f"pip install tokenizers, or pip install -r tests/requirements.txt "
+             f"(make demo installs it into build/pyenv)")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -76,6 +92,14 @@ def daemon_pid(path):
     return struct.unpack("3i", cred)[0]
 
 
+def mapped_weights():
+    """Whether this process maps the checkpoint's weights file, and the
+    daemon's shared tensors (/proc/self/maps)."""
+    with open("/proc/self/maps") as f:
+        maps = f.read()
+    return {"maps_checkpoint": ".safetensors" in maps, "maps_shared_tensors": "radiance-tensors" in maps}
+
+
 def worker(idx, conn, args):
     try:
         sentences, _, ref, meta = minilm.load_reference(args.reference)
@@ -114,6 +138,7 @@ def worker(idx, conn, args):
             "embeddings_sha256": hashlib.sha256(emb.astype("<f4").tobytes()).hexdigest(),
             "pss_kib": pss_kib(os.getpid()),
             "gpu": minilm_torch.device_memory(enc.mapped) if args.device == "cuda" else None,
+            **mapped_weights(),
         }))
         conn.recv()   # "exit": stay alive (and attached) until the daemon's PSS is read
         client.close()
@@ -197,6 +222,8 @@ def main(argv=None):
                     failures.append(f"worker {i}: {what}")
         daemon_pss = pss_kib(dpid)
         resident = {m.name: m for m in client.resident_models()}[model.name]
+        tensors_bytes = model.shared_bytes
+        shared_tensors = model.tensors
     finally:
         for c in pipes:
             try:
@@ -221,19 +248,25 @@ def main(argv=None):
           f"(paraphrase and unrelated pairs)")
     print()
     print(f"{'worker':>6} {'pid':>7} {'session':>7}  {'cos min':>7}  {'(sentence)':<14} {'cos mean':>8} "
-          f"{'sp. all':>7} {'sp. pairs':>9} {'sent/s':>7} {'PSS MiB':>8}")
+          f"{'sp. all':>7} {'sp. pairs':>9} {'sent/s':>7} {'PSS MiB':>8} {'anon':>6} {'shmem':>6}")
     for r in results:
         s = r["cos_min_sentence"]
         s = (s if len(s) <= 12 else s[:9] + "...")
         print(f"{r['worker']:>6} {r['pid']:>7} {r['session']:>7}  {r['cos_min']:7.4f}  "
               f"{json.dumps(s, ensure_ascii=False):<14} {r['cos_mean']:8.4f} {r['spearman']:7.4f} "
               f"{r['spearman_pairs']:9.4f} {r['sentences_per_s']:7.1f} "
-              f"{mib(r['pss_kib']['Pss']):8.1f}")
+              f"{mib(r['pss_kib']['Pss']):8.1f} {mib(r['pss_kib'].get('Pss_Anon', 0)):6.1f} "
+              f"{mib(r['pss_kib'].get('Pss_Shmem', 0)):6.1f}")
     print(f"{'daemon':>6} {dpid:>7} {'':>7}  {'':7}  {'':<14} {'':8} {'':7} {'':9} {'':7} "
-          f"{mib(daemon_pss['Pss']):8.1f}")
+          f"{mib(daemon_pss['Pss']):8.1f} {mib(daemon_pss.get('Pss_Anon', 0)):6.1f} "
+          f"{mib(daemon_pss.get('Pss_Shmem', 0)):6.1f}")
     print()
+    shared = sum(t.bytes for t in shared_tensors)
     print(f"model '{model.name}' resident once in the daemon: {resident.resident_bytes / 2**20:.1f} MiB "
-          f"of weights, {resident.users} sessions using it (the runner and {len(results)} workers)")
+          f"(linear weights {(resident.resident_bytes - tensors_bytes) / 2**20:.1f} MiB, shared "
+          f"tensors {tensors_bytes / 2**20:.1f} MiB: {len(shared_tensors)} tensors, "
+          f"{shared / 2**20:.1f} MiB of data), {resident.users} sessions using it (the runner and "
+          f"{len(results)} workers); the workers hold no weights of their own")
     for r in results:
         g = r.get("gpu")
         if g:
@@ -261,6 +294,7 @@ def main(argv=None):
             json.dump({"server": info, "workers": results, "daemon_pid": dpid,
                        "daemon_pss_kib": daemon_pss, "model": model.name,
                        "resident_bytes": resident.resident_bytes, "users": resident.users,
+                       "tensors_bytes": tensors_bytes,
                        "failures": failures}, f, indent=1)
     for f in failures:
         print(f"run.py: {f}", file=sys.stderr)

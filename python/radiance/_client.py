@@ -64,11 +64,58 @@ class Layer(NamedTuple):
 
 
 class OtherTensor(NamedTuple):
-    """A checkpoint tensor outside the linear layers (norms, embeddings): the
-    daemon knows it but does not serve its data (yet)."""
+    """A checkpoint tensor outside the linear layers (norms, embeddings), as
+    the model's description lists it; Model.tensors has its bytes and
+    Model.tensor() its data."""
     name: str
     dtype: str
     shape: Tuple[int, ...]
+
+
+class Tensor(NamedTuple):
+    """One of a model's shared tensors (Model.tensors): a checkpoint tensor of
+    no linear layer that the daemon holds once, for every process, in a
+    sealed read-only memfd. dtype: the safetensors name ("BF16", "F32",
+    "I64", ...); shape: C order; bytes: its size; offset: where it starts in
+    the memfd (a multiple of 64)."""
+    name: str
+    dtype: str
+    shape: Tuple[int, ...]
+    bytes: int
+    offset: int
+
+
+# safetensors dtype -> numpy dtype of Model.tensor() (little-endian, as stored)
+_NP_DTYPES = {
+    "BOOL": np.dtype(np.bool_), "U8": np.dtype("u1"), "I8": np.dtype("i1"),
+    "I16": np.dtype("<i2"), "U16": np.dtype("<u2"), "F16": np.dtype("<f2"),
+    "BF16": bfloat16, "I32": np.dtype("<i4"), "U32": np.dtype("<u4"),
+    "F32": np.dtype("<f4"), "F64": np.dtype("<f8"), "I64": np.dtype("<i8"),
+    "U64": np.dtype("<u8"), "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
+    "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
+}
+
+
+class _TensorMap:
+    """A model's shared tensors mapped into this process (radiance_map_tensors):
+    one read-only buffer over the whole memfd. Every array Model.tensor()
+    returns is a view of it and keeps it alive; the mapping is unmapped and
+    its fd closed when the last view and the Model are gone."""
+
+    def __init__(self, ffi, lib, t):
+        self.tensors = tuple(Tensor(_cstr(ffi, x.name), _cstr(ffi, x.dtype),
+                                    tuple(int(x.shape[d]) for d in range(x.ndim)),
+                                    int(x.bytes), int(x.offset))
+                             for x in (t.tensors[i] for i in range(t.count)))
+        self.by_name = {x.name: x for x in self.tensors}
+        self.bytes = int(t.bytes)
+        if t.base != ffi.NULL:
+            # the buffer holds the gc'd pointer, whose destructor frees t
+            base = ffi.gc(ffi.cast("char *", t.base), lambda _p, t=t: lib.radiance_tensors_free(t))
+            self.view: Optional[memoryview] = memoryview(ffi.buffer(base, self.bytes)).toreadonly()
+        else:
+            lib.radiance_tensors_free(t)
+            self.view = None
 
 
 class ResidentModel(NamedTuple):
@@ -572,6 +619,7 @@ class Model:
         self._closed = False
         self._requests: "weakref.WeakSet[Request]" = weakref.WeakSet()
         self._mappings: list = []   # MappedModels of this process (Model.map)
+        self._tensor_map: Optional[_TensorMap] = None
 
     @property
     def client(self) -> Client:
@@ -798,6 +846,88 @@ class Model:
             req._rows = [(r0, m) for r0, m, _ in blocks]
             self._requests.add(req)
         return req
+
+    # -- shared tensors --------------------------------------------------------
+    def _tensors(self) -> _TensorMap:
+        """The shared tensors, mapped on first use (one MapTensors per Model
+        and process: a forked child inherits the read-only mapping)."""
+        if self._closed:
+            raise RadianceError(errno.EBADF, f"{self!r} was released: its shared tensors are not "
+                                f"mapped again (views taken before stay valid)")
+        tm = self._tensor_map
+        if tm is not None:
+            return tm
+        c = self._client
+        ffi, lib = c._ffi, c._lib
+        with c._lock:
+            if self._tensor_map is not None:
+                return self._tensor_map
+            for attempt in (0, 1):
+                s = c._sess()
+                mid = c._model_id(s, self)
+                pp = ffi.new("struct radiance_tensors **")
+                rc = lib.radiance_map_tensors(s.h, mid, pp)
+                if rc == 0:
+                    self._tensor_map = _TensorMap(ffi, lib, pp[0])
+                    return self._tensor_map
+                err = c._fail(s, rc, f"mapping the shared tensors of model '{self.name}'")
+                if attempt == 0 and s.dead is not None and s.dead.errno in _LOST:
+                    continue
+                raise err
+        raise AssertionError("unreachable")
+
+    @property
+    def tensors(self) -> Tuple[Tensor, ...]:
+        """The model's shared tensors (every checkpoint tensor of no linear
+        layer: embeddings, norms, ...), sorted by name. The first use maps
+        them (see tensor()). Raises RadianceError: ENOTSUP (a radianced that
+        predates shared tensors), EBADF (model released), a connection
+        error."""
+        return self._tensors().tensors
+
+    @property
+    def shared_bytes(self) -> int:
+        """Size of the memfd holding the shared tensors (a multiple of 4096):
+        what the daemon charges the model for them, once, in its
+        resident_bytes. Maps them on first use, as ``tensors``."""
+        return self._tensors().bytes
+
+    def tensor(self, name: str) -> np.ndarray:
+        """The shared tensor called `name` as a read-only numpy array of its
+        shape, in its checkpoint dtype (BF16 as ``ml_dtypes.bfloat16``, F16
+        float16, F32 float32, I64 int64, ...), without a copy: a view of the
+        daemon's one copy, which every process mapping it shares (this
+        process pays page tables only). Writing is refused (ValueError; the
+        pages are mapped read-only and sealed: a raw write would fault).
+        Copy it (np.array(t)) for a private, writable one.
+
+        Lifetime: the array keeps the mapping alive on its own; it stays
+        valid after Model.close(), Client.close(), a daemon restart or the
+        model's unload (it then keeps the old pages, no longer counted by the
+        daemon, until the last view is gone).
+
+        Raises RadianceError: ENOENT (no shared tensor of that name:
+        Model.tensors lists them), ENOTSUP (a dtype numpy cannot view, e.g.
+        F4; or a radianced that predates shared tensors), EBADF (the model
+        was released), a connection error."""
+        tm = self._tensors()
+        t = tm.by_name.get(name)
+        if t is None:
+            raise RadianceError(errno.ENOENT, f"model '{self.name}' has no shared tensor "
+                                f"'{name}' ({len(tm.tensors)} tensors: Model.tensors lists them)")
+        dt = _NP_DTYPES.get(t.dtype)
+        if dt is None:
+            raise RadianceError(errno.ENOTSUP, f"shared tensor '{name}' of model '{self.name}' has "
+                                f"dtype {t.dtype}, which numpy cannot view")
+        count = 1
+        for d in t.shape:
+            count *= d
+        if count == 0 or tm.view is None:
+            a = np.zeros(t.shape, dt)   # nothing mapped to view
+            a.flags.writeable = False
+            return a
+        a = np.frombuffer(tm.view, dtype=dt, count=count, offset=t.offset).reshape(t.shape)
+        return a
 
     def _reaped_slots(self, s: _Session):
         for r in list(self._requests):

@@ -8,7 +8,8 @@
  * session: radiance_connect (handshake), list, load (from a real directory
  * holding the tiny checkpoint of fuzz_common.h, with LoadProgress), get,
  * attach, stats, open_rings (segment header checks), submit, poll (CQ
- * slots), release, disconnect. Each call reads the next replies, whatever
+ * slots), list_tensors and map_tensors (every tensor's bytes read), release,
+ * disconnect. Each call reads the next replies, whatever
  * they are; a broken session just makes the rest fail fast.
  *
  * Input:
@@ -19,6 +20,9 @@
  *   ServerMessage). A frame that decodes as RingReady is sent with three
  *   fds: the segment memfd, sized to the RingReady's segment_bytes (capped
  *   at 1 MiB, so a size mismatch is possible and tested), and two eventfds.
+ *   A frame that decodes as tensor_mapping is sent with one fd: a memfd
+ *   sized to its bytes (capped at 1 MiB), holding the segment image too,
+ *   sealed against writes, shrinking and growing as the library demands.
  * After the stream the daemon half-closes and reads until the client hangs
  * up, so a missing reply is an EOF, never a timeout.
  */
@@ -30,6 +34,7 @@
 #include <stddef.h>
 #include <stdio.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -171,6 +176,18 @@ static void *daemon_main(void *arg)
 					FUZZ_CHECK(fds[1] >= 0 && fds[2] >= 0);
 					nfds = 3;
 				}
+				if (m && m->msg_case == RADIANCE__SERVER_MESSAGE__MSG_TENSOR_MAPPING) {
+					uint64_t want = m->tensor_mapping->bytes;
+					size_t size = want < SEGMENT_MAX ? (size_t)want : SEGMENT_MAX;
+					fds[0] = memfd_create("tensors", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+					FUZZ_CHECK(fds[0] >= 0 && ftruncate(fds[0], (off_t)size) == 0);
+					size_t n = d->seg_len < size ? d->seg_len : size;
+					if (n)
+						FUZZ_CHECK(pwrite(fds[0], d->seg, n, 0) == (ssize_t)n);
+					FUZZ_CHECK(fcntl(fds[0], F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_SHRINK |
+							 F_SEAL_GROW) == 0);
+					nfds = 1;
+				}
 				if (m)
 					radiance__server_message__free_unpacked(m, NULL);
 			}
@@ -275,6 +292,23 @@ static void client_session(void)
 			;
 		radiance_arena_free(r, y);
 		radiance_arena_free(r, x);
+	}
+	struct radiance_tensors *t = NULL;
+	if (radiance_list_tensors(r, id, &t) == 0) {
+		FUZZ_CHECK(t->fd == -1 && !t->base);
+		radiance_tensors_free(t);
+	}
+	if (radiance_map_tensors(r, id, &t) == 0) {
+		/* every byte the reply points at is inside the mapping: read them */
+		volatile uint8_t sum = 0;
+		for (size_t i = 0; i < t->count; i++) {
+			const struct radiance_tensor *x = &t->tensors[i];
+			FUZZ_CHECK(radiance_find_tensor(t, x->name) != NULL);
+			for (uint64_t b = 0; b < x->bytes; b++)
+				sum ^= ((const uint8_t *)x->data)[b];
+		}
+		(void)sum;
+		radiance_tensors_free(t);
 	}
 	radiance_release_model(r, id);
 	radiance_disconnect(r);

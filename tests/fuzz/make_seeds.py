@@ -210,6 +210,14 @@ def get_stats(tag):
     return cmsg(tag, 9)
 
 
+def list_tensors(tag, mid):
+    return cmsg(tag, 30, fv(1, mid))
+
+
+def map_tensors(tag, mid):
+    return cmsg(tag, 31, fv(1, mid))
+
+
 SINGLE = ["config.json", "model.safetensors"]
 SHARDED = ["config.json", "model.safetensors.index.json", SHARD1_NAME, SHARD2_NAME]
 
@@ -248,6 +256,9 @@ def session_seeds():
           attach(5, "tiny-w4g128") + get_stats(6) + release(7, 1) + get_model(8, 1))
     write(T, "load_sharded_qconfig", hello() + load(2, SHARDED + ["quantization_config.json"], "sharded") +
           get_model(3, 1))
+    write(T, "load_tensors", hello() + list_tensors(2, 1) + map_tensors(3, 1) + load(4, SINGLE) +
+          list_tensors(5, 1) + map_tensors(6, 1) + map_tensors(7, 1) + list_tensors(8, 2) +
+          map_tensors(9, 2) + release(10, 1) + map_tensors(11, 1) + list_tensors(12, 1))
     write(T, "load_twice_same_files", hello() + load(2, SINGLE, "a") + load(3, SINGLE) + load(4, SINGLE, "b"))
     write(T, "load_bad_names", hello() + load(2, ["../config.json", "model.safetensors"]) +
           load(3, ["config.json", "config.json"]) + load(4, ["", "x"]))
@@ -478,6 +489,28 @@ def client_seeds():
     write(T, "segment_cq_tail_wild", with_seg(img2, session.replace(fv(1, seg), fv(1, seg2))))
     img3, _ = segment_image()
     write(T, "segment_size_mismatch", with_seg(img3, session.replace(fv(1, seg), fv(1, 1 << 40))))
+    # shared tensors: a daemon that serves them (Welcome field 30), then a
+    # listing and a mapping (field 31, with a sealed memfd) before release
+    welcome_t = sm(1, 2, fv(1, 1) + fb(2, "0.1.0") + fb(3, "cpu") + fb(4, "fuzz") + fv(5, 1) +
+                   fv(6, 16) + fv(30, 1))
+    norm = fb(1, "model.norm.weight") + fb(2, "F32") + fb(3, varint(16)) + fv(5, 64)
+    emb = fb(1, "model.embed_tokens.weight") + fb(2, "BF16") + fb(3, varint(4) + varint(8)) + \
+        fv(4, 64) + fv(5, 64)
+    tl = fv(1, 1) + fv(2, 4096) + fb(3, emb) + fb(3, norm)
+    head = (welcome_t + sm(2, 6, fb(1, fv(1, 1) + fb(2, "tiny-w4g128"))) +
+            sm(3, 5, fv(1, 2176) + fv(2, 2176)) + sm(3, 4, info) + sm(4, 4, info) + sm(5, 4, info) +
+            sm(6, 8, stats) + sm(7, 7, fv(1, seg)))
+    write(T, "tensors_valid", with_seg(img, head + sm(8, 30, tl) + sm(9, 31, tl) + sm(10, 9)))
+    past = fv(1, 1) + fv(2, 4096) + fb(3, fb(1, "x") + fb(2, "F32") + fb(3, varint(1024)) +
+                                      fv(4, 1024) + fv(5, 4096))
+    wrong = fv(1, 1) + fv(2, 4096) + fb(3, fb(1, "x") + fb(2, "BF16") + fb(3, varint(3)) + fv(5, 4))
+    odd = fv(1, 1) + fv(2, 4096) + fb(3, fb(1, "x") + fb(2, "F32") + fb(3, varint(1)) + fv(4, 3) + fv(5, 4))
+    huge = fv(1, 1) + fv(2, 1 << 40) + fb(3, fb(1, "x") + fb(2, "U8") + fb(3, varint(8)) + fv(5, 8))
+    scalar = fv(1, 1) + fv(2, 4096) + fb(3, fb(1, "s") + fb(2, "F4") + fv(5, 0)) + \
+        fb(3, fb(1, "big") + fb(2, "F64") + fb(3, varint(1 << 62) + varint(8)) + fv(5, 0))
+    write(T, "tensors_bad", with_seg(img, head + sm(8, 30, past) + sm(9, 31, wrong) + sm(10, 9)))
+    write(T, "tensors_odd", with_seg(img, head + sm(8, 30, odd) + sm(9, 31, huge) + sm(10, 9)))
+    write(T, "tensors_shapes", with_seg(img, head + sm(8, 30, scalar) + sm(9, 31, scalar) + sm(10, 9)))
     write(T, "model_info_odd", with_seg(b"", welcome + sm(2, 6, fb(1, b"")) +
                                         sm(3, 4, fv(1, 1) + fb(6, fv(1, 7) + fv(3, 9)) + fb(6, fv(1, 7)) +
                                            fb(7, fb(3, varint(1) * 64)))))

@@ -106,6 +106,33 @@ def test_daemon_engine_matches_the_numpy_w4a8_engine(model, ckpt_tensors, refere
     assert cos.min() > 0.995 and cos.mean() > 0.9995, np.sort(cos)[:5]
 
 
+def test_engine_takes_its_tensors_from_the_daemon(model, ckpt_tensors, reference):
+    """from_checkpoint's tensors are the daemon's shared ones (read-only
+    views of its memfd, no file of the checkpoint's weights mapped), and
+    give the same bits as the checkpoint file's own tensors."""
+    sentences = reference[0][::11]
+    enc = minilm.MiniLM.from_checkpoint(model, str(CKPT))
+    assert isinstance(enc.word, np.ndarray) and not enc.word.flags.writeable
+    assert all(not w.flags.writeable and not b.flags.writeable for w, b in enc.ln.values())
+    with open("/proc/self/maps") as f:
+        maps = f.read()
+    assert "radiance-tensors" in maps
+    a = enc.encode(sentences)
+    b = _engine(minilm.daemon_linear(model), ckpt_tensors).encode(sentences)
+    assert a.tobytes() == b.tobytes()
+
+
+def test_runner_without_tokenizers_fails_at_once():
+    code = ("import sys, runpy; sys.modules['tokenizers'] = None; "
+            f"sys.argv = ['run.py', '--socket', '/nonexistent.sock']; "
+            f"runpy.run_path({str(REPO / 'examples/engine/run.py')!r}, run_name='__main__')")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, PYTHONPATH=str(REPO / "python")))
+    assert p.returncode == 1
+    assert "needs PyPI's tokenizers package" in p.stderr and "pip install tokenizers" in p.stderr
+    assert "nonexistent.sock" not in p.stderr    # before anything else is tried
+
+
 def test_runner_two_workers(daemon, tmp_path):
     out = tmp_path / "run.json"
     env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
@@ -133,7 +160,14 @@ def test_runner_two_workers(daemon, tmp_path):
             assert x["spearman"] >= runner.MIN_SPEARMAN
             assert x["spearman_pairs"] >= runner.MIN_SPEARMAN_PAIRS
         assert x["pss_kib"]["Pss"] > 0
-    assert r["users"] == 3 and r["daemon_pss_kib"]["Pss"] * 1024 > r["resident_bytes"]
+        # no weights of their own: the checkpoint's weights file is not
+        # mapped, the daemon's shared tensors are
+        assert not x["maps_checkpoint"] and x["maps_shared_tensors"]
+    # the daemon holds the linear weights itself; the shared tensors are in
+    # its memfd (charged to the model's resident bytes, mapped by workers)
+    assert r["tensors_bytes"] > 0
+    assert r["users"] == 3 and \
+        r["daemon_pss_kib"]["Pss"] * 1024 > r["resident_bytes"] - r["tensors_bytes"]
     assert "bit-identical: yes" in p.stdout and "PSS MiB" in p.stdout
 
 
