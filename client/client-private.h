@@ -72,6 +72,7 @@ struct radiance {
 	unsigned fork_generation;         /* radiance__fork_generation at connect */
 	int pid;                          /* getpid() at connect, for messages */
 	char message[512];                /* radiance_error_message() */
+	char broken[512];                 /* the sticky error's message */
 
 	/* options, copied */
 	char *client_name;

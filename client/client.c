@@ -65,6 +65,8 @@ const char *radiance_strerror(int err)
 		return "handle used in a forked child (it belongs to the parent)";
 	case EDQUOT:
 		return "a limit of the daemon would be exceeded (the message names it)";
+	case ESHUTDOWN:
+		return "the daemon is stopping (every completion it owed was delivered first)";
 	case EBUSY:
 		return "busy: another thread is inside a call on this handle, requests are in "
 		       "flight, or the daemon is at a session limit (the message says which)";
@@ -121,6 +123,7 @@ int radiance__client_break(struct radiance *r, int err, const char *fmt, ...)
 	vsnprintf(r->message, sizeof r->message, fmt, ap);
 	va_end(ap);
 	r->error = err;
+	memcpy(r->broken, r->message, sizeof r->broken);
 	radiance__client_log(r, LOG_ERR, "connection ended: %s", r->message);
 	return err;
 }
@@ -273,6 +276,27 @@ static int daemon_ended(struct radiance *r, const Radiance__Error *e)
 	return radiance__client_break(r, error_code(e), "the daemon ended the session: %s", text);
 }
 
+/* The daemon's last message when it stops: every result it owed is in
+ * the CQ already (radiance_wait() still delivers them). Sticky. */
+static int daemon_stopping(struct radiance *r, const Radiance__Goodbye *g)
+{
+	int code = (g->code > 0 && g->code < 4096) ? -g->code : -ESHUTDOWN;
+	return radiance__client_break(r, code, "daemon stopping: %s",
+				      g->reason && *g->reason ? g->reason : "no reason given");
+}
+
+/* A message outside any reply: the daemon ends the session (an Error, a
+ * Goodbye), or broke the protocol. Returns the sticky error. */
+static int unsolicited(struct radiance *r, const Radiance__ServerMessage *m)
+{
+	if (m->msg_case == RADIANCE__SERVER_MESSAGE__MSG_ERROR)
+		return daemon_ended(r, m->error);
+	if (m->msg_case == RADIANCE__SERVER_MESSAGE__MSG_GOODBYE)
+		return daemon_stopping(r, m->goodbye);
+	return radiance__client_break(r, -EPROTO, "unsolicited %s from the daemon",
+				      radiance_proto_server_name(m));
+}
+
 /* The daemon closed its end while we were sending. What it wrote before
  * closing (an Error saying why) may still wait in our receive queue: read
  * it, so the reason reaches radiance_error_message() instead of EPIPE. */
@@ -281,8 +305,9 @@ static int daemon_gone(struct radiance *r)
 	Radiance__ServerMessage *m;
 	while (!r->error && read_message(r, 0, &m) == 0) {
 		radiance_conn_close_fds(&r->conn);
-		if (m->msg_case == RADIANCE__SERVER_MESSAGE__MSG_ERROR)
-			daemon_ended(r, m->error);
+		if (m->msg_case == RADIANCE__SERVER_MESSAGE__MSG_ERROR ||
+		    m->msg_case == RADIANCE__SERVER_MESSAGE__MSG_GOODBYE)
+			unsolicited(r, m);
 		radiance__server_message__free_unpacked(m, NULL);
 	}
 	return radiance__client_break(r, -ECONNRESET, "the daemon closed the connection");
@@ -389,11 +414,13 @@ int radiance__client_request(struct radiance *r, Radiance__ClientMessage *msg, c
 		if (want_fds == 0)
 			radiance_conn_close_fds(&r->conn);   /* fds nobody declared */
 		if (m->tag != msg->tag) {
-			if (m->msg_case == RADIANCE__SERVER_MESSAGE__MSG_ERROR) {
+			if (m->msg_case == RADIANCE__SERVER_MESSAGE__MSG_ERROR ||
+			    m->msg_case == RADIANCE__SERVER_MESSAGE__MSG_GOODBYE) {
 				/* The daemon ends the session over something it
-				 * noticed out of band (e.g. a corrupted ring), or
-				 * refuses the connection before the handshake. */
-				daemon_ended(r, m->error);
+				 * noticed out of band (e.g. a corrupted ring) or
+				 * because it stops, or refuses the connection
+				 * before the handshake. */
+				unsolicited(r, m);
 			} else {
 				rc = radiance__client_break(r, -EPROTO, "reply tag %llu to request tag %llu",
 						     (unsigned long long)m->tag,
@@ -441,11 +468,7 @@ int radiance__client_socket_event(struct radiance *r)
 	if (rc < 0)
 		return r->error ? r->error : rc;
 	radiance_conn_close_fds(&r->conn);
-	if (m->msg_case == RADIANCE__SERVER_MESSAGE__MSG_ERROR)
-		daemon_ended(r, m->error);
-	else
-		radiance__client_break(r, -EPROTO, "unsolicited %s from the daemon",
-				radiance_proto_server_name(m));
+	unsolicited(r, m);
 	radiance__server_message__free_unpacked(m, NULL);
 	return r->error;
 }

@@ -393,7 +393,7 @@ static int reap_wait(struct radiance *r, struct radiance__client_stashed *out, i
 				if ((rc = reap_one(r, out)) != 0)
 					return rc;
 				if ((rc = radiance__client_socket_event(r)) < 0)
-					return rc;
+					return rc == -ESHUTDOWN && reap_one(r, out) == 1 ? 1 : rc;
 			}
 		}
 		if ((rc = reap_one(r, out)) != 0)
@@ -452,11 +452,30 @@ static bool stash_pop(struct radiance *r, struct radiance_completion *c)
 	return true;
 }
 
+/* After a Goodbye (-ESHUTDOWN) the daemon has posted every result it
+ * owed: what is stashed or in the CQ is still delivered, without waiting;
+ * 1 with *c set, else the sticky error. */
+static int after_goodbye(struct radiance *r, int err, struct radiance_completion *c)
+{
+	if (err != -ESHUTDOWN || !r->rings_open)
+		return err;
+	if (stash_pop(r, c))
+		return 1;
+	struct radiance__client_stashed s;
+	if (r->in_flight && reap_one(r, &s) == 1) {
+		deliver(r, &s, c);
+		return 1;
+	}
+	/* a failed completion's text may have replaced why: say it again */
+	memcpy(r->message, r->broken, sizeof r->message);
+	return err;
+}
+
 static int poll_one(struct radiance *r, struct radiance_completion *c)
 {
 	int rc0 = radiance__client_usable(r);
 	if (rc0 < 0)
-		return rc0;
+		return after_goodbye(r, rc0, c);
 	if (!r->rings_open)
 		return 0;
 	if (stash_pop(r, c))
@@ -477,7 +496,7 @@ static int wait_one(struct radiance *r, struct radiance_completion *c, int timeo
 {
 	int rc0 = radiance__client_usable(r);
 	if (rc0 < 0)
-		return rc0;
+		return after_goodbye(r, rc0, c);
 	if (r->rings_open && stash_pop(r, c))
 		return 1;
 	if (!r->rings_open || r->in_flight == 0)

@@ -218,7 +218,11 @@ struct radiance *radiance_connect(const char *socket_path, const struct radiance
 void radiance_disconnect(struct radiance *r);
 
 /* 0, or the sticky error that ended this connection (negative errno:
- * -ECONNRESET the daemon closed it; the daemon's own code when it ended the
+ * -ECONNRESET the daemon closed it; -ESHUTDOWN the daemon said it stops
+ * (radiance_error_message(): "daemon stopping: SIGTERM"; the requests it
+ * had taken were run first, and radiance_poll()/radiance_wait() still
+ * deliver their completions before returning -ESHUTDOWN); the daemon's own
+ * code when it ended the
  * session and said why (its text in radiance_error_message()); -EPROTO a
  * protocol violation by either side; -ETIMEDOUT no reply within the
  * timeout; -ENOMEM while receiving, ...). Once nonzero it never changes and
@@ -475,7 +479,9 @@ int radiance_poll(struct radiance *r, struct radiance_completion *c);
 /* Reaps one completion, blocking up to timeout_ms milliseconds (-1: no
  * limit, 0: just poll). Spins for spin_us first, then sleeps on the CQ
  * doorbell; also watches the control socket, so a daemon that goes away
- * ends the wait with -ECONNRESET instead of hanging.
+ * ends the wait with -ECONNRESET instead of hanging. A daemon that stops
+ * (SIGTERM) runs what it took first: after its Goodbye the completions
+ * still come, then -ESHUTDOWN.
  * Returns 1 (and fills *c), -ETIMEDOUT, -ENOENT when nothing is in flight,
  * or a sticky error. -EINTR is never returned (waits restart). */
 int radiance_wait(struct radiance *r, struct radiance_completion *c, int timeout_ms);

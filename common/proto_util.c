@@ -95,6 +95,7 @@ const char *radiance_proto_server_name(const Radiance__ServerMessage *m)
 	case RADIANCE__SERVER_MESSAGE__MSG_STATS: return "stats";
 	case RADIANCE__SERVER_MESSAGE__MSG_OK: return "ok";
 	case RADIANCE__SERVER_MESSAGE__MSG_MODEL_MAPPING: return "model_mapping";
+	case RADIANCE__SERVER_MESSAGE__MSG_GOODBYE: return "goodbye";
 	default: return "none";
 	}
 }

@@ -40,7 +40,7 @@
 #define FDS_PER_SESSION (RADIANCE_MAX_FDS + 5u)
 #define FDS_DAEMON (256u + REFUSED_MAX)
 
-static void server_stop(struct radiance_server *srv, int exit_code);
+static void server_stop(struct radiance_server *srv, int exit_code, const char *reason);
 
 /* 1 when a rate-limited message may be logged now; *missed is how many
  * were held back since the last one. */
@@ -250,7 +250,7 @@ static void on_accept_retry(uv_timer_t *t)
 	int rc = uv_poll_start(&srv->listen_poll, UV_READABLE, on_listen);
 	if (rc < 0) {
 		log_error("poll on the listening socket: %s", uv_strerror(rc));
-		server_stop(srv, 1);
+		server_stop(srv, 1, "the listening socket failed");
 	}
 }
 
@@ -435,7 +435,7 @@ static void start_serving(struct radiance_server *srv)
 	int rc = uv_poll_start(&srv->listen_poll, UV_READABLE, on_listen);
 	if (rc < 0) {
 		log_error("poll on the listening socket: %s", uv_strerror(rc));
-		server_stop(srv, 1);
+		server_stop(srv, 1, "the listening socket failed");
 		return;
 	}
 	srv->listening = 1;
@@ -472,7 +472,7 @@ static void on_preloaded(struct registry_waiter *w, struct radiance_resident *re
 				why += strspn(why, ": ");
 		}
 		log_error("preload %s failed: %s; stopping", p->dir, why);
-		server_stop(srv, 1);
+		server_stop(srv, 1, "a preload failed");
 	} else {
 		/* preloaded models stay resident with no user */
 		registry_unref(res);
@@ -541,15 +541,16 @@ static void registry_empty(void *user)
 	srv->exec = NULL;
 }
 
-static void server_stop(struct radiance_server *srv, int exit_code)
+static void server_stop(struct radiance_server *srv, int exit_code, const char *reason)
 {
 	if (exit_code && !srv->exit_code)
 		srv->exit_code = exit_code;
 	if (srv->stopping)
 		return;
 	srv->stopping = 1;
+	snprintf(srv->stop_reason, sizeof srv->stop_reason, "%s", reason);
 	notify_stopping();
-	log_info("stopping: %u sessions to close", srv->nsessions);
+	log_info("stopping (%s): %u sessions to close", reason, srv->nsessions);
 
 	if (!uv_is_closing((uv_handle_t *)&srv->listen_poll))
 		uv_close((uv_handle_t *)&srv->listen_poll, NULL);
@@ -573,8 +574,12 @@ static void server_stop(struct radiance_server *srv, int exit_code)
 	while (srv->refused)
 		refused_close(srv->refused);
 
-	for (struct radiance_session *s = srv->sessions; s; s = s->next)
-		session_close(s, 0, "the daemon is stopping");
+	/* each one first drains its SQ, then says Goodbye and closes: see
+	 * session_stop() */
+	for (struct radiance_session *s = srv->sessions, *next; s; s = next) {
+		next = s->next;
+		session_stop(s);
+	}
 	if (srv->nsessions == 0)
 		registry_shutdown(srv->reg, registry_empty, srv);
 }
@@ -582,8 +587,10 @@ static void server_stop(struct radiance_server *srv, int exit_code)
 static void on_signal(uv_signal_t *h, int signum)
 {
 	struct radiance_server *srv = h->data;
+	char name[16];
 	log_info("%s received", strsignal(signum));
-	server_stop(srv, 0);
+	snprintf(name, sizeof name, "SIG%s", sigabbrev_np(signum));
+	server_stop(srv, 0, name);
 }
 
 /* SIGHUP conventionally means "reload"; there is nothing to reload (the
@@ -710,7 +717,7 @@ int server_run(const struct radiance_config *cfg)
 			 (unsigned long long)(srv.watchdog_usec / 1000u), (unsigned long long)ms);
 	}
 	if (start_preloads(&srv) < 0)
-		server_stop(&srv, 1);
+		server_stop(&srv, 1, "a preload failed");
 
 	uv_run(&loop, UV_RUN_DEFAULT);
 	rc = uv_loop_close(&loop);

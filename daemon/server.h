@@ -19,10 +19,11 @@
  *
  * Shutdown (SIGTERM/SIGINT): stop accepting and remove the socket file (only
  * if the path is still the socket we bound, not one another daemon bound
- * since), STOPPING=1, close every session (its SQ is drained by the executor before
- * its ring is removed), unload every model, stop the executor (which
- * destroys the backend), close every handle; uv_loop_close() must then
- * return 0.
+ * since), STOPPING=1, stop every session (session_stop: its SQ is drained
+ * by the executor, every result posted, then a Goodbye with the reason is
+ * sent and the session closed), unload every model, stop the executor
+ * (which destroys the backend), close every handle; uv_loop_close() must
+ * then return 0.
  *
  * Thread safety: loop thread only.
  */
@@ -80,6 +81,7 @@ struct radiance_server {
 
 	size_t preloads_pending;
 	int stopping;
+	char stop_reason[64];                 /* said in every Goodbye */
 	int exit_code;
 };
 

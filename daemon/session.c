@@ -447,9 +447,27 @@ static void segment_release(struct radiance_session *s)
 	s->ring.sq_efd = s->ring.cq_wfd = s->cq_rfd = -1;
 }
 
+/* The last message of a session when the daemon stops: after the drain,
+ * so every result is in the CQ before the client reads this. Closing the
+ * socket before the CQ doorbell (segment_release) lets the client find
+ * the Goodbye when it sees the doorbell hang up. */
+static void session_goodbye(struct radiance_session *s)
+{
+	Radiance__Goodbye g = RADIANCE__GOODBYE__INIT;
+	Radiance__ServerMessage m = RADIANCE__SERVER_MESSAGE__INIT;
+	g.reason = s->server->stop_reason;
+	g.code = ESHUTDOWN;
+	m.msg_case = RADIANCE__SERVER_MESSAGE__MSG_GOODBYE;
+	m.goodbye = &g;
+	session_reply(s, &m, NULL, 0);
+	session_close(s, 0, "the daemon is stopping (%s)", s->server->stop_reason);
+}
+
 static void on_ring_removed(struct exec_job *job)
 {
 	struct radiance_session *s = job->user;
+	if (s->state != SESSION_CLOSING && s->server->stopping)
+		session_goodbye(s);
 	segment_release(s);
 	s->ring_state = SESSION_RING_NONE;
 	log_debug("session %llu: ring released", (unsigned long long)s->id);
@@ -489,11 +507,13 @@ static void on_ring_added(struct exec_job *job)
 		}
 		session_reply_error(s, s->busy_tag, -job->status, "cannot register the arena: %s", job->err);
 		session_idle(s);
+		if (s->server->stopping)
+			session_goodbye(s);
 		return;
 	}
 	s->ring_state = SESSION_RING_ACTIVE;
-	if (s->state == SESSION_CLOSING) {
-		session_ring_release(s);
+	if (s->state == SESSION_CLOSING || s->server->stopping) {
+		session_ring_release(s);   /* nothing to drain; then the Goodbye */
 		return;
 	}
 	Radiance__RingReady rr = RADIANCE__RING_READY__INIT;
@@ -825,6 +845,24 @@ void session_close(struct radiance_session *s, int violation, const char *fmt, .
 	if (s->ring_state == SESSION_RING_ACTIVE)
 		session_ring_release(s);
 	/* ADDING: on_ring_added sees CLOSING and removes it */
+}
+
+void session_stop(struct radiance_session *s)
+{
+	if (s->state == SESSION_CLOSING)
+		return;
+	session_update(s);   /* reads nothing more: server->stopping */
+	switch (s->ring_state) {
+	case SESSION_RING_ACTIVE:
+		session_ring_release(s);   /* drains: server->stopping */
+		break;
+	case SESSION_RING_NONE:
+		session_goodbye(s);
+		break;
+	case SESSION_RING_ADDING:      /* on_ring_added releases it */
+	case SESSION_RING_REMOVING:    /* on_ring_removed says Goodbye */
+		break;
+	}
 }
 
 void session_maybe_free(struct radiance_session *s)

@@ -6,7 +6,9 @@
  * (server.c) only accepts the connection and keeps the list.
  *
  * States: HANDSHAKE (only Hello is allowed, within cfg->hello_timeout_ms, or
- * the session ends with Error(ETIMEDOUT)) -> READY -> CLOSING. A session
+ * the session ends with Error(ETIMEDOUT)) -> READY -> CLOSING. While the
+ * daemon stops, a session reads nothing more until its SQ is drained
+ * (session_stop). A session
  * is `busy` while a request awaits an asynchronous answer (LoadModel,
  * OpenRing, an attach): it then reads no further frames, so replies stay in
  * request order, but still notices a hang-up.
@@ -128,6 +130,12 @@ void session_reply_ok(struct radiance_session *s, uint64_t tag);
  * as a warning and first tries to send it as an Error(EPROTO). */
 void session_close(struct radiance_session *s, int violation, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
+
+/* The daemon is stopping (server->stopping is set): read no more
+ * requests, let the executor run what the SQ holds (every result posted to
+ * the CQ), then queue a Goodbye(stop_reason, ESHUTDOWN) and close. A
+ * session without rings says Goodbye at once. */
+void session_stop(struct radiance_session *s);
 
 /* Frees what is left once the poll and timer handles are closed and the ring is
  * removed; calls server_session_gone(). */

@@ -45,7 +45,7 @@ static void session_went_away(struct radiance_session *s, int e)
 static void session_read(struct radiance_session *s)
 {
 	for (int i = 0; i < 2 * FRAMES_PER_WAKE; i++) {
-		if (s->state == SESSION_CLOSING || s->busy ||
+		if (s->state == SESSION_CLOSING || s->busy || s->server->stopping ||
 		    radiance_conn_pending(&s->conn) >= OUT_HIGH_WATER)
 			return;
 		int rc = radiance_conn_read(&s->conn);
@@ -125,6 +125,10 @@ static void on_session_poll(uv_poll_t *h, int status, int events)
 		session_close(s, 0, "client hung up with a request pending");
 		return;
 	}
+	if (s->state != SESSION_CLOSING && s->server->stopping && (events & UV_DISCONNECT)) {
+		session_close(s, 0, "client hung up while the daemon was stopping");
+		return;
+	}
 	if (events & (UV_READABLE | UV_DISCONNECT))
 		session_read(s);
 	session_flush(s);
@@ -137,7 +141,7 @@ void session_update(struct radiance_session *s)
 		return;
 	size_t pending = radiance_conn_pending(&s->conn);
 	int events = 0;
-	if (s->busy)
+	if (s->busy || s->server->stopping)
 		events |= UV_DISCONNECT;
 	else if (pending < OUT_HIGH_WATER)
 		events |= UV_READABLE;

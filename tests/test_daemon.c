@@ -719,14 +719,94 @@ static void sigterm_exits_cleanly(void **state)
 	assert_true(WIFEXITED(daemon_.exit_status));
 	assert_int_equal(WEXITSTATUS(daemon_.exit_status), 0);
 	assert_int_equal(access(daemon_.socket, F_OK), -1);   /* socket removed */
-	/* the client learns the daemon is gone, and that sticks */
+	/* the client learns the daemon stopped and why, and that sticks */
 	const struct h_layer *hl = h_ref_find(&ref, "encoder.layer.0.attention.self.query");
 	uint16_t y[384];
 	int rc = radiance_linear(r, id, 0, 1, RADIANCE_BF16, hl->x_bf16, y);
-	assert_int_equal(rc, -ECONNRESET);
-	assert_int_equal(radiance_get_error(r), -ECONNRESET);
+	assert_int_equal(rc, -ESHUTDOWN);
+	assert_int_equal(radiance_get_error(r), -ESHUTDOWN);
+	assert_string_equal(radiance_error_message(r), "daemon stopping: SIGTERM");
 	struct radiance_model_list *l;
-	assert_int_equal(radiance_list_models(r, &l), -ECONNRESET);
+	assert_int_equal(radiance_list_models(r, &l), -ESHUTDOWN);
+	radiance_disconnect(r);
+}
+
+/* 'T' once the kernel has stopped pid (SIGSTOP delivered). */
+static int process_state(pid_t pid)
+{
+	char path[64], buf[512];
+	snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return -1;
+	size_t n = fread(buf, 1, sizeof buf - 1, f);
+	fclose(f);
+	buf[n] = 0;
+	const char *p = strrchr(buf, ')');
+	return p && p[1] == ' ' ? p[2] : -1;
+}
+
+/* Requests still in the SQ when SIGTERM comes are run, and every result
+ * reaches the client before the Goodbye: the daemon is frozen (SIGSTOP)
+ * while the client fills the SQ, so nothing has run when the stop begins. */
+static void sigterm_delivers_drained_results(void **state)
+{
+	enum { N = 64 };
+	struct radiance *r = connect_named("drained");
+	uint32_t id;
+	assert_int_equal(radiance_load_model(r, ckpt, NULL, &id), 0);
+	assert_int_equal(radiance_open_rings(r), 0);
+	const struct h_layer *hl = h_ref_find(&ref, "encoder.layer.0.intermediate.dense");
+	assert_non_null(hl);
+	int layer = radiance_find_layer(radiance_held_model(r, id), hl->name);
+	assert_true(layer >= 0);
+	size_t xb = (size_t)hl->m * hl->k * 2, yb = (size_t)hl->m * hl->n * 2;
+	uint16_t *x = radiance_arena_alloc(r, xb);
+	assert_non_null(x);
+	memcpy(x, hl->x_bf16, xb);
+	uint16_t *y[N];
+	uint64_t ids[N];
+	for (int i = 0; i < N; i++) {
+		y[i] = radiance_arena_alloc(r, yb);
+		assert_non_null(y[i]);
+		memset(y[i], 0xff, yb);
+	}
+
+	assert_int_equal(kill(daemon_.pid, SIGSTOP), 0);
+	for (int t = 0; t < 500 && process_state(daemon_.pid) != 'T'; t++)
+		h_sleep_ms(2);
+	assert_int_equal(process_state(daemon_.pid), 'T');
+	for (int i = 0; i < N; i++)
+		assert_int_equal(radiance_submit(r, id, (uint32_t)layer, hl->m, RADIANCE_BF16, x, y[i],
+						 &ids[i]), 0);
+	assert_int_equal(kill(daemon_.pid, SIGTERM), 0);
+	assert_int_equal(kill(daemon_.pid, SIGCONT), 0);
+
+	/* every request completes, in order, with the reference's values */
+	for (int i = 0; i < N; i++) {
+		struct radiance_completion c;
+		int rc = radiance_wait(r, &c, 20000);
+		if (rc != 1)
+			fprintf(stderr, "completion %d of %d: %s (%s)\n", i, N, radiance_strerror(rc),
+				radiance_error_message(r));
+		assert_int_equal(rc, 1);
+		assert_int_equal(c.status, 0);
+		assert_true(c.request_id == ids[i]);
+		size_t exact;
+		double ulps;
+		assert_int_equal(h_compare_bf16(y[i], hl->ref_bf16, (size_t)hl->m * hl->n, &exact,
+						&ulps), 0);
+	}
+	/* nothing is owed any more; the next call learns why, and it sticks */
+	assert_int_equal(radiance_in_flight(r), 0);
+	struct radiance_model_list *l;
+	assert_int_equal(radiance_list_models(r, &l), -ESHUTDOWN);
+	assert_string_equal(radiance_error_message(r), "daemon stopping: SIGTERM");
+	struct radiance_completion c;
+	assert_int_equal(radiance_wait(r, &c, 20000), -ESHUTDOWN);
+	assert_int_equal(h_daemon_wait(&daemon_, 20.0), 1);
+	assert_true(WIFEXITED(daemon_.exit_status));
+	assert_int_equal(WEXITSTATUS(daemon_.exit_status), 0);
 	radiance_disconnect(r);
 }
 
@@ -1034,6 +1114,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(stats_count_requests, start, stop),
 		cmocka_unit_test_setup_teardown(no_leaks_over_many_sessions, start, stop),
 		cmocka_unit_test_setup_teardown(sigterm_exits_cleanly, start, stop_after_sigterm),
+		cmocka_unit_test_setup_teardown(sigterm_delivers_drained_results, start,
+						stop_after_sigterm),
 		cmocka_unit_test_setup_teardown(daemon_death_ends_waits, start, stop_after_sigterm),
 		cmocka_unit_test_setup_teardown(handle_in_use_is_ebusy, start, stop),
 		cmocka_unit_test_setup_teardown(two_threads_hammer_one_handle, start, stop),

@@ -28,9 +28,9 @@ float16 = np.dtype(np.float16)
 _BF16, _FP16 = 1, 2
 _KIND = {1: "w4a8", 2: "bf16"}
 # connection errors after which a synchronous call is worth one more try on a
-# fresh session: the daemon went away (restart); linear is a pure function,
-# nothing was delivered
-_LOST = (errno.ECONNRESET, errno.EPIPE, errno.ENOTCONN)
+# fresh session: the daemon went away (restart; ESHUTDOWN: it said it stops);
+# linear is a pure function, nothing was delivered
+_LOST = (errno.ECONNRESET, errno.EPIPE, errno.ENOTCONN, errno.ESHUTDOWN)
 # one wait holds the client's lock at most this long, so threads sharing the
 # client get their turn while a request is slow
 _WAIT_SLICE_MS = 50
