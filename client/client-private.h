@@ -75,6 +75,7 @@ struct radiance {
 	char broken[512];                 /* the sticky error's message */
 
 	/* options, copied */
+	char *socket_path;                /* for radiance_reconnect() */
 	char *client_name;
 	radiance_log_fn log;
 	void *log_user;
@@ -103,6 +104,8 @@ struct radiance {
 	struct radiance__client_arena arena;
 	uint64_t next_request_id;
 	unsigned in_flight;
+	uint64_t *pending;               /* ids radiance_submit() put in flight, */
+	uint32_t n_pending;              /* ... not reaped yet; cq_entries room */
 	struct radiance__client_stashed *stash;  /* ring of stash_cap, grows */
 	uint32_t stash_head, stash_len, stash_cap;
 	char completion_error[RADIANCE_SLOT_BYTES];
@@ -173,6 +176,14 @@ struct radiance__client_held *radiance__client_find_held(const struct radiance *
 
 /* data.c */
 void radiance__client_rings_close(struct radiance *r);
+/* For radiance_reconnect(): closes the rings and turns every request not
+ * delivered yet (in flight, or completed and kept aside: its output was in
+ * the arena that goes) into a completion of status err with text why, kept
+ * for radiance_poll()/radiance_wait(). 0 or -ENOMEM (then they are lost). */
+int radiance__client_rings_abandon(struct radiance *r, int err, const char *why);
+
+/* models.c */
+int radiance__client_attach(struct radiance *r, const char *name, uint32_t *model_id);
 
 /* models.c */
 int radiance__client_model_from_pb(const Radiance__ModelInfo *pb, struct radiance_model_info **out);

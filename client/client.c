@@ -559,6 +559,26 @@ static int open_socket(const char *path, int *out)
 	return 0;
 }
 
+/* Connects to r->socket_path and says Hello: a new session on r (whose
+ * conn is closed). 0, or -errno with r->message saying why (sticky when
+ * the handshake failed). */
+static int session_open(struct radiance *r)
+{
+	const char *path = r->socket_path;
+	int fd = -1;
+	int rc = open_socket(path, &fd);
+	if (rc == -ENOTSOCK)
+		return radiance__client_fail(r, rc, "%s exists and is not a socket", path);
+	if (rc < 0)
+		return radiance__client_fail(r, rc, "%s", strerror(-rc));
+	if ((rc = radiance_conn_init(&r->conn, fd, RADIANCE_MAX_FRAME, RADIANCE_MAX_FDS)) < 0) {
+		close(fd);
+		r->conn.fd = -1;
+		return radiance__client_fail(r, rc, "%s", strerror(-rc));
+	}
+	return handshake(r);
+}
+
 struct radiance *radiance_connect(const char *socket_path, const struct radiance_options *opt)
 {
 	struct radiance_options o = RADIANCE_OPTIONS_INIT;
@@ -614,24 +634,14 @@ struct radiance *radiance_connect(const char *socket_path, const struct radiance
 		goto err_free;
 	}
 
-	int fd = -1;
-	if ((rc = open_socket(socket_path, &fd)) < 0) {
-		if (rc == -ENOTSOCK)
-			radiance__client_log(r, LOG_WARNING, "cannot connect to %s: %s exists and is "
-				      "not a socket", socket_path, socket_path);
-		else
-			radiance__client_log(r, LOG_WARNING, "cannot connect to %s: %s", socket_path,
-				      strerror(-rc));
+	r->socket_path = strdup(socket_path);
+	if (!r->socket_path) {
+		rc = -ENOMEM;
 		goto err_free;
 	}
-	if ((rc = radiance_conn_init(&r->conn, fd, RADIANCE_MAX_FRAME, RADIANCE_MAX_FDS)) < 0) {
-		close(fd);
-		r->conn.fd = -1;
-		goto err_free;
-	}
-	if ((rc = handshake(r)) < 0) {
+	if ((rc = session_open(r)) < 0) {
 		radiance__client_log(r, LOG_WARNING, "cannot connect to %s: %s", socket_path,
-			      r->message);
+				     r->message);
 		goto err_free;
 	}
 	return r;
@@ -663,8 +673,94 @@ void radiance_disconnect(struct radiance *r)
 	free(r->server_version);
 	free(r->backend);
 	free(r->device);
+	free(r->socket_path);
 	free(r->client_name);
 	free(r);
+}
+
+/* --- reconnect ------------------------------------------------------------ */
+
+static void session_end(struct radiance *r)
+{
+	if (r->conn.fd >= 0 || r->conn.in_fds)
+		radiance_conn_finish(&r->conn);
+	memset(&r->conn, 0, sizeof r->conn);
+	r->conn.fd = -1;
+	free(r->server_version);
+	free(r->backend);
+	free(r->device);
+	r->server_version = r->backend = r->device = NULL;
+	memset(&r->server, 0, sizeof r->server);
+	r->welcomed = false;
+	r->error = 0;
+	r->broken[0] = 0;
+}
+
+static int reconnect(struct radiance *r)
+{
+	/* a completion's text fits a CQ slot (RADIANCE_SLOT_BYTES) */
+	char why[RADIANCE_SLOT_BYTES];
+	snprintf(why, sizeof why, "in flight when radiance_reconnect() replaced the session "
+		 "(%.120s): its output is lost; resubmit it",
+		 r->error ? r->broken : "the session was still up");
+	int lost = radiance__client_rings_abandon(r, -ECANCELED, why);
+	session_end(r);
+
+	/* the models to attach again, by name, in the new session */
+	struct radiance__client_held *held = r->held;
+	size_t n_held = r->n_held;
+	r->held = NULL;
+	r->n_held = r->cap_held = 0;
+
+	int rc = session_open(r);
+	if (rc < 0) {
+		radiance__client_break(r, rc, "reconnecting to %s: %s", r->socket_path, r->message);
+		/* the handle still remembers them for the next try */
+		r->held = held;
+		r->n_held = r->cap_held = n_held;
+		return r->error;
+	}
+	char missing[256] = "";
+	size_t nmissing = 0, used = 0;
+	for (size_t i = 0; i < n_held; i++) {
+		const char *name = held[i].info->name;
+		uint32_t id;
+		rc = radiance__client_attach(r, name, &id);
+		if (rc < 0 && r->error) {
+			rc = r->error;
+			break;
+		}
+		if (rc < 0) {
+			nmissing++;
+			int k = snprintf(missing + used, sizeof missing - used, "%s'%s' (%s)",
+					 used ? ", " : "", name, r->message);
+			if (k > 0 && (size_t)k < sizeof missing - used)
+				used += (size_t)k;
+			rc = 0;
+		} else if (id != held[i].model_id) {
+			radiance__client_log(r, LOG_INFO, "model '%s' is model %u now (was %u)", name,
+					     id, held[i].model_id);
+		}
+	}
+	for (size_t i = 0; i < n_held; i++)
+		radiance_model_info_free(held[i].info);
+	free(held);
+	if (rc < 0)
+		return rc;
+	radiance__client_log(r, LOG_INFO, "reconnected to %s: session %llu", r->socket_path,
+			     (unsigned long long)r->server.session_id);
+	if (nmissing)
+		return radiance__client_fail(r, -ENOENT, "reconnected, but %zu models could not be "
+					     "attached again: %s", nmissing, missing);
+	if (lost < 0)
+		return radiance__client_fail(r, lost, "reconnected, but out of memory keeping the "
+					     "failed completions of the old session");
+	return 0;
+}
+
+int radiance_reconnect(struct radiance *r)
+{
+	RADIANCE__GUARDED(r, reconnect(r));
 }
 
 const struct radiance_server_info *radiance_get_server_info(const struct radiance *r)

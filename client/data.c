@@ -49,7 +49,41 @@ void radiance__client_rings_close(struct radiance *r)
 	free(r->stash);
 	r->stash = NULL;
 	r->stash_cap = r->stash_head = r->stash_len = 0;
+	free(r->pending);
+	r->pending = NULL;
+	r->n_pending = 0;
+	r->in_flight = 0;
 	r->rings_open = false;
+}
+
+static int stash_push(struct radiance *r, const struct radiance__client_stashed *s);
+
+int radiance__client_rings_abandon(struct radiance *r, int err, const char *why)
+{
+	if (!r->rings_open)
+		return 0;   /* nothing in flight; what is kept aside was abandoned before */
+	struct radiance__client_stashed *old = r->stash;
+	uint32_t head = r->stash_head, len = r->stash_len, cap = r->stash_cap;
+	uint64_t *pending = r->pending;
+	uint32_t n_pending = r->n_pending;
+	r->stash = NULL;
+	r->pending = NULL;
+	r->n_pending = 0;
+	radiance__client_rings_close(r);
+	int rc = 0;
+	struct radiance__client_stashed s = { .status = err };
+	snprintf(s.error, sizeof s.error, "%s", why);
+	for (uint32_t i = 0; i < len && rc == 0; i++) {
+		s.request_id = old[(head + i) % cap].request_id;
+		rc = stash_push(r, &s);
+	}
+	for (uint32_t i = 0; i < n_pending && rc == 0; i++) {
+		s.request_id = pending[i];
+		rc = stash_push(r, &s);
+	}
+	free(old);
+	free(pending);
+	return rc;
 }
 
 /* Maps the segment and checks the header against proto/shm.h. */
@@ -147,6 +181,11 @@ static int open_rings(struct radiance *r)
 	if (rc < 0) {
 		radiance__client_rings_close(r);
 		return rc;
+	}
+	r->pending = calloc(r->cq_entries, sizeof *r->pending);
+	if (!r->pending) {
+		radiance__client_rings_close(r);
+		return radiance__client_fail(r, -ENOMEM, "out of memory");
 	}
 	r->rings_open = true;
 	radiance__client_log(r, LOG_DEBUG, "rings open: sq %u, cq %u, arena %llu bytes",
@@ -259,8 +298,9 @@ static int held_layer(struct radiance *r, uint32_t model_id, uint32_t layer,
 	return 0;
 }
 
+/* user: radiance_submit()'s (tracked in pending), not radiance_linear()'s */
 static int submit(struct radiance *r, uint32_t model_id, uint32_t layer, uint32_t rows,
-		  enum radiance_elem dtype, const void *x, void *y, uint64_t *request_id)
+		  enum radiance_elem dtype, const void *x, void *y, uint64_t *request_id, bool user)
 {
 	const struct radiance_layer_info *l;
 	int rc = held_layer(r, model_id, layer, &l);
@@ -297,6 +337,8 @@ static int submit(struct radiance *r, uint32_t model_id, uint32_t layer, uint32_
 	if (radiance_ring_needs_wakeup(&r->sq) && (rc = radiance_doorbell_ring(r->sq_doorbell)) < 0)
 		return radiance__client_break(r, rc, "SQ doorbell: %s", strerror(-rc));
 	r->in_flight++;
+	if (user)
+		r->pending[r->n_pending++] = r->next_request_id;
 	if (request_id)
 		*request_id = r->next_request_id;
 	r->next_request_id++;
@@ -306,7 +348,7 @@ static int submit(struct radiance *r, uint32_t model_id, uint32_t layer, uint32_
 int radiance_submit(struct radiance *r, uint32_t model_id, uint32_t layer, uint32_t rows,
 		    enum radiance_elem dtype, const void *x, void *y, uint64_t *request_id)
 {
-	RADIANCE__GUARDED(r, submit(r, model_id, layer, rows, dtype, x, y, request_id));
+	RADIANCE__GUARDED(r, submit(r, model_id, layer, rows, dtype, x, y, request_id, true));
 }
 
 unsigned radiance_in_flight(const struct radiance *r)
@@ -334,6 +376,12 @@ static int reap_one(struct radiance *r, struct radiance__client_stashed *out)
 	if (r->in_flight == 0)
 		return radiance__client_break(r, -EPROTO, "completion for nothing in flight");
 	r->in_flight--;
+	for (uint32_t i = r->n_pending; i-- > 0;) {
+		if (r->pending[i] == res->request_id) {
+			r->pending[i] = r->pending[--r->n_pending];
+			break;
+		}
+	}
 	out->request_id = res->request_id;
 	out->status = res->status == 0 ? 0 : (res->status > 0 && res->status < 4096 ? -res->status : -EIO);
 	out->queue_ns = res->queue_ns;
@@ -476,10 +524,10 @@ static int poll_one(struct radiance *r, struct radiance_completion *c)
 	int rc0 = radiance__client_usable(r);
 	if (rc0 < 0)
 		return after_goodbye(r, rc0, c);
-	if (!r->rings_open)
-		return 0;
 	if (stash_pop(r, c))
 		return 1;
+	if (!r->rings_open)
+		return 0;
 	struct radiance__client_stashed s;
 	int rc = reap_one(r, &s);
 	if (rc == 1)
@@ -497,7 +545,7 @@ static int wait_one(struct radiance *r, struct radiance_completion *c, int timeo
 	int rc0 = radiance__client_usable(r);
 	if (rc0 < 0)
 		return after_goodbye(r, rc0, c);
-	if (r->rings_open && stash_pop(r, c))
+	if (stash_pop(r, c))
 		return 1;
 	if (!r->rings_open || r->in_flight == 0)
 		return -ENOENT;
@@ -520,7 +568,7 @@ static int submit_room(struct radiance *r, uint32_t model_id, uint32_t layer, ui
 		       enum radiance_elem dtype, const void *x, void *y, uint64_t *id)
 {
 	for (;;) {
-		int rc = submit(r, model_id, layer, rows, dtype, x, y, id);
+		int rc = submit(r, model_id, layer, rows, dtype, x, y, id, false);
 		if (rc != -EAGAIN)
 			return rc;
 		if (r->in_flight == 0)

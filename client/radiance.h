@@ -217,6 +217,32 @@ struct radiance *radiance_connect(const char *socket_path, const struct radiance
  * with free()). */
 void radiance_disconnect(struct radiance *r);
 
+/* Replaces r's session with a new one on the same socket, as after a
+ * daemon restart (the old session may be dead or still up; it is closed).
+ * - Every request that was not delivered yet (radiance_submit()'s, in
+ *   flight or completed and kept aside) is failed: radiance_poll() /
+ *   radiance_wait() return one completion for each, status -ECANCELED and
+ *   error "in flight when radiance_reconnect() replaced the session
+ *   (<the old session's error>): its output is lost; resubmit it".
+ *   radiance_in_flight() counts them until they are reaped.
+ * - The rings and the arena go: pointers from radiance_arena_alloc() die;
+ *   the rings open again on first use.
+ * - Every model r held is attached again by name (AttachModel), so it must
+ *   be resident in the new daemon (preloaded, or loaded by another client);
+ *   the daemon assigns ids: a model's id may differ from before
+ *   (radiance_attach_model(r, name, &id) again gives the current one and
+ *   takes no second reference).
+ * - The sticky error is cleared on success; options and socket path are
+ *   those of radiance_connect().
+ * Returns 0; -ENOENT when the session is up but some held models could not
+ * be attached again (not sticky; radiance_error_message() names each and
+ * why; they are no longer held); or, when no session could be made, the
+ * connect error (-ECONNREFUSED, -ENOENT, -ETIMEDOUT, -EBUSY, ..., sticky
+ * until the next radiance_reconnect(), which may be tried again: r keeps
+ * the models to attach). -EBADFD in a forked child. Same thread rule as
+ * every call on r (-EBUSY when another thread is inside one). */
+int radiance_reconnect(struct radiance *r);
+
 /* 0, or the sticky error that ended this connection (negative errno:
  * -ECONNRESET the daemon closed it; -ESHUTDOWN the daemon said it stops
  * (radiance_error_message(): "daemon stopping: SIGTERM"; the requests it

@@ -810,6 +810,92 @@ static void sigterm_delivers_drained_results(void **state)
 	radiance_disconnect(r);
 }
 
+/* radiance_reconnect() against a daemon that is restarted: the client's
+ * path is a symlink, repointed from the first daemon's socket to the
+ * second's, as a restart at one path looks to a client. */
+static void reconnect_after_restart(void **state)
+{
+	enum { N = 3 };
+	char link[192];
+	snprintf(link, sizeof link, "%s/link.sock", daemon_.dir);
+	assert_int_equal(symlink(daemon_.socket, link), 0);
+	struct radiance_options o = RADIANCE_OPTIONS_INIT;
+	o.client_name = "reconnect";
+	o.timeout_ms = 30000;
+	struct radiance *r = radiance_connect(link, &o);
+	assert_non_null(r);
+	uint32_t id;
+	assert_int_equal(radiance_load_model(r, ckpt, NULL, &id), 0);
+	char *name = strdup(radiance_held_model(r, id)->name);
+	uint64_t session0 = radiance_get_server_info(r)->session_id;
+	const struct h_layer *hl = h_ref_find(&ref, "encoder.layer.0.attention.self.query");
+	int layer = radiance_find_layer(radiance_held_model(r, id), hl->name);
+	assert_true(layer >= 0);
+	uint16_t *x = radiance_arena_alloc(r, 384 * 2), *y = radiance_arena_alloc(r, 384 * 2);
+	assert_non_null(x);
+	assert_non_null(y);
+	memcpy(x, hl->x_bf16, 384 * 2);
+
+	/* requests that never complete: the daemon is frozen, then killed */
+	assert_int_equal(kill(daemon_.pid, SIGSTOP), 0);
+	uint64_t ids[N];
+	for (int i = 0; i < N; i++)
+		assert_int_equal(radiance_submit(r, id, (uint32_t)layer, 1, RADIANCE_BF16, x, y,
+						 &ids[i]), 0);
+	assert_int_equal(kill(daemon_.pid, SIGKILL), 0);
+	assert_int_equal(h_daemon_wait(&daemon_, 10.0), 1);
+	daemon_.exit_status = -1;   /* killed on purpose: no log dump */
+	struct radiance_completion c;
+	assert_int_equal(radiance_wait(r, &c, 10000), -ECONNRESET);
+
+	/* nobody listens yet: the reconnect fails, clearly, and may be retried */
+	int rc = radiance_reconnect(r);
+	assert_int_equal(rc, -ECONNREFUSED);
+	assert_int_equal(radiance_get_error(r), -ECONNREFUSED);
+	assert_non_null(strstr(radiance_error_message(r), link));
+
+	struct h_daemon again;
+	const char *args[] = { "--preload", ckpt, NULL };
+	assert_int_equal(h_daemon_start_argv(&again, args), 0);
+	assert_int_equal(unlink(link), 0);
+	assert_int_equal(symlink(again.socket, link), 0);
+	rc = radiance_reconnect(r);
+	if (rc < 0)
+		fprintf(stderr, "reconnect: %s\n", radiance_error_message(r));
+	assert_int_equal(rc, 0);
+	assert_int_equal(radiance_get_error(r), 0);
+	assert_true(radiance_get_server_info(r)->session_id != 0);
+	(void)session0;
+
+	/* each request of the old session fails, by id, saying why */
+	assert_int_equal(radiance_in_flight(r), N);
+	for (int i = 0; i < N; i++) {
+		assert_int_equal(radiance_wait(r, &c, 0), 1);
+		assert_true(c.request_id == ids[i]);
+		assert_int_equal(c.status, -ECANCELED);
+		assert_non_null(strstr(c.error, "in flight when radiance_reconnect() replaced the "
+				       "session (the daemon closed the connection)"));
+		assert_non_null(strstr(c.error, "resubmit"));
+	}
+	assert_int_equal(radiance_in_flight(r), 0);
+	assert_int_equal(radiance_wait(r, &c, 0), -ENOENT);
+
+	/* the model is held again, by name, and computes the reference */
+	uint32_t id2;
+	assert_int_equal(radiance_attach_model(r, name, &id2), 0);
+	assert_non_null(radiance_held_model(r, id2));
+	assert_int_equal(h_check_layer(r, id2, hl, RADIANCE_BF16, NULL), 0);
+	struct radiance_model_list *l;
+	assert_int_equal(radiance_list_models(r, &l), 0);
+	assert_int_equal(l->count, 1);
+	assert_int_equal(l->models[0].users, 1);   /* one reference, ours */
+	radiance_model_list_free(l);
+
+	radiance_disconnect(r);
+	free(name);
+	assert_int_equal(h_daemon_stop(&again), 0);
+}
+
 static int stop_after_sigterm(void **state)
 {
 	h_daemon_stop(&daemon_);   /* already exited: only removes the directory */
@@ -1117,6 +1203,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(sigterm_delivers_drained_results, start,
 						stop_after_sigterm),
 		cmocka_unit_test_setup_teardown(daemon_death_ends_waits, start, stop_after_sigterm),
+		cmocka_unit_test_setup_teardown(reconnect_after_restart, start, stop_after_sigterm),
 		cmocka_unit_test_setup_teardown(handle_in_use_is_ebusy, start, stop),
 		cmocka_unit_test_setup_teardown(two_threads_hammer_one_handle, start, stop),
 		cmocka_unit_test(socket_directory),
