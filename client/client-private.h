@@ -84,6 +84,7 @@ struct radiance {
 	uint64_t want_arena;
 	int32_t spin_us;
 	int timeout_ms;                   /* -1: forever */
+	int connect_timeout_ms;           /* -1: one attempt; else > 0 */
 
 	uint64_t next_tag;
 	bool welcomed;                    /* the handshake succeeded */

@@ -562,13 +562,55 @@ static int open_socket(const char *path, int *out)
 /* Connects to r->socket_path and says Hello: a new session on r (whose
  * conn is closed). 0, or -errno with r->message saying why (sticky when
  * the handshake failed). */
+/* Whether a failed connect may be the daemon not being there yet: no one
+ * listens (ECONNREFUSED: a stale socket, replaced when the daemon starts)
+ * or no socket (ENOENT) in a directory that exists (a missing directory is
+ * a wrong path, said at once). */
+static bool connect_may_retry(const char *path, int rc)
+{
+	if (rc == -ECONNREFUSED)
+		return true;
+	if (rc != -ENOENT)
+		return false;
+	char dir[sizeof(((struct sockaddr_un *)0)->sun_path)];
+	snprintf(dir, sizeof dir, "%s", path);
+	char *slash = strrchr(dir, '/');
+	if (!slash)
+		return true;   /* relative, in the current directory */
+	if (slash == dir)
+		slash[1] = 0;
+	else
+		*slash = 0;
+	struct stat st;
+	return stat(dir, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
 static int session_open(struct radiance *r)
 {
 	const char *path = r->socket_path;
-	int fd = -1;
-	int rc = open_socket(path, &fd);
+	int64_t start = radiance_clock_ms();
+	int64_t deadline = r->connect_timeout_ms > 0 ? start + r->connect_timeout_ms : start;
+	int fd = -1, rc, delay = 10, tries = 0;
+	for (;;) {
+		rc = open_socket(path, &fd);
+		tries++;
+		if (rc == 0 || !connect_may_retry(path, rc) || radiance_clock_ms() >= deadline)
+			break;
+		if (tries == 1)
+			radiance__client_log(r, LOG_INFO, "no daemon at %s yet (%s): retrying for up "
+					     "to %d ms", path, strerror(-rc), r->connect_timeout_ms);
+		int64_t left = deadline - radiance_clock_ms();
+		struct timespec ts = { 0, (long)(left < delay ? left : delay) * 1000000L };
+		while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+			;
+		delay = delay < 250 ? delay * 2 : 500;
+	}
 	if (rc == -ENOTSOCK)
 		return radiance__client_fail(r, rc, "%s exists and is not a socket", path);
+	if (rc < 0 && tries > 1)
+		return radiance__client_fail(r, rc, "%s (still, after %d tries in %lld ms: "
+					     "connect_timeout_ms)", strerror(-rc), tries,
+					     (long long)(radiance_clock_ms() - start));
 	if (rc < 0)
 		return radiance__client_fail(r, rc, "%s", strerror(-rc));
 	if ((rc = radiance_conn_init(&r->conn, fd, RADIANCE_MAX_FRAME, RADIANCE_MAX_FDS)) < 0) {
@@ -576,7 +618,27 @@ static int session_open(struct radiance *r)
 		r->conn.fd = -1;
 		return radiance__client_fail(r, rc, "%s", strerror(-rc));
 	}
-	return handshake(r);
+	/* Under socket activation connect() succeeds at once and the Welcome
+	 * comes once the daemon has started: that wait counts too. */
+	int reply_ms = r->timeout_ms;
+	int left = -1;
+	if (r->connect_timeout_ms > 0) {
+		int64_t l = deadline - radiance_clock_ms();
+		left = l > 0 ? (int)l : 1;
+		if (reply_ms < 0 || left < reply_ms)
+			r->timeout_ms = left;
+	}
+	rc = handshake(r);
+	bool ours = r->timeout_ms != reply_ms;
+	r->timeout_ms = reply_ms;
+	if (rc == -ETIMEDOUT && ours) {
+		r->error = 0;   /* restate the sticky error with the limit that fired */
+		radiance__client_break(r, rc, "no Welcome from the daemon within %d ms of "
+				       "connecting (connect_timeout_ms): it accepts connections but "
+				       "does not answer (under socket activation: still starting?)",
+				       r->connect_timeout_ms);
+	}
+	return rc;
 }
 
 struct radiance *radiance_connect(const char *socket_path, const struct radiance_options *opt)
@@ -610,14 +672,18 @@ struct radiance *radiance_connect(const char *socket_path, const struct radiance
 	r->log = o.log;
 	r->log_user = o.log_user;
 	r->log_priority = o.log_priority > 0 ? o.log_priority : LOG_WARNING;
-	if (o.spin_us < -1 || o.timeout_ms < 0) {
+	if (o.spin_us < -1 || o.timeout_ms < 0 || o.connect_timeout_ms < -1) {
 		radiance__client_log(r, LOG_WARNING, "cannot connect to %s: invalid options: %s",
 				     socket_path, o.spin_us < -1 ?
 				     "spin_us below -1 (0 = default, -1 = never spin)" :
-				     "timeout_ms below 0 (0 = wait forever)");
+				     o.timeout_ms < 0 ? "timeout_ms below 0 (0 = wait forever)" :
+				     "connect_timeout_ms below -1 (0 = default 30000, -1 = one "
+				     "attempt, no limit on the Welcome but timeout_ms)");
 		rc = -EINVAL;
 		goto err_free;
 	}
+	r->connect_timeout_ms = o.connect_timeout_ms == 0 ? RADIANCE_CONNECT_TIMEOUT_MS
+							  : o.connect_timeout_ms;
 	r->want_sq = o.sq_entries;
 	r->want_cq = o.cq_entries;
 	r->want_arena = o.arena_bytes;

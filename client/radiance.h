@@ -148,7 +148,21 @@ struct radiance_options {
 	/* Longest wait for one control reply (or one load progress step), in
 	 * milliseconds. 0 = wait forever (the default); negative: EINVAL. */
 	int32_t timeout_ms;
+	/* Longest time radiance_connect() and radiance_reconnect() take to
+	 * get a session, in milliseconds: while the socket is missing (ENOENT,
+	 * in a directory that exists) or nobody listens (ECONNREFUSED) they
+	 * retry (10 ms, doubling to 500 ms), and the daemon's Welcome is
+	 * awaited within what is left. 0 = RADIANCE_CONNECT_TIMEOUT_MS (30 s:
+	 * under socket activation connect() succeeds at once and the Welcome
+	 * comes once the daemon has started its backend and preloads, which
+	 * takes seconds on a GPU; a restart without activation leaves the path
+	 * missing for as long). -1 = one attempt, the Welcome awaited as any
+	 * reply (timeout_ms). Below -1: EINVAL. Added after timeout_ms:
+	 * callers built against an older header (smaller .size) get 0. */
+	int32_t connect_timeout_ms;
 };
+
+#define RADIANCE_CONNECT_TIMEOUT_MS 30000
 
 #define RADIANCE_OPTIONS_INIT { .size = sizeof(struct radiance_options) }
 
@@ -183,10 +197,10 @@ int radiance_default_socket_path(char *buf, size_t size);
 /* Connects to radianced at socket_path (NULL: radiance_default_socket_path)
  * and performs the handshake (the protocol version of
  * radiance_protocol_version()). opt may be NULL. Blocks until the daemon
- * answers (opt->timeout_ms).
+ * answers, at most opt->connect_timeout_ms (default 30 s, see there).
  * Returns a new handle, owned by the caller (radiance_disconnect), or NULL
  * with errno set:
- *   ENOENT, ECONNREFUSED, EACCES  no daemon listens there, or no permission;
+ *   EACCES                        no permission on the socket;
  *   ENOTSOCK                      the path exists but is not a socket (a
  *                                 regular file, a directory, ...);
  *   ENAMETOOLONG                  the path does not fit a sockaddr_un;
@@ -197,10 +211,17 @@ int radiance_default_socket_path(char *buf, size_t size);
  *   EPROTO                        the daemon speaks another protocol version,
  *                                 or sent something that is not protocol;
  *   ECONNRESET                    the daemon closed the connection;
- *   ETIMEDOUT                     no answer within opt->timeout_ms;
+ *   ENOENT, ECONNREFUSED          no socket, or nobody listens on it,
+ *                                 still after opt->connect_timeout_ms
+ *                                 (default 30 s) of retrying (at once when
+ *                                 the socket's directory does not exist);
+ *   ETIMEDOUT                     no Welcome within what is left of
+ *                                 opt->connect_timeout_ms, or no answer
+ *                                 within opt->timeout_ms;
  *   EINVAL                        opt->size too small for the fields
- *                                 before `log`, spin_us below -1 or
- *                                 timeout_ms below 0; or socket_path NULL
+ *                                 before `log`, spin_us below -1,
+ *                                 timeout_ms below 0 or connect_timeout_ms
+ *                                 below -1; or socket_path NULL
  *                                 and $RADIANCE_DEVICE not a GPU ordinal;
  *   ENOMEM, or an errno of socket()/connect().
  * There is no handle to ask radiance_error_message() then: the reason (the

@@ -822,6 +822,7 @@ static void reconnect_after_restart(void **state)
 	struct radiance_options o = RADIANCE_OPTIONS_INIT;
 	o.client_name = "reconnect";
 	o.timeout_ms = 30000;
+	o.connect_timeout_ms = -1;   /* the failed reconnect below: at once */
 	struct radiance *r = radiance_connect(link, &o);
 	assert_non_null(r);
 	uint32_t id;

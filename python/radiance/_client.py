@@ -224,6 +224,9 @@ class Client:
         opt.log_priority = _LOG_DEBUG if log.isEnabledFor(logging.DEBUG) else _LOG_WARNING
         opt.arena_bytes, opt.sq_entries, opt.cq_entries, opt.spin_us = self._sizes
         opt.timeout_ms = self._timeout_ms
+        # one attempt: the caller's next call is the retry (see reconnecting
+        # above), and "no daemon" is said at once rather than after 30 s
+        opt.connect_timeout_ms = -1
         h = lib.radiance_connect(self._socket.encode(), opt)
         if h == ffi.NULL:
             e = ffi.errno
