@@ -110,6 +110,8 @@ struct radiance {
 	struct radiance__client_stashed *stash;  /* ring of stash_cap, grows */
 	uint32_t stash_head, stash_len, stash_cap;
 	char completion_error[RADIANCE_SLOT_BYTES];
+
+	int epfd;                        /* radiance_get_fd(): socket + CQ doorbell; -1 */
 };
 
 /* Incremented in the child of every fork() (pthread_atfork). A handle whose
@@ -177,6 +179,14 @@ struct radiance__client_held *radiance__client_find_held(const struct radiance *
 
 /* data.c */
 void radiance__client_rings_close(struct radiance *r);
+/* Takes one result off the CQ: 1, 0 when empty, or a sticky error. */
+int radiance__client_reap_one(struct radiance *r, struct radiance__client_stashed *out);
+/* Keeps a completion for a later poll/wait: 0 or a sticky -ENOMEM. */
+int radiance__client_stash_push(struct radiance *r, const struct radiance__client_stashed *s);
+
+/* events.c: adds fd (EPOLLIN) to the set radiance_get_fd() returned, if
+ * one was asked for. 0 or -errno. */
+int radiance__client_watch(struct radiance *r, int fd);
 /* For radiance_reconnect(): closes the rings and turns every request not
  * delivered yet (in flight, or completed and kept aside: its output was in
  * the arena that goes) into a completion of status err with text why, kept

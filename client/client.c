@@ -618,6 +618,8 @@ static int session_open(struct radiance *r)
 		r->conn.fd = -1;
 		return radiance__client_fail(r, rc, "%s", strerror(-rc));
 	}
+	if ((rc = radiance__client_watch(r, fd)) < 0)
+		return radiance__client_fail(r, rc, "epoll_ctl(socket): %s", strerror(-rc));
 	/* Under socket activation connect() succeeds at once and the Welcome
 	 * comes once the daemon has started: that wait counts too. */
 	int reply_ms = r->timeout_ms;
@@ -669,6 +671,7 @@ struct radiance *radiance_connect(const char *socket_path, const struct radiance
 	}
 	r->conn.fd = -1;
 	r->sq_doorbell = r->cq_doorbell = -1;
+	r->epfd = -1;
 	r->log = o.log;
 	r->log_user = o.log_user;
 	r->log_priority = o.log_priority > 0 ? o.log_priority : LOG_WARNING;
@@ -733,6 +736,8 @@ void radiance_disconnect(struct radiance *r)
 	radiance__client_rings_close(r);
 	if (r->conn.fd >= 0 || r->conn.in_fds)
 		radiance_conn_finish(&r->conn);
+	if (r->epfd >= 0)
+		close(r->epfd);
 	for (size_t i = 0; i < r->n_held; i++)
 		radiance_model_info_free(r->held[i].info);
 	free(r->held);

@@ -56,7 +56,6 @@ void radiance__client_rings_close(struct radiance *r)
 	r->rings_open = false;
 }
 
-static int stash_push(struct radiance *r, const struct radiance__client_stashed *s);
 
 int radiance__client_rings_abandon(struct radiance *r, int err, const char *why)
 {
@@ -75,11 +74,11 @@ int radiance__client_rings_abandon(struct radiance *r, int err, const char *why)
 	snprintf(s.error, sizeof s.error, "%s", why);
 	for (uint32_t i = 0; i < len && rc == 0; i++) {
 		s.request_id = old[(head + i) % cap].request_id;
-		rc = stash_push(r, &s);
+		rc = radiance__client_stash_push(r, &s);
 	}
 	for (uint32_t i = 0; i < n_pending && rc == 0; i++) {
 		s.request_id = pending[i];
-		rc = stash_push(r, &s);
+		rc = radiance__client_stash_push(r, &s);
 	}
 	free(old);
 	free(pending);
@@ -188,6 +187,12 @@ static int open_rings(struct radiance *r)
 		return radiance__client_fail(r, -ENOMEM, "out of memory");
 	}
 	r->rings_open = true;
+	if ((rc = radiance__client_watch(r, r->cq_doorbell)) < 0) {
+		radiance__client_rings_close(r);
+		return radiance__client_fail(r, rc, "epoll_ctl(CQ doorbell): %s", strerror(-rc));
+	}
+	if (r->epfd >= 0)
+		radiance_ring_prepare_sleep(&r->cq);   /* radiance_get_fd(): ring on completions */
 	radiance__client_log(r, LOG_DEBUG, "rings open: sq %u, cq %u, arena %llu bytes",
 		      r->sq_entries, r->cq_entries, (unsigned long long)r->arena.bytes);
 	return 0;
@@ -359,7 +364,7 @@ unsigned radiance_in_flight(const struct radiance *r)
 /* --- completions ---------------------------------------------------------- */
 
 /* Takes one result off the CQ. 1, 0 when empty, or a sticky error. */
-static int reap_one(struct radiance *r, struct radiance__client_stashed *out)
+int radiance__client_reap_one(struct radiance *r, struct radiance__client_stashed *out)
 {
 	uint8_t slot[RADIANCE_SLOT_BYTES];
 	int len = radiance_ring_pop(&r->cq, slot);
@@ -395,7 +400,7 @@ static int reap_one(struct radiance *r, struct radiance__client_stashed *out)
  * or a sticky error. */
 static int reap_wait(struct radiance *r, struct radiance__client_stashed *out, int timeout_ms)
 {
-	int rc = reap_one(r, out);
+	int rc = radiance__client_reap_one(r, out);
 	if (rc != 0 || timeout_ms == 0)
 		return rc ? rc : -ETIMEDOUT;
 	uint64_t start = radiance_clock_ns();
@@ -404,7 +409,7 @@ static int reap_wait(struct radiance *r, struct radiance__client_stashed *out, i
 	while (radiance_clock_ns() < spin_end) {
 		for (int i = 0; i < 64; i++)
 			radiance_ring_cpu_relax();
-		if ((rc = reap_one(r, out)) != 0)
+		if ((rc = radiance__client_reap_one(r, out)) != 0)
 			return rc;
 	}
 	for (;;) {
@@ -429,7 +434,7 @@ static int reap_wait(struct radiance *r, struct radiance__client_stashed *out, i
 			    !(p[0].revents & POLLIN)) {
 				/* the daemon closed its end of the doorbell pipe: the
 				 * session is over (what it completed is still ours) */
-				if ((rc = reap_one(r, out)) != 0)
+				if ((rc = radiance__client_reap_one(r, out)) != 0)
 					return rc;
 				if (!p[1].revents)
 					return radiance__client_break(r, -ECONNRESET,
@@ -438,13 +443,13 @@ static int reap_wait(struct radiance *r, struct radiance__client_stashed *out, i
 			if (n > 0 && p[1].revents) {
 				/* Results written before the daemon ended the
 				 * session are still valid: take them first. */
-				if ((rc = reap_one(r, out)) != 0)
+				if ((rc = radiance__client_reap_one(r, out)) != 0)
 					return rc;
 				if ((rc = radiance__client_socket_event(r)) < 0)
-					return rc == -ESHUTDOWN && reap_one(r, out) == 1 ? 1 : rc;
+					return rc == -ESHUTDOWN && radiance__client_reap_one(r, out) == 1 ? 1 : rc;
 			}
 		}
-		if ((rc = reap_one(r, out)) != 0)
+		if ((rc = radiance__client_reap_one(r, out)) != 0)
 			return rc;
 		if (radiance_clock_ns() >= deadline)
 			return -ETIMEDOUT;
@@ -454,7 +459,7 @@ static int reap_wait(struct radiance *r, struct radiance__client_stashed *out, i
 /* Keeps a completion for a later poll/wait. The stash grows: a caller may
  * leave completions unreaped while it submits more (only the requests in
  * flight are bounded by the CQ), so there is no fixed bound. */
-static int stash_push(struct radiance *r, const struct radiance__client_stashed *s)
+int radiance__client_stash_push(struct radiance *r, const struct radiance__client_stashed *s)
 {
 	if (r->stash_len == r->stash_cap) {
 		uint32_t cap = r->stash_cap ? 2 * r->stash_cap : 16;
@@ -510,7 +515,7 @@ static int after_goodbye(struct radiance *r, int err, struct radiance_completion
 	if (stash_pop(r, c))
 		return 1;
 	struct radiance__client_stashed s;
-	if (r->in_flight && reap_one(r, &s) == 1) {
+	if (r->in_flight && radiance__client_reap_one(r, &s) == 1) {
 		deliver(r, &s, c);
 		return 1;
 	}
@@ -529,7 +534,7 @@ static int poll_one(struct radiance *r, struct radiance_completion *c)
 	if (!r->rings_open)
 		return 0;
 	struct radiance__client_stashed s;
-	int rc = reap_one(r, &s);
+	int rc = radiance__client_reap_one(r, &s);
 	if (rc == 1)
 		deliver(r, &s, c);
 	return rc;
@@ -574,7 +579,7 @@ static int submit_room(struct radiance *r, uint32_t model_id, uint32_t layer, ui
 		if (r->in_flight == 0)
 			return radiance__client_break(r, -EPROTO, "SQ full with nothing in flight");
 		struct radiance__client_stashed s;
-		if ((rc = reap_wait(r, &s, r->timeout_ms)) < 0 || (rc = stash_push(r, &s)) < 0)
+		if ((rc = reap_wait(r, &s, r->timeout_ms)) < 0 || (rc = radiance__client_stash_push(r, &s)) < 0)
 			return rc;
 	}
 }
@@ -587,7 +592,7 @@ static int wait_for(struct radiance *r, uint64_t id, struct radiance__client_sta
 			return rc;
 		if (out->request_id == id)
 			return 0;
-		if ((rc = stash_push(r, out)) < 0)
+		if ((rc = radiance__client_stash_push(r, out)) < 0)
 			return rc;
 	}
 }

@@ -533,6 +533,49 @@ int radiance_poll(struct radiance *r, struct radiance_completion *c);
  * or a sticky error. -EINTR is never returned (waits restart). */
 int radiance_wait(struct radiance *r, struct radiance_completion *c, int timeout_ms);
 
+/* --- event-loop integration ------------------------------------------------
+ *
+ * For a caller with its own loop (epoll, libuv, GLib): instead of blocking
+ * in radiance_wait(), put radiance_get_fd() in the loop and call
+ * radiance_dispatch() whenever it is readable, then radiance_poll() the
+ * completions it reports:
+ *
+ *     int fd = radiance_get_fd(r);              // once; add to the loop
+ *     ... submit requests ...
+ *     // fd readable (POLLIN):
+ *     int n = radiance_dispatch(r);
+ *     if (n < 0) { stop watching fd; radiance_reconnect(r) or disconnect }
+ *     while (radiance_poll(r, &c) == 1) { ... }
+ *
+ * Modelled on libseat_get_fd()/libseat_dispatch() and wl_display_get_fd().
+ */
+
+/* One descriptor that becomes readable when a completion arrives or the
+ * daemon says something outside a reply (a Goodbye when it stops, an Error
+ * ending the session, a hang-up). It is an epoll set owned by r (do not
+ * read or close it; watch it for POLLIN/EPOLLIN only): it stays the same
+ * fd for r's lifetime, across radiance_reconnect() and the lazy opening of
+ * the rings, and radiance_disconnect() closes it. Asking for it makes the
+ * daemon ring the CQ doorbell on every completion (otherwise only while a
+ * wait sleeps): a write per batch of results. Returns the fd (>= 0), or
+ * -errno (-EMFILE, ...) or the sticky error. Same thread rule as every
+ * call on r. */
+int radiance_get_fd(struct radiance *r);
+
+/* Never blocks. Takes every completion off the CQ and keeps it for
+ * radiance_poll()/radiance_wait() (in completion order), reads what the
+ * daemon sent outside a reply, and re-arms the fd. Call it each time the
+ * fd is readable, and again after radiance_wait() or radiance_linear(),
+ * which disarm it, before the loop sleeps on the fd again.
+ * Returns the number of completions ready for radiance_poll() (0: nothing,
+ * e.g. a spurious wake-up), or the sticky error once nothing is left to
+ * deliver: -ESHUTDOWN after the daemon's Goodbye (whose drained results
+ * were counted and delivered first), -ECONNRESET when it went away,
+ * -EPROTO, ... The fd then stays readable (a closed socket): stop watching
+ * it, or radiance_reconnect(). -EBADFD in a forked child. Same thread rule
+ * as every call on r. */
+int radiance_dispatch(struct radiance *r);
+
 /* Number of requests submitted whose completion radiance_poll/radiance_wait
  * has not returned yet (in the daemon, or completed and kept aside by
  * radiance_linear). */

@@ -10,6 +10,7 @@
  */
 #include <errno.h>
 #include <math.h>
+#include <poll.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -897,6 +898,106 @@ static void reconnect_after_restart(void **state)
 	assert_int_equal(h_daemon_stop(&again), 0);
 }
 
+/* Waits for fd in a real poll() loop, dispatches, and takes what is ready:
+ * marks each completion in seen[] (by index into ids) after checking its
+ * output y[i] against the reference. Returns radiance_dispatch()'s last
+ * negative code once *got reaches want or dispatch fails. */
+static int loop_collect(struct radiance *r, int fd, const uint64_t *ids, uint16_t *const *y,
+			int n, const struct h_layer *hl, int *seen, int *got, int want)
+{
+	int wakeups = 0;
+	while (*got < want) {
+		struct pollfd p = { .fd = fd, .events = POLLIN };
+		int k = poll(&p, 1, 20000);
+		assert_int_equal(k, 1);   /* a wake-up, not the 20 s bound */
+		wakeups++;
+		int ready = radiance_dispatch(r);
+		if (ready < 0)
+			return ready;
+		struct radiance_completion c;
+		int got_now = 0;
+		while (radiance_poll(r, &c) == 1) {
+			int i = 0;
+			while (i < n && ids[i] != c.request_id)
+				i++;
+			assert_true(i < n);
+			assert_int_equal(seen[i], 0);
+			assert_int_equal(c.status, 0);
+			size_t exact;
+			double ulps;
+			assert_int_equal(h_compare_bf16(y[i], hl->ref_bf16, (size_t)hl->m * hl->n,
+							&exact, &ulps), 0);
+			seen[i] = 1;
+			got_now++;
+		}
+		assert_int_equal(got_now, ready);   /* dispatch counted what poll returns */
+		*got += got_now;
+	}
+	fprintf(stderr, "%d completions in %d wake-ups\n", want, wakeups);
+	return 0;
+}
+
+/* radiance_get_fd() in a caller's own poll() loop with radiance_dispatch():
+ * completions wake it, nothing else does, and a SIGTERM's drained results
+ * come before the Goodbye's -ESHUTDOWN. */
+static void event_loop_integration(void **state)
+{
+	enum { N = 16 };
+	struct radiance *r = connect_named("loop");
+	uint32_t id;
+	assert_int_equal(radiance_load_model(r, ckpt, NULL, &id), 0);
+	int fd = radiance_get_fd(r);   /* before the rings exist: they join later */
+	assert_true(fd >= 0);
+	const struct h_layer *hl = h_ref_find(&ref, "encoder.layer.0.intermediate.dense");
+	int layer = radiance_find_layer(radiance_held_model(r, id), hl->name);
+	assert_true(layer >= 0);
+	size_t xb = (size_t)hl->m * hl->k * 2, yb = (size_t)hl->m * hl->n * 2;
+	uint16_t *x = radiance_arena_alloc(r, xb);
+	assert_non_null(x);
+	memcpy(x, hl->x_bf16, xb);
+	uint16_t *y[N];
+	uint64_t ids[N];
+	for (int i = 0; i < N; i++) {
+		y[i] = radiance_arena_alloc(r, yb);
+		assert_non_null(y[i]);
+	}
+	assert_int_equal(radiance_get_fd(r), fd);   /* one fd for the handle's life */
+
+	/* idle: the fd is not readable */
+	struct pollfd p = { .fd = fd, .events = POLLIN };
+	assert_int_equal(radiance_dispatch(r), 0);
+	assert_int_equal(poll(&p, 1, 0), 0);
+
+	int seen[N] = { 0 }, got = 0;
+	for (int i = 0; i < N; i++)
+		assert_int_equal(radiance_submit(r, id, (uint32_t)layer, hl->m, RADIANCE_BF16, x, y[i],
+						 &ids[i]), 0);
+	assert_int_equal(loop_collect(r, fd, ids, y, N, hl, seen, &got, N), 0);
+	assert_int_equal(radiance_in_flight(r), 0);
+	assert_int_equal(poll(&p, 1, 0), 0);   /* everything taken: quiet again */
+
+	/* a stop with requests queued: their results, then -ESHUTDOWN */
+	memset(seen, 0, sizeof seen);
+	got = 0;
+	assert_int_equal(kill(daemon_.pid, SIGSTOP), 0);
+	for (int t = 0; t < 500 && process_state(daemon_.pid) != 'T'; t++)
+		h_sleep_ms(2);
+	for (int i = 0; i < N; i++) {
+		memset(y[i], 0xff, yb);
+		assert_int_equal(radiance_submit(r, id, (uint32_t)layer, hl->m, RADIANCE_BF16, x, y[i],
+						 &ids[i]), 0);
+	}
+	assert_int_equal(kill(daemon_.pid, SIGTERM), 0);
+	assert_int_equal(kill(daemon_.pid, SIGCONT), 0);
+	int rc = loop_collect(r, fd, ids, y, N, hl, seen, &got, N + 1);
+	assert_int_equal(got, N);
+	assert_int_equal(rc, -ESHUTDOWN);
+	assert_string_equal(radiance_error_message(r), "daemon stopping: SIGTERM");
+	assert_int_equal(h_daemon_wait(&daemon_, 20.0), 1);
+	assert_int_equal(WEXITSTATUS(daemon_.exit_status), 0);
+	radiance_disconnect(r);
+}
+
 static int stop_after_sigterm(void **state)
 {
 	h_daemon_stop(&daemon_);   /* already exited: only removes the directory */
@@ -1205,6 +1306,7 @@ int main(void)
 						stop_after_sigterm),
 		cmocka_unit_test_setup_teardown(daemon_death_ends_waits, start, stop_after_sigterm),
 		cmocka_unit_test_setup_teardown(reconnect_after_restart, start, stop_after_sigterm),
+		cmocka_unit_test_setup_teardown(event_loop_integration, start, stop_after_sigterm),
 		cmocka_unit_test_setup_teardown(handle_in_use_is_ebusy, start, stop),
 		cmocka_unit_test_setup_teardown(two_threads_hammer_one_handle, start, stop),
 		cmocka_unit_test(socket_directory),
