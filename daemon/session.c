@@ -210,8 +210,8 @@ static void handle_hello(struct radiance_session *s, uint64_t tag, const Radianc
 	}
 	if (h->protocol_version != RADIANCE_PROTOCOL_VERSION) {
 		session_reply_error(s, tag, EPROTONOSUPPORT,
-			   "protocol version %u is not supported (radianced %s speaks %u)",
-			   h->protocol_version, RADIANCE_VERSION, RADIANCE_PROTOCOL_VERSION);
+				    "protocol version %u is not supported (radianced %s speaks %u)",
+				    h->protocol_version, RADIANCE_VERSION, RADIANCE_PROTOCOL_VERSION);
 		session_close(s, 0, "client '%s' speaks protocol %u, not %u", s->client_name,
 			      h->protocol_version, RADIANCE_PROTOCOL_VERSION);
 		return;
@@ -294,8 +294,8 @@ static void handle_release(struct radiance_session *s, uint64_t tag,
 		}
 		if (s->uid != 0 && s->uid != geteuid()) {
 			session_reply_error(s, tag, EPERM, "model %u is preloaded; only root%s may unload it "
-				   "(peer uid %u)", model_id, geteuid() ? " or the daemon's user" : "",
-				   (unsigned)s->uid);
+					    "(peer uid %u)", model_id, geteuid() ? " or the daemon's user" : "",
+					    (unsigned)s->uid);
 			return;
 		}
 		log_info("session %llu (uid %u): unloads preloaded model %u '%s'",
@@ -306,7 +306,7 @@ static void handle_release(struct radiance_session *s, uint64_t tag,
 	}
 	if (session_maps_has(&s->maps, model_id)) {
 		session_reply_error(s, tag, EBUSY, "model %u is mapped by this session: unmap it first "
-			   "(UnmapModel, radiance_gpu_unmap)", model_id);
+				    "(UnmapModel, radiance_gpu_unmap)", model_id);
 		return;
 	}
 	for (size_t i = 0; i < s->nmodels; i++) {
@@ -584,17 +584,17 @@ static void handle_open_ring(struct radiance_session *s, uint64_t tag, const Rad
 	uint64_t arena = o->arena_bytes ? o->arena_bytes : cfg->arena_bytes;
 	if (sq & (sq - 1) || sq > cfg->max_sq_entries) {
 		session_reply_error(s, tag, EINVAL, "sq_entries %u is not a power of two in 1..%u", sq,
-			   cfg->max_sq_entries);
+				    cfg->max_sq_entries);
 		return;
 	}
 	if (cq & (cq - 1) || cq > cfg->max_sq_entries || cq < sq) {
 		session_reply_error(s, tag, EINVAL, "cq_entries %u is not a power of two in %u..%u", cq, sq,
-			   cfg->max_sq_entries);
+				    cfg->max_sq_entries);
 		return;
 	}
 	if (arena > cfg->max_arena_bytes) {
 		session_reply_error(s, tag, EINVAL, "arena_bytes %llu exceeds the limit of %llu",
-			   (unsigned long long)arena, (unsigned long long)cfg->max_arena_bytes);
+				    (unsigned long long)arena, (unsigned long long)cfg->max_arena_bytes);
 		return;
 	}
 	arena = align_up(arena, RADIANCE_SHM_ALIGN);
@@ -676,7 +676,7 @@ fail_errno: {
 		int e = errno;
 		segment_release(s);
 		session_reply_error(s, tag, e, "cannot create the shared-memory segment (%llu bytes): %s",
-			   (unsigned long long)total, strerror(e));
+				    (unsigned long long)total, strerror(e));
 	}
 }
 

@@ -159,8 +159,7 @@ void session_update(struct radiance_session *s)
 
 /* ---- replies ---- */
 
-static void send_msg(struct radiance_session *s, Radiance__ServerMessage *m, const int *fds,
-		     size_t nfds)
+void session_reply(struct radiance_session *s, Radiance__ServerMessage *m, const int *fds, size_t nfds)
 {
 	if (s->state == SESSION_CLOSING)
 		return;
@@ -182,10 +181,7 @@ static void send_msg(struct radiance_session *s, Radiance__ServerMessage *m, con
 	session_update(s);
 }
 
-static void send_error(struct radiance_session *s, uint64_t tag, int code, const char *fmt, ...)
-	__attribute__((format(printf, 4, 5)));
-
-static void send_error(struct radiance_session *s, uint64_t tag, int code, const char *fmt, ...)
+void session_reply_error(struct radiance_session *s, uint64_t tag, int code, const char *fmt, ...)
 {
 	char text[512];
 	va_list ap;
@@ -200,42 +196,22 @@ static void send_error(struct radiance_session *s, uint64_t tag, int code, const
 	m.msg_case = RADIANCE__SERVER_MESSAGE__MSG_ERROR;
 	m.error = &e;
 	log_debug("session %llu: error %d: %s", (unsigned long long)s->id, code, text);
-	send_msg(s, &m, NULL, 0);
+	session_reply(s, &m, NULL, 0);
 }
 
 void session_send_error(struct radiance_session *s, int code, const char *text)
 {
-	send_error(s, 0, code, "%s", text);
+	session_reply_error(s, 0, code, "%s", text);
 }
 
-static void send_ok(struct radiance_session *s, uint64_t tag)
+void session_reply_ok(struct radiance_session *s, uint64_t tag)
 {
 	Radiance__Ok ok = RADIANCE__OK__INIT;
 	Radiance__ServerMessage m = RADIANCE__SERVER_MESSAGE__INIT;
 	m.tag = tag;
 	m.msg_case = RADIANCE__SERVER_MESSAGE__MSG_OK;
 	m.ok = &ok;
-	send_msg(s, &m, NULL, 0);
-}
-
-void session_reply(struct radiance_session *s, Radiance__ServerMessage *m, const int *fds, size_t nfds)
-{
-	send_msg(s, m, fds, nfds);
-}
-
-void session_reply_error(struct radiance_session *s, uint64_t tag, int code, const char *fmt, ...)
-{
-	char text[512];
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(text, sizeof text, fmt, ap);
-	va_end(ap);
-	send_error(s, tag, code, "%s", text);
-}
-
-void session_reply_ok(struct radiance_session *s, uint64_t tag)
-{
-	send_ok(s, tag);
+	session_reply(s, &m, NULL, 0);
 }
 
 /* ---- life cycle ---- */
