@@ -531,15 +531,26 @@ static void fake_play(int listen_fd, enum fake_script script, int count)
 	_exit(0);
 }
 
+/* A listening socket at path: its fd, or -1. */
+static int listen_at(const char *path)
+{
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	snprintf(sa.sun_path, sizeof sa.sun_path, "%.100s", path);
+	if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof sa) < 0 || listen(fd, 16) < 0) {
+		if (fd >= 0)
+			close(fd);
+		return -1;
+	}
+	return fd;
+}
+
 static int fake_listen(char *dir, char *path, size_t n)
 {
 	assert_non_null(mkdtemp(dir));
 	snprintf(path, n, "%s/s", dir);
-	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
-	assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
-	assert_int_equal(listen(fd, 16), 0);
+	int fd = listen_at(path);
+	assert_true(fd >= 0);
 	return fd;
 }
 
@@ -590,10 +601,8 @@ static void connect_waits_for_socket(void **state)
 	assert_true(pid >= 0);
 	if (pid == 0) {
 		usleep(200 * 1000);
-		int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-		struct sockaddr_un sa = { .sun_family = AF_UNIX };
-		snprintf(sa.sun_path, sizeof sa.sun_path, "%.100s", path);
-		if (bind(fd, (struct sockaddr *)&sa, sizeof sa) < 0 || listen(fd, 4) < 0)
+		int fd = listen_at(path);
+		if (fd < 0)
 			_exit(5);
 		fake_play(fd, FAKE_WELCOME, 1);
 		_exit(0);

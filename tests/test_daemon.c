@@ -747,6 +747,56 @@ static int process_state(pid_t pid)
 	return p && p[1] == ' ' ? p[2] : -1;
 }
 
+/* SIGSTOP, and wait until the daemon really is stopped: from here nothing
+ * it was sent runs before SIGCONT. */
+static void daemon_freeze(void)
+{
+	assert_int_equal(kill(daemon_.pid, SIGSTOP), 0);
+	for (int t = 0; t < 500 && process_state(daemon_.pid) != 'T'; t++)
+		h_sleep_ms(2);
+	assert_int_equal(process_state(daemon_.pid), 'T');
+}
+
+/* Requests of the FFN's first layer (the largest) on its captured rows:
+ * one input x in the arena, n outputs y[i] (0xff-filled), for a drain that
+ * takes a while. */
+struct ffn_batch {
+	const struct h_layer *hl;
+	uint32_t layer;
+	size_t yb;
+	uint16_t *x;
+};
+
+static void ffn_batch_init(struct ffn_batch *b, struct radiance *r, uint32_t id, uint16_t **y,
+			   int n)
+{
+	b->hl = h_ref_find(&ref, "encoder.layer.0.intermediate.dense");
+	assert_non_null(b->hl);
+	int layer = radiance_find_layer(radiance_held_model(r, id), b->hl->name);
+	assert_true(layer >= 0);
+	b->layer = (uint32_t)layer;
+	size_t xb = (size_t)b->hl->m * b->hl->k * 2;
+	b->yb = (size_t)b->hl->m * b->hl->n * 2;
+	b->x = radiance_arena_alloc(r, xb);
+	assert_non_null(b->x);
+	memcpy(b->x, b->hl->x_bf16, xb);
+	for (int i = 0; i < n; i++) {
+		y[i] = radiance_arena_alloc(r, b->yb);
+		assert_non_null(y[i]);
+		memset(y[i], 0xff, b->yb);
+	}
+}
+
+static void ffn_batch_submit(const struct ffn_batch *b, struct radiance *r, uint32_t id,
+			     uint16_t **y, uint64_t *ids, int n)
+{
+	for (int i = 0; i < n; i++) {
+		memset(y[i], 0xff, b->yb);
+		assert_int_equal(radiance_submit(r, id, b->layer, b->hl->m, RADIANCE_BF16, b->x, y[i],
+						 &ids[i]), 0);
+	}
+}
+
 /* Requests still in the SQ when SIGTERM comes are run, and every result
  * reaches the client before the Goodbye: the daemon is frozen (SIGSTOP)
  * while the client fills the SQ, so nothing has run when the stop begins. */
@@ -757,29 +807,14 @@ static void sigterm_delivers_drained_results(void **state)
 	uint32_t id;
 	assert_int_equal(radiance_load_model(r, ckpt, NULL, &id), 0);
 	assert_int_equal(radiance_open_rings(r), 0);
-	const struct h_layer *hl = h_ref_find(&ref, "encoder.layer.0.intermediate.dense");
-	assert_non_null(hl);
-	int layer = radiance_find_layer(radiance_held_model(r, id), hl->name);
-	assert_true(layer >= 0);
-	size_t xb = (size_t)hl->m * hl->k * 2, yb = (size_t)hl->m * hl->n * 2;
-	uint16_t *x = radiance_arena_alloc(r, xb);
-	assert_non_null(x);
-	memcpy(x, hl->x_bf16, xb);
+	struct ffn_batch b;
 	uint16_t *y[N];
 	uint64_t ids[N];
-	for (int i = 0; i < N; i++) {
-		y[i] = radiance_arena_alloc(r, yb);
-		assert_non_null(y[i]);
-		memset(y[i], 0xff, yb);
-	}
+	ffn_batch_init(&b, r, id, y, N);
+	const struct h_layer *hl = b.hl;
 
-	assert_int_equal(kill(daemon_.pid, SIGSTOP), 0);
-	for (int t = 0; t < 500 && process_state(daemon_.pid) != 'T'; t++)
-		h_sleep_ms(2);
-	assert_int_equal(process_state(daemon_.pid), 'T');
-	for (int i = 0; i < N; i++)
-		assert_int_equal(radiance_submit(r, id, (uint32_t)layer, hl->m, RADIANCE_BF16, x, y[i],
-						 &ids[i]), 0);
+	daemon_freeze();
+	ffn_batch_submit(&b, r, id, y, ids, N);
 	assert_int_equal(kill(daemon_.pid, SIGTERM), 0);
 	assert_int_equal(kill(daemon_.pid, SIGCONT), 0);
 
@@ -839,7 +874,7 @@ static void reconnect_after_restart(void **state)
 	memcpy(x, hl->x_bf16, 384 * 2);
 
 	/* requests that never complete: the daemon is frozen, then killed */
-	assert_int_equal(kill(daemon_.pid, SIGSTOP), 0);
+	daemon_freeze();
 	uint64_t ids[N];
 	for (int i = 0; i < N; i++)
 		assert_int_equal(radiance_submit(r, id, (uint32_t)layer, 1, RADIANCE_BF16, x, y,
@@ -948,19 +983,11 @@ static void event_loop_integration(void **state)
 	assert_int_equal(radiance_load_model(r, ckpt, NULL, &id), 0);
 	int fd = radiance_get_fd(r);   /* before the rings exist: they join later */
 	assert_true(fd >= 0);
-	const struct h_layer *hl = h_ref_find(&ref, "encoder.layer.0.intermediate.dense");
-	int layer = radiance_find_layer(radiance_held_model(r, id), hl->name);
-	assert_true(layer >= 0);
-	size_t xb = (size_t)hl->m * hl->k * 2, yb = (size_t)hl->m * hl->n * 2;
-	uint16_t *x = radiance_arena_alloc(r, xb);
-	assert_non_null(x);
-	memcpy(x, hl->x_bf16, xb);
+	struct ffn_batch b;
 	uint16_t *y[N];
 	uint64_t ids[N];
-	for (int i = 0; i < N; i++) {
-		y[i] = radiance_arena_alloc(r, yb);
-		assert_non_null(y[i]);
-	}
+	ffn_batch_init(&b, r, id, y, N);   /* opens the rings */
+	const struct h_layer *hl = b.hl;
 	assert_int_equal(radiance_get_fd(r), fd);   /* one fd for the handle's life */
 
 	/* idle: the fd is not readable */
@@ -969,9 +996,7 @@ static void event_loop_integration(void **state)
 	assert_int_equal(poll(&p, 1, 0), 0);
 
 	int seen[N] = { 0 }, got = 0;
-	for (int i = 0; i < N; i++)
-		assert_int_equal(radiance_submit(r, id, (uint32_t)layer, hl->m, RADIANCE_BF16, x, y[i],
-						 &ids[i]), 0);
+	ffn_batch_submit(&b, r, id, y, ids, N);
 	assert_int_equal(loop_collect(r, fd, ids, y, N, hl, seen, &got, N), 0);
 	assert_int_equal(radiance_in_flight(r), 0);
 	assert_int_equal(poll(&p, 1, 0), 0);   /* everything taken: quiet again */
@@ -979,14 +1004,8 @@ static void event_loop_integration(void **state)
 	/* a stop with requests queued: their results, then -ESHUTDOWN */
 	memset(seen, 0, sizeof seen);
 	got = 0;
-	assert_int_equal(kill(daemon_.pid, SIGSTOP), 0);
-	for (int t = 0; t < 500 && process_state(daemon_.pid) != 'T'; t++)
-		h_sleep_ms(2);
-	for (int i = 0; i < N; i++) {
-		memset(y[i], 0xff, yb);
-		assert_int_equal(radiance_submit(r, id, (uint32_t)layer, hl->m, RADIANCE_BF16, x, y[i],
-						 &ids[i]), 0);
-	}
+	daemon_freeze();
+	ffn_batch_submit(&b, r, id, y, ids, N);
 	assert_int_equal(kill(daemon_.pid, SIGTERM), 0);
 	assert_int_equal(kill(daemon_.pid, SIGCONT), 0);
 	int rc = loop_collect(r, fd, ids, y, N, hl, seen, &got, N + 1);
