@@ -72,8 +72,10 @@ struct radiance {
 	unsigned fork_generation;         /* radiance__fork_generation at connect */
 	int pid;                          /* getpid() at connect, for messages */
 	char message[512];                /* radiance_error_message() */
+	char broken[512];                 /* the sticky error's message */
 
 	/* options, copied */
+	char *socket_path;                /* for radiance_reconnect() */
 	char *client_name;
 	radiance_log_fn log;
 	void *log_user;
@@ -82,6 +84,7 @@ struct radiance {
 	uint64_t want_arena;
 	int32_t spin_us;
 	int timeout_ms;                   /* -1: forever */
+	int connect_timeout_ms;           /* -1: one attempt; else > 0 */
 
 	uint64_t next_tag;
 	bool welcomed;                    /* the handshake succeeded */
@@ -102,9 +105,13 @@ struct radiance {
 	struct radiance__client_arena arena;
 	uint64_t next_request_id;
 	unsigned in_flight;
+	uint64_t *pending;               /* ids radiance_submit() put in flight, */
+	uint32_t n_pending;              /* ... not reaped yet; cq_entries room */
 	struct radiance__client_stashed *stash;  /* ring of stash_cap, grows */
 	uint32_t stash_head, stash_len, stash_cap;
 	char completion_error[RADIANCE_SLOT_BYTES];
+
+	int epfd;                        /* radiance_get_fd(): socket + CQ doorbell; -1 */
 };
 
 /* Incremented in the child of every fork() (pthread_atfork). A handle whose
@@ -172,6 +179,22 @@ struct radiance__client_held *radiance__client_find_held(const struct radiance *
 
 /* data.c */
 void radiance__client_rings_close(struct radiance *r);
+/* Takes one result off the CQ: 1, 0 when empty, or a sticky error. */
+int radiance__client_reap_one(struct radiance *r, struct radiance__client_stashed *out);
+/* Keeps a completion for a later poll/wait: 0 or a sticky -ENOMEM. */
+int radiance__client_stash_push(struct radiance *r, const struct radiance__client_stashed *s);
+
+/* events.c: adds fd (EPOLLIN) to the set radiance_get_fd() returned, if
+ * one was asked for. 0 or -errno. */
+int radiance__client_watch(struct radiance *r, int fd);
+/* For radiance_reconnect(): closes the rings and turns every request not
+ * delivered yet (in flight, or completed and kept aside: its output was in
+ * the arena that goes) into a completion of status err with text why, kept
+ * for radiance_poll()/radiance_wait(). 0 or -ENOMEM (then they are lost). */
+int radiance__client_rings_abandon(struct radiance *r, int err, const char *why);
+
+/* models.c */
+int radiance__client_attach(struct radiance *r, const char *name, uint32_t *model_id);
 
 /* models.c */
 int radiance__client_model_from_pb(const Radiance__ModelInfo *pb, struct radiance_model_info **out);

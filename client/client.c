@@ -65,6 +65,8 @@ const char *radiance_strerror(int err)
 		return "handle used in a forked child (it belongs to the parent)";
 	case EDQUOT:
 		return "a limit of the daemon would be exceeded (the message names it)";
+	case ESHUTDOWN:
+		return "the daemon is stopping (every completion it owed was delivered first)";
 	case EBUSY:
 		return "busy: another thread is inside a call on this handle, requests are in "
 		       "flight, or the daemon is at a session limit (the message says which)";
@@ -121,6 +123,7 @@ int radiance__client_break(struct radiance *r, int err, const char *fmt, ...)
 	vsnprintf(r->message, sizeof r->message, fmt, ap);
 	va_end(ap);
 	r->error = err;
+	memcpy(r->broken, r->message, sizeof r->broken);
 	radiance__client_log(r, LOG_ERR, "connection ended: %s", r->message);
 	return err;
 }
@@ -273,6 +276,27 @@ static int daemon_ended(struct radiance *r, const Radiance__Error *e)
 	return radiance__client_break(r, error_code(e), "the daemon ended the session: %s", text);
 }
 
+/* The daemon's last message when it stops: every result it owed is in
+ * the CQ already (radiance_wait() still delivers them). Sticky. */
+static int daemon_stopping(struct radiance *r, const Radiance__Goodbye *g)
+{
+	int code = (g->code > 0 && g->code < 4096) ? -g->code : -ESHUTDOWN;
+	return radiance__client_break(r, code, "daemon stopping: %s",
+				      g->reason && *g->reason ? g->reason : "no reason given");
+}
+
+/* A message outside any reply: the daemon ends the session (an Error, a
+ * Goodbye), or broke the protocol. Returns the sticky error. */
+static int unsolicited(struct radiance *r, const Radiance__ServerMessage *m)
+{
+	if (m->msg_case == RADIANCE__SERVER_MESSAGE__MSG_ERROR)
+		return daemon_ended(r, m->error);
+	if (m->msg_case == RADIANCE__SERVER_MESSAGE__MSG_GOODBYE)
+		return daemon_stopping(r, m->goodbye);
+	return radiance__client_break(r, -EPROTO, "unsolicited %s from the daemon",
+				      radiance_proto_server_name(m));
+}
+
 /* The daemon closed its end while we were sending. What it wrote before
  * closing (an Error saying why) may still wait in our receive queue: read
  * it, so the reason reaches radiance_error_message() instead of EPIPE. */
@@ -281,8 +305,9 @@ static int daemon_gone(struct radiance *r)
 	Radiance__ServerMessage *m;
 	while (!r->error && read_message(r, 0, &m) == 0) {
 		radiance_conn_close_fds(&r->conn);
-		if (m->msg_case == RADIANCE__SERVER_MESSAGE__MSG_ERROR)
-			daemon_ended(r, m->error);
+		if (m->msg_case == RADIANCE__SERVER_MESSAGE__MSG_ERROR ||
+		    m->msg_case == RADIANCE__SERVER_MESSAGE__MSG_GOODBYE)
+			unsolicited(r, m);
 		radiance__server_message__free_unpacked(m, NULL);
 	}
 	return radiance__client_break(r, -ECONNRESET, "the daemon closed the connection");
@@ -389,11 +414,13 @@ int radiance__client_request(struct radiance *r, Radiance__ClientMessage *msg, c
 		if (want_fds == 0)
 			radiance_conn_close_fds(&r->conn);   /* fds nobody declared */
 		if (m->tag != msg->tag) {
-			if (m->msg_case == RADIANCE__SERVER_MESSAGE__MSG_ERROR) {
+			if (m->msg_case == RADIANCE__SERVER_MESSAGE__MSG_ERROR ||
+			    m->msg_case == RADIANCE__SERVER_MESSAGE__MSG_GOODBYE) {
 				/* The daemon ends the session over something it
-				 * noticed out of band (e.g. a corrupted ring), or
-				 * refuses the connection before the handshake. */
-				daemon_ended(r, m->error);
+				 * noticed out of band (e.g. a corrupted ring) or
+				 * because it stops, or refuses the connection
+				 * before the handshake. */
+				unsolicited(r, m);
 			} else {
 				rc = radiance__client_break(r, -EPROTO, "reply tag %llu to request tag %llu",
 						     (unsigned long long)m->tag,
@@ -441,11 +468,7 @@ int radiance__client_socket_event(struct radiance *r)
 	if (rc < 0)
 		return r->error ? r->error : rc;
 	radiance_conn_close_fds(&r->conn);
-	if (m->msg_case == RADIANCE__SERVER_MESSAGE__MSG_ERROR)
-		daemon_ended(r, m->error);
-	else
-		radiance__client_break(r, -EPROTO, "unsolicited %s from the daemon",
-				radiance_proto_server_name(m));
+	unsolicited(r, m);
 	radiance__server_message__free_unpacked(m, NULL);
 	return r->error;
 }
@@ -537,6 +560,90 @@ static int open_socket(const char *path, int *out)
 	return 0;
 }
 
+/* Connects to r->socket_path and says Hello: a new session on r (whose
+ * conn is closed). 0, or -errno with r->message saying why (sticky when
+ * the handshake failed). */
+/* Whether a failed connect may be the daemon not being there yet: no one
+ * listens (ECONNREFUSED: a stale socket, replaced when the daemon starts)
+ * or no socket (ENOENT) in a directory that exists (a missing directory is
+ * a wrong path, said at once). */
+static bool connect_may_retry(const char *path, int rc)
+{
+	if (rc == -ECONNREFUSED)
+		return true;
+	if (rc != -ENOENT)
+		return false;
+	char dir[sizeof(((struct sockaddr_un *)0)->sun_path)];
+	snprintf(dir, sizeof dir, "%s", path);
+	char *slash = strrchr(dir, '/');
+	if (!slash)
+		return true;   /* relative, in the current directory */
+	if (slash == dir)
+		slash[1] = 0;
+	else
+		*slash = 0;
+	struct stat st;
+	return stat(dir, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+static int session_open(struct radiance *r)
+{
+	const char *path = r->socket_path;
+	int64_t start = radiance_clock_ms();
+	int64_t deadline = r->connect_timeout_ms > 0 ? start + r->connect_timeout_ms : start;
+	int fd = -1, rc, delay = 10, tries = 0;
+	for (;;) {
+		rc = open_socket(path, &fd);
+		tries++;
+		if (rc == 0 || !connect_may_retry(path, rc) || radiance_clock_ms() >= deadline)
+			break;
+		if (tries == 1)
+			radiance__client_log(r, LOG_INFO, "no daemon at %s yet (%s): retrying for up "
+					     "to %d ms", path, strerror(-rc), r->connect_timeout_ms);
+		int64_t left = deadline - radiance_clock_ms();
+		struct timespec ts = { 0, (long)(left < delay ? left : delay) * 1000000L };
+		while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+			;
+		delay = delay < 250 ? delay * 2 : 500;
+	}
+	if (rc == -ENOTSOCK)
+		return radiance__client_fail(r, rc, "%s exists and is not a socket", path);
+	if (rc < 0 && tries > 1)
+		return radiance__client_fail(r, rc, "%s (still, after %d tries in %lld ms: "
+					     "connect_timeout_ms)", strerror(-rc), tries,
+					     (long long)(radiance_clock_ms() - start));
+	if (rc < 0)
+		return radiance__client_fail(r, rc, "%s", strerror(-rc));
+	if ((rc = radiance_conn_init(&r->conn, fd, RADIANCE_MAX_FRAME, RADIANCE_MAX_FDS)) < 0) {
+		close(fd);
+		r->conn.fd = -1;
+		return radiance__client_fail(r, rc, "%s", strerror(-rc));
+	}
+	if ((rc = radiance__client_watch(r, fd)) < 0)
+		return radiance__client_fail(r, rc, "epoll_ctl(socket): %s", strerror(-rc));
+	/* Under socket activation connect() succeeds at once and the Welcome
+	 * comes once the daemon has started: that wait counts too. */
+	int reply_ms = r->timeout_ms;
+	int left = -1;
+	if (r->connect_timeout_ms > 0) {
+		int64_t l = deadline - radiance_clock_ms();
+		left = l > 0 ? (int)l : 1;
+		if (reply_ms < 0 || left < reply_ms)
+			r->timeout_ms = left;
+	}
+	rc = handshake(r);
+	bool ours = r->timeout_ms != reply_ms;
+	r->timeout_ms = reply_ms;
+	if (rc == -ETIMEDOUT && ours) {
+		r->error = 0;   /* restate the sticky error with the limit that fired */
+		radiance__client_break(r, rc, "no Welcome from the daemon within %d ms of "
+				       "connecting (connect_timeout_ms): it accepts connections but "
+				       "does not answer (under socket activation: still starting?)",
+				       r->connect_timeout_ms);
+	}
+	return rc;
+}
+
 struct radiance *radiance_connect(const char *socket_path, const struct radiance_options *opt)
 {
 	struct radiance_options o = RADIANCE_OPTIONS_INIT;
@@ -565,17 +672,22 @@ struct radiance *radiance_connect(const char *socket_path, const struct radiance
 	}
 	r->conn.fd = -1;
 	r->sq_doorbell = r->cq_doorbell = -1;
+	r->epfd = -1;
 	r->log = o.log;
 	r->log_user = o.log_user;
 	r->log_priority = o.log_priority > 0 ? o.log_priority : LOG_WARNING;
-	if (o.spin_us < -1 || o.timeout_ms < 0) {
+	if (o.spin_us < -1 || o.timeout_ms < 0 || o.connect_timeout_ms < -1) {
 		radiance__client_log(r, LOG_WARNING, "cannot connect to %s: invalid options: %s",
 				     socket_path, o.spin_us < -1 ?
 				     "spin_us below -1 (0 = default, -1 = never spin)" :
-				     "timeout_ms below 0 (0 = wait forever)");
+				     o.timeout_ms < 0 ? "timeout_ms below 0 (0 = wait forever)" :
+				     "connect_timeout_ms below -1 (0 = default 30000, -1 = one "
+				     "attempt, no limit on the Welcome but timeout_ms)");
 		rc = -EINVAL;
 		goto err_free;
 	}
+	r->connect_timeout_ms = o.connect_timeout_ms == 0 ? RADIANCE_CONNECT_TIMEOUT_MS
+							  : o.connect_timeout_ms;
 	r->want_sq = o.sq_entries;
 	r->want_cq = o.cq_entries;
 	r->want_arena = o.arena_bytes;
@@ -592,24 +704,14 @@ struct radiance *radiance_connect(const char *socket_path, const struct radiance
 		goto err_free;
 	}
 
-	int fd = -1;
-	if ((rc = open_socket(socket_path, &fd)) < 0) {
-		if (rc == -ENOTSOCK)
-			radiance__client_log(r, LOG_WARNING, "cannot connect to %s: %s exists and is "
-				      "not a socket", socket_path, socket_path);
-		else
-			radiance__client_log(r, LOG_WARNING, "cannot connect to %s: %s", socket_path,
-				      strerror(-rc));
+	r->socket_path = strdup(socket_path);
+	if (!r->socket_path) {
+		rc = -ENOMEM;
 		goto err_free;
 	}
-	if ((rc = radiance_conn_init(&r->conn, fd, RADIANCE_MAX_FRAME, RADIANCE_MAX_FDS)) < 0) {
-		close(fd);
-		r->conn.fd = -1;
-		goto err_free;
-	}
-	if ((rc = handshake(r)) < 0) {
+	if ((rc = session_open(r)) < 0) {
 		radiance__client_log(r, LOG_WARNING, "cannot connect to %s: %s", socket_path,
-			      r->message);
+				     r->message);
 		goto err_free;
 	}
 	return r;
@@ -635,14 +737,102 @@ void radiance_disconnect(struct radiance *r)
 	radiance__client_rings_close(r);
 	if (r->conn.fd >= 0 || r->conn.in_fds)
 		radiance_conn_finish(&r->conn);
+	if (r->epfd >= 0)
+		close(r->epfd);
 	for (size_t i = 0; i < r->n_held; i++)
 		radiance_model_info_free(r->held[i].info);
 	free(r->held);
 	free(r->server_version);
 	free(r->backend);
 	free(r->device);
+	free(r->socket_path);
 	free(r->client_name);
 	free(r);
+}
+
+/* --- reconnect ------------------------------------------------------------ */
+
+static void session_end(struct radiance *r)
+{
+	if (r->conn.fd >= 0 || r->conn.in_fds)
+		radiance_conn_finish(&r->conn);
+	memset(&r->conn, 0, sizeof r->conn);
+	r->conn.fd = -1;
+	free(r->server_version);
+	free(r->backend);
+	free(r->device);
+	r->server_version = r->backend = r->device = NULL;
+	memset(&r->server, 0, sizeof r->server);
+	r->welcomed = false;
+	r->error = 0;
+	r->broken[0] = 0;
+}
+
+static int reconnect(struct radiance *r)
+{
+	/* a completion's text fits a CQ slot (RADIANCE_SLOT_BYTES) */
+	char why[RADIANCE_SLOT_BYTES];
+	snprintf(why, sizeof why, "in flight when radiance_reconnect() replaced the session "
+		 "(%.120s): its output is lost; resubmit it",
+		 r->error ? r->broken : "the session was still up");
+	int lost = radiance__client_rings_abandon(r, -ECANCELED, why);
+	session_end(r);
+
+	/* the models to attach again, by name, in the new session */
+	struct radiance__client_held *held = r->held;
+	size_t n_held = r->n_held;
+	r->held = NULL;
+	r->n_held = r->cap_held = 0;
+
+	int rc = session_open(r);
+	if (rc < 0) {
+		radiance__client_break(r, rc, "reconnecting to %s: %s", r->socket_path, r->message);
+		/* the handle still remembers them for the next try */
+		r->held = held;
+		r->n_held = r->cap_held = n_held;
+		return r->error;
+	}
+	char missing[256] = "";
+	size_t nmissing = 0, used = 0;
+	for (size_t i = 0; i < n_held; i++) {
+		const char *name = held[i].info->name;
+		uint32_t id;
+		rc = radiance__client_attach(r, name, &id);
+		if (rc < 0 && r->error) {
+			rc = r->error;
+			break;
+		}
+		if (rc < 0) {
+			nmissing++;
+			int k = snprintf(missing + used, sizeof missing - used, "%s'%s' (%s)",
+					 used ? ", " : "", name, r->message);
+			if (k > 0 && (size_t)k < sizeof missing - used)
+				used += (size_t)k;
+			rc = 0;
+		} else if (id != held[i].model_id) {
+			radiance__client_log(r, LOG_INFO, "model '%s' is model %u now (was %u)", name,
+					     id, held[i].model_id);
+		}
+	}
+	for (size_t i = 0; i < n_held; i++)
+		radiance_model_info_free(held[i].info);
+	free(held);
+	if (rc < 0)
+		return rc;
+	radiance__client_log(r, LOG_INFO, "reconnected to %s: session %llu", r->socket_path,
+			     (unsigned long long)r->server.session_id);
+	if (nmissing)
+		return radiance__client_fail(r, -ENOENT, "reconnected, but %zu models could not be "
+					     "attached again: %s", nmissing, missing);
+	if (lost < 0)
+		return radiance__client_fail(r, lost, "reconnected, but out of memory keeping the "
+					     "failed completions of the old session");
+	return 0;
+}
+
+int radiance_reconnect(struct radiance *r)
+{
+	RADIANCE__GUARDED(r, reconnect(r));
 }
 
 const struct radiance_server_info *radiance_get_server_info(const struct radiance *r)

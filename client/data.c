@@ -49,7 +49,40 @@ void radiance__client_rings_close(struct radiance *r)
 	free(r->stash);
 	r->stash = NULL;
 	r->stash_cap = r->stash_head = r->stash_len = 0;
+	free(r->pending);
+	r->pending = NULL;
+	r->n_pending = 0;
+	r->in_flight = 0;
 	r->rings_open = false;
+}
+
+
+int radiance__client_rings_abandon(struct radiance *r, int err, const char *why)
+{
+	if (!r->rings_open)
+		return 0;   /* nothing in flight; what is kept aside was abandoned before */
+	struct radiance__client_stashed *old = r->stash;
+	uint32_t head = r->stash_head, len = r->stash_len, cap = r->stash_cap;
+	uint64_t *pending = r->pending;
+	uint32_t n_pending = r->n_pending;
+	r->stash = NULL;
+	r->pending = NULL;
+	r->n_pending = 0;
+	radiance__client_rings_close(r);
+	int rc = 0;
+	struct radiance__client_stashed s = { .status = err };
+	snprintf(s.error, sizeof s.error, "%s", why);
+	for (uint32_t i = 0; i < len && rc == 0; i++) {
+		s.request_id = old[(head + i) % cap].request_id;
+		rc = radiance__client_stash_push(r, &s);
+	}
+	for (uint32_t i = 0; i < n_pending && rc == 0; i++) {
+		s.request_id = pending[i];
+		rc = radiance__client_stash_push(r, &s);
+	}
+	free(old);
+	free(pending);
+	return rc;
 }
 
 /* Maps the segment and checks the header against proto/shm.h. */
@@ -148,7 +181,18 @@ static int open_rings(struct radiance *r)
 		radiance__client_rings_close(r);
 		return rc;
 	}
+	r->pending = calloc(r->cq_entries, sizeof *r->pending);
+	if (!r->pending) {
+		radiance__client_rings_close(r);
+		return radiance__client_fail(r, -ENOMEM, "out of memory");
+	}
 	r->rings_open = true;
+	if ((rc = radiance__client_watch(r, r->cq_doorbell)) < 0) {
+		radiance__client_rings_close(r);
+		return radiance__client_fail(r, rc, "epoll_ctl(CQ doorbell): %s", strerror(-rc));
+	}
+	if (r->epfd >= 0)
+		radiance_ring_prepare_sleep(&r->cq);   /* radiance_get_fd(): ring on completions */
 	radiance__client_log(r, LOG_DEBUG, "rings open: sq %u, cq %u, arena %llu bytes",
 		      r->sq_entries, r->cq_entries, (unsigned long long)r->arena.bytes);
 	return 0;
@@ -259,8 +303,9 @@ static int held_layer(struct radiance *r, uint32_t model_id, uint32_t layer,
 	return 0;
 }
 
+/* user: radiance_submit()'s (tracked in pending), not radiance_linear()'s */
 static int submit(struct radiance *r, uint32_t model_id, uint32_t layer, uint32_t rows,
-		  enum radiance_elem dtype, const void *x, void *y, uint64_t *request_id)
+		  enum radiance_elem dtype, const void *x, void *y, uint64_t *request_id, bool user)
 {
 	const struct radiance_layer_info *l;
 	int rc = held_layer(r, model_id, layer, &l);
@@ -297,6 +342,8 @@ static int submit(struct radiance *r, uint32_t model_id, uint32_t layer, uint32_
 	if (radiance_ring_needs_wakeup(&r->sq) && (rc = radiance_doorbell_ring(r->sq_doorbell)) < 0)
 		return radiance__client_break(r, rc, "SQ doorbell: %s", strerror(-rc));
 	r->in_flight++;
+	if (user)
+		r->pending[r->n_pending++] = r->next_request_id;
 	if (request_id)
 		*request_id = r->next_request_id;
 	r->next_request_id++;
@@ -306,7 +353,7 @@ static int submit(struct radiance *r, uint32_t model_id, uint32_t layer, uint32_
 int radiance_submit(struct radiance *r, uint32_t model_id, uint32_t layer, uint32_t rows,
 		    enum radiance_elem dtype, const void *x, void *y, uint64_t *request_id)
 {
-	RADIANCE__GUARDED(r, submit(r, model_id, layer, rows, dtype, x, y, request_id));
+	RADIANCE__GUARDED(r, submit(r, model_id, layer, rows, dtype, x, y, request_id, true));
 }
 
 unsigned radiance_in_flight(const struct radiance *r)
@@ -317,7 +364,7 @@ unsigned radiance_in_flight(const struct radiance *r)
 /* --- completions ---------------------------------------------------------- */
 
 /* Takes one result off the CQ. 1, 0 when empty, or a sticky error. */
-static int reap_one(struct radiance *r, struct radiance__client_stashed *out)
+int radiance__client_reap_one(struct radiance *r, struct radiance__client_stashed *out)
 {
 	uint8_t slot[RADIANCE_SLOT_BYTES];
 	int len = radiance_ring_pop(&r->cq, slot);
@@ -334,6 +381,12 @@ static int reap_one(struct radiance *r, struct radiance__client_stashed *out)
 	if (r->in_flight == 0)
 		return radiance__client_break(r, -EPROTO, "completion for nothing in flight");
 	r->in_flight--;
+	for (uint32_t i = r->n_pending; i-- > 0;) {
+		if (r->pending[i] == res->request_id) {
+			r->pending[i] = r->pending[--r->n_pending];
+			break;
+		}
+	}
 	out->request_id = res->request_id;
 	out->status = res->status == 0 ? 0 : (res->status > 0 && res->status < 4096 ? -res->status : -EIO);
 	out->queue_ns = res->queue_ns;
@@ -347,7 +400,7 @@ static int reap_one(struct radiance *r, struct radiance__client_stashed *out)
  * or a sticky error. */
 static int reap_wait(struct radiance *r, struct radiance__client_stashed *out, int timeout_ms)
 {
-	int rc = reap_one(r, out);
+	int rc = radiance__client_reap_one(r, out);
 	if (rc != 0 || timeout_ms == 0)
 		return rc ? rc : -ETIMEDOUT;
 	uint64_t start = radiance_clock_ns();
@@ -356,7 +409,7 @@ static int reap_wait(struct radiance *r, struct radiance__client_stashed *out, i
 	while (radiance_clock_ns() < spin_end) {
 		for (int i = 0; i < 64; i++)
 			radiance_ring_cpu_relax();
-		if ((rc = reap_one(r, out)) != 0)
+		if ((rc = radiance__client_reap_one(r, out)) != 0)
 			return rc;
 	}
 	for (;;) {
@@ -381,7 +434,7 @@ static int reap_wait(struct radiance *r, struct radiance__client_stashed *out, i
 			    !(p[0].revents & POLLIN)) {
 				/* the daemon closed its end of the doorbell pipe: the
 				 * session is over (what it completed is still ours) */
-				if ((rc = reap_one(r, out)) != 0)
+				if ((rc = radiance__client_reap_one(r, out)) != 0)
 					return rc;
 				if (!p[1].revents)
 					return radiance__client_break(r, -ECONNRESET,
@@ -390,13 +443,13 @@ static int reap_wait(struct radiance *r, struct radiance__client_stashed *out, i
 			if (n > 0 && p[1].revents) {
 				/* Results written before the daemon ended the
 				 * session are still valid: take them first. */
-				if ((rc = reap_one(r, out)) != 0)
+				if ((rc = radiance__client_reap_one(r, out)) != 0)
 					return rc;
 				if ((rc = radiance__client_socket_event(r)) < 0)
-					return rc;
+					return rc == -ESHUTDOWN && radiance__client_reap_one(r, out) == 1 ? 1 : rc;
 			}
 		}
-		if ((rc = reap_one(r, out)) != 0)
+		if ((rc = radiance__client_reap_one(r, out)) != 0)
 			return rc;
 		if (radiance_clock_ns() >= deadline)
 			return -ETIMEDOUT;
@@ -406,7 +459,7 @@ static int reap_wait(struct radiance *r, struct radiance__client_stashed *out, i
 /* Keeps a completion for a later poll/wait. The stash grows: a caller may
  * leave completions unreaped while it submits more (only the requests in
  * flight are bounded by the CQ), so there is no fixed bound. */
-static int stash_push(struct radiance *r, const struct radiance__client_stashed *s)
+int radiance__client_stash_push(struct radiance *r, const struct radiance__client_stashed *s)
 {
 	if (r->stash_len == r->stash_cap) {
 		uint32_t cap = r->stash_cap ? 2 * r->stash_cap : 16;
@@ -452,17 +505,36 @@ static bool stash_pop(struct radiance *r, struct radiance_completion *c)
 	return true;
 }
 
+/* After a Goodbye (-ESHUTDOWN) the daemon has posted every result it
+ * owed: what is stashed or in the CQ is still delivered, without waiting;
+ * 1 with *c set, else the sticky error. */
+static int after_goodbye(struct radiance *r, int err, struct radiance_completion *c)
+{
+	if (err != -ESHUTDOWN || !r->rings_open)
+		return err;
+	if (stash_pop(r, c))
+		return 1;
+	struct radiance__client_stashed s;
+	if (r->in_flight && radiance__client_reap_one(r, &s) == 1) {
+		deliver(r, &s, c);
+		return 1;
+	}
+	/* a failed completion's text may have replaced why: say it again */
+	memcpy(r->message, r->broken, sizeof r->message);
+	return err;
+}
+
 static int poll_one(struct radiance *r, struct radiance_completion *c)
 {
 	int rc0 = radiance__client_usable(r);
 	if (rc0 < 0)
-		return rc0;
-	if (!r->rings_open)
-		return 0;
+		return after_goodbye(r, rc0, c);
 	if (stash_pop(r, c))
 		return 1;
+	if (!r->rings_open)
+		return 0;
 	struct radiance__client_stashed s;
-	int rc = reap_one(r, &s);
+	int rc = radiance__client_reap_one(r, &s);
 	if (rc == 1)
 		deliver(r, &s, c);
 	return rc;
@@ -477,8 +549,8 @@ static int wait_one(struct radiance *r, struct radiance_completion *c, int timeo
 {
 	int rc0 = radiance__client_usable(r);
 	if (rc0 < 0)
-		return rc0;
-	if (r->rings_open && stash_pop(r, c))
+		return after_goodbye(r, rc0, c);
+	if (stash_pop(r, c))
 		return 1;
 	if (!r->rings_open || r->in_flight == 0)
 		return -ENOENT;
@@ -501,13 +573,13 @@ static int submit_room(struct radiance *r, uint32_t model_id, uint32_t layer, ui
 		       enum radiance_elem dtype, const void *x, void *y, uint64_t *id)
 {
 	for (;;) {
-		int rc = submit(r, model_id, layer, rows, dtype, x, y, id);
+		int rc = submit(r, model_id, layer, rows, dtype, x, y, id, false);
 		if (rc != -EAGAIN)
 			return rc;
 		if (r->in_flight == 0)
 			return radiance__client_break(r, -EPROTO, "SQ full with nothing in flight");
 		struct radiance__client_stashed s;
-		if ((rc = reap_wait(r, &s, r->timeout_ms)) < 0 || (rc = stash_push(r, &s)) < 0)
+		if ((rc = reap_wait(r, &s, r->timeout_ms)) < 0 || (rc = radiance__client_stash_push(r, &s)) < 0)
 			return rc;
 	}
 }
@@ -520,7 +592,7 @@ static int wait_for(struct radiance *r, uint64_t id, struct radiance__client_sta
 			return rc;
 		if (out->request_id == id)
 			return 0;
-		if ((rc = stash_push(r, out)) < 0)
+		if ((rc = radiance__client_stash_push(r, out)) < 0)
 			return rc;
 	}
 }

@@ -313,7 +313,7 @@ int radiance_load_model(struct radiance *r, const char *dir,
 	RADIANCE__GUARDED(r, load_model(r, dir, opt, model_id));
 }
 
-static int attach_model(struct radiance *r, const char *name, uint32_t *model_id)
+int radiance__client_attach(struct radiance *r, const char *name, uint32_t *model_id)
 {
 	if (r->error)
 		return r->error;
@@ -336,7 +336,7 @@ static int attach_model(struct radiance *r, const char *name, uint32_t *model_id
 
 int radiance_attach_model(struct radiance *r, const char *name, uint32_t *model_id)
 {
-	RADIANCE__GUARDED(r, attach_model(r, name, model_id));
+	RADIANCE__GUARDED(r, radiance__client_attach(r, name, model_id));
 }
 
 static int release(struct radiance *r, uint32_t model_id, bool drop_preload)

@@ -149,7 +149,21 @@ struct radiance_options {
 	/* Longest wait for one control reply (or one load progress step), in
 	 * milliseconds. 0 = wait forever (the default); negative: EINVAL. */
 	int32_t timeout_ms;
+	/* Longest time radiance_connect() and radiance_reconnect() take to
+	 * get a session, in milliseconds: while the socket is missing (ENOENT,
+	 * in a directory that exists) or nobody listens (ECONNREFUSED) they
+	 * retry (10 ms, doubling to 500 ms), and the daemon's Welcome is
+	 * awaited within what is left. 0 = RADIANCE_CONNECT_TIMEOUT_MS (30 s:
+	 * under socket activation connect() succeeds at once and the Welcome
+	 * comes once the daemon has started its backend and preloads, which
+	 * takes seconds on a GPU; a restart without activation leaves the path
+	 * missing for as long). -1 = one attempt, the Welcome awaited as any
+	 * reply (timeout_ms). Below -1: EINVAL. Added after timeout_ms:
+	 * callers built against an older header (smaller .size) get 0. */
+	int32_t connect_timeout_ms;
 };
+
+#define RADIANCE_CONNECT_TIMEOUT_MS 30000
 
 #define RADIANCE_OPTIONS_INIT { .size = sizeof(struct radiance_options) }
 
@@ -184,10 +198,10 @@ int radiance_default_socket_path(char *buf, size_t size);
 /* Connects to radianced at socket_path (NULL: radiance_default_socket_path)
  * and performs the handshake (the protocol version of
  * radiance_protocol_version()). opt may be NULL. Blocks until the daemon
- * answers (opt->timeout_ms).
+ * answers, at most opt->connect_timeout_ms (default 30 s, see there).
  * Returns a new handle, owned by the caller (radiance_disconnect), or NULL
  * with errno set:
- *   ENOENT, ECONNREFUSED, EACCES  no daemon listens there, or no permission;
+ *   EACCES                        no permission on the socket;
  *   ENOTSOCK                      the path exists but is not a socket (a
  *                                 regular file, a directory, ...);
  *   ENAMETOOLONG                  the path does not fit a sockaddr_un;
@@ -198,10 +212,17 @@ int radiance_default_socket_path(char *buf, size_t size);
  *   EPROTO                        the daemon speaks another protocol version,
  *                                 or sent something that is not protocol;
  *   ECONNRESET                    the daemon closed the connection;
- *   ETIMEDOUT                     no answer within opt->timeout_ms;
+ *   ENOENT, ECONNREFUSED          no socket, or nobody listens on it,
+ *                                 still after opt->connect_timeout_ms
+ *                                 (default 30 s) of retrying (at once when
+ *                                 the socket's directory does not exist);
+ *   ETIMEDOUT                     no Welcome within what is left of
+ *                                 opt->connect_timeout_ms, or no answer
+ *                                 within opt->timeout_ms;
  *   EINVAL                        opt->size too small for the fields
- *                                 before `log`, spin_us below -1 or
- *                                 timeout_ms below 0; or socket_path NULL
+ *                                 before `log`, spin_us below -1,
+ *                                 timeout_ms below 0 or connect_timeout_ms
+ *                                 below -1; or socket_path NULL
  *                                 and $RADIANCE_DEVICE not a GPU ordinal;
  *   ENOMEM, or an errno of socket()/connect().
  * There is no handle to ask radiance_error_message() then: the reason (the
@@ -218,8 +239,38 @@ struct radiance *radiance_connect(const char *socket_path, const struct radiance
  * with free()). */
 void radiance_disconnect(struct radiance *r);
 
+/* Replaces r's session with a new one on the same socket, as after a
+ * daemon restart (the old session may be dead or still up; it is closed).
+ * - Every request that was not delivered yet (radiance_submit()'s, in
+ *   flight or completed and kept aside) is failed: radiance_poll() /
+ *   radiance_wait() return one completion for each, status -ECANCELED and
+ *   error "in flight when radiance_reconnect() replaced the session
+ *   (<the old session's error>): its output is lost; resubmit it".
+ *   radiance_in_flight() counts them until they are reaped.
+ * - The rings and the arena go: pointers from radiance_arena_alloc() die;
+ *   the rings open again on first use.
+ * - Every model r held is attached again by name (AttachModel), so it must
+ *   be resident in the new daemon (preloaded, or loaded by another client);
+ *   the daemon assigns ids: a model's id may differ from before
+ *   (radiance_attach_model(r, name, &id) again gives the current one and
+ *   takes no second reference).
+ * - The sticky error is cleared on success; options and socket path are
+ *   those of radiance_connect().
+ * Returns 0; -ENOENT when the session is up but some held models could not
+ * be attached again (not sticky; radiance_error_message() names each and
+ * why; they are no longer held); or, when no session could be made, the
+ * connect error (-ECONNREFUSED, -ENOENT, -ETIMEDOUT, -EBUSY, ..., sticky
+ * until the next radiance_reconnect(), which may be tried again: r keeps
+ * the models to attach). -EBADFD in a forked child. Same thread rule as
+ * every call on r (-EBUSY when another thread is inside one). */
+int radiance_reconnect(struct radiance *r);
+
 /* 0, or the sticky error that ended this connection (negative errno:
- * -ECONNRESET the daemon closed it; the daemon's own code when it ended the
+ * -ECONNRESET the daemon closed it; -ESHUTDOWN the daemon said it stops
+ * (radiance_error_message(): "daemon stopping: SIGTERM"; the requests it
+ * had taken were run first, and radiance_poll()/radiance_wait() still
+ * deliver their completions before returning -ESHUTDOWN); the daemon's own
+ * code when it ended the
  * session and said why (its text in radiance_error_message()); -EPROTO a
  * protocol violation by either side; -ETIMEDOUT no reply within the
  * timeout; -ENOMEM while receiving, ...). Once nonzero it never changes and
@@ -479,10 +530,55 @@ int radiance_poll(struct radiance *r, struct radiance_completion *c);
 /* Reaps one completion, blocking up to timeout_ms milliseconds (-1: no
  * limit, 0: just poll). Spins for spin_us first, then sleeps on the CQ
  * doorbell; also watches the control socket, so a daemon that goes away
- * ends the wait with -ECONNRESET instead of hanging.
+ * ends the wait with -ECONNRESET instead of hanging. A daemon that stops
+ * (SIGTERM) runs what it took first: after its Goodbye the completions
+ * still come, then -ESHUTDOWN.
  * Returns 1 (and fills *c), -ETIMEDOUT, -ENOENT when nothing is in flight,
  * or a sticky error. -EINTR is never returned (waits restart). */
 int radiance_wait(struct radiance *r, struct radiance_completion *c, int timeout_ms);
+
+/* --- event-loop integration ------------------------------------------------
+ *
+ * For a caller with its own loop (epoll, libuv, GLib): instead of blocking
+ * in radiance_wait(), put radiance_get_fd() in the loop and call
+ * radiance_dispatch() whenever it is readable, then radiance_poll() the
+ * completions it reports:
+ *
+ *     int fd = radiance_get_fd(r);              // once; add to the loop
+ *     ... submit requests ...
+ *     // fd readable (POLLIN):
+ *     int n = radiance_dispatch(r);
+ *     if (n < 0) { stop watching fd; radiance_reconnect(r) or disconnect }
+ *     while (radiance_poll(r, &c) == 1) { ... }
+ *
+ * Modelled on libseat_get_fd()/libseat_dispatch() and wl_display_get_fd().
+ */
+
+/* One descriptor that becomes readable when a completion arrives or the
+ * daemon says something outside a reply (a Goodbye when it stops, an Error
+ * ending the session, a hang-up). It is an epoll set owned by r (do not
+ * read or close it; watch it for POLLIN/EPOLLIN only): it stays the same
+ * fd for r's lifetime, across radiance_reconnect() and the lazy opening of
+ * the rings, and radiance_disconnect() closes it. Asking for it makes the
+ * daemon ring the CQ doorbell on every completion (otherwise only while a
+ * wait sleeps): a write per batch of results. Returns the fd (>= 0), or
+ * -errno (-EMFILE, ...) or the sticky error. Same thread rule as every
+ * call on r. */
+int radiance_get_fd(struct radiance *r);
+
+/* Never blocks. Takes every completion off the CQ and keeps it for
+ * radiance_poll()/radiance_wait() (in completion order), reads what the
+ * daemon sent outside a reply, and re-arms the fd. Call it each time the
+ * fd is readable, and again after radiance_wait() or radiance_linear(),
+ * which disarm it, before the loop sleeps on the fd again.
+ * Returns the number of completions ready for radiance_poll() (0: nothing,
+ * e.g. a spurious wake-up), or the sticky error once nothing is left to
+ * deliver: -ESHUTDOWN after the daemon's Goodbye (whose drained results
+ * were counted and delivered first), -ECONNRESET when it went away,
+ * -EPROTO, ... The fd then stays readable (a closed socket): stop watching
+ * it, or radiance_reconnect(). -EBADFD in a forked child. Same thread rule
+ * as every call on r. */
+int radiance_dispatch(struct radiance *r);
 
 /* Number of requests submitted whose completion radiance_poll/radiance_wait
  * has not returned yet (in the daemon, or completed and kept aside by

@@ -201,6 +201,9 @@ static int fail_hint(struct ctl *c, int rc, const char *what, const char *hint)
 	if (sticky == -ECONNRESET)
 		return report(c, EXIT_CONNECT, ECONNRESET, NULL,
 			      "%s: the daemon went away (it closed the connection)", what);
+	if (sticky == -ESHUTDOWN)
+		return report(c, EXIT_CONNECT, ESHUTDOWN, NULL, "%s: the daemon stopped (%s)", what,
+			      msg);
 	return report(c, sticky ? EXIT_CONNECT : EXIT_FAILED, rc, hint, "%s: %s", what,
 		      *msg ? msg : radiance_strerror(rc));
 }
@@ -602,6 +605,10 @@ static int cmd_load(struct ctl *c, const char *dir)
 				return report(c, EXIT_CONNECT, ECONNRESET, NULL,
 					      "the daemon went away while holding model %u (it "
 					      "closed the connection)", id);
+			if (radiance_get_error(c->r) == -ESHUTDOWN)
+				return report(c, EXIT_CONNECT, ESHUTDOWN, NULL,
+					      "the daemon stopped while holding model %u (%s)", id,
+					      radiance_error_message(c->r));
 			return fail(c, rc, "holding the model");
 		}
 		radiance_model_list_free(ml);
@@ -1030,6 +1037,10 @@ int main(int argc, char **argv)
 	ro.log = log_cb;
 	ro.log_user = &c;
 	ro.log_priority = c.verbose ? LOG_DEBUG : LOG_WARNING;
+	/* an administrator's question about the daemon now: a missing socket or
+	 * a stale one is the answer, not something to wait out (the library
+	 * default would retry for 30 s) */
+	ro.connect_timeout_ms = -1;
 	c.r = radiance_connect(c.socket, &ro);
 	if (!c.r && c.output) {
 		/* the collector's file must say the daemon is down, not keep the

@@ -101,6 +101,7 @@ const char *radiance_proto_server_name(const Radiance__ServerMessage *m)
 	case RADIANCE__SERVER_MESSAGE__MSG_MODEL_MAPPING: return "model_mapping";
 	case RADIANCE__SERVER_MESSAGE__MSG_TENSOR_LIST: return "tensor_list";
 	case RADIANCE__SERVER_MESSAGE__MSG_TENSOR_MAPPING: return "tensor_mapping";
+	case RADIANCE__SERVER_MESSAGE__MSG_GOODBYE: return "goodbye";
 	default: return "none";
 	}
 }

@@ -9,8 +9,6 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -19,14 +17,10 @@
 #include "log.h"
 #include "notify.h"
 #include "proto_util.h"
+#include "listen.h"
 #include "session.h"
 #include "session_tensors.h"
 #include "wire.h"
-
-/* Stop reading a client's requests while this much of its replies is
- * unsent: a client that never reads cannot make us buffer without bound. */
-#define OUT_HIGH_WATER (8u << 20)
-#define FRAMES_PER_WAKE 32
 
 /* A connection refused at the session limit lingers this long at most (to
  * read what it sent, so closing does not reset it), and at most this many
@@ -48,7 +42,7 @@
 #define FDS_PER_SESSION (RADIANCE_MAX_FDS + 5u + SESSION_TENSORS_MAX_QUEUED)
 #define FDS_DAEMON (256u + REFUSED_MAX)
 
-static void server_stop(struct radiance_server *srv, int exit_code);
+static void server_stop(struct radiance_server *srv, int exit_code, const char *reason);
 
 /* 1 when a rate-limited message may be logged now; *missed is how many
  * were held back since the last one. */
@@ -66,135 +60,6 @@ static int ratelimit_pass(struct log_ratelimit *rl, uint64_t *missed)
 }
 
 /* ---- sessions ---- */
-
-/* The client vanished while we still owed it replies. A Unix socket whose
- * peer closed with our replies unread in its receive queue has sk_err
- * ECONNRESET, which epoll reports as EPOLLERR and libuv's uv_poll as
- * UV_EBADF ("bad file descriptor"); a send to a peer that closed fails with
- * EPIPE. Either way it is the client's exit, not a daemon fault: say so. */
-static void session_went_away(struct radiance_session *s, int e)
-{
-	size_t unsent = radiance_conn_pending_frames(&s->conn);
-	if (e == ECONNRESET && unsent == 0)
-		session_close(s, 0, "client went away with its replies unread (ECONNRESET)");
-	else if (e == ECONNRESET)
-		session_close(s, 0, "client went away with %zu replies unsent and earlier ones "
-			      "unread (ECONNRESET)", unsent);
-	else
-		session_close(s, 0, "client went away with %zu replies unsent (%s)", unsent,
-			      e == EPIPE ? "EPIPE" : strerror(e));
-}
-
-static void session_read(struct radiance_session *s)
-{
-	for (int i = 0; i < 2 * FRAMES_PER_WAKE; i++) {
-		if (s->state == SESSION_CLOSING || s->busy ||
-		    radiance_conn_pending(&s->conn) >= OUT_HIGH_WATER)
-			return;
-		int rc = radiance_conn_read(&s->conn);
-		if (rc == -EAGAIN)
-			return;
-		if (rc == 0) {
-			session_close(s, 0, "client hung up");
-			return;
-		}
-		if (rc == -EMSGSIZE) {
-			session_close(s, 1, "frame length %u is outside 1..%u bytes",
-				      radiance_conn_bad_length(&s->conn), RADIANCE_MAX_FRAME);
-			return;
-		}
-		if (rc == -EPROTO) {
-			session_close(s, 1, "more than %u fds queued", RADIANCE_MAX_FDS);
-			return;
-		}
-		if (rc == -EMFILE) {
-			/* Our limit, not the client's fault: say so to both. */
-			session_send_error(s, EMFILE, "the daemon is at its open-file limit and lost "
-					   "the descriptors this client sent; try again later");
-			session_close(s, 0, "lost the client's descriptors: this daemon is at its "
-				      "open-file limit (raise LimitNOFILE= or lower max_sessions)");
-			return;
-		}
-		if (rc == -ECONNRESET) {
-			session_went_away(s, ECONNRESET);
-			return;
-		}
-		if (rc < 0) {
-			session_close(s, 0, "receive failed: %s", strerror(-rc));
-			return;
-		}
-		const uint8_t *data;
-		size_t len;
-		while (s->state != SESSION_CLOSING && !s->busy &&
-		       (rc = radiance_conn_next_frame(&s->conn, &data, &len)) == 1)
-			session_handle_frame(s, data, len);
-		if (rc < 0 && s->state != SESSION_CLOSING) {
-			session_close(s, 1, "frame length %u is outside 1..%u bytes",
-				      radiance_conn_bad_length(&s->conn), RADIANCE_MAX_FRAME);
-			return;
-		}
-	}
-}
-
-static void session_flush(struct radiance_session *s)
-{
-	if (s->state == SESSION_CLOSING || !radiance_conn_pending(&s->conn))
-		return;
-	int rc = radiance_conn_flush(&s->conn);
-	if (rc == -EPIPE || rc == -ECONNRESET)
-		session_went_away(s, -rc);
-	else if (rc < 0 && rc != -EAGAIN)
-		session_close(s, 0, "send failed: %s", strerror(-rc));
-}
-
-static void on_session_poll(uv_poll_t *h, int status, int events)
-{
-	struct radiance_session *s = h->data;
-	if (status < 0) {
-		/* UV_EBADF is how uv_poll reports EPOLLERR: the socket's own
-		 * error says what happened */
-		int e = 0;
-		socklen_t len = sizeof e;
-		if (status == UV_EBADF &&
-		    getsockopt(s->conn.fd, SOL_SOCKET, SO_ERROR, &e, &len) == 0 && e)
-			session_went_away(s, e);
-		else
-			session_close(s, 0, "poll: %s", uv_strerror(status));
-		return;
-	}
-	if (events & UV_WRITABLE)
-		session_flush(s);
-	if (s->state != SESSION_CLOSING && s->busy && (events & UV_DISCONNECT)) {
-		session_close(s, 0, "client hung up with a request pending");
-		return;
-	}
-	if (events & (UV_READABLE | UV_DISCONNECT))
-		session_read(s);
-	session_flush(s);
-	server_session_update(s);
-}
-
-void server_session_update(struct radiance_session *s)
-{
-	if (s->state == SESSION_CLOSING)
-		return;
-	size_t pending = radiance_conn_pending(&s->conn);
-	int events = 0;
-	if (s->busy)
-		events |= UV_DISCONNECT;
-	else if (pending < OUT_HIGH_WATER)
-		events |= UV_READABLE;
-	if (pending)
-		events |= UV_WRITABLE;
-	if (events == s->poll_events)
-		return;
-	int rc = uv_poll_start(&s->poll, events, on_session_poll);
-	if (rc < 0) {
-		session_close(s, 0, "poll: %s", uv_strerror(rc));
-		return;
-	}
-	s->poll_events = events;
-}
 
 static void registry_empty(void *user);
 
@@ -387,7 +252,7 @@ static void on_accept_retry(uv_timer_t *t)
 	int rc = uv_poll_start(&srv->listen_poll, UV_READABLE, on_listen);
 	if (rc < 0) {
 		log_error("poll on the listening socket: %s", uv_strerror(rc));
-		server_stop(srv, 1);
+		server_stop(srv, 1, "the listening socket failed");
 	}
 }
 
@@ -409,7 +274,7 @@ static void accept_without_fds(struct radiance_server *srv, int err)
 		close(srv->reserve_fd);
 		srv->reserve_fd = -1;
 		for (int i = 0; i < 1024; i++) {
-			int fd = accept4(srv->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+			int fd = accept4(srv->listener.fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
 			if (fd < 0)
 				break;
 			refuse_now(fd, EMFILE, "the daemon is out of file descriptors; try again later");
@@ -453,7 +318,7 @@ static void on_listen(uv_poll_t *h, int status, int events)
 	struct radiance_server *srv = h->data;
 	uint64_t missed;
 	for (int i = 0; i < 64 && !srv->stopping; i++) {
-		int fd = accept4(srv->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+		int fd = accept4(srv->listener.fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
 		if (fd < 0) {
 			int e = errno;
 			if (e == EAGAIN || e == EINTR)
@@ -511,7 +376,7 @@ static void on_listen(uv_poll_t *h, int status, int events)
 			srv->sessions->prev = s;
 		srv->sessions = s;
 		srv->nsessions++;
-		server_session_update(s);
+		session_update(s);
 	}
 }
 
@@ -567,228 +432,12 @@ static void log_limits(const struct radiance_config *cfg)
 		 cfg->max_sessions, per_uid, cfg->max_n, cfg->max_k, mem);
 }
 
-/* connect()s to addr: 0 when something listens there, connect's errno
- * (ECONNREFUSED: nobody listens), or -errno when no probe socket. */
-static int socket_probe(const struct sockaddr_un *addr)
-{
-	int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-	if (probe < 0)
-		return -errno;
-	int e = connect(probe, (const struct sockaddr *)addr, sizeof *addr) < 0 ? errno : 0;
-	close(probe);
-	return e;
-}
-
-/* EAGAIN: it listens, its backlog is just full */
-static int socket_listened(int probe_result)
-{
-	return probe_result == 0 || probe_result == EAGAIN || probe_result == EINPROGRESS;
-}
-
-/* Before the backend starts: a second daemon on a live socket must fail at
- * once, not after initialising a GPU and allocating scratch that the first
- * one may need. Anything else about the path (missing, stale, not a socket,
- * too long) is for listen_socket() to handle, which also checks again at
- * bind (another daemon may start meanwhile). Under socket activation the
- * socket is systemd's: nothing to check. */
-static int socket_check_free(const struct radiance_config *cfg, char *err, size_t errlen)
-{
-	struct sockaddr_un addr = { .sun_family = AF_UNIX };
-	struct stat st;
-	if (notify_socket_activated() || strlen(cfg->socket_path) >= sizeof addr.sun_path ||
-	    lstat(cfg->socket_path, &st) < 0 || !S_ISSOCK(st.st_mode))
-		return 0;
-	strcpy(addr.sun_path, cfg->socket_path);
-	if (!socket_listened(socket_probe(&addr)))
-		return 0;
-	snprintf(err, errlen, "another daemon is listening on %s", cfg->socket_path);
-	return -EADDRINUSE;
-}
-
-/* bind() found something at the path. Only a socket nobody listens on
- * (connect: ECONNREFUSED) is a leftover of ours to replace; a live daemon,
- * a file, a directory, a device or a symlink is left alone. */
-static int remove_stale_socket(const struct sockaddr_un *addr, char *err, size_t errlen)
-{
-	const char *path = addr->sun_path;
-	struct stat st, again;
-	if (lstat(path, &st) < 0) {
-		int e = errno;
-		if (e == ENOENT)
-			return 0;   /* gone meanwhile: bind again */
-		snprintf(err, errlen, "bind %s: address in use, and lstat: %s", path, strerror(e));
-		return -e;
-	}
-	if (!S_ISSOCK(st.st_mode)) {
-		snprintf(err, errlen, "%s exists and is not a socket: not touching it (choose another "
-			 "--socket)", path);
-		return -EEXIST;
-	}
-	int e = socket_probe(addr);
-	if (e < 0) {
-		snprintf(err, errlen, "socket: %s", strerror(-e));
-		return e;
-	}
-	if (socket_listened(e)) {
-		snprintf(err, errlen, "another daemon is listening on %s", path);
-		return -EADDRINUSE;
-	}
-	if (e != ECONNREFUSED) {
-		snprintf(err, errlen, "%s is a socket we cannot probe (connect: %s): not removing it",
-			 path, strerror(e));
-		return -EADDRINUSE;
-	}
-	if (lstat(path, &again) < 0 || again.st_dev != st.st_dev || again.st_ino != st.st_ino) {
-		snprintf(err, errlen, "%s changed while it was probed: not removing it", path);
-		return -EADDRINUSE;
-	}
-	log_info("removing stale socket %s (nobody listens on it)", path);
-	if (unlink(path) < 0 && errno != ENOENT) {
-		e = errno;
-		snprintf(err, errlen, "unlink stale socket %s: %s", path, strerror(e));
-		return -e;
-	}
-	return 0;
-}
-
-/* Removes the socket file at exit if the path still is the socket we bound:
- * after `rm` and another daemon's start it is that daemon's. */
-static void unlink_own_socket(struct radiance_server *srv)
-{
-	if (!srv->socket_created)
-		return;
-	srv->socket_created = 0;
-	const char *path = srv->cfg->socket_path;
-	struct stat st;
-	if (lstat(path, &st) < 0) {
-		if (errno != ENOENT)
-			log_warn("lstat %s: %s", path, strerror(errno));
-		return;
-	}
-	if (st.st_dev != srv->socket_dev || st.st_ino != srv->socket_ino) {
-		log_warn("not removing %s: it is no longer the socket this daemon bound", path);
-		return;
-	}
-	if (unlink(path) < 0)
-		log_warn("unlink %s: %s", path, strerror(errno));
-}
-
-/* The socket systemd passed, or our own: bound with umask 0177 so it is
- * never reachable with wider permissions, then chgrp + 0660 if a group is
- * configured. A stale socket file (nobody answers) is replaced; anything
- * else at the path is an error. */
-static int listen_socket(struct radiance_server *srv, char *err, size_t errlen)
-{
-	const struct radiance_config *cfg = srv->cfg;
-	int fd = notify_listen_fd(err, errlen);
-	if (fd == -EINVAL)
-		return -EINVAL;
-	if (fd >= 0) {
-		srv->listen_fd = fd;
-		srv->activated = 1;
-		log_info("listening on the socket systemd passed (fd %d)", fd);
-		return 0;
-	}
-
-	struct sockaddr_un addr = { .sun_family = AF_UNIX };
-	if (strlen(cfg->socket_path) >= sizeof addr.sun_path) {
-		snprintf(err, errlen, "socket path '%s' is longer than %zu bytes", cfg->socket_path,
-			 sizeof addr.sun_path - 1);
-		return -ENAMETOOLONG;
-	}
-	strcpy(addr.sun_path, cfg->socket_path);
-	gid_t gid = cfg->socket_gid;   /* resolved by config_load */
-
-	/* /run/radiance may not exist when started by hand: make the socket's
-	 * own directory (tmpfiles does it under systemd), 0755 less the umask,
-	 * owned by whoever runs us, and left in place at exit (docs/daemon.md).
-	 * Only that one: a typo higher up the path fails instead of growing a
-	 * tree of directories. Why mkdir failed is kept for bind's error. */
-	char dir[sizeof addr.sun_path];
-	int mkdir_err = 0;
-	snprintf(dir, sizeof dir, "%s", cfg->socket_path);
-	char *slash = strrchr(dir, '/');
-	if (slash && slash != dir) {
-		*slash = 0;
-		if (mkdir(dir, 0755) == 0)
-			log_info("created %s for the socket (it stays after exit)", dir);
-		else if (errno != EEXIST)
-			mkdir_err = errno;
-	}
-
-	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-	if (fd < 0) {
-		snprintf(err, errlen, "socket: %s", strerror(errno));
-		return -errno;
-	}
-	mode_t old = umask(0177);
-	int rc = bind(fd, (struct sockaddr *)&addr, sizeof addr);
-	if (rc < 0 && errno == EADDRINUSE) {
-		rc = remove_stale_socket(&addr, err, errlen);
-		if (rc < 0) {
-			umask(old);
-			close(fd);
-			return rc;
-		}
-		rc = bind(fd, (struct sockaddr *)&addr, sizeof addr);
-	}
-	umask(old);
-	if (rc < 0) {
-		int e = errno;
-		close(fd);
-		if ((e == ENOENT || e == ENOTDIR) && mkdir_err == ENOENT) {
-			/* bind's "No such file or directory" does not say which */
-			char *up = strrchr(dir, '/');
-			if (up && up != dir)
-				*up = 0;
-			else if (up)
-				snprintf(dir, sizeof dir, "/");
-			else
-				snprintf(dir, sizeof dir, ".");
-			snprintf(err, errlen, "bind %s: the directory %s does not exist; the daemon "
-				 "creates only the socket's own directory, not its parents (create %s "
-				 "first, or choose another --socket)", cfg->socket_path, dir, dir);
-		} else if ((e == ENOENT || e == ENOTDIR) && mkdir_err) {
-			snprintf(err, errlen, "bind %s: cannot create its directory %s: %s",
-				 cfg->socket_path, dir, strerror(mkdir_err));
-		} else {
-			snprintf(err, errlen, "bind %s: %s", cfg->socket_path, strerror(e));
-		}
-		return -e;
-	}
-	srv->listen_fd = fd;
-	struct stat st;
-	if (lstat(cfg->socket_path, &st) == 0) {
-		srv->socket_created = 1;
-		srv->socket_dev = st.st_dev;
-		srv->socket_ino = st.st_ino;
-	} else {
-		log_warn("lstat %s after bind: %s (it will not be removed at exit)", cfg->socket_path,
-			 strerror(errno));
-	}
-	if (gid != (gid_t)-1) {
-		if (chown(cfg->socket_path, (uid_t)-1, gid) < 0 || chmod(cfg->socket_path, 0660) < 0) {
-			int e = errno;
-			snprintf(err, errlen, "socket %s: chgrp %s / chmod 0660: %s", cfg->socket_path,
-				 cfg->socket_group, strerror(e));
-			return -e;
-		}
-	}
-	if (listen(fd, 128) < 0) {
-		int e = errno;
-		snprintf(err, errlen, "listen %s: %s", cfg->socket_path, strerror(e));
-		return -e;
-	}
-	log_info("listening on %s (mode %s)", cfg->socket_path, gid != (gid_t)-1 ? "0660" : "0600");
-	return 0;
-}
-
 static void start_serving(struct radiance_server *srv)
 {
 	int rc = uv_poll_start(&srv->listen_poll, UV_READABLE, on_listen);
 	if (rc < 0) {
 		log_error("poll on the listening socket: %s", uv_strerror(rc));
-		server_stop(srv, 1);
+		server_stop(srv, 1, "the listening socket failed");
 		return;
 	}
 	srv->listening = 1;
@@ -825,7 +474,7 @@ static void on_preloaded(struct registry_waiter *w, struct radiance_resident *re
 				why += strspn(why, ": ");
 		}
 		log_error("preload %s failed: %s; stopping", p->dir, why);
-		server_stop(srv, 1);
+		server_stop(srv, 1, "a preload failed");
 	} else {
 		/* preloaded models stay resident with no user */
 		registry_unref(res);
@@ -894,26 +543,24 @@ static void registry_empty(void *user)
 	srv->exec = NULL;
 }
 
-static void server_stop(struct radiance_server *srv, int exit_code)
+static void server_stop(struct radiance_server *srv, int exit_code, const char *reason)
 {
 	if (exit_code && !srv->exit_code)
 		srv->exit_code = exit_code;
 	if (srv->stopping)
 		return;
 	srv->stopping = 1;
+	snprintf(srv->stop_reason, sizeof srv->stop_reason, "%s", reason);
 	notify_stopping();
-	log_info("stopping: %u sessions to close", srv->nsessions);
+	log_info("stopping (%s): %u sessions to close", reason, srv->nsessions);
 
 	if (!uv_is_closing((uv_handle_t *)&srv->listen_poll))
 		uv_close((uv_handle_t *)&srv->listen_poll, NULL);
 	uv_close((uv_handle_t *)&srv->accept_retry, NULL);
-	if (srv->listen_fd >= 0)
-		close(srv->listen_fd);
-	srv->listen_fd = -1;
+	listener_close(&srv->listener);
 	if (srv->reserve_fd >= 0)
 		close(srv->reserve_fd);
 	srv->reserve_fd = -1;
-	unlink_own_socket(srv);
 	uv_close((uv_handle_t *)&srv->sigterm, NULL);
 	uv_close((uv_handle_t *)&srv->sigint, NULL);
 	uv_close((uv_handle_t *)&srv->watchdog, NULL);
@@ -929,8 +576,12 @@ static void server_stop(struct radiance_server *srv, int exit_code)
 	while (srv->refused)
 		refused_close(srv->refused);
 
-	for (struct radiance_session *s = srv->sessions; s; s = s->next)
-		session_close(s, 0, "the daemon is stopping");
+	/* each one first drains its SQ, then says Goodbye and closes: see
+	 * session_stop() */
+	for (struct radiance_session *s = srv->sessions, *next; s; s = next) {
+		next = s->next;
+		session_stop(s);
+	}
 	if (srv->nsessions == 0)
 		registry_shutdown(srv->reg, registry_empty, srv);
 }
@@ -938,8 +589,10 @@ static void server_stop(struct radiance_server *srv, int exit_code)
 static void on_signal(uv_signal_t *h, int signum)
 {
 	struct radiance_server *srv = h->data;
+	char name[16];
 	log_info("%s received", strsignal(signum));
-	server_stop(srv, 0);
+	snprintf(name, sizeof name, "SIG%s", sigabbrev_np(signum));
+	server_stop(srv, 0, name);
 }
 
 /* SIGHUP conventionally means "reload"; there is nothing to reload (the
@@ -970,7 +623,7 @@ int server_run(const struct radiance_config *cfg)
 	memset(&srv, 0, sizeof srv);
 	srv.loop = &loop;
 	srv.cfg = cfg;
-	srv.listen_fd = -1;
+	srv.listener.fd = -1;
 	srv.start_ns = radiance_clock_ns();
 	stats_init(&srv.stats);
 	/* writes to a vanished client must fail with EPIPE, not kill us */
@@ -987,7 +640,7 @@ int server_run(const struct radiance_config *cfg)
 	if (srv.reserve_fd < 0)
 		log_warn("open /dev/null (the reserve descriptor): %s", strerror(errno));
 
-	rc = socket_check_free(cfg, err, sizeof err);
+	rc = listener_check_free(cfg, err, sizeof err);
 	if (rc < 0) {
 		log_error("%s", err);
 		goto fail_loop;
@@ -1040,12 +693,12 @@ int server_run(const struct radiance_config *cfg)
 		log_error("registry: %s", strerror(-rc));
 		goto fail_exec;
 	}
-	rc = listen_socket(&srv, err, sizeof err);
+	rc = listener_open(&srv.listener, cfg, err, sizeof err);
 	if (rc < 0) {
 		log_error("%s", err);
 		goto fail_socket;
 	}
-	uv_poll_init(&loop, &srv.listen_poll, srv.listen_fd);
+	uv_poll_init(&loop, &srv.listen_poll, srv.listener.fd);
 	srv.listen_poll.data = &srv;
 	uv_timer_init(&loop, &srv.accept_retry);
 	srv.accept_retry.data = &srv;
@@ -1070,7 +723,7 @@ int server_run(const struct radiance_config *cfg)
 			 (unsigned long long)(srv.watchdog_usec / 1000u), (unsigned long long)ms);
 	}
 	if (start_preloads(&srv) < 0)
-		server_stop(&srv, 1);
+		server_stop(&srv, 1, "a preload failed");
 
 	uv_run(&loop, UV_RUN_DEFAULT);
 	rc = uv_loop_close(&loop);
@@ -1083,9 +736,7 @@ int server_run(const struct radiance_config *cfg)
 	return srv.exit_code;
 
 fail_socket:
-	if (srv.listen_fd >= 0)
-		close(srv.listen_fd);
-	unlink_own_socket(&srv);
+	listener_close(&srv.listener);
 	registry_destroy(srv.reg);
 fail_exec:
 	executor_destroy(srv.exec);

@@ -1,9 +1,9 @@
 /*
- * The daemon's server: the libuv loop, the listening socket (its own, or
- * systemd's under socket activation), one uv_poll per client connection
- * driving common/transport, SO_PEERCRED on accept, signals, the systemd
- * watchdog, and the ordered shutdown. It owns the executor (and through it
- * the backend), the registry and every session.
+ * The daemon's server: the libuv loop, accepting on the listening socket
+ * (listen.c binds it or takes systemd's), SO_PEERCRED on accept, the
+ * session limits, signals, the systemd watchdog, and the ordered shutdown.
+ * It owns the executor (and through it the backend), the registry and every
+ * session; each session does its own socket I/O (session_io.c).
  *
  * Connections: at most cfg->max_sessions at once, counting those still in
  * the handshake (which get cfg->hello_timeout_ms to send Hello). One over
@@ -19,10 +19,11 @@
  *
  * Shutdown (SIGTERM/SIGINT): stop accepting and remove the socket file (only
  * if the path is still the socket we bound, not one another daemon bound
- * since), STOPPING=1, close every session (its SQ is drained by the executor before
- * its ring is removed), unload every model, stop the executor (which
- * destroys the backend), close every handle; uv_loop_close() must then
- * return 0.
+ * since), STOPPING=1, stop every session (session_stop: its SQ is drained
+ * by the executor, every result posted, then a Goodbye with the reason is
+ * sent and the session closed), unload every model, stop the executor
+ * (which destroys the backend), close every handle; uv_loop_close() must
+ * then return 0.
  *
  * Thread safety: loop thread only.
  */
@@ -35,6 +36,7 @@
 
 #include "config.h"
 #include "executor.h"
+#include "listen.h"
 #include "registry.h"
 #include "stats.h"
 
@@ -56,11 +58,7 @@ struct radiance_server {
 	struct radiance_stats stats;          /* global, written by the executor */
 	uint64_t start_ns;
 
-	int listen_fd;
-	int activated;                        /* the socket came from systemd */
-	int socket_created;                   /* we bound it: unlink at exit */
-	dev_t socket_dev;                     /* ... if the path is still this inode */
-	ino_t socket_ino;
+	struct radiance_listener listener;    /* listen.c */
 	uv_poll_t listen_poll;
 	int listening;
 	uv_timer_t accept_retry;              /* listening paused after an accept error */
@@ -83,6 +81,7 @@ struct radiance_server {
 
 	size_t preloads_pending;
 	int stopping;
+	char stop_reason[64];                 /* said in every Goodbye */
 	int exit_code;
 };
 
@@ -91,9 +90,6 @@ struct radiance_server {
  * failure (logged). */
 int server_run(const struct radiance_config *cfg);
 
-/* For session.c: the session's wanted poll events changed (something was
- * queued, it became busy or idle, or it is closing). */
-void server_session_update(struct radiance_session *s);
 /* For session.c: a closing session finished tearing down; unlink and free. */
 void server_session_gone(struct radiance_session *s);
 

@@ -24,87 +24,6 @@
 #include "text.h"
 #include "wire.h"
 
-/* ---- replies ---- */
-
-static void send_msg(struct radiance_session *s, Radiance__ServerMessage *m, const int *fds,
-		     size_t nfds)
-{
-	if (s->state == SESSION_CLOSING)
-		return;
-	int rc = radiance_proto_queue_server(&s->conn, m, fds, nfds);
-	if (rc == -EMSGSIZE && m->msg_case != RADIANCE__SERVER_MESSAGE__MSG_ERROR) {
-		Radiance__Error e = RADIANCE__ERROR__INIT;
-		Radiance__ServerMessage em = RADIANCE__SERVER_MESSAGE__INIT;
-		e.code = EMSGSIZE;
-		e.message = "the reply does not fit in one frame";
-		em.tag = m->tag;
-		em.msg_case = RADIANCE__SERVER_MESSAGE__MSG_ERROR;
-		em.error = &e;
-		rc = radiance_proto_queue_server(&s->conn, &em, NULL, 0);
-	}
-	if (rc < 0) {
-		session_close(s, 0, "cannot queue a reply: %s", strerror(-rc));
-		return;
-	}
-	server_session_update(s);
-}
-
-static void send_error(struct radiance_session *s, uint64_t tag, int code, const char *fmt, ...)
-	__attribute__((format(printf, 4, 5)));
-
-static void send_error(struct radiance_session *s, uint64_t tag, int code, const char *fmt, ...)
-{
-	char text[512];
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(text, sizeof text, fmt, ap);
-	va_end(ap);
-	Radiance__Error e = RADIANCE__ERROR__INIT;
-	Radiance__ServerMessage m = RADIANCE__SERVER_MESSAGE__INIT;
-	e.code = code;
-	e.message = text;
-	m.tag = tag;
-	m.msg_case = RADIANCE__SERVER_MESSAGE__MSG_ERROR;
-	m.error = &e;
-	log_debug("session %llu: error %d: %s", (unsigned long long)s->id, code, text);
-	send_msg(s, &m, NULL, 0);
-}
-
-void session_send_error(struct radiance_session *s, int code, const char *text)
-{
-	send_error(s, 0, code, "%s", text);
-}
-
-static void send_ok(struct radiance_session *s, uint64_t tag)
-{
-	Radiance__Ok ok = RADIANCE__OK__INIT;
-	Radiance__ServerMessage m = RADIANCE__SERVER_MESSAGE__INIT;
-	m.tag = tag;
-	m.msg_case = RADIANCE__SERVER_MESSAGE__MSG_OK;
-	m.ok = &ok;
-	send_msg(s, &m, NULL, 0);
-}
-
-void session_reply(struct radiance_session *s, Radiance__ServerMessage *m, const int *fds, size_t nfds)
-{
-	send_msg(s, m, fds, nfds);
-}
-
-void session_reply_error(struct radiance_session *s, uint64_t tag, int code, const char *fmt, ...)
-{
-	char text[512];
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(text, sizeof text, fmt, ap);
-	va_end(ap);
-	send_error(s, tag, code, "%s", text);
-}
-
-void session_reply_ok(struct radiance_session *s, uint64_t tag)
-{
-	send_ok(s, tag);
-}
-
 /* ModelInfo of a resident model. Pointers go into the model (immutable);
  * the arrays are malloc'ed here and freed by model_info_free(). */
 struct model_info {
@@ -179,14 +98,14 @@ static void send_model_info(struct radiance_session *s, uint64_t tag, struct rad
 {
 	struct model_info info;
 	if (model_info_fill(&info, res, 1) < 0) {
-		send_error(s, tag, ENOMEM, "out of memory describing model %u", res->em.id);
+		session_reply_error(s, tag, ENOMEM, "out of memory describing model %u", res->em.id);
 		return;
 	}
 	Radiance__ServerMessage m = RADIANCE__SERVER_MESSAGE__INIT;
 	m.tag = tag;
 	m.msg_case = RADIANCE__SERVER_MESSAGE__MSG_MODEL_INFO;
 	m.model_info = &info.mi;
-	send_msg(s, &m, NULL, 0);
+	session_reply(s, &m, NULL, 0);
 	model_info_free(&info);
 }
 
@@ -240,7 +159,7 @@ static void session_drop_model(struct radiance_session *s, size_t i)
 static void session_idle(struct radiance_session *s)
 {
 	s->busy = 0;
-	server_session_update(s);
+	session_update(s);
 }
 
 static void on_load_progress(struct registry_waiter *w, uint64_t done, uint64_t total)
@@ -254,7 +173,7 @@ static void on_load_progress(struct registry_waiter *w, uint64_t done, uint64_t 
 	m.tag = s->busy_tag;
 	m.msg_case = RADIANCE__SERVER_MESSAGE__MSG_LOAD_PROGRESS;
 	m.load_progress = &p;
-	send_msg(s, &m, NULL, 0);
+	session_reply(s, &m, NULL, 0);
 }
 
 static void on_load_done(struct registry_waiter *w, struct radiance_resident *res, int status,
@@ -264,9 +183,9 @@ static void on_load_done(struct registry_waiter *w, struct radiance_resident *re
 				      offsetof(struct radiance_session, waiter));
 	s->waiting = 0;
 	if (status < 0) {
-		send_error(s, s->busy_tag, -status, "%s", err ? err : strerror(-status));
+		session_reply_error(s, s->busy_tag, -status, "%s", err ? err : strerror(-status));
 	} else if (session_add_model(s, res) < 0) {
-		send_error(s, s->busy_tag, ENOMEM, "out of memory");
+		session_reply_error(s, s->busy_tag, ENOMEM, "out of memory");
 	} else {
 		send_model_info(s, s->busy_tag, res);
 	}
@@ -291,9 +210,9 @@ static void handle_hello(struct radiance_session *s, uint64_t tag, const Radianc
 		s->client_name[i] = 0;
 	}
 	if (h->protocol_version != RADIANCE_PROTOCOL_VERSION) {
-		send_error(s, tag, EPROTONOSUPPORT,
-			   "protocol version %u is not supported (radianced %s speaks %u)",
-			   h->protocol_version, RADIANCE_VERSION, RADIANCE_PROTOCOL_VERSION);
+		session_reply_error(s, tag, EPROTONOSUPPORT,
+				    "protocol version %u is not supported (radianced %s speaks %u)",
+				    h->protocol_version, RADIANCE_VERSION, RADIANCE_PROTOCOL_VERSION);
 		session_close(s, 0, "client '%s' speaks protocol %u, not %u", s->client_name,
 			      h->protocol_version, RADIANCE_PROTOCOL_VERSION);
 		return;
@@ -315,7 +234,7 @@ static void handle_hello(struct radiance_session *s, uint64_t tag, const Radianc
 	s->state = SESSION_READY;
 	log_info("session %llu: hello from '%s' (pid %d uid %u)", (unsigned long long)s->id,
 		 s->client_name, (int)s->pid, (unsigned)s->uid);
-	send_msg(s, &m, NULL, 0);
+	session_reply(s, &m, NULL, 0);
 }
 
 static void handle_load(struct radiance_session *s, uint64_t tag, const Radiance__LoadModel *lm,
@@ -338,7 +257,7 @@ static void handle_load(struct radiance_session *s, uint64_t tag, const Radiance
 	if (rc < 0) {
 		s->busy = 0;
 		s->waiting = 0;
-		send_error(s, tag, -rc, "%s", err);
+		session_reply_error(s, tag, -rc, "%s", err);
 	}
 }
 
@@ -348,17 +267,17 @@ static void handle_attach(struct radiance_session *s, uint64_t tag, const Radian
 	char err[512];
 	/* it goes into the log and the reply: never as the client wrote it */
 	if (radiance_text_check("AttachModel.name", name, REGISTRY_NAME_MAX, err, sizeof err) < 0) {
-		send_error(s, tag, EINVAL, "%s", err);
+		session_reply_error(s, tag, EINVAL, "%s", err);
 		return;
 	}
 	struct radiance_resident *res = registry_find_name(s->server->reg, name);
 	if (!res) {
-		send_error(s, tag, ENOENT, "no model named '%s' is resident", name);
+		session_reply_error(s, tag, ENOENT, "no model named '%s' is resident", name);
 		return;
 	}
 	registry_ref(res);
 	if (session_add_model(s, res) < 0) {
-		send_error(s, tag, ENOMEM, "out of memory");
+		session_reply_error(s, tag, ENOMEM, "out of memory");
 		return;
 	}
 	send_model_info(s, tag, res);
@@ -372,42 +291,42 @@ static void handle_release(struct radiance_session *s, uint64_t tag,
 		/* the daemon's own hold: for the people who could edit its config */
 		struct radiance_resident *res = registry_find_id(s->server->reg, model_id);
 		if (!res || !res->preloaded) {
-			send_error(s, tag, ENOENT, "model_id %u is not a preloaded model", model_id);
+			session_reply_error(s, tag, ENOENT, "model_id %u is not a preloaded model", model_id);
 			return;
 		}
 		if (s->uid != 0 && s->uid != geteuid()) {
-			send_error(s, tag, EPERM, "model %u is preloaded; only root%s may unload it "
-				   "(peer uid %u)", model_id, geteuid() ? " or the daemon's user" : "",
-				   (unsigned)s->uid);
+			session_reply_error(s, tag, EPERM, "model %u is preloaded; only root%s may unload it "
+					    "(peer uid %u)", model_id, geteuid() ? " or the daemon's user" : "",
+					    (unsigned)s->uid);
 			return;
 		}
 		log_info("session %llu (uid %u): unloads preloaded model %u '%s'",
 			 (unsigned long long)s->id, (unsigned)s->uid, model_id, res->name);
 		registry_unpin(res);
-		send_ok(s, tag);
+		session_reply_ok(s, tag);
 		return;
 	}
 	if (session_maps_has(&s->maps, model_id)) {
-		send_error(s, tag, EBUSY, "model %u is mapped by this session: unmap it first "
-			   "(UnmapModel, radiance_gpu_unmap)", model_id);
+		session_reply_error(s, tag, EBUSY, "model %u is mapped by this session: unmap it first "
+				    "(UnmapModel, radiance_gpu_unmap)", model_id);
 		return;
 	}
 	for (size_t i = 0; i < s->nmodels; i++) {
 		if (s->models[i]->em.id == model_id) {
 			log_info("session %llu: releases model %u", (unsigned long long)s->id, model_id);
 			session_drop_model(s, i);
-			send_ok(s, tag);
+			session_reply_ok(s, tag);
 			return;
 		}
 	}
-	send_error(s, tag, ENOENT, "model_id %u is not loaded by this session", model_id);
+	session_reply_error(s, tag, ENOENT, "model_id %u is not loaded by this session", model_id);
 }
 
 static void handle_get_model(struct radiance_session *s, uint64_t tag, uint32_t model_id)
 {
 	struct radiance_resident *res = registry_find_id(s->server->reg, model_id);
 	if (!res) {
-		send_error(s, tag, ENOENT, "no resident model has model_id %u", model_id);
+		session_reply_error(s, tag, ENOENT, "no resident model has model_id %u", model_id);
 		return;
 	}
 	send_model_info(s, tag, res);
@@ -424,7 +343,7 @@ static void handle_list(struct radiance_session *s, uint64_t tag)
 	if (!infos || !ptrs) {
 		free(infos);
 		free(ptrs);
-		send_error(s, tag, ENOMEM, "out of memory");
+		session_reply_error(s, tag, ENOMEM, "out of memory");
 		return;
 	}
 	size_t i = 0;
@@ -440,7 +359,7 @@ static void handle_list(struct radiance_session *s, uint64_t tag)
 	m.tag = tag;
 	m.msg_case = RADIANCE__SERVER_MESSAGE__MSG_MODEL_LIST;
 	m.model_list = &list;
-	send_msg(s, &m, NULL, 0);
+	session_reply(s, &m, NULL, 0);
 	free(infos);
 	free(ptrs);
 }
@@ -477,7 +396,7 @@ static void handle_stats(struct radiance_session *s, uint64_t tag)
 		free(ss);
 		free(ssp);
 		free(st);
-		send_error(s, tag, ENOMEM, "out of memory");
+		session_reply_error(s, tag, ENOMEM, "out of memory");
 		return;
 	}
 	size_t i = 0;
@@ -500,7 +419,7 @@ static void handle_stats(struct radiance_session *s, uint64_t tag)
 	m.tag = tag;
 	m.msg_case = RADIANCE__SERVER_MESSAGE__MSG_STATS;
 	m.stats = &reply;
-	send_msg(s, &m, NULL, 0);
+	session_reply(s, &m, NULL, 0);
 	free(ss);
 	free(ssp);
 	free(st);
@@ -530,9 +449,27 @@ static void segment_release(struct radiance_session *s)
 	s->ring.sq_efd = s->ring.cq_wfd = s->cq_rfd = -1;
 }
 
+/* The last message of a session when the daemon stops: after the drain,
+ * so every result is in the CQ before the client reads this. Closing the
+ * socket before the CQ doorbell (segment_release) lets the client find
+ * the Goodbye when it sees the doorbell hang up. */
+static void session_goodbye(struct radiance_session *s)
+{
+	Radiance__Goodbye g = RADIANCE__GOODBYE__INIT;
+	Radiance__ServerMessage m = RADIANCE__SERVER_MESSAGE__INIT;
+	g.reason = s->server->stop_reason;
+	g.code = ESHUTDOWN;
+	m.msg_case = RADIANCE__SERVER_MESSAGE__MSG_GOODBYE;
+	m.goodbye = &g;
+	session_reply(s, &m, NULL, 0);
+	session_close(s, 0, "the daemon is stopping (%s)", s->server->stop_reason);
+}
+
 static void on_ring_removed(struct exec_job *job)
 {
 	struct radiance_session *s = job->user;
+	if (s->state != SESSION_CLOSING && s->server->stopping)
+		session_goodbye(s);
 	segment_release(s);
 	s->ring_state = SESSION_RING_NONE;
 	log_debug("session %llu: ring released", (unsigned long long)s->id);
@@ -570,13 +507,15 @@ static void on_ring_added(struct exec_job *job)
 			session_maybe_free(s);   /* may free s */
 			return;
 		}
-		send_error(s, s->busy_tag, -job->status, "cannot register the arena: %s", job->err);
+		session_reply_error(s, s->busy_tag, -job->status, "cannot register the arena: %s", job->err);
 		session_idle(s);
+		if (s->server->stopping)
+			session_goodbye(s);
 		return;
 	}
 	s->ring_state = SESSION_RING_ACTIVE;
-	if (s->state == SESSION_CLOSING) {
-		session_ring_release(s);
+	if (s->state == SESSION_CLOSING || s->server->stopping) {
+		session_ring_release(s);   /* nothing to drain; then the Goodbye */
 		return;
 	}
 	Radiance__RingReady rr = RADIANCE__RING_READY__INIT;
@@ -592,7 +531,7 @@ static void on_ring_added(struct exec_job *job)
 	log_info("session %llu: ring open: sq %u, cq %u, arena %llu bytes",
 		 (unsigned long long)s->id, s->ring.sq.entries, s->ring.cq.entries,
 		 (unsigned long long)s->ring.arena_bytes);
-	send_msg(s, &m, fds, RADIANCE_RING_READY_FDS);
+	session_reply(s, &m, fds, RADIANCE_RING_READY_FDS);
 	/* the client has its own copies of the memfd and of the CQ doorbell's
 	 * read end now (queued with the message); ours are not needed */
 	close(s->memfd);
@@ -639,31 +578,31 @@ static void handle_open_ring(struct radiance_session *s, uint64_t tag, const Rad
 {
 	const struct radiance_config *cfg = s->server->cfg;
 	if (s->ring_state != SESSION_RING_NONE) {
-		send_error(s, tag, EBUSY, "this session's ring is already open");
+		session_reply_error(s, tag, EBUSY, "this session's ring is already open");
 		return;
 	}
 	uint32_t sq = o->sq_entries ? o->sq_entries : cfg->sq_entries;
 	uint32_t cq = o->cq_entries ? o->cq_entries : (sq > cfg->sq_entries ? sq : cfg->sq_entries);
 	uint64_t arena = o->arena_bytes ? o->arena_bytes : cfg->arena_bytes;
 	if (sq & (sq - 1) || sq > cfg->max_sq_entries) {
-		send_error(s, tag, EINVAL, "sq_entries %u is not a power of two in 1..%u", sq,
-			   cfg->max_sq_entries);
+		session_reply_error(s, tag, EINVAL, "sq_entries %u is not a power of two in 1..%u", sq,
+				    cfg->max_sq_entries);
 		return;
 	}
 	if (cq & (cq - 1) || cq > cfg->max_sq_entries || cq < sq) {
-		send_error(s, tag, EINVAL, "cq_entries %u is not a power of two in %u..%u", cq, sq,
-			   cfg->max_sq_entries);
+		session_reply_error(s, tag, EINVAL, "cq_entries %u is not a power of two in %u..%u", cq, sq,
+				    cfg->max_sq_entries);
 		return;
 	}
 	if (arena > cfg->max_arena_bytes) {
-		send_error(s, tag, EINVAL, "arena_bytes %llu exceeds the limit of %llu",
-			   (unsigned long long)arena, (unsigned long long)cfg->max_arena_bytes);
+		session_reply_error(s, tag, EINVAL, "arena_bytes %llu exceeds the limit of %llu",
+				    (unsigned long long)arena, (unsigned long long)cfg->max_arena_bytes);
 		return;
 	}
 	arena = align_up(arena, RADIANCE_SHM_ALIGN);
 	char why[512];
 	if (arena_over_limit(s, arena, why, sizeof why)) {
-		send_error(s, tag, EDQUOT, "%s", why);
+		session_reply_error(s, tag, EDQUOT, "%s", why);
 		return;
 	}
 	uint64_t sq_off = RADIANCE_SHM_HEADER_BYTES;
@@ -738,8 +677,8 @@ static void handle_open_ring(struct radiance_session *s, uint64_t tag, const Rad
 fail_errno: {
 		int e = errno;
 		segment_release(s);
-		send_error(s, tag, e, "cannot create the shared-memory segment (%llu bytes): %s",
-			   (unsigned long long)total, strerror(e));
+		session_reply_error(s, tag, e, "cannot create the shared-memory segment (%llu bytes): %s",
+				    (unsigned long long)total, strerror(e));
 	}
 }
 
@@ -823,13 +762,6 @@ out:
 
 /* ---- life cycle ---- */
 
-static void on_poll_closed(uv_handle_t *h)
-{
-	struct radiance_session *s = h->data;
-	s->poll_closed = 1;
-	session_maybe_free(s);
-}
-
 static void on_timer_closed(uv_handle_t *h)
 {
 	struct radiance_session *s = h->data;
@@ -845,7 +777,7 @@ static void on_hello_timeout(uv_timer_t *t)
 	unsigned ms = s->server->cfg->hello_timeout_ms;
 	if (s->state != SESSION_HANDSHAKE)
 		return;
-	send_error(s, 0, ETIMEDOUT, "no Hello within %u ms", ms);
+	session_reply_error(s, 0, ETIMEDOUT, "no Hello within %u ms", ms);
 	session_close(s, 0, "no Hello within %u ms", ms);
 }
 
@@ -876,22 +808,13 @@ struct radiance_session *session_create(struct radiance_server *srv, int fd)
 		s->pid = -1;
 		s->uid = s->gid = (uid_t)-1;
 	}
-	if (radiance_conn_init(&s->conn, fd, RADIANCE_MAX_FRAME, RADIANCE_MAX_FDS) < 0) {
-		close(fd);
-		exec_refs_finish(&s->refs);
-		free(s);
-		errno = ENOMEM;
-		return NULL;
-	}
-	int rc = uv_poll_init(srv->loop, &s->poll, fd);
+	int rc = session_io_init(s, fd);
 	if (rc < 0) {
-		radiance_conn_finish(&s->conn);
 		exec_refs_finish(&s->refs);
 		free(s);
 		errno = -rc;
 		return NULL;
 	}
-	s->poll.data = s;
 	uv_timer_init(srv->loop, &s->hello_timer);
 	s->hello_timer.data = s;
 	uv_timer_start(&s->hello_timer, on_hello_timeout, srv->cfg->hello_timeout_ms, 0);
@@ -914,25 +837,40 @@ void session_close(struct radiance_session *s, int violation, const char *fmt, .
 		log_warn("session %llu (pid %d, '%s'): protocol violation: %s; closing",
 			 (unsigned long long)s->id, (int)s->pid, s->client_name, reason);
 		/* best effort: tell the client why, if the socket takes it now */
-		send_error(s, 0, EPROTO, "protocol violation: %s", reason);
+		session_reply_error(s, 0, EPROTO, "protocol violation: %s", reason);
 	} else {
 		log_info("session %llu (pid %d, '%s'): closing: %s", (unsigned long long)s->id,
 			 (int)s->pid, s->client_name, reason);
 	}
-	radiance_conn_flush(&s->conn);
 	s->state = SESSION_CLOSING;
 	s->server->nclosing++;
 	if (s->waiting) {
 		registry_cancel(&s->waiter);
 		s->waiting = 0;
 	}
-	/* closing the socket: the client sees EOF; queued fds are closed */
-	uv_close((uv_handle_t *)&s->poll, on_poll_closed);
+	session_io_finish(s);
 	uv_close((uv_handle_t *)&s->hello_timer, on_timer_closed);
-	radiance_conn_finish(&s->conn);
 	if (s->ring_state == SESSION_RING_ACTIVE)
 		session_ring_release(s);
 	/* ADDING: on_ring_added sees CLOSING and removes it */
+}
+
+void session_stop(struct radiance_session *s)
+{
+	if (s->state == SESSION_CLOSING)
+		return;
+	session_update(s);   /* reads nothing more: server->stopping */
+	switch (s->ring_state) {
+	case SESSION_RING_ACTIVE:
+		session_ring_release(s);   /* drains: server->stopping */
+		break;
+	case SESSION_RING_NONE:
+		session_goodbye(s);
+		break;
+	case SESSION_RING_ADDING:      /* on_ring_added releases it */
+	case SESSION_RING_REMOVING:    /* on_ring_removed says Goodbye */
+		break;
+	}
 }
 
 void session_maybe_free(struct radiance_session *s)

@@ -1,11 +1,14 @@
 /*
  * A client's state: handshake, the models it references, its shared-memory
- * segment and rings, its stats. Control messages are handled here; the
- * server (server.c) does the socket I/O and calls session_handle_frame()
- * for each complete frame.
+ * segment and rings, its stats. Control messages are handled in session.c;
+ * session_io.c reads the socket, calls session_handle_frame() for each
+ * complete frame, and queues and flushes the replies. The server
+ * (server.c) only accepts the connection and keeps the list.
  *
  * States: HANDSHAKE (only Hello is allowed, within cfg->hello_timeout_ms, or
- * the session ends with Error(ETIMEDOUT)) -> READY -> CLOSING. A session
+ * the session ends with Error(ETIMEDOUT)) -> READY -> CLOSING. While the
+ * daemon stops, a session reads nothing more until its SQ is drained
+ * (session_stop). A session
  * is `busy` while a request awaits an asynchronous answer (LoadModel,
  * OpenRing, an attach): it then reads no further frames, so replies stay in
  * request order, but still notices a hang-up.
@@ -102,8 +105,22 @@ void session_handle_frame(struct radiance_session *s, const uint8_t *data, size_
  * effort: session_close() flushes what the socket takes. */
 void session_send_error(struct radiance_session *s, int code, const char *text);
 
-/* Replies for the handlers in other files (session_map.c): m with nfds fds
- * (dup'ed), an Error(code, text), an Ok. */
+/* ---- session_io.c ---- */
+
+/* Takes over fd: the conn and the uv_poll on it (not started). 0, or
+ * -errno with fd closed. */
+int session_io_init(struct radiance_session *s, int fd);
+/* The poll events s wants changed (something was queued, it became busy
+ * or idle): restarts the poll. Nothing once CLOSING. */
+void session_update(struct radiance_session *s);
+/* For session_close(): flushes what the socket takes now, closes the
+ * socket (the client sees EOF) and the poll handle (then
+ * session_maybe_free()). */
+void session_io_finish(struct radiance_session *s);
+
+/* Replies, queued on the conn and flushed as the socket takes them: m with
+ * nfds fds (dup'ed), an Error(code, text), an Ok. A reply that cannot be
+ * queued closes the session. */
 void session_reply(struct radiance_session *s, Radiance__ServerMessage *m, const int *fds, size_t nfds);
 void session_reply_error(struct radiance_session *s, uint64_t tag, int code, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
@@ -113,6 +130,12 @@ void session_reply_ok(struct radiance_session *s, uint64_t tag);
  * as a warning and first tries to send it as an Error(EPROTO). */
 void session_close(struct radiance_session *s, int violation, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
+
+/* The daemon is stopping (server->stopping is set): read no more
+ * requests, let the executor run what the SQ holds (every result posted to
+ * the CQ), then queue a Goodbye(stop_reason, ESHUTDOWN) and close. A
+ * session without rings says Goodbye at once. */
+void session_stop(struct radiance_session *s);
 
 /* Frees what is left once the poll and timer handles are closed and the ring is
  * removed; calls server_session_gone(). */

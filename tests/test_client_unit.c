@@ -323,9 +323,19 @@ static void connect_failures(void **state)
 	struct radiance_options o = RADIANCE_OPTIONS_INIT;
 	o.log = log_collect;
 	o.log_user = &logged;
+	o.connect_timeout_ms = -1;   /* one attempt */
 	assert_null(radiance_connect(path, &o));
 	assert_int_equal(errno, ECONNREFUSED);
 	assert_true(logged > 0);   /* the log callback heard about it */
+	/* retried until connect_timeout_ms, then the same code, saying so */
+	char said2[512] = "";
+	o.log = log_keep;
+	o.log_user = said2;
+	o.connect_timeout_ms = 100;
+	assert_null(radiance_connect(path, &o));
+	assert_int_equal(errno, ECONNREFUSED);
+	assert_non_null(strstr(said2, "Connection refused (still, after"));
+	assert_non_null(strstr(said2, "connect_timeout_ms"));
 	unlink(path);
 	rmdir(dir);
 
@@ -358,6 +368,12 @@ static void connect_failures(void **state)
 	assert_null(radiance_connect("/nonexistent/radiance.sock", &neg));
 	assert_int_equal(errno, EINVAL);
 	assert_non_null(strstr(said, "spin_us below -1"));
+	neg.spin_us = 0;
+	neg.connect_timeout_ms = -2;
+	said[0] = 0;
+	assert_null(radiance_connect("/nonexistent/radiance.sock", &neg));
+	assert_int_equal(errno, EINVAL);
+	assert_non_null(strstr(said, "connect_timeout_ms below -1"));
 
 	/* the getters take NULL */
 	assert_int_equal(radiance_get_error(NULL), -EINVAL);
@@ -407,6 +423,7 @@ enum fake_script {
 	FAKE_REFUSE,          /* the daemon at its session limit: Error (tag 0), close */
 	FAKE_REFUSE_HELLO,    /* the same, answering the Hello with its tag */
 	FAKE_END_SESSION,     /* Welcome, then Error (tag 0) ending the session, close */
+	FAKE_WELCOME,         /* Welcome, then wait for the client to hang up */
 };
 
 static void fake_send(int fd, Radiance__ServerMessage *m)
@@ -443,6 +460,8 @@ static void fake_drain(int fd)
 
 /* A child that accepts `count` connections on listen_fd and plays script
  * on each; the parent gets its pid. */
+static void fake_play(int listen_fd, enum fake_script script, int count);
+
 static pid_t fake_daemon(int listen_fd, enum fake_script script, int count)
 {
 	fflush(NULL);
@@ -450,6 +469,14 @@ static pid_t fake_daemon(int listen_fd, enum fake_script script, int count)
 	assert_true(pid >= 0);
 	if (pid > 0)
 		return pid;
+	fake_play(listen_fd, script, count);
+	_exit(0);
+}
+
+/* In a child: accepts count connections on listen_fd, plays script on
+ * each, exits. */
+static void fake_play(int listen_fd, enum fake_script script, int count)
+{
 	for (int i = 0; i < count; i++) {
 		int fd = accept(listen_fd, NULL, NULL);
 		if (fd < 0)
@@ -479,21 +506,51 @@ static pid_t fake_daemon(int listen_fd, enum fake_script script, int count)
 			fake_error(fd, 0, ESHUTDOWN, "the daemon is shutting down");
 			break;
 		}
+		case FAKE_WELCOME: {
+			fake_drain(fd);
+			Radiance__Welcome w = RADIANCE__WELCOME__INIT;
+			w.protocol_version = RADIANCE_PROTOCOL_VERSION;
+			w.server_version = "fake";
+			w.session_id = 7;
+			w.max_rows = 16;
+			Radiance__ServerMessage m = RADIANCE__SERVER_MESSAGE__INIT;
+			m.tag = 1;
+			m.msg_case = RADIANCE__SERVER_MESSAGE__MSG_WELCOME;
+			m.welcome = &w;
+			fake_send(fd, &m);
+			char buf[256];
+			struct timeval tv = { 10, 0 };
+			setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+			while (read(fd, buf, sizeof buf) > 0)
+				;
+			break;
+		}
 		}
 		close(fd);
 	}
 	_exit(0);
 }
 
+/* A listening socket at path: its fd, or -1. */
+static int listen_at(const char *path)
+{
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	snprintf(sa.sun_path, sizeof sa.sun_path, "%.100s", path);
+	if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof sa) < 0 || listen(fd, 16) < 0) {
+		if (fd >= 0)
+			close(fd);
+		return -1;
+	}
+	return fd;
+}
+
 static int fake_listen(char *dir, char *path, size_t n)
 {
 	assert_non_null(mkdtemp(dir));
 	snprintf(path, n, "%s/s", dir);
-	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
-	assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
-	assert_int_equal(listen(fd, 16), 0);
+	int fd = listen_at(path);
+	assert_true(fd >= 0);
 	return fd;
 }
 
@@ -501,6 +558,66 @@ static void fake_finish(int listen_fd, pid_t pid, char *dir, const char *path)
 {
 	int st;
 	close(listen_fd);
+	assert_int_equal(waitpid(pid, &st, 0), pid);
+	assert_true(WIFEXITED(st));
+	assert_int_equal(WEXITSTATUS(st), 0);
+	unlink(path);
+	rmdir(dir);
+}
+
+/* A daemon that accepts (the kernel's backlog: a socket-activated daemon
+ * still starting looks the same) but never answers: connect_timeout_ms
+ * bounds the wait for the Welcome, and says which limit fired. */
+static void connect_timeout_never_answers(void **state)
+{
+	char dir[] = "/tmp/radiance-fake-XXXXXX", path[128];
+	int lfd = fake_listen(dir, path, sizeof path);
+	char said[512] = "";
+	struct radiance_options o = RADIANCE_OPTIONS_INIT;
+	o.log = log_keep;
+	o.log_user = said;
+	o.timeout_ms = 60000;          /* the shorter limit governs */
+	o.connect_timeout_ms = 300;
+	errno = 0;
+	assert_null(radiance_connect(path, &o));
+	assert_int_equal(errno, ETIMEDOUT);
+	assert_non_null(strstr(said, path));
+	assert_non_null(strstr(said, "no Welcome from the daemon within 300 ms of connecting "
+				     "(connect_timeout_ms)"));
+	close(lfd);
+	unlink(path);
+	rmdir(dir);
+}
+
+/* The default connect waits for a socket that appears (a daemon being
+ * restarted, not socket-activated): the path is missing at first. */
+static void connect_waits_for_socket(void **state)
+{
+	char dir[] = "/tmp/radiance-fake-XXXXXX", path[128];
+	assert_non_null(mkdtemp(dir));
+	snprintf(path, sizeof path, "%s/s", dir);
+	fflush(NULL);
+	pid_t pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		usleep(200 * 1000);
+		int fd = listen_at(path);
+		if (fd < 0)
+			_exit(5);
+		fake_play(fd, FAKE_WELCOME, 1);
+		_exit(0);
+	}
+	char said[512] = "";
+	struct radiance_options o = RADIANCE_OPTIONS_INIT;
+	o.log = log_keep;
+	o.log_user = said;
+	struct radiance *r = radiance_connect(path, &o);   /* connect_timeout_ms 0: 30 s */
+	if (!r)
+		fprintf(stderr, "connect: %s (%s)\n", strerror(errno), said);
+	assert_non_null(r);
+	assert_int_equal(radiance_get_server_info(r)->session_id, 7);
+	radiance_disconnect(r);
+	int st;
 	assert_int_equal(waitpid(pid, &st, 0), pid);
 	assert_true(WIFEXITED(st));
 	assert_int_equal(WEXITSTATUS(st), 0);
@@ -591,6 +708,8 @@ int main(void)
 		cmocka_unit_test(connect_failures),
 		cmocka_unit_test(connect_not_a_socket),
 		cmocka_unit_test(connect_refused_by_daemon),
+		cmocka_unit_test(connect_timeout_never_answers),
+		cmocka_unit_test(connect_waits_for_socket),
 		cmocka_unit_test(session_ended_by_daemon),
 		cmocka_unit_test(find_layer),
 	};

@@ -10,6 +10,7 @@
  */
 #include <errno.h>
 #include <math.h>
+#include <poll.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -719,14 +720,300 @@ static void sigterm_exits_cleanly(void **state)
 	assert_true(WIFEXITED(daemon_.exit_status));
 	assert_int_equal(WEXITSTATUS(daemon_.exit_status), 0);
 	assert_int_equal(access(daemon_.socket, F_OK), -1);   /* socket removed */
-	/* the client learns the daemon is gone, and that sticks */
+	/* the client learns the daemon stopped and why, and that sticks */
 	const struct h_layer *hl = h_ref_find(&ref, "encoder.layer.0.attention.self.query");
 	uint16_t y[384];
 	int rc = radiance_linear(r, id, 0, 1, RADIANCE_BF16, hl->x_bf16, y);
-	assert_int_equal(rc, -ECONNRESET);
-	assert_int_equal(radiance_get_error(r), -ECONNRESET);
+	assert_int_equal(rc, -ESHUTDOWN);
+	assert_int_equal(radiance_get_error(r), -ESHUTDOWN);
+	assert_string_equal(radiance_error_message(r), "daemon stopping: SIGTERM");
 	struct radiance_model_list *l;
-	assert_int_equal(radiance_list_models(r, &l), -ECONNRESET);
+	assert_int_equal(radiance_list_models(r, &l), -ESHUTDOWN);
+	radiance_disconnect(r);
+}
+
+/* 'T' once the kernel has stopped pid (SIGSTOP delivered). */
+static int process_state(pid_t pid)
+{
+	char path[64], buf[512];
+	snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return -1;
+	size_t n = fread(buf, 1, sizeof buf - 1, f);
+	fclose(f);
+	buf[n] = 0;
+	const char *p = strrchr(buf, ')');
+	return p && p[1] == ' ' ? p[2] : -1;
+}
+
+/* SIGSTOP, and wait until the daemon really is stopped: from here nothing
+ * it was sent runs before SIGCONT. */
+static void daemon_freeze(void)
+{
+	assert_int_equal(kill(daemon_.pid, SIGSTOP), 0);
+	for (int t = 0; t < 500 && process_state(daemon_.pid) != 'T'; t++)
+		h_sleep_ms(2);
+	assert_int_equal(process_state(daemon_.pid), 'T');
+}
+
+/* Requests of the FFN's first layer (the largest) on its captured rows:
+ * one input x in the arena, n outputs y[i] (0xff-filled), for a drain that
+ * takes a while. */
+struct ffn_batch {
+	const struct h_layer *hl;
+	uint32_t layer;
+	size_t yb;
+	uint16_t *x;
+};
+
+static void ffn_batch_init(struct ffn_batch *b, struct radiance *r, uint32_t id, uint16_t **y,
+			   int n)
+{
+	b->hl = h_ref_find(&ref, "encoder.layer.0.intermediate.dense");
+	assert_non_null(b->hl);
+	int layer = radiance_find_layer(radiance_held_model(r, id), b->hl->name);
+	assert_true(layer >= 0);
+	b->layer = (uint32_t)layer;
+	size_t xb = (size_t)b->hl->m * b->hl->k * 2;
+	b->yb = (size_t)b->hl->m * b->hl->n * 2;
+	b->x = radiance_arena_alloc(r, xb);
+	assert_non_null(b->x);
+	memcpy(b->x, b->hl->x_bf16, xb);
+	for (int i = 0; i < n; i++) {
+		y[i] = radiance_arena_alloc(r, b->yb);
+		assert_non_null(y[i]);
+		memset(y[i], 0xff, b->yb);
+	}
+}
+
+static void ffn_batch_submit(const struct ffn_batch *b, struct radiance *r, uint32_t id,
+			     uint16_t **y, uint64_t *ids, int n)
+{
+	for (int i = 0; i < n; i++) {
+		memset(y[i], 0xff, b->yb);
+		assert_int_equal(radiance_submit(r, id, b->layer, b->hl->m, RADIANCE_BF16, b->x, y[i],
+						 &ids[i]), 0);
+	}
+}
+
+/* Requests still in the SQ when SIGTERM comes are run, and every result
+ * reaches the client before the Goodbye: the daemon is frozen (SIGSTOP)
+ * while the client fills the SQ, so nothing has run when the stop begins. */
+static void sigterm_delivers_drained_results(void **state)
+{
+	enum { N = 64 };
+	struct radiance *r = connect_named("drained");
+	uint32_t id;
+	assert_int_equal(radiance_load_model(r, ckpt, NULL, &id), 0);
+	assert_int_equal(radiance_open_rings(r), 0);
+	struct ffn_batch b;
+	uint16_t *y[N];
+	uint64_t ids[N];
+	ffn_batch_init(&b, r, id, y, N);
+	const struct h_layer *hl = b.hl;
+
+	daemon_freeze();
+	ffn_batch_submit(&b, r, id, y, ids, N);
+	assert_int_equal(kill(daemon_.pid, SIGTERM), 0);
+	assert_int_equal(kill(daemon_.pid, SIGCONT), 0);
+
+	/* every request completes, in order, with the reference's values */
+	for (int i = 0; i < N; i++) {
+		struct radiance_completion c;
+		int rc = radiance_wait(r, &c, 20000);
+		if (rc != 1)
+			fprintf(stderr, "completion %d of %d: %s (%s)\n", i, N, radiance_strerror(rc),
+				radiance_error_message(r));
+		assert_int_equal(rc, 1);
+		assert_int_equal(c.status, 0);
+		assert_true(c.request_id == ids[i]);
+		size_t exact;
+		double ulps;
+		assert_int_equal(h_compare_bf16(y[i], hl->ref_bf16, (size_t)hl->m * hl->n, &exact,
+						&ulps), 0);
+	}
+	/* nothing is owed any more; the next call learns why, and it sticks */
+	assert_int_equal(radiance_in_flight(r), 0);
+	struct radiance_model_list *l;
+	assert_int_equal(radiance_list_models(r, &l), -ESHUTDOWN);
+	assert_string_equal(radiance_error_message(r), "daemon stopping: SIGTERM");
+	struct radiance_completion c;
+	assert_int_equal(radiance_wait(r, &c, 20000), -ESHUTDOWN);
+	assert_int_equal(h_daemon_wait(&daemon_, 20.0), 1);
+	assert_true(WIFEXITED(daemon_.exit_status));
+	assert_int_equal(WEXITSTATUS(daemon_.exit_status), 0);
+	radiance_disconnect(r);
+}
+
+/* radiance_reconnect() against a daemon that is restarted: the client's
+ * path is a symlink, repointed from the first daemon's socket to the
+ * second's, as a restart at one path looks to a client. */
+static void reconnect_after_restart(void **state)
+{
+	enum { N = 3 };
+	char link[192];
+	snprintf(link, sizeof link, "%s/link.sock", daemon_.dir);
+	assert_int_equal(symlink(daemon_.socket, link), 0);
+	struct radiance_options o = RADIANCE_OPTIONS_INIT;
+	o.client_name = "reconnect";
+	o.timeout_ms = 30000;
+	o.connect_timeout_ms = -1;   /* the failed reconnect below: at once */
+	struct radiance *r = radiance_connect(link, &o);
+	assert_non_null(r);
+	uint32_t id;
+	assert_int_equal(radiance_load_model(r, ckpt, NULL, &id), 0);
+	char *name = strdup(radiance_held_model(r, id)->name);
+	uint64_t session0 = radiance_get_server_info(r)->session_id;
+	const struct h_layer *hl = h_ref_find(&ref, "encoder.layer.0.attention.self.query");
+	int layer = radiance_find_layer(radiance_held_model(r, id), hl->name);
+	assert_true(layer >= 0);
+	uint16_t *x = radiance_arena_alloc(r, 384 * 2), *y = radiance_arena_alloc(r, 384 * 2);
+	assert_non_null(x);
+	assert_non_null(y);
+	memcpy(x, hl->x_bf16, 384 * 2);
+
+	/* requests that never complete: the daemon is frozen, then killed */
+	daemon_freeze();
+	uint64_t ids[N];
+	for (int i = 0; i < N; i++)
+		assert_int_equal(radiance_submit(r, id, (uint32_t)layer, 1, RADIANCE_BF16, x, y,
+						 &ids[i]), 0);
+	assert_int_equal(kill(daemon_.pid, SIGKILL), 0);
+	assert_int_equal(h_daemon_wait(&daemon_, 10.0), 1);
+	daemon_.exit_status = -1;   /* killed on purpose: no log dump */
+	struct radiance_completion c;
+	assert_int_equal(radiance_wait(r, &c, 10000), -ECONNRESET);
+
+	/* nobody listens yet: the reconnect fails, clearly, and may be retried */
+	int rc = radiance_reconnect(r);
+	assert_int_equal(rc, -ECONNREFUSED);
+	assert_int_equal(radiance_get_error(r), -ECONNREFUSED);
+	assert_non_null(strstr(radiance_error_message(r), link));
+
+	struct h_daemon again;
+	const char *args[] = { "--preload", ckpt, NULL };
+	assert_int_equal(h_daemon_start_argv(&again, args), 0);
+	assert_int_equal(unlink(link), 0);
+	assert_int_equal(symlink(again.socket, link), 0);
+	rc = radiance_reconnect(r);
+	if (rc < 0)
+		fprintf(stderr, "reconnect: %s\n", radiance_error_message(r));
+	assert_int_equal(rc, 0);
+	assert_int_equal(radiance_get_error(r), 0);
+	assert_true(radiance_get_server_info(r)->session_id != 0);
+	(void)session0;
+
+	/* each request of the old session fails, by id, saying why */
+	assert_int_equal(radiance_in_flight(r), N);
+	for (int i = 0; i < N; i++) {
+		assert_int_equal(radiance_wait(r, &c, 0), 1);
+		assert_true(c.request_id == ids[i]);
+		assert_int_equal(c.status, -ECANCELED);
+		assert_non_null(strstr(c.error, "in flight when radiance_reconnect() replaced the "
+				       "session (the daemon closed the connection)"));
+		assert_non_null(strstr(c.error, "resubmit"));
+	}
+	assert_int_equal(radiance_in_flight(r), 0);
+	assert_int_equal(radiance_wait(r, &c, 0), -ENOENT);
+
+	/* the model is held again, by name, and computes the reference */
+	uint32_t id2;
+	assert_int_equal(radiance_attach_model(r, name, &id2), 0);
+	assert_non_null(radiance_held_model(r, id2));
+	assert_int_equal(h_check_layer(r, id2, hl, RADIANCE_BF16, NULL), 0);
+	struct radiance_model_list *l;
+	assert_int_equal(radiance_list_models(r, &l), 0);
+	assert_int_equal(l->count, 1);
+	assert_int_equal(l->models[0].users, 1);   /* one reference, ours */
+	radiance_model_list_free(l);
+
+	radiance_disconnect(r);
+	free(name);
+	assert_int_equal(h_daemon_stop(&again), 0);
+}
+
+/* Waits for fd in a real poll() loop, dispatches, and takes what is ready:
+ * marks each completion in seen[] (by index into ids) after checking its
+ * output y[i] against the reference. Returns radiance_dispatch()'s last
+ * negative code once *got reaches want or dispatch fails. */
+static int loop_collect(struct radiance *r, int fd, const uint64_t *ids, uint16_t *const *y,
+			int n, const struct h_layer *hl, int *seen, int *got, int want)
+{
+	int wakeups = 0;
+	while (*got < want) {
+		struct pollfd p = { .fd = fd, .events = POLLIN };
+		int k = poll(&p, 1, 20000);
+		assert_int_equal(k, 1);   /* a wake-up, not the 20 s bound */
+		wakeups++;
+		int ready = radiance_dispatch(r);
+		if (ready < 0)
+			return ready;
+		struct radiance_completion c;
+		int got_now = 0;
+		while (radiance_poll(r, &c) == 1) {
+			int i = 0;
+			while (i < n && ids[i] != c.request_id)
+				i++;
+			assert_true(i < n);
+			assert_int_equal(seen[i], 0);
+			assert_int_equal(c.status, 0);
+			size_t exact;
+			double ulps;
+			assert_int_equal(h_compare_bf16(y[i], hl->ref_bf16, (size_t)hl->m * hl->n,
+							&exact, &ulps), 0);
+			seen[i] = 1;
+			got_now++;
+		}
+		assert_int_equal(got_now, ready);   /* dispatch counted what poll returns */
+		*got += got_now;
+	}
+	fprintf(stderr, "%d completions in %d wake-ups\n", want, wakeups);
+	return 0;
+}
+
+/* radiance_get_fd() in a caller's own poll() loop with radiance_dispatch():
+ * completions wake it, nothing else does, and a SIGTERM's drained results
+ * come before the Goodbye's -ESHUTDOWN. */
+static void event_loop_integration(void **state)
+{
+	enum { N = 16 };
+	struct radiance *r = connect_named("loop");
+	uint32_t id;
+	assert_int_equal(radiance_load_model(r, ckpt, NULL, &id), 0);
+	int fd = radiance_get_fd(r);   /* before the rings exist: they join later */
+	assert_true(fd >= 0);
+	struct ffn_batch b;
+	uint16_t *y[N];
+	uint64_t ids[N];
+	ffn_batch_init(&b, r, id, y, N);   /* opens the rings */
+	const struct h_layer *hl = b.hl;
+	assert_int_equal(radiance_get_fd(r), fd);   /* one fd for the handle's life */
+
+	/* idle: the fd is not readable */
+	struct pollfd p = { .fd = fd, .events = POLLIN };
+	assert_int_equal(radiance_dispatch(r), 0);
+	assert_int_equal(poll(&p, 1, 0), 0);
+
+	int seen[N] = { 0 }, got = 0;
+	ffn_batch_submit(&b, r, id, y, ids, N);
+	assert_int_equal(loop_collect(r, fd, ids, y, N, hl, seen, &got, N), 0);
+	assert_int_equal(radiance_in_flight(r), 0);
+	assert_int_equal(poll(&p, 1, 0), 0);   /* everything taken: quiet again */
+
+	/* a stop with requests queued: their results, then -ESHUTDOWN */
+	memset(seen, 0, sizeof seen);
+	got = 0;
+	daemon_freeze();
+	ffn_batch_submit(&b, r, id, y, ids, N);
+	assert_int_equal(kill(daemon_.pid, SIGTERM), 0);
+	assert_int_equal(kill(daemon_.pid, SIGCONT), 0);
+	int rc = loop_collect(r, fd, ids, y, N, hl, seen, &got, N + 1);
+	assert_int_equal(got, N);
+	assert_int_equal(rc, -ESHUTDOWN);
+	assert_string_equal(radiance_error_message(r), "daemon stopping: SIGTERM");
+	assert_int_equal(h_daemon_wait(&daemon_, 20.0), 1);
+	assert_int_equal(WEXITSTATUS(daemon_.exit_status), 0);
 	radiance_disconnect(r);
 }
 
@@ -1034,7 +1321,11 @@ int main(void)
 		cmocka_unit_test_setup_teardown(stats_count_requests, start, stop),
 		cmocka_unit_test_setup_teardown(no_leaks_over_many_sessions, start, stop),
 		cmocka_unit_test_setup_teardown(sigterm_exits_cleanly, start, stop_after_sigterm),
+		cmocka_unit_test_setup_teardown(sigterm_delivers_drained_results, start,
+						stop_after_sigterm),
 		cmocka_unit_test_setup_teardown(daemon_death_ends_waits, start, stop_after_sigterm),
+		cmocka_unit_test_setup_teardown(reconnect_after_restart, start, stop_after_sigterm),
+		cmocka_unit_test_setup_teardown(event_loop_integration, start, stop_after_sigterm),
 		cmocka_unit_test_setup_teardown(handle_in_use_is_ebusy, start, stop),
 		cmocka_unit_test_setup_teardown(two_threads_hammer_one_handle, start, stop),
 		cmocka_unit_test(socket_directory),

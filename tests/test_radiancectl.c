@@ -554,7 +554,8 @@ static void hold_until_daemon_stops(bool json)
 	slurp(err_path, err, sizeof err);
 	assert_true(WIFEXITED(st));
 	assert_int_equal(WEXITSTATUS(st), 3);
-	assert_non_null(strstr(err, "the daemon went away"));
+	assert_non_null(strstr(err, "the daemon stopped while holding model"));
+	assert_non_null(strstr(err, "(daemon stopping: SIGTERM)"));
 	assert_null(strstr(err, "Broken pipe"));
 	if (!json)
 		return;
@@ -565,7 +566,7 @@ static void hold_until_daemon_stops(bool json)
 	assert_true(json_is_true(json_object_get(load, "held")));
 	json_decref(load);
 	memmove(out, out + je.position, strlen(out + je.position) + 1);
-	assert_json_error("ECONNRESET", ECONNRESET, "the daemon went away while holding model",
+	assert_json_error("ESHUTDOWN", ESHUTDOWN, "the daemon stopped while holding model",
 			  NULL);
 }
 

@@ -33,9 +33,9 @@ float16 = np.dtype(np.float16)
 _BF16, _FP16 = 1, 2
 _KIND = {1: "w4a8", 2: "bf16"}
 # connection errors after which a synchronous call is worth one more try on a
-# fresh session: the daemon went away (restart); linear is a pure function,
-# nothing was delivered
-_LOST = (errno.ECONNRESET, errno.EPIPE, errno.ENOTCONN)
+# fresh session: the daemon went away (restart; ESHUTDOWN: it said it stops);
+# linear is a pure function, nothing was delivered
+_LOST = (errno.ECONNRESET, errno.EPIPE, errno.ENOTCONN, errno.ESHUTDOWN)
 # one wait holds the client's lock at most this long, so threads sharing the
 # client get their turn while a request is slow
 _WAIT_SLICE_MS = 50
@@ -278,6 +278,9 @@ class Client:
         opt.log_priority = _LOG_DEBUG if log.isEnabledFor(logging.DEBUG) else _LOG_WARNING
         opt.arena_bytes, opt.sq_entries, opt.cq_entries, opt.spin_us = self._sizes
         opt.timeout_ms = self._timeout_ms
+        # one attempt: the caller's next call is the retry (see reconnecting
+        # above), and "no daemon" is said at once rather than after 30 s
+        opt.connect_timeout_ms = -1
         h = lib.radiance_connect(self._socket.encode(), opt)
         if h == ffi.NULL:
             e = ffi.errno

@@ -4,9 +4,9 @@
  * Each input gets a fresh daemon core exactly as server_run() builds it
  * (libuv loop, executor thread with the CPU backend, registry) minus the
  * listening socket: one end of a socketpair becomes a session
- * (session_create + server_session_update, as on_listen does), and the
+ * (session_create + session_update, as on_listen does), and the
  * input is the byte stream the client sends on the other end. So the real
- * server.c read path (session_read: radiance_conn_read / next_frame), the
+ * session_io.c read path (session_read: radiance_conn_read / next_frame), the
  * dispatch and every handler of daemon/session.c run on peer bytes: Hello,
  * LoadModel (through the registry and the loader on the threadpool, upload
  * on the executor), AttachModel, ReleaseModel, GetModel, ListModels,
@@ -253,7 +253,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	FUZZ_CHECK(uv_loop_init(&loop) == 0);
 	srv.loop = &loop;
 	srv.cfg = &cfg;
-	srv.listen_fd = -1;
+	srv.listener.fd = -1;
 	stats_init(&srv.stats);
 	struct executor_options eo = {
 		.backend = {
@@ -277,7 +277,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	s->next = srv.sessions;
 	srv.sessions = s;
 	srv.nsessions++;
-	server_session_update(s);
+	session_update(s);
 	struct radiance_conn cc;   /* the client's receive side; owns sv[1] */
 	FUZZ_CHECK(radiance_conn_init(&cc, sv[1], RADIANCE_MAX_FRAME, RADIANCE_MAX_FDS) == 0);
 
