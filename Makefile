@@ -159,7 +159,7 @@ all: $(RADIANCED) $(RADIANCECTL) $(LIB_CLIENT_A) $(LIB_CLIENT_SO) $(BUILD)/radia
 # what `make install` installs, without the tests (debian/rules builds this)
 bin: $(INSTALL_BIN) $(BUILD)/radiance.pc $(UNITS) $(GPU_CLIENT_TARGETS)
 
-$(PROTO_C) $(PROTO_H): proto/radiance.proto
+$(PROTO_C) $(PROTO_H) &: proto/radiance.proto
 	@mkdir -p $(BUILD)/gen
 	protoc-c --proto_path=proto --c_out=$(BUILD)/gen $<
 
