@@ -17,6 +17,7 @@
 #include "log.h"
 #include "clock.h"
 #include "proto_util.h"
+#include "request.h"
 
 /* A FIFO of jobs handed between the loop and the executor thread, under
  * the executor's lock. */
@@ -77,6 +78,8 @@ struct radiance_executor {
 	struct sched_req **batch;             /* max_rings * EXEC_BATCH: this round's pieces */
 	struct radiance_rows *rows;           /* max_rows */
 	struct radiance_proto_bump bump;   /* SQ slots unpack here, off malloc */
+	uint64_t launches;                    /* backend calls made: executor__launches() */
+	int is_inline;                        /* executor__create_inline: no thread, async or fds */
 };
 
 static void progress_bump(struct radiance_executor *e)
@@ -181,7 +184,8 @@ static void post_done(struct radiance_executor *e, struct exec_job *job)
 	pthread_mutex_lock(&e->lock);
 	job_list_push(&e->done, job);
 	pthread_mutex_unlock(&e->lock);
-	uv_async_send(&e->async);
+	if (!e->is_inline)
+		uv_async_send(&e->async);
 }
 
 static void on_async(uv_async_t *h)
@@ -306,21 +310,7 @@ static void reject(struct radiance_executor *e, struct exec_ring *r, uint64_t re
 		  (unsigned long long)request_id, msg);
 }
 
-/* ---- decode and validate ---- */
-
-/* Range [off, off + rows*dim*2) inside the arena, with every product and sum
- * overflow-checked; the byte count in *bytes. */
-static int arena_range(const struct exec_ring *r, uint64_t off, uint32_t rows, uint32_t dim,
-		       uint64_t *bytes)
-{
-	uint64_t n, end;
-	if (__builtin_mul_overflow((uint64_t)rows, (uint64_t)dim, &n) ||
-	    __builtin_mul_overflow(n, (uint64_t)2, &n) || __builtin_add_overflow(off, n, &end) ||
-	    end > r->arena_bytes)
-		return -EFAULT;
-	*bytes = n;
-	return 0;
-}
+/* ---- the flows ---- */
 
 static struct exec_entry *entry_of(struct sched_req *s)
 {
@@ -397,7 +387,11 @@ static void collect_ring(struct radiance_executor *e, struct exec_ring *r)
 	uint32_t budget = room < EXEC_BATCH ? room : EXEC_BATCH;
 	uint32_t taken = 0;
 	uint8_t slot[RADIANCE_SLOT_BYTES];
-	ProtobufCAllocator alloc = radiance_proto_bump_allocator(&e->bump);
+	const struct request_ctx ctx = {
+		.refs = r->refs,
+		.arena_bytes = r->arena_bytes,
+		.max_rows = e->opt.backend.max_rows,
+	};
 
 	while (taken < budget && sched_flow_can_take(&e->sched, &r->flow)) {
 		int len = radiance_ring_pop(&r->sq, slot);
@@ -409,10 +403,8 @@ static void collect_ring(struct radiance_executor *e, struct exec_ring *r)
 		}
 		uint64_t t_seen = radiance_clock_ns();
 		taken++;
-		radiance_proto_bump_reset(&e->bump);
-		Radiance__LinearRequest *req =
-			radiance__linear_request__unpack(&alloc, (size_t)len, slot);
-		if (!req) {
+		Radiance__LinearRequest *req;
+		if (request_decode(slot, (size_t)len, &e->bump, &req) < 0) {
 			ring_violation(e, r, "SQ entry %u is not a LinearRequest (%d bytes)",
 				       r->sq.local - 1, len);
 			return;
@@ -426,74 +418,31 @@ static void collect_ring(struct radiance_executor *e, struct exec_ring *r)
 			       (unsigned long long)inflight, r->max_inflight);
 			continue;
 		}
-		struct exec_model *m = exec_refs_find(r->refs, req->model_id);
-		if (!m) {
-			reject(e, r, id, t_seen, ENOENT, "model_id %u is not loaded by this session",
-			       req->model_id);
-			continue;
-		}
-		if (req->layer >= m->model->n_layers) {
-			reject(e, r, id, t_seen, ENOENT, "layer %u out of range: model %u has %zu layers",
-			       req->layer, m->id, m->model->n_layers);
-			continue;
-		}
-		const struct radiance_layer *l = &m->model->layers[req->layer];
-		if (req->rows == 0 || req->rows > e->opt.backend.max_rows) {
-			reject(e, r, id, t_seen, EINVAL, "rows %u outside 1..%u", req->rows,
-			       e->opt.backend.max_rows);
-			continue;
-		}
-		if (req->dtype != RADIANCE__DTYPE__DTYPE_BF16 && req->dtype != RADIANCE__DTYPE__DTYPE_FP16) {
-			reject(e, r, id, t_seen, EINVAL, "dtype %d is not bf16 (1) or fp16 (2)",
-			       (int)req->dtype);
-			continue;
-		}
-		if (req->input_offset % RADIANCE_ARENA_ALIGN || req->output_offset % RADIANCE_ARENA_ALIGN) {
-			reject(e, r, id, t_seen, EINVAL,
-			       "input_offset %llu / output_offset %llu not %u-byte aligned",
-			       (unsigned long long)req->input_offset,
-			       (unsigned long long)req->output_offset, RADIANCE_ARENA_ALIGN);
-			continue;
-		}
-		uint64_t in_bytes, out_bytes;
-		if (arena_range(r, req->input_offset, req->rows, l->k, &in_bytes) < 0) {
-			reject(e, r, id, t_seen, EFAULT,
-			       "input [%llu, +%u rows x K=%u x 2) outside the arena of %llu bytes",
-			       (unsigned long long)req->input_offset, req->rows, l->k,
-			       (unsigned long long)r->arena_bytes);
-			continue;
-		}
-		if (arena_range(r, req->output_offset, req->rows, l->n, &out_bytes) < 0) {
-			reject(e, r, id, t_seen, EFAULT,
-			       "output [%llu, +%u rows x N=%u x 2) outside the arena of %llu bytes",
-			       (unsigned long long)req->output_offset, req->rows, l->n,
-			       (unsigned long long)r->arena_bytes);
-			continue;
-		}
-		if (req->input_offset < req->output_offset + out_bytes &&
-		    req->output_offset < req->input_offset + in_bytes) {
-			reject(e, r, id, t_seen, EINVAL, "input and output ranges overlap");
+		struct request q;
+		char why[192];
+		int status = request_check(&ctx, req, &q, why, sizeof why);
+		if (status) {
+			reject(e, r, id, t_seen, status, "%s", why);
 			continue;
 		}
 		struct exec_entry *en = entry_alloc(r);
 		*en = (struct exec_entry){
 			.in_use = 1,
 			.ring = r,
-			.model = m,
-			.layer = req->layer,
+			.model = q.model,
+			.layer = q.layer,
 			.request_id = id,
 			.t_seen = t_seen,
-			.bytes_in = in_bytes,
-			.bytes_out = out_bytes,
+			.bytes_in = q.bytes_in,
+			.bytes_out = q.bytes_out,
 			.rows = {
-				.x = r->arena + req->input_offset,
-				.y = (uint16_t *)(void *)(r->arena + req->output_offset),
-				.m = req->rows,
-				.dtype = (enum radiance_dtype)req->dtype,
+				.x = r->arena + q.input_offset,
+				.y = (uint16_t *)(void *)(r->arena + q.output_offset),
+				.m = q.rows,
+				.dtype = q.dtype,
 			},
 		};
-		sched_flow_push(&r->flow, &en->s, (uint64_t)m->id << 32 | req->layer,
-				(uint64_t)l->n * l->k, req->rows);
+		sched_flow_push(&r->flow, &en->s, q.group, q.row_cost, q.rows);
 	}
 }
 
@@ -524,6 +473,7 @@ static void launch(struct radiance_executor *e, struct sched_req **v, size_t n)
 		};
 	}
 	uint64_t start = radiance_clock_ns();
+	e->launches++;
 	int rc = radiance_backend_linear(e->backend, l, m->handles[first->layer], e->rows, live, err,
 					 sizeof err);
 	uint64_t end = radiance_clock_ns();
@@ -583,32 +533,46 @@ static size_t serve_pass(struct radiance_executor *e, struct exec_ring *only)
 
 /* ---- jobs ---- */
 
-static void ring_add(struct radiance_executor *e, struct exec_job *job)
+/* Starts serving r: 0, or -errno with err set. */
+static int ring_attach(struct radiance_executor *e, struct exec_ring *r, char *err, size_t errlen)
 {
-	struct exec_ring *r = job->ring;
 	if (e->nrings == e->opt.max_rings) {
-		job->status = -EBUSY;
-		snprintf(job->err, sizeof job->err, "executor serves %u rings already", e->opt.max_rings);
-		return;
+		snprintf(err, errlen, "executor serves %u rings already", e->opt.max_rings);
+		return -EBUSY;
 	}
-	int rc = radiance_backend_register_host(e->backend, r->arena, r->arena_bytes, job->err,
-						sizeof job->err);
-	if (rc < 0) {
-		job->status = rc;
-		return;
-	}
+	int rc = radiance_backend_register_host(e->backend, r->arena, r->arena_bytes, err, errlen);
+	if (rc < 0)
+		return rc;
 	/* Edge-triggered, and never read: the client holds the same open file
 	 * description and could make it blocking (O_NONBLOCK is shared) and
 	 * then steal the count, which would hang a read here. An eventfd write
 	 * wakes an edge-triggered epoll every time, so nothing is lost. */
 	struct epoll_event ev = { .events = EPOLLIN | EPOLLET, .data.ptr = r };
-	if (epoll_ctl(e->epfd, EPOLL_CTL_ADD, r->sq_efd, &ev) < 0) {
-		job->status = -errno;
-		snprintf(job->err, sizeof job->err, "epoll_ctl: %s", strerror(errno));
+	if (!e->is_inline && epoll_ctl(e->epfd, EPOLL_CTL_ADD, r->sq_efd, &ev) < 0) {
+		rc = -errno;
+		snprintf(err, errlen, "epoll_ctl: %s", strerror(errno));
 		radiance_backend_unregister_host(e->backend, r->arena);
-		return;
+		return rc;
 	}
 	e->rings[e->nrings++] = r;
+	return 0;
+}
+
+static void ring_add(struct radiance_executor *e, struct exec_job *job)
+{
+	job->status = ring_attach(e, job->ring, job->err, sizeof job->err);
+}
+
+/* Stops serving ring i: whatever is still queued is dropped unanswered. */
+static void ring_detach(struct radiance_executor *e, size_t i)
+{
+	struct exec_ring *r = e->rings[i];
+	ring_drop_queue(r);
+	if (!e->is_inline)
+		epoll_ctl(e->epfd, EPOLL_CTL_DEL, r->sq_efd, NULL);
+	radiance_backend_unregister_host(e->backend, r->arena);
+	e->rings[i] = e->rings[--e->nrings];
+	e->rr = 0;
 }
 
 static void ring_remove(struct radiance_executor *e, struct exec_job *job)
@@ -631,11 +595,7 @@ static void ring_remove(struct radiance_executor *e, struct exec_job *job)
 	while (job->drain && !r->dead && r->sq.local - first < r->sq.entries)
 		if (serve_pass(e, r) == 0)
 			break;
-	ring_drop_queue(r);
-	epoll_ctl(e->epfd, EPOLL_CTL_DEL, r->sq_efd, NULL);
-	radiance_backend_unregister_host(e->backend, r->arena);
-	e->rings[i] = e->rings[--e->nrings];
-	e->rr = 0;
+	ring_detach(e, i);
 }
 
 /* Fails the requests still queued for m: their session released it with
@@ -740,6 +700,7 @@ static void run_jobs(struct radiance_executor *e)
 			model_free(e, job->model);
 			break;
 		case EXEC_JOB_PING:
+		case EXEC_JOB_DEFER:
 		case EXEC_JOB_NOTICE:
 			break;
 		}
@@ -786,19 +747,28 @@ static void idle_sleep(struct radiance_executor *e)
 		radiance_ring_end_sleep(&e->rings[i]->sq);
 }
 
+/* Creates the backend on the calling thread (the one that will use it)
+ * and settles what depends on it. */
+static int backend_start(struct radiance_executor *e, char *err, size_t errlen)
+{
+	int rc = radiance_backend_create(&e->opt.backend, &e->backend, err, errlen);
+	if (rc < 0)
+		return rc;
+	radiance_backend_info(e->backend, &e->info);
+	/* before anyone reads it: the piece size the backend serves best */
+	if (e->opt.chunk_rows == EXEC_CHUNK_AUTO) {
+		uint32_t c = strcmp(e->info.name, "cpu") == 0 ? 32 : 256;
+		e->sched.chunk_rows = c < e->sched.max_rows ? c : e->sched.max_rows;
+	}
+	return 0;
+}
+
 static void *executor_main(void *arg)
 {
 	struct radiance_executor *e = arg;
 	char err[256] = "";
-	int rc = radiance_backend_create(&e->opt.backend, &e->backend, err, sizeof err);
+	int rc = backend_start(e, err, sizeof err);
 	pthread_mutex_lock(&e->lock);
-	if (rc == 0)
-		radiance_backend_info(e->backend, &e->info);
-	/* before the loop reads it: the piece size the backend serves best */
-	if (rc == 0 && e->opt.chunk_rows == EXEC_CHUNK_AUTO) {
-		uint32_t c = strcmp(e->info.name, "cpu") == 0 ? 32 : 256;
-		e->sched.chunk_rows = c < e->sched.max_rows ? c : e->sched.max_rows;
-	}
 	e->started = rc == 0 ? 1 : rc;
 	snprintf(e->start_err, sizeof e->start_err, "%s", err);
 	pthread_cond_signal(&e->cond);
@@ -848,14 +818,22 @@ static void executor_release(struct radiance_executor *e)
 	free(e->rows);
 }
 
-int executor_create(uv_loop_t *loop, const struct executor_options *opt,
-		    struct radiance_executor **out, char *err, size_t errlen)
+static void executor_free(struct radiance_executor *e)
+{
+	free(e->rings);
+	free(e->flows);
+	free(e->batch);
+	free(e->rows);
+	free(e);
+}
+
+/* e with everything a round needs, sized by opt; no thread, fds or backend
+ * yet. NULL when out of memory. */
+static struct radiance_executor *executor_alloc(const struct executor_options *opt)
 {
 	struct radiance_executor *e = calloc(1, sizeof *e);
-	int rc = -ENOMEM;
 	if (!e)
-		goto fail;
-	e->loop = loop;
+		return NULL;
 	e->opt = *opt;
 	e->ctl_efd = e->epfd = -1;
 	e->sched = (struct sched_params){
@@ -868,8 +846,21 @@ int executor_create(uv_loop_t *loop, const struct executor_options *opt,
 	e->flows = calloc(opt->max_rings, sizeof *e->flows);
 	e->batch = calloc((size_t)opt->max_rings * EXEC_BATCH, sizeof *e->batch);
 	e->rows = calloc(opt->backend.max_rows, sizeof *e->rows);
-	if (!e->rings || !e->flows || !e->batch || !e->rows)
-		goto fail_alloc;
+	if (!e->rings || !e->flows || !e->batch || !e->rows) {
+		executor_free(e);
+		return NULL;
+	}
+	return e;
+}
+
+int executor_create(uv_loop_t *loop, const struct executor_options *opt,
+		    struct radiance_executor **out, char *err, size_t errlen)
+{
+	struct radiance_executor *e = executor_alloc(opt);
+	int rc = -ENOMEM;
+	if (!e)
+		goto fail;
+	e->loop = loop;
 	e->ctl_efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 	e->epfd = epoll_create1(EPOLL_CLOEXEC);
 	if (e->ctl_efd < 0 || e->epfd < 0) {
@@ -920,12 +911,7 @@ fail_fds:
 		close(e->ctl_efd);
 	if (e->epfd >= 0)
 		close(e->epfd);
-fail_alloc:
-	free(e->rings);
-	free(e->flows);
-	free(e->batch);
-	free(e->rows);
-	free(e);
+	executor_free(e);
 fail:
 	if (rc == -ENOMEM)
 		snprintf(err, errlen, "executor: out of memory");
@@ -965,4 +951,75 @@ void executor_destroy(struct radiance_executor *e)
 	on_async(&e->async);
 	executor_release(e);
 	uv_close((uv_handle_t *)&e->async, on_async_closed);
+}
+
+/* ---- inline mode ---- */
+
+int executor__create_inline(const struct executor_options *opt, struct radiance_executor **out,
+			    char *err, size_t errlen)
+{
+	struct radiance_executor *e = executor_alloc(opt);
+	if (!e) {
+		snprintf(err, errlen, "executor: out of memory");
+		return -ENOMEM;
+	}
+	e->is_inline = 1;
+	pthread_mutex_init(&e->lock, NULL);
+	int rc = backend_start(e, err, errlen);
+	if (rc < 0) {
+		pthread_mutex_destroy(&e->lock);
+		executor_free(e);
+		return rc;
+	}
+	*out = e;
+	return 0;
+}
+
+void executor__destroy_inline(struct radiance_executor *e)
+{
+	while (e->nrings)
+		ring_detach(e, e->nrings - 1);
+	radiance_backend_destroy(e->backend);
+	pthread_mutex_destroy(&e->lock);
+	executor_free(e);
+}
+
+int executor__ring_add(struct radiance_executor *e, struct exec_ring *r, char *err, size_t errlen)
+{
+	return ring_attach(e, r, err, errlen);
+}
+
+int executor__ring_remove(struct radiance_executor *e, struct exec_ring *r)
+{
+	for (size_t i = 0; i < e->nrings; i++)
+		if (e->rings[i] == r) {
+			ring_detach(e, i);
+			return 0;
+		}
+	return -ENOENT;
+}
+
+size_t executor__serve(struct radiance_executor *e)
+{
+	return serve_pass(e, NULL);
+}
+
+struct exec_job *executor__take_done(struct radiance_executor *e)
+{
+	return job_list_take(&e->done);
+}
+
+uint64_t executor__launches(const struct radiance_executor *e)
+{
+	return e->launches;
+}
+
+const struct sched_params *executor__sched(const struct radiance_executor *e)
+{
+	return &e->sched;
+}
+
+struct radiance_backend *executor__backend(struct radiance_executor *e)
+{
+	return e->backend;
 }

@@ -137,7 +137,11 @@ enum exec_job_kind {
 	EXEC_JOB_MODEL_UPLOAD,   /* upload every layer of job->model, one per step,
 	                            into its shared allocation when the backend makes one */
 	EXEC_JOB_MODEL_FREE,     /* free job->model's backend layers and shared allocation */
-	EXEC_JOB_PING,           /* nothing: done once the jobs before it are */
+	EXEC_JOB_PING,           /* nothing: done once the jobs before it are, after
+	                            at least one round (tests wait on it) */
+	EXEC_JOB_DEFER,          /* nothing: its done runs on a later turn of the
+	                            loop, after the jobs before it (the registry
+	                            answers a waiter this way, never re-entrantly) */
 	EXEC_JOB_NOTICE,         /* executor -> loop only: a ring broke (job->err) */
 };
 
@@ -227,5 +231,34 @@ struct exec_watch {
  * passes the time. */
 int exec_watch_alive(struct exec_watch *w, const struct exec_liveness *l, uint64_t now_ns,
 		     uint64_t timeout_ns);
+
+/* ---- inline mode: the executor's round on the calling thread ----
+ *
+ * For tests and fuzz targets that drive rounds one at a time and look at
+ * what each did: no thread, no uv_async, no doorbells, no epoll. Everything
+ * below runs on the thread that called executor__create_inline (which
+ * creates the backend there), never together with the threaded calls
+ * above (executor_submit, executor_destroy). Jobs posted for the loop (a
+ * ring's broken notice) collect until executor__take_done. */
+
+/* 0, or the backend's -errno (err set), -ENOMEM. */
+int executor__create_inline(const struct executor_options *opt, struct radiance_executor **out,
+			    char *err, size_t errlen);
+/* Stops serving every ring still added and destroys the backend and e. */
+void executor__destroy_inline(struct radiance_executor *e);
+/* As a RING_ADD job: 0, -EBUSY (max_rings), or the backend's -errno. */
+int executor__ring_add(struct radiance_executor *e, struct exec_ring *r, char *err, size_t errlen);
+/* As a RING_REMOVE job without drain: queued requests are dropped. 0 or -ENOENT. */
+int executor__ring_remove(struct radiance_executor *e, struct exec_ring *r);
+/* One round over every ring: the requests taken plus the pieces run. */
+size_t executor__serve(struct radiance_executor *e);
+/* The jobs posted for the loop so far, chained by next, in order. */
+struct exec_job *executor__take_done(struct radiance_executor *e);
+/* Backend launches made so far (one per group of stacked requests). */
+uint64_t executor__launches(const struct radiance_executor *e);
+/* The backend it made, to upload layers with. */
+struct radiance_backend *executor__backend(struct radiance_executor *e);
+/* The scheduling parameters in force (chunk_rows resolved). */
+const struct sched_params *executor__sched(const struct radiance_executor *e);
 
 #endif
