@@ -430,56 +430,71 @@ static void collect_ring(struct radiance_executor *e, struct exec_ring *r)
 			.in_use = 1,
 			.ring = r,
 			.model = q.model,
-			.layer = q.layer,
+			.n_layers = q.n_layers,
 			.request_id = id,
 			.t_seen = t_seen,
 			.bytes_in = q.bytes_in,
 			.bytes_out = q.bytes_out,
 			.rows = {
 				.x = r->arena + q.input_offset,
-				.y = (uint16_t *)(void *)(r->arena + q.output_offset),
 				.m = q.rows,
 				.dtype = q.dtype,
 			},
 		};
+		for (uint32_t i = 0; i < q.n_layers; i++) {
+			en->layers[i] = q.layers[i];
+			en->ys[i] = (uint16_t *)(void *)(r->arena + q.output_offsets[i]);
+		}
+		en->rows.y = en->ys[0];
 		sched_flow_push(&r->flow, &en->s, q.group, q.row_cost, q.rows);
 	}
 }
 
-/* Runs the pieces v[0..n) (one model, one layer, rows summing <= max_rows;
- * sched_launch_len) as one launch, posts the results of the requests whose
- * last piece this was (or that failed), and rings their doorbells at once,
- * so a decode result does not wait for the prefill pieces after it. */
-static void launch(struct radiance_executor *e, struct sched_req **v, size_t n)
+static int same_layers(const struct exec_entry *a, const struct exec_entry *b)
 {
-	size_t live = 0;
-	for (size_t i = 0; i < n; i++)   /* skipping rings that died this round */
-		if (!entry_of(v[i])->ring->dead)
-			v[live++] = v[i];
-	if (!live)
-		return;
+	return a->model == b->model && a->n_layers == b->n_layers &&
+	       memcmp(a->layers, b->layers, a->n_layers * sizeof a->layers[0]) == 0;
+}
+
+/* Runs the pieces v[0..n) (one model, the same layers, rows summing <=
+ * max_rows) as one launch, posts the results of the requests whose last
+ * piece this was (or that failed), and rings their doorbells at once, so a
+ * decode result does not wait for the prefill pieces after it. */
+static void launch_same(struct radiance_executor *e, struct sched_req **v, size_t live)
+{
 	struct exec_entry *first = entry_of(v[0]);
 	struct exec_model *m = first->model;
-	const struct radiance_layer *l = &m->model->layers[first->layer];
-	char err[192] = "";
-	for (size_t i = 0; i < live; i++) {
-		struct exec_entry *en = entry_of(v[i]);
-		/* x and y are 16-bit elements, rows apart by K and N */
-		e->rows[i] = (struct radiance_rows){
-			.x = (const uint16_t *)en->rows.x + (size_t)en->s.piece_row * l->k,
-			.y = en->rows.y + (size_t)en->s.piece_row * l->n,
-			.m = en->s.piece_rows,
-			.dtype = en->rows.dtype,
-		};
+	uint32_t nl = first->n_layers;
+	const struct radiance_layer *ls[RADIANCE_MAX_REQUEST_LAYERS];
+	struct radiance_backend_layer *hs[RADIANCE_MAX_REQUEST_LAYERS];
+	for (uint32_t j = 0; j < nl; j++) {
+		ls[j] = &m->model->layers[first->layers[j]];
+		hs[j] = m->handles[first->layers[j]];
 	}
+	uint32_t k = ls[0]->k;
+	char err[192] = "";
+	/* e->rows[j * live + i]: request i's piece for layer j (x shared) */
+	for (uint32_t j = 0; j < nl; j++)
+		for (size_t i = 0; i < live; i++) {
+			struct exec_entry *en = entry_of(v[i]);
+			/* x and y are 16-bit elements, rows apart by K and N */
+			e->rows[j * live + i] = (struct radiance_rows){
+				.x = (const uint16_t *)en->rows.x + (size_t)en->s.piece_row * k,
+				.y = en->ys[j] + (size_t)en->s.piece_row * ls[j]->n,
+				.m = en->s.piece_rows,
+				.dtype = en->rows.dtype,
+			};
+		}
 	uint64_t start = radiance_clock_ns();
 	e->launches++;
-	int rc = radiance_backend_linear(e->backend, l, m->handles[first->layer], e->rows, live, err,
-					 sizeof err);
+	int rc = nl == 1 ? radiance_backend_linear(e->backend, ls[0], hs[0], e->rows, live, err,
+						   sizeof err)
+			 : radiance_backend_linear_multi(e->backend, ls, hs, nl, e->rows, live, err,
+							 sizeof err);
 	uint64_t end = radiance_clock_ns();
 	if (rc < 0)
-		log_warn("model %u layer %u (%s): launch of %zu requests failed: %s", m->id,
-			 first->layer, l->name, live, err);
+		log_warn("model %u layer %u (%s)%s: launch of %zu requests failed: %s", m->id,
+			 first->layers[0], ls[0]->name, nl > 1 ? " and more" : "", live, err);
 	for (size_t i = 0; i < live; i++) {
 		struct exec_entry *en = entry_of(v[i]);
 		if (!en->started) {
@@ -494,6 +509,25 @@ static void launch(struct radiance_executor *e, struct sched_req **v, size_t n)
 	for (size_t i = 0; i < live; i++)
 		ring_doorbell(entry_of(v[i])->ring);
 	progress_bump(e);
+}
+
+/* Runs the pieces v[0..n) of one group (sched_launch_len), skipping rings
+ * that died this round: one launch per run of requests for the same
+ * layers (a group of several layers is a hash of the list: sched.c only
+ * knows it is equal). */
+static void launch(struct radiance_executor *e, struct sched_req **v, size_t n)
+{
+	size_t live = 0;
+	for (size_t i = 0; i < n; i++)
+		if (!entry_of(v[i])->ring->dead)
+			v[live++] = v[i];
+	for (size_t i = 0; i < live;) {
+		size_t len = 1;
+		while (i + len < live && same_layers(entry_of(v[i]), entry_of(v[i + len])))
+			len++;
+		launch_same(e, v + i, len);
+		i += len;
+	}
 }
 
 /* One round over every ring (or only one). Returns the requests taken plus
@@ -845,7 +879,8 @@ static struct radiance_executor *executor_alloc(const struct executor_options *o
 	e->rings = calloc(opt->max_rings, sizeof *e->rings);
 	e->flows = calloc(opt->max_rings, sizeof *e->flows);
 	e->batch = calloc((size_t)opt->max_rings * EXEC_BATCH, sizeof *e->batch);
-	e->rows = calloc(opt->backend.max_rows, sizeof *e->rows);
+	/* a launch of several layers takes one row set per layer */
+	e->rows = calloc((size_t)opt->backend.max_rows * RADIANCE_MAX_REQUEST_LAYERS, sizeof *e->rows);
 	if (!e->rings || !e->flows || !e->batch || !e->rows) {
 		executor_free(e);
 		return NULL;

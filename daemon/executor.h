@@ -67,6 +67,7 @@
 #include "model.h"
 #include "ring.h"
 #include "scheduler.h"
+#include "shm.h"
 #include "stats.h"
 
 /* chunk_rows: 256 rows on a GPU backend, 32 on the CPU. Measured on the
@@ -123,12 +124,14 @@ struct exec_entry {
 	int started;                     /* a piece has run: t_start is set */
 	struct exec_ring *ring;
 	struct exec_model *model;
-	uint32_t layer;
+	uint32_t n_layers;               /* several: one x, one output each (request.h) */
+	uint32_t layers[RADIANCE_MAX_REQUEST_LAYERS];
+	uint16_t *ys[RADIANCE_MAX_REQUEST_LAYERS];   /* y of each layer; ys[0] == rows.y */
 	uint64_t request_id;
 	uint64_t t_seen;                 /* CLOCK_MONOTONIC ns */
 	uint64_t t_start;                /* its first piece's launch */
 	uint64_t bytes_in, bytes_out;
-	struct radiance_rows rows;       /* the whole request: x, y point into the arena */
+	struct radiance_rows rows;       /* the whole request (layer 0): x, y point into the arena */
 };
 
 enum exec_job_kind {

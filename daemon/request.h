@@ -18,6 +18,7 @@
 
 #include "executor.h"
 #include "proto_util.h"
+#include "shm.h"
 
 /* What a request is checked against: one session's view. */
 struct request_ctx {
@@ -26,19 +27,25 @@ struct request_ctx {
 	uint32_t max_rows;           /* the backend's largest M */
 };
 
-/* A valid request: every index in range, every range inside the arena. */
+/* A valid request: every index in range, every range inside the arena.
+ * Layer 0 is LinearRequest.layer, layer i > 0 extra_layers[i-1]. */
 struct request {
 	uint64_t request_id;
 	struct exec_model *model;    /* valid while the session holds the reference */
-	uint32_t layer;              /* an index into model->model->layers */
 	uint32_t rows;               /* M, 1..max_rows */
 	enum radiance_dtype dtype;   /* of x */
 	uint64_t input_offset;       /* arena offset of x [rows][K] */
-	uint64_t output_offset;      /* arena offset of y [rows][N] bf16 */
+	uint32_t n_layers;           /* 1..RADIANCE_MAX_REQUEST_LAYERS */
+	uint32_t layers[RADIANCE_MAX_REQUEST_LAYERS];          /* indexes into model->model->layers,
+	                                                          distinct, one K */
+	uint64_t output_offsets[RADIANCE_MAX_REQUEST_LAYERS];  /* y of each [rows][N_i] bf16 */
 	uint64_t bytes_in;           /* rows x K x 2 */
-	uint64_t bytes_out;          /* rows x N x 2 */
-	uint64_t row_cost;           /* N x K: the scheduler's cost of one row */
-	uint64_t group;              /* requests of equal group may share a launch */
+	uint64_t bytes_out;          /* all outputs: rows x sum(N_i) x 2 */
+	uint64_t row_cost;           /* sum(N_i) x K: the scheduler's cost of one row */
+	uint64_t group;              /* requests of equal group may share a launch:
+	                                (model id << 32) | layer for one layer; for
+	                                several, bit 31 and a hash of the list, so
+	                                the launch still compares the lists */
 };
 
 /* Decodes a slot's payload of len bytes. *out lives in bump's buffer until
@@ -49,11 +56,16 @@ int request_decode(const uint8_t *payload, size_t len, struct radiance_proto_bum
 
 /* Checks req against ctx. 0 with *out filled; otherwise the positive errno
  * status the client's result carries, with err naming what was wrong, where
- * and the values:
- *   ENOENT  the session holds no model model_id, or layer is out of range;
+ * (a layer by its position, layers[i]) and the values:
+ *   ENOENT  the session holds no model model_id, or a layer index is out of
+ *           range;
  *   EINVAL  rows outside 1..max_rows, a dtype that is not bf16 or fp16,
- *           offsets not RADIANCE_ARENA_ALIGN-aligned, x and y overlapping;
- *   EFAULT  x or y (its whole extent) outside the arena. */
+ *           offsets not RADIANCE_ARENA_ALIGN-aligned, x and an output or two
+ *           outputs overlapping; and for several layers: more than
+ *           RADIANCE_MAX_REQUEST_LAYERS, extra_layers and
+ *           extra_output_offsets of different lengths, a layer whose K is
+ *           not layers[0]'s, a layer named twice;
+ *   EFAULT  x or an output (its whole extent) outside the arena. */
 int request_check(const struct request_ctx *ctx, const Radiance__LinearRequest *req,
 		  struct request *out, char *err, size_t errlen);
 

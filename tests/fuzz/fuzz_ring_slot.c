@@ -36,7 +36,8 @@
  *   then the client consumes every CQ entry (radiance_ring_pop + decode);
  *   a round with bit 4 that ends the input still gets its pass.
  *
- * Models: id 1 (W4A8 16x128 with bias, bf16 8x16, W4A8 8x256) and id 2
+ * Models: id 1 (W4A8 16x128 with bias, bf16 8x16, W4A8 8x256, W4A8 24x128,
+ * bf16 8x128: layers 0, 3 and 4 share K for requests of several) and id 2
  * (bf16 24x8 with bias) are referenced by both rings; id 3 exists but is
  * referenced by neither.
  */
@@ -159,14 +160,16 @@ static void setup(void)
 	FUZZ_CHECK(executor__create_inline(&o, &E, err, sizeof err) == 0);
 	struct radiance_backend *backend = executor__backend(E);
 
-	static struct radiance_layer l1[3], l2[1], l3[1];
+	static struct radiance_layer l1[5], l2[1], l3[1];
 	layer_w4a8(&l1[0], "m1.w4a8_16x128", 16, 128, 1);
 	layer_bf16(&l1[1], "m1.bf16_8x16", 8, 16, 0);
 	layer_w4a8(&l1[2], "m1.w4a8_8x256", 8, 256, 0);
+	layer_w4a8(&l1[3], "m1.w4a8_24x128", 24, 128, 1);
+	layer_bf16(&l1[4], "m1.bf16_8x128", 8, 128, 1);
 	layer_bf16(&l2[0], "m2.bf16_24x8", 24, 8, 1);
 	layer_bf16(&l3[0], "m3.bf16_8x8", 8, 8, 0);
 	struct radiance_layer *ls[3] = { l1, l2, l3 };
-	size_t nl[3] = { 3, 1, 1 };
+	size_t nl[3] = { 5, 1, 1 };
 	exec_refs_init(&refs);
 	for (int i = 0; i < 3; i++) {
 		models[i] = (struct radiance_model){ .name = (char *)"fuzz", .layers = ls[i],
