@@ -106,6 +106,25 @@ def test_daemon_engine_matches_the_numpy_w4a8_engine(model, ckpt_tensors, refere
     assert cos.min() > 0.995 and cos.mean() > 0.9995, np.sort(cos)[:5]
 
 
+def test_qkv_in_one_request_changes_no_bit(model, reference):
+    """The engine sends q, k and v of a block as one request
+    (Model.linear_multi); one layer per request, as against a daemon that
+    predates them, gives the very same embeddings."""
+    sentences = reference[0][::5]
+    assert minilm.daemon_linear_multi(model) is not None
+    calls = []
+    multi = minilm.daemon_linear_multi(model)
+
+    def counted(names, x):
+        calls.append(tuple(names))
+        return multi(names, x)
+    a = minilm.MiniLM.from_checkpoint(model, str(CKPT), linear_multi=counted).encode(sentences)
+    b = minilm.MiniLM.from_checkpoint(model, str(CKPT), linear_multi=None).encode(sentences)
+    assert np.array_equal(a, b)
+    assert calls and all(len(c) == 3 and c[0].endswith("query") and c[2].endswith("value")
+                         for c in calls)
+
+
 def test_runner_two_workers(daemon, tmp_path):
     out = tmp_path / "run.json"
     env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
