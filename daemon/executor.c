@@ -838,6 +838,15 @@ static void *executor_main(void *arg)
 	return NULL;
 }
 
+/* What executor_alloc sized by the options. */
+static void executor_free_arrays(struct radiance_executor *e)
+{
+	free(e->rings);
+	free(e->flows);
+	free(e->batch);
+	free(e->rows);
+}
+
 /* Releases what executor_create made once the thread is gone, all but the
  * async handle, which frees e when libuv lets go of it. */
 static void executor_release(struct radiance_executor *e)
@@ -846,18 +855,12 @@ static void executor_release(struct radiance_executor *e)
 	pthread_mutex_destroy(&e->lock);
 	close(e->ctl_efd);
 	close(e->epfd);
-	free(e->rings);
-	free(e->flows);
-	free(e->batch);
-	free(e->rows);
+	executor_free_arrays(e);
 }
 
 static void executor_free(struct radiance_executor *e)
 {
-	free(e->rings);
-	free(e->flows);
-	free(e->batch);
-	free(e->rows);
+	executor_free_arrays(e);
 	free(e);
 }
 

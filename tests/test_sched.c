@@ -976,8 +976,10 @@ static uint64_t iround(struct radiance_executor *e, struct xring *x, const struc
 
 /* The grouping of executor.h, seen one round at a time: requests of
  * different sessions for one layer share a launch (rows stacked), another
- * layer's request gets its own, and a group stops at max_rows. Each output
- * is the CPU reference's bits, so stacking put every row where it belongs. */
+ * layer's request gets its own, a group stops at max_rows, and requests of
+ * several layers share one when they name the same layers in the same
+ * order. Each output is the CPU reference's bits, so stacking put every
+ * row where it belongs. */
 static void test_exec_groups_sessions(void **state)
 {
 	char err[256];
@@ -1023,6 +1025,55 @@ static void test_exec_groups_sessions(void **state)
 	/* one session alone: one launch per request */
 	const struct ireq r4[] = { { 2, 0, 2 } };
 	assert_int_equal(iround(e, x, layers, em.id, r4, 1), 1);
+
+	/* several layers: sessions 0 and 1 with [a, b] share a launch (one
+	 * backend call for both layers of both), session 2's [b, a] is
+	 * another list: its own launch */
+	const uint64_t outs[2] = { 1u << 20, 2u << 20 };
+	const uint32_t ab[2] = { 0, 1 }, ba[2] = { 1, 0 };
+	const uint32_t *lists[3] = { ab, ab, ba };
+	const uint32_t mrows[3] = { 3, 4, 2 };
+	uint64_t mid[3];
+	for (int i = 0; i < 3; i++) {
+		fill_x(arena_at(&x[i], 0), (size_t)mrows[i] * 512);
+		Radiance__LinearRequest req = RADIANCE__LINEAR_REQUEST__INIT;
+		uint32_t extra = lists[i][1];
+		uint64_t extra_out = outs[1];
+		req.request_id = mid[i] = x[i].next_id++;
+		req.model_id = em.id;
+		req.layer = lists[i][0];
+		req.rows = mrows[i];
+		req.dtype = RADIANCE__DTYPE__DTYPE_BF16;
+		req.output_offset = outs[0];
+		req.n_extra_layers = req.n_extra_output_offsets = 1;
+		req.extra_layers = &extra;
+		req.extra_output_offsets = &extra_out;
+		uint8_t buf[RADIANCE_SLOT_BYTES - 4];
+		int len = radiance_proto_pack_slot(&req.base, buf, sizeof buf);
+		assert_true(len > 0);
+		assert_int_equal(radiance_ring_push(&x[i].client_sq, buf, (size_t)len), 0);
+	}
+	uint64_t before = executor__launches(e);
+	executor__serve(e);
+	assert_int_equal(executor__launches(e) - before, 2);
+	for (int i = 0; i < 3; i++) {
+		uint8_t buf[RADIANCE_SLOT_BYTES];
+		int len = radiance_ring_pop(&x[i].client_cq, buf);
+		assert_true(len > 0);
+		Radiance__LinearResult *res = radiance__linear_result__unpack(NULL, (size_t)len, buf);
+		assert_non_null(res);
+		assert_int_equal(res->request_id, mid[i]);
+		assert_int_equal(res->status, 0);
+		radiance__linear_result__free_unpacked(res, NULL);
+		for (int j = 0; j < 2; j++) {
+			const struct radiance_layer *l = &layers[lists[i][j]];
+			uint16_t *want = malloc((size_t)mrows[i] * l->n * 2);
+			assert_non_null(want);
+			cpu_ref(l, arena_at(&x[i], 0), mrows[i], want);
+			assert_memory_equal(arena_at(&x[i], outs[j]), want, (size_t)mrows[i] * l->n * 2);
+			free(want);
+		}
+	}
 
 	assert_null(executor__take_done(e));   /* no ring broke */
 	for (int i = 0; i < 3; i++) {

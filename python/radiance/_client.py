@@ -741,19 +741,10 @@ class Model:
         yp = ffi.new("void *[]", [ffi.cast("void *", b) for b in ybufs])
         idx = ffi.new("uint32_t[]", [l.index for l in ls])
         names = ", ".join(f"'{l.name}'" for l in ls)
-        with c._lock:
-            for attempt in (0, 1):
-                s = c._sess()
-                mid = c._model_id(s, self)
-                rc = lib.radiance_linear_multi(s.h, mid, idx, len(ls), rows, ps[0].elem, xp, yp)
-                if rc == 0:
-                    return [p.result for p in ps]
-                err = c._fail(s, rc, f"layers {names} of model '{self.name}'")
-                if attempt == 0 and s.dead is not None and s.dead.errno in _LOST:
-                    log.info("connection lost (%s): reconnecting once", err.message)
-                    continue
-                raise err
-        raise AssertionError("unreachable")
+        self._call(f"layers {names} of model '{self.name}'",
+                   lambda h, mid: lib.radiance_linear_multi(h, mid, idx, len(ls), rows,
+                                                            ps[0].elem, xp, yp))
+        return [p.result for p in ps]
 
     def linear(self, layer: Union[int, str, Layer], x: Array, out: Optional[Array] = None) -> Array:
         """``y = x . W^T + bias`` on the daemon, synchronously.
@@ -781,19 +772,27 @@ class Model:
         ffi, lib = c._ffi, c._lib
         xp = ffi.from_buffer("uint16_t[]", p.x)
         yp = ffi.from_buffer("uint16_t[]", p.y, require_writable=True)
+        self._call(f"layer '{l.name}' of model '{self.name}'",
+                   lambda h, mid: lib.radiance_linear(h, mid, l.index, rows, p.elem, xp, yp))
+        return p.result
+
+    def _call(self, what: str, call: Callable[[Any, int], int]) -> None:
+        """call(session handle, model id) under the client's lock: 0 is
+        done; a lost connection is retried once on a fresh session (the
+        reconnect re-attaches the model); any other failure raises its
+        RadianceError, `what` saying what was asked."""
+        c = self._client
         with c._lock:
             for attempt in (0, 1):
                 s = c._sess()
-                mid = c._model_id(s, self)
-                rc = lib.radiance_linear(s.h, mid, l.index, rows, p.elem, xp, yp)
+                rc = call(s.h, c._model_id(s, self))
                 if rc == 0:
-                    return p.result
-                err = c._fail(s, rc, f"layer '{l.name}' of model '{self.name}'")
+                    return
+                err = c._fail(s, rc, what)
                 if attempt == 0 and s.dead is not None and s.dead.errno in _LOST:
                     log.info("connection lost (%s): reconnecting once", err.message)
                     continue
                 raise err
-        raise AssertionError("unreachable")
 
     def submit(self, layer: Union[int, str, Layer], x: Array,
                out: Optional[Array] = None) -> "Request":
