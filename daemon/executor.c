@@ -465,8 +465,9 @@ static void launch_same(struct radiance_executor *e, struct sched_req **v, size_
 	struct exec_entry *first = entry_of(v[0]);
 	struct exec_model *m = first->model;
 	uint32_t nl = first->n_layers;
-	const struct radiance_layer *ls[RADIANCE_MAX_REQUEST_LAYERS];
-	struct radiance_backend_layer *hs[RADIANCE_MAX_REQUEST_LAYERS];
+	/* nl >= 1 (request_check), which the compiler cannot see */
+	const struct radiance_layer *ls[RADIANCE_MAX_REQUEST_LAYERS] = { 0 };
+	struct radiance_backend_layer *hs[RADIANCE_MAX_REQUEST_LAYERS] = { 0 };
 	for (uint32_t j = 0; j < nl; j++) {
 		ls[j] = &m->model->layers[first->layers[j]];
 		hs[j] = m->handles[first->layers[j]];
