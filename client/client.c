@@ -520,6 +520,7 @@ static int handshake(struct radiance *r)
 		.max_rows = w->max_rows,
 		.map_layout_version = w->map_layout_version,
 		.tensors_version = w->tensors_version,
+		.max_request_layers = w->max_request_layers,
 	};
 	radiance__client_log(r, LOG_DEBUG, "session %llu: radianced %s, backend %s (%s), max_rows %u",
 		      (unsigned long long)w->session_id, r->server_version, r->backend, r->device,

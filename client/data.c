@@ -303,33 +303,87 @@ static int held_layer(struct radiance *r, uint32_t model_id, uint32_t layer,
 	return 0;
 }
 
-/* user: radiance_submit()'s (tracked in pending), not radiance_linear()'s */
-static int submit(struct radiance *r, uint32_t model_id, uint32_t layer, uint32_t rows,
-		  enum radiance_elem dtype, const void *x, void *y, uint64_t *request_id, bool user)
+_Static_assert(RADIANCE_MAX_LAYERS_PER_REQUEST == RADIANCE_MAX_REQUEST_LAYERS,
+	       "the public limit is the wire's");
+
+/* The layers of a request of several: the daemon takes them, and each
+ * index is held, named once, of one K. 0 with l[0..n) set, or the error
+ * (recorded on r). */
+static int held_layers(struct radiance *r, uint32_t model_id, const uint32_t *layers, uint32_t n,
+		       const struct radiance_layer_info **l)
 {
-	const struct radiance_layer_info *l;
-	int rc = held_layer(r, model_id, layer, &l);
-	if (rc < 0)
-		return rc;
+	if (r->server.max_request_layers == 0)
+		return radiance__client_fail(r, -ENOTSUP, "several layers in one request are not "
+					     "supported by this daemon (radianced %s predates them)",
+					     r->server.server_version);
+	if (n == 0 || n > r->server.max_request_layers)
+		return radiance__client_fail(r, -EINVAL, "%u layers in one request: 1..%u", n,
+					     r->server.max_request_layers);
+	if (!layers)
+		return radiance__client_fail(r, -EINVAL, "layers is NULL");
+	for (uint32_t i = 0; i < n; i++) {
+		int rc = held_layer(r, model_id, layers[i], &l[i]);
+		if (rc == -ENOENT) {
+			char why[256];
+			snprintf(why, sizeof why, "%s", radiance_error_message(r));
+			return radiance__client_fail(r, rc, "layers[%u]: %s", i, why);
+		}
+		if (rc < 0)
+			return rc;
+		for (uint32_t j = 0; j < i; j++)
+			if (layers[j] == layers[i])
+				return radiance__client_fail(r, -EINVAL, "layers[%u] = %u (%s) repeats "
+							     "layers[%u]", i, layers[i], l[i]->name, j);
+		if (l[i]->k != l[0]->k)
+			return radiance__client_fail(r, -EINVAL, "layers[%u] = %u (%s) has K=%u but "
+						     "layers[0] = %u (%s) K=%u: the layers of one "
+						     "request share x", i, layers[i], l[i]->name,
+						     l[i]->k, layers[0], l[0]->name, l[0]->k);
+	}
+	return 0;
+}
+
+/* Submits layers[0..n) (l: their infos, checked) on x, y[j] for layer j.
+ * user: radiance_submit(_multi)'s (tracked in pending), not
+ * radiance_linear(_multi)'s. */
+static int submit_layers(struct radiance *r, uint32_t model_id, const uint32_t *layers,
+			 const struct radiance_layer_info *const *l, uint32_t n, uint32_t rows,
+			 enum radiance_elem dtype, const void *x, void *const *y, uint64_t *request_id,
+			 bool user)
+{
+	int rc;
 	if (rows == 0 || rows > r->server.max_rows)
 		return radiance__client_fail(r, -EINVAL, "rows %u outside 1..%u", rows, r->server.max_rows);
 	if (dtype != RADIANCE_BF16 && dtype != RADIANCE_FP16)
 		return radiance__client_fail(r, -EINVAL, "dtype %d", (int)dtype);
-	uint64_t in_off, out_off;
-	if ((rc = check_buffer(r, x, (uint64_t)rows * l->k * 2, &in_off, "x")) < 0 ||
-	    (rc = check_buffer(r, y, (uint64_t)rows * l->n * 2, &out_off, "y")) < 0)
+	uint64_t in_off, out_off[RADIANCE_MAX_REQUEST_LAYERS];
+	if ((rc = check_buffer(r, x, (uint64_t)rows * l[0]->k * 2, &in_off, "x")) < 0)
 		return rc;
+	for (uint32_t i = 0; i < n; i++) {
+		char what[16];
+		snprintf(what, sizeof what, n == 1 ? "y" : "y[%u]", i);
+		if ((rc = check_buffer(r, y[i], (uint64_t)rows * l[i]->n * 2, &out_off[i], what)) < 0)
+			return rc;
+	}
 	if (r->in_flight >= r->cq_entries)
 		return -EAGAIN;
 
 	Radiance__LinearRequest req = RADIANCE__LINEAR_REQUEST__INIT;
 	req.request_id = r->next_request_id;
 	req.model_id = model_id;
-	req.layer = layer;
+	req.layer = layers[0];
 	req.rows = rows;
 	req.dtype = (Radiance__DType)dtype;
 	req.input_offset = in_off;
-	req.output_offset = out_off;
+	req.output_offset = out_off[0];
+	/* only a request of several layers carries the lists: a one-layer
+	 * request is the bytes an older daemon knows */
+	uint32_t extra[RADIANCE_MAX_REQUEST_LAYERS];
+	for (uint32_t i = 1; i < n; i++)
+		extra[i - 1] = layers[i];
+	req.n_extra_layers = req.n_extra_output_offsets = n - 1;
+	req.extra_layers = extra;
+	req.extra_output_offsets = out_off + 1;
 	uint8_t slot[RADIANCE_SLOT_BYTES - 4];
 	int len = radiance_proto_pack_slot(&req.base, slot, sizeof slot);
 	if (len < 0)
@@ -348,6 +402,37 @@ static int submit(struct radiance *r, uint32_t model_id, uint32_t layer, uint32_
 		*request_id = r->next_request_id;
 	r->next_request_id++;
 	return 0;
+}
+
+static int submit(struct radiance *r, uint32_t model_id, uint32_t layer, uint32_t rows,
+		  enum radiance_elem dtype, const void *x, void *y, uint64_t *request_id, bool user)
+{
+	const struct radiance_layer_info *l;
+	int rc = held_layer(r, model_id, layer, &l);
+	if (rc < 0)
+		return rc;
+	return submit_layers(r, model_id, &layer, &l, 1, rows, dtype, x, &y, request_id, user);
+}
+
+static int submit_multi(struct radiance *r, uint32_t model_id, const uint32_t *layers, uint32_t n,
+			uint32_t rows, enum radiance_elem dtype, const void *x, void *const *y,
+			uint64_t *request_id)
+{
+	const struct radiance_layer_info *l[RADIANCE_MAX_REQUEST_LAYERS];
+	int rc = held_layers(r, model_id, layers, n, l);
+	if (rc < 0)
+		return rc;
+	if (!y)
+		return radiance__client_fail(r, -EINVAL, "y is NULL");
+	return submit_layers(r, model_id, layers, l, n, rows, dtype, x, y, request_id, true);
+}
+
+int radiance_submit_multi(struct radiance *r, uint32_t model_id, const uint32_t *layers,
+			  uint32_t nlayers, uint32_t rows, enum radiance_elem dtype, const void *x,
+			  void *const *y, uint64_t *request_id)
+{
+	RADIANCE__GUARDED(r, submit_multi(r, model_id, layers, nlayers, rows, dtype, x, y,
+					  request_id));
 }
 
 int radiance_submit(struct radiance *r, uint32_t model_id, uint32_t layer, uint32_t rows,
@@ -569,11 +654,12 @@ int radiance_wait(struct radiance *r, struct radiance_completion *c, int timeout
 /* --- synchronous linear --------------------------------------------------- */
 
 /* Submits, making room first by reaping (and stashing) others' completions. */
-static int submit_room(struct radiance *r, uint32_t model_id, uint32_t layer, uint32_t rows,
-		       enum radiance_elem dtype, const void *x, void *y, uint64_t *id)
+static int submit_room(struct radiance *r, uint32_t model_id, const uint32_t *layers,
+		       const struct radiance_layer_info *const *l, uint32_t n, uint32_t rows,
+		       enum radiance_elem dtype, const void *x, void *const *y, uint64_t *id)
 {
 	for (;;) {
-		int rc = submit(r, model_id, layer, rows, dtype, x, y, id, false);
+		int rc = submit_layers(r, model_id, layers, l, n, rows, dtype, x, y, id, false);
 		if (rc != -EAGAIN)
 			return rc;
 		if (r->in_flight == 0)
@@ -597,48 +683,68 @@ static int wait_for(struct radiance *r, uint64_t id, struct radiance__client_sta
 	}
 }
 
-static int linear(struct radiance *r, uint32_t model_id, uint32_t layer, uint32_t rows,
-		  enum radiance_elem dtype, const void *x, void *y)
+static uint64_t arena_align(uint64_t v)
 {
-	const struct radiance_layer_info *l;
-	int rc = held_layer(r, model_id, layer, &l);
-	if (rc < 0)
-		return rc;
+	return (v + RADIANCE__ARENA_ALIGN - 1) & ~(uint64_t)(RADIANCE__ARENA_ALIGN - 1);
+}
+
+/* radiance_linear(_multi) on layers[0..n) (l: their infos, checked). */
+static int linear_layers(struct radiance *r, uint32_t model_id, const uint32_t *layers,
+			 const struct radiance_layer_info *const *l, uint32_t n, uint32_t rows,
+			 enum radiance_elem dtype, const void *x, void *const *y)
+{
+	int rc = 0;
 	if (rows == 0 || !x || !y)
 		return radiance__client_fail(r, -EINVAL, "rows 0 or NULL buffer");
-	uint64_t in_row = (uint64_t)l->k * 2;
-	uint64_t out_row = (uint64_t)l->n * 2;
-	uint64_t in_pad = (in_row + RADIANCE__ARENA_ALIGN - 1) & ~(uint64_t)(RADIANCE__ARENA_ALIGN - 1);
+	uint64_t in_row = (uint64_t)l[0]->k * 2, out_rows = 0;
+	for (uint32_t j = 0; j < n; j++) {
+		if (!y[j])
+			return radiance__client_fail(r, -EINVAL, "rows 0 or NULL buffer");
+		out_rows += (uint64_t)l[j]->n * 2;
+	}
+	uint64_t in_pad = arena_align(in_row);
 
-	/* One staging block for x then y, as many rows as fit. */
+	/* One staging block for x then every y, as many rows as fit. */
 	uint32_t chunk = rows < r->server.max_rows ? rows : r->server.max_rows;
-	uint64_t fit = radiance__client_arena_largest_free(&r->arena) / (in_pad + out_row + RADIANCE__ARENA_ALIGN);
+	uint64_t fit = radiance__client_arena_largest_free(&r->arena) /
+		       (in_pad + out_rows + (uint64_t)n * RADIANCE__ARENA_ALIGN);
 	if (fit < chunk)
 		chunk = (uint32_t)fit;
 	if (chunk == 0)
-		return radiance__client_fail(r, -ENOMEM, "the arena cannot hold one row of layer %u", layer);
-	uint64_t x_bytes = ((uint64_t)chunk * in_row + RADIANCE__ARENA_ALIGN - 1) &
-			   ~(uint64_t)(RADIANCE__ARENA_ALIGN - 1);
-	uint8_t *stage = radiance__client_arena_alloc(&r->arena, x_bytes + (uint64_t)chunk * out_row);
+		return radiance__client_fail(r, -ENOMEM, "the arena cannot hold one row of layer %u%s",
+					     layers[0], n > 1 ? " and the others of the request" : "");
+	uint64_t off[RADIANCE_MAX_REQUEST_LAYERS + 1];
+	off[0] = 0;
+	for (uint32_t j = 0; j < n; j++)
+		off[j + 1] = off[j] + arena_align((uint64_t)chunk * (j ? l[j - 1]->n * 2 : in_row));
+	uint64_t total = off[n] + (uint64_t)chunk * l[n - 1]->n * 2;
+	uint8_t *stage = radiance__client_arena_alloc(&r->arena, total);
 	if (!stage)
 		return radiance__client_fail(r, -ENOMEM, "arena exhausted");
+	void *ys[RADIANCE_MAX_REQUEST_LAYERS];
+	for (uint32_t j = 0; j < n; j++)
+		ys[j] = stage + off[j + 1];
 
 	for (uint32_t done = 0; done < rows;) {
 		uint32_t m = rows - done < chunk ? rows - done : chunk;
 		uint64_t id;
 		memcpy(stage, (const uint8_t *)x + done * in_row, m * in_row);
-		if ((rc = submit_room(r, model_id, layer, m, dtype, stage, stage + x_bytes, &id)) < 0)
+		if ((rc = submit_room(r, model_id, layers, l, n, m, dtype, stage, ys, &id)) < 0)
 			break;
 		struct radiance__client_stashed s;
 		if ((rc = wait_for(r, id, &s)) < 0)
 			break;
 		if (s.status) {
 			snprintf(r->completion_error, sizeof r->completion_error, "%s", s.error);
-			rc = radiance__client_fail(r, s.status, "layer %u: %s", layer,
-					    s.error[0] ? s.error : radiance_strerror(s.status));
+			rc = radiance__client_fail(r, s.status, "layer %u%s: %s", layers[0],
+						   n > 1 ? " and the others of the request" : "",
+						   s.error[0] ? s.error : radiance_strerror(s.status));
 			break;
 		}
-		memcpy((uint8_t *)y + done * out_row, stage + x_bytes, m * out_row);
+		for (uint32_t j = 0; j < n; j++) {
+			uint64_t out_row = (uint64_t)l[j]->n * 2;
+			memcpy((uint8_t *)y[j] + done * out_row, ys[j], m * out_row);
+		}
 		done += m;
 	}
 	/* After a sticky error the request may still be running in the daemon;
@@ -646,6 +752,33 @@ static int linear(struct radiance *r, uint32_t model_id, uint32_t layer, uint32_
 	if (!r->error)
 		radiance__client_arena_free(&r->arena, stage);
 	return rc;
+}
+
+static int linear(struct radiance *r, uint32_t model_id, uint32_t layer, uint32_t rows,
+		  enum radiance_elem dtype, const void *x, void *y)
+{
+	const struct radiance_layer_info *l;
+	int rc = held_layer(r, model_id, layer, &l);
+	if (rc < 0)
+		return rc;
+	return linear_layers(r, model_id, &layer, &l, 1, rows, dtype, x, &y);
+}
+
+static int linear_multi(struct radiance *r, uint32_t model_id, const uint32_t *layers, uint32_t n,
+			uint32_t rows, enum radiance_elem dtype, const void *x, void *const *y)
+{
+	const struct radiance_layer_info *l[RADIANCE_MAX_REQUEST_LAYERS];
+	int rc = held_layers(r, model_id, layers, n, l);
+	if (rc < 0)
+		return rc;
+	return linear_layers(r, model_id, layers, l, n, rows, dtype, x, y);
+}
+
+int radiance_linear_multi(struct radiance *r, uint32_t model_id, const uint32_t *layers,
+			  uint32_t nlayers, uint32_t rows, enum radiance_elem dtype, const void *x,
+			  void *const *y)
+{
+	RADIANCE__GUARDED(r, linear_multi(r, model_id, layers, nlayers, rows, dtype, x, y));
 }
 
 int radiance_linear(struct radiance *r, uint32_t model_id, uint32_t layer, uint32_t rows,

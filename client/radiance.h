@@ -299,6 +299,9 @@ struct radiance_server_info {
 	uint32_t tensors_version;   /* shared tensors the daemon serves
 	                               (radiance_list_tensors, _map_tensors);
 	                               0: an older radianced without them */
+	uint32_t max_request_layers;/* most layers one radiance_submit_multi /
+	                               radiance_linear_multi request may name; 0:
+	                               an older radianced without them */
 };
 
 /* Owned by the handle; valid until radiance_disconnect. Never NULL. */
@@ -601,6 +604,50 @@ unsigned radiance_in_flight(const struct radiance *r);
  * sticky error. */
 int radiance_linear(struct radiance *r, uint32_t model_id, uint32_t layer, uint32_t rows,
 		    enum radiance_elem dtype, const void *x, void *y);
+
+/* --- several layers in one request ---------------------------------------- */
+
+/* Most layers one request may name (RADIANCE_MAX_REQUEST_LAYERS of the
+ * wire); the daemon's own limit is radiance_server_info.max_request_layers. */
+#define RADIANCE_MAX_LAYERS_PER_REQUEST 8
+
+/* Submits y[j] = layers[j](x) for j < nlayers without waiting: one request,
+ * one x, one quantization of x for all the W4A8 layers (q, k and v of an
+ * attention block; gate and up of an MLP), one completion for all of them.
+ *   layers   [nlayers] layer indexes of model model_id, distinct, every one
+ *            with the same K; nlayers 1..max_request_layers;
+ *   x        arena pointer to [rows][K] elements of dtype, as radiance_submit;
+ *   y        [nlayers] arena pointers, y[j] to [rows][N_j] bf16 of layer
+ *            layers[j], 16-byte aligned, inside the arena, overlapping
+ *            neither x nor each other;
+ * the rest as radiance_submit. The outputs are bit for bit those of
+ * nlayers radiance_submit calls. The arrays layers and y are read during
+ * the call only; the buffers they point to belong to the request until it
+ * completes. Returns 0, or:
+ *   -ENOTSUP  the daemon predates several-layer requests
+ *             (radiance_server_info.max_request_layers 0): "not supported
+ *             by this daemon"; nothing was sent;
+ *   -EINVAL   nlayers 0 or above the daemon's limit, layers or y NULL, a
+ *             layer named twice, layers of different K (the message names
+ *             both, with their K), and as radiance_submit;
+ *   -ENOENT   no model model_id held, or layers[j] out of range (the
+ *             message says which j);
+ *   -EFAULT / -EAGAIN  as radiance_submit, for x or any y[j];
+ *   or a sticky error. */
+int radiance_submit_multi(struct radiance *r, uint32_t model_id, const uint32_t *layers,
+			  uint32_t nlayers, uint32_t rows, enum radiance_elem dtype, const void *x,
+			  void *const *y, uint64_t *request_id);
+
+/* Synchronous radiance_submit_multi on caller memory, as radiance_linear:
+ * copies x into the arena once, runs every layer, copies each y[j]
+ * ([rows][N_j] bf16, caller memory, 2-byte aligned, not overlapping x or
+ * each other) out. Any rows >= 1 (split as radiance_linear splits). Returns
+ * 0, the request's status, the errors of radiance_submit_multi, -ENOMEM
+ * when the arena cannot hold one row of x and every output, or a sticky
+ * error. */
+int radiance_linear_multi(struct radiance *r, uint32_t model_id, const uint32_t *layers,
+			  uint32_t nlayers, uint32_t rows, enum radiance_elem dtype, const void *x,
+			  void *const *y);
 
 /* --- mapped weights (docs/mapped.md) -------------------------------------- */
 

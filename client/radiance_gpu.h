@@ -100,6 +100,31 @@ int radiance_gpu_map(struct radiance *r, uint32_t model_id, const struct radianc
 int radiance_gpu_linear(struct radiance_gpu_model *g, uint32_t layer, const void *x, void *y, uint32_t rows,
 			enum radiance_elem dtype, void *stream);
 
+/* y[j] = layers[j](x) for j < nlayers, enqueued on `stream` in that order:
+ * the several-layer form of radiance_gpu_linear (q, k and v; gate and up)
+ * on one x, with the outputs of nlayers radiance_gpu_linear calls, bit for
+ * bit. Today it runs the layers one after another and quantizes x for each
+ * (the result is the same; sharing the quantization is a later
+ * optimization), so what it saves is the per-call checks and the caller's
+ * loop, not kernel time.
+ *   layers   [nlayers] layer indexes, distinct, all of one K;
+ *            nlayers 1..RADIANCE_MAX_LAYERS_PER_REQUEST;
+ *   x        device pointer to [rows][K] of dtype, 16-byte aligned;
+ *   y        [nlayers] device pointers, y[j] to [rows][N_j] bf16 of layer
+ *            layers[j], 16-byte aligned, overlapping neither x nor each
+ *            other (not checked: device memory);
+ * the host arrays layers and y are read during the call only. The rest as
+ * radiance_gpu_linear (stream, current device, no allocation, capturable).
+ * Everything is checked before anything is enqueued. Returns 0, or
+ * -EINVAL (nlayers 0 or above the limit, NULL arrays, a layer named twice,
+ * layers of different K: the message names them with their K; and as
+ * radiance_gpu_linear), -ENOENT (layers[j] out of range: the message says
+ * which j), -E2BIG, -EIO as radiance_gpu_linear; after -EIO the layers
+ * before the failing one may have been enqueued. */
+int radiance_gpu_linear_multi(struct radiance_gpu_model *g, const uint32_t *layers, uint32_t nlayers,
+			      const void *x, void *const *y, uint32_t rows, enum radiance_elem dtype,
+			      void *stream);
+
 struct radiance_gpu_info {
 	uint32_t model_id;
 	int device;              /* the device's ordinal in this process */

@@ -235,9 +235,9 @@ void radiance_backend_unregister_host(struct radiance_backend *b, void *base)
 	b->ops->unregister_host(b->state, base);
 }
 
-int radiance_backend_linear(struct radiance_backend *b, const struct radiance_layer *l,
-			    struct radiance_backend_layer *h, const struct radiance_rows *rows,
-			    size_t nrows, char *err, size_t errlen)
+/* What every launch must satisfy before a backend sees it. */
+static int rows_check(const struct radiance_backend *b, const struct radiance_rows *rows,
+		      size_t nrows, char *err, size_t errlen)
 {
 	uint64_t total = 0;
 	for (size_t i = 0; i < nrows; i++) {
@@ -252,5 +252,34 @@ int radiance_backend_linear(struct radiance_backend *b, const struct radiance_la
 			 (unsigned long long)total, b->max_rows);
 		return -E2BIG;
 	}
-	return b->ops->linear(b->state, l, h, rows, nrows, err, errlen);
+	return 0;
+}
+
+int radiance_backend_linear(struct radiance_backend *b, const struct radiance_layer *l,
+			    struct radiance_backend_layer *h, const struct radiance_rows *rows,
+			    size_t nrows, char *err, size_t errlen)
+{
+	int rc = rows_check(b, rows, nrows, err, errlen);
+	return rc < 0 ? rc : b->ops->linear(b->state, l, h, rows, nrows, err, errlen);
+}
+
+int radiance_backend_linear_multi(struct radiance_backend *b, const struct radiance_layer *const *l,
+				  struct radiance_backend_layer *const *h, size_t nlayers,
+				  const struct radiance_rows *rows, size_t nrows, char *err,
+				  size_t errlen)
+{
+	int rc = rows_check(b, rows, nrows, err, errlen);
+	if (rc < 0)
+		return rc;
+	for (size_t j = 1; j < nlayers; j++)
+		if (l[j]->k != l[0]->k) {
+			snprintf(err, errlen, "layer %s has K=%u, layer %s K=%u: one launch of several "
+				 "layers needs one K", l[j]->name, l[j]->k, l[0]->name, l[0]->k);
+			return -EINVAL;
+		}
+	if (b->ops->linear_multi)
+		return b->ops->linear_multi(b->state, l, h, nlayers, rows, nrows, err, errlen);
+	for (size_t j = 0; j < nlayers && rc == 0; j++)
+		rc = b->ops->linear(b->state, l[j], h[j], rows + j * nrows, nrows, err, errlen);
+	return rc;
 }

@@ -163,4 +163,17 @@ int radiance_backend_linear(struct radiance_backend *b, const struct radiance_la
 			    struct radiance_backend_layer *h, const struct radiance_rows *rows,
 			    size_t nrows, char *err, size_t errlen);
 
+/* Runs nlayers layers of one K on the same requests' x: one launch, x
+ * quantized once for every W4A8 layer where the backend can (the cpu
+ * backend's SIMD level; the scalar level and the GPU backend run the layers
+ * one after another, each quantizing x: the same bits either way, since
+ * the per-token quantization is deterministic). rows holds nlayers x nrows
+ * entries, rows[j * nrows + i] request i's for layer j: x, m and dtype equal
+ * across j, y layer j's [m][n_j]. Synchronous. Errors as
+ * radiance_backend_linear, and -EINVAL for layers of different K. */
+int radiance_backend_linear_multi(struct radiance_backend *b, const struct radiance_layer *const *l,
+				  struct radiance_backend_layer *const *h, size_t nlayers,
+				  const struct radiance_rows *rows, size_t nrows, char *err,
+				  size_t errlen);
+
 #endif

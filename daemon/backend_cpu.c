@@ -29,6 +29,7 @@
 #define TEST_SHARE_GRANULARITY 4096u
 
 #include "log.h"
+#include "shm.h"
 
 struct cpu_state {
 	struct radiance_cpu_fast *fast;
@@ -265,6 +266,45 @@ static int cpu_linear(void *state, const struct radiance_layer *l, struct radian
 	return 0;
 }
 
+/* x quantized once per request for all its W4A8 layers; bf16 layers (which
+ * widen x into the same scratch) one after another. */
+static int cpu_linear_multi(void *state, const struct radiance_layer *const *l,
+			    struct radiance_backend_layer *const *h, size_t nlayers,
+			    const struct radiance_rows *rows, size_t nrows, char *err, size_t errlen)
+{
+	struct cpu_state *s = state;
+	for (size_t i = 0; i < nrows; i++) {
+		const struct radiance_rows *r = &rows[i];
+		struct radiance_cpu_fast_w4a8_layer w[RADIANCE_MAX_REQUEST_LAYERS];
+		size_t nw = 0;
+		for (size_t j = 0; j < nlayers; j++) {
+			if (l[j]->kind != RADIANCE_LAYER_W4A8) {
+				int rc = cpu_linear(state, l[j], h[j], &rows[j * nrows + i], 1, err, errlen);
+				if (rc < 0)
+					return rc;
+				continue;
+			}
+			if (nw == RADIANCE_MAX_REQUEST_LAYERS) {
+				snprintf(err, errlen, "%zu layers in one launch: at most %u", nlayers,
+					 RADIANCE_MAX_REQUEST_LAYERS);
+				return -E2BIG;
+			}
+			w[nw++] = (struct radiance_cpu_fast_w4a8_layer){
+				.qweight = l[j]->qweight, .scales = l[j]->scales, .bias = l[j]->bias,
+				.n = l[j]->n, .y = rows[j * nrows + i].y,
+			};
+		}
+		int rc = nw ? radiance_cpu_fast_w4a8_multi(s->fast, r->x, r->dtype, r->m, l[0]->k, w, nw)
+			    : 0;
+		if (rc < 0) {
+			snprintf(err, errlen, "layer %s and %zu more: %u rows of K=%u refused by the cpu "
+				 "kernels: %s", l[0]->name, nlayers - 1, r->m, l[0]->k, strerror(-rc));
+			return rc;
+		}
+	}
+	return 0;
+}
+
 const struct radiance_backend_ops radiance__backend_cpu_ops = {
 	.name = "cpu",
 	.create = cpu_create,
@@ -278,4 +318,5 @@ const struct radiance_backend_ops radiance__backend_cpu_ops = {
 	.share_destroy = cpu_share_destroy,
 	.layer_upload_into = cpu_layer_upload_into,
 	.linear = cpu_linear,
+	.linear_multi = cpu_linear_multi,
 };

@@ -27,6 +27,12 @@ struct radiance_backend_ops {
 	/* backend.c has checked every dtype and the total rows against max_rows. */
 	int (*linear)(void *state, const struct radiance_layer *l, struct radiance_backend_layer *h,
 		      const struct radiance_rows *rows, size_t nrows, char *err, size_t errlen);
+	/* Optional (NULL: backend.c runs linear once per layer). Layers of one
+	 * K; rows[j * nrows + i] is request i's for layer j, x shared. Checked
+	 * as for linear. */
+	int (*linear_multi)(void *state, const struct radiance_layer *const *l,
+			    struct radiance_backend_layer *const *h, size_t nlayers,
+			    const struct radiance_rows *rows, size_t nrows, char *err, size_t errlen);
 };
 
 /* Allocates s->layers and lays out m's layers: every array at the next

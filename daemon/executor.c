@@ -17,6 +17,7 @@
 #include "log.h"
 #include "clock.h"
 #include "proto_util.h"
+#include "request.h"
 
 /* A FIFO of jobs handed between the loop and the executor thread, under
  * the executor's lock. */
@@ -101,6 +102,8 @@ struct radiance_executor {
 	struct sched_req **batch;             /* max_rings * EXEC_BATCH: this round's pieces */
 	struct radiance_rows *rows;           /* max_rows */
 	struct radiance_proto_bump bump;   /* SQ slots unpack here, off malloc */
+	uint64_t launches;                    /* backend calls made: executor__launches() */
+	int is_inline;                        /* executor__create_inline: no thread, async or fds */
 };
 
 static void progress_bump(struct radiance_executor *e)
@@ -205,7 +208,8 @@ static void post_done(struct radiance_executor *e, struct exec_job *job)
 	pthread_mutex_lock(&e->lock);
 	job_list_push(&e->done, job);
 	pthread_mutex_unlock(&e->lock);
-	uv_async_send(&e->async);
+	if (!e->is_inline)
+		uv_async_send(&e->async);
 }
 
 static void on_async(uv_async_t *h)
@@ -330,21 +334,7 @@ static void reject(struct radiance_executor *e, struct exec_ring *r, uint64_t re
 		  (unsigned long long)request_id, msg);
 }
 
-/* ---- decode and validate ---- */
-
-/* Range [off, off + rows*dim*2) inside the arena, with every product and sum
- * overflow-checked; the byte count in *bytes. */
-static int arena_range(const struct exec_ring *r, uint64_t off, uint32_t rows, uint32_t dim,
-		       uint64_t *bytes)
-{
-	uint64_t n, end;
-	if (__builtin_mul_overflow((uint64_t)rows, (uint64_t)dim, &n) ||
-	    __builtin_mul_overflow(n, (uint64_t)2, &n) || __builtin_add_overflow(off, n, &end) ||
-	    end > r->arena_bytes)
-		return -EFAULT;
-	*bytes = n;
-	return 0;
-}
+/* ---- the flows ---- */
 
 static struct exec_entry *entry_of(struct sched_req *s)
 {
@@ -421,7 +411,11 @@ static void collect_ring(struct radiance_executor *e, struct exec_ring *r)
 	uint32_t budget = room < EXEC_BATCH ? room : EXEC_BATCH;
 	uint32_t taken = 0;
 	uint8_t slot[RADIANCE_SLOT_BYTES];
-	ProtobufCAllocator alloc = radiance_proto_bump_allocator(&e->bump);
+	const struct request_ctx ctx = {
+		.refs = r->refs,
+		.arena_bytes = r->arena_bytes,
+		.max_rows = e->opt.backend.max_rows,
+	};
 
 	while (taken < budget && sched_flow_can_take(&e->sched, &r->flow)) {
 		int len = radiance_ring_pop(&r->sq, slot);
@@ -433,10 +427,8 @@ static void collect_ring(struct radiance_executor *e, struct exec_ring *r)
 		}
 		uint64_t t_seen = radiance_clock_ns();
 		taken++;
-		radiance_proto_bump_reset(&e->bump);
-		Radiance__LinearRequest *req =
-			radiance__linear_request__unpack(&alloc, (size_t)len, slot);
-		if (!req) {
+		Radiance__LinearRequest *req;
+		if (request_decode(slot, (size_t)len, &e->bump, &req) < 0) {
 			ring_violation(e, r, "SQ entry %u is not a LinearRequest (%d bytes)",
 				       r->sq.local - 1, len);
 			return;
@@ -450,110 +442,84 @@ static void collect_ring(struct radiance_executor *e, struct exec_ring *r)
 			       (unsigned long long)inflight, r->max_inflight);
 			continue;
 		}
-		struct exec_model *m = exec_refs_find(r->refs, req->model_id);
-		if (!m) {
-			reject(e, r, id, t_seen, ENOENT, "model_id %u is not loaded by this session",
-			       req->model_id);
-			continue;
-		}
-		if (req->layer >= m->model->n_layers) {
-			reject(e, r, id, t_seen, ENOENT, "layer %u out of range: model %u has %zu layers",
-			       req->layer, m->id, m->model->n_layers);
-			continue;
-		}
-		const struct radiance_layer *l = &m->model->layers[req->layer];
-		if (req->rows == 0 || req->rows > e->opt.backend.max_rows) {
-			reject(e, r, id, t_seen, EINVAL, "rows %u outside 1..%u", req->rows,
-			       e->opt.backend.max_rows);
-			continue;
-		}
-		if (req->dtype != RADIANCE__DTYPE__DTYPE_BF16 && req->dtype != RADIANCE__DTYPE__DTYPE_FP16) {
-			reject(e, r, id, t_seen, EINVAL, "dtype %d is not bf16 (1) or fp16 (2)",
-			       (int)req->dtype);
-			continue;
-		}
-		if (req->input_offset % RADIANCE_ARENA_ALIGN || req->output_offset % RADIANCE_ARENA_ALIGN) {
-			reject(e, r, id, t_seen, EINVAL,
-			       "input_offset %llu / output_offset %llu not %u-byte aligned",
-			       (unsigned long long)req->input_offset,
-			       (unsigned long long)req->output_offset, RADIANCE_ARENA_ALIGN);
-			continue;
-		}
-		uint64_t in_bytes, out_bytes;
-		if (arena_range(r, req->input_offset, req->rows, l->k, &in_bytes) < 0) {
-			reject(e, r, id, t_seen, EFAULT,
-			       "input [%llu, +%u rows x K=%u x 2) outside the arena of %llu bytes",
-			       (unsigned long long)req->input_offset, req->rows, l->k,
-			       (unsigned long long)r->arena_bytes);
-			continue;
-		}
-		if (arena_range(r, req->output_offset, req->rows, l->n, &out_bytes) < 0) {
-			reject(e, r, id, t_seen, EFAULT,
-			       "output [%llu, +%u rows x N=%u x 2) outside the arena of %llu bytes",
-			       (unsigned long long)req->output_offset, req->rows, l->n,
-			       (unsigned long long)r->arena_bytes);
-			continue;
-		}
-		if (req->input_offset < req->output_offset + out_bytes &&
-		    req->output_offset < req->input_offset + in_bytes) {
-			reject(e, r, id, t_seen, EINVAL, "input and output ranges overlap");
+		struct request q;
+		char why[192];
+		int status = request_check(&ctx, req, &q, why, sizeof why);
+		if (status) {
+			reject(e, r, id, t_seen, status, "%s", why);
 			continue;
 		}
 		struct exec_entry *en = entry_alloc(r);
 		*en = (struct exec_entry){
 			.in_use = 1,
 			.ring = r,
-			.model = m,
-			.layer = req->layer,
+			.model = q.model,
+			.n_layers = q.n_layers,
 			.request_id = id,
 			.t_seen = t_seen,
-			.bytes_in = in_bytes,
-			.bytes_out = out_bytes,
+			.bytes_in = q.bytes_in,
+			.bytes_out = q.bytes_out,
 			.rows = {
-				.x = r->arena + req->input_offset,
-				.y = (uint16_t *)(void *)(r->arena + req->output_offset),
-				.m = req->rows,
-				.dtype = (enum radiance_dtype)req->dtype,
+				.x = r->arena + q.input_offset,
+				.m = q.rows,
+				.dtype = q.dtype,
 			},
 		};
-		sched_flow_push(&r->flow, &en->s, (uint64_t)m->id << 32 | req->layer,
-				(uint64_t)l->n * l->k, req->rows);
+		for (uint32_t i = 0; i < q.n_layers; i++) {
+			en->layers[i] = q.layers[i];
+			en->ys[i] = (uint16_t *)(void *)(r->arena + q.output_offsets[i]);
+		}
+		en->rows.y = en->ys[0];
+		sched_flow_push(&r->flow, &en->s, q.group, q.row_cost, q.rows);
 	}
 }
 
-/* Runs the pieces v[0..n) (one model, one layer, rows summing <= max_rows;
- * sched_launch_len) as one launch, posts the results of the requests whose
- * last piece this was (or that failed), and rings their doorbells at once,
- * so a decode result does not wait for the prefill pieces after it. */
-static void launch(struct radiance_executor *e, struct sched_req **v, size_t n)
+static int same_layers(const struct exec_entry *a, const struct exec_entry *b)
 {
-	size_t live = 0;
-	for (size_t i = 0; i < n; i++)   /* skipping rings that died this round */
-		if (!entry_of(v[i])->ring->dead)
-			v[live++] = v[i];
-	if (!live)
-		return;
+	return a->model == b->model && a->n_layers == b->n_layers &&
+	       memcmp(a->layers, b->layers, a->n_layers * sizeof a->layers[0]) == 0;
+}
+
+/* Runs the pieces v[0..n) (one model, the same layers, rows summing <=
+ * max_rows) as one launch, posts the results of the requests whose last
+ * piece this was (or that failed), and rings their doorbells at once, so a
+ * decode result does not wait for the prefill pieces after it. */
+static void launch_same(struct radiance_executor *e, struct sched_req **v, size_t live)
+{
 	struct exec_entry *first = entry_of(v[0]);
 	struct exec_model *m = first->model;
-	const struct radiance_layer *l = &m->model->layers[first->layer];
-	char err[192] = "";
-	for (size_t i = 0; i < live; i++) {
-		struct exec_entry *en = entry_of(v[i]);
-		/* x and y are 16-bit elements, rows apart by K and N */
-		e->rows[i] = (struct radiance_rows){
-			.x = (const uint16_t *)en->rows.x + (size_t)en->s.piece_row * l->k,
-			.y = en->rows.y + (size_t)en->s.piece_row * l->n,
-			.m = en->s.piece_rows,
-			.dtype = en->rows.dtype,
-		};
+	uint32_t nl = first->n_layers;
+	/* nl >= 1 (request_check), which the compiler cannot see */
+	const struct radiance_layer *ls[RADIANCE_MAX_REQUEST_LAYERS] = { 0 };
+	struct radiance_backend_layer *hs[RADIANCE_MAX_REQUEST_LAYERS] = { 0 };
+	for (uint32_t j = 0; j < nl; j++) {
+		ls[j] = &m->model->layers[first->layers[j]];
+		hs[j] = m->handles[first->layers[j]];
 	}
+	uint32_t k = ls[0]->k;
+	char err[192] = "";
+	/* e->rows[j * live + i]: request i's piece for layer j (x shared) */
+	for (uint32_t j = 0; j < nl; j++)
+		for (size_t i = 0; i < live; i++) {
+			struct exec_entry *en = entry_of(v[i]);
+			/* x and y are 16-bit elements, rows apart by K and N */
+			e->rows[j * live + i] = (struct radiance_rows){
+				.x = (const uint16_t *)en->rows.x + (size_t)en->s.piece_row * k,
+				.y = en->ys[j] + (size_t)en->s.piece_row * ls[j]->n,
+				.m = en->s.piece_rows,
+				.dtype = en->rows.dtype,
+			};
+		}
 	uint64_t start = radiance_clock_ns();
-	int rc = radiance_backend_linear(e->backend, l, m->handles[first->layer], e->rows, live, err,
-					 sizeof err);
+	e->launches++;
+	int rc = nl == 1 ? radiance_backend_linear(e->backend, ls[0], hs[0], e->rows, live, err,
+						   sizeof err)
+			 : radiance_backend_linear_multi(e->backend, ls, hs, nl, e->rows, live, err,
+							 sizeof err);
 	uint64_t end = radiance_clock_ns();
 	if (rc < 0)
-		log_warn("model %u layer %u (%s): launch of %zu requests failed: %s", m->id,
-			 first->layer, l->name, live, err);
+		log_warn("model %u layer %u (%s)%s: launch of %zu requests failed: %s", m->id,
+			 first->layers[0], ls[0]->name, nl > 1 ? " and more" : "", live, err);
 	for (size_t i = 0; i < live; i++) {
 		struct exec_entry *en = entry_of(v[i]);
 		if (!en->started) {
@@ -568,6 +534,25 @@ static void launch(struct radiance_executor *e, struct sched_req **v, size_t n)
 	for (size_t i = 0; i < live; i++)
 		ring_doorbell(entry_of(v[i])->ring);
 	progress_bump(e);
+}
+
+/* Runs the pieces v[0..n) of one group (sched_launch_len), skipping rings
+ * that died this round: one launch per run of requests for the same
+ * layers (a group of several layers is a hash of the list: sched.c only
+ * knows it is equal). */
+static void launch(struct radiance_executor *e, struct sched_req **v, size_t n)
+{
+	size_t live = 0;
+	for (size_t i = 0; i < n; i++)
+		if (!entry_of(v[i])->ring->dead)
+			v[live++] = v[i];
+	for (size_t i = 0; i < live;) {
+		size_t len = 1;
+		while (i + len < live && same_layers(entry_of(v[i]), entry_of(v[i + len])))
+			len++;
+		launch_same(e, v + i, len);
+		i += len;
+	}
 }
 
 /* One round over every ring (or only one). Returns the requests taken plus
@@ -607,32 +592,46 @@ static size_t serve_pass(struct radiance_executor *e, struct exec_ring *only)
 
 /* ---- jobs ---- */
 
-static void ring_add(struct radiance_executor *e, struct exec_job *job)
+/* Starts serving r: 0, or -errno with err set. */
+static int ring_attach(struct radiance_executor *e, struct exec_ring *r, char *err, size_t errlen)
 {
-	struct exec_ring *r = job->ring;
 	if (e->nrings == e->opt.max_rings) {
-		job->status = -EBUSY;
-		snprintf(job->err, sizeof job->err, "executor serves %u rings already", e->opt.max_rings);
-		return;
+		snprintf(err, errlen, "executor serves %u rings already", e->opt.max_rings);
+		return -EBUSY;
 	}
-	int rc = radiance_backend_register_host(e->backend, r->arena, r->arena_bytes, job->err,
-						sizeof job->err);
-	if (rc < 0) {
-		job->status = rc;
-		return;
-	}
+	int rc = radiance_backend_register_host(e->backend, r->arena, r->arena_bytes, err, errlen);
+	if (rc < 0)
+		return rc;
 	/* Edge-triggered, and never read: the client holds the same open file
 	 * description and could make it blocking (O_NONBLOCK is shared) and
 	 * then steal the count, which would hang a read here. An eventfd write
 	 * wakes an edge-triggered epoll every time, so nothing is lost. */
 	struct epoll_event ev = { .events = EPOLLIN | EPOLLET, .data.ptr = r };
-	if (epoll_ctl(e->epfd, EPOLL_CTL_ADD, r->sq_efd, &ev) < 0) {
-		job->status = -errno;
-		snprintf(job->err, sizeof job->err, "epoll_ctl: %s", strerror(errno));
+	if (!e->is_inline && epoll_ctl(e->epfd, EPOLL_CTL_ADD, r->sq_efd, &ev) < 0) {
+		rc = -errno;
+		snprintf(err, errlen, "epoll_ctl: %s", strerror(errno));
 		radiance_backend_unregister_host(e->backend, r->arena);
-		return;
+		return rc;
 	}
 	e->rings[e->nrings++] = r;
+	return 0;
+}
+
+static void ring_add(struct radiance_executor *e, struct exec_job *job)
+{
+	job->status = ring_attach(e, job->ring, job->err, sizeof job->err);
+}
+
+/* Stops serving ring i: whatever is still queued is dropped unanswered. */
+static void ring_detach(struct radiance_executor *e, size_t i)
+{
+	struct exec_ring *r = e->rings[i];
+	ring_drop_queue(r);
+	if (!e->is_inline)
+		epoll_ctl(e->epfd, EPOLL_CTL_DEL, r->sq_efd, NULL);
+	radiance_backend_unregister_host(e->backend, r->arena);
+	e->rings[i] = e->rings[--e->nrings];
+	e->rr = 0;
 }
 
 static void ring_remove(struct radiance_executor *e, struct exec_job *job)
@@ -655,11 +654,7 @@ static void ring_remove(struct radiance_executor *e, struct exec_job *job)
 	while (job->drain && !r->dead && r->sq.local - first < r->sq.entries)
 		if (serve_pass(e, r) == 0)
 			break;
-	ring_drop_queue(r);
-	epoll_ctl(e->epfd, EPOLL_CTL_DEL, r->sq_efd, NULL);
-	radiance_backend_unregister_host(e->backend, r->arena);
-	e->rings[i] = e->rings[--e->nrings];
-	e->rr = 0;
+	ring_detach(e, i);
 }
 
 /* Fails the requests still queued for m: their session released it with
@@ -794,6 +789,7 @@ static size_t run_jobs(struct radiance_executor *e, uint64_t budget_ns)
 			model_free(e, job->model);
 			break;
 		case EXEC_JOB_PING:
+		case EXEC_JOB_DEFER:
 		case EXEC_JOB_NOTICE:
 			break;
 		}
@@ -845,19 +841,28 @@ static void idle_sleep(struct radiance_executor *e)
 		radiance_ring_end_sleep(&e->rings[i]->sq);
 }
 
+/* Creates the backend on the calling thread (the one that will use it)
+ * and settles what depends on it. */
+static int backend_start(struct radiance_executor *e, char *err, size_t errlen)
+{
+	int rc = radiance_backend_create(&e->opt.backend, &e->backend, err, errlen);
+	if (rc < 0)
+		return rc;
+	radiance_backend_info(e->backend, &e->info);
+	/* before anyone reads it: the piece size the backend serves best */
+	if (e->opt.chunk_rows == EXEC_CHUNK_AUTO) {
+		uint32_t c = strcmp(e->info.name, "cpu") == 0 ? 32 : 256;
+		e->sched.chunk_rows = c < e->sched.max_rows ? c : e->sched.max_rows;
+	}
+	return 0;
+}
+
 static void *executor_main(void *arg)
 {
 	struct radiance_executor *e = arg;
 	char err[256] = "";
-	int rc = radiance_backend_create(&e->opt.backend, &e->backend, err, sizeof err);
+	int rc = backend_start(e, err, sizeof err);
 	pthread_mutex_lock(&e->lock);
-	if (rc == 0)
-		radiance_backend_info(e->backend, &e->info);
-	/* before the loop reads it: the piece size the backend serves best */
-	if (rc == 0 && e->opt.chunk_rows == EXEC_CHUNK_AUTO) {
-		uint32_t c = strcmp(e->info.name, "cpu") == 0 ? 32 : 256;
-		e->sched.chunk_rows = c < e->sched.max_rows ? c : e->sched.max_rows;
-	}
 	e->started = rc == 0 ? 1 : rc;
 	snprintf(e->start_err, sizeof e->start_err, "%s", err);
 	pthread_cond_signal(&e->cond);
@@ -894,6 +899,15 @@ static void *executor_main(void *arg)
 	return NULL;
 }
 
+/* What executor_alloc sized by the options. */
+static void executor_free_arrays(struct radiance_executor *e)
+{
+	free(e->rings);
+	free(e->flows);
+	free(e->batch);
+	free(e->rows);
+}
+
 /* Releases what executor_create made once the thread is gone, all but the
  * async handle, which frees e when libuv lets go of it. */
 static void executor_release(struct radiance_executor *e)
@@ -902,20 +916,22 @@ static void executor_release(struct radiance_executor *e)
 	pthread_mutex_destroy(&e->lock);
 	close(e->ctl_efd);
 	close(e->epfd);
-	free(e->rings);
-	free(e->flows);
-	free(e->batch);
-	free(e->rows);
+	executor_free_arrays(e);
 }
 
-int executor_create(uv_loop_t *loop, const struct executor_options *opt,
-		    struct radiance_executor **out, char *err, size_t errlen)
+static void executor_free(struct radiance_executor *e)
+{
+	executor_free_arrays(e);
+	free(e);
+}
+
+/* e with everything a round needs, sized by opt; no thread, fds or backend
+ * yet. NULL when out of memory. */
+static struct radiance_executor *executor_alloc(const struct executor_options *opt)
 {
 	struct radiance_executor *e = calloc(1, sizeof *e);
-	int rc = -ENOMEM;
 	if (!e)
-		goto fail;
-	e->loop = loop;
+		return NULL;
 	e->opt = *opt;
 	e->ctl_efd = e->epfd = -1;
 	e->sched = (struct sched_params){
@@ -927,9 +943,23 @@ int executor_create(uv_loop_t *loop, const struct executor_options *opt,
 	e->rings = calloc(opt->max_rings, sizeof *e->rings);
 	e->flows = calloc(opt->max_rings, sizeof *e->flows);
 	e->batch = calloc((size_t)opt->max_rings * EXEC_BATCH, sizeof *e->batch);
-	e->rows = calloc(opt->backend.max_rows, sizeof *e->rows);
-	if (!e->rings || !e->flows || !e->batch || !e->rows)
-		goto fail_alloc;
+	/* a launch of several layers takes one row set per layer */
+	e->rows = calloc((size_t)opt->backend.max_rows * RADIANCE_MAX_REQUEST_LAYERS, sizeof *e->rows);
+	if (!e->rings || !e->flows || !e->batch || !e->rows) {
+		executor_free(e);
+		return NULL;
+	}
+	return e;
+}
+
+int executor_create(uv_loop_t *loop, const struct executor_options *opt,
+		    struct radiance_executor **out, char *err, size_t errlen)
+{
+	struct radiance_executor *e = executor_alloc(opt);
+	int rc = -ENOMEM;
+	if (!e)
+		goto fail;
+	e->loop = loop;
 	e->ctl_efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 	e->epfd = epoll_create1(EPOLL_CLOEXEC);
 	if (e->ctl_efd < 0 || e->epfd < 0) {
@@ -980,12 +1010,7 @@ fail_fds:
 		close(e->ctl_efd);
 	if (e->epfd >= 0)
 		close(e->epfd);
-fail_alloc:
-	free(e->rings);
-	free(e->flows);
-	free(e->batch);
-	free(e->rows);
-	free(e);
+	executor_free(e);
 fail:
 	if (rc == -ENOMEM)
 		snprintf(err, errlen, "executor: out of memory");
@@ -1025,4 +1050,75 @@ void executor_destroy(struct radiance_executor *e)
 	on_async(&e->async);
 	executor_release(e);
 	uv_close((uv_handle_t *)&e->async, on_async_closed);
+}
+
+/* ---- inline mode ---- */
+
+int executor__create_inline(const struct executor_options *opt, struct radiance_executor **out,
+			    char *err, size_t errlen)
+{
+	struct radiance_executor *e = executor_alloc(opt);
+	if (!e) {
+		snprintf(err, errlen, "executor: out of memory");
+		return -ENOMEM;
+	}
+	e->is_inline = 1;
+	pthread_mutex_init(&e->lock, NULL);
+	int rc = backend_start(e, err, errlen);
+	if (rc < 0) {
+		pthread_mutex_destroy(&e->lock);
+		executor_free(e);
+		return rc;
+	}
+	*out = e;
+	return 0;
+}
+
+void executor__destroy_inline(struct radiance_executor *e)
+{
+	while (e->nrings)
+		ring_detach(e, e->nrings - 1);
+	radiance_backend_destroy(e->backend);
+	pthread_mutex_destroy(&e->lock);
+	executor_free(e);
+}
+
+int executor__ring_add(struct radiance_executor *e, struct exec_ring *r, char *err, size_t errlen)
+{
+	return ring_attach(e, r, err, errlen);
+}
+
+int executor__ring_remove(struct radiance_executor *e, struct exec_ring *r)
+{
+	for (size_t i = 0; i < e->nrings; i++)
+		if (e->rings[i] == r) {
+			ring_detach(e, i);
+			return 0;
+		}
+	return -ENOENT;
+}
+
+size_t executor__serve(struct radiance_executor *e)
+{
+	return serve_pass(e, NULL);
+}
+
+struct exec_job *executor__take_done(struct radiance_executor *e)
+{
+	return job_list_take(&e->done);
+}
+
+uint64_t executor__launches(const struct radiance_executor *e)
+{
+	return e->launches;
+}
+
+const struct sched_params *executor__sched(const struct radiance_executor *e)
+{
+	return &e->sched;
+}
+
+struct radiance_backend *executor__backend(struct radiance_executor *e)
+{
+	return e->backend;
 }

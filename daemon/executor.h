@@ -67,6 +67,7 @@
 #include "model.h"
 #include "ring.h"
 #include "scheduler.h"
+#include "shm.h"
 #include "stats.h"
 
 /* chunk_rows: 256 rows on a GPU backend, 32 on the CPU. Measured on the
@@ -123,12 +124,14 @@ struct exec_entry {
 	int started;                     /* a piece has run: t_start is set */
 	struct exec_ring *ring;
 	struct exec_model *model;
-	uint32_t layer;
+	uint32_t n_layers;               /* several: one x, one output each (request.h) */
+	uint32_t layers[RADIANCE_MAX_REQUEST_LAYERS];
+	uint16_t *ys[RADIANCE_MAX_REQUEST_LAYERS];   /* y of each layer; ys[0] == rows.y */
 	uint64_t request_id;
 	uint64_t t_seen;                 /* CLOCK_MONOTONIC ns */
 	uint64_t t_start;                /* its first piece's launch */
 	uint64_t bytes_in, bytes_out;
-	struct radiance_rows rows;       /* the whole request: x, y point into the arena */
+	struct radiance_rows rows;       /* the whole request (layer 0): x, y point into the arena */
 };
 
 enum exec_job_kind {
@@ -137,7 +140,11 @@ enum exec_job_kind {
 	EXEC_JOB_MODEL_UPLOAD,   /* upload every layer of job->model, one per step,
 	                            into its shared allocation when the backend makes one */
 	EXEC_JOB_MODEL_FREE,     /* free job->model's backend layers and shared allocation */
-	EXEC_JOB_PING,           /* nothing: done once the jobs before it are */
+	EXEC_JOB_PING,           /* nothing: done once the jobs before it are, after
+	                            at least one round (tests wait on it) */
+	EXEC_JOB_DEFER,          /* nothing: its done runs on a later turn of the
+	                            loop, after the jobs before it (the registry
+	                            answers a waiter this way, never re-entrantly) */
 	EXEC_JOB_NOTICE,         /* executor -> loop only: a ring broke (job->err) */
 };
 
@@ -227,5 +234,34 @@ struct exec_watch {
  * passes the time. */
 int exec_watch_alive(struct exec_watch *w, const struct exec_liveness *l, uint64_t now_ns,
 		     uint64_t timeout_ns);
+
+/* ---- inline mode: the executor's round on the calling thread ----
+ *
+ * For tests and fuzz targets that drive rounds one at a time and look at
+ * what each did: no thread, no uv_async, no doorbells, no epoll. Everything
+ * below runs on the thread that called executor__create_inline (which
+ * creates the backend there), never together with the threaded calls
+ * above (executor_submit, executor_destroy). Jobs posted for the loop (a
+ * ring's broken notice) collect until executor__take_done. */
+
+/* 0, or the backend's -errno (err set), -ENOMEM. */
+int executor__create_inline(const struct executor_options *opt, struct radiance_executor **out,
+			    char *err, size_t errlen);
+/* Stops serving every ring still added and destroys the backend and e. */
+void executor__destroy_inline(struct radiance_executor *e);
+/* As a RING_ADD job: 0, -EBUSY (max_rings), or the backend's -errno. */
+int executor__ring_add(struct radiance_executor *e, struct exec_ring *r, char *err, size_t errlen);
+/* As a RING_REMOVE job without drain: queued requests are dropped. 0 or -ENOENT. */
+int executor__ring_remove(struct radiance_executor *e, struct exec_ring *r);
+/* One round over every ring: the requests taken plus the pieces run. */
+size_t executor__serve(struct radiance_executor *e);
+/* The jobs posted for the loop so far, chained by next, in order. */
+struct exec_job *executor__take_done(struct radiance_executor *e);
+/* Backend launches made so far (one per group of stacked requests). */
+uint64_t executor__launches(const struct radiance_executor *e);
+/* The backend it made, to upload layers with. */
+struct radiance_backend *executor__backend(struct radiance_executor *e);
+/* The scheduling parameters in force (chunk_rows resolved). */
+const struct sched_params *executor__sched(const struct radiance_executor *e);
 
 #endif

@@ -583,7 +583,7 @@ static int answer_later(struct radiance_resident *res, struct registry_waiter *w
 		return -ENOMEM;
 	la->w = w;
 	la->res = res;
-	la->job.kind = EXEC_JOB_PING;
+	la->job.kind = EXEC_JOB_DEFER;
 	la->job.done = on_late_answer;
 	la->job.user = la;
 	w->late = la;

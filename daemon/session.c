@@ -228,6 +228,7 @@ static void handle_hello(struct radiance_session *s, uint64_t tag, const Radianc
 	w.max_rows = s->server->cfg->max_rows;
 	w.map_layout_version = RADIANCE_MAP_LAYOUT_VERSION;
 	w.tensors_version = RADIANCE_TENSORS_VERSION;
+	w.max_request_layers = RADIANCE_MAX_REQUEST_LAYERS;
 	m.tag = tag;
 	m.msg_case = RADIANCE__SERVER_MESSAGE__MSG_WELCOME;
 	m.welcome = &w;

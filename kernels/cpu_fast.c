@@ -319,39 +319,67 @@ static void prepare_rows(struct fast_job *j, unsigned width, radiance_cpu_task_f
 }
 #endif
 
-int radiance_cpu_fast_w4a8(struct radiance_cpu_fast *f, const uint16_t *x, enum radiance_dtype dtype,
-			   uint32_t m, const uint32_t *qweight, const uint16_t *scales,
-			   const float *bias, uint32_t n, uint32_t k, uint16_t *y)
+int radiance_cpu_fast_w4a8_multi(struct radiance_cpu_fast *f, const uint16_t *x,
+				 enum radiance_dtype dtype, uint32_t m, uint32_t k,
+				 const struct radiance_cpu_fast_w4a8_layer *layers, size_t nlayers)
 {
 	if (m > f->max_rows || k > f->max_k)
 		return -E2BIG;
 	if (k % RADIANCE_GROUP_SIZE)
 		return -EINVAL;
-	if (m == 0 || n == 0)
+	if (m == 0)
 		return 0;
 #if defined(__x86_64__)
 	if (f->simd == RADIANCE_CPU_SIMD_AVX2) {
-		unsigned width = width_for(f, m, n, k);
+		uint64_t n_all = 0;
+		for (size_t i = 0; i < nlayers; i++)
+			n_all += layers[i].n;
+		if (n_all == 0)
+			return 0;
+		/* x quantized once into the scratch, for every layer */
 		struct fast_job j = {
-			.f = f, .x = x, .dtype = dtype, .m = m, .n = n, .k = k,
+			.f = f, .x = x, .dtype = dtype, .m = m, .k = k,
 			.xf = f->scratch,
 			.s = (float *)((uint8_t *)f->scratch +
 				       align64((size_t)f->max_rows * f->ldx * sizeof(float))),
 		};
-		j.w4a8 = (struct radiance__w4a8_tile){
-			.xf = j.xf, .s = j.s, .ldx = f->ldx, .k = k, .n = n,
-			.qweight = qweight, .scales = scales, .bias = bias, .y = y,
-		};
-		prepare_rows(&j, width, quant_task);
-		uint32_t tasks = plan(&j, width, (size_t)k / 2);
-		radiance_cpu_pool_run(f->pool, width, tasks, w4a8_task, &j);
+		uint32_t n_width = n_all > UINT32_MAX ? UINT32_MAX : (uint32_t)n_all;
+		prepare_rows(&j, width_for(f, m, n_width, k), quant_task);
+		for (size_t i = 0; i < nlayers; i++) {
+			const struct radiance_cpu_fast_w4a8_layer *l = &layers[i];
+			if (l->n == 0)
+				continue;
+			unsigned width = width_for(f, m, l->n, k);
+			j.n = l->n;
+			j.w4a8 = (struct radiance__w4a8_tile){
+				.xf = j.xf, .s = j.s, .ldx = f->ldx, .k = k, .n = l->n,
+				.qweight = l->qweight, .scales = l->scales, .bias = l->bias, .y = l->y,
+			};
+			uint32_t tasks = plan(&j, width, (size_t)k / 2);
+			radiance_cpu_pool_run(f->pool, width, tasks, w4a8_task, &j);
+		}
 		return 0;
 	}
 #endif
-	struct scalar_job j = { .f = f, .x = x, .dtype = dtype, .m = m, .n = n, .k = k,
-				.qweight = qweight, .scales = scales, .bias = bias, .y = y };
-	scalar_run(f, &j);
+	/* the reference level quantizes inside each call: the same bits */
+	for (size_t i = 0; i < nlayers; i++) {
+		const struct radiance_cpu_fast_w4a8_layer *l = &layers[i];
+		if (l->n == 0)
+			continue;
+		struct scalar_job j = { .f = f, .x = x, .dtype = dtype, .m = m, .n = l->n, .k = k,
+					.qweight = l->qweight, .scales = l->scales, .bias = l->bias,
+					.y = l->y };
+		scalar_run(f, &j);
+	}
 	return 0;
+}
+
+int radiance_cpu_fast_w4a8(struct radiance_cpu_fast *f, const uint16_t *x, enum radiance_dtype dtype,
+			   uint32_t m, const uint32_t *qweight, const uint16_t *scales,
+			   const float *bias, uint32_t n, uint32_t k, uint16_t *y)
+{
+	const struct radiance_cpu_fast_w4a8_layer l = { qweight, scales, bias, n, y };
+	return radiance_cpu_fast_w4a8_multi(f, x, dtype, m, k, &l, 1);
 }
 
 int radiance_cpu_fast_bf16(struct radiance_cpu_fast *f, const uint16_t *x, enum radiance_dtype dtype,

@@ -66,6 +66,23 @@ int radiance_cpu_fast_w4a8(struct radiance_cpu_fast *f, const uint16_t *x, enum 
 			   uint32_t m, const uint32_t *qweight, const uint16_t *scales,
 			   const float *bias, uint32_t n, uint32_t k, uint16_t *y);
 
+/* One W4A8 layer of radiance_cpu_fast_w4a8_multi(). */
+struct radiance_cpu_fast_w4a8_layer {
+	const uint32_t *qweight;       /* uint32 [n][k/8] */
+	const uint16_t *scales;        /* fp16 [n][k/128] */
+	const float *bias;             /* fp32 [n] or NULL */
+	uint32_t n;
+	uint16_t *y;                   /* bf16 [m][n] */
+};
+
+/* Several W4A8 layers of one K on the same x: each y as
+ * radiance_cpu_fast_w4a8() gives it, bit for bit, with x quantized once
+ * for all of them on the SIMD level (the scalar level runs the reference
+ * per layer). Errors as radiance_cpu_fast_w4a8 (nothing written then). */
+int radiance_cpu_fast_w4a8_multi(struct radiance_cpu_fast *f, const uint16_t *x,
+				 enum radiance_dtype dtype, uint32_t m, uint32_t k,
+				 const struct radiance_cpu_fast_w4a8_layer *layers, size_t nlayers);
+
 /* bf16 linear, as radiance_cpu_bf16(): weight bf16 [n][k], any k. 0 or -E2BIG. */
 int radiance_cpu_fast_bf16(struct radiance_cpu_fast *f, const uint16_t *x, enum radiance_dtype dtype,
 			   uint32_t m, const uint16_t *weight, const float *bias, uint32_t n,

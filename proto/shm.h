@@ -73,6 +73,10 @@
 #define RADIANCE_SHM_ALIGN 4096u
 #define RADIANCE_SLOT_BYTES 256u          /* fixed slot size, both rings */
 #define RADIANCE_ARENA_ALIGN 16u          /* input/output offsets are multiples */
+/* Most layers one LinearRequest names (layer + extra_layers): q, k, v or
+ * gate, up with room to spare. With 8, the largest request (every varint
+ * at its widest) is 174 bytes, inside a slot's 252. */
+#define RADIANCE_MAX_REQUEST_LAYERS 8u
 
 /* One ring's control words; head and tail on separate cache lines. */
 struct radiance_shm_ring {

@@ -224,6 +224,52 @@ static void test_w4a8_bit_exact(void **state)
 	free_levels(lv, nlv);
 }
 
+/* Three layers of one K on one x (x quantized once on the SIMD level):
+ * each y the scalar reference's bits for that layer alone, at every level
+ * and thread count, for several M and an N of 0 among them. */
+static void test_w4a8_multi_bit_exact(void **state)
+{
+	(void)state;
+	struct level lv[8];
+	size_t nlv = make_levels(lv, 8);
+	enum { NL = 3, K = 384 };
+	const uint32_t ns[NL] = { 67, 0, 200 };
+	static uint16_t x[MAX_M * K], yref[NL][MAX_M * 200], y[NL][MAX_M * 200];
+	static uint32_t qw[NL][200 * K / 8];
+	static uint16_t sc[NL][200 * K / 128];
+	static float bias[NL][200];
+	static uint8_t scratch[MAX_M * K * 6 + 4096] __attribute__((aligned(64)));
+	const uint32_t ms[] = { 1, 3, 8, 9, 33, MAX_M };
+	for (size_t mi = 0; mi < sizeof ms / sizeof ms[0]; mi++) {
+		uint32_t m = ms[mi];
+		enum radiance_dtype dt = mi % 2 ? RADIANCE_DTYPE_FP16 : RADIANCE_DTYPE_BF16;
+		fill_x(x, m, K, dt);
+		struct radiance_cpu_fast_w4a8_layer ls[NL];
+		for (int j = 0; j < NL; j++) {
+			fill_w4a8(qw[j], sc[j], bias[j], ns[j], K);
+			radiance_cpu_w4a8(x, dt, m, qw[j], sc[j], j == 1 ? NULL : bias[j], ns[j], K,
+					  yref[j], scratch);
+			ls[j] = (struct radiance_cpu_fast_w4a8_layer){ qw[j], sc[j],
+								       j == 1 ? NULL : bias[j], ns[j],
+								       y[j] };
+		}
+		for (size_t i = 0; i < nlv; i++) {
+			memset(y, 0xA5, sizeof y);
+			assert_int_equal(radiance_cpu_fast_w4a8_multi(lv[i].f, x, dt, m, K, ls, NL), 0);
+			for (int j = 0; j < NL; j++)
+				for (size_t e = 0; e < (size_t)m * ns[j]; e++)
+					if (y[j][e] != yref[j][e])
+						fail_msg("%s threads %u: m=%u layer %d (n=%u): y[%zu][%zu] "
+							 "= %#06x, reference %#06x",
+							 radiance_cpu_simd_name(lv[i].simd), lv[i].threads,
+							 m, j, ns[j], e / ns[j], e % ns[j], y[j][e],
+							 yref[j][e]);
+			assert_int_equal(y[1][0], 0xA5A5);   /* N=0 writes nothing */
+		}
+	}
+	free_levels(lv, nlv);
+}
+
 /* The fp32 sum of K products and the bias is within gamma = (K + 1) * 2^-24
  * (to first order) times the sum of magnitudes of the exact sum, in any
  * order; bf16 rounding adds 2^-8 relative. */
@@ -409,6 +455,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_w4a8_bit_exact),
+		cmocka_unit_test(test_w4a8_multi_bit_exact),
 		cmocka_unit_test(test_bf16_bit_exact),
 		cmocka_unit_test(test_pool_runs_each_task_once),
 		cmocka_unit_test(test_usable_threads_follow_affinity),

@@ -537,8 +537,9 @@ static void x_teardown(struct xfix *fx)
 	assert_int_equal(uv_loop_close(&fx->loop), 0);
 }
 
-/* with_model: the session references the fixture's model (id 7). */
-static void xring_open(struct xfix *fx, struct xring *x, uint32_t sq, uint32_t cq, int with_model)
+/* The session's memory, fds and references (m: the model it holds, or
+ * NULL), set up as the loop does before RING_ADD. */
+static void xring_make(struct xring *x, uint32_t sq, uint32_t cq, struct exec_model *m)
 {
 	memset(x, 0, sizeof *x);
 	size_t sq_off = RADIANCE_SHM_HEADER_BYTES, cq_off = sq_off + (size_t)sq * RADIANCE_SLOT_BYTES;
@@ -563,13 +564,19 @@ static void xring_open(struct xfix *fx, struct xring *x, uint32_t sq, uint32_t c
 	x->r.arena_bytes = XR_ARENA;
 	x->r.max_inflight = 1024;
 	exec_refs_init(&x->refs);
-	if (with_model)
-		assert_int_equal(exec_refs_add(&x->refs, &fx->em), 0);
+	if (m)
+		assert_int_equal(exec_refs_add(&x->refs, m), 0);
 	x->r.refs = &x->refs;
 	stats_init(&x->stats);
 	x->r.stats = &x->stats;
 	exec_ring_init(&x->r, on_xring_broken, x);
 	x->next_id = 1;
+}
+
+/* with_model: the session references the fixture's model (id 7). */
+static void xring_open(struct xfix *fx, struct xring *x, uint32_t sq, uint32_t cq, int with_model)
+{
+	xring_make(x, sq, cq, with_model ? &fx->em : NULL);
 	x_job(fx, EXEC_JOB_RING_ADD, &x->r, NULL, 0, NULL);
 }
 
@@ -596,14 +603,15 @@ static void *arena_at(struct xring *x, uint64_t off)
 	return x->r.arena + off;
 }
 
-/* Submits rows of x at arena offset in_off, y at out_off; returns the id. */
-static uint64_t xsubmit(struct xring *x, uint32_t model_id, uint32_t rows, uint64_t in_off,
-			uint64_t out_off)
+/* Submits rows of x at arena offset in_off through layer, y at out_off;
+ * returns the id. */
+static uint64_t xsubmit_layer(struct xring *x, uint32_t model_id, uint32_t layer, uint32_t rows,
+			      uint64_t in_off, uint64_t out_off)
 {
 	Radiance__LinearRequest req = RADIANCE__LINEAR_REQUEST__INIT;
 	req.request_id = x->next_id++;
 	req.model_id = model_id;
-	req.layer = 0;
+	req.layer = layer;
 	req.rows = rows;
 	req.dtype = RADIANCE__DTYPE__DTYPE_BF16;
 	req.input_offset = in_off;
@@ -614,6 +622,12 @@ static uint64_t xsubmit(struct xring *x, uint32_t model_id, uint32_t rows, uint6
 	assert_int_equal(radiance_ring_push(&x->client_sq, buf, (size_t)len), 0);
 	radiance_doorbell_ring(x->r.sq_efd);
 	return req.request_id;
+}
+
+static uint64_t xsubmit(struct xring *x, uint32_t model_id, uint32_t rows, uint64_t in_off,
+			uint64_t out_off)
+{
+	return xsubmit_layer(x, model_id, 0, rows, in_off, out_off);
 }
 
 /* The next CQ entry (waiting for it; 120 s hang guard). */
@@ -915,6 +929,169 @@ static void test_exec_model_released_mid_request(void **state)
  * idle, so after one timeout it is reported dead, not before. Released, it
  * completes the request and is alive again. And every piece of a request
  * counts as progress, so a busy executor keeps the watchdog fed. */
+/* ---- the executor's round, inline --------------------------------------- */
+
+struct ireq {
+	int ring;                /* which session */
+	uint32_t layer, rows;
+};
+
+/* Submits v[0..n) (each session's x at offset 0 of its arena, filled here,
+ * y at 1 MiB), runs one round inline, checks every result and output
+ * against the CPU reference, and returns the launches the round made. A
+ * session submits at most one request per call. */
+static uint64_t iround(struct radiance_executor *e, struct xring *x, const struct radiance_layer *layers,
+		       uint32_t model_id, const struct ireq *v, size_t n)
+{
+	const uint64_t out_off = 1u << 20;
+	uint64_t id[8];
+	assert_true(n <= 8);
+	for (size_t i = 0; i < n; i++) {
+		const struct radiance_layer *l = &layers[v[i].layer];
+		fill_x(arena_at(&x[v[i].ring], 0), (size_t)v[i].rows * l->k);
+		id[i] = xsubmit_layer(&x[v[i].ring], model_id, v[i].layer, v[i].rows, 0, out_off);
+	}
+	uint64_t before = executor__launches(e);
+	executor__serve(e);
+	uint64_t launches = executor__launches(e) - before;
+	for (size_t i = 0; i < n; i++) {
+		struct xring *r = &x[v[i].ring];
+		const struct radiance_layer *l = &layers[v[i].layer];
+		uint8_t buf[RADIANCE_SLOT_BYTES];
+		int len = radiance_ring_pop(&r->client_cq, buf);
+		assert_true(len > 0);   /* one round ran it whole: the result is there */
+		Radiance__LinearResult *res = radiance__linear_result__unpack(NULL, (size_t)len, buf);
+		assert_non_null(res);
+		assert_int_equal(res->request_id, id[i]);
+		assert_int_equal(res->status, 0);
+		radiance__linear_result__free_unpacked(res, NULL);
+		uint16_t *want = malloc((size_t)v[i].rows * l->n * 2);
+		assert_non_null(want);
+		cpu_ref(l, arena_at(r, 0), v[i].rows, want);
+		assert_memory_equal(arena_at(r, out_off), want, (size_t)v[i].rows * l->n * 2);
+		free(want);
+	}
+	return launches;
+}
+
+/* The grouping of executor.h, seen one round at a time: requests of
+ * different sessions for one layer share a launch (rows stacked), another
+ * layer's request gets its own, a group stops at max_rows, and requests of
+ * several layers share one when they name the same layers in the same
+ * order. Each output is the CPU reference's bits, so stacking put every
+ * row where it belongs. */
+static void test_exec_groups_sessions(void **state)
+{
+	char err[256];
+	static struct radiance_daemon_stats global;
+	stats_init(&global);
+	struct executor_options o = {
+		.backend = { .kind = "cpu", .device = -1, .max_rows = 16, .max_decode_rows = 16,
+			     .max_n = 256, .max_k = 512 },
+		.max_rings = 4,
+		.chunk_rows = 16,
+		.session_rows = 1024,
+		.global_stats = &global,
+	};
+	struct radiance_executor *e;
+	if (executor__create_inline(&o, &e, err, sizeof err) < 0)
+		fail_msg("executor__create_inline: %s", err);
+	assert_int_equal(executor__sched(e)->max_rows, 16);
+	struct radiance_layer layers[2];
+	layer_init(&layers[0], "group.a", 256, 512);
+	layer_init(&layers[1], "group.b", 128, 512);
+	struct radiance_model model = { .name = (char *)"group", .layers = layers, .n_layers = 2,
+					.group_size = 128, .bits = 4 };
+	struct radiance_backend_layer *handles[2];
+	struct exec_model em = { .id = 3, .model = &model, .handles = handles, .uploaded = 2 };
+	for (int i = 0; i < 2; i++)
+		assert_int_equal(radiance_backend_layer_upload(executor__backend(e), &layers[i],
+							       &handles[i], err, sizeof err), 0);
+	struct xring x[3];
+	for (int i = 0; i < 3; i++) {
+		xring_make(&x[i], XR_SQ, XR_SQ, &em);
+		assert_int_equal(executor__ring_add(e, &x[i].r, err, sizeof err), 0);
+	}
+
+	/* sessions 0 and 1 on layer 0 (5 + 7 rows: one launch), 2 on layer 1 */
+	const struct ireq r1[] = { { 0, 0, 5 }, { 1, 0, 7 }, { 2, 1, 3 } };
+	assert_int_equal(iround(e, x, layers, em.id, r1, 3), 2);
+	/* 9 + 9 rows of one layer exceed max_rows 16: two launches */
+	const struct ireq r2[] = { { 0, 0, 9 }, { 1, 0, 9 } };
+	assert_int_equal(iround(e, x, layers, em.id, r2, 2), 2);
+	/* three sessions, one row each, one layer: one launch */
+	const struct ireq r3[] = { { 0, 1, 1 }, { 1, 1, 1 }, { 2, 1, 1 } };
+	assert_int_equal(iround(e, x, layers, em.id, r3, 3), 1);
+	/* one session alone: one launch per request */
+	const struct ireq r4[] = { { 2, 0, 2 } };
+	assert_int_equal(iround(e, x, layers, em.id, r4, 1), 1);
+
+	/* several layers: sessions 0 and 1 with [a, b] share a launch (one
+	 * backend call for both layers of both), session 2's [b, a] is
+	 * another list: its own launch */
+	const uint64_t outs[2] = { 1u << 20, 2u << 20 };
+	const uint32_t ab[2] = { 0, 1 }, ba[2] = { 1, 0 };
+	const uint32_t *lists[3] = { ab, ab, ba };
+	const uint32_t mrows[3] = { 3, 4, 2 };
+	uint64_t mid[3];
+	for (int i = 0; i < 3; i++) {
+		fill_x(arena_at(&x[i], 0), (size_t)mrows[i] * 512);
+		Radiance__LinearRequest req = RADIANCE__LINEAR_REQUEST__INIT;
+		uint32_t extra = lists[i][1];
+		uint64_t extra_out = outs[1];
+		req.request_id = mid[i] = x[i].next_id++;
+		req.model_id = em.id;
+		req.layer = lists[i][0];
+		req.rows = mrows[i];
+		req.dtype = RADIANCE__DTYPE__DTYPE_BF16;
+		req.output_offset = outs[0];
+		req.n_extra_layers = req.n_extra_output_offsets = 1;
+		req.extra_layers = &extra;
+		req.extra_output_offsets = &extra_out;
+		uint8_t buf[RADIANCE_SLOT_BYTES - 4];
+		int len = radiance_proto_pack_slot(&req.base, buf, sizeof buf);
+		assert_true(len > 0);
+		assert_int_equal(radiance_ring_push(&x[i].client_sq, buf, (size_t)len), 0);
+	}
+	uint64_t before = executor__launches(e);
+	executor__serve(e);
+	assert_int_equal(executor__launches(e) - before, 2);
+	for (int i = 0; i < 3; i++) {
+		uint8_t buf[RADIANCE_SLOT_BYTES];
+		int len = radiance_ring_pop(&x[i].client_cq, buf);
+		assert_true(len > 0);
+		Radiance__LinearResult *res = radiance__linear_result__unpack(NULL, (size_t)len, buf);
+		assert_non_null(res);
+		assert_int_equal(res->request_id, mid[i]);
+		assert_int_equal(res->status, 0);
+		radiance__linear_result__free_unpacked(res, NULL);
+		for (int j = 0; j < 2; j++) {
+			const struct radiance_layer *l = &layers[lists[i][j]];
+			uint16_t *want = malloc((size_t)mrows[i] * l->n * 2);
+			assert_non_null(want);
+			cpu_ref(l, arena_at(&x[i], 0), mrows[i], want);
+			assert_memory_equal(arena_at(&x[i], outs[j]), want, (size_t)mrows[i] * l->n * 2);
+			free(want);
+		}
+	}
+
+	assert_null(executor__take_done(e));   /* no ring broke */
+	for (int i = 0; i < 3; i++) {
+		assert_int_equal(executor__ring_remove(e, &x[i].r), 0);
+		assert_false(x[i].broken);
+		xring_free(&x[i]);
+	}
+	for (int i = 0; i < 2; i++)
+		radiance_backend_layer_free(executor__backend(e), handles[i]);
+	executor__destroy_inline(e);
+	for (int i = 0; i < 2; i++) {
+		free(layers[i].name);
+		free(layers[i].qweight);
+		free(layers[i].scales);
+		free(layers[i].bias);
+	}
+}
+
 static void test_watchdog_liveness(void **state)
 {
 	struct xfix fx;
@@ -1402,6 +1579,7 @@ int main(void)
 		cmocka_unit_test(test_exec_ring_removed_mid_request),
 		cmocka_unit_test(test_exec_ring_broken_mid_request),
 		cmocka_unit_test(test_exec_model_released_mid_request),
+		cmocka_unit_test(test_exec_groups_sessions),
 		cmocka_unit_test(test_watchdog_liveness),
 		cmocka_unit_test(test_flood_decode_latency),
 		cmocka_unit_test(test_watchdog_fed_under_flood),

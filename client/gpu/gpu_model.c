@@ -208,6 +208,39 @@ int radiance_gpu_linear(struct radiance_gpu_model *g, uint32_t layer, const void
 	return radiance__gpu_model_run(g, layer, x, y, rows, dtype, stream, RADIANCE_W4A8_AUTO, NULL);
 }
 
+int radiance_gpu_linear_multi(struct radiance_gpu_model *g, const uint32_t *layers, uint32_t nlayers,
+			      const void *x, void *const *y, uint32_t rows, enum radiance_elem dtype,
+			      void *stream)
+{
+	if (nlayers == 0 || nlayers > RADIANCE_MAX_LAYERS_PER_REQUEST)
+		return fail(-EINVAL, "%u layers in one call: 1..%u", nlayers,
+			    RADIANCE_MAX_LAYERS_PER_REQUEST);
+	if (!layers || !y)
+		return fail(-EINVAL, "layers or y is NULL");
+	/* everything checked before the first launch is enqueued */
+	for (uint32_t i = 0; i < nlayers; i++) {
+		if (layers[i] >= g->n_layers)
+			return fail(-ENOENT, "layers[%u] = %u out of range: model %u has %zu layers", i,
+				    layers[i], g->model_id, g->n_layers);
+		for (uint32_t j = 0; j < i; j++)
+			if (layers[j] == layers[i])
+				return fail(-EINVAL, "layers[%u] = %u repeats layers[%u]", i, layers[i], j);
+		if (g->layers[layers[i]].k != g->layers[layers[0]].k)
+			return fail(-EINVAL, "layers[%u] = %u has K=%u but layers[0] = %u K=%u: the "
+				    "layers of one call share x", i, layers[i], g->layers[layers[i]].k,
+				    layers[0], g->layers[layers[0]].k);
+		if ((uintptr_t)y[i] % 16)
+			return fail(-EINVAL, "y[%u] %p is not 16-byte aligned", i, y[i]);
+	}
+	for (uint32_t i = 0; i < nlayers; i++) {
+		int rc = radiance__gpu_model_run(g, layers[i], x, y[i], rows, dtype, stream,
+						 RADIANCE_W4A8_AUTO, NULL);
+		if (rc)
+			return rc;
+	}
+	return 0;
+}
+
 void radiance_gpu_get_info(const struct radiance_gpu_model *g, struct radiance_gpu_info *info)
 {
 	*info = (struct radiance_gpu_info){

@@ -1,7 +1,9 @@
 """all-MiniLM-L6-v2 sentence encoder on radianced.
 
 Every linear layer (q, k, v, attention output, FFN in and out of the six
-blocks: 36 per batch) runs on the daemon through the `radiance` package; the
+blocks: 36 per batch) runs on the daemon through the `radiance` package, q,
+k and v of a block in one request (Model.linear_multi: 24 requests per
+batch, x quantized once for the three); the
 rest is numpy here: embeddings, attention, GELU, LayerNorm, mean pooling and
 L2 normalization, the way sentence-transformers computes them (Transformer ->
 mean Pooling -> Normalize, max_seq_length 256, padding to the longest
@@ -135,12 +137,31 @@ def open_tensors(model) -> Mapping[str, np.ndarray]:
 Linear = Callable[[str, np.ndarray], np.ndarray]   # (layer name, x [rows, K] f32) -> [rows, N] f32
 
 
+# (layer names of one K, x [rows, K] f32) -> one [rows, N_i] f32 per name
+LinearMulti = Callable[[Sequence[str], np.ndarray], List[np.ndarray]]
+
+
 def daemon_linear(model) -> Linear:
     """Linear layers served by radianced: x rounded to bf16 (as the daemon
     takes it), y bf16 widened back to float32."""
     def linear(name: str, x: np.ndarray) -> np.ndarray:
         return model.linear(name, x.astype(ml_dtypes.bfloat16)).astype(np.float32)
     return linear
+
+
+def daemon_linear_multi(model) -> Optional[LinearMulti]:
+    """Several layers of one K on one x in one daemon request
+    (Model.linear_multi: one round trip, one quantization of x): q, k and v.
+    None when the daemon predates several-layer requests
+    (server_info()["max_request_layers"] below 3); MiniLM then calls
+    `linear` once per layer, with the same results."""
+    if model.client.server_info.get("max_request_layers", 0) < 3:
+        return None
+
+    def linear_multi(names: Sequence[str], x: np.ndarray) -> List[np.ndarray]:
+        ys = model.linear_multi(list(names), x.astype(ml_dtypes.bfloat16))
+        return [y.astype(np.float32) for y in ys]
+    return linear_multi
 
 
 # ---------------------------------------------------------------------------
@@ -183,8 +204,11 @@ class MiniLM:
     process); the linear function decides the rest."""
 
     def __init__(self, linear: Linear, tensors: Mapping[str, np.ndarray], config: dict,
-                 tokenizer, max_seq_length: int = 256):
+                 tokenizer, max_seq_length: int = 256,
+                 linear_multi: Optional[LinearMulti] = None):
         self.linear = linear
+        # q, k, v share their input: one call for the three when given
+        self.linear_multi = linear_multi or (lambda names, x: [linear(n, x) for n in names])
         self.hidden = int(config["hidden_size"])
         self.heads = int(config["num_attention_heads"])
         self.n_layers = int(config["num_hidden_layers"])
@@ -219,7 +243,10 @@ class MiniLM:
         with open(os.path.join(directory, "config.json"), encoding="utf-8") as f:
             config = json.load(f)
         tok = Tokenizer.from_file(os.path.join(directory, "tokenizer.json"))
-        return cls(linear or daemon_linear(model), open_tensors(model), config, tok, **kw)
+        if linear is None:
+            linear = daemon_linear(model)
+            kw.setdefault("linear_multi", daemon_linear_multi(model))
+        return cls(linear, open_tensors(model), config, tok, **kw)
 
     def tokenize(self, sentences: Sequence[str]) -> List[List[int]]:
         """Token ids of each sentence, [CLS] .. [SEP], truncated to
@@ -274,9 +301,8 @@ class MiniLM:
 
             def heads(y):   # [B*L, H] -> [B, nh, L, hd], contiguous so matmul uses BLAS
                 return np.ascontiguousarray(y.reshape(B, L, nh, hd).transpose(0, 2, 1, 3))
-            q = heads(self.linear(p + "attention.self.query", h))
-            k = heads(self.linear(p + "attention.self.key", h))
-            v = heads(self.linear(p + "attention.self.value", h))
+            q, k, v = (heads(y) for y in self.linear_multi(
+                [p + "attention.self.query", p + "attention.self.key", p + "attention.self.value"], h))
             probs = softmax((q @ np.ascontiguousarray(k.transpose(0, 1, 3, 2))) * scale + bias)
             ctx = (probs @ v).transpose(0, 2, 1, 3).reshape(B * L, H).astype(np.float32)
             a = self.linear(p + "attention.output.dense", ctx)

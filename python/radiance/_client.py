@@ -174,6 +174,7 @@ class _Session:
             "device": _cstr(ffi, si.device),
             "session_id": int(si.session_id),
             "max_rows": int(si.max_rows),
+            "max_request_layers": int(si.max_request_layers),
         }
 
     def message(self) -> str:
@@ -443,7 +444,9 @@ class Client:
     def server_info(self) -> Dict[str, Any]:
         """The daemon's handshake: protocol_version, server_version, backend
         ("cpu", "cuda", "hip"), device, session_id, max_rows (rows one
-        request may carry; linear() and submit() split larger inputs)."""
+        request may carry; linear() and submit() split larger inputs),
+        max_request_layers (layers one Model.linear_multi request may name;
+        0: a daemon that predates them)."""
         with self._lock:
             return dict(self._sess().info)
 
@@ -747,6 +750,68 @@ class Model:
         return _Prepared(xn, elem, lead, y, result)
 
     # -- calls ----------------------------------------------------------------
+    def linear_multi(self, layers: Sequence[Union[int, str, Layer]], x: Array,
+                     out: Optional[Sequence[Optional[Array]]] = None) -> List[Array]:
+        """Several layers of one K on the same x in one request: ``y[j] =
+        x . W_j^T + bias_j`` for each of `layers` (q, k and v of an attention
+        block; gate and up of an MLP), with one round trip and, on a W4A8
+        layer, one quantization of x for all of them. The outputs are bit for
+        bit those of linear() on each layer.
+
+        layers: 1..max_request_layers (server_info; 8) distinct layers
+            (names, indexes or Layer objects) with the same K.
+        x: [..., K] as for linear(): bf16 / float16 numpy array or CPU
+            torch tensor, any leading shape, copied if non-contiguous.
+        out: optional sequence of len(layers), each None or an [..., N_j]
+            bf16 C-contiguous writable array (tensor) for layer j, as
+            linear()'s out; outputs may not overlap x or each other.
+        Returns [y_0, ..., y_{n-1}], y_j [..., N_j] bf16 (numpy
+        ml_dtypes.bfloat16, or torch.bfloat16 tensors when x is one).
+
+        Raises RadianceError: EINVAL (no layers, more than the daemon takes,
+        a layer named twice, layers of different K: the message names them
+        and their K; x and out as linear()), ENOENT (a layer: no such name,
+        index out of range), ENOTSUP (the daemon predates several-layer
+        requests: "not supported by this daemon"), EBADF, the daemon's
+        status for a refused request, a connection error."""
+        ls = [self.layer(l) for l in layers]
+        where = f"model '{self.name}'"
+        if not ls:
+            raise RadianceError(errno.EINVAL, f"{where}: linear_multi needs at least one layer")
+        for j, l in enumerate(ls):
+            for i in range(j):
+                if ls[i] == l:
+                    raise RadianceError(errno.EINVAL, f"{where}: layers[{j}] ('{l.name}') repeats "
+                                        f"layers[{i}]")
+            if l.K != ls[0].K:
+                raise RadianceError(errno.EINVAL, f"{where}: layers[{j}] ('{l.name}') has K={l.K} "
+                                    f"but layers[0] ('{ls[0].name}') K={ls[0].K}: the layers of one "
+                                    f"request share x")
+        outs = list(out) if out is not None else [None] * len(ls)
+        if len(outs) != len(ls):
+            raise RadianceError(errno.EINVAL, f"{where}: out has {len(outs)} entries for "
+                                f"{len(ls)} layers")
+        ps = [self._prepare(l, x, o) for l, o in zip(ls, outs)]
+        for j in range(len(ps)):
+            for i in range(j):
+                if outs[i] is not None and outs[j] is not None and \
+                        np.may_share_memory(ps[i].y, ps[j].y):
+                    raise RadianceError(errno.EINVAL, f"{where}: out[{i}] and out[{j}] overlap")
+        rows = ps[0].x.shape[0]
+        if rows == 0:
+            return [p.result for p in ps]
+        c = self._client
+        ffi, lib = c._ffi, c._lib
+        xp = ffi.from_buffer("uint16_t[]", ps[0].x)
+        ybufs = [ffi.from_buffer("uint16_t[]", p.y, require_writable=True) for p in ps]
+        yp = ffi.new("void *[]", [ffi.cast("void *", b) for b in ybufs])
+        idx = ffi.new("uint32_t[]", [l.index for l in ls])
+        names = ", ".join(f"'{l.name}'" for l in ls)
+        self._call(f"layers {names} of model '{self.name}'",
+                   lambda h, mid: lib.radiance_linear_multi(h, mid, idx, len(ls), rows,
+                                                            ps[0].elem, xp, yp))
+        return [p.result for p in ps]
+
     def linear(self, layer: Union[int, str, Layer], x: Array, out: Optional[Array] = None) -> Array:
         """``y = x . W^T + bias`` on the daemon, synchronously.
 
@@ -773,19 +838,27 @@ class Model:
         ffi, lib = c._ffi, c._lib
         xp = ffi.from_buffer("uint16_t[]", p.x)
         yp = ffi.from_buffer("uint16_t[]", p.y, require_writable=True)
+        self._call(f"layer '{l.name}' of model '{self.name}'",
+                   lambda h, mid: lib.radiance_linear(h, mid, l.index, rows, p.elem, xp, yp))
+        return p.result
+
+    def _call(self, what: str, call: Callable[[Any, int], int]) -> None:
+        """call(session handle, model id) under the client's lock: 0 is
+        done; a lost connection is retried once on a fresh session (the
+        reconnect re-attaches the model); any other failure raises its
+        RadianceError, `what` saying what was asked."""
+        c = self._client
         with c._lock:
             for attempt in (0, 1):
                 s = c._sess()
-                mid = c._model_id(s, self)
-                rc = lib.radiance_linear(s.h, mid, l.index, rows, p.elem, xp, yp)
+                rc = call(s.h, c._model_id(s, self))
                 if rc == 0:
-                    return p.result
-                err = c._fail(s, rc, f"layer '{l.name}' of model '{self.name}'")
+                    return
+                err = c._fail(s, rc, what)
                 if attempt == 0 and s.dead is not None and s.dead.errno in _LOST:
                     log.info("connection lost (%s): reconnecting once", err.message)
                     continue
                 raise err
-        raise AssertionError("unreachable")
 
     def submit(self, layer: Union[int, str, Layer], x: Array,
                out: Optional[Array] = None) -> "Request":

@@ -6,13 +6,11 @@
  * head come from the input. Requests above 3 rows run in pieces, so some
  * stay queued from one pass to the next.
  *
- * collect_ring(), the function that pops a slot, decodes the LinearRequest
- * and validates it against the session's models and arena, is static, and
- * the public path to it is a thread fed through eventfds. So this file
- * includes daemon/executor.c and calls the pass directly, on the fuzzer's
- * thread, with no executor thread running: deterministic, and every line
- * is the product's. (The harness therefore tracks struct radiance_executor's
- * fields: if executor.c is reorganised, adjust setup() below.)
+ * The executor runs inline (executor__create_inline, daemon/executor.h):
+ * each pass is executor__serve() on the fuzzer's thread, with no executor
+ * thread, deterministic, and every line the product's. Decoding and
+ * validating one entry on its own is daemon/request.h's, fuzzed directly by
+ * fuzz_request.c; here it is reached through the round.
  *
  * Each ring's arena is a heap block of exactly arena_bytes, so a request
  * that validation lets through with a range outside the arena is caught by
@@ -38,11 +36,22 @@
  *   then the client consumes every CQ entry (radiance_ring_pop + decode);
  *   a round with bit 4 that ends the input still gets its pass.
  *
- * Models: id 1 (W4A8 16x128 with bias, bf16 8x16, W4A8 8x256) and id 2
+ * Models: id 1 (W4A8 16x128 with bias, bf16 8x16, W4A8 8x256, W4A8 24x128,
+ * bf16 8x128: layers 0, 3 and 4 share K for requests of several) and id 2
  * (bf16 24x8 with bias) are referenced by both rings; id 3 exists but is
  * referenced by neither.
  */
-#include "../../daemon/executor.c"
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include "executor.h"
+#include "log.h"
+#include "proto_util.h"
 
 #include "fuzz_common.h"
 
@@ -71,7 +80,6 @@ static uint32_t rd32(struct reader *r)
 }
 
 static struct radiance_executor *E;
-static uv_loop_t loop;
 static struct radiance_stats global_stats;
 static struct radiance_model models[3];
 static struct exec_model emodels[3];
@@ -88,10 +96,6 @@ struct fz_ring {
 	int head_forged;                 /* this input moved the CQ head itself */
 };
 static struct fz_ring rings[FZ_RINGS];
-
-static void fz_on_async(uv_async_t *h)
-{
-}
 
 static void on_broken(struct exec_job *job)
 {
@@ -144,38 +148,28 @@ static void setup(void)
 {
 	char err[256];
 	radiance_log_init(getenv("FUZZ_VERBOSE") ? RADIANCE_LOG_DEBUG : RADIANCE_LOG_SILENT);
-	FUZZ_CHECK(uv_loop_init(&loop) == 0);
-	E = calloc(1, sizeof *E);
-	FUZZ_CHECK(E);
-	E->loop = &loop;
-	E->opt.backend = (struct radiance_backend_options){
-		.kind = "cpu", .max_rows = FZ_MAX_ROWS, .max_decode_rows = FZ_MAX_ROWS,
-		.max_n = 64, .max_k = 256,
+	struct executor_options o = {
+		.backend = { .kind = "cpu", .max_rows = FZ_MAX_ROWS, .max_decode_rows = FZ_MAX_ROWS,
+			     .max_n = 64, .max_k = 256 },
+		.max_rings = FZ_RINGS,
+		.chunk_rows = 3,
+		.session_rows = FZ_MAX_ROWS,
+		.global_stats = &global_stats,
 	};
-	E->opt.max_rings = FZ_RINGS;
-	E->opt.global_stats = &global_stats;
-	E->sched = (struct sched_params){ .chunk_rows = 3, .session_rows = FZ_MAX_ROWS,
-					  .max_rows = FZ_MAX_ROWS };
 	stats_init(&global_stats);
-	pthread_mutex_init(&E->lock, NULL);
-	FUZZ_CHECK(uv_async_init(&loop, &E->async, fz_on_async) == 0);
-	E->async.data = E;
-	E->ctl_efd = E->epfd = -1;
-	E->rings = calloc(FZ_RINGS, sizeof *E->rings);
-	E->flows = calloc(FZ_RINGS, sizeof *E->flows);
-	E->batch = calloc((size_t)FZ_RINGS * EXEC_BATCH, sizeof *E->batch);
-	E->rows = calloc(FZ_MAX_ROWS, sizeof *E->rows);
-	FUZZ_CHECK(E->rings && E->flows && E->batch && E->rows);
-	FUZZ_CHECK(radiance_backend_create(&E->opt.backend, &E->backend, err, sizeof err) == 0);
+	FUZZ_CHECK(executor__create_inline(&o, &E, err, sizeof err) == 0);
+	struct radiance_backend *backend = executor__backend(E);
 
-	static struct radiance_layer l1[3], l2[1], l3[1];
+	static struct radiance_layer l1[5], l2[1], l3[1];
 	layer_w4a8(&l1[0], "m1.w4a8_16x128", 16, 128, 1);
 	layer_bf16(&l1[1], "m1.bf16_8x16", 8, 16, 0);
 	layer_w4a8(&l1[2], "m1.w4a8_8x256", 8, 256, 0);
+	layer_w4a8(&l1[3], "m1.w4a8_24x128", 24, 128, 1);
+	layer_bf16(&l1[4], "m1.bf16_8x128", 8, 128, 1);
 	layer_bf16(&l2[0], "m2.bf16_24x8", 24, 8, 1);
 	layer_bf16(&l3[0], "m3.bf16_8x8", 8, 8, 0);
 	struct radiance_layer *ls[3] = { l1, l2, l3 };
-	size_t nl[3] = { 3, 1, 1 };
+	size_t nl[3] = { 5, 1, 1 };
 	exec_refs_init(&refs);
 	for (int i = 0; i < 3; i++) {
 		models[i] = (struct radiance_model){ .name = (char *)"fuzz", .layers = ls[i],
@@ -185,7 +179,7 @@ static void setup(void)
 		emodels[i].handles = calloc(nl[i], sizeof *emodels[i].handles);
 		FUZZ_CHECK(emodels[i].handles);
 		for (size_t j = 0; j < nl[i]; j++)
-			FUZZ_CHECK(radiance_backend_layer_upload(E->backend, &ls[i][j],
+			FUZZ_CHECK(radiance_backend_layer_upload(backend, &ls[i][j],
 								 &emodels[i].handles[j], err,
 								 sizeof err) == 0);
 		emodels[i].uploaded = nl[i];
@@ -240,7 +234,7 @@ static void pass(void)
 		cq_before[i] = rings[i].r.cq.local;
 		queued[i] = rings[i].r.flow.n;
 	}
-	serve_pass(E, NULL);
+	executor__serve(E);
 	for (int i = 0; i < FZ_RINGS; i++) {
 		struct exec_ring *r = &rings[i].r;
 		uint32_t taken = r->sq.local - before[i];
@@ -289,9 +283,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	uint64_t arena_bytes = 256u * (a % 32u + 1u);
 	uint32_t seed = seed8 ? 0x9E3779B9u * seed8 : 0;
 
-	E->nrings = FZ_RINGS;
-	E->rr = 0;
-	job_list_take(&E->done);
+	executor__take_done(E);
 	for (int i = 0; i < FZ_RINGS; i++) {
 		struct fz_ring *fr = &rings[i];
 		struct exec_ring *r = &fr->r;
@@ -318,7 +310,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		stats_init(&fr->stats);
 		r->stats = &fr->stats;
 		exec_ring_init(r, on_broken, fr);
-		E->rings[i] = r;
+		FUZZ_CHECK(executor__ring_add(E, r, NULL, 0) == 0);
 	}
 
 	for (int round = 0; round < 64 && in.n; round++) {
@@ -355,7 +347,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
 	/* A broken ring was reported exactly once, through its notice job. */
 	size_t notices = 0;
-	for (struct exec_job *j = E->done.head; j; j = j->next) {
+	for (struct exec_job *j = executor__take_done(E); j; j = j->next) {
 		FUZZ_CHECK(j->kind == EXEC_JOB_NOTICE && j->status == -EPROTO && j->err[0]);
 		notices++;
 	}
@@ -363,9 +355,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	for (int i = 0; i < FZ_RINGS; i++)
 		dead += rings[i].r.dead != 0;
 	FUZZ_CHECK(notices == dead);
-	job_list_take(&E->done);
 
 	for (int i = 0; i < FZ_RINGS; i++) {
+		FUZZ_CHECK(executor__ring_remove(E, &rings[i].r) == 0);
 		free(rings[i].r.arena);
 		free(rings[i].sq_slots);
 		free(rings[i].cq_slots);

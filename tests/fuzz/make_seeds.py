@@ -312,7 +312,8 @@ def ring_seeds():
     T = "fuzz_ring_slot"
     G = geometry()                 # sq 4, cq 4, arena 2048
     # model 1: layer 0 W4A8 16x128 (x 256 B/row, y 32 B/row), layer 1 bf16 8x16,
-    # layer 2 W4A8 8x256; model 2: layer 0 bf16 24x8
+    # layer 2 W4A8 8x256, layer 3 W4A8 24x128, layer 4 bf16 8x128; model 2:
+    # layer 0 bf16 24x8
     ok = [
         req(1, 1, 0, 1, 1, 0, 1024),
         req(2, 1, 1, 2, 2, 256, 1280),
@@ -330,7 +331,7 @@ def ring_seeds():
     write(T, "valid_empty_request", G + rnd([slot(b"\x08\x00")]))
     rejects = [
         req(1, 3, 0, 1, 1, 0, 1024),     # model not referenced: ENOENT
-        req(2, 1, 3, 1, 1, 0, 1024),     # layer out of range: ENOENT
+        req(2, 1, 5, 1, 1, 0, 1024),     # layer out of range: ENOENT
         req(3, 1, 0, 0, 1, 0, 1024),     # rows 0: EINVAL
         req(4, 1, 0, 9, 1, 0, 1024),     # rows > max_rows: EINVAL
     ]
@@ -352,9 +353,47 @@ def ring_seeds():
     write(T, "violation_tail_wild", G + rnd([slot(ok[0])], wild_tail=0x80000000))
     write(T, "violation_tail_ahead", G + rnd([slot(ok[0])], count=9))
     write(T, "violation_cq_head", G + rnd([slot(ok[0])], cq_back=200) + rnd([slot(ok[1])]))
+    # model 1 layer 3: W4A8 24x128, layer 4 bf16 8x128 (K 128, as layer 0)
+    write(T, "valid_multi_layer", G + rnd([slot(multi(1, 1, [0, 3], 2, 1, 0, [1024, 1152])),
+                                           slot(multi(2, 1, [3, 0, 4], 1, 2, 256, [1408, 1536, 1600]))]))
+    write(T, "valid_multi_merge_two_rings", G +
+          rnd([slot(multi(1, 1, [0, 4], 2, 1, 0, [1024, 1152]))], 0, no_pass=True) +
+          rnd([slot(multi(2, 1, [0, 4], 3, 1, 0, [1024, 1152]))], 1))
+    write(T, "valid_multi_pieces", geometry(3, True, False, 31, 5) +
+          rnd([slot(multi(3, 1, [0, 3, 4], 8, 1, 0, [4096, 5120, 6144]))]))
+    write(T, "reject_multi_k", G + rnd([slot(multi(1, 1, [0, 2], 1, 1, 0, [1024, 1152]))]))
     write(T, "cq_full_backpressure", geometry(3, False, False, 31, 3) +
           rnd([slot(req(i, 1, 1, 1, 1, 32 * i, 4096 + 16 * i)) for i in range(8)], cq_back=0) +
           rnd([], cq_back=8) + rnd([]))
+
+
+def packed(field, values):     # a packed repeated varint field
+    return fb(field, b"".join(varint(v) for v in values))
+
+
+def multi(rid, model, layers, rows, dtype, inp, outs):
+    """A LinearRequest of several layers: layers[0]/outs[0] in layer and
+    output_offset, the rest in extra_layers (20) and extra_output_offsets (21)."""
+    return req(rid, model, layers[0], rows, dtype, inp, outs[0]) + \
+        packed(20, layers[1:]) + packed(21, outs[1:])
+
+
+def request_seeds():
+    T = "fuzz_request"
+    A = bytes([63, 7])          # arena 16384, max_rows 8
+    # model 1: 0 W4A8 16x128, 1 W4A8 32x128, 2 bf16 8x128, 3 W4A8 8x256, 4 bf16 8x16
+    write(T, "valid_one", A + req(1, 1, 0, 2, 1, 0, 1024))
+    write(T, "valid_three", A + multi(2, 1, [0, 1, 2], 2, 1, 0, [1024, 2048, 4096]))
+    write(T, "valid_eight_rows", A + multi(3, 1, [1, 0], 8, 2, 0, [4096, 8192]))
+    write(T, "reject_k", A + multi(4, 1, [0, 3], 1, 1, 0, [1024, 2048]))
+    write(T, "reject_repeat", A + multi(5, 1, [0, 1, 0], 1, 1, 0, [1024, 2048, 3072]))
+    write(T, "reject_too_many", A + multi(6, 1, [0, 1, 2, 0, 1, 2, 0, 1, 2], 1, 1, 0,
+                                          [1024 * (i + 1) for i in range(9)]))
+    write(T, "reject_counts", A + req(7, 1, 0, 1, 1, 0, 1024) + packed(20, [1]))
+    write(T, "reject_out_overlap", A + multi(8, 1, [0, 1], 1, 1, 0, [1024, 1040]))
+    write(T, "reject_out_fault", A + multi(9, 1, [0, 1], 1, 1, 0, [1024, 16384 - 32]))
+    write(T, "reject_range", A + multi(10, 1, [0, 7], 1, 1, 0, [1024, 2048]))
+    write(T, "reject_model", A + multi(11, 2, [0, 1], 1, 1, 0, [1024, 2048]))
 
 
 # ---- quantization config ---------------------------------------------------
@@ -522,6 +561,7 @@ if __name__ == "__main__":
     frame_seeds()
     session_seeds()
     ring_seeds()
+    request_seeds()
     quant_config_seeds()
     total = 0
     for root, _, files in os.walk(OUT):

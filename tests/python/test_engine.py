@@ -133,6 +133,25 @@ def test_runner_without_tokenizers_fails_at_once():
     assert "nonexistent.sock" not in p.stderr    # before anything else is tried
 
 
+def test_qkv_in_one_request_changes_no_bit(model, reference):
+    """The engine sends q, k and v of a block as one request
+    (Model.linear_multi); one layer per request, as against a daemon that
+    predates them, gives the very same embeddings."""
+    sentences = reference[0][::5]
+    assert minilm.daemon_linear_multi(model) is not None
+    calls = []
+    multi = minilm.daemon_linear_multi(model)
+
+    def counted(names, x):
+        calls.append(tuple(names))
+        return multi(names, x)
+    a = minilm.MiniLM.from_checkpoint(model, str(CKPT), linear_multi=counted).encode(sentences)
+    b = minilm.MiniLM.from_checkpoint(model, str(CKPT), linear_multi=None).encode(sentences)
+    assert np.array_equal(a, b)
+    assert calls and all(len(c) == 3 and c[0].endswith("query") and c[2].endswith("value")
+                         for c in calls)
+
+
 def test_runner_two_workers(daemon, tmp_path):
     out = tmp_path / "run.json"
     env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
