@@ -739,6 +739,8 @@ static const char *job_kind_name(enum exec_job_kind k)
 		return "model free";
 	case EXEC_JOB_PING:
 		return "ping";
+	case EXEC_JOB_DEFER:
+		return "deferral";
 	case EXEC_JOB_NOTICE:
 		return "notice";
 	}
