@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import numerics_ref as ref
-from conftest import BACKEND, BUILD, DATA
+from conftest import BACKEND, BUILD, CKPT, DATA, Daemon
 
 BF16 = ml_dtypes.bfloat16
 LAYERS = ["encoder.layer.0.attention.self.query", "encoder.layer.2.attention.self.value",
@@ -131,3 +131,47 @@ def test_w4a8_cost_against_the_fp32_model(model, acts):
         worst = max(worst, rel)
         assert rel < 0.20, (l.name, rel)
     assert worst > 0.05   # int4 weights cost something: identical would mean a wrong file
+
+
+@pytest.mark.skipif(BACKEND != "cpu", reason="a level of the CPU backend")
+def test_cpu_avx2_int16_level(ckpt_tensors, acts, monkeypatch, tmp_path):
+    """RADIANCE_CPU_SIMD=avx2-int16 (exact integer group sums, docs/numerics.md
+    "CPU fast path"): not the C reference's bits, but within its stated
+    bound of the float64 definition: one bf16 rounding plus (G + 3) fp32
+    roundings of the magnitude sum, G = K / 128 groups (tighter than the
+    definition's K), and the zero-row and NaN-row rules."""
+    import radiance
+
+    monkeypatch.setenv("RADIANCE_CPU_SIMD", "avx2-int16")
+    d = Daemon(tmp_path)
+    try:
+        d.start()
+    except RuntimeError as e:
+        if "has no avx2-int16" in str(e):
+            pytest.skip("this CPU has no AVX2")
+        raise
+    try:
+        assert "avx2-int16 kernels" in d.log()
+        with radiance.Client(d.socket, timeout=60) as c:
+            model = c.load(CKPT)
+            differ = 0
+            for name in LAYERS:
+                xb = np.asarray(acts[name + ".x"], np.float32).astype(BF16)
+                y = model.linear(name, xb)
+                exact, absum, codes, scales, bias = layer_ref(ckpt_tensors, name, xb)
+                check_floor(y, exact, absum, xb.shape[1] // 128 + 3)
+                differ += int((y.view(np.uint16) != kernel_bits(xb, codes, scales, bias)).sum())
+            print(f"avx2-int16: {differ} outputs differ from the C reference's bits")
+            name = "encoder.layer.0.attention.self.key"
+            x = np.random.default_rng(5).standard_normal((4, 384)).astype(BF16)
+            x[1] = 0
+            x[2, 17] = np.inf
+            x[3, 300] = np.nan
+            y = model.linear(name, x).astype(np.float64)
+            b = np.asarray(ckpt_tensors[name + ".bias"])
+            assert np.array_equal(y[1], b.astype(np.float32).astype(BF16).astype(np.float64))
+            assert np.isnan(y[2]).all() and np.isnan(y[3]).all()
+            exact, absum, *_ = layer_ref(ckpt_tensors, name, x[:1])
+            check_floor(y[:1], exact, absum, 384 // 128 + 3)
+    finally:
+        assert d.stop() == 0
