@@ -125,6 +125,41 @@ INLINE __m256 hsum8(const __m256 *acc)
 
 static const int lane_slot[8] = { 0, 2, 4, 6, 1, 3, 5, 7 };
 
+/* gacc + p * scale_g, lane by lane in the order hsum8 leaves (slot s = row
+ * s / C, column s % C), multiply and add rounded separately. */
+INLINE __m256 add_scaled(__m256 gacc, __m256 p, const uint16_t *const *sc, uint32_t g,
+			 const int R, const int C)
+{
+	uint16_t h[8];
+	for (int l = 0; l < 8; l++) {
+		int slot = lane_slot[l];
+		h[l] = slot < R * C ? sc[slot % C][g] : 0;
+	}
+	__m256 scale = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
+	return _mm256_add_ps(gacc, _mm256_mul_ps(p, scale));
+}
+
+/* After groups up to g1: the running sums kept for the next K block, or,
+ * after the last group, y = bf16(acc * s + bias) unfused. */
+INLINE void w4a8_finish(const struct radiance__w4a8_tile *t, uint32_t r0, uint32_t j0,
+			uint32_t g1, __m256 *state, __m256 gacc, const int R, const int C)
+{
+	if (g1 < t->k / RADIANCE_GROUP_SIZE) {
+		*state = gacc;
+		return;
+	}
+	float out[8];
+	_mm256_storeu_ps(out, gacc);
+	for (int l = 0; l < 8; l++) {
+		int slot = lane_slot[l];
+		if (slot >= R * C)
+			continue;
+		uint32_t r = r0 + (uint32_t)(slot / C), j = j0 + (uint32_t)(slot % C);
+		float b = t->bias ? t->bias[j] : 0.0f;
+		t->y[(size_t)r * t->n + j] = radiance_bf16_from_f32(out[l] * t->s[r] + b);
+	}
+}
+
 /* R rows from r0 by C columns from j0 (R * C <= 8 accumulators: enough
  * independent FMA chains to cover the FMA latency). */
 INLINE void w4a8_micro(const struct radiance__w4a8_tile *t, uint32_t r0, uint32_t j0,
@@ -180,29 +215,9 @@ INLINE void w4a8_micro(const struct radiance__w4a8_tile *t, uint32_t r0, uint32_
 				}
 			}
 		}
-		/* group scales in the lane order hsum8 leaves */
-		uint16_t h[8];
-		for (int l = 0; l < 8; l++) {
-			int slot = lane_slot[l];
-			h[l] = slot < R * C ? sc[slot % C][g] : 0;
-		}
-		__m256 scale = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
-		gacc = _mm256_add_ps(gacc, _mm256_mul_ps(hsum8(acc), scale));
+		gacc = add_scaled(gacc, hsum8(acc), sc, g, R, C);
 	}
-	if (g1 < groups) {
-		*state = gacc;
-		return;
-	}
-	float out[8];
-	_mm256_storeu_ps(out, gacc);
-	for (int l = 0; l < 8; l++) {
-		int slot = lane_slot[l];
-		if (slot >= R * C)
-			continue;
-		uint32_t r = r0 + (uint32_t)(slot / C), j = j0 + (uint32_t)(slot % C);
-		float b = t->bias ? t->bias[j] : 0.0f;
-		t->y[(size_t)r * t->n + j] = radiance_bf16_from_f32(out[l] * t->s[r] + b);
-	}
+	w4a8_finish(t, r0, j0, g1, state, gacc, R, C);
 }
 
 #define W4A8_MICRO(R, C) \
@@ -225,34 +240,38 @@ static const w4a8_micro_fn w4a8_one[9] = {
 	w4a8_micro_5_1, w4a8_micro_6_1, w4a8_micro_7_1, w4a8_micro_8_1,
 };
 
-static uint32_t cols_for(uint32_t rows)
-{
-	return rows == 1 ? 8 : rows == 2 ? 4 : rows <= 4 ? 2 : 1;
-}
+/* Columns of one micro-kernel call by its rows (1..8); and its tails. */
+static const uint32_t fp32_cols[9] = { 0, 8, 4, 2, 2, 1, 1, 1, 1 };
 
 /* Rows in blocks of at most 8; with several rows, K in blocks whose
- * activations (rows x 128 x groups fp32) fit in 16 KiB of L1, every column of
- * the tile passing over one K block before the next. A column's groups are
- * still summed in order, so the result is unchanged. */
-void radiance__w4a8_tile_avx2(const struct radiance__w4a8_tile *t)
+ * activations (rows x 128 x groups, budget / rows groups) fit in 16 KiB of
+ * L1, every column of the tile passing over one K block before the next. A
+ * column's groups are still summed in order, so the result is unchanged. */
+static void w4a8_tiles(const struct radiance__w4a8_tile *t, const w4a8_micro_fn *wide,
+		       const w4a8_micro_fn *one, const uint32_t *cols_for, uint32_t budget)
 {
 	const uint32_t groups = t->k / RADIANCE_GROUP_SIZE;
 	__m256 state[RADIANCE__TILE_MAX_COLS];
 	for (uint32_t r = t->r0; r < t->r1; r += 8) {
 		uint32_t rows = t->r1 - r < 8 ? t->r1 - r : 8;
-		uint32_t cols = cols_for(rows);
-		uint32_t gstep = rows == 1 ? groups : 32 / rows;
+		uint32_t cols = cols_for[rows];
+		uint32_t gstep = rows == 1 ? groups : budget / rows;
 		for (uint32_t g0 = 0; g0 < groups; g0 += gstep) {
 			uint32_t g1 = g0 + gstep < groups ? g0 + gstep : groups;
 			uint32_t j = t->n0;
 			/* one K block (gstep == groups) needs no running state */
 			const int blocked = gstep < groups;
 			for (; j + cols <= t->n1; j += cols)
-				w4a8_wide[rows](t, r, j, g0, g1, blocked ? &state[j - t->n0] : NULL);
+				wide[rows](t, r, j, g0, g1, blocked ? &state[j - t->n0] : NULL);
 			for (; j < t->n1; j++)
-				w4a8_one[rows](t, r, j, g0, g1, blocked ? &state[j - t->n0] : NULL);
+				one[rows](t, r, j, g0, g1, blocked ? &state[j - t->n0] : NULL);
 		}
 	}
+}
+
+void radiance__w4a8_tile_avx2(const struct radiance__w4a8_tile *t)
+{
+	w4a8_tiles(t, w4a8_wide, w4a8_one, fp32_cols, 32);   /* fp32 activations */
 }
 
 /* ---- W4A8 on 16-bit integers ------------------------------------------------
@@ -412,28 +431,9 @@ INLINE void w4a8i_micro(const struct radiance__w4a8_tile *t, uint32_t r0, uint32
 			W4A8I_PASS(xl, R, C)
 		}
 		__m256 p = _mm256_mul_ps(_mm256_cvtepi32_ps(hsum8_epi32(acc)), _mm256_set1_ps(0x1p-9f));
-		uint16_t h[8];
-		for (int l = 0; l < 8; l++) {
-			int slot = lane_slot[l];
-			h[l] = slot < R * C ? sc[slot % C][g] : 0;
-		}
-		__m256 scale = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
-		gacc = _mm256_add_ps(gacc, _mm256_mul_ps(p, scale));
+		gacc = add_scaled(gacc, p, sc, g, R, C);
 	}
-	if (g1 < groups) {
-		*state = gacc;
-		return;
-	}
-	float out[8];
-	_mm256_storeu_ps(out, gacc);
-	for (int l = 0; l < 8; l++) {
-		int slot = lane_slot[l];
-		if (slot >= R * C)
-			continue;
-		uint32_t r = r0 + (uint32_t)(slot / C), j = j0 + (uint32_t)(slot % C);
-		float b = t->bias ? t->bias[j] : 0.0f;
-		t->y[(size_t)r * t->n + j] = radiance_bf16_from_f32(out[l] * t->s[r] + b);
-	}
+	w4a8_finish(t, r0, j0, g1, state, gacc, R, C);
 }
 
 #define W4A8I_MICRO(R, C) \
@@ -453,31 +453,11 @@ static const w4a8_micro_fn w4a8i_one[9] = {
 	w4a8i_micro_5_1, w4a8i_micro_6_1, w4a8i_micro_7_1, w4a8i_micro_8_1,
 };
 
-static uint32_t i16_cols_for(uint32_t rows)
-{
-	return rows == 1 ? 4 : rows == 2 ? 3 : rows <= 4 ? 2 : 1;
-}
+static const uint32_t int16_cols[9] = { 0, 4, 3, 2, 2, 1, 1, 1, 1 };
 
-/* As radiance__w4a8_tile_avx2, K blocks of hi activations (rows x 128 x
- * groups int16) within 16 KiB of L1. */
 void radiance__w4a8i_tile_avx2(const struct radiance__w4a8_tile *t)
 {
-	const uint32_t groups = t->k / RADIANCE_GROUP_SIZE;
-	__m256 state[RADIANCE__TILE_MAX_COLS];
-	for (uint32_t r = t->r0; r < t->r1; r += 8) {
-		uint32_t rows = t->r1 - r < 8 ? t->r1 - r : 8;
-		uint32_t cols = i16_cols_for(rows);
-		uint32_t gstep = rows == 1 ? groups : 64 / rows;
-		for (uint32_t g0 = 0; g0 < groups; g0 += gstep) {
-			uint32_t g1 = g0 + gstep < groups ? g0 + gstep : groups;
-			uint32_t j = t->n0;
-			const int blocked = gstep < groups;
-			for (; j + cols <= t->n1; j += cols)
-				w4a8i_wide[rows](t, r, j, g0, g1, blocked ? &state[j - t->n0] : NULL);
-			for (; j < t->n1; j++)
-				w4a8i_one[rows](t, r, j, g0, g1, blocked ? &state[j - t->n0] : NULL);
-		}
-	}
+	w4a8_tiles(t, w4a8i_wide, w4a8i_one, int16_cols, 64);   /* int16 hi activations */
 }
 
 /* Eight rows of eight bf16 (row l = column j + l at k .. k+7) transposed to
