@@ -5,7 +5,7 @@
  * optionally the scalar reference (kernels/w4a8_cpu.h) as a peer.
  *
  *   bench_cpu [--threads N] [--ms 1,4,16,64,256] [--set 27b|minilm|all]
- *             [--reference] [--header] [--quick]
+ *             [--simd scalar|avx2|avx2-int16] [--reference] [--header] [--quick]
  *
  * Weights are random (no checkpoint needed), generated in-process. For the
  * 27B shapes the weights rotate over enough copies that each call reads
@@ -14,8 +14,12 @@
  * cache, as they do when that model is served. Each time is the median of
  * its repetitions (at least 3; about 0.5 s in all for small M).
  * Prints CSV rows: date,cpu,threads,shape,m,us,gbps,probe_us,
- * fraction_of_probe,peer,peer_us (bench/cpu_peers.py adds the numpy peer
- * and writes bench/results/).
+ * fraction_of_probe,peer,peer_us,simd,cpu_us: simd is the level that ran
+ * (--simd asks for one as the daemon's cpu_simd option does, default the daemon's
+ * choice), cpu_us the median CPU time of the process per call (all its
+ * threads, spinning included: without the time spent waiting for a core
+ * that other jobs held).
+ * bench/cpu_peers.py adds the numpy peer and writes bench/results/.
  */
 #include <errno.h>
 #include <stdint.h>
@@ -59,6 +63,16 @@ static double now_s(void)
 {
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* CPU time of the whole process (every thread, a pool thread's spin
+ * included): on a machine shared with other jobs, what a call costs
+ * without the time its threads waited for a core. */
+static double cpu_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
 	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
@@ -116,7 +130,7 @@ static double probe_once(struct radiance_cpu_pool *pool, const uint8_t *buf, siz
 static void usage(void)
 {
 	fprintf(stderr, "usage: bench_cpu [--threads N] [--ms 1,4,16,64,256] [--set 27b|minilm|all] "
-			"[--reference] [--header] [--quick] [--simd auto|scalar|avx2]\n");
+			"[--reference] [--header] [--quick] [--simd auto|scalar|avx2|avx2-int16]\n");
 	exit(2);
 }
 
@@ -147,8 +161,10 @@ int main(int argc, char **argv)
 				simd = RADIANCE_CPU_SIMD_AUTO;
 			else if (strcmp(v, "scalar") == 0)
 				simd = RADIANCE_CPU_SIMD_SCALAR;
-			else if (strcmp(v, "avx2") == 0)
+			else if (strcmp(v, "avx2") == 0 || strcmp(v, "avx2+fma") == 0)
 				simd = RADIANCE_CPU_SIMD_AVX2;
+			else if (strcmp(v, "avx2-int16") == 0)
+				simd = RADIANCE_CPU_SIMD_AVX2_INT16;
 			else
 				usage();
 		} else if (strcmp(argv[i], "--quick") == 0) {
@@ -185,7 +201,7 @@ int main(int argc, char **argv)
 	fprintf(stderr, "bench_cpu: %s, %s kernels, %u threads\n", cpu,
 		radiance_cpu_simd_name(radiance_cpu_fast_simd(fast)), threads);
 	if (header)
-		printf("date,cpu,threads,shape,m,us,gbps,probe_us,fraction_of_probe,peer,peer_us\n");
+		printf("date,cpu,threads,shape,m,us,gbps,probe_us,fraction_of_probe,peer,peer_us,simd,cpu_us\n");
 
 	uint16_t *x = malloc((size_t)max_m * 17408 * 2);
 	uint16_t *y = malloc((size_t)max_m * 34816 * 2);
@@ -243,15 +259,18 @@ int main(int argc, char **argv)
 				if (quick)
 					reps /= 5;
 				reps = reps < 3 ? 3 : reps > 2001 ? 2001 : reps;
-				double *tv = malloc(sizeof *tv * (size_t)reps);
+				double *tv = malloc(sizeof *tv * (size_t)reps * 2), *cv = tv + reps;
+				if (!tv)
+					return 1;
 				for (int r = 0; r < reps; r++, it++) {
-					double a = now_s();
+					double a = now_s(), c = cpu_s();
 					radiance_cpu_fast_w4a8(fast, x, RADIANCE_DTYPE_BF16, m,
 							       cp[it % ncopies].qweight,
 							       cp[it % ncopies].scales, NULL, n, k, y);
+					cv[r] = cpu_s() - c;
 					tv[r] = now_s() - a;
 				}
-				double us = median(tv, reps) * 1e6;
+				double us = median(tv, reps) * 1e6, cpu_us = median(cv, reps) * 1e6;
 				free(tv);
 				char peer[64] = "";
 				char peer_us[32] = "";
@@ -269,9 +288,10 @@ int main(int argc, char **argv)
 					snprintf(peer, sizeof peer, "scalar-reference-1thread");
 					snprintf(peer_us, sizeof peer_us, "%.1f", median(rt, rr) * 1e6);
 				}
-				printf("%s,%s,%u,%ux%u,%u,%.1f,%.2f,%.1f,%.3f,%s,%s\n", date, cpu, threads, n,
-				       k, m, us, (double)bytes / us * 1e-3, probe_us, probe_us / us, peer,
-				       peer_us);
+				printf("%s,%s,%u,%ux%u,%u,%.1f,%.2f,%.1f,%.3f,%s,%s,%s,%.1f\n", date, cpu,
+				       threads, n, k, m, us, (double)bytes / us * 1e-3, probe_us, probe_us / us,
+				       peer, peer_us, radiance_cpu_simd_name(radiance_cpu_fast_simd(fast)),
+				       cpu_us);
 				fflush(stdout);
 			}
 			for (size_t c = 0; c < ncopies; c++)

@@ -56,6 +56,7 @@ static int cpu_create(const struct radiance_backend_options *opt, void **state, 
 		.threads = opt->cpu_threads,
 		.simd = opt->cpu_simd == 1   ? RADIANCE_CPU_SIMD_SCALAR
 			: opt->cpu_simd == 2 ? RADIANCE_CPU_SIMD_AVX2
+			: opt->cpu_simd == 3 ? RADIANCE_CPU_SIMD_AVX2_INT16
 					      : RADIANCE_CPU_SIMD_AUTO,
 		.max_rows = opt->max_rows,
 		.max_k = s->max_k,

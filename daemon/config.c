@@ -98,8 +98,10 @@ static const struct setting settings[] = {
 	/* kernel settings (docs/cpu.md, docs/gpu.md, docs/numerics.md "Contract") */
 	{ "cpu_simd", 500, "LEVEL", V_CHOICE, OFF(cpu_simd), 0, 0,
 	  "CPU backend: SIMD kernels: auto (the best this CPU has), scalar (the "
-	  "reference kernels) or avx2; a level the CPU lacks fails start-up; every "
-	  "level gives the same bits (auto)" },
+	  "reference kernels), avx2 (the same bits as scalar) or avx2-int16 (W4A8 "
+	  "group sums in 16-bit integers: faster at M > 1, within a stated bound of "
+	  "the reference, not bit-exact; never chosen by auto); a level the CPU lacks "
+	  "fails start-up (auto)" },
 	{ "prefill", 501, "HOW", V_CHOICE, OFF(prefill), 0, 0,
 	  "GPU: W4A8 launches above decode_rows: exact (f16 tensor cores, fp32 "
 	  "accumulation, within one bf16 step of the definition) or fast (sm_90a fp8 "
@@ -136,7 +138,7 @@ static const struct setting settings[] = {
 #define NSETTINGS (sizeof settings / sizeof settings[0])
 
 /* The values of each V_CHOICE setting, in the order of their indices. */
-static const char *const cpu_simd_choices[] = { "auto", "scalar", "avx2", NULL };
+static const char *const cpu_simd_choices[] = { "auto", "scalar", "avx2", "avx2-int16", NULL };
 static const char *const prefill_choices[] = { "exact", "fast", NULL };
 static const char *const wgmma_tile_choices[] = { "auto", "128", "96", NULL };
 static const struct {

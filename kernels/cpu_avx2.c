@@ -29,6 +29,7 @@
 #if defined(__x86_64__)
 
 #include <immintrin.h>
+#include <string.h>
 
 #define INLINE static inline __attribute__((always_inline))
 
@@ -124,6 +125,41 @@ INLINE __m256 hsum8(const __m256 *acc)
 
 static const int lane_slot[8] = { 0, 2, 4, 6, 1, 3, 5, 7 };
 
+/* gacc + p * scale_g, lane by lane in the order hsum8 leaves (slot s = row
+ * s / C, column s % C), multiply and add rounded separately. */
+INLINE __m256 add_scaled(__m256 gacc, __m256 p, const uint16_t *const *sc, uint32_t g,
+			 const int R, const int C)
+{
+	uint16_t h[8];
+	for (int l = 0; l < 8; l++) {
+		int slot = lane_slot[l];
+		h[l] = slot < R * C ? sc[slot % C][g] : 0;
+	}
+	__m256 scale = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
+	return _mm256_add_ps(gacc, _mm256_mul_ps(p, scale));
+}
+
+/* After groups up to g1: the running sums kept for the next K block, or,
+ * after the last group, y = bf16(acc * s + bias) unfused. */
+INLINE void w4a8_finish(const struct radiance__w4a8_tile *t, uint32_t r0, uint32_t j0,
+			uint32_t g1, __m256 *state, __m256 gacc, const int R, const int C)
+{
+	if (g1 < t->k / RADIANCE_GROUP_SIZE) {
+		*state = gacc;
+		return;
+	}
+	float out[8];
+	_mm256_storeu_ps(out, gacc);
+	for (int l = 0; l < 8; l++) {
+		int slot = lane_slot[l];
+		if (slot >= R * C)
+			continue;
+		uint32_t r = r0 + (uint32_t)(slot / C), j = j0 + (uint32_t)(slot % C);
+		float b = t->bias ? t->bias[j] : 0.0f;
+		t->y[(size_t)r * t->n + j] = radiance_bf16_from_f32(out[l] * t->s[r] + b);
+	}
+}
+
 /* R rows from r0 by C columns from j0 (R * C <= 8 accumulators: enough
  * independent FMA chains to cover the FMA latency). */
 INLINE void w4a8_micro(const struct radiance__w4a8_tile *t, uint32_t r0, uint32_t j0,
@@ -179,29 +215,9 @@ INLINE void w4a8_micro(const struct radiance__w4a8_tile *t, uint32_t r0, uint32_
 				}
 			}
 		}
-		/* group scales in the lane order hsum8 leaves */
-		uint16_t h[8];
-		for (int l = 0; l < 8; l++) {
-			int slot = lane_slot[l];
-			h[l] = slot < R * C ? sc[slot % C][g] : 0;
-		}
-		__m256 scale = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
-		gacc = _mm256_add_ps(gacc, _mm256_mul_ps(hsum8(acc), scale));
+		gacc = add_scaled(gacc, hsum8(acc), sc, g, R, C);
 	}
-	if (g1 < groups) {
-		*state = gacc;
-		return;
-	}
-	float out[8];
-	_mm256_storeu_ps(out, gacc);
-	for (int l = 0; l < 8; l++) {
-		int slot = lane_slot[l];
-		if (slot >= R * C)
-			continue;
-		uint32_t r = r0 + (uint32_t)(slot / C), j = j0 + (uint32_t)(slot % C);
-		float b = t->bias ? t->bias[j] : 0.0f;
-		t->y[(size_t)r * t->n + j] = radiance_bf16_from_f32(out[l] * t->s[r] + b);
-	}
+	w4a8_finish(t, r0, j0, g1, state, gacc, R, C);
 }
 
 #define W4A8_MICRO(R, C) \
@@ -224,34 +240,224 @@ static const w4a8_micro_fn w4a8_one[9] = {
 	w4a8_micro_5_1, w4a8_micro_6_1, w4a8_micro_7_1, w4a8_micro_8_1,
 };
 
-static uint32_t cols_for(uint32_t rows)
-{
-	return rows == 1 ? 8 : rows == 2 ? 4 : rows <= 4 ? 2 : 1;
-}
+/* Columns of one micro-kernel call by its rows (1..8); and its tails. */
+static const uint32_t fp32_cols[9] = { 0, 8, 4, 2, 2, 1, 1, 1, 1 };
 
 /* Rows in blocks of at most 8; with several rows, K in blocks whose
- * activations (rows x 128 x groups fp32) fit in 16 KiB of L1, every column of
- * the tile passing over one K block before the next. A column's groups are
- * still summed in order, so the result is unchanged. */
-void radiance__w4a8_tile_avx2(const struct radiance__w4a8_tile *t)
+ * activations (rows x 128 x groups, budget / rows groups) fit in 16 KiB of
+ * L1, every column of the tile passing over one K block before the next. A
+ * column's groups are still summed in order, so the result is unchanged. */
+static void w4a8_tiles(const struct radiance__w4a8_tile *t, const w4a8_micro_fn *wide,
+		       const w4a8_micro_fn *one, const uint32_t *cols_for, uint32_t budget)
 {
 	const uint32_t groups = t->k / RADIANCE_GROUP_SIZE;
 	__m256 state[RADIANCE__TILE_MAX_COLS];
 	for (uint32_t r = t->r0; r < t->r1; r += 8) {
 		uint32_t rows = t->r1 - r < 8 ? t->r1 - r : 8;
-		uint32_t cols = cols_for(rows);
-		uint32_t gstep = rows == 1 ? groups : 32 / rows;
+		uint32_t cols = cols_for[rows];
+		uint32_t gstep = rows == 1 ? groups : budget / rows;
 		for (uint32_t g0 = 0; g0 < groups; g0 += gstep) {
 			uint32_t g1 = g0 + gstep < groups ? g0 + gstep : groups;
 			uint32_t j = t->n0;
 			/* one K block (gstep == groups) needs no running state */
 			const int blocked = gstep < groups;
 			for (; j + cols <= t->n1; j += cols)
-				w4a8_wide[rows](t, r, j, g0, g1, blocked ? &state[j - t->n0] : NULL);
+				wide[rows](t, r, j, g0, g1, blocked ? &state[j - t->n0] : NULL);
 			for (; j < t->n1; j++)
-				w4a8_one[rows](t, r, j, g0, g1, blocked ? &state[j - t->n0] : NULL);
+				one[rows](t, r, j, g0, g1, blocked ? &state[j - t->n0] : NULL);
 		}
 	}
+}
+
+void radiance__w4a8_tile_avx2(const struct radiance__w4a8_tile *t)
+{
+	w4a8_tiles(t, w4a8_wide, w4a8_one, fp32_cols, 32);   /* fp32 activations */
+}
+
+/* ---- W4A8 on 16-bit integers ------------------------------------------------
+ *
+ * An e4m3 value v is X * 2^-9 with X an integer, |X| <= 448 * 2^9 (18 bits
+ * with the sign): the smallest subnormal is 2^-9 and every e4m3 value is a
+ * multiple of its own ulp. X is split exactly as X = 8 * hi + lo, hi =
+ * floor(X / 8) (|hi| <= 28672, an int16) and lo = X mod 8 (0..7), nonzero
+ * only for values below 2^-3 that are not multiples of 2^-6 (the tiny end of
+ * a row: rare). The kernel sums a 128-group's products (c - 8) * X exactly,
+ * in int32, with vpmaddwd (16 multiply-adds an instruction, twice the fp32
+ * FMA's 8): sum(hi * w), times 8, plus sum(lo * w) only for groups (of a row)
+ * that hold a nonzero lo. |group sum| <= 128 * 8 * 448 * 2^9 = 2^27.8 fits.
+ * The exact group sum is rounded to fp32 once (p_g = fp32(P) * 2^-9, exact
+ * scaling), then acc += p_g * scale_g group after group, multiply and add
+ * rounded separately, and y = bf16(acc * s + bias), as the reference.
+ *
+ * So p_g is the correctly rounded group sum, where the reference's fp32 sum
+ * rounds up to 19 times; the outputs agree with the reference to within one
+ * bf16 rounding plus the reference's own fp32 error (the bound that
+ * tests/test_cpu_fast.c checks, docs/numerics.md states). Because integer
+ * sums do not depend on their order, the result of a row is the same bits
+ * for every tile shape, M, thread count and batch it is merged into.
+ *
+ * Layout of x: per row, per 32 k (16 bytes of qweight), hi of the 16 even k
+ * then of the 16 odd k (the order the nibble unpack below yields: byte b of
+ * the 16 holds k = 2b in its low nibble, 2b + 1 in its high one); lo the
+ * same; one flag byte per row and group, nonzero when the group has a lo.
+ */
+
+/* int32 version of hsum8: lanes hold accumulators 0, 2, 4, 6, 1, 3, 5, 7 */
+INLINE __m256i hsum8_epi32(const __m256i *acc)
+{
+	__m256i s[4];
+	for (int i = 0; i < 4; i++) {
+		__m256i lo = _mm256_permute2x128_si256(acc[2 * i], acc[2 * i + 1], 0x20);
+		__m256i hi = _mm256_permute2x128_si256(acc[2 * i], acc[2 * i + 1], 0x31);
+		s[i] = _mm256_add_epi32(lo, hi);
+	}
+	return _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
+}
+
+float radiance__quant_row_i16_avx2(const uint16_t *x, enum radiance_dtype dtype, uint32_t k,
+				   int16_t *xh, int16_t *xl, uint8_t *lof)
+{
+	const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+	const __m256i expmask = _mm256_set1_epi32(0x7F800000);
+	const uint32_t groups = k / RADIANCE_GROUP_SIZE;
+	__m256 amax = _mm256_setzero_ps();
+	__m256i bad = _mm256_setzero_si256();
+	for (uint32_t i = 0; i < k; i += 8) {
+		__m256 v = load_x8(x + i, dtype);
+		__m256i e = _mm256_and_si256(_mm256_castps_si256(v), expmask);
+		bad = _mm256_or_si256(bad, _mm256_cmpeq_epi32(e, expmask));
+		amax = _mm256_max_ps(amax, _mm256_and_ps(v, absmask));
+	}
+	if (!_mm256_testz_si256(bad, bad)) {
+		/* s = NaN makes every output of the row NaN (acc * s); the codes
+		 * would all be 0x7F, whose products the integers cannot carry */
+		memset(xh, 0, (size_t)k * sizeof *xh);
+		memset(xl, 0, (size_t)k * sizeof *xl);   /* read when a tile's other row has a lo */
+		memset(lof, 0, groups);
+		return NAN;
+	}
+	__m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+	m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+	m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+	float am = _mm_cvtss_f32(m4);
+	float s = fmaxf(am / RADIANCE_E4M3_MAX, RADIANCE_MIN_SCALE);
+	const __m256 vinv = _mm256_set1_ps(1.0f / s);
+	for (uint32_t g = 0; g < groups; g++) {
+		int any = 0;
+		for (uint32_t c = 0; c < RADIANCE_GROUP_SIZE; c += 32) {
+			const uint32_t base = g * RADIANCE_GROUP_SIZE + c;
+			int32_t X[32] __attribute__((aligned(32)));
+			for (int i = 0; i < 4; i++) {
+				__m256 v = e4m3_round(_mm256_mul_ps(load_x8(x + base + 8 * i, dtype), vinv));
+				/* exact: v is a multiple of 2^-9 below 2^9 */
+				_mm256_store_si256((__m256i *)X + i,
+						   _mm256_cvtps_epi32(_mm256_mul_ps(v, _mm256_set1_ps(512.0f))));
+			}
+			for (int b = 0; b < 16; b++) {
+				int32_t e = X[2 * b], o = X[2 * b + 1];
+				xh[base + b] = (int16_t)(e >> 3);   /* floor: arithmetic shift */
+				xh[base + 16 + b] = (int16_t)(o >> 3);
+				xl[base + b] = (int16_t)(e & 7);
+				xl[base + 16 + b] = (int16_t)(o & 7);
+				any |= (e | o) & 7;
+			}
+		}
+		lof[g] = any != 0;
+	}
+	return s;
+}
+
+/* One pass over group g's four chunks of 32 k for R rows by C columns,
+ * R * C <= 8: each column's 32 weights unpacked once to two vectors of int16
+ * (even k, odd k) and used by every row. A macro rather than a function so
+ * that the compiler keeps acc[] in registers (through a pointer it spilled
+ * them on every multiply-add). */
+#define W4A8I_PASS(X, R, C)                                                              \
+	_Pragma("GCC unroll 1")                                                          \
+	for (int ch = 0; ch < RADIANCE_GROUP_SIZE / 32; ch++) {                         \
+		__m256i we[4], wo[4];                                                    \
+		for (int c = 0; c < (C); c++) {                                          \
+			__m256i v = _mm256_cvtepu8_epi16(                                \
+				_mm_loadu_si128((const __m128i *)(q[c] + g * 64 + ch * 16)));  \
+			we[c] = _mm256_sub_epi16(_mm256_and_si256(v, lo4), eight);       \
+			wo[c] = _mm256_sub_epi16(_mm256_srli_epi16(v, 4), eight);        \
+		}                                                                        \
+		for (int r = 0; r < (R); r++) {                                          \
+			const int16_t *xp = (X)[r] + g * RADIANCE_GROUP_SIZE + ch * 32;  \
+			__m256i xe = _mm256_load_si256((const __m256i *)xp);             \
+			__m256i xo = _mm256_load_si256((const __m256i *)(xp + 16));      \
+			for (int c = 0; c < (C); c++)                                    \
+				acc[r * (C) + c] = _mm256_add_epi32(acc[r * (C) + c],    \
+					_mm256_add_epi32(_mm256_madd_epi16(xe, we[c]),   \
+							 _mm256_madd_epi16(xo, wo[c]))); \
+		}                                                                        \
+	}
+
+INLINE void w4a8i_micro(const struct radiance__w4a8_tile *t, uint32_t r0, uint32_t j0,
+			uint32_t g0, uint32_t g1, __m256 *state, const int R, const int C)
+{
+	const uint32_t groups = t->k / RADIANCE_GROUP_SIZE;
+	const size_t row_bytes = t->k / 2;
+	const __m256i lo4 = _mm256_set1_epi16(0x0F);
+	const __m256i eight = _mm256_set1_epi16(8);
+	const uint8_t *q[4];
+	const uint16_t *sc[4];
+	const int16_t *xh[8], *xl[8];
+	const uint8_t *lof[8];
+	for (int c = 0; c < C; c++) {
+		q[c] = (const uint8_t *)t->qweight + (size_t)(j0 + c) * row_bytes;
+		sc[c] = t->scales + (size_t)(j0 + c) * groups;
+	}
+	for (int r = 0; r < R; r++) {
+		xh[r] = t->xh + (size_t)(r0 + r) * t->ldx;
+		xl[r] = t->xl + (size_t)(r0 + r) * t->ldx;
+		lof[r] = t->lof + (size_t)(r0 + r) * t->ldg;
+	}
+	__m256 gacc = g0 == 0 ? _mm256_setzero_ps() : *state;
+	for (uint32_t g = g0; g < g1; g++) {
+		__m256i acc[8];
+		for (int i = 0; i < 8; i++)
+			acc[i] = _mm256_setzero_si256();
+		/* the next C columns' line of this group (see w4a8_micro) */
+		for (int c = 0; c < C; c++)
+			_mm_prefetch((const char *)(q[c] + C * row_bytes + g * 64), _MM_HINT_T0);
+		W4A8I_PASS(xh, R, C)
+		int any = 0;
+		for (int r = 0; r < R; r++)
+			any |= lof[r][g];
+		for (int i = 0; i < R * C; i++)
+			acc[i] = _mm256_slli_epi32(acc[i], 3);
+		if (any) {   /* rows without a lo have zeros there: they add nothing */
+			W4A8I_PASS(xl, R, C)
+		}
+		__m256 p = _mm256_mul_ps(_mm256_cvtepi32_ps(hsum8_epi32(acc)), _mm256_set1_ps(0x1p-9f));
+		gacc = add_scaled(gacc, p, sc, g, R, C);
+	}
+	w4a8_finish(t, r0, j0, g1, state, gacc, R, C);
+}
+
+#define W4A8I_MICRO(R, C) \
+	static void w4a8i_micro_##R##_##C(const struct radiance__w4a8_tile *t, uint32_t r0, \
+					  uint32_t j0, uint32_t g0, uint32_t g1, __m256 *state) \
+	{ w4a8i_micro(t, r0, j0, g0, g1, state, R, C); }
+W4A8I_MICRO(1, 4) W4A8I_MICRO(2, 3) W4A8I_MICRO(3, 2) W4A8I_MICRO(4, 2) W4A8I_MICRO(5, 1)
+W4A8I_MICRO(6, 1) W4A8I_MICRO(7, 1) W4A8I_MICRO(8, 1) W4A8I_MICRO(1, 1) W4A8I_MICRO(2, 1)
+W4A8I_MICRO(3, 1) W4A8I_MICRO(4, 1)
+
+static const w4a8_micro_fn w4a8i_wide[9] = {
+	NULL, w4a8i_micro_1_4, w4a8i_micro_2_3, w4a8i_micro_3_2, w4a8i_micro_4_2,
+	w4a8i_micro_5_1, w4a8i_micro_6_1, w4a8i_micro_7_1, w4a8i_micro_8_1,
+};
+static const w4a8_micro_fn w4a8i_one[9] = {
+	NULL, w4a8i_micro_1_1, w4a8i_micro_2_1, w4a8i_micro_3_1, w4a8i_micro_4_1,
+	w4a8i_micro_5_1, w4a8i_micro_6_1, w4a8i_micro_7_1, w4a8i_micro_8_1,
+};
+
+static const uint32_t int16_cols[9] = { 0, 4, 3, 2, 2, 1, 1, 1, 1 };
+
+void radiance__w4a8i_tile_avx2(const struct radiance__w4a8_tile *t)
+{
+	w4a8_tiles(t, w4a8i_wide, w4a8i_one, int16_cols, 64);   /* int16 hi activations */
 }
 
 /* Eight rows of eight bf16 (row l = column j + l at k .. k+7) transposed to

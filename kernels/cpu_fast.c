@@ -25,8 +25,10 @@ struct radiance_cpu_fast {
 	struct radiance_cpu_pool *pool;
 	unsigned threads;
 	const char *threads_source;
-	uint32_t max_rows, max_k, ldx;
-	void *scratch;             /* AVX2: xf [max_rows][ldx] fp32, then s [max_rows];
+	uint32_t max_rows, max_k, ldx, ldg;
+	void *scratch;             /* AVX2: xf [max_rows][ldx] fp32 (bf16 layers) or
+	                              xh, xl [max_rows][ldx] int16 (W4A8) in the same
+	                              bytes, then lof [max_rows][ldg], s [max_rows];
 	                              scalar: per-task reference scratch */
 	size_t scratch_bytes;
 	size_t task_scratch;       /* scalar: bytes of one task's region */
@@ -45,6 +47,8 @@ const char *radiance_cpu_simd_name(enum radiance_cpu_simd simd)
 		return "scalar";
 	case RADIANCE_CPU_SIMD_AVX2:
 		return "avx2+fma";
+	case RADIANCE_CPU_SIMD_AVX2_INT16:
+		return "avx2-int16";
 	default:
 		return "auto";
 	}
@@ -55,7 +59,7 @@ static int cpu_has(enum radiance_cpu_simd simd)
 	if (simd == RADIANCE_CPU_SIMD_SCALAR)
 		return 1;
 #if defined(__x86_64__)
-	if (simd == RADIANCE_CPU_SIMD_AVX2) {
+	if (simd == RADIANCE_CPU_SIMD_AVX2 || simd == RADIANCE_CPU_SIMD_AVX2_INT16) {
 		/* libgcc's and compiler-rt's checks include the OS's XSAVE support */
 		__builtin_cpu_init();
 		return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
@@ -72,7 +76,8 @@ static int pick_simd(enum radiance_cpu_simd want, enum radiance_cpu_simd *out, c
 		*out = cpu_has(RADIANCE_CPU_SIMD_AVX2) ? RADIANCE_CPU_SIMD_AVX2 : RADIANCE_CPU_SIMD_SCALAR;
 		return 0;
 	}
-	if (want != RADIANCE_CPU_SIMD_SCALAR && want != RADIANCE_CPU_SIMD_AVX2) {
+	if (want != RADIANCE_CPU_SIMD_SCALAR && want != RADIANCE_CPU_SIMD_AVX2 &&
+	    want != RADIANCE_CPU_SIMD_AVX2_INT16) {
 		snprintf(err, errlen, "SIMD level %d is not one this build knows", (int)want);
 		return -EINVAL;
 	}
@@ -94,6 +99,7 @@ static void scratch_plan(struct radiance_cpu_fast *f)
 		f->scratch_bytes = f->task_scratch * f->threads;
 	} else {
 		f->scratch_bytes = align64((size_t)f->max_rows * f->ldx * sizeof(float)) +
+				   align64((size_t)f->max_rows * f->ldg) +
 				   align64((size_t)f->max_rows * sizeof(float));
 	}
 }
@@ -108,6 +114,7 @@ size_t radiance_cpu_fast_scratch_bytes_for(const struct radiance_cpu_fast_option
 	f.max_rows = opt->max_rows;
 	f.max_k = opt->max_k;
 	f.ldx = (opt->max_k + 15) & ~15u;
+	f.ldg = (opt->max_k + RADIANCE_GROUP_SIZE - 1) / RADIANCE_GROUP_SIZE;
 	scratch_plan(&f);
 	return f.scratch_bytes;
 }
@@ -138,6 +145,7 @@ int radiance_cpu_fast_create(const struct radiance_cpu_fast_options *opt,
 	f->max_rows = opt->max_rows;
 	f->max_k = opt->max_k;
 	f->ldx = (opt->max_k + 15) & ~15u;   /* rows of xf start 64-byte aligned */
+	f->ldg = (opt->max_k + RADIANCE_GROUP_SIZE - 1) / RADIANCE_GROUP_SIZE;
 	scratch_plan(f);
 	f->scratch = aligned_alloc(64, f->scratch_bytes);
 	if (!f->scratch) {
@@ -242,6 +250,8 @@ struct fast_job {
 	enum radiance_dtype dtype;
 	uint32_t m, n, k;
 	float *xf, *s;
+	int16_t *xh, *xl;
+	uint8_t *lof;
 	uint32_t row_blocks, chunk_cols;
 	struct radiance__w4a8_tile w4a8;
 	struct radiance__bf16_tile bf16;
@@ -250,8 +260,15 @@ struct fast_job {
 static void quant_task(void *arg, uint32_t r)
 {
 	struct fast_job *j = arg;
-	j->s[r] = radiance__quant_row_avx2(j->x + (size_t)r * j->k, j->dtype, j->k,
-					   j->xf + (size_t)r * j->f->ldx);
+	if (j->f->simd != RADIANCE_CPU_SIMD_AVX2_INT16) {
+		j->s[r] = radiance__quant_row_avx2(j->x + (size_t)r * j->k, j->dtype, j->k,
+						   j->xf + (size_t)r * j->f->ldx);
+		return;
+	}
+	j->s[r] = radiance__quant_row_i16_avx2(j->x + (size_t)r * j->k, j->dtype, j->k,
+					       j->xh + (size_t)r * j->f->ldx,
+					       j->xl + (size_t)r * j->f->ldx,
+					       j->lof + (size_t)r * j->f->ldg);
 }
 
 static void widen_task(void *arg, uint32_t r)
@@ -278,7 +295,10 @@ static void w4a8_task(void *arg, uint32_t t)
 	struct fast_job *j = arg;
 	struct radiance__w4a8_tile tile = j->w4a8;
 	tile_bounds(j, t, &tile.r0, &tile.r1, &tile.n0, &tile.n1);
-	radiance__w4a8_tile_avx2(&tile);
+	if (j->f->simd == RADIANCE_CPU_SIMD_AVX2_INT16)
+		radiance__w4a8i_tile_avx2(&tile);
+	else
+		radiance__w4a8_tile_avx2(&tile);
 }
 
 static void bf16_task(void *arg, uint32_t t)
@@ -330,18 +350,21 @@ int radiance_cpu_fast_w4a8_multi(struct radiance_cpu_fast *f, const uint16_t *x,
 	if (m == 0)
 		return 0;
 #if defined(__x86_64__)
-	if (f->simd == RADIANCE_CPU_SIMD_AVX2) {
+	if (f->simd != RADIANCE_CPU_SIMD_SCALAR) {
 		uint64_t n_all = 0;
 		for (size_t i = 0; i < nlayers; i++)
 			n_all += layers[i].n;
 		if (n_all == 0)
 			return 0;
 		/* x quantized once into the scratch, for every layer */
+		size_t xbytes = align64((size_t)f->max_rows * f->ldx * sizeof(float));
 		struct fast_job j = {
 			.f = f, .x = x, .dtype = dtype, .m = m, .k = k,
-			.xf = f->scratch,
-			.s = (float *)((uint8_t *)f->scratch +
-				       align64((size_t)f->max_rows * f->ldx * sizeof(float))),
+			.xf = f->scratch, .xh = f->scratch,
+			.xl = (int16_t *)f->scratch + (size_t)f->max_rows * f->ldx,
+			.lof = (uint8_t *)f->scratch + xbytes,
+			.s = (float *)((uint8_t *)f->scratch + xbytes +
+				       align64((size_t)f->max_rows * f->ldg)),
 		};
 		uint32_t n_width = n_all > UINT32_MAX ? UINT32_MAX : (uint32_t)n_all;
 		prepare_rows(&j, width_for(f, m, n_width, k), quant_task);
@@ -352,7 +375,8 @@ int radiance_cpu_fast_w4a8_multi(struct radiance_cpu_fast *f, const uint16_t *x,
 			unsigned width = width_for(f, m, l->n, k);
 			j.n = l->n;
 			j.w4a8 = (struct radiance__w4a8_tile){
-				.xf = j.xf, .s = j.s, .ldx = f->ldx, .k = k, .n = l->n,
+				.xf = f->scratch, .xh = j.xh, .xl = j.xl, .lof = j.lof, .ldg = f->ldg,
+				.s = j.s, .ldx = f->ldx, .k = k, .n = l->n,
 				.qweight = l->qweight, .scales = l->scales, .bias = l->bias, .y = l->y,
 			};
 			uint32_t tasks = plan(&j, width, (size_t)k / 2);
@@ -391,7 +415,7 @@ int radiance_cpu_fast_bf16(struct radiance_cpu_fast *f, const uint16_t *x, enum 
 	if (m == 0 || n == 0)
 		return 0;
 #if defined(__x86_64__)
-	if (f->simd == RADIANCE_CPU_SIMD_AVX2) {
+	if (f->simd != RADIANCE_CPU_SIMD_SCALAR) {
 		unsigned width = width_for(f, m, n, k);
 		struct fast_job j = { .f = f, .x = x, .dtype = dtype, .m = m, .n = n, .k = k,
 				      .xf = f->scratch };

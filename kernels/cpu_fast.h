@@ -5,8 +5,11 @@
  *
  * Contract (tests/test_cpu_fast.c checks it, docs/numerics.md states it):
  * bit-exact with the scalar reference, radiance_cpu_w4a8() and
- * radiance_cpu_bf16(), for every SIMD level and thread count: the same fp32
- * operations in the same order (the kernels say how).
+ * radiance_cpu_bf16(), for the levels scalar and avx2 and every thread
+ * count: the same fp32 operations in the same order (the kernels say how).
+ * avx2-int16 keeps bf16 layers bit-exact and W4A8 within the bound that
+ * docs/numerics.md states; its result of a row is the same bits for every M,
+ * thread count and batch the row is in.
  *
  * Threading: a radiance_cpu_fast is used from one thread at a time (the
  * backend's executor thread); its pool threads are its own and are joined by
@@ -24,6 +27,11 @@ enum radiance_cpu_simd {
 	RADIANCE_CPU_SIMD_AUTO = -1,   /* the best this CPU has */
 	RADIANCE_CPU_SIMD_SCALAR = 0,  /* the reference kernels, split by rows over threads */
 	RADIANCE_CPU_SIMD_AVX2 = 1,    /* x86-64 AVX2 + FMA + F16C */
+	/* The same CPUs; W4A8 group sums exact in 16-bit integer multiply-adds,
+	 * rounded once: NOT bit-exact with the reference, within one bf16
+	 * rounding plus the fp32 error of the group-scale sum (docs/numerics.md,
+	 * "CPU fast path"). Only when asked for; AUTO never picks it. */
+	RADIANCE_CPU_SIMD_AVX2_INT16 = 2,
 };
 
 struct radiance_cpu_fast_options {
@@ -51,7 +59,8 @@ size_t radiance_cpu_fast_scratch_bytes_for(const struct radiance_cpu_fast_option
 void radiance_cpu_fast_destroy(struct radiance_cpu_fast *f);
 
 enum radiance_cpu_simd radiance_cpu_fast_simd(const struct radiance_cpu_fast *f);
-const char *radiance_cpu_simd_name(enum radiance_cpu_simd simd);   /* "scalar", "avx2+fma" */
+/* "scalar", "avx2+fma", "avx2-int16" */
+const char *radiance_cpu_simd_name(enum radiance_cpu_simd simd);
 unsigned radiance_cpu_fast_threads(const struct radiance_cpu_fast *f);
 /* What set the thread count: "cpu_threads" (asked for), or the auto source
  * ("sched_getaffinity", "cgroup cpu.max"). Static string. */

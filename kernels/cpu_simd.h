@@ -19,6 +19,9 @@
  * xf: e4m3 activations * 2^-28 fp32 [m][ldx]; s: per-token scales [m]. */
 struct radiance__w4a8_tile {
 	const float *xf;
+	const int16_t *xh, *xl;    /* integer kernel: x as 8 * hi + lo (cpu_avx2.c) */
+	const uint8_t *lof;        /* [m][ldg]: nonzero where a row's group has a lo */
+	uint32_t ldg;
 	const float *s;
 	uint32_t ldx, k, n;
 	uint32_t r0, r1, n0, n1;
@@ -46,6 +49,15 @@ float radiance__quant_row_avx2(const uint16_t *x, enum radiance_dtype dtype, uin
 /* x row widened to fp32 (exact), any k. */
 void radiance__widen_row_avx2(const uint16_t *x, enum radiance_dtype dtype, uint32_t k, float *xf);
 void radiance__w4a8_tile_avx2(const struct radiance__w4a8_tile *t);
+/* Per-token quant of one row of k (multiple of 128) to the integer kernel's
+ * layout (cpu_avx2.c): hi/lo int16 [k] and a flag per group. Same codes and
+ * s_m as radiance_quant_row_e4m3(); NaN for a row holding Inf/NaN (hi and
+ * the flags zero then). */
+float radiance__quant_row_i16_avx2(const uint16_t *x, enum radiance_dtype dtype, uint32_t k,
+				   int16_t *xh, int16_t *xl, uint8_t *lof);
+/* The W4A8 tile on 16-bit integer multiply-adds: within one bf16 rounding
+ * (plus the reference's fp32 error) of the reference, not bit-exact. */
+void radiance__w4a8i_tile_avx2(const struct radiance__w4a8_tile *t);
 void radiance__bf16_tile_avx2(const struct radiance__bf16_tile *t);
 #endif
 

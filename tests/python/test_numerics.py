@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import numerics_ref as ref
-from conftest import BACKEND, BUILD, DATA
+from conftest import BACKEND, BUILD, CKPT, DATA, Daemon
 
 BF16 = ml_dtypes.bfloat16
 LAYERS = ["encoder.layer.0.attention.self.query", "encoder.layer.2.attention.self.value",
@@ -89,7 +89,9 @@ def test_random_inputs_and_scales(model, ckpt_tensors, dtype):
         assert np.array_equal(y.view(np.uint16), kernel_bits(x, codes, scales, bias))
 
 
-def test_zero_and_nonfinite_rows(model, ckpt_tensors):
+def check_zero_and_nonfinite_rows(model, ckpt_tensors, k):
+    """The zero-row and NaN-row rules on a real layer; the finite row within
+    check_floor(..., k)."""
     name = "encoder.layer.0.attention.self.key"
     x = np.random.default_rng(5).standard_normal((4, 384)).astype(BF16)
     x[1] = 0
@@ -102,7 +104,11 @@ def test_zero_and_nonfinite_rows(model, ckpt_tensors):
     # a row holding Inf or NaN is a NaN row; the others are unaffected
     assert np.isnan(y[2]).all() and np.isnan(y[3]).all()
     exact, absum, *_ = layer_ref(ckpt_tensors, name, x[:1])
-    check_floor(y[:1], exact, absum, 384)
+    check_floor(y[:1], exact, absum, k)
+
+
+def test_zero_and_nonfinite_rows(model, ckpt_tensors):
+    check_zero_and_nonfinite_rows(model, ckpt_tensors, 384)
 
 
 def test_bf16_layer(model, ckpt_tensors, acts):
@@ -131,3 +137,37 @@ def test_w4a8_cost_against_the_fp32_model(model, acts):
         worst = max(worst, rel)
         assert rel < 0.20, (l.name, rel)
     assert worst > 0.05   # int4 weights cost something: identical would mean a wrong file
+
+
+@pytest.mark.skipif(BACKEND != "cpu", reason="a level of the CPU backend")
+def test_cpu_avx2_int16_level(ckpt_tensors, acts, monkeypatch, tmp_path):
+    """RADIANCE_CPU_SIMD=avx2-int16 (exact integer group sums, docs/numerics.md
+    "CPU fast path"): not the C reference's bits, but within its stated
+    bound of the float64 definition: one bf16 rounding plus (G + 3) fp32
+    roundings of the magnitude sum, G = K / 128 groups (tighter than the
+    definition's K), and the zero-row and NaN-row rules."""
+    import radiance
+
+    monkeypatch.setenv("RADIANCE_CPU_SIMD", "avx2-int16")
+    d = Daemon(tmp_path)
+    try:
+        d.start()
+    except RuntimeError as e:
+        if "has no avx2-int16" in str(e):
+            pytest.skip("this CPU has no AVX2")
+        raise
+    try:
+        assert "avx2-int16 kernels" in d.log()
+        with radiance.Client(d.socket, timeout=60) as c:
+            model = c.load(CKPT)
+            differ = 0
+            for name in LAYERS:
+                xb = np.asarray(acts[name + ".x"], np.float32).astype(BF16)
+                y = model.linear(name, xb)
+                exact, absum, codes, scales, bias = layer_ref(ckpt_tensors, name, xb)
+                check_floor(y, exact, absum, xb.shape[1] // 128 + 3)
+                differ += int((y.view(np.uint16) != kernel_bits(xb, codes, scales, bias)).sum())
+            print(f"avx2-int16: {differ} outputs differ from the C reference's bits")
+            check_zero_and_nonfinite_rows(model, ckpt_tensors, 384 // 128 + 3)
+    finally:
+        assert d.stop() == 0
