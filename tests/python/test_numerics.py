@@ -141,15 +141,14 @@ def test_w4a8_cost_against_the_fp32_model(model, acts):
 
 @pytest.mark.skipif(BACKEND != "cpu", reason="a level of the CPU backend")
 def test_cpu_avx2_int16_level(ckpt_tensors, acts, monkeypatch, tmp_path):
-    """RADIANCE_CPU_SIMD=avx2-int16 (exact integer group sums, docs/numerics.md
+    """cpu_simd = avx2-int16 (exact integer group sums, docs/numerics.md
     "CPU fast path"): not the C reference's bits, but within its stated
     bound of the float64 definition: one bf16 rounding plus (G + 3) fp32
     roundings of the magnitude sum, G = K / 128 groups (tighter than the
     definition's K), and the zero-row and NaN-row rules."""
     import radiance
 
-    monkeypatch.setenv("RADIANCE_CPU_SIMD", "avx2-int16")
-    d = Daemon(tmp_path)
+    d = Daemon(tmp_path, "--cpu-simd", "avx2-int16")
     try:
         d.start()
     except RuntimeError as e:
