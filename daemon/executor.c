@@ -527,6 +527,7 @@ static void launch(struct radiance_executor *e, struct sched_req **v, size_t n)
 	int rc = radiance_backend_linear(e->backend, l, m->handles[first->layer], e->rows, live, err,
 					 sizeof err);
 	uint64_t end = radiance_clock_ns();
+	stats_launch(e->opt.global_stats);
 	if (rc < 0)
 		log_warn("model %u layer %u (%s): launch of %zu requests failed: %s", m->id,
 			 first->layer, l->name, live, err);
