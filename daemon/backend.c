@@ -230,9 +230,8 @@ void radiance_backend_unregister_host(struct radiance_backend *b, void *base)
 	b->ops->unregister_host(b->state, base);
 }
 
-int radiance_backend_linear(struct radiance_backend *b, const struct radiance_layer *l,
-			    struct radiance_backend_layer *h, const struct radiance_rows *rows,
-			    size_t nrows, char *err, size_t errlen)
+static int check_rows(const struct radiance_backend *b, const struct radiance_rows *rows, size_t nrows,
+		      char *err, size_t errlen)
 {
 	uint64_t total = 0;
 	for (size_t i = 0; i < nrows; i++) {
@@ -247,5 +246,28 @@ int radiance_backend_linear(struct radiance_backend *b, const struct radiance_la
 			 (unsigned long long)total, b->max_rows);
 		return -E2BIG;
 	}
-	return b->ops->linear(b->state, l, h, rows, nrows, err, errlen);
+	return 0;
+}
+
+int radiance_backend_linear(struct radiance_backend *b, const struct radiance_layer *l,
+			    struct radiance_backend_layer *h, const struct radiance_rows *rows,
+			    size_t nrows, char *err, size_t errlen)
+{
+	int rc = check_rows(b, rows, nrows, err, errlen);
+	return rc < 0 ? rc : b->ops->linear(b->state, l, h, rows, nrows, err, errlen);
+}
+
+int radiance_backend_linear_start(struct radiance_backend *b, const struct radiance_layer *l,
+				  struct radiance_backend_layer *h, const struct radiance_rows *rows,
+				  size_t nrows, uint64_t *ticket, char *err, size_t errlen)
+{
+	if (!b->ops->linear_start)
+		return -EOPNOTSUPP;
+	int rc = check_rows(b, rows, nrows, err, errlen);
+	return rc < 0 ? rc : b->ops->linear_start(b->state, l, h, rows, nrows, ticket, err, errlen);
+}
+
+int radiance_backend_linear_done(struct radiance_backend *b, uint64_t ticket, char *err, size_t errlen)
+{
+	return b->ops->linear_done ? b->ops->linear_done(b->state, ticket, err, errlen) : 1;
 }

@@ -48,6 +48,11 @@ struct radiance_backend_options {
 	                            models are allocated for MapModel */
 	int fake_share;          /* CPU: export the host arrays in a sealed memfd
 	                            (the test handle; tests only) */
+	uint32_t zero_copy_rows; /* GPU: launches of at most this many rows read x
+	                            from and write y into the registered arenas
+	                            through their device mapping, no copies; larger
+	                            ones copy (0: always copy). docs/gpu.md has
+	                            the crossover. */
 };
 
 /* One request's rows inside a (possibly merged) launch. x and y point into a
@@ -151,5 +156,24 @@ int radiance_backend_layer_upload_into(struct radiance_backend *b, struct radian
 int radiance_backend_linear(struct radiance_backend *b, const struct radiance_layer *l,
 			    struct radiance_backend_layer *h, const struct radiance_rows *rows,
 			    size_t nrows, char *err, size_t errlen);
+
+/* The same launch, asynchronous (a GPU backend): queued on the backend's one
+ * stream and returned from at once; *ticket names it for
+ * radiance_backend_linear_done. Launches complete in the order they were
+ * started. Until its launch is done, the rows' x may not change and y is
+ * being written; the arena must stay registered. Several launches may be
+ * in flight. Errors as for radiance_backend_linear, found at start;
+ * -EOPNOTSUPP when the backend has no asynchronous launches (the cpu
+ * backend): use radiance_backend_linear. */
+int radiance_backend_linear_start(struct radiance_backend *b, const struct radiance_layer *l,
+				  struct radiance_backend_layer *h, const struct radiance_rows *rows,
+				  size_t nrows, uint64_t *ticket, char *err, size_t errlen);
+
+/* Has the launch `ticket` (and so every launch started before it) finished?
+ * Never blocks: it reads a completion word the device writes into host
+ * memory at the end of the launch. 1 done (outputs written), 0 not yet,
+ * -EIO when the device faulted (then this and every later launch failed;
+ * err says why). */
+int radiance_backend_linear_done(struct radiance_backend *b, uint64_t ticket, char *err, size_t errlen);
 
 #endif

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/prctl.h>
 #include <sys/eventfd.h>
 #include <time.h>
 #include <unistd.h>
@@ -41,6 +42,18 @@ static struct exec_job *job_list_take(struct job_list *l)
 	l->head = l->tail = NULL;
 	return job;
 }
+
+/* One asynchronous launch of the round in flight: its pieces are
+ * pend_v[first .. first + n). */
+struct exec_pending {
+	uint64_t ticket;
+	uint64_t start;          /* CLOCK_MONOTONIC ns, when it was queued */
+	size_t first, n;
+};
+
+/* A session counts as busy for the gather window this long after its SQ
+ * last gave a request. */
+#define GATHER_RECENT_NS 2000000u
 
 struct radiance_executor {
 	uv_loop_t *loop;
@@ -76,6 +89,13 @@ struct radiance_executor {
 	struct sched_flow **flows;            /* max_rings: this round's */
 	struct sched_req **batch;             /* max_rings * EXEC_BATCH: this round's pieces */
 	struct radiance_rows *rows;           /* max_rows */
+	/* asynchronous launches (executor.h): the round in flight */
+	int sync_only;                        /* the backend has none */
+	struct exec_pending *pend;            /* max_rings * EXEC_BATCH, in start order */
+	size_t pend_n, pend_head;
+	struct sched_req **pend_v;            /* their pieces, max_rings * EXEC_BATCH */
+	uint8_t *pend_last;                   /* per piece: its request's last one */
+	size_t pend_vn;
 	struct radiance_proto_bump bump;   /* SQ slots unpack here, off malloc */
 };
 
@@ -164,6 +184,7 @@ void exec_ring_init(struct exec_ring *r, void (*broken_done)(struct exec_job *),
 	r->broken.ring = r;
 	r->dead = 0;
 	r->need_doorbell = 0;
+	r->last_take_ns = 0;
 	sched_flow_init(&r->flow);
 	for (size_t i = 0; i < EXEC_BATCH; i++)
 		r->entries[i].in_use = 0;
@@ -408,6 +429,7 @@ static void collect_ring(struct radiance_executor *e, struct exec_ring *r)
 			return;
 		}
 		uint64_t t_seen = radiance_clock_ns();
+		r->last_take_ns = t_seen;
 		taken++;
 		radiance_proto_bump_reset(&e->bump);
 		Radiance__LinearRequest *req =
@@ -497,10 +519,65 @@ static void collect_ring(struct radiance_executor *e, struct exec_ring *r)
 	}
 }
 
-/* Runs the pieces v[0..n) (one model, one layer, rows summing <= max_rows;
- * sched_launch_len) as one launch, posts the results of the requests whose
- * last piece this was (or that failed), and rings their doorbells at once,
+/* The pieces v[0..n) of one launch ran (rc 0) or failed: posts the results
+ * of the requests whose last piece this was (last[i], or NULL: as the
+ * request stands now) or that failed, and rings their doorbells at once,
  * so a decode result does not wait for the prefill pieces after it. */
+static void pieces_done(struct radiance_executor *e, struct sched_req **v, const uint8_t *last, size_t n,
+			int rc, const char *err, uint64_t start, uint64_t end)
+{
+	for (size_t i = 0; i < n; i++) {
+		struct exec_entry *en = entry_of(v[i]);
+		if (!en->in_use)   /* its ring died meanwhile and dropped it */
+			continue;
+		if (!en->started) {
+			en->started = 1;
+			en->t_start = start;
+		}
+		/* a failed piece fails its request: it is answered now, and its
+		 * later pieces never run */
+		if (rc < 0 || (last ? last[i] : sched_req_last_piece(&en->s)))
+			entry_finish(e, en, rc < 0 ? -rc : 0, err, end);
+	}
+	for (size_t i = 0; i < n; i++)
+		ring_doorbell(entry_of(v[i])->ring);
+	progress_bump(e);
+}
+
+/* Posts the results of the launches in flight that the device has
+ * finished, oldest first (they finish in order). Returns how many. */
+static size_t reap(struct radiance_executor *e)
+{
+	size_t done = 0;
+	while (e->pend_head < e->pend_n) {
+		struct exec_pending *p = &e->pend[e->pend_head];
+		char err[192] = "";
+		int rc = radiance_backend_linear_done(e->backend, p->ticket, err, sizeof err);
+		if (rc == 0)
+			break;
+		if (rc < 0)
+			log_warn("a launch of %zu requests failed on the device: %s", p->n, err);
+		pieces_done(e, e->pend_v + p->first, e->pend_last + p->first, p->n, rc < 0 ? rc : 0, err,
+			    p->start, radiance_clock_ns());
+		e->pend_head++;
+		done++;
+	}
+	if (e->pend_head == e->pend_n)
+		e->pend_head = e->pend_n = e->pend_vn = 0;
+	return done;
+}
+
+/* Waits for every launch in flight (a job is about to run). */
+static void drain_pending(struct radiance_executor *e)
+{
+	while (e->pend_n)
+		if (reap(e) == 0)
+			radiance_ring_cpu_relax();
+}
+
+/* Runs the pieces v[0..n) (one model, one layer, rows summing <= max_rows;
+ * sched_launch_len) as one launch: queued on the device when the backend
+ * can (results posted by reap), else run here and posted at once. */
 static void launch(struct radiance_executor *e, struct sched_req **v, size_t n)
 {
 	size_t live = 0;
@@ -524,34 +601,73 @@ static void launch(struct radiance_executor *e, struct sched_req **v, size_t n)
 		};
 	}
 	uint64_t start = radiance_clock_ns();
-	int rc = radiance_backend_linear(e->backend, l, m->handles[first->layer], e->rows, live, err,
-					 sizeof err);
+	int rc = -EOPNOTSUPP;
+	if (!e->sync_only) {
+		uint64_t ticket = 0;
+		rc = radiance_backend_linear_start(e->backend, l, m->handles[first->layer], e->rows, live,
+						   &ticket, err, sizeof err);
+		if (rc == 0) {
+			stats_launch(e->opt.global_stats);
+			struct exec_pending *p = &e->pend[e->pend_n++];
+			*p = (struct exec_pending){ .ticket = ticket, .start = start, .first = e->pend_vn,
+						    .n = live };
+			for (size_t i = 0; i < live; i++) {
+				e->pend_v[e->pend_vn] = v[i];
+				e->pend_last[e->pend_vn++] = (uint8_t)sched_req_last_piece(v[i]);
+			}
+			return;
+		}
+		if (rc == -EOPNOTSUPP)
+			e->sync_only = 1;
+	}
+	if (rc == -EOPNOTSUPP)
+		rc = radiance_backend_linear(e->backend, l, m->handles[first->layer], e->rows, live, err,
+					     sizeof err);
 	uint64_t end = radiance_clock_ns();
 	stats_launch(e->opt.global_stats);
 	if (rc < 0)
 		log_warn("model %u layer %u (%s): launch of %zu requests failed: %s", m->id,
 			 first->layer, l->name, live, err);
-	for (size_t i = 0; i < live; i++) {
-		struct exec_entry *en = entry_of(v[i]);
-		if (!en->started) {
-			en->started = 1;
-			en->t_start = start;
+	pieces_done(e, v, NULL, live, rc, err, start, end);
+}
+
+/* The gather window (executor.h): while two or more sessions are busy and
+ * some of them have nothing queued, wait up to gather_us for them, adding
+ * the flows that fill to e->flows. */
+static void gather(struct radiance_executor *e, size_t *nflows)
+{
+	uint64_t now = radiance_clock_ns(), until = now + (uint64_t)e->opt.gather_us * 1000u;
+	for (;;) {
+		size_t busy = 0, waiting = 0;
+		for (size_t i = 0; i < e->nrings; i++) {
+			struct exec_ring *r = e->rings[i];
+			if (r->dead || now - r->last_take_ns >= GATHER_RECENT_NS)
+				continue;
+			busy++;
+			waiting += r->flow.n == 0;
 		}
-		/* a failed piece fails its request: it is answered now, and its
-		 * later pieces never run */
-		if (rc < 0 || sched_req_last_piece(&en->s))
-			entry_finish(e, en, rc < 0 ? -rc : 0, err, end);
+		if (busy < 2 || !waiting || now >= until)
+			return;
+		for (size_t i = 0; i < e->nrings; i++) {
+			struct exec_ring *r = e->rings[i];
+			if (r->dead || r->flow.n || now - r->last_take_ns >= GATHER_RECENT_NS)
+				continue;
+			collect_ring(e, r);
+			if (r->dead)
+				ring_drop_queue(r);
+			else if (r->flow.n)
+				e->flows[(*nflows)++] = &r->flow;
+		}
+		radiance_ring_cpu_relax();
+		now = radiance_clock_ns();
 	}
-	for (size_t i = 0; i < live; i++)
-		ring_doorbell(entry_of(v[i])->ring);
-	progress_bump(e);
 }
 
 /* One round over every ring (or only one). Returns the requests taken plus
  * the pieces run: 0 when there was nothing to do. */
 static size_t serve_pass(struct radiance_executor *e, struct exec_ring *only)
 {
-	size_t work = 0, nflows = 0, nr = only ? 1 : e->nrings;
+	size_t work = reap(e), nflows = 0, nr = only ? 1 : e->nrings;
 	for (size_t i = 0; i < nr; i++) {
 		struct exec_ring *r = only ? only : e->rings[(e->rr + i) % e->nrings];
 		if (!r->dead) {
@@ -566,13 +682,21 @@ static size_t serve_pass(struct radiance_executor *e, struct exec_ring *only)
 	}
 	if (!only)
 		e->rr = e->nrings ? (e->rr + 1) % e->nrings : 0;
-	size_t n = sched_round(&e->sched, e->flows, nflows, e->batch);
+	/* a round in flight: what came in waits in its flow and merges into
+	 * the next round's launches */
+	size_t n = 0;
+	if (e->pend_n)
+		goto doorbells;
+	if (!only && e->opt.gather_us && nflows)
+		gather(e, &nflows);
+	n = sched_round(&e->sched, e->flows, nflows, e->batch);
 	for (size_t i = 0; i < n;) {
 		size_t len = sched_launch_len(&e->sched, e->batch, n, i);
 		launch(e, e->batch + i, len);
 		i += len;
 	}
 	work += n;
+doorbells:
 	/* results of refused requests */
 	if (only)
 		ring_doorbell(only);
@@ -630,8 +754,9 @@ static void ring_remove(struct radiance_executor *e, struct exec_job *job)
 	 * nothing of the ring is touched. */
 	uint32_t first = r->sq.local;
 	while (job->drain && !r->dead && r->sq.local - first < r->sq.entries)
-		if (serve_pass(e, r) == 0)
+		if (serve_pass(e, r) == 0 && !e->pend_n)
 			break;
+	drain_pending(e);
 	ring_drop_queue(r);
 	epoll_ctl(e->epfd, EPOLL_CTL_DEL, r->sq_efd, NULL);
 	radiance_backend_unregister_host(e->backend, r->arena);
@@ -712,6 +837,8 @@ static void run_jobs(struct radiance_executor *e)
 {
 	if (!atomic_load(&e->jobs_pending))
 		return;
+	/* no job sees a ring or a model that a launch in flight still uses */
+	drain_pending(e);
 	pthread_mutex_lock(&e->lock);
 	struct exec_job *job = job_list_take(&e->jobs);
 	atomic_store(&e->jobs_pending, 0);
@@ -808,6 +935,8 @@ static void *executor_main(void *arg)
 		return NULL;
 
 	uint64_t spin_ns = (uint64_t)e->opt.spin_us * 1000u;
+	/* the 20 us sleeps while a launch runs should be 20 us, not 70 */
+	prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
 	uint64_t last_work = radiance_clock_ns();
 	while (!atomic_load(&e->stop)) {
 		run_jobs(e);
@@ -820,6 +949,16 @@ static void *executor_main(void *arg)
 		uint64_t t = radiance_clock_ns();
 		if (n) {
 			last_work = t;
+			continue;
+		}
+		if (e->pend_n) {
+			/* a launch in flight: poll its completion word, spinning
+			 * at first, then in short sleeps (a long prefill piece
+			 * need not hold a core) */
+			if (t - last_work < spin_ns)
+				radiance_ring_cpu_relax();
+			else
+				nanosleep(&(struct timespec){ .tv_nsec = 20000 }, NULL);
 			continue;
 		}
 		if (t - last_work < spin_ns) {
@@ -847,6 +986,9 @@ static void executor_release(struct radiance_executor *e)
 	free(e->flows);
 	free(e->batch);
 	free(e->rows);
+	free(e->pend);
+	free(e->pend_v);
+	free(e->pend_last);
 }
 
 int executor_create(uv_loop_t *loop, const struct executor_options *opt,
@@ -869,7 +1011,10 @@ int executor_create(uv_loop_t *loop, const struct executor_options *opt,
 	e->flows = calloc(opt->max_rings, sizeof *e->flows);
 	e->batch = calloc((size_t)opt->max_rings * EXEC_BATCH, sizeof *e->batch);
 	e->rows = calloc(opt->backend.max_rows, sizeof *e->rows);
-	if (!e->rings || !e->flows || !e->batch || !e->rows)
+	e->pend = calloc((size_t)opt->max_rings * EXEC_BATCH, sizeof *e->pend);
+	e->pend_v = calloc((size_t)opt->max_rings * EXEC_BATCH, sizeof *e->pend_v);
+	e->pend_last = calloc((size_t)opt->max_rings * EXEC_BATCH, 1);
+	if (!e->rings || !e->flows || !e->batch || !e->rows || !e->pend || !e->pend_v || !e->pend_last)
 		goto fail_alloc;
 	e->ctl_efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 	e->epfd = epoll_create1(EPOLL_CLOEXEC);
@@ -926,6 +1071,9 @@ fail_alloc:
 	free(e->flows);
 	free(e->batch);
 	free(e->rows);
+	free(e->pend);
+	free(e->pend_v);
+	free(e->pend_last);
 	free(e);
 fail:
 	if (rc == -ENOMEM)

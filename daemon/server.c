@@ -1003,6 +1003,7 @@ int server_run(const struct radiance_config *cfg)
 			.numerics_gate = cfg->numerics_gate != 0,
 			.share = cfg->share,
 			.fake_share = cfg->fake_share != 0,
+			.zero_copy_rows = cfg->zero_copy_rows,
 			.cpu_threads = cfg->cpu_threads,
 			.max_n = cfg->max_n,
 			.max_k = cfg->max_k,
@@ -1011,6 +1012,7 @@ int server_run(const struct radiance_config *cfg)
 		.spin_us = 50,
 		.chunk_rows = cfg->sched_chunk_rows ? cfg->sched_chunk_rows : EXEC_CHUNK_AUTO,
 		.session_rows = cfg->sched_session_rows,
+		.gather_us = cfg->sched_gather_us,
 		.global_stats = &srv.stats,
 	};
 	rc = executor_create(&loop, &eo, &srv.exec, err, sizeof err);
