@@ -854,8 +854,8 @@ static void inproc_teardown(struct bench *B)
 #ifdef RADIANCE_GPU
 	if (B->gpu) {
 		for (size_t i = 0; i < (size_t)B->blocks * B->S->n; i++) {
-			radiance__gpu_free(B->own[B->li[i]].w);
-			radiance__gpu_free(B->own[B->li[i]].sc);
+			radiance__gpu_free((void *)B->own[B->li[i]].w);
+			radiance__gpu_free((void *)B->own[B->li[i]].sc);
 		}
 		free(B->own);
 		radiance__gpu_scratch_destroy(&B->scratch);

@@ -5,6 +5,7 @@
 #   serve_run.sh SET OUT [bench_serve run options...]
 # SET: 27b (16 blocks, 3.8 GB, on the GPU backend) or minilm (2 blocks, cpu).
 # Env: BUILD (build), BACKEND (gpu for 27b, cpu for minilm), BLOCKS,
+#      CKPT (a checkpoint bench_serve gen wrote already: not written again),
 #      DAEMON_ARGS (more radianced options), WORK (where the checkpoint and
 #      socket go: a fresh directory under /dev/shm, else TMPDIR).
 # Exit: bench_serve's status (1 when a result was wrong), 1 when the daemon
@@ -21,14 +22,15 @@ esac
 base=/dev/shm
 [ -d /dev/shm ] && [ -w /dev/shm ] || base=${TMPDIR:-/tmp}
 WORK=${WORK:-$(mktemp -d "$base/radiance-serve.XXXXXX")}
-mkdir -p "$WORK/ckpt"
+CK=${CKPT:-$WORK/ckpt}
+mkdir -p "$CK"
 daemon=""
 cleanup() {
 	[ -n "$daemon" ] && kill "$daemon" 2>/dev/null && wait "$daemon" 2>/dev/null
 	rm -rf "$WORK"
 }
 trap cleanup EXIT
-"$B/bench/bench_serve" gen "$WORK/ckpt" "$SET" ${BLOCKS:-} || exit 1
+[ -n "${CKPT:-}" ] || "$B/bench/bench_serve" gen "$CK" "$SET" ${BLOCKS:-} || exit 1
 # shellcheck disable=SC2086
 "$B/radianced" --no-config --socket "$WORK/sock" --backend "$BACKEND" --log-level info \
 	--max-rows $MAXR --max-k $MAXK --max-n $MAXN ${DAEMON_ARGS:-} >"$WORK/daemon.log" 2>&1 &
@@ -43,7 +45,7 @@ while [ ! -S "$WORK/sock" ]; do
 	fi
 	sleep 0.1
 done
-"$B/bench/bench_serve" run "$WORK/sock" "$WORK/ckpt" "$SET" "$OUT" \
+"$B/bench/bench_serve" run "$WORK/sock" "$CK" "$SET" "$OUT" \
 	--note "radianced --backend $BACKEND --max-rows $MAXR ${DAEMON_ARGS:-}" "$@"
 rc=$?
 kill "$daemon" 2>/dev/null

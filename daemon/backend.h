@@ -163,8 +163,9 @@ int radiance_backend_linear(struct radiance_backend *b, const struct radiance_la
  * started. Until its launch is done, the rows' x may not change and y is
  * being written; the arena must stay registered. Several launches may be
  * in flight. Errors as for radiance_backend_linear, found at start;
- * -EOPNOTSUPP when the backend has no asynchronous launches (the cpu
- * backend): use radiance_backend_linear. */
+ * -EOPNOTSUPP when the backend has no asynchronous launches: use
+ * radiance_backend_linear. The cpu backend runs the launch before it
+ * returns, and its launches are done at the first look. */
 int radiance_backend_linear_start(struct radiance_backend *b, const struct radiance_layer *l,
 				  struct radiance_backend_layer *h, const struct radiance_rows *rows,
 				  size_t nrows, uint64_t *ticket, char *err, size_t errlen);

@@ -8,11 +8,23 @@
  * split-K partials (and bf16-layer GEMM results), the split-K counters and
  * the BLAS workspace. Serving never allocates device memory.
  *
- * A linear() is: async copies of every request's x from its (registered,
- * pinned) arena into one contiguous staging buffer, one quant launch and one
- * GEMM over the stacked rows, async copies of each request's y back, one
- * stream synchronize. Requests of different activation dtypes in one call
- * are run as consecutive launches (one per dtype run).
+ * A launch (linear_start) is queued on the backend's one stream and returns
+ * at once: per run of requests of one activation dtype, the stacked rows'
+ * quant and GEMM, then a completion word: the stream writes the launch's
+ * ticket into a word of registered host memory (radiance__gpu_signal,
+ * cuStreamWriteValue32 on CUDA) after everything before it, and
+ * linear_done() only reads that word (and, every 4096th unfinished look,
+ * asks the stream whether the device faulted). linear() is linear_start
+ * plus a spin on the word.
+ *
+ * Moving rows (docs/gpu.md has the measurements): a W4A8 launch of at most
+ * zero_copy_rows rows whose rows all lie in registered arenas moves none of
+ * them with the copy engine: one request alone is read (quant) and written
+ * (GEMM) in place through the arena's device mapping; several requests are
+ * gathered into the staging buffer and scattered back by one kernel each
+ * (radiance__gpu_rows_copy), not one copy call per request. Bigger
+ * launches, bf16 layers and rows outside registered memory take async
+ * copies into and out of the staging buffers.
  *
  * Numerics gate (opt-in, RADIANCE_NUMERICS_GATE=1): the first launch of each
  * (layer, M) is recomputed by the CPU reference and the relative error is
@@ -63,6 +75,11 @@ struct gpu_state {
 	char pci_bus_id[32];
 	struct registered *regs;
 	size_t n_regs, cap_regs;
+	uint32_t zero_copy_rows;
+	volatile uint32_t *done_host;   /* the completion word (a registered page) */
+	void *done_dev;                 /* its device address */
+	uint32_t seq;                   /* the last ticket handed out */
+	uint32_t polls;                 /* unfinished looks since the last stream query */
 	int gate;
 	struct gate_seen *seen;
 	size_t n_seen, cap_seen;
@@ -94,6 +111,9 @@ static void gpu_destroy(void *state)
 	radiance__gpu_free(g->y);
 	radiance__gpu_free(g->x);
 	radiance__gpu_stream_destroy(g->stream);
+	if (g->done_dev)
+		radiance__gpu_host_unregister((void *)g->done_host);
+	free((void *)g->done_host);
 	for (size_t i = 0; i < g->n_regs; i++)
 		radiance__gpu_host_unregister(g->regs[i].base);
 	free(g->regs);
@@ -163,6 +183,7 @@ static int gpu_create(const struct radiance_backend_options *opt, void **state, 
 	g->max_n = opt->max_n ? opt->max_n : 4096;
 	g->max_k = opt->max_k ? opt->max_k : 4096;
 	g->gate = opt->numerics_gate != 0;
+	g->zero_copy_rows = opt->zero_copy_rows;
 
 	const size_t rows_pad = ((size_t)g->max_rows + 63) & ~(size_t)63;
 	if ((rc = radiance__gpu_stream_create(&g->stream)))
@@ -175,6 +196,18 @@ static int gpu_create(const struct radiance_backend_options *opt, void **state, 
 					       g->max_k, 1, g->stream)))
 		goto fail;
 	g->scratch_bytes += g->scratch.bytes;
+	/* the completion word: a page of host memory the device writes into */
+	void *page = NULL;
+	if (posix_memalign(&page, 4096, 4096) != 0) {
+		rc = -ENOMEM;
+		goto fail;
+	}
+	memset(page, 0, 4096);
+	g->done_host = page;
+	if ((rc = radiance__gpu_host_register(page, 4096, &g->done_dev))) {
+		g->done_dev = NULL;
+		goto fail;
+	}
 	share_choose(g, opt->share);
 	*state = g;
 	return 0;
@@ -491,8 +524,63 @@ static int run_launch(struct gpu_state *g, struct radiance_backend_layer *h, enu
 				       RADIANCE_W4A8_AUTO, path);
 }
 
-static int gpu_linear(void *state, const struct radiance_layer *l, struct radiance_backend_layer *h,
-		      const struct radiance_rows *rows, size_t nrows, char *err, size_t errlen)
+/* The device address of host memory p inside a registered range, or NULL. */
+static void *mapped(const struct gpu_state *g, const void *p, size_t bytes)
+{
+	const uint8_t *q = p;
+	for (size_t i = 0; i < g->n_regs; i++) {
+		const uint8_t *base = g->regs[i].base;
+		if (q >= base && bytes <= g->regs[i].len && (size_t)(q - base) <= g->regs[i].len - bytes)
+			return (uint8_t *)g->regs[i].dev + (q - base);
+	}
+	return NULL;
+}
+
+/* Rows [i0, i1) of one dtype, m rows in all, in place through the arenas'
+ * mappings (1 when it ran that way, 0 when they must be copied). */
+static int run_mapped(struct gpu_state *g, struct radiance_backend_layer *h, const struct radiance_rows *rows,
+		      size_t i0, size_t i1, uint32_t m, const char **path, int *rc)
+{
+	const size_t xrow = (size_t)h->k * 2, yrow = (size_t)h->n * 2;
+	if (h->kind != RADIANCE_LAYER_W4A8 || m > g->zero_copy_rows || i1 - i0 > RADIANCE__GPU_ROWS_MAX)
+		return 0;
+	struct radiance__gpu_rows_list in = {0}, out = {0};
+	uint32_t off = 0;
+	for (size_t i = i0; i < i1; i++) {
+		if (!rows[i].m)
+			continue;
+		const void *x = mapped(g, rows[i].x, rows[i].m * xrow);
+		void *y = mapped(g, rows[i].y, rows[i].m * yrow);
+		if (!x || !y)
+			return 0;
+		in.src[in.n] = x;
+		in.dst[in.n] = (uint8_t *)g->x + (size_t)off * xrow;
+		in.bytes[in.n++] = rows[i].m * xrow;
+		out.src[out.n] = (uint8_t *)g->y + (size_t)off * yrow;
+		out.dst[out.n] = y;
+		out.bytes[out.n++] = rows[i].m * yrow;
+		off += rows[i].m;
+	}
+	const struct radiance__gpu_layer l = {
+		.n = h->n, .k = h->k, .w = h->w, .sc = h->sc, .bias = h->bias,
+	};
+	if (in.n == 1) {
+		/* one request: the quant reads x and the GEMM writes y in the arena */
+		*rc = radiance__gpu_layer_run(&g->dev, &g->scratch, &l, in.src[0], rows[i0].dtype, m,
+					      (uint16_t *)out.dst[0], g->stream, RADIANCE_W4A8_AUTO, path);
+		return 1;
+	}
+	if ((*rc = radiance__gpu_rows_copy(&in, 0, g->stream)) ||
+	    (*rc = radiance__gpu_layer_run(&g->dev, &g->scratch, &l, g->x, rows[i0].dtype, m, g->y, g->stream,
+					   RADIANCE_W4A8_AUTO, path)))
+		return 1;
+	*rc = radiance__gpu_rows_copy(&out, 1, g->stream);
+	return 1;
+}
+
+static int gpu_linear_start(void *state, const struct radiance_layer *l, struct radiance_backend_layer *h,
+			    const struct radiance_rows *rows, size_t nrows, uint64_t *ticket, char *err,
+			    size_t errlen)
 {
 	struct gpu_state *g = state;
 	int rc = 0;
@@ -506,34 +594,76 @@ static int gpu_linear(void *state, const struct radiance_layer *l, struct radian
 		/* one launch per run of requests with the same dtype */
 		size_t i1 = i0;
 		uint32_t m = 0;
-		while (i1 < nrows && rows[i1].dtype == rows[i0].dtype) {
-			if (rows[i1].m && (rc = radiance__gpu_h2d_async((uint8_t *)g->x + (size_t)m * xrow, rows[i1].x,
-								       rows[i1].m * xrow, g->stream)))
-				goto io;
-			m += rows[i1].m;
-			i1++;
-		}
+		while (i1 < nrows && rows[i1].dtype == rows[i0].dtype)
+			m += rows[i1++].m;
 		const char *path = "";
-		if (m && (rc = run_launch(g, h, rows[i0].dtype, m, &path)))
-			goto io;
-		uint32_t off = 0;
-		for (size_t i = i0; i < i1; i++) {
-			if (rows[i].m && (rc = radiance__gpu_d2h_async(rows[i].y, (uint8_t *)g->y + (size_t)off * yrow,
-								      rows[i].m * yrow, g->stream)))
-				goto io;
-			off += rows[i].m;
+		if (!m) {
+			i0 = i1;
+			continue;
 		}
-		if ((rc = radiance__gpu_stream_sync(g->stream)))
-			goto io;
-		if (g->gate && m && gate_first(g, l, m))
+		if (run_mapped(g, h, rows, i0, i1, m, &path, &rc)) {
+			if (rc)
+				goto io;
+		} else {
+			uint32_t off = 0;
+			for (size_t i = i0; i < i1; i++) {
+				if (rows[i].m && (rc = radiance__gpu_h2d_async((uint8_t *)g->x + (size_t)off * xrow,
+									       rows[i].x, rows[i].m * xrow, g->stream)))
+					goto io;
+				off += rows[i].m;
+			}
+			if ((rc = run_launch(g, h, rows[i0].dtype, m, &path)))
+				goto io;
+			off = 0;
+			for (size_t i = i0; i < i1; i++) {
+				if (rows[i].m && (rc = radiance__gpu_d2h_async(rows[i].y, (uint8_t *)g->y + (size_t)off * yrow,
+									      rows[i].m * yrow, g->stream)))
+					goto io;
+				off += rows[i].m;
+			}
+		}
+		if (g->gate && gate_first(g, l, m)) {
+			/* the first launch of (layer, M): checked here, synchronously */
+			if ((rc = radiance__gpu_stream_sync(g->stream)))
+				goto io;
 			gate_check(g, l, rows + i0, i1 - i0, m, path);
+		}
 		i0 = i1;
 	}
+	if ((rc = radiance__gpu_signal(g->done_dev, ++g->seq, g->stream)))
+		goto io;
+	*ticket = g->seq;
 	return 0;
 io:
 	snprintf(err, errlen, "gpu backend: layer %s: %s", l->name, radiance__gpu_last_error());
 	radiance__gpu_stream_sync(g->stream);
 	return rc == -EINVAL ? rc : -EIO;
+}
+
+static int gpu_linear_done(void *state, uint64_t ticket, char *err, size_t errlen)
+{
+	struct gpu_state *g = state;
+	/* tickets are 32-bit sequence numbers: compare by distance */
+	if ((int32_t)(*g->done_host - (uint32_t)ticket) >= 0) {
+		__atomic_thread_fence(__ATOMIC_ACQUIRE);   /* y is read after the word */
+		g->polls = 0;
+		return 1;
+	}
+	if (++g->polls % 4096 == 0 && radiance__gpu_stream_query(g->stream) < 0) {
+		snprintf(err, errlen, "gpu backend: %s", radiance__gpu_last_error());
+		return -EIO;
+	}
+	return 0;
+}
+
+static int gpu_linear(void *state, const struct radiance_layer *l, struct radiance_backend_layer *h,
+		      const struct radiance_rows *rows, size_t nrows, char *err, size_t errlen)
+{
+	uint64_t ticket;
+	int rc = gpu_linear_start(state, l, h, rows, nrows, &ticket, err, errlen);
+	while (rc == 0 && (rc = gpu_linear_done(state, ticket, err, errlen)) == 0)
+		;
+	return rc < 0 ? rc : 0;
 }
 
 const struct radiance_backend_ops radiance__backend_gpu_ops = {
@@ -549,6 +679,8 @@ const struct radiance_backend_ops radiance__backend_gpu_ops = {
 	.share_destroy = gpu_share_destroy,
 	.layer_upload_into = gpu_layer_upload_into,
 	.linear = gpu_linear,
+	.linear_start = gpu_linear_start,
+	.linear_done = gpu_linear_done,
 };
 
 #else
