@@ -62,6 +62,11 @@ struct radiance_rows {
 	uint16_t *y;             /* [m][layer n] bf16, written by the backend */
 	uint32_t m;
 	enum radiance_dtype dtype;
+	int bulk;                /* a piece of a request run in pieces (prefill):
+	                            every piece of one request must carry it, so
+	                            that they run in order; a GPU backend queues
+	                            such launches behind decode ones, at a lower
+	                            priority */
 };
 
 struct radiance_backend_info {
@@ -157,23 +162,25 @@ int radiance_backend_linear(struct radiance_backend *b, const struct radiance_la
 			    struct radiance_backend_layer *h, const struct radiance_rows *rows,
 			    size_t nrows, char *err, size_t errlen);
 
-/* The same launch, asynchronous (a GPU backend): queued on the backend's one
- * stream and returned from at once; *ticket names it for
- * radiance_backend_linear_done. Launches complete in the order they were
- * started. Until its launch is done, the rows' x may not change and y is
- * being written; the arena must stay registered. Several launches may be
- * in flight. Errors as for radiance_backend_linear, found at start;
- * -EOPNOTSUPP when the backend has no asynchronous launches: use
- * radiance_backend_linear. The cpu backend runs the launch before it
- * returns, and its launches are done at the first look. */
+/* The same launch, asynchronous (a GPU backend): queued on the device and
+ * returned from at once; *ticket names it for radiance_backend_linear_done.
+ * Until its launch is done, the rows' x may not change and y is being
+ * written; the arena must stay registered. Several launches may be in
+ * flight. Launches of bulk rows (struct radiance_rows; all rows of one
+ * launch alike) complete in the order they were started, and so do the
+ * others among themselves; a non-bulk launch may overtake bulk ones.
+ * Errors as for radiance_backend_linear, found at start; -EOPNOTSUPP when
+ * the backend has no asynchronous launches: use radiance_backend_linear.
+ * The cpu backend runs the launch before it returns, and its launches are
+ * done at the first look. */
 int radiance_backend_linear_start(struct radiance_backend *b, const struct radiance_layer *l,
 				  struct radiance_backend_layer *h, const struct radiance_rows *rows,
 				  size_t nrows, uint64_t *ticket, char *err, size_t errlen);
 
-/* Has the launch `ticket` (and so every launch started before it) finished?
+/* Has the launch `ticket` finished?
  * Never blocks: it reads a completion word the device writes into host
  * memory at the end of the launch. 1 done (outputs written), 0 not yet,
- * -EIO when the device faulted (then this and every later launch failed;
+ * -EIO when the device faulted (then this and every later launch fails;
  * err says why). */
 int radiance_backend_linear_done(struct radiance_backend *b, uint64_t ticket, char *err, size_t errlen);
 

@@ -62,13 +62,29 @@ struct gate_seen {
 	uint32_t m;
 };
 
+/* A queue of launches with its own staging and scratch: lane 0 (decode,
+ * the stream of greatest priority) and lane 1 (bulk, least priority; also
+ * uploads). The device's block scheduler starts a lane-0 kernel's blocks
+ * ahead of the waiting blocks of lane 1, so a decode token runs beside a
+ * prefill piece instead of after it. */
+#define LANE_DECODE 0
+#define LANE_BULK 1
+#define DECODE_LANE_ROWS 64u       /* most rows of a lane-0 launch */
+
+struct lane {
+	void *stream;
+	uint32_t rows;             /* staging rows */
+	uint16_t *x;               /* [rows][max_k] staging (bf16/fp16 bits) */
+	uint16_t *y;               /* [rows][max_n] bf16 staging */
+	struct radiance__gpu_scratch scratch;   /* codes, scales, split-K, BLAS */
+	uint32_t seq;              /* the last ticket handed out */
+};
+
 struct gpu_state {
 	struct radiance__gpu_device dev;
-	void *stream;
+	void *stream;              /* lanes[LANE_BULK].stream: uploads and frees */
 	uint32_t max_rows, max_n, max_k;
-	uint16_t *x;               /* [max_rows][max_k] staging (bf16/fp16 bits) */
-	uint16_t *y;               /* [max_rows][max_n] bf16 staging */
-	struct radiance__gpu_scratch scratch;   /* codes, scales, split-K, BLAS */
+	struct lane lanes[2];
 	uint64_t scratch_bytes;
 	enum radiance__gpu_share_kind share;    /* how models are allocated */
 	char share_why[192];
@@ -76,9 +92,8 @@ struct gpu_state {
 	struct registered *regs;
 	size_t n_regs, cap_regs;
 	uint32_t zero_copy_rows;
-	volatile uint32_t *done_host;   /* the completion word (a registered page) */
+	volatile uint32_t *done_host;   /* the lanes' completion words (a registered page) */
 	void *done_dev;                 /* its device address */
-	uint32_t seq;                   /* the last ticket handed out */
 	uint32_t polls;                 /* unfinished looks since the last stream query */
 	int gate;
 	struct gate_seen *seen;
@@ -105,12 +120,15 @@ static void gpu_destroy(void *state)
 	struct gpu_state *g = state;
 	if (!g)
 		return;
-	if (g->stream)
-		radiance__gpu_stream_sync(g->stream);
-	radiance__gpu_scratch_destroy(&g->scratch);
-	radiance__gpu_free(g->y);
-	radiance__gpu_free(g->x);
-	radiance__gpu_stream_destroy(g->stream);
+	for (int i = 0; i < 2; i++) {
+		struct lane *ln = &g->lanes[i];
+		if (ln->stream)
+			radiance__gpu_stream_sync(ln->stream);
+		radiance__gpu_scratch_destroy(&ln->scratch);
+		radiance__gpu_free(ln->y);
+		radiance__gpu_free(ln->x);
+		radiance__gpu_stream_destroy(ln->stream);
+	}
 	if (g->done_dev)
 		radiance__gpu_host_unregister((void *)g->done_host);
 	free((void *)g->done_host);
@@ -119,6 +137,14 @@ static void gpu_destroy(void *state)
 	free(g->regs);
 	free(g->seen);
 	free(g);
+}
+
+/* Waits for both lanes: before memory a launch may use goes away. */
+static void sync_lanes(struct gpu_state *g)
+{
+	for (int i = 0; i < 2; i++)
+		if (g->lanes[i].stream)
+			radiance__gpu_stream_sync(g->lanes[i].stream);
 }
 
 static int alloc_dev(struct gpu_state *g, void **p, size_t bytes)
@@ -185,17 +211,23 @@ static int gpu_create(const struct radiance_backend_options *opt, void **state, 
 	g->gate = opt->numerics_gate != 0;
 	g->zero_copy_rows = opt->zero_copy_rows;
 
-	const size_t rows_pad = ((size_t)g->max_rows + 63) & ~(size_t)63;
-	if ((rc = radiance__gpu_stream_create(&g->stream)))
-		goto fail;
-	if ((rc = alloc_dev(g, (void **)&g->x, rows_pad * g->max_k * 2)) ||
-	    (rc = alloc_dev(g, (void **)&g->y, (size_t)g->max_rows * g->max_n * 2)))
-		goto fail;
-	/* max_decode_rows above 64 is cut to 64, the decode kernel's largest token tile */
-	if ((rc = radiance__gpu_scratch_create(&g->scratch, g->max_rows, opt->max_decode_rows, g->max_n,
-					       g->max_k, 1, g->stream)))
-		goto fail;
-	g->scratch_bytes += g->scratch.bytes;
+	g->lanes[LANE_DECODE].rows = g->max_rows < DECODE_LANE_ROWS ? g->max_rows : DECODE_LANE_ROWS;
+	g->lanes[LANE_BULK].rows = g->max_rows;
+	for (int i = 0; i < 2; i++) {
+		struct lane *ln = &g->lanes[i];
+		const size_t rows_pad = ((size_t)ln->rows + 63) & ~(size_t)63;
+		if ((rc = radiance__gpu_stream_create_priority(&ln->stream, i == LANE_DECODE)))
+			goto fail;
+		if ((rc = alloc_dev(g, (void **)&ln->x, rows_pad * g->max_k * 2)) ||
+		    (rc = alloc_dev(g, (void **)&ln->y, (size_t)ln->rows * g->max_n * 2)))
+			goto fail;
+		/* max_decode_rows above 64 is cut to 64, the decode kernel's largest token tile */
+		if ((rc = radiance__gpu_scratch_create(&ln->scratch, ln->rows, opt->max_decode_rows, g->max_n,
+						       g->max_k, 1, ln->stream)))
+			goto fail;
+		g->scratch_bytes += ln->scratch.bytes;
+	}
+	g->stream = g->lanes[LANE_BULK].stream;
 	/* the completion word: a page of host memory the device writes into */
 	void *page = NULL;
 	if (posix_memalign(&page, 4096, 4096) != 0) {
@@ -342,7 +374,7 @@ static void gpu_share_destroy(void *state, struct radiance_backend_share *s)
 	struct radiance__gpu_share *sh = s->priv;
 	if (sh) {
 		/* no launch may still read it; importers keep their own mappings */
-		radiance__gpu_stream_sync(g->stream);
+		sync_lanes(g);
 		radiance__gpu_share_free(sh);   /* closes the fd, which is s->fd */
 		free(sh);
 	}
@@ -405,7 +437,7 @@ static int gpu_layer_upload_into(void *state, struct radiance_backend_share *s, 
 static void gpu_layer_free(void *state, struct radiance_backend_layer *h)
 {
 	struct gpu_state *g = state;
-	radiance__gpu_stream_sync(g->stream);
+	sync_lanes(g);
 	layer_release(h);
 }
 
@@ -436,7 +468,7 @@ static void gpu_unregister_host(void *state, void *base)
 	for (size_t i = 0; i < g->n_regs; i++) {
 		if (g->regs[i].base == base) {
 			/* copies from or to the range may still be queued */
-			radiance__gpu_stream_sync(g->stream);
+			sync_lanes(g);
 			radiance__gpu_host_unregister(base);
 			g->regs[i] = g->regs[--g->n_regs];
 			return;
@@ -512,15 +544,15 @@ static void gate_check(struct gpu_state *g, const struct radiance_layer *l, cons
 
 /* --------------------------------------------------------------- linear */
 
-/* Rows [0, m) of g->x hold the stacked activations; results to g->y. */
-static int run_launch(struct gpu_state *g, struct radiance_backend_layer *h, enum radiance_dtype dtype, uint32_t m,
-		      const char **path)
+/* Rows [0, m) of ln->x hold the stacked activations; results to ln->y. */
+static int run_launch(struct gpu_state *g, struct lane *ln, struct radiance_backend_layer *h,
+		      enum radiance_dtype dtype, uint32_t m, const char **path)
 {
 	const struct radiance__gpu_layer l = {
 		.bf16 = h->kind == RADIANCE_LAYER_BF16, .n = h->n, .k = h->k, .w = h->w, .sc = h->sc,
 		.bias = h->bias,
 	};
-	return radiance__gpu_layer_run(&g->dev, &g->scratch, &l, g->x, dtype, m, g->y, g->stream,
+	return radiance__gpu_layer_run(&g->dev, &ln->scratch, &l, ln->x, dtype, m, ln->y, ln->stream,
 				       RADIANCE_W4A8_AUTO, path);
 }
 
@@ -538,8 +570,8 @@ static void *mapped(const struct gpu_state *g, const void *p, size_t bytes)
 
 /* Rows [i0, i1) of one dtype, m rows in all, in place through the arenas'
  * mappings (1 when it ran that way, 0 when they must be copied). */
-static int run_mapped(struct gpu_state *g, struct radiance_backend_layer *h, const struct radiance_rows *rows,
-		      size_t i0, size_t i1, uint32_t m, const char **path, int *rc)
+static int run_mapped(struct gpu_state *g, struct lane *ln, struct radiance_backend_layer *h,
+		      const struct radiance_rows *rows, size_t i0, size_t i1, uint32_t m, const char **path, int *rc)
 {
 	const size_t xrow = (size_t)h->k * 2, yrow = (size_t)h->n * 2;
 	if (h->kind != RADIANCE_LAYER_W4A8 || m > g->zero_copy_rows || i1 - i0 > RADIANCE__GPU_ROWS_MAX)
@@ -554,9 +586,9 @@ static int run_mapped(struct gpu_state *g, struct radiance_backend_layer *h, con
 		if (!x || !y)
 			return 0;
 		in.src[in.n] = x;
-		in.dst[in.n] = (uint8_t *)g->x + (size_t)off * xrow;
+		in.dst[in.n] = (uint8_t *)ln->x + (size_t)off * xrow;
 		in.bytes[in.n++] = rows[i].m * xrow;
-		out.src[out.n] = (uint8_t *)g->y + (size_t)off * yrow;
+		out.src[out.n] = (uint8_t *)ln->y + (size_t)off * yrow;
 		out.dst[out.n] = y;
 		out.bytes[out.n++] = rows[i].m * yrow;
 		off += rows[i].m;
@@ -566,15 +598,15 @@ static int run_mapped(struct gpu_state *g, struct radiance_backend_layer *h, con
 	};
 	if (in.n == 1) {
 		/* one request: the quant reads x and the GEMM writes y in the arena */
-		*rc = radiance__gpu_layer_run(&g->dev, &g->scratch, &l, in.src[0], rows[i0].dtype, m,
-					      (uint16_t *)out.dst[0], g->stream, RADIANCE_W4A8_AUTO, path);
+		*rc = radiance__gpu_layer_run(&g->dev, &ln->scratch, &l, in.src[0], rows[i0].dtype, m,
+					      (uint16_t *)out.dst[0], ln->stream, RADIANCE_W4A8_AUTO, path);
 		return 1;
 	}
-	if ((*rc = radiance__gpu_rows_copy(&in, 0, g->stream)) ||
-	    (*rc = radiance__gpu_layer_run(&g->dev, &g->scratch, &l, g->x, rows[i0].dtype, m, g->y, g->stream,
+	if ((*rc = radiance__gpu_rows_copy(&in, 0, ln->stream)) ||
+	    (*rc = radiance__gpu_layer_run(&g->dev, &ln->scratch, &l, ln->x, rows[i0].dtype, m, ln->y, ln->stream,
 					   RADIANCE_W4A8_AUTO, path)))
 		return 1;
-	*rc = radiance__gpu_rows_copy(&out, 1, g->stream);
+	*rc = radiance__gpu_rows_copy(&out, 1, ln->stream);
 	return 1;
 }
 
@@ -590,6 +622,12 @@ static int gpu_linear_start(void *state, const struct radiance_layer *l, struct 
 		return -EINVAL;
 	}
 	const size_t xrow = (size_t)l->k * 2, yrow = (size_t)l->n * 2;
+	uint32_t total = 0;
+	for (size_t i = 0; i < nrows; i++)
+		total += rows[i].m;
+	/* a prefill piece's lane must not depend on its size: its pieces run in order */
+	const int lane = nrows && !rows[0].bulk && total <= g->lanes[LANE_DECODE].rows ? LANE_DECODE : LANE_BULK;
+	struct lane *ln = &g->lanes[lane];
 	for (size_t i0 = 0; i0 < nrows;) {
 		/* one launch per run of requests with the same dtype */
 		size_t i1 = i0;
@@ -601,55 +639,56 @@ static int gpu_linear_start(void *state, const struct radiance_layer *l, struct 
 			i0 = i1;
 			continue;
 		}
-		if (run_mapped(g, h, rows, i0, i1, m, &path, &rc)) {
+		if (run_mapped(g, ln, h, rows, i0, i1, m, &path, &rc)) {
 			if (rc)
 				goto io;
 		} else {
 			uint32_t off = 0;
 			for (size_t i = i0; i < i1; i++) {
-				if (rows[i].m && (rc = radiance__gpu_h2d_async((uint8_t *)g->x + (size_t)off * xrow,
-									       rows[i].x, rows[i].m * xrow, g->stream)))
+				if (rows[i].m && (rc = radiance__gpu_h2d_async((uint8_t *)ln->x + (size_t)off * xrow,
+									       rows[i].x, rows[i].m * xrow, ln->stream)))
 					goto io;
 				off += rows[i].m;
 			}
-			if ((rc = run_launch(g, h, rows[i0].dtype, m, &path)))
+			if ((rc = run_launch(g, ln, h, rows[i0].dtype, m, &path)))
 				goto io;
 			off = 0;
 			for (size_t i = i0; i < i1; i++) {
-				if (rows[i].m && (rc = radiance__gpu_d2h_async(rows[i].y, (uint8_t *)g->y + (size_t)off * yrow,
-									      rows[i].m * yrow, g->stream)))
+				if (rows[i].m && (rc = radiance__gpu_d2h_async(rows[i].y, (uint8_t *)ln->y + (size_t)off * yrow,
+									      rows[i].m * yrow, ln->stream)))
 					goto io;
 				off += rows[i].m;
 			}
 		}
 		if (g->gate && gate_first(g, l, m)) {
 			/* the first launch of (layer, M): checked here, synchronously */
-			if ((rc = radiance__gpu_stream_sync(g->stream)))
+			if ((rc = radiance__gpu_stream_sync(ln->stream)))
 				goto io;
 			gate_check(g, l, rows + i0, i1 - i0, m, path);
 		}
 		i0 = i1;
 	}
-	if ((rc = radiance__gpu_signal(g->done_dev, ++g->seq, g->stream)))
+	if ((rc = radiance__gpu_signal((uint32_t *)g->done_dev + lane, ++ln->seq, ln->stream)))
 		goto io;
-	*ticket = g->seq;
+	*ticket = (uint64_t)lane << 32 | ln->seq;
 	return 0;
 io:
 	snprintf(err, errlen, "gpu backend: layer %s: %s", l->name, radiance__gpu_last_error());
-	radiance__gpu_stream_sync(g->stream);
+	radiance__gpu_stream_sync(ln->stream);
 	return rc == -EINVAL ? rc : -EIO;
 }
 
 static int gpu_linear_done(void *state, uint64_t ticket, char *err, size_t errlen)
 {
 	struct gpu_state *g = state;
-	/* tickets are 32-bit sequence numbers: compare by distance */
-	if ((int32_t)(*g->done_host - (uint32_t)ticket) >= 0) {
+	const int lane = (int)(ticket >> 32) & 1;
+	/* tickets are a lane's 32-bit sequence numbers: compare by distance */
+	if ((int32_t)(g->done_host[lane] - (uint32_t)ticket) >= 0) {
 		__atomic_thread_fence(__ATOMIC_ACQUIRE);   /* y is read after the word */
 		g->polls = 0;
 		return 1;
 	}
-	if (++g->polls % 4096 == 0 && radiance__gpu_stream_query(g->stream) < 0) {
+	if (++g->polls % 4096 == 0 && radiance__gpu_stream_query(g->lanes[lane].stream) < 0) {
 		snprintf(err, errlen, "gpu backend: %s", radiance__gpu_last_error());
 		return -EIO;
 	}

@@ -49,6 +49,8 @@ struct exec_pending {
 	uint64_t ticket;
 	uint64_t start;          /* CLOCK_MONOTONIC ns, when it was queued */
 	size_t first, n;
+	int bulk;                /* prefill pieces (struct radiance_rows.bulk) */
+	int done;
 };
 
 /* A session counts as busy for the gather window this long after its SQ
@@ -89,11 +91,12 @@ struct radiance_executor {
 	struct sched_flow **flows;            /* max_rings: this round's */
 	struct sched_req **batch;             /* max_rings * EXEC_BATCH: this round's pieces */
 	struct radiance_rows *rows;           /* max_rows */
-	/* asynchronous launches (executor.h): the round in flight */
+	/* asynchronous launches (executor.h): the rounds in flight */
 	int sync_only;                        /* the backend has none */
-	struct exec_pending *pend;            /* max_rings * EXEC_BATCH, in start order */
-	size_t pend_n, pend_head;
-	struct sched_req **pend_v;            /* their pieces, max_rings * EXEC_BATCH */
+	struct exec_pending *pend;            /* pend_cap, in start order */
+	size_t pend_n, pend_cap;
+	size_t pend_decode;                   /* of them not bulk */
+	struct sched_req **pend_v;            /* their pieces, pend_cap */
 	uint8_t *pend_last;                   /* per piece: its request's last one */
 	size_t pend_vn;
 	struct radiance_proto_bump bump;   /* SQ slots unpack here, off malloc */
@@ -535,7 +538,8 @@ static void pieces_done(struct radiance_executor *e, struct sched_req **v, const
 			en->t_start = start;
 		}
 		/* a failed piece fails its request: it is answered now, and its
-		 * later pieces never run */
+		 * later pieces never run (or, in flight already, fail as well:
+		 * a device fault fails every later launch) */
 		if (rc < 0 || (last ? last[i] : sched_req_last_piece(&en->s)))
 			entry_finish(e, en, rc < 0 ? -rc : 0, err, end);
 	}
@@ -545,25 +549,48 @@ static void pieces_done(struct radiance_executor *e, struct sched_req **v, const
 }
 
 /* Posts the results of the launches in flight that the device has
- * finished, oldest first (they finish in order). Returns how many. */
+ * finished (bulk ones finish in order, and the others among themselves,
+ * but a decode launch may overtake a prefill one), then closes the gaps.
+ * Returns how many finished. */
 static size_t reap(struct radiance_executor *e)
 {
 	size_t done = 0;
-	while (e->pend_head < e->pend_n) {
-		struct exec_pending *p = &e->pend[e->pend_head];
+	int bulk_blocked = 0, decode_blocked = 0;
+	for (size_t i = 0; i < e->pend_n && !(bulk_blocked && decode_blocked); i++) {
+		struct exec_pending *p = &e->pend[i];
+		if ((p->bulk ? bulk_blocked : decode_blocked))
+			continue;
 		char err[192] = "";
 		int rc = radiance_backend_linear_done(e->backend, p->ticket, err, sizeof err);
-		if (rc == 0)
-			break;
+		if (rc == 0) {
+			/* the later ones of its kind are not done either */
+			*(p->bulk ? &bulk_blocked : &decode_blocked) = 1;
+			continue;
+		}
 		if (rc < 0)
 			log_warn("a launch of %zu requests failed on the device: %s", p->n, err);
 		pieces_done(e, e->pend_v + p->first, e->pend_last + p->first, p->n, rc < 0 ? rc : 0, err,
 			    p->start, radiance_clock_ns());
-		e->pend_head++;
+		p->done = 1;
+		e->pend_decode -= !p->bulk;
 		done++;
 	}
-	if (e->pend_head == e->pend_n)
-		e->pend_head = e->pend_n = e->pend_vn = 0;
+	if (!done)
+		return 0;
+	/* keep the unfinished ones, in order, at the front */
+	size_t n = 0, vn = 0;
+	for (size_t i = 0; i < e->pend_n; i++) {
+		struct exec_pending p = e->pend[i];
+		if (p.done)
+			continue;
+		memmove(e->pend_v + vn, e->pend_v + p.first, p.n * sizeof *e->pend_v);
+		memmove(e->pend_last + vn, e->pend_last + p.first, p.n);
+		p.first = vn;
+		vn += p.n;
+		e->pend[n++] = p;
+	}
+	e->pend_n = n;
+	e->pend_vn = vn;
 	return done;
 }
 
@@ -598,6 +625,7 @@ static void launch(struct radiance_executor *e, struct sched_req **v, size_t n)
 			.y = en->rows.y + (size_t)en->s.piece_row * l->n,
 			.m = en->s.piece_rows,
 			.dtype = en->rows.dtype,
+			.bulk = sched_req_chunked(&e->sched, &en->s),
 		};
 	}
 	uint64_t start = radiance_clock_ns();
@@ -610,7 +638,8 @@ static void launch(struct radiance_executor *e, struct sched_req **v, size_t n)
 			stats_launch(e->opt.global_stats);
 			struct exec_pending *p = &e->pend[e->pend_n++];
 			*p = (struct exec_pending){ .ticket = ticket, .start = start, .first = e->pend_vn,
-						    .n = live };
+						    .n = live, .bulk = e->rows[0].bulk };
+			e->pend_decode += !p->bulk;
 			for (size_t i = 0; i < live; i++) {
 				e->pend_v[e->pend_vn] = v[i];
 				e->pend_last[e->pend_vn++] = (uint8_t)sched_req_last_piece(v[i]);
@@ -682,10 +711,13 @@ static size_t serve_pass(struct radiance_executor *e, struct exec_ring *only)
 	}
 	if (!only)
 		e->rr = e->nrings ? (e->rr + 1) % e->nrings : 0;
-	/* a round in flight: what came in waits in its flow and merges into
-	 * the next round's launches */
+	/* a decode launch in flight: what came in waits in its flow and
+	 * merges into the next round's launches. Prefill pieces in flight do
+	 * not hold a round back: its decode launches overtake them on the
+	 * device (backend.h), and its prefill pieces queue behind them. At
+	 * most two rounds' worth of pieces are in flight. */
 	size_t n = 0;
-	if (e->pend_n)
+	if (e->pend_decode || e->pend_vn > e->pend_cap / 2 || e->pend_n > e->pend_cap / 2)
 		goto doorbells;
 	if (!only && e->opt.gather_us && nflows)
 		gather(e, &nflows);
@@ -1011,9 +1043,10 @@ int executor_create(uv_loop_t *loop, const struct executor_options *opt,
 	e->flows = calloc(opt->max_rings, sizeof *e->flows);
 	e->batch = calloc((size_t)opt->max_rings * EXEC_BATCH, sizeof *e->batch);
 	e->rows = calloc(opt->backend.max_rows, sizeof *e->rows);
-	e->pend = calloc((size_t)opt->max_rings * EXEC_BATCH, sizeof *e->pend);
-	e->pend_v = calloc((size_t)opt->max_rings * EXEC_BATCH, sizeof *e->pend_v);
-	e->pend_last = calloc((size_t)opt->max_rings * EXEC_BATCH, 1);
+	e->pend_cap = (size_t)2 * opt->max_rings * EXEC_BATCH;
+	e->pend = calloc(e->pend_cap, sizeof *e->pend);
+	e->pend_v = calloc(e->pend_cap, sizeof *e->pend_v);
+	e->pend_last = calloc(e->pend_cap, 1);
 	if (!e->rings || !e->flows || !e->batch || !e->rows || !e->pend || !e->pend_v || !e->pend_last)
 		goto fail_alloc;
 	e->ctl_efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);

@@ -49,6 +49,8 @@ typedef cudaDeviceProp hipDeviceProp_t;
 #define hipStreamDestroy cudaStreamDestroy
 #define hipStreamSynchronize cudaStreamSynchronize
 #define hipStreamQuery cudaStreamQuery
+#define hipStreamCreateWithPriority cudaStreamCreateWithPriority
+#define hipDeviceGetStreamPriorityRange cudaDeviceGetStreamPriorityRange
 #define hipErrorNotReady cudaErrorNotReady
 #define hipDeviceSynchronize cudaDeviceSynchronize
 #define hipHostRegister cudaHostRegister

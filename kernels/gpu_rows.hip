@@ -3,7 +3,7 @@
  * done from a word the device writes into host memory, never from a
  * blocking synchronize, and a merged launch's rows move between the
  * session arenas and the staging buffers in one kernel, not one copy call
- * per request. */
+ * per request; and the backend's two lanes, streams of two priorities. */
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
@@ -105,4 +105,17 @@ extern "C" int radiance__gpu_stream_query(void *stream)
 	if (e == hipErrorNotReady)
 		return 1;
 	return radiance__gpu_fail_text(-EIO, "stream: %s", hipGetErrorString(e));
+}
+
+extern "C" int radiance__gpu_stream_create_priority(void **stream, int high)
+{
+	int least = 0, greatest = 0;
+	hipError_t e = hipDeviceGetStreamPriorityRange(&least, &greatest);
+	hipStream_t st;
+	if (e == hipSuccess)
+		e = hipStreamCreateWithPriority(&st, hipStreamNonBlocking, high ? greatest : least);
+	if (e != hipSuccess)
+		return radiance__gpu_fail_text(-EIO, "stream create (priority): %s", hipGetErrorString(e));
+	*stream = (void *)st;
+	return 0;
 }

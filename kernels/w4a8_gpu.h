@@ -85,6 +85,11 @@ int radiance__gpu_device_by_pci_bus_id(const char *bus_id, int *ordinal);
 
 /* ------------------------------------------- completion and row copies */
 
+/* A non-blocking stream of the device's greatest (high) or least priority:
+ * the block scheduler starts waiting blocks of a higher-priority stream's
+ * kernels first. */
+int radiance__gpu_stream_create_priority(void **stream, int high);
+
 /* 0 when everything queued on `stream` has finished, 1 while work is still
  * queued or running, -EIO when the device faulted (the text says how). */
 int radiance__gpu_stream_query(void *stream);
