@@ -556,6 +556,12 @@ static int run_launch(struct gpu_state *g, struct lane *ln, struct radiance_back
 				       RADIANCE_W4A8_AUTO, path);
 }
 
+/* Zero-copy launches of one request: at most this many bytes of x are read
+ * and of y written in place, through the arena's mapping; more move by the
+ * row-copy kernel (run_mapped). */
+#define ZC_X_IN_PLACE (16u << 10)
+#define ZC_Y_IN_PLACE (64u << 10)
+
 /* The device address of host memory p inside a registered range, or NULL. */
 static void *mapped(const struct gpu_state *g, const void *p, size_t bytes)
 {
@@ -596,17 +602,22 @@ static int run_mapped(struct gpu_state *g, struct lane *ln, struct radiance_back
 	const struct radiance__gpu_layer l = {
 		.n = h->n, .k = h->k, .w = h->w, .sc = h->sc, .bias = h->bias,
 	};
-	if (in.n == 1) {
-		/* one request: the quant reads x and the GEMM writes y in the arena */
-		*rc = radiance__gpu_layer_run(&g->dev, &ln->scratch, &l, in.src[0], rows[i0].dtype, m,
-					      (uint16_t *)out.dst[0], ln->stream, RADIANCE_W4A8_AUTO, path);
+	/* One request: the quant reads a small x in place (its one block per
+	 * row reads a big one in several PCIe round trips; the row-copy kernel
+	 * spreads it over many blocks), and the GEMM writes a small y in
+	 * place; a big one goes through the staging buffer and one scatter of
+	 * 16-byte stores (the decode GEMM's own stores of 2-byte outputs over
+	 * PCIe cost 55-100 us more than that on 34816x5120 at M=4..16). */
+	const int x_in_place = in.n == 1 && in.bytes[0] <= ZC_X_IN_PLACE;
+	const int y_in_place = in.n == 1 && out.bytes[0] <= ZC_Y_IN_PLACE;
+	if (!x_in_place && (*rc = radiance__gpu_rows_copy(&in, 0, ln->stream)))
 		return 1;
-	}
-	if ((*rc = radiance__gpu_rows_copy(&in, 0, ln->stream)) ||
-	    (*rc = radiance__gpu_layer_run(&g->dev, &ln->scratch, &l, ln->x, rows[i0].dtype, m, ln->y, ln->stream,
+	if ((*rc = radiance__gpu_layer_run(&g->dev, &ln->scratch, &l, x_in_place ? in.src[0] : ln->x, rows[i0].dtype,
+					   m, y_in_place ? (uint16_t *)out.dst[0] : ln->y, ln->stream,
 					   RADIANCE_W4A8_AUTO, path)))
 		return 1;
-	*rc = radiance__gpu_rows_copy(&out, 1, ln->stream);
+	if (!y_in_place)
+		*rc = radiance__gpu_rows_copy(&out, 1, ln->stream);
 	return 1;
 }
 
