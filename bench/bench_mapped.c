@@ -48,6 +48,7 @@
 #include "numerics.h"
 #include "radiance.h"
 #include "w4a8_gpu.h"
+#include "bench_stats.h"
 #include "synth_checkpoint.h"
 
 #define NSHAPES 5
@@ -69,13 +70,6 @@
 			DIE("%s failed (%d): %s / %s", #call, rc_, radiance__gpu_last_error(), \
 			    radiance_gpu_error_message());                                    \
 	} while (0)
-
-static double now_us(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
-}
 
 /* ---- gen ---- */
 
@@ -137,22 +131,6 @@ static int layer_of(struct radiance *r, uint32_t id, uint32_t b, int s)
 	if (li < 0)
 		DIE("no layer %s", name);
 	return li;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-	return (x > y) - (x < y);
-}
-
-struct timing {
-	double p50, p99;
-};
-
-static struct timing summarize(double *t, size_t n)
-{
-	qsort(t, n, sizeof *t, cmp_double);
-	return (struct timing){t[n / 2], t[(size_t)(n * 0.99)]};
 }
 
 /* ---- run ---- */

@@ -64,6 +64,7 @@
 #include "model.h"
 #include "numerics.h"
 #include "radiance.h"
+#include "bench_stats.h"
 #include "synth_checkpoint.h"
 #include "w4a8_cpu.h"
 #ifdef RADIANCE_GPU
@@ -88,13 +89,6 @@
 			    radiance_gpu_error_message());                                    \
 	} while (0)
 #endif
-
-static double now_us(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
-}
 
 /* ---- shape sets ---- */
 
@@ -136,27 +130,6 @@ static int step_shape(const struct shape_set *S, uint32_t l, uint32_t j)
 	if (S->per_layer == 4)   /* 27b: qkv of full attention every fourth layer */
 		return j == 0 ? (l % 4 == 3 ? 1 : 0) : (int)j + 1;
 	return (int)j;
-}
-
-/* ---- statistics ---- */
-
-static int cmp_double(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-	return (x > y) - (x < y);
-}
-
-struct timing {
-	double p50, p99;
-};
-
-static struct timing summarize(double *t, size_t n)
-{
-	if (n == 0)
-		return (struct timing){NAN, NAN};
-	qsort(t, n, sizeof *t, cmp_double);
-	size_t i99 = (size_t)ceil((double)n * 0.99) - 1;
-	return (struct timing){t[n / 2], t[i99 < n ? i99 : n - 1]};
 }
 
 /* ---- the bench ---- */

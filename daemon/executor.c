@@ -728,6 +728,8 @@ static size_t serve_pass(struct radiance_executor *e, struct exec_ring *only)
 		i += len;
 	}
 	work += n;
+	/* what finished already (every launch of the cpu backend) is posted now */
+	reap(e);
 doorbells:
 	/* results of refused requests */
 	if (only)

@@ -165,7 +165,11 @@ static void setup(void)
 	E->flows = calloc(FZ_RINGS, sizeof *E->flows);
 	E->batch = calloc((size_t)FZ_RINGS * EXEC_BATCH, sizeof *E->batch);
 	E->rows = calloc(FZ_MAX_ROWS, sizeof *E->rows);
-	FUZZ_CHECK(E->rings && E->flows && E->batch && E->rows);
+	E->pend_cap = (size_t)2 * FZ_RINGS * EXEC_BATCH;
+	E->pend = calloc(E->pend_cap, sizeof *E->pend);
+	E->pend_v = calloc(E->pend_cap, sizeof *E->pend_v);
+	E->pend_last = calloc(E->pend_cap, 1);
+	FUZZ_CHECK(E->rings && E->flows && E->batch && E->rows && E->pend && E->pend_v && E->pend_last);
 	FUZZ_CHECK(radiance_backend_create(&E->opt.backend, &E->backend, err, sizeof err) == 0);
 
 	static struct radiance_layer l1[3], l2[1], l3[1];
