@@ -48,22 +48,14 @@
 #include "numerics.h"
 #include "radiance.h"
 #include "w4a8_gpu.h"
+#include "bench_stats.h"
+#include "synth_checkpoint.h"
 
 #define NSHAPES 5
 #define CALLS 200
 #define WARM 20
 #define MAX_M 16u
 
-static const struct {
-	uint32_t n, k;
-	const char *module;
-} shapes[NSHAPES] = {
-	{16384, 5120, "linear_attn.in_proj"},
-	{14336, 5120, "self_attn.qkv_proj"},
-	{5120, 6144, "self_attn.o_proj"},
-	{34816, 5120, "mlp.gate_up_proj"},
-	{5120, 17408, "mlp.down_proj"},
-};
 
 #define DIE(...)                                      \
 	do {                                          \
@@ -79,117 +71,30 @@ static const struct {
 			    radiance_gpu_error_message());                                    \
 	} while (0)
 
-static double now_us(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
-}
-
 /* ---- gen ---- */
 
-static uint64_t rng = 0x2545F4914F6CDD1Dull;
 static uint64_t rnd64(void)
 {
-	rng ^= rng << 13;
-	rng ^= rng >> 7;
-	rng ^= rng << 17;
-	return rng;
+	return synth_rnd64();
 }
 
-static void put_all(int fd, const void *p, size_t len)
-{
-	const uint8_t *b = p;
-	while (len) {
-		ssize_t n = write(fd, b, len);
-		if (n <= 0)
-			DIE("write: %s", strerror(errno));
-		b += n;
-		len -= (size_t)n;
-	}
-}
+/* bench_w4a8.c's 27B hybrid shapes */
+static const struct synth_shape shapes[NSHAPES] = {
+	{16384, 5120, "linear_attn.in_proj"},
+	{14336, 5120, "self_attn.qkv_proj"},
+	{5120, 6144, "self_attn.o_proj"},
+	{34816, 5120, "mlp.gate_up_proj"},
+	{5120, 17408, "mlp.down_proj"},
+};
 
-/* Streams the tensors: random codes, scales from a table of plausible fp16
- * values, qzeros all 7 (symmetric). The header is written first: every
- * offset follows from the shapes. */
 static int gen(const char *dir, uint32_t blocks)
 {
-	char path[4096];
-	snprintf(path, sizeof path, "%s/config.json", dir);
-	FILE *f = fopen(path, "w");
-	if (!f)
-		DIE("%s: %s", path, strerror(errno));
-	fprintf(f, "{\"architectures\": [\"Qwen3ForCausalLM\"], \"_name_or_path\": \"synthetic/27b-shapes\","
-		   " \"quantization_config\": {\"quant_method\": \"auto-round\", \"packing_format\":"
-		   " \"auto_round:auto_gptq\", \"bits\": 4, \"group_size\": 128, \"sym\": true,"
-		   " \"data_type\": \"int\", \"block_name_to_quantize\": \"model.layers\"}}\n");
-	fclose(f);
-	size_t hcap = 1 << 20, hlen = 0;
-	char *h = malloc(hcap);
-	uint64_t off = 0;
-	hlen += (size_t)snprintf(h + hlen, hcap - hlen, "{");
-	for (uint32_t b = 0; b < blocks; b++)
-		for (int s = 0; s < NSHAPES; s++) {
-			const uint64_t n = shapes[s].n, k = shapes[s].k;
-			const uint64_t sizes[3] = {k / 8 * n * 4, k / 128 * n * 2, k / 128 * (n / 8) * 4};
-			const char *suffix[3] = {"qweight", "scales", "qzeros"};
-			const char *dt[3] = {"I32", "F16", "I32"};
-			const uint64_t dims[3][2] = {{k / 8, n}, {k / 128, n}, {k / 128, n / 8}};
-			for (int t = 0; t < 3; t++) {
-				hlen += (size_t)snprintf(h + hlen, hcap - hlen,
-							 "%s\"model.layers.%u.%s.%s\": {\"dtype\": \"%s\", \"shape\": "
-							 "[%llu, %llu], \"data_offsets\": [%llu, %llu]}",
-							 hlen > 1 ? ", " : "", b, shapes[s].module, suffix[t], dt[t],
-							 (unsigned long long)dims[t][0], (unsigned long long)dims[t][1],
-							 (unsigned long long)off, (unsigned long long)(off + sizes[t]));
-				off += sizes[t];
-			}
-		}
-	hlen += (size_t)snprintf(h + hlen, hcap - hlen, "}");
-	while (hlen % 8)
-		h[hlen++] = ' ';
-	snprintf(path, sizeof path, "%s/model.safetensors", dir);
-	int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-	if (fd < 0)
-		DIE("%s: %s", path, strerror(errno));
-	uint64_t hl = hlen;
-	put_all(fd, &hl, 8);
-	put_all(fd, h, hlen);
-	free(h);
-	const size_t chunk = 8u << 20;
-	uint64_t *buf = malloc(chunk);
-	uint16_t table[64];
-	for (int i = 0; i < 64; i++)
-		table[i] = (uint16_t)(0x1C00 + i * 37 + ((i & 1) ? 0x8000 : 0));   /* ~0.004..0.03, both signs */
+	char err[512];
+	uint64_t bytes = 0;
 	double t0 = now_us();
-	for (uint32_t b = 0; b < blocks; b++)
-		for (int s = 0; s < NSHAPES; s++) {
-			const uint64_t n = shapes[s].n, k = shapes[s].k;
-			for (uint64_t left = k / 8 * n * 4; left;) {
-				size_t c = left < chunk ? left : chunk;
-				for (size_t i = 0; i < c / 8; i++)
-					buf[i] = rnd64();
-				put_all(fd, buf, c);
-				left -= c;
-			}
-			for (uint64_t left = k / 128 * n * 2; left;) {
-				size_t c = left < chunk ? left : chunk;
-				uint16_t *p = (uint16_t *)buf;
-				for (size_t i = 0; i < c / 2; i++)
-					p[i] = table[rnd64() & 63];
-				put_all(fd, buf, c);
-				left -= c;
-			}
-			for (uint64_t left = k / 128 * (n / 8) * 4; left;) {
-				size_t c = left < chunk ? left : chunk;
-				memset(buf, 0x77, c);
-				put_all(fd, buf, c);
-				left -= c;
-			}
-		}
-	free(buf);
-	close(fd);
-	printf("gen: %s: %u blocks, %.2f GB in %.1f s\n", dir, blocks, (double)off / 1e9, (now_us() - t0) / 1e6);
+	if (synth_checkpoint_write(dir, shapes, NSHAPES, blocks, &bytes, err, sizeof err) < 0)
+		DIE("gen: %s", err);
+	printf("gen: %s: %u blocks, %.2f GB in %.1f s\n", dir, blocks, (double)bytes / 1e9, (now_us() - t0) / 1e6);
 	return 0;
 }
 
@@ -226,22 +131,6 @@ static int layer_of(struct radiance *r, uint32_t id, uint32_t b, int s)
 	if (li < 0)
 		DIE("no layer %s", name);
 	return li;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-	return (x > y) - (x < y);
-}
-
-struct timing {
-	double p50, p99;
-};
-
-static struct timing summarize(double *t, size_t n)
-{
-	qsort(t, n, sizeof *t, cmp_double);
-	return (struct timing){t[n / 2], t[(size_t)(n * 0.99)]};
 }
 
 /* ---- run ---- */

@@ -851,6 +851,12 @@ struct radiance_stats_reply {
 	const uint64_t *latency_le_ns;
 	const uint64_t *latency_cumulative;
 	uint64_t latency_sum_ns;
+	/* Launches the daemon's executor ran since it started (global): one
+	 * backend call over the stacked rows of the requests of one layer
+	 * that were queued together, or one piece of a request of more than
+	 * sched_chunk_rows rows. launches / global.requests is the launches
+	 * per request; 0 from a daemon that does not count them. */
+	uint64_t launches;
 };
 
 /* Asks the daemon for its counters. *out is allocated; free it with

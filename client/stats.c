@@ -89,6 +89,7 @@ static int get_stats(struct radiance *r, struct radiance_stats_reply **out)
 			free(le);
 		}
 	}
+	s->launches = g ? g->launches : 0;
 	stats_from_pb(&s->session, pb->session);
 	for (size_t i = 0; i < pb->n_sessions; i++) {
 		const Radiance__SessionStats *ps = pb->sessions[i];

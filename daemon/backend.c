@@ -283,3 +283,18 @@ int radiance_backend_linear_multi(struct radiance_backend *b, const struct radia
 		rc = b->ops->linear(b->state, l[j], h[j], rows + j * nrows, nrows, err, errlen);
 	return rc;
 }
+
+int radiance_backend_linear_start(struct radiance_backend *b, const struct radiance_layer *l,
+				  struct radiance_backend_layer *h, const struct radiance_rows *rows,
+				  size_t nrows, uint64_t *ticket, char *err, size_t errlen)
+{
+	if (!b->ops->linear_start)
+		return -EOPNOTSUPP;
+	int rc = rows_check(b, rows, nrows, err, errlen);
+	return rc < 0 ? rc : b->ops->linear_start(b->state, l, h, rows, nrows, ticket, err, errlen);
+}
+
+int radiance_backend_linear_done(struct radiance_backend *b, uint64_t ticket, char *err, size_t errlen)
+{
+	return b->ops->linear_done ? b->ops->linear_done(b->state, ticket, err, errlen) : 1;
+}

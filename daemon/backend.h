@@ -60,6 +60,11 @@ struct radiance_backend_options {
 	                            0 exact (f16 tensor cores), 1 fast (fp8 wgmma
 	                            where built); the CPU backend warns for 1 */
 	uint32_t wgmma_tile;     /* GPU, prefill fast: 0 the policy, 128 or 96 tokens */
+	uint32_t zero_copy_rows; /* GPU: launches of at most this many rows read x
+	                            from and write y into the registered arenas
+	                            through their device mapping, no copies; larger
+	                            ones copy (0: always copy). docs/gpu.md has
+	                            the crossover. */
 };
 
 /* One request's rows inside a (possibly merged) launch. x and y point into a
@@ -69,6 +74,11 @@ struct radiance_rows {
 	uint16_t *y;             /* [m][layer n] bf16, written by the backend */
 	uint32_t m;
 	enum radiance_dtype dtype;
+	int bulk;                /* a piece of a request run in pieces (prefill):
+	                            every piece of one request must carry it, so
+	                            that they run in order; a GPU backend queues
+	                            such launches behind decode ones, at a lower
+	                            priority */
 };
 
 struct radiance_backend_info {
@@ -176,5 +186,27 @@ int radiance_backend_linear_multi(struct radiance_backend *b, const struct radia
 				  struct radiance_backend_layer *const *h, size_t nlayers,
 				  const struct radiance_rows *rows, size_t nrows, char *err,
 				  size_t errlen);
+
+/* The same launch, asynchronous (a GPU backend): queued on the device and
+ * returned from at once; *ticket names it for radiance_backend_linear_done.
+ * Until its launch is done, the rows' x may not change and y is being
+ * written; the arena must stay registered. Several launches may be in
+ * flight. Launches of bulk rows (struct radiance_rows; all rows of one
+ * launch alike) complete in the order they were started, and so do the
+ * others among themselves; a non-bulk launch may overtake bulk ones.
+ * Errors as for radiance_backend_linear, found at start; -EOPNOTSUPP when
+ * the backend has no asynchronous launches: use radiance_backend_linear.
+ * The cpu backend runs the launch before it returns, and its launches are
+ * done at the first look. */
+int radiance_backend_linear_start(struct radiance_backend *b, const struct radiance_layer *l,
+				  struct radiance_backend_layer *h, const struct radiance_rows *rows,
+				  size_t nrows, uint64_t *ticket, char *err, size_t errlen);
+
+/* Has the launch `ticket` finished?
+ * Never blocks: it reads a completion word the device writes into host
+ * memory at the end of the launch. 1 done (outputs written), 0 not yet,
+ * -EIO when the device faulted (then this and every later launch fails;
+ * err says why). */
+int radiance_backend_linear_done(struct radiance_backend *b, uint64_t ticket, char *err, size_t errlen);
 
 #endif

@@ -8,11 +8,23 @@
  * split-K partials (and bf16-layer GEMM results), the split-K counters and
  * the BLAS workspace. Serving never allocates device memory.
  *
- * A linear() is: async copies of every request's x from its (registered,
- * pinned) arena into one contiguous staging buffer, one quant launch and one
- * GEMM over the stacked rows, async copies of each request's y back, one
- * stream synchronize. Requests of different activation dtypes in one call
- * are run as consecutive launches (one per dtype run).
+ * A launch (linear_start) is queued on the backend's one stream and returns
+ * at once: per run of requests of one activation dtype, the stacked rows'
+ * quant and GEMM, then a completion word: the stream writes the launch's
+ * ticket into a word of registered host memory (radiance__gpu_signal,
+ * cuStreamWriteValue32 on CUDA) after everything before it, and
+ * linear_done() only reads that word (and, every 4096th unfinished look,
+ * asks the stream whether the device faulted). linear() is linear_start
+ * plus a spin on the word.
+ *
+ * Moving rows (docs/gpu.md has the measurements): a W4A8 launch of at most
+ * zero_copy_rows rows whose rows all lie in registered arenas moves none of
+ * them with the copy engine: one request alone is read (quant) and written
+ * (GEMM) in place through the arena's device mapping; several requests are
+ * gathered into the staging buffer and scattered back by one kernel each
+ * (radiance__gpu_rows_copy), not one copy call per request. Bigger
+ * launches, bf16 layers and rows outside registered memory take async
+ * copies into and out of the staging buffers.
  *
  * Numerics gate (opt-in, numerics_gate = 1): the first launch of each
  * (layer, M) is recomputed by the CPU reference; the relative error and, for
@@ -52,19 +64,39 @@ struct gate_seen {
 	uint32_t m;
 };
 
+/* A queue of launches with its own staging and scratch: lane 0 (decode,
+ * the stream of greatest priority) and lane 1 (bulk, least priority; also
+ * uploads). The device's block scheduler starts a lane-0 kernel's blocks
+ * ahead of the waiting blocks of lane 1, so a decode token runs beside a
+ * prefill piece instead of after it. */
+#define LANE_DECODE 0
+#define LANE_BULK 1
+#define DECODE_LANE_ROWS 64u       /* most rows of a lane-0 launch */
+
+struct lane {
+	void *stream;
+	uint32_t rows;             /* staging rows */
+	uint16_t *x;               /* [rows][max_k] staging (bf16/fp16 bits) */
+	uint16_t *y;               /* [rows][max_n] bf16 staging */
+	struct radiance__gpu_scratch scratch;   /* codes, scales, split-K, BLAS */
+	uint32_t seq;              /* the last ticket handed out */
+};
+
 struct gpu_state {
 	struct radiance__gpu_device dev;
-	void *stream;
+	void *stream;              /* lanes[LANE_BULK].stream: uploads and frees */
 	uint32_t max_rows, max_n, max_k;
-	uint16_t *x;               /* [max_rows][max_k] staging (bf16/fp16 bits) */
-	uint16_t *y;               /* [max_rows][max_n] bf16 staging */
-	struct radiance__gpu_scratch scratch;   /* codes, scales, split-K, BLAS */
+	struct lane lanes[2];
 	uint64_t scratch_bytes;
 	enum radiance__gpu_share_kind share;    /* how models are allocated */
 	char share_why[192];
 	char pci_bus_id[32];
 	struct registered *regs;
 	size_t n_regs, cap_regs;
+	uint32_t zero_copy_rows;
+	volatile uint32_t *done_host;   /* the lanes' completion words (a registered page) */
+	void *done_dev;                 /* its device address */
+	uint32_t polls;                 /* unfinished looks since the last stream query */
 	int gate;
 	struct gate_seen *seen;
 	size_t n_seen, cap_seen;
@@ -90,17 +122,31 @@ static void gpu_destroy(void *state)
 	struct gpu_state *g = state;
 	if (!g)
 		return;
-	if (g->stream)
-		radiance__gpu_stream_sync(g->stream);
-	radiance__gpu_scratch_destroy(&g->scratch);
-	radiance__gpu_free(g->y);
-	radiance__gpu_free(g->x);
-	radiance__gpu_stream_destroy(g->stream);
+	for (int i = 0; i < 2; i++) {
+		struct lane *ln = &g->lanes[i];
+		if (ln->stream)
+			radiance__gpu_stream_sync(ln->stream);
+		radiance__gpu_scratch_destroy(&ln->scratch);
+		radiance__gpu_free(ln->y);
+		radiance__gpu_free(ln->x);
+		radiance__gpu_stream_destroy(ln->stream);
+	}
+	if (g->done_dev)
+		radiance__gpu_host_unregister((void *)g->done_host);
+	free((void *)g->done_host);
 	for (size_t i = 0; i < g->n_regs; i++)
 		radiance__gpu_host_unregister(g->regs[i].base);
 	free(g->regs);
 	free(g->seen);
 	free(g);
+}
+
+/* Waits for both lanes: before memory a launch may use goes away. */
+static void sync_lanes(struct gpu_state *g)
+{
+	for (int i = 0; i < 2; i++)
+		if (g->lanes[i].stream)
+			radiance__gpu_stream_sync(g->lanes[i].stream);
 }
 
 static int alloc_dev(struct gpu_state *g, void **p, size_t bytes)
@@ -165,20 +211,39 @@ static int gpu_create(const struct radiance_backend_options *opt, void **state, 
 	g->max_n = opt->max_n ? opt->max_n : 4096;
 	g->max_k = opt->max_k ? opt->max_k : 4096;
 	g->gate = opt->numerics_gate != 0;
+	g->zero_copy_rows = opt->zero_copy_rows;
 
-	const size_t rows_pad = ((size_t)g->max_rows + 63) & ~(size_t)63;
-	if ((rc = radiance__gpu_stream_create(&g->stream)))
+	g->lanes[LANE_DECODE].rows = g->max_rows < DECODE_LANE_ROWS ? g->max_rows : DECODE_LANE_ROWS;
+	g->lanes[LANE_BULK].rows = g->max_rows;
+	for (int i = 0; i < 2; i++) {
+		struct lane *ln = &g->lanes[i];
+		const size_t rows_pad = ((size_t)ln->rows + 63) & ~(size_t)63;
+		if ((rc = radiance__gpu_stream_create_priority(&ln->stream, i == LANE_DECODE)))
+			goto fail;
+		if ((rc = alloc_dev(g, (void **)&ln->x, rows_pad * g->max_k * 2)) ||
+		    (rc = alloc_dev(g, (void **)&ln->y, (size_t)ln->rows * g->max_n * 2)))
+			goto fail;
+		/* max_decode_rows above 64 is cut to 64, the decode kernel's largest token tile */
+		if ((rc = radiance__gpu_scratch_create(&ln->scratch, ln->rows, opt->max_decode_rows, g->max_n,
+						       g->max_k, 1, ln->stream)))
+			goto fail;
+		g->scratch_bytes += ln->scratch.bytes;
+		ln->scratch.settings.prefill = opt->prefill ? RADIANCE_PREFILL_FAST : RADIANCE_PREFILL_EXACT;
+		ln->scratch.settings.wgmma_tile = opt->wgmma_tile;
+	}
+	g->stream = g->lanes[LANE_BULK].stream;
+	/* the completion word: a page of host memory the device writes into */
+	void *page = NULL;
+	if (posix_memalign(&page, 4096, 4096) != 0) {
+		rc = -ENOMEM;
 		goto fail;
-	if ((rc = alloc_dev(g, (void **)&g->x, rows_pad * g->max_k * 2)) ||
-	    (rc = alloc_dev(g, (void **)&g->y, (size_t)g->max_rows * g->max_n * 2)))
+	}
+	memset(page, 0, 4096);
+	g->done_host = page;
+	if ((rc = radiance__gpu_host_register(page, 4096, &g->done_dev))) {
+		g->done_dev = NULL;
 		goto fail;
-	/* max_decode_rows above 64 is cut to 64, the decode kernel's largest token tile */
-	if ((rc = radiance__gpu_scratch_create(&g->scratch, g->max_rows, opt->max_decode_rows, g->max_n,
-					       g->max_k, 1, g->stream)))
-		goto fail;
-	g->scratch_bytes += g->scratch.bytes;
-	g->scratch.settings.prefill = opt->prefill ? RADIANCE_PREFILL_FAST : RADIANCE_PREFILL_EXACT;
-	g->scratch.settings.wgmma_tile = opt->wgmma_tile;
+	}
 	if (opt->prefill && !g->dev.wgmma)
 		log_warn("gpu backend: prefill = fast, but %s has no sm_90a wgmma kernel: prefill "
 			 "runs exact (f16 tensor cores)", g->dev.name);
@@ -316,7 +381,7 @@ static void gpu_share_destroy(void *state, struct radiance_backend_share *s)
 	struct radiance__gpu_share *sh = s->priv;
 	if (sh) {
 		/* no launch may still read it; importers keep their own mappings */
-		radiance__gpu_stream_sync(g->stream);
+		sync_lanes(g);
 		radiance__gpu_share_free(sh);   /* closes the fd, which is s->fd */
 		free(sh);
 	}
@@ -379,7 +444,7 @@ static int gpu_layer_upload_into(void *state, struct radiance_backend_share *s, 
 static void gpu_layer_free(void *state, struct radiance_backend_layer *h)
 {
 	struct gpu_state *g = state;
-	radiance__gpu_stream_sync(g->stream);
+	sync_lanes(g);
 	layer_release(h);
 }
 
@@ -410,7 +475,7 @@ static void gpu_unregister_host(void *state, void *base)
 	for (size_t i = 0; i < g->n_regs; i++) {
 		if (g->regs[i].base == base) {
 			/* copies from or to the range may still be queued */
-			radiance__gpu_stream_sync(g->stream);
+			sync_lanes(g);
 			radiance__gpu_host_unregister(base);
 			g->regs[i] = g->regs[--g->n_regs];
 			return;
@@ -516,20 +581,86 @@ static void gate_check(struct gpu_state *g, const struct radiance_layer *l, cons
 
 /* --------------------------------------------------------------- linear */
 
-/* Rows [0, m) of g->x hold the stacked activations; results to g->y. */
-static int run_launch(struct gpu_state *g, struct radiance_backend_layer *h, enum radiance_dtype dtype, uint32_t m,
-		      const char **path)
+/* Rows [0, m) of ln->x hold the stacked activations; results to ln->y. */
+static int run_launch(struct gpu_state *g, struct lane *ln, struct radiance_backend_layer *h,
+		      enum radiance_dtype dtype, uint32_t m, const char **path)
 {
 	const struct radiance__gpu_layer l = {
 		.bf16 = h->kind == RADIANCE_LAYER_BF16, .n = h->n, .k = h->k, .w = h->w, .sc = h->sc,
 		.bias = h->bias,
 	};
-	return radiance__gpu_layer_run(&g->dev, &g->scratch, &l, g->x, dtype, m, g->y, g->stream,
+	return radiance__gpu_layer_run(&g->dev, &ln->scratch, &l, ln->x, dtype, m, ln->y, ln->stream,
 				       RADIANCE_W4A8_AUTO, path);
 }
 
-static int gpu_linear(void *state, const struct radiance_layer *l, struct radiance_backend_layer *h,
-		      const struct radiance_rows *rows, size_t nrows, char *err, size_t errlen)
+/* Zero-copy launches of one request: at most this many bytes of x are read
+ * and of y written in place, through the arena's mapping; more move by the
+ * row-copy kernel (run_mapped). */
+#define ZC_X_IN_PLACE (16u << 10)
+#define ZC_Y_IN_PLACE (64u << 10)
+
+/* The device address of host memory p inside a registered range, or NULL. */
+static void *mapped(const struct gpu_state *g, const void *p, size_t bytes)
+{
+	const uint8_t *q = p;
+	for (size_t i = 0; i < g->n_regs; i++) {
+		const uint8_t *base = g->regs[i].base;
+		if (q >= base && bytes <= g->regs[i].len && (size_t)(q - base) <= g->regs[i].len - bytes)
+			return (uint8_t *)g->regs[i].dev + (q - base);
+	}
+	return NULL;
+}
+
+/* Rows [i0, i1) of one dtype, m rows in all, in place through the arenas'
+ * mappings (1 when it ran that way, 0 when they must be copied). */
+static int run_mapped(struct gpu_state *g, struct lane *ln, struct radiance_backend_layer *h,
+		      const struct radiance_rows *rows, size_t i0, size_t i1, uint32_t m, const char **path, int *rc)
+{
+	const size_t xrow = (size_t)h->k * 2, yrow = (size_t)h->n * 2;
+	if (h->kind != RADIANCE_LAYER_W4A8 || m > g->zero_copy_rows || i1 - i0 > RADIANCE__GPU_ROWS_MAX)
+		return 0;
+	struct radiance__gpu_rows_list in = {0}, out = {0};
+	uint32_t off = 0;
+	for (size_t i = i0; i < i1; i++) {
+		if (!rows[i].m)
+			continue;
+		const void *x = mapped(g, rows[i].x, rows[i].m * xrow);
+		void *y = mapped(g, rows[i].y, rows[i].m * yrow);
+		if (!x || !y)
+			return 0;
+		in.src[in.n] = x;
+		in.dst[in.n] = (uint8_t *)ln->x + (size_t)off * xrow;
+		in.bytes[in.n++] = rows[i].m * xrow;
+		out.src[out.n] = (uint8_t *)ln->y + (size_t)off * yrow;
+		out.dst[out.n] = y;
+		out.bytes[out.n++] = rows[i].m * yrow;
+		off += rows[i].m;
+	}
+	const struct radiance__gpu_layer l = {
+		.n = h->n, .k = h->k, .w = h->w, .sc = h->sc, .bias = h->bias,
+	};
+	/* One request: the quant reads a small x in place (its one block per
+	 * row reads a big one in several PCIe round trips; the row-copy kernel
+	 * spreads it over many blocks), and the GEMM writes a small y in
+	 * place; a big one goes through the staging buffer and one scatter of
+	 * 16-byte stores (the decode GEMM's own stores of 2-byte outputs over
+	 * PCIe cost 55-100 us more than that on 34816x5120 at M=4..16). */
+	const int x_in_place = in.n == 1 && in.bytes[0] <= ZC_X_IN_PLACE;
+	const int y_in_place = in.n == 1 && out.bytes[0] <= ZC_Y_IN_PLACE;
+	if (!x_in_place && (*rc = radiance__gpu_rows_copy(&in, 0, ln->stream)))
+		return 1;
+	if ((*rc = radiance__gpu_layer_run(&g->dev, &ln->scratch, &l, x_in_place ? in.src[0] : ln->x, rows[i0].dtype,
+					   m, y_in_place ? (uint16_t *)out.dst[0] : ln->y, ln->stream,
+					   RADIANCE_W4A8_AUTO, path)))
+		return 1;
+	if (!y_in_place)
+		*rc = radiance__gpu_rows_copy(&out, 1, ln->stream);
+	return 1;
+}
+
+static int gpu_linear_start(void *state, const struct radiance_layer *l, struct radiance_backend_layer *h,
+			    const struct radiance_rows *rows, size_t nrows, uint64_t *ticket, char *err,
+			    size_t errlen)
 {
 	struct gpu_state *g = state;
 	int rc = 0;
@@ -539,38 +670,87 @@ static int gpu_linear(void *state, const struct radiance_layer *l, struct radian
 		return -EINVAL;
 	}
 	const size_t xrow = (size_t)l->k * 2, yrow = (size_t)l->n * 2;
+	uint32_t total = 0;
+	for (size_t i = 0; i < nrows; i++)
+		total += rows[i].m;
+	/* a prefill piece's lane must not depend on its size: its pieces run in order */
+	const int lane = nrows && !rows[0].bulk && total <= g->lanes[LANE_DECODE].rows ? LANE_DECODE : LANE_BULK;
+	struct lane *ln = &g->lanes[lane];
 	for (size_t i0 = 0; i0 < nrows;) {
 		/* one launch per run of requests with the same dtype */
 		size_t i1 = i0;
 		uint32_t m = 0;
-		while (i1 < nrows && rows[i1].dtype == rows[i0].dtype) {
-			if (rows[i1].m && (rc = radiance__gpu_h2d_async((uint8_t *)g->x + (size_t)m * xrow, rows[i1].x,
-								       rows[i1].m * xrow, g->stream)))
-				goto io;
-			m += rows[i1].m;
-			i1++;
-		}
+		while (i1 < nrows && rows[i1].dtype == rows[i0].dtype)
+			m += rows[i1++].m;
 		const char *path = "";
-		if (m && (rc = run_launch(g, h, rows[i0].dtype, m, &path)))
-			goto io;
-		uint32_t off = 0;
-		for (size_t i = i0; i < i1; i++) {
-			if (rows[i].m && (rc = radiance__gpu_d2h_async(rows[i].y, (uint8_t *)g->y + (size_t)off * yrow,
-								      rows[i].m * yrow, g->stream)))
-				goto io;
-			off += rows[i].m;
+		if (!m) {
+			i0 = i1;
+			continue;
 		}
-		if ((rc = radiance__gpu_stream_sync(g->stream)))
-			goto io;
-		if (g->gate && m && gate_first(g, l, m))
+		if (run_mapped(g, ln, h, rows, i0, i1, m, &path, &rc)) {
+			if (rc)
+				goto io;
+		} else {
+			uint32_t off = 0;
+			for (size_t i = i0; i < i1; i++) {
+				if (rows[i].m && (rc = radiance__gpu_h2d_async((uint8_t *)ln->x + (size_t)off * xrow,
+									       rows[i].x, rows[i].m * xrow, ln->stream)))
+					goto io;
+				off += rows[i].m;
+			}
+			if ((rc = run_launch(g, ln, h, rows[i0].dtype, m, &path)))
+				goto io;
+			off = 0;
+			for (size_t i = i0; i < i1; i++) {
+				if (rows[i].m && (rc = radiance__gpu_d2h_async(rows[i].y, (uint8_t *)ln->y + (size_t)off * yrow,
+									      rows[i].m * yrow, ln->stream)))
+					goto io;
+				off += rows[i].m;
+			}
+		}
+		if (g->gate && gate_first(g, l, m)) {
+			/* the first launch of (layer, M): checked here, synchronously */
+			if ((rc = radiance__gpu_stream_sync(ln->stream)))
+				goto io;
 			gate_check(g, l, rows + i0, i1 - i0, m, path);
+		}
 		i0 = i1;
 	}
+	if ((rc = radiance__gpu_signal((uint32_t *)g->done_dev + lane, ++ln->seq, ln->stream)))
+		goto io;
+	*ticket = (uint64_t)lane << 32 | ln->seq;
 	return 0;
 io:
 	snprintf(err, errlen, "gpu backend: layer %s: %s", l->name, radiance__gpu_last_error());
-	radiance__gpu_stream_sync(g->stream);
+	radiance__gpu_stream_sync(ln->stream);
 	return rc == -EINVAL ? rc : -EIO;
+}
+
+static int gpu_linear_done(void *state, uint64_t ticket, char *err, size_t errlen)
+{
+	struct gpu_state *g = state;
+	const int lane = (int)(ticket >> 32) & 1;
+	/* tickets are a lane's 32-bit sequence numbers: compare by distance */
+	if ((int32_t)(g->done_host[lane] - (uint32_t)ticket) >= 0) {
+		__atomic_thread_fence(__ATOMIC_ACQUIRE);   /* y is read after the word */
+		g->polls = 0;
+		return 1;
+	}
+	if (++g->polls % 4096 == 0 && radiance__gpu_stream_query(g->lanes[lane].stream) < 0) {
+		snprintf(err, errlen, "gpu backend: %s", radiance__gpu_last_error());
+		return -EIO;
+	}
+	return 0;
+}
+
+static int gpu_linear(void *state, const struct radiance_layer *l, struct radiance_backend_layer *h,
+		      const struct radiance_rows *rows, size_t nrows, char *err, size_t errlen)
+{
+	uint64_t ticket;
+	int rc = gpu_linear_start(state, l, h, rows, nrows, &ticket, err, errlen);
+	while (rc == 0 && (rc = gpu_linear_done(state, ticket, err, errlen)) == 0)
+		;
+	return rc < 0 ? rc : 0;
 }
 
 const struct radiance_backend_ops radiance__backend_gpu_ops = {
@@ -586,6 +766,8 @@ const struct radiance_backend_ops radiance__backend_gpu_ops = {
 	.share_destroy = gpu_share_destroy,
 	.layer_upload_into = gpu_layer_upload_into,
 	.linear = gpu_linear,
+	.linear_start = gpu_linear_start,
+	.linear_done = gpu_linear_done,
 };
 
 #else

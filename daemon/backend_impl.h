@@ -33,6 +33,12 @@ struct radiance_backend_ops {
 	int (*linear_multi)(void *state, const struct radiance_layer *const *l,
 			    struct radiance_backend_layer *const *h, size_t nlayers,
 			    const struct radiance_rows *rows, size_t nrows, char *err, size_t errlen);
+	/* Optional (NULL: linear only). Same contract as radiance_backend_linear_start
+	 * and _done; backend.c has checked the rows as for linear. */
+	int (*linear_start)(void *state, const struct radiance_layer *l, struct radiance_backend_layer *h,
+			    const struct radiance_rows *rows, size_t nrows, uint64_t *ticket, char *err,
+			    size_t errlen);
+	int (*linear_done)(void *state, uint64_t ticket, char *err, size_t errlen);
 };
 
 /* Allocates s->layers and lays out m's layers: every array at the next

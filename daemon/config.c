@@ -82,6 +82,10 @@ static const struct setting settings[] = {
 	{ "share", 270, "HOW", V_SHARE, OFF(share), 0, 0,
 	  "GPU: how models are allocated so MapModel can share them: vmm, ipc, none, "
 	  "or auto: vmm where the device has it, else ipc (auto; also RADIANCE_SHARE)" },
+	{ "zero_copy_rows", 272, "N", V_U32, OFF(zero_copy_rows), 0, 65536,
+	  "GPU: launches of at most this many rows read x from and write y into "
+	  "the session arenas through their device mapping instead of copying "
+	  "(docs/gpu.md has the crossover); 0: always copy (64)" },
 	{ "fake_share", 271, "0|1", V_U32, OFF(fake_share), 0, 1,
 	  "tests only: the cpu backend exports a sealed memfd of the host arrays for "
 	  "MapModel (0; also RADIANCE_FAKE_SHARE=0|1)" },
@@ -118,6 +122,10 @@ static const struct setting settings[] = {
 	  "(0)" },
 	{ "sched_session_rows", 292, "N", V_U32, OFF(sched_session_rows), 1, 1u << 24,
 	  "rows of one session the executor queues at once; more wait in its SQ (1024)" },
+	{ "sched_gather_us", 293, "US", V_U32, OFF(sched_gather_us), 0, 1000,
+	  "while two or more sessions are busy, wait up to this long before a "
+	  "launch for the busy sessions that have not submitted yet, so that "
+	  "lockstep clients share one launch; a lone session never waits (20)" },
 	{ "log_level", 'l', "LEVEL", V_LOGLEVEL, OFF(log_level), 0, 0,
 	  "silent, error, warn, info or debug (info)" },
 	/* memory and per-uid limits: 0 is none, auto is derived (docs/daemon.md "Limits") */
@@ -229,6 +237,8 @@ int config_init(struct radiance_config *cfg)
 	cfg->decode_rows = 64;
 	cfg->sched_chunk_rows = 0;   /* auto: by backend, executor_main */
 	cfg->sched_session_rows = 1024;
+	cfg->sched_gather_us = 20;
+	cfg->zero_copy_rows = 64;
 	cfg->device = -1;   /* not given: the GPU backend takes 0, the CPU one does not warn */
 	cfg->log_level = RADIANCE_LOG_INFO;
 	cfg->socket_gid = (gid_t)-1;

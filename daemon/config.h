@@ -49,6 +49,8 @@ struct radiance_config {
 	/* scheduling (daemon/scheduler.h) */
 	uint32_t sched_chunk_rows;  /* a request of more rows runs in pieces of this many */
 	uint32_t sched_session_rows;/* rows of one session the executor queues at once */
+	uint32_t sched_gather_us;   /* wait for busy sessions before a launch (0: never) */
+	uint32_t zero_copy_rows;    /* GPU: launches up to this many rows map the arenas */
 	char *share;                /* GPU backend: auto, vmm, ipc or none; NULL: auto */
 	uint32_t fake_share;        /* 1: CPU backend exports the test memfd (tests only) */
 	uint32_t test_pin_delay_us; /* CPU backend: sleep per arena (un)registration (tests only) */

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/prctl.h>
 #include <sys/eventfd.h>
 #include <time.h>
 #include <unistd.h>
@@ -66,6 +67,20 @@ static void job_list_splice(struct job_list *dst, struct job_list *src)
 /* A single job slower than this is logged: one job is never cut short. */
 #define JOB_SLOW_NS 50000000ull
 
+/* One asynchronous launch of the round in flight: its pieces are
+ * pend_v[first .. first + n). */
+struct exec_pending {
+	uint64_t ticket;
+	uint64_t start;          /* CLOCK_MONOTONIC ns, when it was queued */
+	size_t first, n;
+	int bulk;                /* prefill pieces (struct radiance_rows.bulk) */
+	int done;
+};
+
+/* A session counts as busy for the gather window this long after its SQ
+ * last gave a request. */
+#define GATHER_RECENT_NS 2000000u
+
 struct radiance_executor {
 	uv_loop_t *loop;
 	uv_async_t async;
@@ -101,6 +116,14 @@ struct radiance_executor {
 	struct sched_flow **flows;            /* max_rings: this round's */
 	struct sched_req **batch;             /* max_rings * EXEC_BATCH: this round's pieces */
 	struct radiance_rows *rows;           /* max_rows */
+	/* asynchronous launches (executor.h): the rounds in flight */
+	int sync_only;                        /* the backend has none */
+	struct exec_pending *pend;            /* pend_cap, in start order */
+	size_t pend_n, pend_cap;
+	size_t pend_decode;                   /* of them not bulk */
+	struct sched_req **pend_v;            /* their pieces, pend_cap */
+	uint8_t *pend_last;                   /* per piece: its request's last one */
+	size_t pend_vn;
 	struct radiance_proto_bump bump;   /* SQ slots unpack here, off malloc */
 	uint64_t launches;                    /* backend calls made: executor__launches() */
 	int is_inline;                        /* executor__create_inline: no thread, async or fds */
@@ -191,6 +214,7 @@ void exec_ring_init(struct exec_ring *r, void (*broken_done)(struct exec_job *),
 	r->broken.ring = r;
 	r->dead = 0;
 	r->need_doorbell = 0;
+	r->last_take_ns = 0;
 	sched_flow_init(&r->flow);
 	for (size_t i = 0; i < EXEC_BATCH; i++)
 		r->entries[i].in_use = 0;
@@ -426,6 +450,7 @@ static void collect_ring(struct radiance_executor *e, struct exec_ring *r)
 			return;
 		}
 		uint64_t t_seen = radiance_clock_ns();
+		r->last_take_ns = t_seen;
 		taken++;
 		Radiance__LinearRequest *req;
 		if (request_decode(slot, (size_t)len, &e->bump, &req) < 0) {
@@ -480,10 +505,90 @@ static int same_layers(const struct exec_entry *a, const struct exec_entry *b)
 	       memcmp(a->layers, b->layers, a->n_layers * sizeof a->layers[0]) == 0;
 }
 
-/* Runs the pieces v[0..n) (one model, the same layers, rows summing <=
- * max_rows) as one launch, posts the results of the requests whose last
- * piece this was (or that failed), and rings their doorbells at once, so a
- * decode result does not wait for the prefill pieces after it. */
+/* The pieces v[0..n) of one launch ran (rc 0) or failed: posts the results
+ * of the requests whose last piece this was (last[i], or NULL: as the
+ * request stands now) or that failed, and rings their doorbells at once,
+ * so a decode result does not wait for the prefill pieces after it. */
+static void pieces_done(struct radiance_executor *e, struct sched_req **v, const uint8_t *last, size_t n,
+			int rc, const char *err, uint64_t start, uint64_t end)
+{
+	for (size_t i = 0; i < n; i++) {
+		struct exec_entry *en = entry_of(v[i]);
+		if (!en->in_use)   /* its ring died meanwhile and dropped it */
+			continue;
+		if (!en->started) {
+			en->started = 1;
+			en->t_start = start;
+		}
+		/* a failed piece fails its request: it is answered now, and its
+		 * later pieces never run (or, in flight already, fail as well:
+		 * a device fault fails every later launch) */
+		if (rc < 0 || (last ? last[i] : sched_req_last_piece(&en->s)))
+			entry_finish(e, en, rc < 0 ? -rc : 0, err, end);
+	}
+	for (size_t i = 0; i < n; i++)
+		ring_doorbell(entry_of(v[i])->ring);
+	progress_bump(e);
+}
+
+/* Posts the results of the launches in flight that the device has
+ * finished (bulk ones finish in order, and the others among themselves,
+ * but a decode launch may overtake a prefill one), then closes the gaps.
+ * Returns how many finished. */
+static size_t reap(struct radiance_executor *e)
+{
+	size_t done = 0;
+	int bulk_blocked = 0, decode_blocked = 0;
+	for (size_t i = 0; i < e->pend_n && !(bulk_blocked && decode_blocked); i++) {
+		struct exec_pending *p = &e->pend[i];
+		if ((p->bulk ? bulk_blocked : decode_blocked))
+			continue;
+		char err[192] = "";
+		int rc = radiance_backend_linear_done(e->backend, p->ticket, err, sizeof err);
+		if (rc == 0) {
+			/* the later ones of its kind are not done either */
+			*(p->bulk ? &bulk_blocked : &decode_blocked) = 1;
+			continue;
+		}
+		if (rc < 0)
+			log_warn("a launch of %zu requests failed on the device: %s", p->n, err);
+		pieces_done(e, e->pend_v + p->first, e->pend_last + p->first, p->n, rc < 0 ? rc : 0, err,
+			    p->start, radiance_clock_ns());
+		p->done = 1;
+		e->pend_decode -= !p->bulk;
+		done++;
+	}
+	if (!done)
+		return 0;
+	/* keep the unfinished ones, in order, at the front */
+	size_t n = 0, vn = 0;
+	for (size_t i = 0; i < e->pend_n; i++) {
+		struct exec_pending p = e->pend[i];
+		if (p.done)
+			continue;
+		memmove(e->pend_v + vn, e->pend_v + p.first, p.n * sizeof *e->pend_v);
+		memmove(e->pend_last + vn, e->pend_last + p.first, p.n);
+		p.first = vn;
+		vn += p.n;
+		e->pend[n++] = p;
+	}
+	e->pend_n = n;
+	e->pend_vn = vn;
+	return done;
+}
+
+/* Waits for every launch in flight (a job is about to run). */
+static void drain_pending(struct radiance_executor *e)
+{
+	while (e->pend_n)
+		if (reap(e) == 0)
+			radiance_ring_cpu_relax();
+}
+
+/* Runs the pieces v[0..live) (one model, the same layers, rows summing <=
+ * max_rows) as one launch. A launch of one layer is queued on the device
+ * when the backend can (results posted by reap); several layers, or a
+ * backend without asynchronous launches, run here and are posted at once. */
 static void launch_same(struct radiance_executor *e, struct sched_req **v, size_t live)
 {
 	struct exec_entry *first = entry_of(v[0]);
@@ -508,32 +613,78 @@ static void launch_same(struct radiance_executor *e, struct sched_req **v, size_
 				.y = en->ys[j] + (size_t)en->s.piece_row * ls[j]->n,
 				.m = en->s.piece_rows,
 				.dtype = en->rows.dtype,
+				.bulk = sched_req_chunked(&e->sched, &en->s),
 			};
 		}
 	uint64_t start = radiance_clock_ns();
 	e->launches++;
-	int rc = nl == 1 ? radiance_backend_linear(e->backend, ls[0], hs[0], e->rows, live, err,
-						   sizeof err)
-			 : radiance_backend_linear_multi(e->backend, ls, hs, nl, e->rows, live, err,
-							 sizeof err);
+	int rc = -EOPNOTSUPP;
+	if (nl == 1 && !e->sync_only) {
+		uint64_t ticket = 0;
+		rc = radiance_backend_linear_start(e->backend, ls[0], hs[0], e->rows, live, &ticket, err,
+						   sizeof err);
+		if (rc == 0) {
+			stats_launch(e->opt.global_stats);
+			struct exec_pending *p = &e->pend[e->pend_n++];
+			*p = (struct exec_pending){ .ticket = ticket, .start = start, .first = e->pend_vn,
+						    .n = live, .bulk = e->rows[0].bulk };
+			e->pend_decode += !p->bulk;
+			for (size_t i = 0; i < live; i++) {
+				e->pend_v[e->pend_vn] = v[i];
+				e->pend_last[e->pend_vn++] = (uint8_t)sched_req_last_piece(v[i]);
+			}
+			return;
+		}
+		if (rc == -EOPNOTSUPP)
+			e->sync_only = 1;
+	}
+	if (rc == -EOPNOTSUPP) {
+		/* a synchronous launch on the bulk stream must not overtake the
+		 * launches still in flight that wrote rows it reads */
+		drain_pending(e);
+		rc = nl == 1 ? radiance_backend_linear(e->backend, ls[0], hs[0], e->rows, live, err,
+						       sizeof err)
+			     : radiance_backend_linear_multi(e->backend, ls, hs, nl, e->rows, live, err,
+							     sizeof err);
+	}
 	uint64_t end = radiance_clock_ns();
+	stats_launch(e->opt.global_stats);
 	if (rc < 0)
 		log_warn("model %u layer %u (%s)%s: launch of %zu requests failed: %s", m->id,
 			 first->layers[0], ls[0]->name, nl > 1 ? " and more" : "", live, err);
-	for (size_t i = 0; i < live; i++) {
-		struct exec_entry *en = entry_of(v[i]);
-		if (!en->started) {
-			en->started = 1;
-			en->t_start = start;
+	pieces_done(e, v, NULL, live, rc, err, start, end);
+}
+
+/* The gather window (executor.h): while two or more sessions are busy and
+ * some of them have nothing queued, wait up to gather_us for them, adding
+ * the flows that fill to e->flows. */
+static void gather(struct radiance_executor *e, size_t *nflows)
+{
+	uint64_t now = radiance_clock_ns(), until = now + (uint64_t)e->opt.gather_us * 1000u;
+	for (;;) {
+		size_t busy = 0, waiting = 0;
+		for (size_t i = 0; i < e->nrings; i++) {
+			struct exec_ring *r = e->rings[i];
+			if (r->dead || now - r->last_take_ns >= GATHER_RECENT_NS)
+				continue;
+			busy++;
+			waiting += r->flow.n == 0;
 		}
-		/* a failed piece fails its request: it is answered now, and its
-		 * later pieces never run */
-		if (rc < 0 || sched_req_last_piece(&en->s))
-			entry_finish(e, en, rc < 0 ? -rc : 0, err, end);
+		if (busy < 2 || !waiting || now >= until)
+			return;
+		for (size_t i = 0; i < e->nrings; i++) {
+			struct exec_ring *r = e->rings[i];
+			if (r->dead || r->flow.n || now - r->last_take_ns >= GATHER_RECENT_NS)
+				continue;
+			collect_ring(e, r);
+			if (r->dead)
+				ring_drop_queue(r);
+			else if (r->flow.n)
+				e->flows[(*nflows)++] = &r->flow;
+		}
+		radiance_ring_cpu_relax();
+		now = radiance_clock_ns();
 	}
-	for (size_t i = 0; i < live; i++)
-		ring_doorbell(entry_of(v[i])->ring);
-	progress_bump(e);
 }
 
 /* Runs the pieces v[0..n) of one group (sched_launch_len), skipping rings
@@ -559,7 +710,7 @@ static void launch(struct radiance_executor *e, struct sched_req **v, size_t n)
  * the pieces run: 0 when there was nothing to do. */
 static size_t serve_pass(struct radiance_executor *e, struct exec_ring *only)
 {
-	size_t work = 0, nflows = 0, nr = only ? 1 : e->nrings;
+	size_t work = reap(e), nflows = 0, nr = only ? 1 : e->nrings;
 	for (size_t i = 0; i < nr; i++) {
 		struct exec_ring *r = only ? only : e->rings[(e->rr + i) % e->nrings];
 		if (!r->dead) {
@@ -574,13 +725,26 @@ static size_t serve_pass(struct radiance_executor *e, struct exec_ring *only)
 	}
 	if (!only)
 		e->rr = e->nrings ? (e->rr + 1) % e->nrings : 0;
-	size_t n = sched_round(&e->sched, e->flows, nflows, e->batch);
+	/* a decode launch in flight: what came in waits in its flow and
+	 * merges into the next round's launches. Prefill pieces in flight do
+	 * not hold a round back: its decode launches overtake them on the
+	 * device (backend.h), and its prefill pieces queue behind them. At
+	 * most two rounds' worth of pieces are in flight. */
+	size_t n = 0;
+	if (e->pend_decode || e->pend_vn > e->pend_cap / 2 || e->pend_n > e->pend_cap / 2)
+		goto doorbells;
+	if (!only && e->opt.gather_us && nflows)
+		gather(e, &nflows);
+	n = sched_round(&e->sched, e->flows, nflows, e->batch);
 	for (size_t i = 0; i < n;) {
 		size_t len = sched_launch_len(&e->sched, e->batch, n, i);
 		launch(e, e->batch + i, len);
 		i += len;
 	}
 	work += n;
+	/* what finished already (every launch of the cpu backend) is posted now */
+	reap(e);
+doorbells:
 	/* results of refused requests */
 	if (only)
 		ring_doorbell(only);
@@ -652,8 +816,9 @@ static void ring_remove(struct radiance_executor *e, struct exec_job *job)
 	 * nothing of the ring is touched. */
 	uint32_t first = r->sq.local;
 	while (job->drain && !r->dead && r->sq.local - first < r->sq.entries)
-		if (serve_pass(e, r) == 0)
+		if (serve_pass(e, r) == 0 && !e->pend_n)
 			break;
+	drain_pending(e);
 	ring_detach(e, i);
 }
 
@@ -758,6 +923,10 @@ static size_t run_jobs(struct radiance_executor *e, uint64_t budget_ns)
 		atomic_store(&e->jobs_pending, 0);
 		pthread_mutex_unlock(&e->lock);
 	}
+	if (!e->backlog.head)
+		return 0;
+	/* no job sees a ring or a model that a launch in flight still uses */
+	drain_pending(e);
 	uint64_t t0 = radiance_clock_ns(), t = t0;
 	size_t ran = 0;
 	struct exec_job *job;
@@ -873,6 +1042,8 @@ static void *executor_main(void *arg)
 		return NULL;
 
 	uint64_t spin_ns = (uint64_t)e->opt.spin_us * 1000u;
+	/* the 20 us sleeps while a launch runs should be 20 us, not 70 */
+	prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
 	uint64_t last_work = radiance_clock_ns();
 	while (!atomic_load(&e->stop)) {
 		size_t n = run_jobs(e, JOB_BUDGET_NS);
@@ -885,6 +1056,16 @@ static void *executor_main(void *arg)
 		uint64_t t = radiance_clock_ns();
 		if (n) {
 			last_work = t;
+			continue;
+		}
+		if (e->pend_n) {
+			/* a launch in flight: poll its completion word, spinning
+			 * at first, then in short sleeps (a long prefill piece
+			 * need not hold a core) */
+			if (t - last_work < spin_ns)
+				radiance_ring_cpu_relax();
+			else
+				nanosleep(&(struct timespec){ .tv_nsec = 20000 }, NULL);
 			continue;
 		}
 		if (t - last_work < spin_ns) {
@@ -908,6 +1089,9 @@ static void executor_free_arrays(struct radiance_executor *e)
 	free(e->flows);
 	free(e->batch);
 	free(e->rows);
+	free(e->pend);
+	free(e->pend_v);
+	free(e->pend_last);
 }
 
 /* Releases what executor_create made once the thread is gone, all but the
@@ -947,7 +1131,13 @@ static struct radiance_executor *executor_alloc(const struct executor_options *o
 	e->batch = calloc((size_t)opt->max_rings * EXEC_BATCH, sizeof *e->batch);
 	/* a launch of several layers takes one row set per layer */
 	e->rows = calloc((size_t)opt->backend.max_rows * RADIANCE_MAX_REQUEST_LAYERS, sizeof *e->rows);
-	if (!e->rings || !e->flows || !e->batch || !e->rows) {
+	/* the asynchronous launches in flight, and their pieces */
+	e->pend_cap = (size_t)2 * opt->max_rings * EXEC_BATCH;
+	e->pend = calloc(e->pend_cap, sizeof *e->pend);
+	e->pend_v = calloc(e->pend_cap, sizeof *e->pend_v);
+	e->pend_last = calloc(e->pend_cap, 1);
+	if (!e->rings || !e->flows || !e->batch || !e->rows || !e->pend || !e->pend_v ||
+	    !e->pend_last) {
 		executor_free(e);
 		return NULL;
 	}

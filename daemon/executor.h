@@ -43,8 +43,27 @@
  * exec_watch_alive() judges it stuck when neither happened for a whole
  * watchdog interval, however busy the rings are.
  *
+ * Asynchronous launches (a GPU backend: radiance_backend_linear_start):
+ * a round's launches are queued on the device one after the other and the
+ * executor goes on serving: it takes new requests from the SQs into their
+ * flows while the round runs, and posts each launch's results as soon as
+ * the device's completion word for it is in host memory (polled, never a
+ * blocking synchronize). The next round starts once the last launch of
+ * this one is done, so requests that arrived meanwhile (other sessions'
+ * decode tokens) merge into the next round's launches instead of each
+ * queueing a launch of its own. Before any job runs, the launches in
+ * flight are waited for: a job never sees a ring or model a launch still
+ * uses.
+ *
+ * Gather window (gather_us): when two or more sessions have submitted
+ * within the last 2 ms and some of them have nothing queued yet, the start
+ * of a round waits up to gather_us for them (polling their SQs), so that
+ * clients in lockstep share a launch. A session alone never waits.
+ *
  * Idle: spin ~50 us, then set `sleeping` on every SQ, re-check, and
- * epoll_wait on all SQ doorbells plus a control eventfd.
+ * epoll_wait on all SQ doorbells plus a control eventfd. While launches
+ * are in flight and nothing else happens the thread polls their
+ * completion: spinning for spin_us, then in 20 us sleeps.
  *
  * A ring that violates the protocol (corrupted head/tail, undecodable slot)
  * is no longer served; its queued requests are dropped and the executor
@@ -177,6 +196,7 @@ struct exec_ring {
 	/* executor-private */
 	int dead;
 	int need_doorbell;
+	uint64_t last_take_ns;         /* when the SQ last gave a request (the gather window) */
 	struct sched_flow flow;        /* the queued entries, in the order taken */
 	struct exec_entry entries[EXEC_BATCH];   /* slots; in_use ones are in flow */
 };
@@ -191,6 +211,7 @@ struct executor_options {
 	uint32_t chunk_rows;          /* piece size of prefill requests (sched_params);
 	                                 EXEC_CHUNK_AUTO: by backend, see executor.c */
 	uint32_t session_rows;        /* rows one session may have queued (sched_params) */
+	uint32_t gather_us;           /* the gather window (executor.c, serve_pass); 0: none */
 	struct radiance_stats *global_stats;
 };
 

@@ -659,6 +659,7 @@ int server_run(const struct radiance_config *cfg)
 			.share = cfg->share,
 			.fake_share = cfg->fake_share != 0,
 			.test_pin_delay_us = cfg->test_pin_delay_us,
+			.zero_copy_rows = cfg->zero_copy_rows,
 			.cpu_threads = cfg->cpu_threads,
 			.cpu_simd = (int)cfg->cpu_simd,         /* auto, scalar, avx2 */
 			.prefill = (int)cfg->prefill,           /* exact, fast */
@@ -670,6 +671,7 @@ int server_run(const struct radiance_config *cfg)
 		.spin_us = 50,
 		.chunk_rows = cfg->sched_chunk_rows ? cfg->sched_chunk_rows : EXEC_CHUNK_AUTO,
 		.session_rows = cfg->sched_session_rows,
+		.gather_us = cfg->sched_gather_us,
 		.global_stats = &srv.stats,
 	};
 	rc = executor_create(&loop, &eo, &srv.exec, err, sizeof err);

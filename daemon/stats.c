@@ -12,6 +12,7 @@ void stats_init(struct radiance_stats *s)
 	atomic_init(&s->errors, 0);
 	atomic_init(&s->latency_max, 0);
 	atomic_init(&s->latency_sum, 0);
+	atomic_init(&s->launches, 0);
 	for (unsigned i = 0; i < STATS_BUCKETS; i++)
 		atomic_init(&s->hist[i], 0);
 }
@@ -55,6 +56,11 @@ void stats_record(struct radiance_stats *s, uint32_t rows, uint64_t bytes_in, ui
 	/* single writer: a plain compare is enough */
 	if (latency_ns > atomic_load_explicit(&s->latency_max, memory_order_relaxed))
 		atomic_store_explicit(&s->latency_max, latency_ns, memory_order_relaxed);
+}
+
+void stats_launch(struct radiance_stats *s)
+{
+	add(&s->launches, 1);
 }
 
 size_t stats_histogram(struct radiance_stats *s, uint64_t *le, uint64_t *cum, size_t n)
@@ -107,4 +113,5 @@ void stats_fill(struct radiance_stats *s, Radiance__Stats *out)
 	out->latency_p99_ns = stats_percentile(s, 0.99);
 	out->latency_max_ns = atomic_load_explicit(&s->latency_max, memory_order_relaxed);
 	out->latency_sum_ns = atomic_load_explicit(&s->latency_sum, memory_order_relaxed);
+	out->launches = atomic_load_explicit(&s->launches, memory_order_relaxed);
 }

@@ -30,6 +30,7 @@ struct radiance_stats {
 	atomic_uint_fast64_t errors;     /* requests answered with status != 0 */
 	atomic_uint_fast64_t latency_max;
 	atomic_uint_fast64_t latency_sum;   /* ns, of every request */
+	atomic_uint_fast64_t launches;   /* backend launches (global stats only: stats_launch) */
 	atomic_uint_fast64_t hist[STATS_BUCKETS];
 };
 
@@ -40,6 +41,10 @@ void stats_init(struct radiance_stats *s);
  * latency_ns is recorded for every request. Executor thread only. */
 void stats_record(struct radiance_stats *s, uint32_t rows, uint64_t bytes_in, uint64_t bytes_out,
 		  uint64_t latency_ns, int status);
+
+/* One backend launch ran (whatever the number of requests in it).
+ * Executor thread only. */
+void stats_launch(struct radiance_stats *s);
 
 /* Copies counters and p50/p99/max into out (a Radiance__Stats already
  * initialised with RADIANCE__STATS__INIT); sessions/uptime are left as is. */

@@ -48,6 +48,10 @@ typedef cudaDeviceProp hipDeviceProp_t;
 #define hipStreamNonBlocking cudaStreamNonBlocking
 #define hipStreamDestroy cudaStreamDestroy
 #define hipStreamSynchronize cudaStreamSynchronize
+#define hipStreamQuery cudaStreamQuery
+#define hipStreamCreateWithPriority cudaStreamCreateWithPriority
+#define hipDeviceGetStreamPriorityRange cudaDeviceGetStreamPriorityRange
+#define hipErrorNotReady cudaErrorNotReady
 #define hipDeviceSynchronize cudaDeviceSynchronize
 #define hipHostRegister cudaHostRegister
 #define hipHostRegisterMapped cudaHostRegisterMapped

@@ -72,6 +72,40 @@ int radiance__gpu_mem_info(size_t *free_bytes, size_t *total_bytes);
 int radiance__gpu_pci_bus_id(int ordinal, char *buf, size_t len);
 int radiance__gpu_device_by_pci_bus_id(const char *bus_id, int *ordinal);
 
+/* ------------------------------------------- completion and row copies */
+
+/* A non-blocking stream of the device's greatest (high) or least priority:
+ * the block scheduler starts waiting blocks of a higher-priority stream's
+ * kernels first. */
+int radiance__gpu_stream_create_priority(void **stream, int high);
+
+/* 0 when everything queued on `stream` has finished, 1 while work is still
+ * queued or running, -EIO when the device faulted (the text says how). */
+int radiance__gpu_stream_query(void *stream);
+
+/* Queues on `stream`, after everything queued before it, a 32-bit store of
+ * `value` to dev_word, the device address of registered host memory
+ * (radiance__gpu_host_register), ordered after every earlier write of the
+ * stream, to host memory included: the host sees the value only once what
+ * came before it is visible. CUDA: cuStreamWriteValue32 (its default
+ * memory barrier); where stream memory operations are refused, and on HIP,
+ * a one-thread kernel with a system-scope fence before the store. */
+int radiance__gpu_signal(void *dev_word, uint32_t value, void *stream);
+
+/* Up to RADIANCE__GPU_ROWS_MAX copies in one launch (the copy engine would
+ * take one call each): dst[i] <- src[i], bytes[i] bytes, either side device
+ * memory or the device address of registered host memory. With fence,
+ * every thread ends with a system-scope fence (for writes into host memory
+ * that the host must see before a later signal). */
+#define RADIANCE__GPU_ROWS_MAX 32
+struct radiance__gpu_rows_list {
+	uint32_t n;
+	const void *src[RADIANCE__GPU_ROWS_MAX];
+	void *dst[RADIANCE__GPU_ROWS_MAX];
+	uint64_t bytes[RADIANCE__GPU_ROWS_MAX];
+};
+int radiance__gpu_rows_copy(const struct radiance__gpu_rows_list *l, int fence, void *stream);
+
 /* -------------------------------------------------------- shared memory */
 
 /* Device memory that other processes can map (kernels/gpu_share.hip,

@@ -458,7 +458,8 @@ static void test_backend_ops(void **state)
 				    .weight = wb, .bias = bb};
 
 	struct radiance_backend_options opt = {.kind = "gpu", .device = 0, .max_rows = 160,
-					       .max_decode_rows = 64, .max_n = 256, .max_k = 1024};
+					       .max_decode_rows = 64, .max_n = 256, .max_k = 1024,
+					       .zero_copy_rows = 64};
 	struct radiance_backend *be = NULL;
 	char err[256] = "";
 	int rc = radiance_backend_create(&opt, &be, err, sizeof err);
@@ -479,7 +480,11 @@ static void test_backend_ops(void **state)
 	memset(arena, 0xA5, arena_len);
 	assert_int_equal(radiance_backend_register_host(be, arena, arena_len, err, sizeof err), 0);
 
-	static const uint32_t groups[][4] = {{1, 5, 17, 0}, {64, 0, 0, 0}, {40, 60, 50, 0}, {3, 2, 1, 7}};
+	/* the last group is all bf16: one run of four requests, which the
+	 * backend gathers from and scatters back to the arena in one kernel
+	 * each (zero_copy_rows); the others alternate dtypes */
+	static const uint32_t groups[][4] = {{1, 5, 17, 0}, {64, 0, 0, 0}, {40, 60, 50, 0}, {3, 2, 1, 7},
+					     {2, 9, 1, 4}};
 	for (size_t gi = 0; gi < sizeof groups / sizeof groups[0]; gi++) {
 		for (int layer = 0; layer < 2; layer++) {
 			const struct radiance_layer *l = layer ? &lb : &lw;
@@ -487,7 +492,8 @@ static void test_backend_ops(void **state)
 			size_t nrows = 0, off = 0;
 			for (size_t j = 0; j < 4 && groups[gi][j]; j++) {
 				const uint32_t m = groups[gi][j];
-				const enum radiance_dtype dt = ((gi + j) & 1) ? RADIANCE_DTYPE_FP16 : RADIANCE_DTYPE_BF16;
+				const enum radiance_dtype dt = gi < 4 && ((gi + j) & 1) ? RADIANCE_DTYPE_FP16
+										  : RADIANCE_DTYPE_BF16;
 				uint16_t *x = (uint16_t *)(arena + off);
 				off += ((size_t)m * l->k * 2 + 63) & ~(size_t)63;
 				uint16_t *y = (uint16_t *)(arena + off);
