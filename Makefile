@@ -131,7 +131,8 @@ TEST_BIN   := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
 GPU_CLIENT_OBJ :=
 ifneq ($(GPU),)
 GPU_OBJS := $(patsubst kernels/%.hip,$(BUILD)/obj/kernels/%.gpu.o,$(HIP_SRC))
-GPU_CLIENT_OBJ := $(call obj,$(wildcard client/gpu/*.c))
+# the launch planner is plain C (kernels/w4a8_plan.c): the kernels call it
+GPU_CLIENT_OBJ := $(call obj,$(wildcard client/gpu/*.c) kernels/w4a8_plan.c)
 LIB_GPU_A  := $(BUILD)/libradiance-gpu.a
 LIB_GPU_SO := $(BUILD)/libradiance-gpu.so.0
 GPU_CLIENT_TARGETS := $(LIB_GPU_A) $(LIB_GPU_SO) $(BUILD)/radiance-gpu.pc

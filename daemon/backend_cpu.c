@@ -304,6 +304,8 @@ static int cpu_linear_multi(void *state, const struct radiance_layer *const *l,
 		}
 	}
 	return 0;
+}
+
 /* Asynchronous only in form: the launch runs before this returns (there
  * is no device to queue on) and is done at the first look, so the
  * executor keeps one bookkeeping for both backends and CI tests the
