@@ -67,7 +67,7 @@ struct radiance__client_stashed {
 struct radiance {
 	_Atomic(uintptr_t) owner;         /* the thread inside a call on it, 0: none */
 	unsigned depth;                   /* calls nested on that thread */
-	struct radiance_conn conn;
+	struct rconn conn;
 	int error;                        /* sticky; 0 or -errno */
 	unsigned fork_generation;         /* radiance__fork_generation at connect */
 	int pid;                          /* getpid() at connect, for messages */
@@ -100,7 +100,7 @@ struct radiance {
 	size_t segment_bytes;
 	int sq_doorbell;                 /* eventfd we write */
 	int cq_doorbell;                 /* read end of the daemon's pipe */
-	struct radiance_ring sq, cq;
+	struct rring sq, cq;
 	uint32_t sq_entries, cq_entries;  /* private copies */
 	struct radiance__client_arena arena;
 	uint64_t next_request_id;
@@ -164,10 +164,10 @@ int radiance__client_break(struct radiance *r, int err, const char *fmt, ...)
  * until the reply with that tag. LoadProgress replies go to progress (may be
  * NULL). An Error reply returns its -code (text recorded, not sticky) and
  * *reply stays NULL. On 0 the caller owns *reply
- * (radiance__server_message__free_unpacked(*reply, NULL)). */
-int radiance__client_request(struct radiance *r, Radiance__ClientMessage *msg, const int *fds,
+ * (rdw__server_message__free_unpacked(*reply, NULL)). */
+int radiance__client_request(struct radiance *r, Rdw__ClientMessage *msg, const int *fds,
 		      size_t nfds, radiance_load_progress_fn progress, void *progress_user,
-		      Radiance__ServerMessage **reply);
+		      Rdw__ServerMessage **reply);
 
 /* The control socket is readable while no request is outstanding: the daemon
  * only writes then to say it ends the session. Reads what is there and
@@ -197,6 +197,6 @@ int radiance__client_rings_abandon(struct radiance *r, int err, const char *why)
 int radiance__client_attach(struct radiance *r, const char *name, uint32_t *model_id);
 
 /* models.c */
-int radiance__client_model_from_pb(const Radiance__ModelInfo *pb, struct radiance_model_info **out);
+int radiance__client_model_from_pb(const Rdw__ModelInfo *pb, struct radiance_model_info **out);
 
 #endif

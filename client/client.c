@@ -238,10 +238,10 @@ int radiance_default_socket_path(char *buf, size_t size)
  * forever). 0 when ready, -ETIMEDOUT, or -errno. */
 static int wait_fd(int fd, short events, int timeout_ms)
 {
-	int64_t deadline = timeout_ms >= 0 ? radiance_clock_ms() + timeout_ms : 0;
+	int64_t deadline = timeout_ms >= 0 ? rclock_ms() + timeout_ms : 0;
 	for (;;) {
 		struct pollfd p = { .fd = fd, .events = events };
-		int left = timeout_ms >= 0 ? (int)(deadline - radiance_clock_ms()) : -1;
+		int left = timeout_ms >= 0 ? (int)(deadline - rclock_ms()) : -1;
 		if (timeout_ms >= 0 && left < 0)
 			left = 0;
 		int n = poll(&p, 1, left);
@@ -254,9 +254,9 @@ static int wait_fd(int fd, short events, int timeout_ms)
 	}
 }
 
-static int read_message(struct radiance *r, int timeout_ms, Radiance__ServerMessage **out);
+static int read_message(struct radiance *r, int timeout_ms, Rdw__ServerMessage **out);
 
-static int error_code(const Radiance__Error *e)
+static int error_code(const Rdw__Error *e)
 {
 	/* A positive errno on the wire; anything else is the daemon's bug, but
 	 * the request still failed. */
@@ -266,7 +266,7 @@ static int error_code(const Radiance__Error *e)
 /* An Error the daemon sent outside any reply: it ends the session (or,
  * before the handshake finished, refuses the connection, e.g. EBUSY "too
  * many sessions"). Sticky. */
-static int daemon_ended(struct radiance *r, const Radiance__Error *e)
+static int daemon_ended(struct radiance *r, const Rdw__Error *e)
 {
 	const char *text = e->message && *e->message ? e->message
 						     : radiance_strerror(error_code(e));
@@ -278,7 +278,7 @@ static int daemon_ended(struct radiance *r, const Radiance__Error *e)
 
 /* The daemon's last message when it stops: every result it owed is in
  * the CQ already (radiance_wait() still delivers them). Sticky. */
-static int daemon_stopping(struct radiance *r, const Radiance__Goodbye *g)
+static int daemon_stopping(struct radiance *r, const Rdw__Goodbye *g)
 {
 	int code = (g->code > 0 && g->code < 4096) ? -g->code : -ESHUTDOWN;
 	return radiance__client_break(r, code, "daemon stopping: %s",
@@ -287,14 +287,14 @@ static int daemon_stopping(struct radiance *r, const Radiance__Goodbye *g)
 
 /* A message outside any reply: the daemon ends the session (an Error, a
  * Goodbye), or broke the protocol. Returns the sticky error. */
-static int unsolicited(struct radiance *r, const Radiance__ServerMessage *m)
+static int unsolicited(struct radiance *r, const Rdw__ServerMessage *m)
 {
-	if (m->msg_case == RADIANCE__SERVER_MESSAGE__MSG_ERROR)
+	if (m->msg_case == RDW__SERVER_MESSAGE__MSG_ERROR)
 		return daemon_ended(r, m->error);
-	if (m->msg_case == RADIANCE__SERVER_MESSAGE__MSG_GOODBYE)
+	if (m->msg_case == RDW__SERVER_MESSAGE__MSG_GOODBYE)
 		return daemon_stopping(r, m->goodbye);
 	return radiance__client_break(r, -EPROTO, "unsolicited %s from the daemon",
-				      radiance_proto_server_name(m));
+				      rproto_server_name(m));
 }
 
 /* The daemon closed its end while we were sending. What it wrote before
@@ -302,13 +302,13 @@ static int unsolicited(struct radiance *r, const Radiance__ServerMessage *m)
  * it, so the reason reaches radiance_error_message() instead of EPIPE. */
 static int daemon_gone(struct radiance *r)
 {
-	Radiance__ServerMessage *m;
+	Rdw__ServerMessage *m;
 	while (!r->error && read_message(r, 0, &m) == 0) {
-		radiance_conn_close_fds(&r->conn);
-		if (m->msg_case == RADIANCE__SERVER_MESSAGE__MSG_ERROR ||
-		    m->msg_case == RADIANCE__SERVER_MESSAGE__MSG_GOODBYE)
+		rconn_close_fds(&r->conn);
+		if (m->msg_case == RDW__SERVER_MESSAGE__MSG_ERROR ||
+		    m->msg_case == RDW__SERVER_MESSAGE__MSG_GOODBYE)
 			unsolicited(r, m);
-		radiance__server_message__free_unpacked(m, NULL);
+		rdw__server_message__free_unpacked(m, NULL);
 	}
 	return radiance__client_break(r, -ECONNRESET, "the daemon closed the connection");
 }
@@ -316,7 +316,7 @@ static int daemon_gone(struct radiance *r)
 static int flush_all(struct radiance *r)
 {
 	for (;;) {
-		int rc = radiance_conn_flush(&r->conn);
+		int rc = rconn_flush(&r->conn);
 		if (rc == 0)
 			return 0;
 		if (rc == -EPIPE || rc == -ECONNRESET)
@@ -334,20 +334,20 @@ static int flush_all(struct radiance *r)
 /* Reads the next server message. timeout_ms -1 waits forever, 0 only takes
  * what is already there (-EAGAIN if nothing). Every protocol failure is
  * sticky; so is EOF. */
-static int read_message(struct radiance *r, int timeout_ms, Radiance__ServerMessage **out)
+static int read_message(struct radiance *r, int timeout_ms, Rdw__ServerMessage **out)
 {
 	*out = NULL;
 	for (;;) {
 		const uint8_t *data;
 		size_t len;
-		int rc = radiance_conn_next_frame(&r->conn, &data, &len);
+		int rc = rconn_next_frame(&r->conn, &data, &len);
 		if (rc == 1) {
-			Radiance__ServerMessage *m = radiance_proto_unpack_server(data, len);
+			Rdw__ServerMessage *m = rproto_unpack_server(data, len);
 			if (!m)
 				return radiance__client_break(r, -EPROTO, "undecodable message from the daemon (%zu bytes)",
 						       len);
-			if (m->msg_case == RADIANCE__SERVER_MESSAGE__MSG__NOT_SET) {
-				radiance__server_message__free_unpacked(m, NULL);
+			if (m->msg_case == RDW__SERVER_MESSAGE__MSG__NOT_SET) {
+				rdw__server_message__free_unpacked(m, NULL);
 				return radiance__client_break(r, -EPROTO, "empty message from the daemon");
 			}
 			*out = m;
@@ -355,7 +355,7 @@ static int read_message(struct radiance *r, int timeout_ms, Radiance__ServerMess
 		}
 		if (rc < 0)
 			return radiance__client_break(r, -EPROTO, "bad frame length from the daemon");
-		rc = radiance_conn_read(&r->conn);
+		rc = rconn_read(&r->conn);
 		if (rc > 0)
 			continue;
 		if (rc == 0)
@@ -381,41 +381,41 @@ static int read_message(struct radiance *r, int timeout_ms, Radiance__ServerMess
 	}
 }
 
-int radiance__client_request(struct radiance *r, Radiance__ClientMessage *msg, const int *fds,
+int radiance__client_request(struct radiance *r, Rdw__ClientMessage *msg, const int *fds,
 		      size_t nfds, radiance_load_progress_fn progress, void *progress_user,
-		      Radiance__ServerMessage **reply)
+		      Rdw__ServerMessage **reply)
 {
 	*reply = NULL;
 	int rc = radiance__client_usable(r);
 	if (rc < 0)
 		return rc;
 	msg->tag = r->next_tag++;
-	rc = radiance_proto_queue_client(&r->conn, msg, fds, nfds);
+	rc = rproto_queue_client(&r->conn, msg, fds, nfds);
 	if (rc < 0)
-		return radiance__client_fail(r, rc, "cannot queue %s: %s", radiance_proto_client_name(msg),
+		return radiance__client_fail(r, rc, "cannot queue %s: %s", rproto_client_name(msg),
 				      strerror(-rc));
 	if ((rc = flush_all(r)) < 0)
 		return rc;
 	for (;;) {
-		Radiance__ServerMessage *m;
+		Rdw__ServerMessage *m;
 		if ((rc = read_message(r, r->timeout_ms, &m)) < 0) {
 			if (rc == -ETIMEDOUT)
 				/* The reply may still come and would then be out of
 				 * step with the next request: the connection is over. */
 				return radiance__client_break(r, rc, "no reply to %s within %d ms",
-						       radiance_proto_client_name(msg), r->timeout_ms);
+						       rproto_client_name(msg), r->timeout_ms);
 			return rc;
 		}
-		size_t want_fds = radiance_proto_server_fds(m);
-		if (radiance_conn_queued_fds(&r->conn) < want_fds) {
-			radiance__server_message__free_unpacked(m, NULL);
+		size_t want_fds = rproto_server_fds(m);
+		if (rconn_queued_fds(&r->conn) < want_fds) {
+			rdw__server_message__free_unpacked(m, NULL);
 			return radiance__client_break(r, -EPROTO, "reply declares %zu fds, fewer arrived", want_fds);
 		}
 		if (want_fds == 0)
-			radiance_conn_close_fds(&r->conn);   /* fds nobody declared */
+			rconn_close_fds(&r->conn);   /* fds nobody declared */
 		if (m->tag != msg->tag) {
-			if (m->msg_case == RADIANCE__SERVER_MESSAGE__MSG_ERROR ||
-			    m->msg_case == RADIANCE__SERVER_MESSAGE__MSG_GOODBYE) {
+			if (m->msg_case == RDW__SERVER_MESSAGE__MSG_ERROR ||
+			    m->msg_case == RDW__SERVER_MESSAGE__MSG_GOODBYE) {
 				/* The daemon ends the session over something it
 				 * noticed out of band (e.g. a corrupted ring) or
 				 * because it stops, or refuses the connection
@@ -426,29 +426,29 @@ int radiance__client_request(struct radiance *r, Radiance__ClientMessage *msg, c
 						     (unsigned long long)m->tag,
 						     (unsigned long long)msg->tag);
 			}
-			radiance__server_message__free_unpacked(m, NULL);
+			rdw__server_message__free_unpacked(m, NULL);
 			return r->error;
 		}
 		switch (m->msg_case) {
-		case RADIANCE__SERVER_MESSAGE__MSG_LOAD_PROGRESS:
+		case RDW__SERVER_MESSAGE__MSG_LOAD_PROGRESS:
 			if (progress)
 				progress(progress_user, m->load_progress->done_bytes,
 					 m->load_progress->total_bytes);
-			radiance__server_message__free_unpacked(m, NULL);
+			rdw__server_message__free_unpacked(m, NULL);
 			continue;
-		case RADIANCE__SERVER_MESSAGE__MSG_ERROR:
+		case RDW__SERVER_MESSAGE__MSG_ERROR:
 			if (!r->welcomed) {
 				/* an Error answering the Hello: no session */
 				rc = daemon_ended(r, m->error);
-				radiance__server_message__free_unpacked(m, NULL);
+				rdw__server_message__free_unpacked(m, NULL);
 				return rc;
 			}
 			rc = radiance__client_fail(r, error_code(m->error), "%s: %s",
-					    radiance_proto_client_name(msg),
+					    rproto_client_name(msg),
 					    m->error->message && *m->error->message
 						    ? m->error->message
 						    : radiance_strerror(error_code(m->error)));
-			radiance__server_message__free_unpacked(m, NULL);
+			rdw__server_message__free_unpacked(m, NULL);
 			return rc;
 		default:
 			*reply = m;
@@ -461,15 +461,15 @@ int radiance__client_socket_event(struct radiance *r)
 {
 	if (r->error)
 		return r->error;
-	Radiance__ServerMessage *m;
+	Rdw__ServerMessage *m;
 	int rc = read_message(r, 0, &m);
 	if (rc == -EAGAIN)
 		return 0;
 	if (rc < 0)
 		return r->error ? r->error : rc;
-	radiance_conn_close_fds(&r->conn);
+	rconn_close_fds(&r->conn);
 	unsolicited(r, m);
-	radiance__server_message__free_unpacked(m, NULL);
+	rdw__server_message__free_unpacked(m, NULL);
 	return r->error;
 }
 
@@ -482,22 +482,22 @@ static char *dup_or_empty(const char *s)
 
 static int handshake(struct radiance *r)
 {
-	Radiance__Hello hello = RADIANCE__HELLO__INIT;
+	Rdw__Hello hello = RDW__HELLO__INIT;
 	hello.protocol_version = RADIANCE_PROTOCOL_VERSION;
 	hello.client_name = r->client_name;
-	Radiance__ClientMessage msg = RADIANCE__CLIENT_MESSAGE__INIT;
-	msg.msg_case = RADIANCE__CLIENT_MESSAGE__MSG_HELLO;
+	Rdw__ClientMessage msg = RDW__CLIENT_MESSAGE__INIT;
+	msg.msg_case = RDW__CLIENT_MESSAGE__MSG_HELLO;
 	msg.hello = &hello;
-	Radiance__ServerMessage *reply;
+	Rdw__ServerMessage *reply;
 	int rc = radiance__client_request(r, &msg, NULL, 0, NULL, NULL, &reply);
 	if (rc < 0)
 		return rc;
-	if (reply->msg_case != RADIANCE__SERVER_MESSAGE__MSG_WELCOME) {
+	if (reply->msg_case != RDW__SERVER_MESSAGE__MSG_WELCOME) {
 		rc = radiance__client_break(r, -EPROTO, "hello answered with %s",
-				     radiance_proto_server_name(reply));
+				     rproto_server_name(reply));
 		goto out;
 	}
-	const Radiance__Welcome *w = reply->welcome;
+	const Rdw__Welcome *w = reply->welcome;
 	if (w->protocol_version != RADIANCE_PROTOCOL_VERSION) {
 		rc = radiance__client_break(r, -EPROTO, "daemon speaks protocol %u, this library %u",
 				     w->protocol_version, RADIANCE_PROTOCOL_VERSION);
@@ -526,7 +526,7 @@ static int handshake(struct radiance *r)
 		      (unsigned long long)w->session_id, r->server_version, r->backend, r->device,
 		      w->max_rows);
 out:
-	radiance__server_message__free_unpacked(reply, NULL);
+	rdw__server_message__free_unpacked(reply, NULL);
 	return rc;
 }
 
@@ -590,18 +590,18 @@ static bool connect_may_retry(const char *path, int rc)
 static int session_open(struct radiance *r)
 {
 	const char *path = r->socket_path;
-	int64_t start = radiance_clock_ms();
+	int64_t start = rclock_ms();
 	int64_t deadline = r->connect_timeout_ms > 0 ? start + r->connect_timeout_ms : start;
 	int fd = -1, rc, delay = 10, tries = 0;
 	for (;;) {
 		rc = open_socket(path, &fd);
 		tries++;
-		if (rc == 0 || !connect_may_retry(path, rc) || radiance_clock_ms() >= deadline)
+		if (rc == 0 || !connect_may_retry(path, rc) || rclock_ms() >= deadline)
 			break;
 		if (tries == 1)
 			radiance__client_log(r, LOG_INFO, "no daemon at %s yet (%s): retrying for up "
 					     "to %d ms", path, strerror(-rc), r->connect_timeout_ms);
-		int64_t left = deadline - radiance_clock_ms();
+		int64_t left = deadline - rclock_ms();
 		struct timespec ts = { 0, (long)(left < delay ? left : delay) * 1000000L };
 		while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
 			;
@@ -612,10 +612,10 @@ static int session_open(struct radiance *r)
 	if (rc < 0 && tries > 1)
 		return radiance__client_fail(r, rc, "%s (still, after %d tries in %lld ms: "
 					     "connect_timeout_ms)", strerror(-rc), tries,
-					     (long long)(radiance_clock_ms() - start));
+					     (long long)(rclock_ms() - start));
 	if (rc < 0)
 		return radiance__client_fail(r, rc, "%s", strerror(-rc));
-	if ((rc = radiance_conn_init(&r->conn, fd, RADIANCE_MAX_FRAME, RADIANCE_MAX_FDS)) < 0) {
+	if ((rc = rconn_init(&r->conn, fd, RADIANCE_MAX_FRAME, RADIANCE_MAX_FDS)) < 0) {
 		close(fd);
 		r->conn.fd = -1;
 		return radiance__client_fail(r, rc, "%s", strerror(-rc));
@@ -627,7 +627,7 @@ static int session_open(struct radiance *r)
 	int reply_ms = r->timeout_ms;
 	int left = -1;
 	if (r->connect_timeout_ms > 0) {
-		int64_t l = deadline - radiance_clock_ms();
+		int64_t l = deadline - rclock_ms();
 		left = l > 0 ? (int)l : 1;
 		if (reply_ms < 0 || left < reply_ms)
 			r->timeout_ms = left;
@@ -737,7 +737,7 @@ void radiance_disconnect(struct radiance *r)
 	}
 	radiance__client_rings_close(r);
 	if (r->conn.fd >= 0 || r->conn.in_fds)
-		radiance_conn_finish(&r->conn);
+		rconn_finish(&r->conn);
 	if (r->epfd >= 0)
 		close(r->epfd);
 	for (size_t i = 0; i < r->n_held; i++)
@@ -756,7 +756,7 @@ void radiance_disconnect(struct radiance *r)
 static void session_end(struct radiance *r)
 {
 	if (r->conn.fd >= 0 || r->conn.in_fds)
-		radiance_conn_finish(&r->conn);
+		rconn_finish(&r->conn);
 	memset(&r->conn, 0, sizeof r->conn);
 	r->conn.fd = -1;
 	free(r->server_version);

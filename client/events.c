@@ -42,10 +42,10 @@ static int get_fd(struct radiance *r)
 		r->epfd = -1;
 		return radiance__client_fail(r, rc, "epoll_ctl: %s", strerror(-rc));
 	}
-	if (r->rings_open && !radiance_ring_prepare_sleep(&r->cq)) {
+	if (r->rings_open && !rring_prepare_sleep(&r->cq)) {
 		/* completions are waiting already: make the set readable, so the
 		 * caller's first wait returns and dispatches them */
-		radiance_doorbell_ring(r->cq_doorbell);
+		rdoorbell_ring(r->cq_doorbell);
 	}
 	return r->epfd;
 }
@@ -72,13 +72,13 @@ static int dispatch(struct radiance *r)
 {
 	int rc = radiance__client_usable(r);
 	if (rc == 0 && r->rings_open) {
-		radiance_doorbell_drain(r->cq_doorbell);
+		rdoorbell_drain(r->cq_doorbell);
 		do {
-			radiance_ring_end_sleep(&r->cq);
+			rring_end_sleep(&r->cq);
 			if ((rc = reap_all(r)) < 0)
 				break;
 			/* armed again; a completion that raced in is reaped first */
-		} while (!radiance_ring_prepare_sleep(&r->cq));
+		} while (!rring_prepare_sleep(&r->cq));
 	}
 	if (rc == 0)
 		rc = radiance__client_socket_event(r);   /* a Goodbye, an Error, EOF */

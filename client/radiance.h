@@ -117,9 +117,9 @@ enum radiance_elem {
 };
 
 /* What a layer holds. Values match the wire protocol's LayerKind. */
-enum radiance_linear_kind {
-	RADIANCE_LINEAR_W4A8 = 1,   /* int4 weights, fp8 e4m3 activations */
-	RADIANCE_LINEAR_BF16 = 2,   /* weights kept at 16 bits in the checkpoint */
+enum radiance_layer_kind {
+	RADIANCE_LAYER_W4A8 = 1,   /* int4 weights, fp8 e4m3 activations */
+	RADIANCE_LAYER_BF16 = 2,   /* weights kept at 16 bits in the checkpoint */
 };
 
 /* Receives one message of the library (no trailing newline) with its syslog
@@ -313,7 +313,7 @@ struct radiance_layer_info {
 	uint32_t index;                  /* what requests name as `layer` */
 	const char *name;                /* module path, e.g.
 	                                    "encoder.layer.0.attention.self.query" */
-	enum radiance_linear_kind kind;
+	enum radiance_layer_kind kind;
 	uint32_t n;                      /* output features (N) */
 	uint32_t k;                      /* input features (K) */
 	bool has_bias;
@@ -665,7 +665,7 @@ enum radiance_map_handle {
  * hold is proto/map.h's layout (vendor-specific for W4A8). */
 struct radiance_mapped_layer {
 	uint32_t index;
-	enum radiance_linear_kind kind;
+	enum radiance_layer_kind kind;
 	uint32_t n, k;
 	uint64_t weight_offset, weight_bytes;
 	uint64_t scales_offset, scales_bytes;   /* W4A8 */

@@ -401,9 +401,9 @@ static int cmd_models(struct ctl *c)
 	return EXIT_OK;
 }
 
-static const char *kind_name(enum radiance_linear_kind k)
+static const char *kind_name(enum radiance_layer_kind k)
 {
-	return k == RADIANCE_LINEAR_W4A8 ? "w4a8" : k == RADIANCE_LINEAR_BF16 ? "bf16" : "?";
+	return k == RADIANCE_LAYER_W4A8 ? "w4a8" : k == RADIANCE_LAYER_BF16 ? "bf16" : "?";
 }
 
 /* [d0, d1, ...] of a tensor's shape; NULL when out of memory (json_pack

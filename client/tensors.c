@@ -65,13 +65,13 @@ static unsigned dtype_size(const char *d)
 }
 
 /* Each tensor inside the memfd, aligned, as big as dtype and shape say. */
-static int check_list(struct radiance *r, const Radiance__TensorList *pb, uint32_t model_id)
+static int check_list(struct radiance *r, const Rdw__TensorList *pb, uint32_t model_id)
 {
 	if (pb->model_id != model_id)
 		return radiance__client_break(r, -EPROTO, "tensors of model %u answered for model %u",
 					      model_id, pb->model_id);
 	for (size_t i = 0; i < pb->n_tensors; i++) {
-		const Radiance__SharedTensor *t = pb->tensors[i];
+		const Rdw__SharedTensor *t = pb->tensors[i];
 		const char *name = t->name ? t->name : "";
 		unsigned esz = dtype_size(t->dtype ? t->dtype : "");
 		uint64_t count = 1;
@@ -94,7 +94,7 @@ static int check_list(struct radiance *r, const Radiance__TensorList *pb, uint32
 	return 0;
 }
 
-static int tensors_from_pb(const Radiance__TensorList *pb, struct radiance_tensors **out)
+static int tensors_from_pb(const Rdw__TensorList *pb, struct radiance_tensors **out)
 {
 	struct radiance_tensors *t = calloc(1, sizeof *t);
 	if (!t)
@@ -109,7 +109,7 @@ static int tensors_from_pb(const Radiance__TensorList *pb, struct radiance_tenso
 	}
 	t->tensors = v;
 	for (size_t i = 0; i < pb->n_tensors; i++) {
-		const Radiance__SharedTensor *p = pb->tensors[i];
+		const Rdw__SharedTensor *p = pb->tensors[i];
 		t->count = i + 1;
 		v[i].name = strdup(p->name ? p->name : "");
 		v[i].dtype = strdup(p->dtype ? p->dtype : "");
@@ -166,35 +166,35 @@ static int tensors_request(struct radiance *r, uint32_t model_id, int map,
 		return radiance__client_fail(r, -ENOENT, "model %u is not held by this session (load or "
 					     "attach it first)", model_id);
 
-	Radiance__ListTensors lt = RADIANCE__LIST_TENSORS__INIT;
-	Radiance__MapTensors mt = RADIANCE__MAP_TENSORS__INIT;
-	Radiance__ClientMessage msg = RADIANCE__CLIENT_MESSAGE__INIT;
+	Rdw__ListTensors lt = RDW__LIST_TENSORS__INIT;
+	Rdw__MapTensors mt = RDW__MAP_TENSORS__INIT;
+	Rdw__ClientMessage msg = RDW__CLIENT_MESSAGE__INIT;
 	if (map) {
 		mt.model_id = model_id;
-		msg.msg_case = RADIANCE__CLIENT_MESSAGE__MSG_MAP_TENSORS;
+		msg.msg_case = RDW__CLIENT_MESSAGE__MSG_MAP_TENSORS;
 		msg.map_tensors = &mt;
 	} else {
 		lt.model_id = model_id;
-		msg.msg_case = RADIANCE__CLIENT_MESSAGE__MSG_LIST_TENSORS;
+		msg.msg_case = RDW__CLIENT_MESSAGE__MSG_LIST_TENSORS;
 		msg.list_tensors = &lt;
 	}
-	Radiance__ServerMessage *reply;
+	Rdw__ServerMessage *reply;
 	if ((rc = radiance__client_request(r, &msg, NULL, 0, NULL, NULL, &reply)) < 0)
 		return rc;
 	int fd = -1;
-	const Radiance__TensorList *pb = map ? reply->tensor_mapping : reply->tensor_list;
-	if (reply->msg_case != (map ? RADIANCE__SERVER_MESSAGE__MSG_TENSOR_MAPPING
-				    : RADIANCE__SERVER_MESSAGE__MSG_TENSOR_LIST)) {
+	const Rdw__TensorList *pb = map ? reply->tensor_mapping : reply->tensor_list;
+	if (reply->msg_case != (map ? RDW__SERVER_MESSAGE__MSG_TENSOR_MAPPING
+				    : RDW__SERVER_MESSAGE__MSG_TENSOR_LIST)) {
 		rc = radiance__client_break(r, -EPROTO, "%s answered with %s",
 					    map ? "map_tensors" : "list_tensors",
-					    radiance_proto_server_name(reply));
+					    rproto_server_name(reply));
 		goto out;
 	}
-	if (map && radiance_conn_take_fds(&r->conn, &fd, 1) < 0) {
+	if (map && rconn_take_fds(&r->conn, &fd, 1) < 0) {
 		rc = radiance__client_break(r, -EPROTO, "tensor_mapping without its descriptor");
 		goto out;
 	}
-	radiance_conn_close_fds(&r->conn);
+	rconn_close_fds(&r->conn);
 	if ((rc = check_list(r, pb, model_id)) < 0 || (map && (rc = check_fd(r, fd, model_id, pb->bytes)) < 0))
 		goto out;
 	struct radiance_tensors *t;
@@ -224,7 +224,7 @@ static int tensors_request(struct radiance *r, uint32_t model_id, int map,
 out:
 	if (fd >= 0)
 		close(fd);
-	radiance__server_message__free_unpacked(reply, NULL);
+	rdw__server_message__free_unpacked(reply, NULL);
 	return rc;
 }
 

@@ -124,7 +124,7 @@ struct radiance_executor {
 	struct sched_req **pend_v;            /* their pieces, pend_cap */
 	uint8_t *pend_last;                   /* per piece: its request's last one */
 	size_t pend_vn;
-	struct radiance_proto_bump bump;   /* SQ slots unpack here, off malloc */
+	struct rproto_bump bump;   /* SQ slots unpack here, off malloc */
 	uint64_t launches;                    /* backend calls made: executor__launches() */
 	int is_inline;                        /* executor__create_inline: no thread, async or fds */
 };
@@ -313,7 +313,7 @@ static void post_result(struct radiance_executor *e, struct exec_ring *r, uint64
 {
 	if (r->dead)
 		return;
-	Radiance__LinearResult res = RADIANCE__LINEAR_RESULT__INIT;
+	Rdw__LinearResult res = RDW__LINEAR_RESULT__INIT;
 	char text[192];
 	res.request_id = request_id;
 	res.status = status;
@@ -325,8 +325,8 @@ static void post_result(struct radiance_executor *e, struct exec_ring *r, uint64
 		res.error = text;
 	}
 	uint8_t buf[RADIANCE_SLOT_BYTES - 4];
-	int len = radiance_proto_pack_slot(&res.base, buf, sizeof buf);
-	int rc = len < 0 ? len : radiance_ring_push(&r->cq, buf, (size_t)len);
+	int len = rproto_pack_slot(&res.base, buf, sizeof buf);
+	int rc = len < 0 ? len : rring_push(&r->cq, buf, (size_t)len);
 	if (rc == -EPROTO) {
 		cq_violation(e, r);
 		return;
@@ -350,7 +350,7 @@ static void reject(struct radiance_executor *e, struct exec_ring *r, uint64_t re
 	va_start(ap, fmt);
 	vsnprintf(msg, sizeof msg, fmt, ap);
 	va_end(ap);
-	uint64_t lat = radiance_clock_ns() - t_seen;
+	uint64_t lat = rclock_ns() - t_seen;
 	post_result(e, r, request_id, status, msg, lat, 0);
 	stats_record(r->stats, 0, 0, 0, lat, status);
 	stats_record(e->opt.global_stats, 0, 0, 0, lat, status);
@@ -410,22 +410,22 @@ static void entry_finish(struct radiance_executor *e, struct exec_entry *en, int
  * ignored). */
 static void ring_doorbell(struct exec_ring *r)
 {
-	if (r->need_doorbell && !r->dead && radiance_ring_needs_wakeup(&r->cq))
-		radiance_doorbell_ring(r->cq_wfd);
+	if (r->need_doorbell && !r->dead && rring_needs_wakeup(&r->cq))
+		rdoorbell_ring(r->cq_wfd);
 	r->need_doorbell = 0;
 }
 
 /* Takes what one SQ offers this round into the ring's flow. */
 static void collect_ring(struct radiance_executor *e, struct exec_ring *r)
 {
-	int space = radiance_ring_space(&r->cq);
+	int space = rring_space(&r->cq);
 	if (space < 0) {
 		cq_violation(e, r);
 		return;
 	}
 	/* looked at every round, even when the flow takes nothing: a broken
 	 * SQ ends the session now, not after its queued pieces ran */
-	if (radiance_ring_ready(&r->sq) < 0) {
+	if (rring_ready(&r->sq) < 0) {
 		sq_violation(e, r);
 		return;
 	}
@@ -442,17 +442,17 @@ static void collect_ring(struct radiance_executor *e, struct exec_ring *r)
 	};
 
 	while (taken < budget && sched_flow_can_take(&e->sched, &r->flow)) {
-		int len = radiance_ring_pop(&r->sq, slot);
+		int len = rring_pop(&r->sq, slot);
 		if (len == 0)
 			break;
 		if (len < 0) {
 			sq_violation(e, r);
 			return;
 		}
-		uint64_t t_seen = radiance_clock_ns();
+		uint64_t t_seen = rclock_ns();
 		r->last_take_ns = t_seen;
 		taken++;
-		Radiance__LinearRequest *req;
+		Rdw__LinearRequest *req;
 		if (request_decode(slot, (size_t)len, &e->bump, &req) < 0) {
 			ring_violation(e, r, "SQ entry %u is not a LinearRequest (%d bytes)",
 				       r->sq.local - 1, len);
@@ -460,7 +460,7 @@ static void collect_ring(struct radiance_executor *e, struct exec_ring *r)
 		}
 		/* req lives in the bump arena: copy what we keep, nothing to free */
 		uint64_t id = req->request_id;
-		int ready = radiance_ring_ready(&r->sq);
+		int ready = rring_ready(&r->sq);
 		uint64_t inflight = (uint64_t)(ready > 0 ? ready : 0) + r->flow.n + 1;
 		if (inflight > r->max_inflight) {
 			reject(e, r, id, t_seen, EBUSY, "%llu requests in flight exceed the limit of %u",
@@ -553,7 +553,7 @@ static size_t reap(struct radiance_executor *e)
 		if (rc < 0)
 			log_warn("a launch of %zu requests failed on the device: %s", p->n, err);
 		pieces_done(e, e->pend_v + p->first, e->pend_last + p->first, p->n, rc < 0 ? rc : 0, err,
-			    p->start, radiance_clock_ns());
+			    p->start, rclock_ns());
 		p->done = 1;
 		e->pend_decode -= !p->bulk;
 		done++;
@@ -582,7 +582,7 @@ static void drain_pending(struct radiance_executor *e)
 {
 	while (e->pend_n)
 		if (reap(e) == 0)
-			radiance_ring_cpu_relax();
+			rring_cpu_relax();
 }
 
 /* Runs the pieces v[0..live) (one model, the same layers, rows summing <=
@@ -616,7 +616,7 @@ static void launch_same(struct radiance_executor *e, struct sched_req **v, size_
 				.bulk = sched_req_chunked(&e->sched, &en->s),
 			};
 		}
-	uint64_t start = radiance_clock_ns();
+	uint64_t start = rclock_ns();
 	e->launches++;
 	int rc = -EOPNOTSUPP;
 	if (nl == 1 && !e->sync_only) {
@@ -647,7 +647,7 @@ static void launch_same(struct radiance_executor *e, struct sched_req **v, size_
 			     : radiance_backend_linear_multi(e->backend, ls, hs, nl, e->rows, live, err,
 							     sizeof err);
 	}
-	uint64_t end = radiance_clock_ns();
+	uint64_t end = rclock_ns();
 	stats_launch(e->opt.global_stats);
 	if (rc < 0)
 		log_warn("model %u layer %u (%s)%s: launch of %zu requests failed: %s", m->id,
@@ -660,7 +660,7 @@ static void launch_same(struct radiance_executor *e, struct sched_req **v, size_
  * the flows that fill to e->flows. */
 static void gather(struct radiance_executor *e, size_t *nflows)
 {
-	uint64_t now = radiance_clock_ns(), until = now + (uint64_t)e->opt.gather_us * 1000u;
+	uint64_t now = rclock_ns(), until = now + (uint64_t)e->opt.gather_us * 1000u;
 	for (;;) {
 		size_t busy = 0, waiting = 0;
 		for (size_t i = 0; i < e->nrings; i++) {
@@ -682,8 +682,8 @@ static void gather(struct radiance_executor *e, size_t *nflows)
 			else if (r->flow.n)
 				e->flows[(*nflows)++] = &r->flow;
 		}
-		radiance_ring_cpu_relax();
-		now = radiance_clock_ns();
+		rring_cpu_relax();
+		now = rclock_ns();
 	}
 }
 
@@ -826,7 +826,7 @@ static void ring_remove(struct radiance_executor *e, struct exec_job *job)
  * requests in flight, and m is about to go. */
 static void model_cancel(struct radiance_executor *e, struct exec_model *m)
 {
-	uint64_t now = radiance_clock_ns();
+	uint64_t now = rclock_ns();
 	for (size_t i = 0; i < e->nrings; i++) {
 		struct exec_ring *r = e->rings[i];
 		for (size_t j = 0; j < EXEC_BATCH; j++) {
@@ -927,7 +927,7 @@ static size_t run_jobs(struct radiance_executor *e, uint64_t budget_ns)
 		return 0;
 	/* no job sees a ring or a model that a launch in flight still uses */
 	drain_pending(e);
-	uint64_t t0 = radiance_clock_ns(), t = t0;
+	uint64_t t0 = rclock_ns(), t = t0;
 	size_t ran = 0;
 	struct exec_job *job;
 	while ((job = e->backlog.head) && (ran == 0 || t - t0 < budget_ns)) {
@@ -953,7 +953,7 @@ static size_t run_jobs(struct radiance_executor *e, uint64_t budget_ns)
 			while (*p)
 				p = &(*p)->next;
 			*p = job;
-			t = radiance_clock_ns();
+			t = rclock_ns();
 			continue;   /* done later, by upload_step */
 		}
 		case EXEC_JOB_MODEL_FREE:
@@ -967,7 +967,7 @@ static size_t run_jobs(struct radiance_executor *e, uint64_t budget_ns)
 		enum exec_job_kind kind = job->kind;
 		post_done(e, job);
 		progress_bump(e);
-		t = radiance_clock_ns();
+		t = rclock_ns();
 		if (t - tj > JOB_SLOW_NS)
 			log_warn("executor: a %s took %llu ms; every session's requests waited for it",
 				 job_kind_name(kind), (unsigned long long)((t - tj) / 1000000u));
@@ -981,7 +981,7 @@ void executor_submit(struct radiance_executor *e, struct exec_job *job)
 	job_list_push(&e->jobs, job);
 	atomic_store(&e->jobs_pending, 1);
 	pthread_mutex_unlock(&e->lock);
-	radiance_doorbell_ring(e->ctl_efd);
+	rdoorbell_ring(e->ctl_efd);
 }
 
 /* ---- the thread ---- */
@@ -994,7 +994,7 @@ static void idle_sleep(struct radiance_executor *e)
 		struct exec_ring *r = e->rings[slept];
 		if (r->dead)
 			continue;
-		if (!radiance_ring_prepare_sleep(&r->sq)) {
+		if (!rring_prepare_sleep(&r->sq)) {
 			wake = 1;
 			break;
 		}
@@ -1006,10 +1006,10 @@ static void idle_sleep(struct radiance_executor *e)
 		atomic_store(&e->idle, 0);
 		for (int i = 0; i < n; i++)
 			if (!evs[i].data.ptr)
-				radiance_doorbell_drain(e->ctl_efd);
+				rdoorbell_drain(e->ctl_efd);
 	}
 	for (size_t i = 0; i < slept && i < e->nrings; i++)
-		radiance_ring_end_sleep(&e->rings[i]->sq);
+		rring_end_sleep(&e->rings[i]->sq);
 }
 
 /* Creates the backend on the calling thread (the one that will use it)
@@ -1044,7 +1044,7 @@ static void *executor_main(void *arg)
 	uint64_t spin_ns = (uint64_t)e->opt.spin_us * 1000u;
 	/* the 20 us sleeps while a launch runs should be 20 us, not 70 */
 	prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
-	uint64_t last_work = radiance_clock_ns();
+	uint64_t last_work = rclock_ns();
 	while (!atomic_load(&e->stop)) {
 		size_t n = run_jobs(e, JOB_BUDGET_NS);
 		n += serve_pass(e, NULL);
@@ -1053,7 +1053,7 @@ static void *executor_main(void *arg)
 			n++;
 		}
 		progress_bump(e);
-		uint64_t t = radiance_clock_ns();
+		uint64_t t = rclock_ns();
 		if (n) {
 			last_work = t;
 			continue;
@@ -1063,17 +1063,17 @@ static void *executor_main(void *arg)
 			 * at first, then in short sleeps (a long prefill piece
 			 * need not hold a core) */
 			if (t - last_work < spin_ns)
-				radiance_ring_cpu_relax();
+				rring_cpu_relax();
 			else
 				nanosleep(&(struct timespec){ .tv_nsec = 20000 }, NULL);
 			continue;
 		}
 		if (t - last_work < spin_ns) {
-			radiance_ring_cpu_relax();
+			rring_cpu_relax();
 			continue;
 		}
 		idle_sleep(e);
-		last_work = radiance_clock_ns();
+		last_work = rclock_ns();
 	}
 	while (run_jobs(e, UINT64_MAX))
 		;
@@ -1236,7 +1236,7 @@ int exec_watch_alive(struct exec_watch *w, const struct exec_liveness *l, uint64
 void executor_destroy(struct radiance_executor *e)
 {
 	atomic_store(&e->stop, 1);
-	radiance_doorbell_ring(e->ctl_efd);
+	rdoorbell_ring(e->ctl_efd);
 	pthread_join(e->thread, NULL);
 	/* jobs finished in the last run_jobs still want their done callbacks */
 	on_async(&e->async);

@@ -6,12 +6,12 @@
 
 #include "shm.h"
 
-int request_decode(const uint8_t *payload, size_t len, struct radiance_proto_bump *bump,
-		   Radiance__LinearRequest **out)
+int request_decode(const uint8_t *payload, size_t len, struct rproto_bump *bump,
+		   Rdw__LinearRequest **out)
 {
-	radiance_proto_bump_reset(bump);
-	ProtobufCAllocator alloc = radiance_proto_bump_allocator(bump);
-	*out = radiance__linear_request__unpack(&alloc, len, payload);
+	rproto_bump_reset(bump);
+	ProtobufCAllocator alloc = rproto_bump_allocator(bump);
+	*out = rdw__linear_request__unpack(&alloc, len, payload);
 	return *out ? 0 : -EPROTO;
 }
 
@@ -48,7 +48,7 @@ static uint64_t multi_group(uint32_t model_id, const uint32_t *layers, uint32_t 
 	return (uint64_t)model_id << 32 | 0x80000000u | (h & 0x7FFFFFFFu);
 }
 
-int request_check(const struct request_ctx *ctx, const Radiance__LinearRequest *req,
+int request_check(const struct request_ctx *ctx, const Rdw__LinearRequest *req,
 		  struct request *out, char *err, size_t errlen)
 {
 	struct exec_model *m = exec_refs_find(ctx->refs, req->model_id);
@@ -113,7 +113,7 @@ int request_check(const struct request_ctx *ctx, const Radiance__LinearRequest *
 		snprintf(err, errlen, "rows %u outside 1..%u", req->rows, ctx->max_rows);
 		return EINVAL;
 	}
-	if (req->dtype != RADIANCE__DTYPE__DTYPE_BF16 && req->dtype != RADIANCE__DTYPE__DTYPE_FP16) {
+	if (req->dtype != RDW__DTYPE__DTYPE_BF16 && req->dtype != RDW__DTYPE__DTYPE_FP16) {
 		snprintf(err, errlen, "dtype %d is not bf16 (1) or fp16 (2)", (int)req->dtype);
 		return EINVAL;
 	}

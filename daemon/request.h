@@ -2,7 +2,7 @@
  * A request as the executor takes it from an SQ: decoded from the slot's
  * bytes and validated against the session's models and arena.
  *
- * The slot is the client's memory; radiance_ring_pop() has already copied
+ * The slot is the client's memory; rring_pop() has already copied
  * it out, so what is decoded here cannot change under the checks. Nothing
  * here touches a ring, the backend or a thread: the executor calls it for
  * every entry it takes, and tests/fuzz/fuzz_request.c feeds it anything.
@@ -51,8 +51,8 @@ struct request {
 /* Decodes a slot's payload of len bytes. *out lives in bump's buffer until
  * its next reset (nothing to free). 0, or -EPROTO when the bytes are not a
  * LinearRequest. */
-int request_decode(const uint8_t *payload, size_t len, struct radiance_proto_bump *bump,
-		   Radiance__LinearRequest **out);
+int request_decode(const uint8_t *payload, size_t len, struct rproto_bump *bump,
+		   Rdw__LinearRequest **out);
 
 /* Checks req against ctx. 0 with *out filled; otherwise the positive errno
  * status the client's result carries, with err naming what was wrong, where
@@ -66,7 +66,7 @@ int request_decode(const uint8_t *payload, size_t len, struct radiance_proto_bum
  *           extra_output_offsets of different lengths, a layer whose K is
  *           not layers[0]'s, a layer named twice;
  *   EFAULT  x or an output (its whole extent) outside the arena. */
-int request_check(const struct request_ctx *ctx, const Radiance__LinearRequest *req,
+int request_check(const struct request_ctx *ctx, const Rdw__LinearRequest *req,
 		  struct request *out, char *err, size_t errlen);
 
 #endif

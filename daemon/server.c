@@ -48,7 +48,7 @@ static void server_stop(struct radiance_server *srv, int exit_code, const char *
  * were held back since the last one. */
 static int ratelimit_pass(struct log_ratelimit *rl, uint64_t *missed)
 {
-	uint64_t now = radiance_clock_ns();
+	uint64_t now = rclock_ns();
 	if (now < rl->next_ns) {
 		rl->suppressed++;
 		return 0;
@@ -81,15 +81,15 @@ void server_session_gone(struct radiance_session *s)
 
 /* ---- refusing ---- */
 
-static int queue_error(struct radiance_conn *c, int code, const char *text)
+static int queue_error(struct rconn *c, int code, const char *text)
 {
-	Radiance__Error e = RADIANCE__ERROR__INIT;
-	Radiance__ServerMessage m = RADIANCE__SERVER_MESSAGE__INIT;
+	Rdw__Error e = RDW__ERROR__INIT;
+	Rdw__ServerMessage m = RDW__SERVER_MESSAGE__INIT;
 	e.code = code;
 	e.message = (char *)text;
-	m.msg_case = RADIANCE__SERVER_MESSAGE__MSG_ERROR;
+	m.msg_case = RDW__SERVER_MESSAGE__MSG_ERROR;
 	m.error = &e;
-	return radiance_proto_queue_server(c, &m, NULL, 0);
+	return rproto_queue_server(c, &m, NULL, 0);
 }
 
 /* Best effort: the Error, then close. If the client already sent something
@@ -97,14 +97,14 @@ static int queue_error(struct radiance_conn *c, int code, const char *text)
  * Error; refuse_gracefully() avoids that where it can afford to. */
 static void refuse_now(int fd, int code, const char *text)
 {
-	struct radiance_conn c;
-	if (radiance_conn_init(&c, fd, RADIANCE_MAX_FRAME, 1) < 0) {
+	struct rconn c;
+	if (rconn_init(&c, fd, RADIANCE_MAX_FRAME, 1) < 0) {
 		close(fd);
 		return;
 	}
 	if (queue_error(&c, code, text) == 0)
-		radiance_conn_flush(&c);
-	radiance_conn_finish(&c);
+		rconn_flush(&c);
+	rconn_finish(&c);
 }
 
 /* A connection told Error(EBUSY): shut down for writing once the Error is
@@ -114,7 +114,7 @@ static void refuse_now(int fd, int code, const char *text)
 struct refused_conn {
 	struct radiance_server *srv;
 	struct refused_conn *prev, *next;
-	struct radiance_conn conn;
+	struct rconn conn;
 	uv_poll_t poll;
 	uv_timer_t timer;
 	int handles;       /* open libuv handles; freed at 0 */
@@ -126,7 +126,7 @@ static void on_refused_handle_closed(uv_handle_t *h)
 {
 	struct refused_conn *r = h->data;
 	if (--r->handles == 0) {
-		radiance_conn_finish(&r->conn);
+		rconn_finish(&r->conn);
 		free(r);
 	}
 }
@@ -195,7 +195,7 @@ static void on_refused_poll(uv_poll_t *h, int status, int events)
 		return;
 	}
 	if (!r->shut) {
-		int rc = radiance_conn_flush(&r->conn);
+		int rc = rconn_flush(&r->conn);
 		if (rc < 0 && rc != -EAGAIN) {
 			refused_close(r);
 			return;
@@ -218,13 +218,13 @@ static void refuse_gracefully(struct radiance_server *srv, int fd, int code, con
 		return;
 	}
 	r->srv = srv;
-	if (radiance_conn_init(&r->conn, fd, RADIANCE_MAX_FRAME, 1) < 0) {
+	if (rconn_init(&r->conn, fd, RADIANCE_MAX_FRAME, 1) < 0) {
 		free(r);
 		refuse_now(fd, code, text);
 		return;
 	}
 	if (queue_error(&r->conn, code, text) < 0 || uv_poll_init(srv->loop, &r->poll, fd) < 0) {
-		radiance_conn_finish(&r->conn);   /* closes fd */
+		rconn_finish(&r->conn);   /* closes fd */
 		free(r);
 		return;
 	}
@@ -524,7 +524,7 @@ static void on_watchdog(uv_timer_t *t)
 		return;
 	struct exec_liveness l;
 	executor_liveness(srv->exec, &l);
-	uint64_t now = radiance_clock_ns();
+	uint64_t now = rclock_ns();
 	if (exec_watch_alive(&srv->watch, &l, now, srv->watchdog_usec * 1000u))
 		notify_watchdog();
 	else
@@ -624,7 +624,7 @@ int server_run(const struct radiance_config *cfg)
 	srv.loop = &loop;
 	srv.cfg = cfg;
 	srv.listener.fd = -1;
-	srv.start_ns = radiance_clock_ns();
+	srv.start_ns = rclock_ns();
 	stats_init(&srv.stats);
 	/* writes to a vanished client must fail with EPIPE, not kill us */
 	signal(SIGPIPE, SIG_IGN);

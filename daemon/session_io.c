@@ -31,7 +31,7 @@
  * EPIPE. Either way it is the client's exit, not a daemon fault: say so. */
 static void session_went_away(struct radiance_session *s, int e)
 {
-	size_t unsent = radiance_conn_pending_frames(&s->conn);
+	size_t unsent = rconn_pending_frames(&s->conn);
 	if (e == ECONNRESET && unsent == 0)
 		session_close(s, 0, "client went away with its replies unread (ECONNRESET)");
 	else if (e == ECONNRESET)
@@ -46,9 +46,9 @@ static void session_read(struct radiance_session *s)
 {
 	for (int i = 0; i < 2 * FRAMES_PER_WAKE; i++) {
 		if (s->state == SESSION_CLOSING || s->busy || s->server->stopping ||
-		    radiance_conn_pending(&s->conn) >= OUT_HIGH_WATER)
+		    rconn_pending(&s->conn) >= OUT_HIGH_WATER)
 			return;
-		int rc = radiance_conn_read(&s->conn);
+		int rc = rconn_read(&s->conn);
 		if (rc == -EAGAIN)
 			return;
 		if (rc == 0) {
@@ -57,7 +57,7 @@ static void session_read(struct radiance_session *s)
 		}
 		if (rc == -EMSGSIZE) {
 			session_close(s, 1, "frame length %u is outside 1..%u bytes",
-				      radiance_conn_bad_length(&s->conn), RADIANCE_MAX_FRAME);
+				      rconn_bad_length(&s->conn), RADIANCE_MAX_FRAME);
 			return;
 		}
 		if (rc == -EPROTO) {
@@ -83,11 +83,11 @@ static void session_read(struct radiance_session *s)
 		const uint8_t *data;
 		size_t len;
 		while (s->state != SESSION_CLOSING && !s->busy &&
-		       (rc = radiance_conn_next_frame(&s->conn, &data, &len)) == 1)
+		       (rc = rconn_next_frame(&s->conn, &data, &len)) == 1)
 			session_handle_frame(s, data, len);
 		if (rc < 0 && s->state != SESSION_CLOSING) {
 			session_close(s, 1, "frame length %u is outside 1..%u bytes",
-				      radiance_conn_bad_length(&s->conn), RADIANCE_MAX_FRAME);
+				      rconn_bad_length(&s->conn), RADIANCE_MAX_FRAME);
 			return;
 		}
 	}
@@ -95,9 +95,9 @@ static void session_read(struct radiance_session *s)
 
 static void session_flush(struct radiance_session *s)
 {
-	if (s->state == SESSION_CLOSING || !radiance_conn_pending(&s->conn))
+	if (s->state == SESSION_CLOSING || !rconn_pending(&s->conn))
 		return;
-	int rc = radiance_conn_flush(&s->conn);
+	int rc = rconn_flush(&s->conn);
 	if (rc == -EPIPE || rc == -ECONNRESET)
 		session_went_away(s, -rc);
 	else if (rc < 0 && rc != -EAGAIN)
@@ -139,7 +139,7 @@ void session_update(struct radiance_session *s)
 {
 	if (s->state == SESSION_CLOSING)
 		return;
-	size_t pending = radiance_conn_pending(&s->conn);
+	size_t pending = rconn_pending(&s->conn);
 	int events = 0;
 	if (s->busy || s->server->stopping)
 		events |= UV_DISCONNECT;
@@ -159,20 +159,20 @@ void session_update(struct radiance_session *s)
 
 /* ---- replies ---- */
 
-void session_reply(struct radiance_session *s, Radiance__ServerMessage *m, const int *fds, size_t nfds)
+void session_reply(struct radiance_session *s, Rdw__ServerMessage *m, const int *fds, size_t nfds)
 {
 	if (s->state == SESSION_CLOSING)
 		return;
-	int rc = radiance_proto_queue_server(&s->conn, m, fds, nfds);
-	if (rc == -EMSGSIZE && m->msg_case != RADIANCE__SERVER_MESSAGE__MSG_ERROR) {
-		Radiance__Error e = RADIANCE__ERROR__INIT;
-		Radiance__ServerMessage em = RADIANCE__SERVER_MESSAGE__INIT;
+	int rc = rproto_queue_server(&s->conn, m, fds, nfds);
+	if (rc == -EMSGSIZE && m->msg_case != RDW__SERVER_MESSAGE__MSG_ERROR) {
+		Rdw__Error e = RDW__ERROR__INIT;
+		Rdw__ServerMessage em = RDW__SERVER_MESSAGE__INIT;
 		e.code = EMSGSIZE;
 		e.message = "the reply does not fit in one frame";
 		em.tag = m->tag;
-		em.msg_case = RADIANCE__SERVER_MESSAGE__MSG_ERROR;
+		em.msg_case = RDW__SERVER_MESSAGE__MSG_ERROR;
 		em.error = &e;
-		rc = radiance_proto_queue_server(&s->conn, &em, NULL, 0);
+		rc = rproto_queue_server(&s->conn, &em, NULL, 0);
 	}
 	if (rc < 0) {
 		session_close(s, 0, "cannot queue a reply: %s", strerror(-rc));
@@ -188,12 +188,12 @@ void session_reply_error(struct radiance_session *s, uint64_t tag, int code, con
 	va_start(ap, fmt);
 	vsnprintf(text, sizeof text, fmt, ap);
 	va_end(ap);
-	Radiance__Error e = RADIANCE__ERROR__INIT;
-	Radiance__ServerMessage m = RADIANCE__SERVER_MESSAGE__INIT;
+	Rdw__Error e = RDW__ERROR__INIT;
+	Rdw__ServerMessage m = RDW__SERVER_MESSAGE__INIT;
 	e.code = code;
 	e.message = text;
 	m.tag = tag;
-	m.msg_case = RADIANCE__SERVER_MESSAGE__MSG_ERROR;
+	m.msg_case = RDW__SERVER_MESSAGE__MSG_ERROR;
 	m.error = &e;
 	log_debug("session %llu: error %d: %s", (unsigned long long)s->id, code, text);
 	session_reply(s, &m, NULL, 0);
@@ -206,10 +206,10 @@ void session_send_error(struct radiance_session *s, int code, const char *text)
 
 void session_reply_ok(struct radiance_session *s, uint64_t tag)
 {
-	Radiance__Ok ok = RADIANCE__OK__INIT;
-	Radiance__ServerMessage m = RADIANCE__SERVER_MESSAGE__INIT;
+	Rdw__Ok ok = RDW__OK__INIT;
+	Rdw__ServerMessage m = RDW__SERVER_MESSAGE__INIT;
 	m.tag = tag;
-	m.msg_case = RADIANCE__SERVER_MESSAGE__MSG_OK;
+	m.msg_case = RDW__SERVER_MESSAGE__MSG_OK;
 	m.ok = &ok;
 	session_reply(s, &m, NULL, 0);
 }
@@ -225,13 +225,13 @@ static void on_poll_closed(uv_handle_t *h)
 
 int session_io_init(struct radiance_session *s, int fd)
 {
-	if (radiance_conn_init(&s->conn, fd, RADIANCE_MAX_FRAME, RADIANCE_MAX_FDS) < 0) {
+	if (rconn_init(&s->conn, fd, RADIANCE_MAX_FRAME, RADIANCE_MAX_FDS) < 0) {
 		close(fd);
 		return -ENOMEM;
 	}
 	int rc = uv_poll_init(s->server->loop, &s->poll, fd);
 	if (rc < 0) {
-		radiance_conn_finish(&s->conn);   /* closes fd */
+		rconn_finish(&s->conn);   /* closes fd */
 		return rc;
 	}
 	s->poll.data = s;
@@ -241,8 +241,8 @@ int session_io_init(struct radiance_session *s, int fd)
 void session_io_finish(struct radiance_session *s)
 {
 	/* best effort: what the socket takes now (an Error saying why) */
-	radiance_conn_flush(&s->conn);
+	rconn_flush(&s->conn);
 	/* closing the socket: the client sees EOF; queued fds are closed */
 	uv_close((uv_handle_t *)&s->poll, on_poll_closed);
-	radiance_conn_finish(&s->conn);
+	rconn_finish(&s->conn);
 }

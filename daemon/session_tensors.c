@@ -18,8 +18,8 @@ static int tensors_send(struct radiance_session *s, uint64_t tag,
 {
 	const struct radiance_model *m = res->em.model;
 	size_t n = m->n_other;
-	Radiance__SharedTensor *t = calloc(n ? n : 1, sizeof *t);
-	Radiance__SharedTensor **ptrs = calloc(n ? n : 1, sizeof *ptrs);
+	Rdw__SharedTensor *t = calloc(n ? n : 1, sizeof *t);
+	Rdw__SharedTensor **ptrs = calloc(n ? n : 1, sizeof *ptrs);
 	if (!t || !ptrs) {
 		free(t);
 		free(ptrs);
@@ -27,7 +27,7 @@ static int tensors_send(struct radiance_session *s, uint64_t tag,
 	}
 	for (size_t i = 0; i < n; i++) {
 		const struct radiance_tensor_info *o = &m->other[i];
-		radiance__shared_tensor__init(&t[i]);
+		rdw__shared_tensor__init(&t[i]);
 		t[i].name = o->name;
 		t[i].dtype = (char *)o->dtype;
 		t[i].n_shape = o->ndim;
@@ -36,18 +36,18 @@ static int tensors_send(struct radiance_session *s, uint64_t tag,
 		t[i].bytes = o->bytes;
 		ptrs[i] = &t[i];
 	}
-	Radiance__TensorList tl = RADIANCE__TENSOR_LIST__INIT;
+	Rdw__TensorList tl = RDW__TENSOR_LIST__INIT;
 	tl.model_id = res->em.id;
 	tl.bytes = m->tensors_bytes;
 	tl.n_tensors = n;
 	tl.tensors = ptrs;
-	Radiance__ServerMessage msg = RADIANCE__SERVER_MESSAGE__INIT;
+	Rdw__ServerMessage msg = RDW__SERVER_MESSAGE__INIT;
 	msg.tag = tag;
 	if (with_fd) {
-		msg.msg_case = RADIANCE__SERVER_MESSAGE__MSG_TENSOR_MAPPING;
+		msg.msg_case = RDW__SERVER_MESSAGE__MSG_TENSOR_MAPPING;
 		msg.tensor_mapping = &tl;
 	} else {
-		msg.msg_case = RADIANCE__SERVER_MESSAGE__MSG_TENSOR_LIST;
+		msg.msg_case = RDW__SERVER_MESSAGE__MSG_TENSOR_LIST;
 		msg.tensor_list = &tl;
 	}
 	session_reply(s, &msg, with_fd ? &m->tensors_fd : NULL, with_fd ? 1 : 0);
@@ -57,7 +57,7 @@ static int tensors_send(struct radiance_session *s, uint64_t tag,
 }
 
 void session_handle_list_tensors(struct radiance_session *s, uint64_t tag,
-				 const Radiance__ListTensors *lt)
+				 const Rdw__ListTensors *lt)
 {
 	struct radiance_resident *res = registry_find_id(s->server->reg, lt->model_id);
 	if (!res) {
@@ -70,7 +70,7 @@ void session_handle_list_tensors(struct radiance_session *s, uint64_t tag,
 }
 
 void session_handle_map_tensors(struct radiance_session *s, uint64_t tag,
-				const Radiance__MapTensors *mt)
+				const Rdw__MapTensors *mt)
 {
 	struct radiance_resident *res = session_held_model(s, mt->model_id);
 	if (!res) {

@@ -31,8 +31,8 @@ struct radiance_session;
 /* The handlers: they reply (TensorList, with the memfd for MapTensors, or
  * Error ENOENT / EBUSY / ENOMEM) and never end the session. */
 void session_handle_list_tensors(struct radiance_session *s, uint64_t tag,
-				 const Radiance__ListTensors *lt);
+				 const Rdw__ListTensors *lt);
 void session_handle_map_tensors(struct radiance_session *s, uint64_t tag,
-				const Radiance__MapTensors *mt);
+				const Rdw__MapTensors *mt);
 
 #endif

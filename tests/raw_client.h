@@ -24,7 +24,7 @@
 #include "wire.h"
 
 struct raw {
-	struct radiance_conn conn;
+	struct rconn conn;
 	uint64_t tag;
 };
 
@@ -34,14 +34,14 @@ static inline int raw_open_at(struct raw *w, const char *path)
 	int fd = h_try_connect(path);
 	if (fd < 0)
 		return fd;
-	assert_int_equal(radiance_conn_init(&w->conn, fd, RADIANCE_MAX_FRAME, 256), 0);
+	assert_int_equal(rconn_init(&w->conn, fd, RADIANCE_MAX_FRAME, 256), 0);
 	w->tag = 1;
 	return 0;
 }
 
 static inline void raw_close(struct raw *w)
 {
-	radiance_conn_finish(&w->conn);
+	rconn_finish(&w->conn);
 }
 
 /* Bytes exactly as given (no framing added), with fds on the first byte. */
@@ -81,7 +81,7 @@ static inline void raw_send_frame(struct raw *w, const void *payload, uint32_t l
 }
 
 /* m with the next tag, framed. */
-static inline void raw_send(struct raw *w, Radiance__ClientMessage *m, const int *fds, size_t nfds)
+static inline void raw_send(struct raw *w, Rdw__ClientMessage *m, const int *fds, size_t nfds)
 {
 	m->tag = w->tag++;
 	size_t len = protobuf_c_message_get_packed_size(&m->base);   /* > 0: tag >= 1 */
@@ -95,21 +95,21 @@ static inline void raw_send(struct raw *w, Radiance__ClientMessage *m, const int
 static inline void raw_send_hello(struct raw *w, uint32_t protocol_version, char *client_name,
 				  const int *fds, size_t nfds)
 {
-	Radiance__Hello h = RADIANCE__HELLO__INIT;
+	Rdw__Hello h = RDW__HELLO__INIT;
 	h.protocol_version = protocol_version;
 	if (client_name)
 		h.client_name = client_name;
-	Radiance__ClientMessage m = RADIANCE__CLIENT_MESSAGE__INIT;
-	m.msg_case = RADIANCE__CLIENT_MESSAGE__MSG_HELLO;
+	Rdw__ClientMessage m = RDW__CLIENT_MESSAGE__INIT;
+	m.msg_case = RDW__CLIENT_MESSAGE__MSG_HELLO;
 	m.hello = &h;
 	raw_send(w, &m, fds, nfds);
 }
 
 static inline void raw_send_list_models(struct raw *w, const int *fds, size_t nfds)
 {
-	Radiance__ListModels lm = RADIANCE__LIST_MODELS__INIT;
-	Radiance__ClientMessage m = RADIANCE__CLIENT_MESSAGE__INIT;
-	m.msg_case = RADIANCE__CLIENT_MESSAGE__MSG_LIST_MODELS;
+	Rdw__ListModels lm = RDW__LIST_MODELS__INIT;
+	Rdw__ClientMessage m = RDW__CLIENT_MESSAGE__INIT;
+	m.msg_case = RDW__CLIENT_MESSAGE__MSG_LIST_MODELS;
 	m.list_models = &lm;
 	raw_send(w, &m, fds, nfds);
 }
@@ -119,13 +119,13 @@ static inline void raw_send_list_models(struct raw *w, const int *fds, size_t nf
 static inline void raw_send_load_model_named(struct raw *w, char *name, char **names, size_t n,
 					     const int *fds, size_t nfds)
 {
-	Radiance__LoadModel lm = RADIANCE__LOAD_MODEL__INIT;
+	Rdw__LoadModel lm = RDW__LOAD_MODEL__INIT;
 	if (name)
 		lm.name = name;
 	lm.n_file_names = n;
 	lm.file_names = names;
-	Radiance__ClientMessage m = RADIANCE__CLIENT_MESSAGE__INIT;
-	m.msg_case = RADIANCE__CLIENT_MESSAGE__MSG_LOAD_MODEL;
+	Rdw__ClientMessage m = RDW__CLIENT_MESSAGE__INIT;
+	m.msg_case = RDW__CLIENT_MESSAGE__MSG_LOAD_MODEL;
 	m.load_model = &lm;
 	raw_send(w, &m, fds, nfds);
 }
@@ -137,24 +137,24 @@ static inline void raw_send_load_model(struct raw *w, char **names, size_t n, co
 }
 
 /* Next server message: 1 (*out set), 0 on EOF, -ECONNRESET, -ETIMEDOUT. */
-static inline int raw_recv(struct raw *w, Radiance__ServerMessage **out, int timeout_ms)
+static inline int raw_recv(struct raw *w, Rdw__ServerMessage **out, int timeout_ms)
 {
 	*out = NULL;
 	for (;;) {
 		const uint8_t *data;
 		size_t len;
-		int rc = radiance_conn_next_frame(&w->conn, &data, &len);
+		int rc = rconn_next_frame(&w->conn, &data, &len);
 		if (rc == 1) {
-			*out = radiance_proto_unpack_server(data, len);
+			*out = rproto_unpack_server(data, len);
 			assert_non_null(*out);
-			radiance_conn_close_fds(&w->conn);
+			rconn_close_fds(&w->conn);
 			return 1;
 		}
 		assert_int_equal(rc, 0);
 		struct pollfd p = { .fd = w->conn.fd, .events = POLLIN };
 		if (poll(&p, 1, timeout_ms) == 0)
 			return -ETIMEDOUT;
-		rc = radiance_conn_read(&w->conn);
+		rc = rconn_read(&w->conn);
 		if (rc == 0 || rc == -ECONNRESET)
 			return rc;
 		if (rc == -EAGAIN)
@@ -164,19 +164,19 @@ static inline int raw_recv(struct raw *w, Radiance__ServerMessage **out, int tim
 }
 
 /* The reply to the last message sent comes within 10 s and is a msg_case. */
-static inline void raw_expect_reply(struct raw *w, Radiance__ServerMessage__MsgCase msg_case)
+static inline void raw_expect_reply(struct raw *w, Rdw__ServerMessage__MsgCase msg_case)
 {
-	Radiance__ServerMessage *reply;
+	Rdw__ServerMessage *reply;
 	assert_int_equal(raw_recv(w, &reply, 10000), 1);
 	/* copy what the checks need, free, then check: a failed check must
 	 * not leave the message to LeakSanitizer and hide the real failure */
 	uint64_t tag = reply->tag;
 	int got = reply->msg_case;
 	char text[256] = "";
-	if (got == RADIANCE__SERVER_MESSAGE__MSG_ERROR)
+	if (got == RDW__SERVER_MESSAGE__MSG_ERROR)
 		snprintf(text, sizeof text, "Error %d '%s'", reply->error->code,
 			 reply->error->message ? reply->error->message : "");
-	radiance__server_message__free_unpacked(reply, NULL);
+	rdw__server_message__free_unpacked(reply, NULL);
 	if (got != (int)msg_case)
 		fail_msg("expected message case %d, got %d %s", (int)msg_case, got, text);
 	assert_int_equal(tag, w->tag - 1);
@@ -185,20 +185,20 @@ static inline void raw_expect_reply(struct raw *w, Radiance__ServerMessage__MsgC
 static inline void raw_hello(struct raw *w)
 {
 	raw_send_hello(w, RADIANCE_PROTOCOL_VERSION, "raw", NULL, 0);
-	raw_expect_reply(w, RADIANCE__SERVER_MESSAGE__MSG_WELCOME);
+	raw_expect_reply(w, RDW__SERVER_MESSAGE__MSG_WELCOME);
 }
 
 /* Sends m; the reply must be Error(code) with `says` in its text. */
-static inline void raw_send_refused(struct raw *w, Radiance__ClientMessage *m, int code, const char *says)
+static inline void raw_send_refused(struct raw *w, Rdw__ClientMessage *m, int code, const char *says)
 {
 	raw_send(w, m, NULL, 0);
-	Radiance__ServerMessage *reply;
+	Rdw__ServerMessage *reply;
 	assert_int_equal(raw_recv(w, &reply, 10000), 1);
-	int got = reply->msg_case == RADIANCE__SERVER_MESSAGE__MSG_ERROR ? reply->error->code : -1;
+	int got = reply->msg_case == RDW__SERVER_MESSAGE__MSG_ERROR ? reply->error->code : -1;
 	char text[512] = "";
 	if (got >= 0)
 		snprintf(text, sizeof text, "%s", reply->error->message ? reply->error->message : "");
-	radiance__server_message__free_unpacked(reply, NULL);
+	rdw__server_message__free_unpacked(reply, NULL);
 	if (got != code || !strstr(text, says))
 		fail_msg("expected Error %d '...%s...', got %d '%s'", code, says, got, text);
 }
@@ -207,7 +207,7 @@ static inline void raw_send_refused(struct raw *w, Radiance__ClientMessage *m, i
 static inline void raw_expect_alive(struct raw *w)
 {
 	raw_send_list_models(w, NULL, 0);
-	raw_expect_reply(w, RADIANCE__SERVER_MESSAGE__MSG_MODEL_LIST);
+	raw_expect_reply(w, RDW__SERVER_MESSAGE__MSG_MODEL_LIST);
 }
 
 /* Reads up to the end: 0 at a clean EOF, -ECONNRESET, -ETIMEDOUT. The last
@@ -219,16 +219,16 @@ static inline int raw_read_to_end(struct raw *w, int timeout_ms, int *code, char
 	if (text)
 		text[0] = 0;
 	for (;;) {
-		Radiance__ServerMessage *m;
+		Rdw__ServerMessage *m;
 		int rc = raw_recv(w, &m, timeout_ms);
 		if (rc <= 0)
 			return rc;
-		if (m->msg_case == RADIANCE__SERVER_MESSAGE__MSG_ERROR) {
+		if (m->msg_case == RDW__SERVER_MESSAGE__MSG_ERROR) {
 			*code = m->error->code;
 			if (text)
 				snprintf(text, textlen, "%s", m->error->message ? m->error->message : "");
 		}
-		radiance__server_message__free_unpacked(m, NULL);
+		rdw__server_message__free_unpacked(m, NULL);
 	}
 }
 
@@ -257,16 +257,16 @@ static inline uint32_t raw_load_dir(struct raw *w, const char *dir)
 	raw_send_load_model(w, names, 3, fds, 3);
 	for (int i = 0; i < 3; i++)
 		close(fds[i]);
-	Radiance__ServerMessage *reply;
+	Rdw__ServerMessage *reply;
 	uint32_t id = 0;
 	for (;;) {
 		assert_int_equal(raw_recv(w, &reply, 20000), 1);
 		int c = reply->msg_case;
-		if (c == RADIANCE__SERVER_MESSAGE__MSG_MODEL_INFO)
+		if (c == RDW__SERVER_MESSAGE__MSG_MODEL_INFO)
 			id = reply->model_info->model_id;
-		radiance__server_message__free_unpacked(reply, NULL);
-		if (c != RADIANCE__SERVER_MESSAGE__MSG_LOAD_PROGRESS) {
-			assert_int_equal(c, RADIANCE__SERVER_MESSAGE__MSG_MODEL_INFO);
+		rdw__server_message__free_unpacked(reply, NULL);
+		if (c != RDW__SERVER_MESSAGE__MSG_LOAD_PROGRESS) {
+			assert_int_equal(c, RDW__SERVER_MESSAGE__MSG_MODEL_INFO);
 			return id;
 		}
 	}
@@ -295,38 +295,38 @@ static inline pid_t raw_old_daemon(const char *path)
 		return pid;
 	}
 	int fd = accept(ls, NULL, NULL);
-	struct radiance_conn c;
-	if (fd < 0 || radiance_conn_init(&c, fd, RADIANCE_MAX_FRAME, 8) < 0)
+	struct rconn c;
+	if (fd < 0 || rconn_init(&c, fd, RADIANCE_MAX_FRAME, 8) < 0)
 		_exit(2);
 	int frames = 0, other = 0;
 	for (;;) {
 		const uint8_t *data;
 		size_t len;
-		int rc = radiance_conn_next_frame(&c, &data, &len);
+		int rc = rconn_next_frame(&c, &data, &len);
 		if (rc == 1) {
-			Radiance__ClientMessage *m = radiance_proto_unpack_client(data, len);
+			Rdw__ClientMessage *m = rproto_unpack_client(data, len);
 			if (!m)
 				_exit(2);
-			if (frames++ == 0 && m->msg_case == RADIANCE__CLIENT_MESSAGE__MSG_HELLO) {
-				Radiance__Welcome w = RADIANCE__WELCOME__INIT;
-				Radiance__ServerMessage sm = RADIANCE__SERVER_MESSAGE__INIT;
+			if (frames++ == 0 && m->msg_case == RDW__CLIENT_MESSAGE__MSG_HELLO) {
+				Rdw__Welcome w = RDW__WELCOME__INIT;
+				Rdw__ServerMessage sm = RDW__SERVER_MESSAGE__INIT;
 				w.protocol_version = RADIANCE_PROTOCOL_VERSION;
 				w.server_version = "0.1.0-old";
 				w.backend = "cuda";
 				w.device = "an old one";
 				w.max_rows = 16;
 				sm.tag = m->tag;
-				sm.msg_case = RADIANCE__SERVER_MESSAGE__MSG_WELCOME;
+				sm.msg_case = RDW__SERVER_MESSAGE__MSG_WELCOME;
 				sm.welcome = &w;
-				if (radiance_proto_queue_server(&c, &sm, NULL, 0) < 0 || radiance_conn_flush(&c) < 0)
+				if (rproto_queue_server(&c, &sm, NULL, 0) < 0 || rconn_flush(&c) < 0)
 					_exit(2);
 			} else {
 				other = 1;
 			}
-			radiance__client_message__free_unpacked(m, NULL);
+			rdw__client_message__free_unpacked(m, NULL);
 			continue;
 		}
-		rc = radiance_conn_read(&c);
+		rc = rconn_read(&c);
 		if (rc <= 0)
 			break;
 	}

@@ -28,7 +28,7 @@ else
 	diff "$tmp/header" "$tmp/exported"
 fi
 cmp -s "$tmp/header" "$tmp/script" || { bad "libradiance.sym differs from the header"; diff "$tmp/header" "$tmp/script"; }
-leaked=$(nm -D --defined-only "$so" | awk '{print $3}' | grep -E '^(radiance__|radiance_conn_|radiance_ring_|radiance_proto_|radiance_doorbell_|protobuf_)' || true)
+leaked=$(nm -D --defined-only "$so" | awk '{print $3}' | grep -E '^(radiance__|rconn_|rring_|rproto_|rdoorbell_|protobuf_)' || true)
 [ -z "$leaked" ] && ok "no internal symbol exported" || bad "internal symbols exported: $leaked"
 objdump -p "$so" | grep -q 'SONAME *libradiance.so.0' && ok "SONAME libradiance.so.0" || bad "SONAME"
 

@@ -128,14 +128,14 @@ static void cpu_refuses(void **state)
  * `says` in its text, and no fd. */
 static void raw_map_refused(struct raw *w, uint32_t model_id, uint32_t version, int code, const char *says)
 {
-	Radiance__MapModel mm = RADIANCE__MAP_MODEL__INIT;
+	Rdw__MapModel mm = RDW__MAP_MODEL__INIT;
 	mm.model_id = model_id;
 	mm.layout_version = version;
-	Radiance__ClientMessage m = RADIANCE__CLIENT_MESSAGE__INIT;
-	m.msg_case = RADIANCE__CLIENT_MESSAGE__MSG_MAP_MODEL;
+	Rdw__ClientMessage m = RDW__CLIENT_MESSAGE__INIT;
+	m.msg_case = RDW__CLIENT_MESSAGE__MSG_MAP_MODEL;
 	m.map_model = &mm;
 	raw_send_refused(w, &m, code, says);
-	assert_int_equal(radiance_conn_queued_fds(&w->conn), 0);
+	assert_int_equal(rconn_queued_fds(&w->conn), 0);
 }
 
 static void raw_refusals(void **state)
@@ -143,27 +143,27 @@ static void raw_refusals(void **state)
 	struct raw w;
 	assert_int_equal(raw_open_at(&w, daemon_.socket), 0);
 	raw_send_hello(&w, RADIANCE_PROTOCOL_VERSION, "raw", NULL, 0);
-	Radiance__ServerMessage *reply;
+	Rdw__ServerMessage *reply;
 	assert_int_equal(raw_recv(&w, &reply, 10000), 1);
-	assert_int_equal(reply->msg_case, RADIANCE__SERVER_MESSAGE__MSG_WELCOME);
+	assert_int_equal(reply->msg_case, RDW__SERVER_MESSAGE__MSG_WELCOME);
 	/* an old client reads protocol 1 and ignores field 7 */
 	assert_int_equal(reply->welcome->protocol_version, 1);
 	assert_int_equal(reply->welcome->map_layout_version, RADIANCE_MAP_LAYOUT_VERSION);
-	radiance__server_message__free_unpacked(reply, NULL);
+	rdw__server_message__free_unpacked(reply, NULL);
 
 	/* whether held is asked before the version */
 	raw_map_refused(&w, 7, RADIANCE_MAP_LAYOUT_VERSION, ENOENT, "not loaded by this session");
 	raw_map_refused(&w, 7, 0, ENOENT, "not loaded by this session");
-	Radiance__UnmapModel um = RADIANCE__UNMAP_MODEL__INIT;
+	Rdw__UnmapModel um = RDW__UNMAP_MODEL__INIT;
 	um.model_id = 3;
-	Radiance__ClientMessage m = RADIANCE__CLIENT_MESSAGE__INIT;
-	m.msg_case = RADIANCE__CLIENT_MESSAGE__MSG_UNMAP_MODEL;
+	Rdw__ClientMessage m = RDW__CLIENT_MESSAGE__INIT;
+	m.msg_case = RDW__CLIENT_MESSAGE__MSG_UNMAP_MODEL;
 	m.unmap_model = &um;
 	raw_send(&w, &m, NULL, 0);
 	assert_int_equal(raw_recv(&w, &reply, 10000), 1);
-	assert_int_equal(reply->msg_case, RADIANCE__SERVER_MESSAGE__MSG_ERROR);
+	assert_int_equal(reply->msg_case, RDW__SERVER_MESSAGE__MSG_ERROR);
 	assert_int_equal(reply->error->code, ENOENT);
-	radiance__server_message__free_unpacked(reply, NULL);
+	rdw__server_message__free_unpacked(reply, NULL);
 	raw_expect_alive(&w);
 	raw_close(&w);
 }

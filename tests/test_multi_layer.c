@@ -312,30 +312,30 @@ static void *old_daemon_main(void *arg)
 	int frames = 0, hello = 0;
 	while (read_full(fd, &len, 4) == 0 && len <= sizeof buf && read_full(fd, buf, len) == 0) {
 		frames++;
-		Radiance__ClientMessage *cm = radiance__client_message__unpack(NULL, len, buf);
+		Rdw__ClientMessage *cm = rdw__client_message__unpack(NULL, len, buf);
 		if (!cm)
 			break;
-		if (cm->msg_case == RADIANCE__CLIENT_MESSAGE__MSG_HELLO) {
+		if (cm->msg_case == RDW__CLIENT_MESSAGE__MSG_HELLO) {
 			hello++;
-			Radiance__Welcome w = RADIANCE__WELCOME__INIT;
+			Rdw__Welcome w = RDW__WELCOME__INIT;
 			w.protocol_version = RADIANCE_PROTOCOL_VERSION;
 			w.server_version = (char *)"0.0.9-old";
 			w.backend = (char *)"cpu";
 			w.device = (char *)"test";
 			w.session_id = 1;
 			w.max_rows = 16;
-			Radiance__ServerMessage m = RADIANCE__SERVER_MESSAGE__INIT;
+			Rdw__ServerMessage m = RDW__SERVER_MESSAGE__INIT;
 			m.tag = cm->tag;
-			m.msg_case = RADIANCE__SERVER_MESSAGE__MSG_WELCOME;
+			m.msg_case = RDW__SERVER_MESSAGE__MSG_WELCOME;
 			m.welcome = &w;
-			uint32_t n = (uint32_t)radiance__server_message__get_packed_size(&m);
+			uint32_t n = (uint32_t)rdw__server_message__get_packed_size(&m);
 			uint8_t out[512];
 			memcpy(out, &n, 4);
-			radiance__server_message__pack(&m, out + 4);
+			rdw__server_message__pack(&m, out + 4);
 			if (write(fd, out, 4 + n) != (ssize_t)(4 + n))
 				frames = -100;
 		}
-		radiance__client_message__free_unpacked(cm, NULL);
+		rdw__client_message__free_unpacked(cm, NULL);
 	}
 	d->saw_only_hello = frames == 1 && hello == 1;
 	close(fd);

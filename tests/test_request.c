@@ -47,15 +47,15 @@ static int teardown(void **state)
 
 /* A request of rows 2 of x at 0 through layer list[0..n), outputs at 4096,
  * 8192, ... */
-static Radiance__LinearRequest base(uint32_t *extra, uint64_t *extra_out, const uint32_t *list,
+static Rdw__LinearRequest base(uint32_t *extra, uint64_t *extra_out, const uint32_t *list,
 				    size_t n)
 {
-	Radiance__LinearRequest r = RADIANCE__LINEAR_REQUEST__INIT;
+	Rdw__LinearRequest r = RDW__LINEAR_REQUEST__INIT;
 	r.request_id = 77;
 	r.model_id = 4;
 	r.layer = list[0];
 	r.rows = 2;
-	r.dtype = RADIANCE__DTYPE__DTYPE_BF16;
+	r.dtype = RDW__DTYPE__DTYPE_BF16;
 	r.input_offset = 0;
 	r.output_offset = 4096;
 	for (size_t i = 1; i < n; i++) {
@@ -69,19 +69,19 @@ static Radiance__LinearRequest base(uint32_t *extra, uint64_t *extra_out, const 
 }
 
 /* Packs r into a slot and decodes it again, as the executor gets it. */
-static int roundtrip(const Radiance__LinearRequest *r, struct request *q, char *err, size_t errlen)
+static int roundtrip(const Rdw__LinearRequest *r, struct request *q, char *err, size_t errlen)
 {
-	static struct radiance_proto_bump bump;
+	static struct rproto_bump bump;
 	uint8_t slot[RADIANCE_SLOT_BYTES - 4];
-	int len = radiance_proto_pack_slot((const ProtobufCMessage *)&r->base, slot, sizeof slot);
+	int len = rproto_pack_slot((const ProtobufCMessage *)&r->base, slot, sizeof slot);
 	assert_true(len > 0);
-	Radiance__LinearRequest *d;
+	Rdw__LinearRequest *d;
 	assert_int_equal(request_decode(slot, (size_t)len, &bump, &d), 0);
 	err[0] = 0;
 	return request_check(&ctx, d, q, err, errlen);
 }
 
-static void expect(const Radiance__LinearRequest *r, int status, const char *text)
+static void expect(const Rdw__LinearRequest *r, int status, const char *text)
 {
 	struct request q;
 	char err[192];
@@ -95,7 +95,7 @@ static void test_one_layer(void **state)
 	uint32_t ex[8];
 	uint64_t eo[8];
 	const uint32_t l[] = { 3 };
-	Radiance__LinearRequest r = base(ex, eo, l, 1);
+	Rdw__LinearRequest r = base(ex, eo, l, 1);
 	struct request q;
 	char err[192];
 	assert_int_equal(roundtrip(&r, &q, err, sizeof err), 0);
@@ -119,7 +119,7 @@ static void test_several_layers(void **state)
 	uint32_t ex[8];
 	uint64_t eo[8];
 	const uint32_t l[] = { 0, 1, 2 };
-	Radiance__LinearRequest r = base(ex, eo, l, 3);
+	Rdw__LinearRequest r = base(ex, eo, l, 3);
 	struct request q, q2;
 	char err[192];
 	assert_int_equal(roundtrip(&r, &q, err, sizeof err), 0);
@@ -151,7 +151,7 @@ static void test_several_refused(void **state)
 	uint32_t ex[16];
 	uint64_t eo[16];
 	const uint32_t dk[] = { 0, 4 };
-	Radiance__LinearRequest r = base(ex, eo, dk, 2);
+	Rdw__LinearRequest r = base(ex, eo, dk, 2);
 	expect(&r, EINVAL, "layers[1] = 4 (down) has K=256 but layers[0] = 0 (q) K=128");
 	const uint32_t rep[] = { 0, 1, 0 };
 	r = base(ex, eo, rep, 3);

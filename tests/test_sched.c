@@ -407,7 +407,7 @@ struct xring {
 	uint8_t *mem;
 	size_t mem_bytes;
 	struct radiance_shm_header *h;
-	struct radiance_ring client_sq, client_cq;
+	struct rring client_sq, client_cq;
 	int cq_rfd;
 	int broken;
 	char broken_err[256];
@@ -550,10 +550,10 @@ static void xring_make(struct xring *x, uint32_t sq, uint32_t cq, struct exec_mo
 	x->h = (struct radiance_shm_header *)(void *)x->mem;
 	x->h->sq.entries = sq;
 	x->h->cq.entries = cq;
-	radiance_ring_init(&x->r.sq, &x->h->sq, x->mem + sq_off, sq);
-	radiance_ring_init(&x->r.cq, &x->h->cq, x->mem + cq_off, cq);
-	radiance_ring_init(&x->client_sq, &x->h->sq, x->mem + sq_off, sq);
-	radiance_ring_init(&x->client_cq, &x->h->cq, x->mem + cq_off, cq);
+	rring_init(&x->r.sq, &x->h->sq, x->mem + sq_off, sq);
+	rring_init(&x->r.cq, &x->h->cq, x->mem + cq_off, cq);
+	rring_init(&x->client_sq, &x->h->sq, x->mem + sq_off, sq);
+	rring_init(&x->client_cq, &x->h->cq, x->mem + cq_off, cq);
 	x->r.sq_efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 	int p[2];
 	assert_int_equal(pipe2(p, O_NONBLOCK | O_CLOEXEC), 0);
@@ -608,19 +608,19 @@ static void *arena_at(struct xring *x, uint64_t off)
 static uint64_t xsubmit_layer(struct xring *x, uint32_t model_id, uint32_t layer, uint32_t rows,
 			      uint64_t in_off, uint64_t out_off)
 {
-	Radiance__LinearRequest req = RADIANCE__LINEAR_REQUEST__INIT;
+	Rdw__LinearRequest req = RDW__LINEAR_REQUEST__INIT;
 	req.request_id = x->next_id++;
 	req.model_id = model_id;
 	req.layer = layer;
 	req.rows = rows;
-	req.dtype = RADIANCE__DTYPE__DTYPE_BF16;
+	req.dtype = RDW__DTYPE__DTYPE_BF16;
 	req.input_offset = in_off;
 	req.output_offset = out_off;
 	uint8_t buf[RADIANCE_SLOT_BYTES - 4];
-	int len = radiance_proto_pack_slot(&req.base, buf, sizeof buf);
+	int len = rproto_pack_slot(&req.base, buf, sizeof buf);
 	assert_true(len > 0);
-	assert_int_equal(radiance_ring_push(&x->client_sq, buf, (size_t)len), 0);
-	radiance_doorbell_ring(x->r.sq_efd);
+	assert_int_equal(rring_push(&x->client_sq, buf, (size_t)len), 0);
+	rdoorbell_ring(x->r.sq_efd);
 	return req.request_id;
 }
 
@@ -637,24 +637,24 @@ static void xreap(struct xfix *fx, struct xring *x, uint64_t *id, int *status, c
 	uint8_t buf[RADIANCE_SLOT_BYTES];
 	double deadline = h_now() + 120.0;
 	int n;
-	while ((n = radiance_ring_pop(&x->client_cq, buf)) == 0) {
+	while ((n = rring_pop(&x->client_cq, buf)) == 0) {
 		assert_true(h_now() < deadline);
 		uv_run(&fx->loop, UV_RUN_NOWAIT);
 		h_sleep_ms(1);
 	}
 	assert_true(n > 0);
-	Radiance__LinearResult *res = radiance__linear_result__unpack(NULL, (size_t)n, buf);
+	Rdw__LinearResult *res = rdw__linear_result__unpack(NULL, (size_t)n, buf);
 	assert_non_null(res);
 	*id = res->request_id;
 	*status = res->status;
 	if (err)
 		snprintf(err, errlen, "%s", res->error ? res->error : "");
-	radiance__linear_result__free_unpacked(res, NULL);
+	rdw__linear_result__free_unpacked(res, NULL);
 }
 
 static int cq_ready(struct xring *x)
 {
-	return radiance_ring_ready(&x->client_cq);
+	return rring_ready(&x->client_cq);
 }
 
 /* A 100-row request in pieces of 8, with three M=1 requests behind it:
@@ -867,7 +867,7 @@ static void test_exec_ring_broken_mid_request(void **state)
 	size_t ybytes = (size_t)4096 * 512 * 2;
 	x_wedge(&w);
 	__atomic_store_n(&x.h->sq.tail, x.client_sq.local + 1000, __ATOMIC_RELEASE);
-	radiance_doorbell_ring(x.r.sq_efd);
+	rdoorbell_ring(x.r.sq_efd);
 	x_unwedge(&fx, &w);
 	x_wait_flag(&fx, &x.broken);
 	assert_non_null(strstr(x.broken_err, "entries ahead of head"));
@@ -958,13 +958,13 @@ static uint64_t iround(struct radiance_executor *e, struct xring *x, const struc
 		struct xring *r = &x[v[i].ring];
 		const struct radiance_layer *l = &layers[v[i].layer];
 		uint8_t buf[RADIANCE_SLOT_BYTES];
-		int len = radiance_ring_pop(&r->client_cq, buf);
+		int len = rring_pop(&r->client_cq, buf);
 		assert_true(len > 0);   /* one round ran it whole: the result is there */
-		Radiance__LinearResult *res = radiance__linear_result__unpack(NULL, (size_t)len, buf);
+		Rdw__LinearResult *res = rdw__linear_result__unpack(NULL, (size_t)len, buf);
 		assert_non_null(res);
 		assert_int_equal(res->request_id, id[i]);
 		assert_int_equal(res->status, 0);
-		radiance__linear_result__free_unpacked(res, NULL);
+		rdw__linear_result__free_unpacked(res, NULL);
 		uint16_t *want = malloc((size_t)v[i].rows * l->n * 2);
 		assert_non_null(want);
 		cpu_ref(l, arena_at(r, 0), v[i].rows, want);
@@ -1036,35 +1036,35 @@ static void test_exec_groups_sessions(void **state)
 	uint64_t mid[3];
 	for (int i = 0; i < 3; i++) {
 		fill_x(arena_at(&x[i], 0), (size_t)mrows[i] * 512);
-		Radiance__LinearRequest req = RADIANCE__LINEAR_REQUEST__INIT;
+		Rdw__LinearRequest req = RDW__LINEAR_REQUEST__INIT;
 		uint32_t extra = lists[i][1];
 		uint64_t extra_out = outs[1];
 		req.request_id = mid[i] = x[i].next_id++;
 		req.model_id = em.id;
 		req.layer = lists[i][0];
 		req.rows = mrows[i];
-		req.dtype = RADIANCE__DTYPE__DTYPE_BF16;
+		req.dtype = RDW__DTYPE__DTYPE_BF16;
 		req.output_offset = outs[0];
 		req.n_extra_layers = req.n_extra_output_offsets = 1;
 		req.extra_layers = &extra;
 		req.extra_output_offsets = &extra_out;
 		uint8_t buf[RADIANCE_SLOT_BYTES - 4];
-		int len = radiance_proto_pack_slot(&req.base, buf, sizeof buf);
+		int len = rproto_pack_slot(&req.base, buf, sizeof buf);
 		assert_true(len > 0);
-		assert_int_equal(radiance_ring_push(&x[i].client_sq, buf, (size_t)len), 0);
+		assert_int_equal(rring_push(&x[i].client_sq, buf, (size_t)len), 0);
 	}
 	uint64_t before = executor__launches(e);
 	executor__serve(e);
 	assert_int_equal(executor__launches(e) - before, 2);
 	for (int i = 0; i < 3; i++) {
 		uint8_t buf[RADIANCE_SLOT_BYTES];
-		int len = radiance_ring_pop(&x[i].client_cq, buf);
+		int len = rring_pop(&x[i].client_cq, buf);
 		assert_true(len > 0);
-		Radiance__LinearResult *res = radiance__linear_result__unpack(NULL, (size_t)len, buf);
+		Rdw__LinearResult *res = rdw__linear_result__unpack(NULL, (size_t)len, buf);
 		assert_non_null(res);
 		assert_int_equal(res->request_id, mid[i]);
 		assert_int_equal(res->status, 0);
-		radiance__linear_result__free_unpacked(res, NULL);
+		rdw__linear_result__free_unpacked(res, NULL);
 		for (int j = 0; j < 2; j++) {
 			const struct radiance_layer *l = &layers[lists[i][j]];
 			uint16_t *want = malloc((size_t)mrows[i] * l->n * 2);
@@ -1193,7 +1193,7 @@ static uint16_t *flood_x, *flood_want;   /* [FLOOD_ROWS][BIG_K], [FLOOD_ROWS][BI
 
 static int group_setup(void **state)
 {
-	radiance_log_init(RADIANCE_LOG_WARN);
+	rlog_init(RADIANCE_LOG_WARN);
 	ckpt_dir = tmpdir_create();
 	struct stw w;
 	stw_init(&w);
@@ -1584,6 +1584,6 @@ int main(void)
 		cmocka_unit_test(test_flood_decode_latency),
 		cmocka_unit_test(test_watchdog_fed_under_flood),
 	};
-	radiance_log_init(RADIANCE_LOG_WARN);
+	rlog_init(RADIANCE_LOG_WARN);
 	return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -20,7 +20,7 @@ static const uint64_t values[] = {
 
 static void histogram_counts_exactly(void **state)
 {
-	static struct radiance_stats s;
+	static struct stats_counters s;
 	stats_init(&s);
 	uint64_t sum = 0;
 	for (size_t i = 0; i < NVALUES; i++) {
@@ -41,7 +41,7 @@ static void histogram_counts_exactly(void **state)
 				 (unsigned long long)le[k], (unsigned long long)cum[k],
 				 (unsigned long long)want);
 	}
-	Radiance__Stats out = RADIANCE__STATS__INIT;
+	Rdw__Stats out = RDW__STATS__INIT;
 	stats_fill(&s, &out);
 	assert_int_equal(out.requests, NVALUES);
 	assert_int_equal(out.latency_sum_ns, sum);
@@ -51,14 +51,14 @@ static void histogram_counts_exactly(void **state)
 
 static void histogram_truncated_and_empty(void **state)
 {
-	static struct radiance_stats s;
+	static struct stats_counters s;
 	stats_init(&s);
 	uint64_t le[3], cum[3];
 	assert_int_equal(stats_histogram(&s, le, cum, 3), 3);
 	assert_int_equal(cum[0] + cum[1] + cum[2], 0);
 	assert_int_equal(le[2], 4095);
 	assert_int_equal(stats_histogram(&s, le, cum, 0), 0);
-	Radiance__Stats out = RADIANCE__STATS__INIT;
+	Rdw__Stats out = RDW__STATS__INIT;
 	stats_fill(&s, &out);
 	assert_int_equal(out.latency_sum_ns, 0);
 }

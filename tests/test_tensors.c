@@ -523,23 +523,23 @@ static void raw_refusals(void **state)
 	struct raw w;
 	assert_int_equal(raw_open_at(&w, daemon_.socket), 0);
 	raw_send_hello(&w, RADIANCE_PROTOCOL_VERSION, "raw", NULL, 0);
-	Radiance__ServerMessage *reply;
+	Rdw__ServerMessage *reply;
 	assert_int_equal(raw_recv(&w, &reply, 10000), 1);
-	assert_int_equal(reply->msg_case, RADIANCE__SERVER_MESSAGE__MSG_WELCOME);
+	assert_int_equal(reply->msg_case, RDW__SERVER_MESSAGE__MSG_WELCOME);
 	/* an old client reads protocol 1 and skips the unknown field 30 */
 	assert_int_equal(reply->welcome->protocol_version, 1);
 	assert_int_equal(reply->welcome->tensors_version, RADIANCE_TENSORS_VERSION);
-	radiance__server_message__free_unpacked(reply, NULL);
+	rdw__server_message__free_unpacked(reply, NULL);
 
-	Radiance__ListTensors lt = RADIANCE__LIST_TENSORS__INIT;
+	Rdw__ListTensors lt = RDW__LIST_TENSORS__INIT;
 	lt.model_id = 9;
-	Radiance__ClientMessage m = RADIANCE__CLIENT_MESSAGE__INIT;
-	m.msg_case = RADIANCE__CLIENT_MESSAGE__MSG_LIST_TENSORS;
+	Rdw__ClientMessage m = RDW__CLIENT_MESSAGE__INIT;
+	m.msg_case = RDW__CLIENT_MESSAGE__MSG_LIST_TENSORS;
 	m.list_tensors = &lt;
 	raw_send_refused(&w, &m, ENOENT, "no resident model has model_id 9");
-	Radiance__MapTensors mt = RADIANCE__MAP_TENSORS__INIT;
+	Rdw__MapTensors mt = RDW__MAP_TENSORS__INIT;
 	mt.model_id = 9;
-	m.msg_case = RADIANCE__CLIENT_MESSAGE__MSG_MAP_TENSORS;
+	m.msg_case = RDW__CLIENT_MESSAGE__MSG_MAP_TENSORS;
 	m.map_tensors = &mt;
 	raw_send_refused(&w, &m, ENOENT, "not loaded by this session");
 	raw_expect_alive(&w);
@@ -575,10 +575,10 @@ static void pipelined_maps_bounded(void **state)
 	uint32_t id = raw_load_dir(&w, ckpt);
 	int before = h_count_fds(daemon_.pid);
 	enum { N = 1000 };
-	Radiance__MapTensors mt = RADIANCE__MAP_TENSORS__INIT;
+	Rdw__MapTensors mt = RDW__MAP_TENSORS__INIT;
 	mt.model_id = id;
-	Radiance__ClientMessage m = RADIANCE__CLIENT_MESSAGE__INIT;
-	m.msg_case = RADIANCE__CLIENT_MESSAGE__MSG_MAP_TENSORS;
+	Rdw__ClientMessage m = RDW__CLIENT_MESSAGE__INIT;
+	m.msg_case = RDW__CLIENT_MESSAGE__MSG_MAP_TENSORS;
 	m.map_tensors = &mt;
 	for (int i = 0; i < N; i++)
 		raw_send(&w, &m, NULL, 0);
@@ -586,14 +586,14 @@ static void pipelined_maps_bounded(void **state)
 	for (int i = 0; i < N; i++) {
 		int n = h_count_fds(daemon_.pid) - before;
 		most_fds = n > most_fds ? n : most_fds;
-		Radiance__ServerMessage *reply;
+		Rdw__ServerMessage *reply;
 		assert_int_equal(raw_recv(&w, &reply, 20000), 1);
-		if (reply->msg_case == RADIANCE__SERVER_MESSAGE__MSG_TENSOR_MAPPING)
+		if (reply->msg_case == RDW__SERVER_MESSAGE__MSG_TENSOR_MAPPING)
 			maps++;
-		else if (reply->msg_case == RADIANCE__SERVER_MESSAGE__MSG_ERROR &&
+		else if (reply->msg_case == RDW__SERVER_MESSAGE__MSG_ERROR &&
 			 reply->error->code == EBUSY && strstr(reply->error->message, "still unsent"))
 			busy++;
-		radiance__server_message__free_unpacked(reply, NULL);
+		rdw__server_message__free_unpacked(reply, NULL);
 	}
 	printf("# %d pipelined MapTensors: %d mapped, %d EBUSY; the daemon held at most %d "
 	       "descriptors more meanwhile\n", N, maps, busy, most_fds);

@@ -40,7 +40,7 @@ static struct radiance_model m1 = { .name = (char *)"one", .layers = layers1, .n
 static struct radiance_model m2 = { .name = (char *)"two", .layers = layers2, .n_layers = 1 };
 static struct exec_model em1 = { .id = 1, .model = &m1 }, em2 = { .id = 2, .model = &m2 };
 static struct exec_refs refs;
-static struct radiance_proto_bump bump;
+static struct rproto_bump bump;
 static int ready;
 
 static int overlap(uint64_t a, uint64_t an, uint64_t b, uint64_t bn)
@@ -67,7 +67,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	/* the executor decodes a private copy of the slot */
 	uint8_t slot[RADIANCE_SLOT_BYTES];
 	memcpy(slot, data + 2, len);
-	Radiance__LinearRequest *req;
+	Rdw__LinearRequest *req;
 	if (request_decode(slot, len, &bump, &req) < 0)
 		return 0;
 	struct request q;
