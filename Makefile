@@ -113,7 +113,7 @@ endif
 PROTO_C  := $(BUILD)/gen/radiance.pb-c.c
 PROTO_H  := $(BUILD)/gen/radiance.pb-c.h
 
-COMMON_SRC := $(wildcard common/*.c)
+COMMON_SRC := $(wildcard common/*.c proto/*.c)
 CORE_SRC   := $(wildcard kernels/*.c) $(filter-out daemon/main.c,$(wildcard daemon/*.c))
 CLIENT_SRC := $(filter-out client/radiancectl.c,$(wildcard client/*.c))
 TEST_SRC   := $(wildcard tests/test_*.c)
