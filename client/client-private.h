@@ -67,7 +67,7 @@ struct radiance__client_stashed {
 struct radiance {
 	_Atomic(uintptr_t) owner;         /* the thread inside a call on it, 0: none */
 	unsigned depth;                   /* calls nested on that thread */
-	struct radiance_conn conn;
+	struct rconn conn;
 	int error;                        /* sticky; 0 or -errno */
 	unsigned fork_generation;         /* radiance__fork_generation at connect */
 	int pid;                          /* getpid() at connect, for messages */
@@ -97,7 +97,7 @@ struct radiance {
 	size_t segment_bytes;
 	int sq_doorbell;                 /* eventfd we write */
 	int cq_doorbell;                 /* read end of the daemon's pipe */
-	struct radiance_ring sq, cq;
+	struct rring sq, cq;
 	uint32_t sq_entries, cq_entries;  /* private copies */
 	struct radiance__client_arena arena;
 	uint64_t next_request_id;

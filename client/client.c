@@ -235,10 +235,10 @@ int radiance_default_socket_path(char *buf, size_t size)
  * forever). 0 when ready, -ETIMEDOUT, or -errno. */
 static int wait_fd(int fd, short events, int timeout_ms)
 {
-	int64_t deadline = timeout_ms >= 0 ? radiance_clock_ms() + timeout_ms : 0;
+	int64_t deadline = timeout_ms >= 0 ? rclock_ms() + timeout_ms : 0;
 	for (;;) {
 		struct pollfd p = { .fd = fd, .events = events };
-		int left = timeout_ms >= 0 ? (int)(deadline - radiance_clock_ms()) : -1;
+		int left = timeout_ms >= 0 ? (int)(deadline - rclock_ms()) : -1;
 		if (timeout_ms >= 0 && left < 0)
 			left = 0;
 		int n = poll(&p, 1, left);
@@ -280,7 +280,7 @@ static int daemon_gone(struct radiance *r)
 {
 	Radiance__ServerMessage *m;
 	while (!r->error && read_message(r, 0, &m) == 0) {
-		radiance_conn_close_fds(&r->conn);
+		rconn_close_fds(&r->conn);
 		if (m->msg_case == RADIANCE__SERVER_MESSAGE__MSG_ERROR)
 			daemon_ended(r, m->error);
 		radiance__server_message__free_unpacked(m, NULL);
@@ -291,7 +291,7 @@ static int daemon_gone(struct radiance *r)
 static int flush_all(struct radiance *r)
 {
 	for (;;) {
-		int rc = radiance_conn_flush(&r->conn);
+		int rc = rconn_flush(&r->conn);
 		if (rc == 0)
 			return 0;
 		if (rc == -EPIPE || rc == -ECONNRESET)
@@ -315,9 +315,9 @@ static int read_message(struct radiance *r, int timeout_ms, Radiance__ServerMess
 	for (;;) {
 		const uint8_t *data;
 		size_t len;
-		int rc = radiance_conn_next_frame(&r->conn, &data, &len);
+		int rc = rconn_next_frame(&r->conn, &data, &len);
 		if (rc == 1) {
-			Radiance__ServerMessage *m = radiance_proto_unpack_server(data, len);
+			Radiance__ServerMessage *m = rproto_unpack_server(data, len);
 			if (!m)
 				return radiance__client_break(r, -EPROTO, "undecodable message from the daemon (%zu bytes)",
 						       len);
@@ -330,7 +330,7 @@ static int read_message(struct radiance *r, int timeout_ms, Radiance__ServerMess
 		}
 		if (rc < 0)
 			return radiance__client_break(r, -EPROTO, "bad frame length from the daemon");
-		rc = radiance_conn_read(&r->conn);
+		rc = rconn_read(&r->conn);
 		if (rc > 0)
 			continue;
 		if (rc == 0)
@@ -365,9 +365,9 @@ int radiance__client_request(struct radiance *r, Radiance__ClientMessage *msg, c
 	if (rc < 0)
 		return rc;
 	msg->tag = r->next_tag++;
-	rc = radiance_proto_queue_client(&r->conn, msg, fds, nfds);
+	rc = rproto_queue_client(&r->conn, msg, fds, nfds);
 	if (rc < 0)
-		return radiance__client_fail(r, rc, "cannot queue %s: %s", radiance_proto_client_name(msg),
+		return radiance__client_fail(r, rc, "cannot queue %s: %s", rproto_client_name(msg),
 				      strerror(-rc));
 	if ((rc = flush_all(r)) < 0)
 		return rc;
@@ -378,16 +378,16 @@ int radiance__client_request(struct radiance *r, Radiance__ClientMessage *msg, c
 				/* The reply may still come and would then be out of
 				 * step with the next request: the connection is over. */
 				return radiance__client_break(r, rc, "no reply to %s within %d ms",
-						       radiance_proto_client_name(msg), r->timeout_ms);
+						       rproto_client_name(msg), r->timeout_ms);
 			return rc;
 		}
-		size_t want_fds = radiance_proto_server_fds(m);
-		if (radiance_conn_queued_fds(&r->conn) < want_fds) {
+		size_t want_fds = rproto_server_fds(m);
+		if (rconn_queued_fds(&r->conn) < want_fds) {
 			radiance__server_message__free_unpacked(m, NULL);
 			return radiance__client_break(r, -EPROTO, "reply declares %zu fds, fewer arrived", want_fds);
 		}
 		if (want_fds == 0)
-			radiance_conn_close_fds(&r->conn);   /* fds nobody declared */
+			rconn_close_fds(&r->conn);   /* fds nobody declared */
 		if (m->tag != msg->tag) {
 			if (m->msg_case == RADIANCE__SERVER_MESSAGE__MSG_ERROR) {
 				/* The daemon ends the session over something it
@@ -417,7 +417,7 @@ int radiance__client_request(struct radiance *r, Radiance__ClientMessage *msg, c
 				return rc;
 			}
 			rc = radiance__client_fail(r, error_code(m->error), "%s: %s",
-					    radiance_proto_client_name(msg),
+					    rproto_client_name(msg),
 					    m->error->message && *m->error->message
 						    ? m->error->message
 						    : radiance_strerror(error_code(m->error)));
@@ -440,12 +440,12 @@ int radiance__client_socket_event(struct radiance *r)
 		return 0;
 	if (rc < 0)
 		return r->error ? r->error : rc;
-	radiance_conn_close_fds(&r->conn);
+	rconn_close_fds(&r->conn);
 	if (m->msg_case == RADIANCE__SERVER_MESSAGE__MSG_ERROR)
 		daemon_ended(r, m->error);
 	else
 		radiance__client_break(r, -EPROTO, "unsolicited %s from the daemon",
-				radiance_proto_server_name(m));
+				rproto_server_name(m));
 	radiance__server_message__free_unpacked(m, NULL);
 	return r->error;
 }
@@ -471,7 +471,7 @@ static int handshake(struct radiance *r)
 		return rc;
 	if (reply->msg_case != RADIANCE__SERVER_MESSAGE__MSG_WELCOME) {
 		rc = radiance__client_break(r, -EPROTO, "hello answered with %s",
-				     radiance_proto_server_name(reply));
+				     rproto_server_name(reply));
 		goto out;
 	}
 	const Radiance__Welcome *w = reply->welcome;
@@ -601,7 +601,7 @@ struct radiance *radiance_connect(const char *socket_path, const struct radiance
 				      strerror(-rc));
 		goto err_free;
 	}
-	if ((rc = radiance_conn_init(&r->conn, fd, RADIANCE_MAX_FRAME, RADIANCE_MAX_FDS)) < 0) {
+	if ((rc = rconn_init(&r->conn, fd, RADIANCE_MAX_FRAME, RADIANCE_MAX_FDS)) < 0) {
 		close(fd);
 		r->conn.fd = -1;
 		goto err_free;
@@ -633,7 +633,7 @@ void radiance_disconnect(struct radiance *r)
 	}
 	radiance__client_rings_close(r);
 	if (r->conn.fd >= 0 || r->conn.in_fds)
-		radiance_conn_finish(&r->conn);
+		rconn_finish(&r->conn);
 	for (size_t i = 0; i < r->n_held; i++)
 		radiance_model_info_free(r->held[i].info);
 	free(r->held);

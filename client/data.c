@@ -72,8 +72,8 @@ static int map_segment(struct radiance *r, int memfd, uint64_t segment_bytes)
 	struct radiance_shm_header *sh = p;
 	r->sq_entries = l.sq_entries;
 	r->cq_entries = l.cq_entries;
-	radiance_ring_init(&r->sq, &sh->sq, r->segment + l.sq_offset, l.sq_entries);
-	radiance_ring_init(&r->cq, &sh->cq, r->segment + l.cq_offset, l.cq_entries);
+	rring_init(&r->sq, &sh->sq, r->segment + l.sq_offset, l.sq_entries);
+	rring_init(&r->cq, &sh->cq, r->segment + l.cq_offset, l.cq_entries);
 	/* A fresh segment starts at 0/0; adopt what is there in case the
 	 * daemon started elsewhere, and let the ring code range-check it. */
 	r->sq.local = __atomic_load_n(&sh->sq.tail, __ATOMIC_ACQUIRE);
@@ -103,7 +103,7 @@ static int open_rings(struct radiance *r)
 		return rc;
 	if (reply->msg_case != RADIANCE__SERVER_MESSAGE__MSG_RING_READY) {
 		rc = radiance__client_break(r, -EPROTO, "open_ring answered with %s",
-				     radiance_proto_server_name(reply));
+				     rproto_server_name(reply));
 		radiance__server_message__free_unpacked(reply, NULL);
 		return rc;
 	}
@@ -111,9 +111,9 @@ static int open_rings(struct radiance *r)
 	radiance__server_message__free_unpacked(reply, NULL);
 
 	int fds[RADIANCE_RING_READY_FDS];
-	if (radiance_conn_take_fds(&r->conn, fds, RADIANCE_RING_READY_FDS) < 0)
+	if (rconn_take_fds(&r->conn, fds, RADIANCE_RING_READY_FDS) < 0)
 		return radiance__client_break(r, -EPROTO, "ring_ready without its descriptors");
-	radiance_conn_close_fds(&r->conn);
+	rconn_close_fds(&r->conn);
 	r->sq_doorbell = fds[RADIANCE_FD_SQ_DOORBELL];
 	r->cq_doorbell = fds[RADIANCE_FD_CQ_DOORBELL];
 	rc = map_segment(r, fds[RADIANCE_FD_SEGMENT], segment_bytes);
@@ -260,15 +260,15 @@ static int submit(struct radiance *r, uint32_t model_id, uint32_t layer, uint32_
 	req.input_offset = in_off;
 	req.output_offset = out_off;
 	uint8_t slot[RADIANCE_SLOT_BYTES - 4];
-	int len = radiance_proto_pack_slot(&req.base, slot, sizeof slot);
+	int len = rproto_pack_slot(&req.base, slot, sizeof slot);
 	if (len < 0)
 		return radiance__client_fail(r, len, "request does not fit a slot");
-	rc = radiance_ring_push(&r->sq, slot, (size_t)len);
+	rc = rring_push(&r->sq, slot, (size_t)len);
 	if (rc == -EAGAIN)
 		return rc;
 	if (rc < 0)
 		return radiance__client_break(r, -EPROTO, "the daemon corrupted the SQ head");
-	if (radiance_ring_needs_wakeup(&r->sq) && (rc = radiance_doorbell_ring(r->sq_doorbell)) < 0)
+	if (rring_needs_wakeup(&r->sq) && (rc = rdoorbell_ring(r->sq_doorbell)) < 0)
 		return radiance__client_break(r, rc, "SQ doorbell: %s", strerror(-rc));
 	r->in_flight++;
 	if (request_id)
@@ -294,14 +294,14 @@ unsigned radiance_in_flight(const struct radiance *r)
 static int reap_one(struct radiance *r, struct radiance__client_stashed *out)
 {
 	uint8_t slot[RADIANCE_SLOT_BYTES];
-	int len = radiance_ring_pop(&r->cq, slot);
+	int len = rring_pop(&r->cq, slot);
 	if (len == 0)
 		return 0;
 	if (len < 0)
 		return radiance__client_break(r, -EPROTO, "the daemon corrupted the CQ");
-	struct radiance_proto_bump bump;
-	radiance_proto_bump_reset(&bump);
-	ProtobufCAllocator alloc = radiance_proto_bump_allocator(&bump);
+	struct rproto_bump bump;
+	rproto_bump_reset(&bump);
+	ProtobufCAllocator alloc = rproto_bump_allocator(&bump);
 	Radiance__LinearResult *res = radiance__linear_result__unpack(&alloc, (size_t)len, slot);
 	if (!res)
 		return radiance__client_break(r, -EPROTO, "undecodable CQ entry (%d bytes)", len);
@@ -324,33 +324,33 @@ static int reap_wait(struct radiance *r, struct radiance__client_stashed *out, i
 	int rc = reap_one(r, out);
 	if (rc != 0 || timeout_ms == 0)
 		return rc ? rc : -ETIMEDOUT;
-	uint64_t start = radiance_clock_ns();
+	uint64_t start = rclock_ns();
 	uint64_t spin_end = start + (uint64_t)r->spin_us * 1000u;
 	uint64_t deadline = timeout_ms > 0 ? start + (uint64_t)timeout_ms * 1000000u : UINT64_MAX;
-	while (radiance_clock_ns() < spin_end) {
+	while (rclock_ns() < spin_end) {
 		for (int i = 0; i < 64; i++)
-			radiance_ring_cpu_relax();
+			rring_cpu_relax();
 		if ((rc = reap_one(r, out)) != 0)
 			return rc;
 	}
 	for (;;) {
-		if (radiance_ring_prepare_sleep(&r->cq)) {
+		if (rring_prepare_sleep(&r->cq)) {
 			struct pollfd p[2] = {
 				{ .fd = r->cq_doorbell, .events = POLLIN },
 				{ .fd = r->conn.fd, .events = POLLIN },
 			};
 			int left = -1;
 			if (deadline != UINT64_MAX) {
-				uint64_t now = radiance_clock_ns();
+				uint64_t now = rclock_ns();
 				left = now >= deadline ? 0 : (int)((deadline - now + 999999u) / 1000000u);
 			}
 			int n = poll(p, 2, left);
 			int err = errno;
-			radiance_ring_end_sleep(&r->cq);
+			rring_end_sleep(&r->cq);
 			if (n < 0 && err != EINTR)
 				return radiance__client_break(r, -err, "poll: %s", strerror(err));
 			if (n > 0 && (p[0].revents & POLLIN))
-				radiance_doorbell_drain(r->cq_doorbell);
+				rdoorbell_drain(r->cq_doorbell);
 			if (n > 0 && (p[0].revents & (POLLHUP | POLLERR | POLLNVAL)) &&
 			    !(p[0].revents & POLLIN)) {
 				/* the daemon closed its end of the doorbell pipe: the
@@ -372,7 +372,7 @@ static int reap_wait(struct radiance *r, struct radiance__client_stashed *out, i
 		}
 		if ((rc = reap_one(r, out)) != 0)
 			return rc;
-		if (radiance_clock_ns() >= deadline)
+		if (rclock_ns() >= deadline)
 			return -ETIMEDOUT;
 	}
 }

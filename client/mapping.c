@@ -44,7 +44,7 @@ static int check_mapping(struct radiance *r, const Radiance__ModelMapping *pb,
 	for (size_t i = 0; i < pb->n_layers; i++) {
 		const Radiance__MappedLayer *ml = pb->layers[i];
 		const struct radiance_layer_info *l = &info->layers[i];
-		const int w4 = l->kind == RADIANCE_LINEAR_W4A8;
+		const int w4 = l->kind == RADIANCE_LAYER_W4A8;
 		const int canonical = pb->handle == RADIANCE__MAP_HANDLE__MAP_HANDLE_TEST_MEMFD;
 		const uint64_t arrays[3][2] = {
 			{ ml->weight_offset, ml->weight_bytes },
@@ -106,7 +106,7 @@ static int mapping_from_pb(const Radiance__ModelMapping *pb, struct radiance_map
 		const Radiance__MappedLayer *p = pb->layers[i];
 		l[i] = (struct radiance_mapped_layer){
 			.index = p->index,
-			.kind = (enum radiance_linear_kind)p->kind,
+			.kind = (enum radiance_layer_kind)p->kind,
 			.n = p->n,
 			.k = p->k,
 			.weight_offset = p->weight_offset,
@@ -155,17 +155,17 @@ int radiance_map_model(struct radiance *r, uint32_t model_id, uint32_t layout_ve
 		return rc;
 	if (reply->msg_case != RADIANCE__SERVER_MESSAGE__MSG_MODEL_MAPPING) {
 		rc = radiance__client_break(r, -EPROTO, "map_model answered with %s",
-					    radiance_proto_server_name(reply));
+					    rproto_server_name(reply));
 		goto out;
 	}
 	const Radiance__ModelMapping *pb = reply->model_mapping;
 	int fd = -1;
-	if (radiance_proto_mapping_fds(pb->handle) &&
-	    radiance_conn_take_fds(&r->conn, &fd, 1) < 0) {
+	if (rproto_mapping_fds(pb->handle) &&
+	    rconn_take_fds(&r->conn, &fd, 1) < 0) {
 		rc = radiance__client_break(r, -EPROTO, "model_mapping without its descriptor");
 		goto out;
 	}
-	radiance_conn_close_fds(&r->conn);
+	rconn_close_fds(&r->conn);
 	if (pb->model_id != model_id || pb->layout_version != layout_version) {
 		rc = radiance__client_break(r, -EPROTO, "map_model %u (layout %u) answered for model %u "
 					    "(layout %u)", model_id, layout_version, pb->model_id,
@@ -174,7 +174,7 @@ int radiance_map_model(struct radiance *r, uint32_t model_id, uint32_t layout_ve
 		   pb->ipc_handle.len != RADIANCE_MAP_IPC_HANDLE_BYTES) {
 		rc = radiance__client_break(r, -EPROTO, "IPC handle of %zu bytes, expected %u",
 					    pb->ipc_handle.len, RADIANCE_MAP_IPC_HANDLE_BYTES);
-	} else if (pb->handle != RADIANCE__MAP_HANDLE__MAP_HANDLE_IPC && !radiance_proto_mapping_fds(pb->handle)) {
+	} else if (pb->handle != RADIANCE__MAP_HANDLE__MAP_HANDLE_IPC && !rproto_mapping_fds(pb->handle)) {
 		rc = radiance__client_break(r, -EPROTO, "mapping handle type %d is unknown", (int)pb->handle);
 	} else if ((rc = check_mapping(r, pb, held->info)) == 0 && (rc = mapping_from_pb(pb, out)) < 0) {
 		rc = radiance__client_fail(r, rc, "out of memory");
@@ -206,7 +206,7 @@ int radiance_unmap_model(struct radiance *r, uint32_t model_id)
 		return rc;
 	if (reply->msg_case != RADIANCE__SERVER_MESSAGE__MSG_OK)
 		rc = radiance__client_break(r, -EPROTO, "unmap_model answered with %s",
-					    radiance_proto_server_name(reply));
+					    rproto_server_name(reply));
 	radiance__server_message__free_unpacked(reply, NULL);
 	return rc;
 }

@@ -60,7 +60,7 @@ static int model_fill(struct radiance_model_info *m, const Radiance__ModelInfo *
 			const Radiance__LayerInfo *p = pb->layers[i];
 			l[i] = (struct radiance_layer_info){
 				.index = p->index,
-				.kind = (enum radiance_linear_kind)p->kind,
+				.kind = (enum radiance_layer_kind)p->kind,
 				.n = p->n,
 				.k = p->k,
 				.has_bias = p->has_bias,
@@ -156,7 +156,7 @@ static int get_model_pb(struct radiance *r, uint32_t model_id, Radiance__ServerM
 		return rc;
 	if ((*reply)->msg_case != RADIANCE__SERVER_MESSAGE__MSG_MODEL_INFO) {
 		rc = radiance__client_break(r, -EPROTO, "get_model answered with %s",
-				     radiance_proto_server_name(*reply));
+				     rproto_server_name(*reply));
 		radiance__server_message__free_unpacked(*reply, NULL);
 		*reply = NULL;
 	}
@@ -222,7 +222,7 @@ static int expect_model_info(struct radiance *r, Radiance__ServerMessage *reply,
 	if (reply->msg_case == RADIANCE__SERVER_MESSAGE__MSG_MODEL_INFO)
 		return 0;
 	return radiance__client_break(r, -EPROTO, "%s answered with %s", what,
-			       radiance_proto_server_name(reply));
+			       rproto_server_name(reply));
 }
 
 /* --- load, attach, release ------------------------------------------------ */
@@ -244,7 +244,7 @@ static int load_model(struct radiance *r, const char *dir, const struct radiance
 			return radiance__client_fail(r, -EINVAL, "radiance_load_options.size not set");
 		memcpy(&o, opt, opt->size < sizeof o ? opt->size : sizeof o);
 	}
-	if ((rc = radiance_checkpoint_list_files(dir, &names, err, sizeof err)) < 0)
+	if ((rc = rcheckpoint_list_files(dir, &names, err, sizeof err)) < 0)
 		return radiance__client_fail(r, rc, "%s", err);
 
 	size_t n = (size_t)rc;
@@ -280,7 +280,7 @@ static int load_model(struct radiance *r, const char *dir, const struct radiance
 	char base[256];
 	if (!o.name || !*o.name) {
 		size_t len;
-		const char *last = radiance_checkpoint_dir_name(dir, &len);
+		const char *last = rcheckpoint_dir_name(dir, &len);
 		snprintf(base, sizeof base, "%.*s", (int)len, last);
 		o.name = base;
 	}
@@ -303,7 +303,7 @@ out_fds:
 	while (nfds > 0)
 		close(fds[--nfds]);
 out_names:
-	radiance_checkpoint_files_free(names);
+	rcheckpoint_files_free(names);
 	return rc;
 }
 
@@ -358,7 +358,7 @@ static int release(struct radiance *r, uint32_t model_id, bool drop_preload)
 		return rc;
 	if (reply->msg_case != RADIANCE__SERVER_MESSAGE__MSG_OK)
 		rc = radiance__client_break(r, -EPROTO, "release_model answered with %s",
-				     radiance_proto_server_name(reply));
+				     rproto_server_name(reply));
 	radiance__server_message__free_unpacked(reply, NULL);
 	if (rc == 0 && h) {
 		radiance_model_info_free(h->info);
@@ -427,7 +427,7 @@ static int list_models(struct radiance *r, struct radiance_model_list **out)
 		return rc;
 	if (reply->msg_case != RADIANCE__SERVER_MESSAGE__MSG_MODEL_LIST) {
 		rc = radiance__client_break(r, -EPROTO, "list_models answered with %s",
-				     radiance_proto_server_name(reply));
+				     rproto_server_name(reply));
 		goto out;
 	}
 	struct radiance_model_list *l = calloc(1, sizeof *l);

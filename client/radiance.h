@@ -107,6 +107,12 @@
 extern "C" {
 #endif
 
+/* Everything declared here is the library's interface; the library is built
+ * with -fvisibility=hidden, so this is what it exports. */
+#if defined(__GNUC__)
+#pragma GCC visibility push(default)
+#endif
+
 struct radiance;   /* a connection (session) to radianced; opaque */
 
 /* Element type of x. Values match the wire protocol's DType. */
@@ -115,10 +121,11 @@ enum radiance_elem {
 	RADIANCE_FP16 = 2,
 };
 
-/* What a layer holds. Values match the wire protocol's LayerKind. */
-enum radiance_linear_kind {
-	RADIANCE_LINEAR_W4A8 = 1,   /* int4 weights, fp8 e4m3 activations */
-	RADIANCE_LINEAR_BF16 = 2,   /* weights kept at 16 bits in the checkpoint */
+/* What a layer holds. The wire protocol's LayerKind, with its values; the
+ * daemon uses this enum too. */
+enum radiance_layer_kind {
+	RADIANCE_LAYER_W4A8 = 1,   /* int4 weights, fp8 e4m3 activations */
+	RADIANCE_LAYER_BF16 = 2,   /* weights kept at 16 bits in the checkpoint */
 };
 
 /* Receives one message of the library (no trailing newline) with its syslog
@@ -255,7 +262,7 @@ struct radiance_layer_info {
 	uint32_t index;                  /* what requests name as `layer` */
 	const char *name;                /* module path, e.g.
 	                                    "encoder.layer.0.attention.self.query" */
-	enum radiance_linear_kind kind;
+	enum radiance_layer_kind kind;
 	uint32_t n;                      /* output features (N) */
 	uint32_t k;                      /* input features (K) */
 	bool has_bias;
@@ -518,7 +525,7 @@ enum radiance_map_handle {
  * hold is proto/map.h's layout (vendor-specific for W4A8). */
 struct radiance_mapped_layer {
 	uint32_t index;
-	enum radiance_linear_kind kind;
+	enum radiance_layer_kind kind;
 	uint32_t n, k;
 	uint64_t weight_offset, weight_bytes;
 	uint64_t scales_offset, scales_bytes;   /* W4A8 */
@@ -629,6 +636,10 @@ struct radiance_stats_reply {
  * radiance_stats_free(). Returns 0, -EINVAL (out NULL) or a sticky error. */
 int radiance_get_stats(struct radiance *r, struct radiance_stats_reply **out);
 void radiance_stats_free(struct radiance_stats_reply *s);
+
+#if defined(__GNUC__)
+#pragma GCC visibility pop
+#endif
 
 #ifdef __cplusplus
 }

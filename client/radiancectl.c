@@ -394,9 +394,9 @@ static int cmd_models(struct ctl *c)
 	return EXIT_OK;
 }
 
-static const char *kind_name(enum radiance_linear_kind k)
+static const char *kind_name(enum radiance_layer_kind k)
 {
-	return k == RADIANCE_LINEAR_W4A8 ? "w4a8" : k == RADIANCE_LINEAR_BF16 ? "bf16" : "?";
+	return k == RADIANCE_LAYER_W4A8 ? "w4a8" : k == RADIANCE_LAYER_BF16 ? "bf16" : "?";
 }
 
 static int cmd_layers(struct ctl *c, const char *model)

@@ -54,7 +54,7 @@ static int get_stats(struct radiance *r, struct radiance_stats_reply **out)
 		return rc;
 	if (reply->msg_case != RADIANCE__SERVER_MESSAGE__MSG_STATS) {
 		rc = radiance__client_break(r, -EPROTO, "get_stats answered with %s",
-				     radiance_proto_server_name(reply));
+				     rproto_server_name(reply));
 		goto out;
 	}
 	const Radiance__StatsReply *pb = reply->stats;

@@ -12,12 +12,12 @@
 #include "io.h"
 #include "log.h"
 
-bool radiance_checkpoint_shard_name_ok(const char *s)
+bool rcheckpoint_shard_name_ok(const char *s)
 {
 	return *s && !strchr(s, '/') && strcmp(s, ".") != 0 && strcmp(s, "..") != 0;
 }
 
-const char *radiance_checkpoint_dir_name(const char *dir, size_t *len)
+const char *rcheckpoint_dir_name(const char *dir, size_t *len)
 {
 	size_t end = strlen(dir);
 	while (end > 1 && dir[end - 1] == '/')
@@ -29,7 +29,7 @@ const char *radiance_checkpoint_dir_name(const char *dir, size_t *len)
 	return dir + start;
 }
 
-int radiance_checkpoint_read_json(int fd, const char *fname, json_t **out, char *err,
+int rcheckpoint_read_json(int fd, const char *fname, json_t **out, char *err,
 				  size_t errlen)
 {
 	struct stat st;
@@ -40,30 +40,30 @@ int radiance_checkpoint_read_json(int fd, const char *fname, json_t **out, char 
 	*out = NULL;
 	if (fstat(fd, &st) < 0) {
 		rc = -errno;
-		radiance__errf(err, errlen, "%s: fstat: %s", fname, strerror(-rc));
+		rlog_errf(err, errlen, "%s: fstat: %s", fname, strerror(-rc));
 		return rc == -EBADF ? -EINVAL : -EIO;
 	}
 	if (!S_ISREG(st.st_mode)) {
-		radiance__errf(err, errlen, "%s: not a regular file, expected a JSON file", fname);
+		rlog_errf(err, errlen, "%s: not a regular file, expected a JSON file", fname);
 		return -EINVAL;
 	}
 	if ((uint64_t)st.st_size > RADIANCE_CHECKPOINT_MAX_JSON) {
-		radiance__errf(err, errlen, "%s: %lld bytes, expected a JSON file of at most %u bytes",
+		rlog_errf(err, errlen, "%s: %lld bytes, expected a JSON file of at most %u bytes",
 			       fname, (long long)st.st_size, RADIANCE_CHECKPOINT_MAX_JSON);
 		return -EINVAL;
 	}
 	buf = malloc((size_t)st.st_size + 1);
 	if (!buf) {
-		radiance__errf(err, errlen, "out of memory (%s)", fname);
+		rlog_errf(err, errlen, "out of memory (%s)", fname);
 		return -ENOMEM;
 	}
-	ssize_t r = radiance_io_pread(fd, buf, (size_t)st.st_size, 0);
+	ssize_t r = rio_pread(fd, buf, (size_t)st.st_size, 0);
 	if (r != (ssize_t)st.st_size) {
 		if (r < 0)
-			radiance__errf(err, errlen, "%s: read of %lld bytes failed: %s", fname,
+			rlog_errf(err, errlen, "%s: read of %lld bytes failed: %s", fname,
 				       (long long)st.st_size, strerror((int)-r));
 		else
-			radiance__errf(err, errlen,
+			rlog_errf(err, errlen,
 				       "%s: file shrank to %zd bytes while loading (expected %lld)", fname,
 				       r, (long long)st.st_size);
 		rc = -EIO;
@@ -71,12 +71,12 @@ int radiance_checkpoint_read_json(int fd, const char *fname, json_t **out, char 
 	}
 	*out = json_loadb(buf, (size_t)r, JSON_REJECT_DUPLICATES, &jerr);
 	if (!*out) {
-		radiance__errf(err, errlen,
+		rlog_errf(err, errlen,
 			       "%s: not valid JSON: %s (line %d, column %d), expected a JSON object",
 			       fname, jerr.text, jerr.line, jerr.column);
 		rc = -EINVAL;
 	} else if (!json_is_object(*out)) {
-		radiance__errf(err, errlen, "%s: top level is not a JSON object", fname);
+		rlog_errf(err, errlen, "%s: top level is not a JSON object", fname);
 		json_decref(*out);
 		*out = NULL;
 		rc = -EINVAL;
@@ -98,13 +98,13 @@ static int stat_regular(int dfd, const char *dir, const char *name, bool require
 		int e = errno;
 		if (e == ENOENT && !required)
 			return 0;
-		radiance__errf(err, errlen, "%s/%s: %s", dir, name,
+		rlog_errf(err, errlen, "%s/%s: %s", dir, name,
 			       e == ENOENT ? "not found, expected it in a checkpoint directory"
 					   : strerror(e));
 		return -e;
 	}
 	if (!S_ISREG(st.st_mode)) {
-		radiance__errf(err, errlen, "%s/%s is not a regular file", dir, name);
+		rlog_errf(err, errlen, "%s/%s is not a regular file", dir, name);
 		return -EINVAL;
 	}
 	return 1;
@@ -130,7 +130,7 @@ static int cmp_str(const void *a, const void *b)
 	return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-void radiance_checkpoint_files_free(char **names)
+void rcheckpoint_files_free(char **names)
 {
 	if (!names)
 		return;
@@ -151,29 +151,29 @@ static int add_shards(int dfd, const char *dir, char ***list, size_t *n, char *e
 	int ifd = openat(dfd, RADIANCE_CHECKPOINT_INDEX, O_RDONLY | O_CLOEXEC);
 	if (ifd < 0) {
 		rc = -errno;
-		radiance__errf(err, errlen, "%s/%s: %s", dir, RADIANCE_CHECKPOINT_INDEX, strerror(-rc));
+		rlog_errf(err, errlen, "%s/%s: %s", dir, RADIANCE_CHECKPOINT_INDEX, strerror(-rc));
 		return rc;
 	}
-	rc = radiance_checkpoint_read_json(ifd, RADIANCE_CHECKPOINT_INDEX, &idx, err, errlen);
+	rc = rcheckpoint_read_json(ifd, RADIANCE_CHECKPOINT_INDEX, &idx, err, errlen);
 	close(ifd);
 	if (rc)
 		return rc;
 	json_t *wm = json_object_get(idx, "weight_map");
 	if (!json_is_object(wm)) {
-		radiance__errf(err, errlen, "%s/%s: \"weight_map\" is missing or not an object, "
+		rlog_errf(err, errlen, "%s/%s: \"weight_map\" is missing or not an object, "
 			       "expected tensor name -> shard file", dir, RADIANCE_CHECKPOINT_INDEX);
 		rc = -EINVAL;
 		goto out;
 	}
 	if (json_object_size(wm) == 0) {
-		radiance__errf(err, errlen, "%s/%s: empty weight_map, expected tensor name -> shard "
+		rlog_errf(err, errlen, "%s/%s: empty weight_map, expected tensor name -> shard "
 			       "file", dir, RADIANCE_CHECKPOINT_INDEX);
 		rc = -EINVAL;
 		goto out;
 	}
 	json_object_foreach(wm, key, v) {
-		if (!json_is_string(v) || !radiance_checkpoint_shard_name_ok(json_string_value(v))) {
-			radiance__errf(err, errlen, "%s/%s: weight_map[\"%s\"] is not a shard file "
+		if (!json_is_string(v) || !rcheckpoint_shard_name_ok(json_string_value(v))) {
+			rlog_errf(err, errlen, "%s/%s: weight_map[\"%s\"] is not a shard file "
 				       "name, expected a plain basename", dir, RADIANCE_CHECKPOINT_INDEX,
 				       key);
 			rc = -EINVAL;
@@ -192,7 +192,7 @@ out:
 	return rc;
 }
 
-int radiance_checkpoint_list_files(const char *dir, char ***names, char *err, size_t errlen)
+int rcheckpoint_list_files(const char *dir, char ***names, char *err, size_t errlen)
 {
 	char **list = NULL;
 	size_t n = 0;
@@ -204,7 +204,7 @@ int radiance_checkpoint_list_files(const char *dir, char ***names, char *err, si
 	dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (dfd < 0) {
 		rc = -errno;
-		radiance__errf(err, errlen, "%s: %s", dir, strerror(-rc));
+		rlog_errf(err, errlen, "%s: %s", dir, strerror(-rc));
 		return rc;
 	}
 	if ((rc = stat_regular(dfd, dir, RADIANCE_CHECKPOINT_CONFIG, true, err, errlen)) < 0)
@@ -226,7 +226,7 @@ int radiance_checkpoint_list_files(const char *dir, char ***names, char *err, si
 		if ((rc = stat_regular(dfd, dir, RADIANCE_CHECKPOINT_SINGLE, false, err, errlen)) < 0)
 			goto out;
 		if (rc == 0) {
-			radiance__errf(err, errlen, "%s: no weights, expected %s or %s", dir,
+			rlog_errf(err, errlen, "%s: no weights, expected %s or %s", dir,
 				       RADIANCE_CHECKPOINT_SINGLE, RADIANCE_CHECKPOINT_INDEX);
 			rc = -ENOENT;
 			goto out;
@@ -239,8 +239,8 @@ int radiance_checkpoint_list_files(const char *dir, char ***names, char *err, si
 	rc = (int)n;
 out:
 	if (rc == -ENOMEM)
-		radiance__errf(err, errlen, "out of memory listing %s", dir);
-	radiance_checkpoint_files_free(list);
+		rlog_errf(err, errlen, "out of memory listing %s", dir);
+	rcheckpoint_files_free(list);
 	close(dfd);
 	return rc;
 }

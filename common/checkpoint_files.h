@@ -25,14 +25,14 @@
 /* Whether s, a shard name from the index's weight_map, is a plain basename:
  * not empty, no '/', not "." or "..". Anything else could reach outside the
  * checkpoint directory and is refused on both sides. */
-bool radiance_checkpoint_shard_name_ok(const char *s);
+bool rcheckpoint_shard_name_ok(const char *s);
 
 /* The name a checkpoint directory gives its model when none is asked for:
  * the last component of dir as written (no symlink resolved), trailing
  * slashes dropped; empty for "/" or "". Points into dir, *len bytes (not
  * NUL-terminated). The daemon names preloads this way, the client its
  * loads, and radiance_checkpoint_load_dir after realpath(). */
-const char *radiance_checkpoint_dir_name(const char *dir, size_t *len);
+const char *rcheckpoint_dir_name(const char *dir, size_t *len);
 
 /* Reads the small JSON file on fd (fname for messages) whole with pread
  * into private memory, so a file that changes under us is read once, and
@@ -40,7 +40,7 @@ const char *radiance_checkpoint_dir_name(const char *dir, size_t *len);
  * RADIANCE_CHECKPOINT_MAX_JSON bytes. 0 with *out set (json_decref it), or
  * -EINVAL (not a regular file, too big, not JSON, not an object), -EIO (a
  * read failed, the file shrank), -ENOMEM, with *out NULL and err set. */
-int radiance_checkpoint_read_json(int fd, const char *fname, json_t **out, char *err,
+int rcheckpoint_read_json(int fd, const char *fname, json_t **out, char *err,
 				  size_t errlen);
 
 /* The files of dir a load sends (LoadModel, or the daemon's own load of a
@@ -49,14 +49,14 @@ int radiance_checkpoint_read_json(int fd, const char *fname, json_t **out, char 
  * (strcmp order, each once) or, when there is no index, model.safetensors.
  * Each must be a regular file after symlinks. Returns the count and sets
  * *names to a NULL-terminated malloc'ed array of malloc'ed basenames (free
- * with radiance_checkpoint_files_free), or -errno with *names NULL and err
+ * with rcheckpoint_files_free), or -errno with *names NULL and err
  * naming the file: -ENOENT (dir, a required file or a shard missing),
  * -EINVAL (a file that is not a regular file; a bad index: not JSON, no
  * weight_map object, an empty one, a shard name that is not a plain
  * basename), -EIO, -ENOMEM. */
-int radiance_checkpoint_list_files(const char *dir, char ***names, char *err, size_t errlen);
+int rcheckpoint_list_files(const char *dir, char ***names, char *err, size_t errlen);
 
-/* Frees what radiance_checkpoint_list_files returned; NULL is a no-op. */
-void radiance_checkpoint_files_free(char **names);
+/* Frees what rcheckpoint_list_files returned; NULL is a no-op. */
+void rcheckpoint_files_free(char **names);
 
 #endif

@@ -12,7 +12,7 @@
 #include <time.h>
 
 /* Nanoseconds since an arbitrary point (boot, on Linux); never goes back. */
-static inline uint64_t radiance_clock_ns(void)
+static inline uint64_t rclock_ns(void)
 {
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -20,15 +20,15 @@ static inline uint64_t radiance_clock_ns(void)
 }
 
 /* The same clock in milliseconds (poll() timeouts). */
-static inline int64_t radiance_clock_ms(void)
+static inline int64_t rclock_ms(void)
 {
-	return (int64_t)(radiance_clock_ns() / 1000000u);
+	return (int64_t)(rclock_ns() / 1000000u);
 }
 
 /* The same clock in seconds, as a double (tests, tools). */
-static inline double radiance_clock_s(void)
+static inline double rclock_s(void)
 {
-	return (double)radiance_clock_ns() * 1e-9;
+	return (double)rclock_ns() * 1e-9;
 }
 
 #endif

@@ -4,7 +4,7 @@
 #include <errno.h>
 #include <unistd.h>
 
-ssize_t radiance_io_pread(int fd, void *buf, size_t len, uint64_t off)
+ssize_t rio_pread(int fd, void *buf, size_t len, uint64_t off)
 {
 	size_t got = 0;
 	while (got < len) {

@@ -14,6 +14,6 @@
 /* pread(fd, buf, len, off) until len bytes, end of file or an error (EINTR
  * is retried): the bytes read (fewer than len at end of file), or -errno.
  * Never moves fd's file position. */
-ssize_t radiance_io_pread(int fd, void *buf, size_t len, uint64_t off);
+ssize_t rio_pread(int fd, void *buf, size_t len, uint64_t off);
 
 #endif

@@ -8,24 +8,24 @@
 #include <time.h>
 #include <unistd.h>
 
-static enum radiance_log_level current = RADIANCE_LOG_INFO;
+static enum rlog_level current = RADIANCE_LOG_INFO;
 static int journal = -1;   /* stderr is the journal: unknown until first use */
 
 static const char *const names[] = { "silent", "error", "warn", "info", "debug" };
 /* syslog priorities for sd-daemon's "<N>" prefixes: err, warning, info, debug */
 static const int priorities[] = { 3, 3, 4, 6, 7 };
 
-void radiance_log_init(enum radiance_log_level level)
+void rlog_init(enum rlog_level level)
 {
 	current = level;
 }
 
-enum radiance_log_level radiance_log_get_level(void)
+enum rlog_level rlog_get_level(void)
 {
 	return current;
 }
 
-int radiance_log_level_parse(const char *s)
+int rlog_level_parse(const char *s)
 {
 	for (int i = 0; i < (int)(sizeof names / sizeof names[0]); i++)
 		if (strcmp(s, names[i]) == 0)
@@ -35,12 +35,12 @@ int radiance_log_level_parse(const char *s)
 	return -1;
 }
 
-const char *radiance_log_level_name(enum radiance_log_level level)
+const char *rlog_level_name(enum rlog_level level)
 {
 	return (unsigned)level < sizeof names / sizeof names[0] ? names[level] : "?";
 }
 
-void radiance__log(enum radiance_log_level level, const char *file, int line, const char *fmt, ...)
+void rlog_write(enum rlog_level level, const char *file, int line, const char *fmt, ...)
 {
 	int saved = errno;
 	char msg[1024], prefix[64];
@@ -64,7 +64,7 @@ void radiance__log(enum radiance_log_level level, const char *file, int line, co
 	/* One write(2) per line, so lines of concurrent threads never interleave. */
 	char out[1200];
 	int n = snprintf(out, sizeof out, "%s[%s] %s:%d: %s\n", prefix,
-			 radiance_log_level_name(level), file, line, msg);
+			 rlog_level_name(level), file, line, msg);
 	if (n > (int)sizeof out - 1) {
 		n = (int)sizeof out - 1;
 		out[n - 1] = '\n';
@@ -75,7 +75,7 @@ void radiance__log(enum radiance_log_level level, const char *file, int line, co
 	errno = saved;
 }
 
-void radiance__errf(char *err, size_t errlen, const char *fmt, ...)
+void rlog_errf(char *err, size_t errlen, const char *fmt, ...)
 {
 	va_list ap;
 	if (!err || !errlen)

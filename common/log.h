@@ -13,7 +13,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 
-enum radiance_log_level {
+enum rlog_level {
 	RADIANCE_LOG_SILENT = 0,
 	RADIANCE_LOG_ERROR = 1,
 	RADIANCE_LOG_WARN = 2,
@@ -22,30 +22,30 @@ enum radiance_log_level {
 };
 
 /* Sets the most verbose level that is written (default INFO). */
-void radiance_log_init(enum radiance_log_level level);
-enum radiance_log_level radiance_log_get_level(void);
+void rlog_init(enum rlog_level level);
+enum rlog_level rlog_get_level(void);
 /* "silent", "error", "warn"/"warning", "info", "debug" -> level; -1 if unknown. */
-int radiance_log_level_parse(const char *s);
-const char *radiance_log_level_name(enum radiance_log_level level);
+int rlog_level_parse(const char *s);
+const char *rlog_level_name(enum rlog_level level);
 
-void radiance__log(enum radiance_log_level level, const char *file, int line, const char *fmt, ...)
+void rlog_write(enum rlog_level level, const char *file, int line, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
 
-#define radiance_log(lvl, ...)                                                          \
+#define rlog(lvl, ...)                                                          \
 	do {                                                                            \
-		if ((lvl) <= radiance_log_get_level())                                  \
-			radiance__log((lvl), __FILE__, __LINE__, __VA_ARGS__);          \
+		if ((lvl) <= rlog_get_level())                                  \
+			rlog_write((lvl), __FILE__, __LINE__, __VA_ARGS__);          \
 	} while (0)
 
 /* Formats a message into a caller's error buffer, the err/errlen pair of the
  * parsers' and backends' functions; err may be NULL or errlen 0 (no message
  * wanted). Not logging: the caller decides what becomes of the text. */
-void radiance__errf(char *err, size_t errlen, const char *fmt, ...)
+void rlog_errf(char *err, size_t errlen, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
 
-#define log_error(...) radiance_log(RADIANCE_LOG_ERROR, __VA_ARGS__)
-#define log_warn(...) radiance_log(RADIANCE_LOG_WARN, __VA_ARGS__)
-#define log_info(...) radiance_log(RADIANCE_LOG_INFO, __VA_ARGS__)
-#define log_debug(...) radiance_log(RADIANCE_LOG_DEBUG, __VA_ARGS__)
+#define log_error(...) rlog(RADIANCE_LOG_ERROR, __VA_ARGS__)
+#define log_warn(...) rlog(RADIANCE_LOG_WARN, __VA_ARGS__)
+#define log_info(...) rlog(RADIANCE_LOG_INFO, __VA_ARGS__)
+#define log_debug(...) rlog(RADIANCE_LOG_DEBUG, __VA_ARGS__)
 
 #endif

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int queue_packed(struct radiance_conn *c, const ProtobufCMessage *m, const int *fds,
+static int queue_packed(struct rconn *c, const ProtobufCMessage *m, const int *fds,
 			size_t nfds)
 {
 	size_t len = protobuf_c_message_get_packed_size(m);
@@ -16,57 +16,57 @@ static int queue_packed(struct radiance_conn *c, const ProtobufCMessage *m, cons
 	if (!buf)
 		return -ENOMEM;
 	protobuf_c_message_pack(m, buf);
-	int rc = radiance_conn_queue(c, buf, len, fds, nfds);
+	int rc = rconn_queue(c, buf, len, fds, nfds);
 	if (buf != stackbuf)
 		free(buf);
 	return rc;
 }
 
-int radiance_proto_queue_client(struct radiance_conn *c, const Radiance__ClientMessage *m,
+int rproto_queue_client(struct rconn *c, const Radiance__ClientMessage *m,
 				const int *fds, size_t nfds)
 {
 	return queue_packed(c, &m->base, fds, nfds);
 }
 
-int radiance_proto_queue_server(struct radiance_conn *c, const Radiance__ServerMessage *m,
+int rproto_queue_server(struct rconn *c, const Radiance__ServerMessage *m,
 				const int *fds, size_t nfds)
 {
 	return queue_packed(c, &m->base, fds, nfds);
 }
 
-Radiance__ClientMessage *radiance_proto_unpack_client(const uint8_t *data, size_t len)
+Radiance__ClientMessage *rproto_unpack_client(const uint8_t *data, size_t len)
 {
 	return radiance__client_message__unpack(NULL, len, data);
 }
 
-Radiance__ServerMessage *radiance_proto_unpack_server(const uint8_t *data, size_t len)
+Radiance__ServerMessage *rproto_unpack_server(const uint8_t *data, size_t len)
 {
 	return radiance__server_message__unpack(NULL, len, data);
 }
 
-size_t radiance_proto_client_fds(const Radiance__ClientMessage *m)
+size_t rproto_client_fds(const Radiance__ClientMessage *m)
 {
 	if (m->msg_case == RADIANCE__CLIENT_MESSAGE__MSG_LOAD_MODEL && m->load_model)
 		return m->load_model->n_file_names;
 	return 0;
 }
 
-size_t radiance_proto_mapping_fds(Radiance__MapHandle handle)
+size_t rproto_mapping_fds(Radiance__MapHandle handle)
 {
 	return handle == RADIANCE__MAP_HANDLE__MAP_HANDLE_POSIX_FD ||
 	       handle == RADIANCE__MAP_HANDLE__MAP_HANDLE_TEST_MEMFD;
 }
 
-size_t radiance_proto_server_fds(const Radiance__ServerMessage *m)
+size_t rproto_server_fds(const Radiance__ServerMessage *m)
 {
 	if (m->msg_case == RADIANCE__SERVER_MESSAGE__MSG_RING_READY)
 		return RADIANCE_RING_READY_FDS;
 	if (m->msg_case == RADIANCE__SERVER_MESSAGE__MSG_MODEL_MAPPING && m->model_mapping)
-		return radiance_proto_mapping_fds(m->model_mapping->handle);
+		return rproto_mapping_fds(m->model_mapping->handle);
 	return 0;
 }
 
-const char *radiance_proto_client_name(const Radiance__ClientMessage *m)
+const char *rproto_client_name(const Radiance__ClientMessage *m)
 {
 	switch (m->msg_case) {
 	case RADIANCE__CLIENT_MESSAGE__MSG_HELLO: return "hello";
@@ -83,7 +83,7 @@ const char *radiance_proto_client_name(const Radiance__ClientMessage *m)
 	}
 }
 
-const char *radiance_proto_server_name(const Radiance__ServerMessage *m)
+const char *rproto_server_name(const Radiance__ServerMessage *m)
 {
 	switch (m->msg_case) {
 	case RADIANCE__SERVER_MESSAGE__MSG_WELCOME: return "welcome";
@@ -99,7 +99,7 @@ const char *radiance_proto_server_name(const Radiance__ServerMessage *m)
 	}
 }
 
-int radiance_proto_pack_slot(const ProtobufCMessage *m, uint8_t *buf, size_t cap)
+int rproto_pack_slot(const ProtobufCMessage *m, uint8_t *buf, size_t cap)
 {
 	size_t len = protobuf_c_message_get_packed_size(m);
 	if (len == 0) {
@@ -117,7 +117,7 @@ int radiance_proto_pack_slot(const ProtobufCMessage *m, uint8_t *buf, size_t cap
 
 static void *bump_alloc(void *data, size_t size)
 {
-	struct radiance_proto_bump *b = data;
+	struct rproto_bump *b = data;
 	size_t at = (b->used + 15) & ~(size_t)15;
 	if (size > sizeof b->buf || at > sizeof b->buf - size)
 		return NULL;
@@ -131,7 +131,7 @@ static void bump_free(void *data, void *p)
 	(void)p;
 }
 
-ProtobufCAllocator radiance_proto_bump_allocator(struct radiance_proto_bump *b)
+ProtobufCAllocator rproto_bump_allocator(struct rproto_bump *b)
 {
 	return (ProtobufCAllocator){ .alloc = bump_alloc, .free = bump_free, .allocator_data = b };
 }

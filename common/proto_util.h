@@ -20,32 +20,32 @@ enum { RADIANCE_FD_SEGMENT = 0, RADIANCE_FD_SQ_DOORBELL = 1, RADIANCE_FD_CQ_DOOR
 
 /* Serializes m and queues it as one frame with nfds fds (dup'ed; the caller
  * keeps its own). 0, -EMSGSIZE when the packed message is empty or above
- * the conn's max_frame, -ENOMEM, or an error of radiance_conn_queue(). */
-int radiance_proto_queue_client(struct radiance_conn *c, const Radiance__ClientMessage *m,
+ * the conn's max_frame, -ENOMEM, or an error of rconn_queue(). */
+int rproto_queue_client(struct rconn *c, const Radiance__ClientMessage *m,
 				const int *fds, size_t nfds);
-int radiance_proto_queue_server(struct radiance_conn *c, const Radiance__ServerMessage *m,
+int rproto_queue_server(struct rconn *c, const Radiance__ServerMessage *m,
 				const int *fds, size_t nfds);
 
 /* Decodes a frame. NULL when the bytes are not a valid message (or out of
  * memory). Free with radiance__client_message__free_unpacked(m, NULL) /
  * radiance__server_message__free_unpacked(m, NULL). An empty oneof
  * (msg_case == ..._MSG__NOT_SET) decodes fine: the caller rejects it. */
-Radiance__ClientMessage *radiance_proto_unpack_client(const uint8_t *data, size_t len);
-Radiance__ServerMessage *radiance_proto_unpack_server(const uint8_t *data, size_t len);
+Radiance__ClientMessage *rproto_unpack_client(const uint8_t *data, size_t len);
+Radiance__ServerMessage *rproto_unpack_server(const uint8_t *data, size_t len);
 
 /* How many fds a message declares it carries: LoadModel one per file name,
- * RingReady RADIANCE_RING_READY_FDS, ModelMapping radiance_proto_mapping_fds()
+ * RingReady RADIANCE_RING_READY_FDS, ModelMapping rproto_mapping_fds()
  * of its handle, everything else 0. A frame that came with a different
  * number of fds is a protocol violation. */
-size_t radiance_proto_client_fds(const Radiance__ClientMessage *m);
-size_t radiance_proto_server_fds(const Radiance__ServerMessage *m);
+size_t rproto_client_fds(const Radiance__ClientMessage *m);
+size_t rproto_server_fds(const Radiance__ServerMessage *m);
 /* 1 for the handles that travel as an fd (POSIX_FD, TEST_MEMFD), else 0. */
-size_t radiance_proto_mapping_fds(Radiance__MapHandle handle);
+size_t rproto_mapping_fds(Radiance__MapHandle handle);
 
 /* Short name of the message in the oneof, for logs ("hello", "load_model",
  * ..., "none"). Static strings. */
-const char *radiance_proto_client_name(const Radiance__ClientMessage *m);
-const char *radiance_proto_server_name(const Radiance__ServerMessage *m);
+const char *rproto_client_name(const Radiance__ClientMessage *m);
+const char *rproto_server_name(const Radiance__ServerMessage *m);
 
 /* Serializes a ring slot payload (LinearRequest or LinearResult) into buf of
  * cap bytes (RADIANCE_SLOT_BYTES - 4 for a slot). Returns the length (>= 1)
@@ -53,30 +53,30 @@ const char *radiance_proto_server_name(const Radiance__ServerMessage *m);
  * 0 bytes but a slot needs >= 1, so that case is written as field 1
  * (request_id, a varint in both messages) explicitly set to 0: bytes 08 00,
  * which every decoder reads back as the same all-default message. */
-int radiance_proto_pack_slot(const ProtobufCMessage *m, uint8_t *buf, size_t cap);
+int rproto_pack_slot(const ProtobufCMessage *m, uint8_t *buf, size_t cap);
 
 /* protobuf-c allocates while it unpacks; a bump buffer keeps the hot path
  * (ring slots, both directions) off malloc. A slot is at most
  * RADIANCE_SLOT_BYTES - 4 bytes, and 16 KiB holds even a slot made only of
  * unknown fields (protobuf-c keeps each with ~40 bytes of overhead).
- * Embed one per thread (or on the stack), call radiance_proto_bump_reset()
- * before each unpack and pass radiance_proto_bump_allocator(): what the
+ * Embed one per thread (or on the stack), call rproto_bump_reset()
+ * before each unpack and pass rproto_bump_allocator(): what the
  * unpack returns lives in the buffer until the next reset and is never
  * freed. An unpack that needs more than the buffer fails (NULL). */
 #define RADIANCE_PROTO_BUMP_BYTES 16384
 
-struct radiance_proto_bump {
+struct rproto_bump {
 	size_t used;
 	_Alignas(16) uint8_t buf[RADIANCE_PROTO_BUMP_BYTES];
 };
 
-static inline void radiance_proto_bump_reset(struct radiance_proto_bump *b)
+static inline void rproto_bump_reset(struct rproto_bump *b)
 {
 	b->used = 0;
 }
 
 /* An allocator drawing 16-byte aligned blocks from b; its free does nothing.
  * b must outlive the unpack and what it returned. */
-ProtobufCAllocator radiance_proto_bump_allocator(struct radiance_proto_bump *b);
+ProtobufCAllocator rproto_bump_allocator(struct rproto_bump *b);
 
 #endif

@@ -11,7 +11,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
-void radiance_ring_init(struct radiance_ring *r, struct radiance_shm_ring *ctl, uint8_t *slots,
+void rring_init(struct rring *r, struct radiance_shm_ring *ctl, uint8_t *slots,
 			uint32_t entries)
 {
 	r->ctl = ctl;
@@ -21,7 +21,7 @@ void radiance_ring_init(struct radiance_ring *r, struct radiance_shm_ring *ctl, 
 	r->local = 0;
 }
 
-int radiance_ring_space(struct radiance_ring *r)
+int rring_space(struct rring *r)
 {
 	uint32_t head = __atomic_load_n(&r->ctl->head, __ATOMIC_ACQUIRE);
 	uint32_t used = r->local - head;
@@ -30,11 +30,11 @@ int radiance_ring_space(struct radiance_ring *r)
 	return (int)(r->entries - used);
 }
 
-int radiance_ring_push(struct radiance_ring *r, const void *payload, size_t len)
+int rring_push(struct rring *r, const void *payload, size_t len)
 {
 	if (len == 0 || len > RADIANCE_SLOT_BYTES - 4)
 		return -EMSGSIZE;
-	int space = radiance_ring_space(r);
+	int space = rring_space(r);
 	if (space < 0)
 		return space;
 	if (space == 0)
@@ -50,7 +50,7 @@ int radiance_ring_push(struct radiance_ring *r, const void *payload, size_t len)
 	return 0;
 }
 
-int radiance_ring_ready(struct radiance_ring *r)
+int rring_ready(struct rring *r)
 {
 	uint32_t tail = __atomic_load_n(&r->ctl->tail, __ATOMIC_ACQUIRE);
 	uint32_t n = tail - r->local;
@@ -59,9 +59,9 @@ int radiance_ring_ready(struct radiance_ring *r)
 	return (int)n;
 }
 
-int radiance_ring_pop(struct radiance_ring *r, void *buf)
+int rring_pop(struct rring *r, void *buf)
 {
-	int n = radiance_ring_ready(r);
+	int n = rring_ready(r);
 	if (n <= 0)
 		return n;
 	const uint8_t *slot = r->slots + (size_t)(r->local & r->mask) * RADIANCE_SLOT_BYTES;
@@ -76,7 +76,7 @@ int radiance_ring_pop(struct radiance_ring *r, void *buf)
 	return (int)len;
 }
 
-int radiance_ring_prepare_sleep(struct radiance_ring *r)
+int rring_prepare_sleep(struct rring *r)
 {
 	__atomic_store_n(&r->ctl->sleeping, 1, __ATOMIC_SEQ_CST);
 	uint32_t tail = __atomic_load_n(&r->ctl->tail, __ATOMIC_SEQ_CST);
@@ -88,17 +88,17 @@ int radiance_ring_prepare_sleep(struct radiance_ring *r)
 	return 1;
 }
 
-void radiance_ring_end_sleep(struct radiance_ring *r)
+void rring_end_sleep(struct rring *r)
 {
 	__atomic_store_n(&r->ctl->sleeping, 0, __ATOMIC_RELAXED);
 }
 
-int radiance_ring_needs_wakeup(struct radiance_ring *r)
+int rring_needs_wakeup(struct rring *r)
 {
 	return __atomic_load_n(&r->ctl->sleeping, __ATOMIC_SEQ_CST) != 0;
 }
 
-int radiance_doorbell_ring(int efd)
+int rdoorbell_ring(int efd)
 {
 	uint64_t one = 1;
 	ssize_t n;
@@ -110,7 +110,7 @@ int radiance_doorbell_ring(int efd)
 	return 0;
 }
 
-int radiance_doorbell_drain(int efd)
+int rdoorbell_drain(int efd)
 {
 	/* One read: an eventfd gives its whole 8-byte count, a pipe up to
 	 * sizeof buf of the 8-byte words written to it (anything left makes the

@@ -6,7 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
-void radiance_text_escape(const char *s, char *out, size_t outlen)
+void rtext_escape(const char *s, char *out, size_t outlen)
 {
 	size_t o = 0;
 	for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
@@ -53,7 +53,7 @@ static size_t utf8_decode(const unsigned char *p, uint32_t *cp)
 	return n;
 }
 
-int radiance_text_check(const char *field, const char *name, size_t max_len, char *err,
+int rtext_check(const char *field, const char *name, size_t max_len, char *err,
 			size_t errlen)
 {
 	char shown[160];
@@ -72,7 +72,7 @@ int radiance_text_check(const char *field, const char *name, size_t max_len, cha
 		uint32_t cp;
 		size_t n = utf8_decode(p + i, &cp);
 		if (n == 0) {
-			radiance_text_escape(name, shown, sizeof shown);
+			rtext_escape(name, shown, sizeof shown);
 			snprintf(err, errlen, "%s \"%s\" is not valid UTF-8 at byte %zu (0x%02x)", field,
 				 shown, i, p[i]);
 			return -EINVAL;
@@ -83,7 +83,7 @@ int radiance_text_check(const char *field, const char *name, size_t max_len, cha
 				snprintf(what, sizeof what, "0x%02x", (unsigned)cp);
 			else
 				snprintf(what, sizeof what, "U+%04X", (unsigned)cp);
-			radiance_text_escape(name, shown, sizeof shown);
+			rtext_escape(name, shown, sizeof shown);
 			snprintf(err, errlen, "%s \"%s\" has a control character (%s) at byte %zu; a "
 				 "name must be printable text", field, shown, what, i);
 			return -EINVAL;

@@ -19,11 +19,11 @@
  * `radiancectl models`; invalid UTF-8 would make a ModelList undecodable
  * for protobuf runtimes that check strings. Returns 0, or -EINVAL with err
  * naming `field`, the name (escaped), the offending byte and its offset. */
-int radiance_text_check(const char *field, const char *name, size_t max_len, char *err,
+int rtext_check(const char *field, const char *name, size_t max_len, char *err,
 			size_t errlen);
 
 /* s for a message: printable ASCII as is, every other byte as \xNN, cut
  * (with "...") where out is full. Never longer than outlen - 1. */
-void radiance_text_escape(const char *s, char *out, size_t outlen);
+void rtext_escape(const char *s, char *out, size_t outlen);
 
 #endif

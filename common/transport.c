@@ -31,7 +31,7 @@ static void close_all(int *fds, size_t n)
 			close(fds[i]);
 }
 
-int radiance_conn_init(struct radiance_conn *c, int fd, uint32_t max_frame, uint32_t max_fds)
+int rconn_init(struct rconn *c, int fd, uint32_t max_frame, uint32_t max_fds)
 {
 	memset(c, 0, sizeof *c);
 	c->fd = -1;
@@ -44,7 +44,7 @@ int radiance_conn_init(struct radiance_conn *c, int fd, uint32_t max_frame, uint
 	return 0;
 }
 
-void radiance_conn_finish(struct radiance_conn *c)
+void rconn_finish(struct rconn *c)
 {
 	if (c->fd >= 0)
 		close(c->fd);
@@ -69,7 +69,7 @@ void radiance_conn_finish(struct radiance_conn *c)
 	c->out_len = c->out_cap = c->out_sent = 0;
 }
 
-static int frame_length(const struct radiance_conn *c, const uint8_t *p, uint32_t *len)
+static int frame_length(const struct rconn *c, const uint8_t *p, uint32_t *len)
 {
 	uint32_t l = get_le32(p);
 	if (l == 0 || l > c->max_frame)
@@ -78,7 +78,7 @@ static int frame_length(const struct radiance_conn *c, const uint8_t *p, uint32_
 	return 0;
 }
 
-int radiance_conn_read(struct radiance_conn *c)
+int rconn_read(struct rconn *c)
 {
 	/* Drop the frame next_frame handed out last time. */
 	if (c->in_consumed) {
@@ -155,7 +155,7 @@ int radiance_conn_read(struct radiance_conn *c)
 	return (int)n;
 }
 
-int radiance_conn_next_frame(struct radiance_conn *c, const uint8_t **data, size_t *len)
+int rconn_next_frame(struct rconn *c, const uint8_t **data, size_t *len)
 {
 	size_t avail = c->in_len - c->in_consumed;
 	uint32_t l;
@@ -172,7 +172,7 @@ int radiance_conn_next_frame(struct radiance_conn *c, const uint8_t **data, size
 	return 1;
 }
 
-uint32_t radiance_conn_bad_length(const struct radiance_conn *c)
+uint32_t rconn_bad_length(const struct rconn *c)
 {
 	/* both read() and next_frame() leave the refused prefix at in_consumed */
 	if (c->in_len < c->in_consumed + 4)
@@ -180,12 +180,12 @@ uint32_t radiance_conn_bad_length(const struct radiance_conn *c)
 	return get_le32(c->in + c->in_consumed);
 }
 
-size_t radiance_conn_queued_fds(const struct radiance_conn *c)
+size_t rconn_queued_fds(const struct rconn *c)
 {
 	return c->in_nfds;
 }
 
-int radiance_conn_take_fds(struct radiance_conn *c, int *fds, size_t n)
+int rconn_take_fds(struct rconn *c, int *fds, size_t n)
 {
 	if (n > c->in_nfds)
 		return -EBADMSG;
@@ -195,14 +195,14 @@ int radiance_conn_take_fds(struct radiance_conn *c, int *fds, size_t n)
 	return 0;
 }
 
-void radiance_conn_close_fds(struct radiance_conn *c)
+void rconn_close_fds(struct rconn *c)
 {
 	close_all(c->in_fds, c->in_nfds);
 	c->in_nfds = 0;
 }
 
 /* Moves unsent bytes to the front so the buffer does not grow without bound. */
-static void out_compact(struct radiance_conn *c)
+static void out_compact(struct rconn *c)
 {
 	if (c->out_sent == 0)
 		return;
@@ -213,7 +213,7 @@ static void out_compact(struct radiance_conn *c)
 	c->out_sent = 0;
 }
 
-int radiance_conn_queue(struct radiance_conn *c, const uint8_t *data, size_t len,
+int rconn_queue(struct rconn *c, const uint8_t *data, size_t len,
 			const int *fds, size_t nfds)
 {
 	if (len == 0 || len > c->max_frame || nfds > c->max_fds || nfds > RADIANCE_SCM_MAX_FD)
@@ -260,7 +260,7 @@ int radiance_conn_queue(struct radiance_conn *c, const uint8_t *data, size_t len
 	return 0;
 }
 
-int radiance_conn_flush(struct radiance_conn *c)
+int rconn_flush(struct rconn *c)
 {
 	while (c->out_sent < c->out_len) {
 		union {
@@ -309,12 +309,12 @@ int radiance_conn_flush(struct radiance_conn *c)
 	return 0;
 }
 
-size_t radiance_conn_pending(const struct radiance_conn *c)
+size_t rconn_pending(const struct rconn *c)
 {
 	return c->out_len - c->out_sent;
 }
 
-size_t radiance_conn_pending_frames(const struct radiance_conn *c)
+size_t rconn_pending_frames(const struct rconn *c)
 {
 	size_t n = 0;
 	/* frames start at 0 (the buffer is compacted before a queue) */

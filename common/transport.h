@@ -11,12 +11,12 @@
  * most the rest of the current length prefix or the rest of the current
  * frame's body). Because the kernel hands out a sendmsg's fds with the first
  * byte read of it, every fd queued when a frame completes arrived with that
- * frame's bytes: after radiance_conn_next_frame() returns a frame, exactly
- * radiance_conn_queued_fds() fds belong to it (the frames before it having
+ * frame's bytes: after rconn_next_frame() returns a frame, exactly
+ * rconn_queued_fds() fds belong to it (the frames before it having
  * taken or dropped theirs). Compare that with what the message declares; a
  * mismatch is a protocol violation.
  *
- * A struct radiance_conn is embedded by its owner (init/finish) and is not
+ * A struct rconn is embedded by its owner (init/finish) and is not
  * thread-safe: one thread drives it. The socket is expected non-blocking for
  * the daemon (libuv uv_poll drives it); the client may use it blocking.
  * Fields are private to common/transport.c; read them only through the
@@ -41,7 +41,7 @@ struct radiance__fd_batch {
 	size_t nfds;
 };
 
-struct radiance_conn {
+struct rconn {
 	int fd;
 	uint32_t max_frame;        /* largest accepted frame length */
 	uint32_t max_fds;          /* most fds held queued; more is a protocol error */
@@ -61,10 +61,10 @@ struct radiance_conn {
 /* Takes over fd (closed by finish). max_frame is capped to RADIANCE_MAX_FRAME
  * semantics by the caller (any value >= 1 works); max_fds >= 1.
  * 0 or -ENOMEM (fd is then still the caller's). */
-int radiance_conn_init(struct radiance_conn *c, int fd, uint32_t max_frame, uint32_t max_fds);
+int rconn_init(struct rconn *c, int fd, uint32_t max_frame, uint32_t max_fds);
 /* Closes the socket and every queued fd (received or pending send), frees
  * buffers. Safe to call twice. */
-void radiance_conn_finish(struct radiance_conn *c);
+void rconn_finish(struct rconn *c);
 
 /* Reads what the socket has, one recvmsg() bounded by the current frame (see
  * above). Returns bytes read (> 0), 0 at EOF, -EAGAIN when nothing is ready,
@@ -77,42 +77,42 @@ void radiance_conn_finish(struct radiance_conn *c);
  * Any error but -EAGAIN leaves the connection unusable. When a complete frame
  * is already buffered it reads nothing and returns 1: drain next_frame()
  * first. */
-int radiance_conn_read(struct radiance_conn *c);
+int rconn_read(struct rconn *c);
 
 /* Pops the next complete frame. Returns 1 and sets *data and *len (valid until
  * the next read/next_frame call), 0 when more bytes are needed, -EMSGSIZE when
  * the length prefix is 0 or above max_frame (the connection is unusable). */
-int radiance_conn_next_frame(struct radiance_conn *c, const uint8_t **data, size_t *len);
+int rconn_next_frame(struct rconn *c, const uint8_t **data, size_t *len);
 
 /* After read() or next_frame() returned -EMSGSIZE: the length prefix that
  * was refused (for the error message). */
-uint32_t radiance_conn_bad_length(const struct radiance_conn *c);
+uint32_t rconn_bad_length(const struct rconn *c);
 
 /* Received fds not yet taken. Right after next_frame() returned 1, these are
  * the fds that came with that frame. */
-size_t radiance_conn_queued_fds(const struct radiance_conn *c);
+size_t rconn_queued_fds(const struct rconn *c);
 
 /* Takes the oldest n received fds into fds[] (the caller owns them now).
  * -EBADMSG when fewer than n are queued (nothing is taken). */
-int radiance_conn_take_fds(struct radiance_conn *c, int *fds, size_t n);
+int rconn_take_fds(struct rconn *c, int *fds, size_t n);
 /* Closes and drops every queued received fd (on any error after a frame). */
-void radiance_conn_close_fds(struct radiance_conn *c);
+void rconn_close_fds(struct rconn *c);
 
 /* Appends a frame (length prefix added here) and its fds to the send queue.
  * The fds are dup'ed (F_DUPFD_CLOEXEC); the caller keeps its own.
  * 0, -EMSGSIZE (len 0 or above max_frame, or nfds above max_fds), -ENOMEM, or
  * -errno from dup. Nothing is queued on error. */
-int radiance_conn_queue(struct radiance_conn *c, const uint8_t *data, size_t len,
+int rconn_queue(struct rconn *c, const uint8_t *data, size_t len,
 			const int *fds, size_t nfds);
 
 /* Sends queued bytes (MSG_NOSIGNAL: no SIGPIPE). 0 when everything is sent,
  * -EAGAIN when the socket is full (call again when writable), or -errno
  * (e.g. -EPIPE). */
-int radiance_conn_flush(struct radiance_conn *c);
+int rconn_flush(struct rconn *c);
 
 /* Bytes waiting to be sent. */
-size_t radiance_conn_pending(const struct radiance_conn *c);
+size_t rconn_pending(const struct rconn *c);
 /* Frames not completely sent (a frame partly sent counts), for messages. */
-size_t radiance_conn_pending_frames(const struct radiance_conn *c);
+size_t rconn_pending_frames(const struct rconn *c);
 
 #endif

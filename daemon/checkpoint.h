@@ -54,7 +54,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "checkpoint_files.h"   /* radiance_checkpoint_list_files, _dir_name */
+#include "checkpoint_files.h"   /* rcheckpoint_list_files, _dir_name */
 #include "model.h"
 
 /* One checkpoint file handed to the loader. name is its basename as in the
@@ -107,7 +107,7 @@ int radiance_checkpoint_load_checked(const struct radiance_file *files, size_t n
 				     radiance_progress_fn progress, void *user,
 				     struct radiance_model **out, char *err, size_t errlen);
 
-/* radiance_checkpoint_list_files(dir) + open each + radiance_checkpoint_load
+/* rcheckpoint_list_files(dir) + open each + radiance_checkpoint_load
  * + close. name NULL means the directory's basename (of its realpath, else
  * as written; "model" when that is empty). Also returns -errno of
  * open/fstat. */

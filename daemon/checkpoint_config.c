@@ -89,7 +89,7 @@ static int open_sharded(struct ck_loader *L, const struct radiance_file *files, 
 		goto out;
 	}
 	json_object_foreach(wm, key, v) {
-		if (!json_is_string(v) || !radiance_checkpoint_shard_name_ok(json_string_value(v))) {
+		if (!json_is_string(v) || !rcheckpoint_shard_name_ok(json_string_value(v))) {
 			ck_err(L, "%s: weight_map[\"%s\"] is not a shard file name, expected a basename "
 			       "such as \"model-00001-of-00002.safetensors\"", CK_INDEX, key);
 			rc = -EINVAL;

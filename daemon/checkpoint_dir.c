@@ -11,7 +11,7 @@ static char *dir_basename(const char *dir)
 {
 	char *real = realpath(dir, NULL);
 	size_t len;
-	const char *s = radiance_checkpoint_dir_name(real ? real : dir, &len);
+	const char *s = rcheckpoint_dir_name(real ? real : dir, &len);
 	char *b = len ? strndup(s, len) : strdup("model");
 	free(real);
 	return b;
@@ -27,7 +27,7 @@ int radiance_checkpoint_load_dir(const char *dir, const char *name, radiance_pro
 	if (!out || !dir)
 		return -EINVAL;
 	*out = NULL;
-	n = radiance_checkpoint_list_files(dir, &names, err, errlen);
+	n = rcheckpoint_list_files(dir, &names, err, errlen);
 	if (n < 0)
 		return n;
 	dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -63,6 +63,6 @@ out:
 	free(files);
 	free(base);
 	if (n > 0)
-		radiance_checkpoint_files_free(names);
+		rcheckpoint_files_free(names);
 	return rc;
 }

@@ -104,12 +104,12 @@ static inline int ck_cmp_ref(const void *a, const void *b)
 
 /* checkpoint_config.c */
 
-/* radiance_checkpoint_read_json (common/checkpoint_files.h) with L's error
+/* rcheckpoint_read_json (common/checkpoint_files.h) with L's error
  * buffer. */
 static inline int radiance__ck_read_json(struct ck_loader *L, int fd, const char *fname,
 					 json_t **out)
 {
-	return radiance_checkpoint_read_json(fd, fname, out, L->err, L->errlen);
+	return rcheckpoint_read_json(fd, fname, out, L->err, L->errlen);
 }
 
 /* L->qc from config.json's quantization_config (L->config) and/or

@@ -328,7 +328,7 @@ static int apply(struct radiance_config *cfg, const struct setting *st, const ch
 		}
 		return 0;
 	case V_LOGLEVEL:
-		lvl = radiance_log_level_parse(value);
+		lvl = rlog_level_parse(value);
 		if (lvl < 0) {
 			snprintf(err, errlen, "%s: '%s' is not a log level (expected silent, error, "
 				 "warn, info or debug)", where, value);
@@ -704,8 +704,8 @@ static int default_socket(struct radiance_config *cfg, char *err, size_t errlen)
 static int preload_same_name(const char *a, const char *b)
 {
 	size_t alen, blen;
-	const char *an = radiance_checkpoint_dir_name(a, &alen);
-	const char *bn = radiance_checkpoint_dir_name(b, &blen);
+	const char *an = rcheckpoint_dir_name(a, &alen);
+	const char *bn = rcheckpoint_dir_name(b, &blen);
 	return alen == blen && memcmp(an, bn, alen) == 0;
 }
 
@@ -753,7 +753,7 @@ static int preload_check(struct radiance_config *cfg, struct origins *o, char *e
 			if (!real[j] || !preload_same_name(cfg->preload[i], cfg->preload[j]))
 				continue;
 			size_t len;
-			const char *name = radiance_checkpoint_dir_name(cfg->preload[i], &len);
+			const char *name = rcheckpoint_dir_name(cfg->preload[i], &len);
 			snprintf(err, errlen, "preload %s (%s) and preload %s (%s) are different "
 				 "directories with the same name '%.*s': a preload's model name is "
 				 "its directory's basename; rename one of the directories",

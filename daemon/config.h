@@ -62,7 +62,7 @@ struct radiance_config {
 	uint64_t max_sessions_per_uid;     /* sessions of one uid at once */
 	uint64_t memory_bytes;             /* what "auto" derived from, 0: nothing was */
 	const char *memory_from;           /* "physical memory", "cgroup memory.max" */
-	int log_level;              /* enum radiance_log_level */
+	int log_level;              /* enum rlog_level */
 };
 
 /* Fills cfg from defaults, the config file and argv, and resolves

@@ -76,7 +76,7 @@ struct radiance_executor {
 	struct sched_flow **flows;            /* max_rings: this round's */
 	struct sched_req **batch;             /* max_rings * EXEC_BATCH: this round's pieces */
 	struct radiance_rows *rows;           /* max_rows */
-	struct radiance_proto_bump bump;   /* SQ slots unpack here, off malloc */
+	struct rproto_bump bump;   /* SQ slots unpack here, off malloc */
 };
 
 static void progress_bump(struct radiance_executor *e)
@@ -273,8 +273,8 @@ static void post_result(struct radiance_executor *e, struct exec_ring *r, uint64
 		res.error = text;
 	}
 	uint8_t buf[RADIANCE_SLOT_BYTES - 4];
-	int len = radiance_proto_pack_slot(&res.base, buf, sizeof buf);
-	int rc = len < 0 ? len : radiance_ring_push(&r->cq, buf, (size_t)len);
+	int len = rproto_pack_slot(&res.base, buf, sizeof buf);
+	int rc = len < 0 ? len : rring_push(&r->cq, buf, (size_t)len);
 	if (rc == -EPROTO) {
 		cq_violation(e, r);
 		return;
@@ -298,7 +298,7 @@ static void reject(struct radiance_executor *e, struct exec_ring *r, uint64_t re
 	va_start(ap, fmt);
 	vsnprintf(msg, sizeof msg, fmt, ap);
 	va_end(ap);
-	uint64_t lat = radiance_clock_ns() - t_seen;
+	uint64_t lat = rclock_ns() - t_seen;
 	post_result(e, r, request_id, status, msg, lat, 0);
 	stats_record(r->stats, 0, 0, 0, lat, status);
 	stats_record(e->opt.global_stats, 0, 0, 0, lat, status);
@@ -372,22 +372,22 @@ static void entry_finish(struct radiance_executor *e, struct exec_entry *en, int
  * ignored). */
 static void ring_doorbell(struct exec_ring *r)
 {
-	if (r->need_doorbell && !r->dead && radiance_ring_needs_wakeup(&r->cq))
-		radiance_doorbell_ring(r->cq_wfd);
+	if (r->need_doorbell && !r->dead && rring_needs_wakeup(&r->cq))
+		rdoorbell_ring(r->cq_wfd);
 	r->need_doorbell = 0;
 }
 
 /* Takes what one SQ offers this round into the ring's flow. */
 static void collect_ring(struct radiance_executor *e, struct exec_ring *r)
 {
-	int space = radiance_ring_space(&r->cq);
+	int space = rring_space(&r->cq);
 	if (space < 0) {
 		cq_violation(e, r);
 		return;
 	}
 	/* looked at every round, even when the flow takes nothing: a broken
 	 * SQ ends the session now, not after its queued pieces ran */
-	if (radiance_ring_ready(&r->sq) < 0) {
+	if (rring_ready(&r->sq) < 0) {
 		sq_violation(e, r);
 		return;
 	}
@@ -397,19 +397,19 @@ static void collect_ring(struct radiance_executor *e, struct exec_ring *r)
 	uint32_t budget = room < EXEC_BATCH ? room : EXEC_BATCH;
 	uint32_t taken = 0;
 	uint8_t slot[RADIANCE_SLOT_BYTES];
-	ProtobufCAllocator alloc = radiance_proto_bump_allocator(&e->bump);
+	ProtobufCAllocator alloc = rproto_bump_allocator(&e->bump);
 
 	while (taken < budget && sched_flow_can_take(&e->sched, &r->flow)) {
-		int len = radiance_ring_pop(&r->sq, slot);
+		int len = rring_pop(&r->sq, slot);
 		if (len == 0)
 			break;
 		if (len < 0) {
 			sq_violation(e, r);
 			return;
 		}
-		uint64_t t_seen = radiance_clock_ns();
+		uint64_t t_seen = rclock_ns();
 		taken++;
-		radiance_proto_bump_reset(&e->bump);
+		rproto_bump_reset(&e->bump);
 		Radiance__LinearRequest *req =
 			radiance__linear_request__unpack(&alloc, (size_t)len, slot);
 		if (!req) {
@@ -419,7 +419,7 @@ static void collect_ring(struct radiance_executor *e, struct exec_ring *r)
 		}
 		/* req lives in the bump arena: copy what we keep, nothing to free */
 		uint64_t id = req->request_id;
-		int ready = radiance_ring_ready(&r->sq);
+		int ready = rring_ready(&r->sq);
 		uint64_t inflight = (uint64_t)(ready > 0 ? ready : 0) + r->flow.n + 1;
 		if (inflight > r->max_inflight) {
 			reject(e, r, id, t_seen, EBUSY, "%llu requests in flight exceed the limit of %u",
@@ -523,10 +523,10 @@ static void launch(struct radiance_executor *e, struct sched_req **v, size_t n)
 			.dtype = en->rows.dtype,
 		};
 	}
-	uint64_t start = radiance_clock_ns();
+	uint64_t start = rclock_ns();
 	int rc = radiance_backend_linear(e->backend, l, m->handles[first->layer], e->rows, live, err,
 					 sizeof err);
-	uint64_t end = radiance_clock_ns();
+	uint64_t end = rclock_ns();
 	if (rc < 0)
 		log_warn("model %u layer %u (%s): launch of %zu requests failed: %s", m->id,
 			 first->layer, l->name, live, err);
@@ -642,7 +642,7 @@ static void ring_remove(struct radiance_executor *e, struct exec_job *job)
  * requests in flight, and m is about to go. */
 static void model_cancel(struct radiance_executor *e, struct exec_model *m)
 {
-	uint64_t now = radiance_clock_ns();
+	uint64_t now = rclock_ns();
 	for (size_t i = 0; i < e->nrings; i++) {
 		struct exec_ring *r = e->rings[i];
 		for (size_t j = 0; j < EXEC_BATCH; j++) {
@@ -755,7 +755,7 @@ void executor_submit(struct radiance_executor *e, struct exec_job *job)
 	job_list_push(&e->jobs, job);
 	atomic_store(&e->jobs_pending, 1);
 	pthread_mutex_unlock(&e->lock);
-	radiance_doorbell_ring(e->ctl_efd);
+	rdoorbell_ring(e->ctl_efd);
 }
 
 /* ---- the thread ---- */
@@ -768,7 +768,7 @@ static void idle_sleep(struct radiance_executor *e)
 		struct exec_ring *r = e->rings[slept];
 		if (r->dead)
 			continue;
-		if (!radiance_ring_prepare_sleep(&r->sq)) {
+		if (!rring_prepare_sleep(&r->sq)) {
 			wake = 1;
 			break;
 		}
@@ -780,10 +780,10 @@ static void idle_sleep(struct radiance_executor *e)
 		atomic_store(&e->idle, 0);
 		for (int i = 0; i < n; i++)
 			if (!evs[i].data.ptr)
-				radiance_doorbell_drain(e->ctl_efd);
+				rdoorbell_drain(e->ctl_efd);
 	}
 	for (size_t i = 0; i < slept && i < e->nrings; i++)
-		radiance_ring_end_sleep(&e->rings[i]->sq);
+		rring_end_sleep(&e->rings[i]->sq);
 }
 
 static void *executor_main(void *arg)
@@ -807,7 +807,7 @@ static void *executor_main(void *arg)
 		return NULL;
 
 	uint64_t spin_ns = (uint64_t)e->opt.spin_us * 1000u;
-	uint64_t last_work = radiance_clock_ns();
+	uint64_t last_work = rclock_ns();
 	while (!atomic_load(&e->stop)) {
 		run_jobs(e);
 		size_t n = serve_pass(e, NULL);
@@ -816,17 +816,17 @@ static void *executor_main(void *arg)
 			n++;
 		}
 		progress_bump(e);
-		uint64_t t = radiance_clock_ns();
+		uint64_t t = rclock_ns();
 		if (n) {
 			last_work = t;
 			continue;
 		}
 		if (t - last_work < spin_ns) {
-			radiance_ring_cpu_relax();
+			rring_cpu_relax();
 			continue;
 		}
 		idle_sleep(e);
-		last_work = radiance_clock_ns();
+		last_work = rclock_ns();
 	}
 	run_jobs(e);
 	radiance_backend_destroy(e->backend);
@@ -959,7 +959,7 @@ int exec_watch_alive(struct exec_watch *w, const struct exec_liveness *l, uint64
 void executor_destroy(struct radiance_executor *e)
 {
 	atomic_store(&e->stop, 1);
-	radiance_doorbell_ring(e->ctl_efd);
+	rdoorbell_ring(e->ctl_efd);
 	pthread_join(e->thread, NULL);
 	/* jobs finished in the last run_jobs still want their done callbacks */
 	on_async(&e->async);

@@ -158,14 +158,14 @@ struct exec_job {
  * RING_REMOVE is done. */
 struct exec_ring {
 	uint64_t session_id;
-	struct radiance_ring sq, cq;   /* private geometry copies */
+	struct rring sq, cq;   /* private geometry copies */
 	int sq_efd;                    /* SQ doorbell: eventfd the client writes */
 	int cq_wfd;                    /* CQ doorbell: write end of a pipe, ours alone */
 	uint8_t *arena;
 	uint64_t arena_bytes;
 	uint32_t max_inflight;
 	struct exec_refs *refs;
-	struct radiance_stats *stats;
+	struct stats_counters *stats;
 	struct exec_job broken;        /* set up by exec_ring_init; posted at most once */
 	/* executor-private */
 	int dead;
@@ -184,7 +184,7 @@ struct executor_options {
 	uint32_t chunk_rows;          /* piece size of prefill requests (sched_params);
 	                                 EXEC_CHUNK_AUTO: by backend, see executor.c */
 	uint32_t session_rows;        /* rows one session may have queued (sched_params) */
-	struct radiance_stats *global_stats;
+	struct stats_counters *global_stats;
 };
 
 /* Starts the thread, which creates the backend; waits for that and returns

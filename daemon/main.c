@@ -16,7 +16,7 @@ int main(int argc, char **argv)
 		config_finish(&cfg);
 		return rc < 0 ? 2 : 0;
 	}
-	radiance_log_init(cfg.log_level);
+	rlog_init(cfg.log_level);
 	rc = server_run(&cfg);
 	config_finish(&cfg);
 	return rc;

@@ -199,7 +199,7 @@ static int parse_blocks(struct radiance_quant_config *c, const json_t *v, const 
 	}
 	return 0;
 bad:
-	radiance__errf(err, errlen, "%s: quantization_config.%s is %s, expected a string of comma-separated "
+	rlog_errf(err, errlen, "%s: quantization_config.%s is %s, expected a string of comma-separated "
 		       "module prefixes or an array of them", c->source, key, dump(v, vb, sizeof vb));
 	return -EINVAL;
 }
@@ -216,7 +216,7 @@ static int parse_override(struct radiance_quant_config *c, const char *key, cons
 	const char *dt = NULL;
 
 	if (!json_is_object(v)) {
-		radiance__errf(err, errlen, "%s: quantization_config.extra_config[\"%s\"] is %s, expected an object "
+		rlog_errf(err, errlen, "%s: quantization_config.extra_config[\"%s\"] is %s, expected an object "
 			       "(layer \"%s\")", c->source, key, dump(v, vb, sizeof vb), key);
 		return -EINVAL;
 	}
@@ -225,13 +225,13 @@ static int parse_override(struct radiance_quant_config *c, const char *key, cons
 	sym_j = json_object_get(v, "sym");
 	dt_j = json_object_get(v, "data_type");
 	if (bits_j && !json_is_null(bits_j) && !get_int(bits_j, &bits)) {
-		radiance__errf(err, errlen, "%s: layer \"%s\": quantization_config.extra_config[\"%s\"].bits is %s, "
+		rlog_errf(err, errlen, "%s: layer \"%s\": quantization_config.extra_config[\"%s\"].bits is %s, "
 			       "expected an integer", c->source, key, key, dump(bits_j, vb, sizeof vb));
 		return -EINVAL;
 	}
 	if (dt_j && !json_is_null(dt_j)) {
 		if (!json_is_string(dt_j)) {
-			radiance__errf(err, errlen, "%s: layer \"%s\": quantization_config.extra_config[\"%s\"].data_type "
+			rlog_errf(err, errlen, "%s: layer \"%s\": quantization_config.extra_config[\"%s\"].data_type "
 				       "is %s, expected a string", c->source, key, key, dump(dt_j, vb, sizeof vb));
 			return -EINVAL;
 		}
@@ -241,23 +241,23 @@ static int parse_override(struct radiance_quant_config *c, const char *key, cons
 	o->held_16bit = bits >= 16 || (dt && float_data_type(dt));
 	if (!o->held_16bit) {
 		if (bits != 4) {
-			radiance__errf(err, errlen, "%s: layer \"%s\": quantization_config.extra_config[\"%s\"].bits is %lld, "
+			rlog_errf(err, errlen, "%s: layer \"%s\": quantization_config.extra_config[\"%s\"].bits is %lld, "
 				       "expected 4 (int4 kernels) or >= 16 (kept as a bf16 linear)",
 				       c->source, key, key, bits);
 			return -EINVAL;
 		}
 		if (gs_j && !json_is_null(gs_j) && (!get_int(gs_j, &gs) || gs != 128)) {
-			radiance__errf(err, errlen, "%s: layer \"%s\": quantization_config.extra_config[\"%s\"].group_size "
+			rlog_errf(err, errlen, "%s: layer \"%s\": quantization_config.extra_config[\"%s\"].group_size "
 				       "is %s, expected 128", c->source, key, key, dump(gs_j, vb, sizeof vb));
 			return -EINVAL;
 		}
 		if (sym_j && !json_is_null(sym_j) && !json_is_true(sym_j)) {
-			radiance__errf(err, errlen, "%s: layer \"%s\": quantization_config.extra_config[\"%s\"].sym is %s, "
+			rlog_errf(err, errlen, "%s: layer \"%s\": quantization_config.extra_config[\"%s\"].sym is %s, "
 				       "expected true", c->source, key, key, dump(sym_j, vb, sizeof vb));
 			return -EINVAL;
 		}
 		if (dt && !int_data_type(dt)) {
-			radiance__errf(err, errlen, "%s: layer \"%s\": quantization_config.extra_config[\"%s\"].data_type "
+			rlog_errf(err, errlen, "%s: layer \"%s\": quantization_config.extra_config[\"%s\"].data_type "
 				       "is \"%s\", expected \"int\" (or \"fp\"/\"float\" with bits >= 16)",
 				       c->source, key, key, dt);
 			return -EINVAL;
@@ -270,7 +270,7 @@ static int parse_override(struct radiance_quant_config *c, const char *key, cons
 	if (has_regex_char(key)) {
 		const char *why = untamed_regex(key);
 		if (why) {
-			radiance__errf(err, errlen, "%s: quantization_config.extra_config key \"%.300s\" is refused: "
+			rlog_errf(err, errlen, "%s: quantization_config.extra_config key \"%.300s\" is refused: "
 				       "it has %s (radiance compiles module names and simple patterns only: "
 				       "no backreferences, {m,n} bounds or stacked repetition)", c->source, key, why);
 			free(o->key);
@@ -286,7 +286,7 @@ static int parse_override(struct radiance_quant_config *c, const char *key, cons
 		int r = regcomp(&o->re, pat, REG_EXTENDED | REG_NOSUB);
 		free(pat);
 		if (r) {
-			radiance__errf(err, errlen, "%s: quantization_config.extra_config key \"%s\" is neither a module "
+			rlog_errf(err, errlen, "%s: quantization_config.extra_config key \"%s\" is neither a module "
 				       "name nor a valid POSIX extended regular expression", c->source, key);
 			free(o->key);
 			return r == REG_ESPACE ? -ENOMEM : -EINVAL;
@@ -303,7 +303,7 @@ static int get_string_key(struct radiance_quant_config *c, const json_t *qc, con
 	char vb[160];
 	const json_t *v = json_object_get(qc, key);
 	if (!v || !json_is_string(v)) {
-		radiance__errf(err, errlen, "%s: quantization_config.%s is %s, expected %s", c->source, key,
+		rlog_errf(err, errlen, "%s: quantization_config.%s is %s, expected %s", c->source, key,
 			       dump(v, vb, sizeof vb), expected);
 		return -EINVAL;
 	}
@@ -318,7 +318,7 @@ static int get_required_int(struct radiance_quant_config *c, const json_t *qc, c
 	long long i;
 	const json_t *v = json_object_get(qc, key);
 	if (!v || !get_int(v, &i) || i != expected) {
-		radiance__errf(err, errlen, "%s: quantization_config.%s is %s, expected %lld (%s)", c->source, key,
+		rlog_errf(err, errlen, "%s: quantization_config.%s is %s, expected %lld (%s)", c->source, key,
 			       dump(v, vb, sizeof vb), expected, why);
 		return -EINVAL;
 	}
@@ -337,7 +337,7 @@ int radiance_quant_config_init(struct radiance_quant_config *c, const json_t *qc
 	if (!c->source)
 		return -ENOMEM;
 	if (!json_is_object(qc)) {
-		radiance__errf(err, errlen, "%s: quantization_config is %s, expected an object", c->source,
+		rlog_errf(err, errlen, "%s: quantization_config is %s, expected an object", c->source,
 			       dump(qc, vb, sizeof vb));
 		rc = -EINVAL;
 		goto fail;
@@ -347,7 +347,7 @@ int radiance_quant_config_init(struct radiance_quant_config *c, const json_t *qc
 	if (rc)
 		goto fail;
 	if (!method_ok(c->quant_method)) {
-		radiance__errf(err, errlen, "%s: quantization_config.quant_method is \"%s\", expected \"auto-round\" "
+		rlog_errf(err, errlen, "%s: quantization_config.quant_method is \"%s\", expected \"auto-round\" "
 			       "(or \"intel/auto-round\")", c->source, c->quant_method);
 		rc = -EINVAL;
 		goto fail;
@@ -357,7 +357,7 @@ int radiance_quant_config_init(struct radiance_quant_config *c, const json_t *qc
 	if (rc)
 		goto fail;
 	if (!packing_ok(c->packing_format)) {
-		radiance__errf(err, errlen, "%s: quantization_config.packing_format is \"%s\": that packing is not "
+		rlog_errf(err, errlen, "%s: quantization_config.packing_format is \"%s\": that packing is not "
 			       "supported, expected \"auto_round:auto_gptq\" (alias \"auto_round:gptq\")",
 			       c->source, c->packing_format);
 		rc = -EINVAL;
@@ -371,7 +371,7 @@ int radiance_quant_config_init(struct radiance_quant_config *c, const json_t *qc
 	c->group_size = 128;
 	v = json_object_get(qc, "sym");
 	if (!json_is_true(v)) {
-		radiance__errf(err, errlen, "%s: quantization_config.sym is %s, expected true (the kernels fold the "
+		rlog_errf(err, errlen, "%s: quantization_config.sym is %s, expected true (the kernels fold the "
 			       "constant zero point 8; asymmetric zero points are not carried)",
 			       c->source, dump(v, vb, sizeof vb));
 		rc = -EINVAL;
@@ -380,7 +380,7 @@ int radiance_quant_config_init(struct radiance_quant_config *c, const json_t *qc
 	c->sym = true;
 	v = json_object_get(qc, "data_type");
 	if (v && !json_is_null(v) && (!json_is_string(v) || !int_data_type(json_string_value(v)))) {
-		radiance__errf(err, errlen, "%s: quantization_config.data_type is %s, expected \"int\"", c->source,
+		rlog_errf(err, errlen, "%s: quantization_config.data_type is %s, expected \"int\"", c->source,
 			       dump(v, vb, sizeof vb));
 		rc = -EINVAL;
 		goto fail;
@@ -400,7 +400,7 @@ int radiance_quant_config_init(struct radiance_quant_config *c, const json_t *qc
 		const char *key;
 		json_t *e;
 		if (!json_is_object(v)) {
-			radiance__errf(err, errlen, "%s: quantization_config.extra_config is %s, expected an object of "
+			rlog_errf(err, errlen, "%s: quantization_config.extra_config is %s, expected an object of "
 				       "per-module overrides", c->source, dump(v, vb, sizeof vb));
 			rc = -EINVAL;
 			goto fail;
@@ -419,7 +419,7 @@ int radiance_quant_config_init(struct radiance_quant_config *c, const json_t *qc
 
 fail:
 	if (rc == -ENOMEM)
-		radiance__errf(err, errlen, "%s: out of memory parsing quantization_config", c->source);
+		rlog_errf(err, errlen, "%s: out of memory parsing quantization_config", c->source);
 	radiance_quant_config_finish(c);
 	return rc;
 }
@@ -528,7 +528,7 @@ struct compare_ctx {
 static int disagree(const struct compare_ctx *x, const char *what, const char *layer,
 		    const char *in_a, const char *in_b)
 {
-	radiance__errf(x->err, x->errlen, "%s and %s disagree on quantization_config.%s%s%s%s: %s in %s, "
+	rlog_errf(x->err, x->errlen, "%s and %s disagree on quantization_config.%s%s%s%s: %s in %s, "
 		       "%s in %s; expected the same in both (AutoRound writes one quantization config "
 		       "to both files)", x->a_src, x->b_src, what, layer ? " (layer \"" : "",
 		       layer ? layer : "", layer ? "\")" : "", in_a, x->a_src, in_b, x->b_src);
@@ -582,7 +582,7 @@ static int compare_blocks(const struct compare_ctx *x, const json_t *qa, const j
 
 	if ((rc = parse_blocks(&a, va, ka, NULL, 0)) || (rc = parse_blocks(&b, vb, kb, NULL, 0))) {
 		if (rc == -ENOMEM)
-			radiance__errf(x->err, x->errlen, "out of memory comparing %s and %s", x->a_src,
+			rlog_errf(x->err, x->errlen, "out of memory comparing %s and %s", x->a_src,
 				       x->b_src);
 		else
 			rc = 0;   /* init refuses it, naming its file */

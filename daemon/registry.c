@@ -57,11 +57,11 @@ static int check_tensor_names(const struct radiance_model *m, char *err, size_t 
 	char why[400];
 	for (size_t i = 0; i < m->n_layers; i++)
 		if (m->layers[i].name &&
-		    radiance_text_check("the layer name", m->layers[i].name, 0, why, sizeof why) < 0)
+		    rtext_check("the layer name", m->layers[i].name, 0, why, sizeof why) < 0)
 			goto bad;
 	for (size_t i = 0; i < m->n_other; i++)
 		if (m->other[i].name &&
-		    radiance_text_check("the tensor name", m->other[i].name, 0, why, sizeof why) < 0)
+		    rtext_check("the tensor name", m->other[i].name, 0, why, sizeof why) < 0)
 			goto bad;
 	return 0;
 bad:
@@ -90,7 +90,7 @@ static int charge(struct radiance_resident *res, const char *name, uint64_t byte
 	char shown[160], doing[256], whose[48], size[32];
 	int rc = 0;
 
-	radiance_text_escape(name, shown, sizeof shown);
+	rtext_escape(name, shown, sizeof shown);
 	limit_format_bytes(bytes, size, sizeof size);
 	snprintf(doing, sizeof doing, "loading model '%s' (%s resident)", shown, size);
 	pthread_mutex_lock(&reg->charge_lock);
@@ -162,7 +162,7 @@ static int plan_check(void *user, const char *model_name, const struct radiance_
 		if (!n_over && !(lim->max_k && l->k > lim->max_k))
 			continue;
 		char shown[160], where[96];
-		radiance_text_escape(l->name, shown, sizeof shown);
+		rtext_escape(l->name, shown, sizeof shown);
 		limit_option(n_over ? "max_n" : "max_k", where, sizeof where);
 		snprintf(err, errlen, "layer '%s' has %s = %u, above %s = %u (%s), the largest the "
 			 "backend is sized for; refused before anything was allocated for it", shown,
@@ -368,7 +368,7 @@ static void load_work(uv_work_t *work)
 
 	if (res->dir) {
 		char **names = NULL;
-		rc = radiance_checkpoint_list_files(res->dir, &names, res->err, sizeof res->err);
+		rc = rcheckpoint_list_files(res->dir, &names, res->err, sizeof res->err);
 		if (rc < 0)
 			goto out;
 		res->files = calloc((size_t)rc, sizeof *res->files);
@@ -421,7 +421,7 @@ out:
 static void send_progress(struct radiance_resident *res, int force)
 {
 	uint64_t total = atomic_load(&res->total_bytes), done = atomic_load(&res->done_bytes);
-	uint64_t t = radiance_clock_ns();
+	uint64_t t = rclock_ns();
 	if (done == res->sent_bytes && res->sent_ns)
 		return;
 	if (!force && done != total && done - res->sent_bytes < total / 100 &&
@@ -462,7 +462,7 @@ static void load_after(uv_work_t *work, int status)
 		/* config.json's text, which the client wrote: checked like a name it sent */
 		const char *from = m->name ? m->name : "model";
 		char why[400];
-		if (radiance_text_check("the model name from config.json's _name_or_path", from,
+		if (rtext_check("the model name from config.json's _name_or_path", from,
 					REGISTRY_NAME_MAX, why, sizeof why) < 0) {
 			res->status = -EINVAL;
 			snprintf(res->err, sizeof res->err, "%s; give the load a name", why);
@@ -585,7 +585,7 @@ static int answer_later(struct radiance_resident *res, struct registry_waiter *w
 	return 0;
 }
 
-/* Length and characters are radiance_text_check's (common/text.h). */
+/* Length and characters are rtext_check's (common/text.h). */
 static int valid_file_name(const char *n)
 {
 	return !strchr(n, '/') && strcmp(n, ".") && strcmp(n, "..");
@@ -609,7 +609,7 @@ int registry_load_files(struct radiance_registry *reg, const struct radiance_fil
 		snprintf(err, errlen, "LoadModel names no files");
 		goto fail;
 	}
-	if (name && radiance_text_check("LoadModel.name", name, REGISTRY_NAME_MAX, err,
+	if (name && rtext_check("LoadModel.name", name, REGISTRY_NAME_MAX, err,
 					errlen) < 0) {
 		rc = -EINVAL;
 		goto fail;
@@ -618,7 +618,7 @@ int registry_load_files(struct radiance_registry *reg, const struct radiance_fil
 		struct stat st;
 		char field[48];
 		snprintf(field, sizeof field, "LoadModel.file_names[%zu]", i);
-		if (radiance_text_check(field, files[i].name ? files[i].name : "", REGISTRY_NAME_MAX,
+		if (rtext_check(field, files[i].name ? files[i].name : "", REGISTRY_NAME_MAX,
 					err, errlen) < 0) {
 			rc = -EINVAL;
 			goto fail;
@@ -714,18 +714,18 @@ int registry_preload(struct radiance_registry *reg, const char *dir, struct regi
 		     char *err, size_t errlen)
 {
 	char shown[300], why[400];
-	radiance_text_escape(dir, shown, sizeof shown);
+	rtext_escape(dir, shown, sizeof shown);
 	/* named after the directory (config.c refuses two preloads that would
 	 * share a name by the same rule), a name every client sees, so it is
 	 * checked like one a client sends */
 	size_t len;
-	const char *last = radiance_checkpoint_dir_name(dir, &len);
+	const char *last = rcheckpoint_dir_name(dir, &len);
 	char *base = strndup(last, len);
 	if (!base) {
 		snprintf(err, errlen, "preload %s: out of memory", shown);
 		return -ENOMEM;
 	}
-	if (radiance_text_check("its directory name (the model's name)", base, REGISTRY_NAME_MAX,
+	if (rtext_check("its directory name (the model's name)", base, REGISTRY_NAME_MAX,
 				why, sizeof why) < 0) {
 		snprintf(err, errlen, "preload %s: %s; rename the directory or link to it under a "
 			 "plain name", shown, why);

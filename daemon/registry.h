@@ -113,7 +113,7 @@ void registry_destroy(struct radiance_registry *reg);
  * copies the names. name may be NULL. w->done is always called later (never
  * from inside this call) unless registry_cancel() is called first.
  * Returns 0, or -errno (then w is not called and every fd is closed) with
- * err set: -EINVAL for a bad name or file name (radiance_text_check, common/text.h),
+ * err set: -EINVAL for a bad name or file name (rtext_check, common/text.h),
  * -ESHUTDOWN, -ENOMEM. */
 int registry_load_files(struct radiance_registry *reg, const struct radiance_file *files,
 			size_t nfiles, const char *name, struct registry_waiter *w, char *err,
@@ -122,7 +122,7 @@ int registry_load_files(struct radiance_registry *reg, const struct radiance_fil
 /* Loads a checkpoint directory at start; it is preloaded (never unloaded
  * before shutdown) and named after the directory. w as above. Returns 0, or
  * -errno with err set (a whole sentence naming the directory): -EINVAL when
- * the directory's name is not a valid model name (radiance_text_check, common/text.h),
+ * the directory's name is not a valid model name (rtext_check, common/text.h),
  * -ENOMEM, or uv_queue_work's error. */
 int registry_preload(struct radiance_registry *reg, const char *dir, struct registry_waiter *w,
 		     char *err, size_t errlen);

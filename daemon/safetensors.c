@@ -147,7 +147,7 @@ static int parse_meta(struct radiance_st_file *f, json_t *m, char *err, size_t e
 	json_t *v;
 
 	if (!json_is_object(m)) {
-		radiance__errf(err, errlen, "%s: __metadata__ is a JSON %s, expected an object of string -> string",
+		rlog_errf(err, errlen, "%s: __metadata__ is a JSON %s, expected an object of string -> string",
 			       f->name, json_kind(m));
 		return -EINVAL;
 	}
@@ -156,7 +156,7 @@ static int parse_meta(struct radiance_st_file *f, json_t *m, char *err, size_t e
 		return -ENOMEM;
 	json_object_foreach(m, key, v) {
 		if (!json_is_string(v)) {
-			radiance__errf(err, errlen, "%s: __metadata__[\"%s\"] is a JSON %s, expected a string",
+			rlog_errf(err, errlen, "%s: __metadata__[\"%s\"] is a JSON %s, expected a string",
 				       f->name, key, json_kind(v));
 			return -EINVAL;
 		}
@@ -176,13 +176,13 @@ static int get_uint(const json_t *j, uint64_t *v, const char *fname, const char 
 		    const char *what, size_t idx, char *err, size_t errlen)
 {
 	if (!json_is_integer(j)) {
-		radiance__errf(err, errlen, "%s: tensor \"%s\": %s[%zu] is a JSON %s, expected a non-negative integer",
+		rlog_errf(err, errlen, "%s: tensor \"%s\": %s[%zu] is a JSON %s, expected a non-negative integer",
 			       fname, tname, what, idx, json_kind(j));
 		return -EINVAL;
 	}
 	json_int_t i = json_integer_value(j);
 	if (i < 0) {
-		radiance__errf(err, errlen, "%s: tensor \"%s\": %s[%zu] is %" JSON_INTEGER_FORMAT
+		rlog_errf(err, errlen, "%s: tensor \"%s\": %s[%zu] is %" JSON_INTEGER_FORMAT
 			       ", expected a non-negative integer", fname, tname, what, idx, i);
 		return -EINVAL;
 	}
@@ -201,20 +201,20 @@ static int parse_tensor(struct radiance_st_file *f, struct radiance_st_tensor *t
 	if (!t->name)
 		return -ENOMEM;
 	if (!json_is_object(e)) {
-		radiance__errf(err, errlen, "%s: tensor \"%s\": entry is a JSON %s, expected an object with dtype, shape and data_offsets",
+		rlog_errf(err, errlen, "%s: tensor \"%s\": entry is a JSON %s, expected an object with dtype, shape and data_offsets",
 			       f->name, key, json_kind(e));
 		return -EINVAL;
 	}
 
 	dt = json_object_get(e, "dtype");
 	if (!dt || !json_is_string(dt)) {
-		radiance__errf(err, errlen, "%s: tensor \"%s\": dtype is %s%s, expected a dtype name string",
+		rlog_errf(err, errlen, "%s: tensor \"%s\": dtype is %s%s, expected a dtype name string",
 			       f->name, key, dt ? "a JSON " : "missing", dt ? json_kind(dt) : "");
 		return -EINVAL;
 	}
 	int d = radiance_st_dtype_from_name(json_string_value(dt));
 	if (d < 0) {
-		radiance__errf(err, errlen, "%s: tensor \"%s\": unknown dtype \"%s\", expected one of BOOL U8 I8 "
+		rlog_errf(err, errlen, "%s: tensor \"%s\": unknown dtype \"%s\", expected one of BOOL U8 I8 "
 			       "F8_E5M2 F8_E4M3 F8_E8M0 I16 U16 F16 BF16 I32 U32 F32 F64 I64 U64 C64 F4 F6_E2M3 F6_E3M2",
 			       f->name, key, json_string_value(dt));
 		return -EINVAL;
@@ -223,7 +223,7 @@ static int parse_tensor(struct radiance_st_file *f, struct radiance_st_tensor *t
 
 	sh = json_object_get(e, "shape");
 	if (!sh || !json_is_array(sh)) {
-		radiance__errf(err, errlen, "%s: tensor \"%s\": shape is %s%s, expected an array of non-negative integers",
+		rlog_errf(err, errlen, "%s: tensor \"%s\": shape is %s%s, expected an array of non-negative integers",
 			       f->name, key, sh ? "a JSON " : "missing", sh ? json_kind(sh) : "");
 		return -EINVAL;
 	}
@@ -246,10 +246,10 @@ static int parse_tensor(struct radiance_st_file *f, struct radiance_st_tensor *t
 	off = json_object_get(e, "data_offsets");
 	if (!off || !json_is_array(off) || json_array_size(off) != 2) {
 		if (off && json_is_array(off))
-			radiance__errf(err, errlen, "%s: tensor \"%s\": data_offsets has %zu elements, expected 2 [begin, end]",
+			rlog_errf(err, errlen, "%s: tensor \"%s\": data_offsets has %zu elements, expected 2 [begin, end]",
 				       f->name, key, json_array_size(off));
 		else
-			radiance__errf(err, errlen, "%s: tensor \"%s\": data_offsets is %s%s, expected [begin, end]",
+			rlog_errf(err, errlen, "%s: tensor \"%s\": data_offsets is %s%s, expected [begin, end]",
 				       f->name, key, off ? "a JSON " : "missing", off ? json_kind(off) : "");
 		return -EINVAL;
 	}
@@ -257,12 +257,12 @@ static int parse_tensor(struct radiance_st_file *f, struct radiance_st_tensor *t
 	    (rc = get_uint(json_array_get(off, 1), &t->end, f->name, key, "data_offsets", 1, err, errlen)))
 		return rc;
 	if (t->begin > t->end) {
-		radiance__errf(err, errlen, "%s: tensor \"%s\": data_offsets [%" PRIu64 ", %" PRIu64 "] are reversed, expected begin <= end",
+		rlog_errf(err, errlen, "%s: tensor \"%s\": data_offsets [%" PRIu64 ", %" PRIu64 "] are reversed, expected begin <= end",
 			       f->name, key, t->begin, t->end);
 		return -EINVAL;
 	}
 	if (t->end > f->data_len) {
-		radiance__errf(err, errlen, "%s: tensor \"%s\": data_offsets [%" PRIu64 ", %" PRIu64 "] out of bounds, "
+		rlog_errf(err, errlen, "%s: tensor \"%s\": data_offsets [%" PRIu64 ", %" PRIu64 "] out of bounds, "
 			       "expected end <= %" PRIu64 " (the data section's size)",
 			       f->name, key, t->begin, t->end, f->data_len);
 		return -EINVAL;
@@ -271,17 +271,17 @@ static int parse_tensor(struct radiance_st_file *f, struct radiance_st_tensor *t
 	uint64_t nbits;
 	unsigned bits = radiance_st_dtype_bits(t->dtype);
 	if (overflow || __builtin_mul_overflow(t->nelem, (uint64_t)bits, &nbits)) {
-		radiance__errf(err, errlen, "%s: tensor \"%s\": size of shape %s x %s overflows 64 bits",
+		rlog_errf(err, errlen, "%s: tensor \"%s\": size of shape %s x %s overflows 64 bits",
 			       f->name, key, shape_str(t, sb, sizeof sb), dtypes[t->dtype].name);
 		return -EINVAL;
 	}
 	if (nbits % 8) {
-		radiance__errf(err, errlen, "%s: tensor \"%s\": shape %s of %u-bit %s is not a whole number of bytes",
+		rlog_errf(err, errlen, "%s: tensor \"%s\": shape %s of %u-bit %s is not a whole number of bytes",
 			       f->name, key, shape_str(t, sb, sizeof sb), bits, dtypes[t->dtype].name);
 		return -EINVAL;
 	}
 	if (t->end - t->begin != nbits / 8) {
-		radiance__errf(err, errlen, "%s: tensor \"%s\": data_offsets [%" PRIu64 ", %" PRIu64 "] span %" PRIu64
+		rlog_errf(err, errlen, "%s: tensor \"%s\": data_offsets [%" PRIu64 ", %" PRIu64 "] span %" PRIu64
 			       " bytes, expected %" PRIu64 " (shape %s x %s)",
 			       f->name, key, t->begin, t->end, t->end - t->begin, nbits / 8,
 			       shape_str(t, sb, sizeof sb), dtypes[t->dtype].name);
@@ -322,7 +322,7 @@ static int check_coverage(struct radiance_st_file *f, char *err, size_t errlen)
 	for (size_t i = 0; i < f->n_tensors; i++) {
 		const struct radiance_st_tensor *t = order[i];
 		if (t->begin < pos) {
-			radiance__errf(err, errlen, "%s: tensors \"%s\" [%" PRIu64 ", %" PRIu64 ") and \"%s\" [%" PRIu64
+			rlog_errf(err, errlen, "%s: tensors \"%s\" [%" PRIu64 ", %" PRIu64 ") and \"%s\" [%" PRIu64
 			       ", %" PRIu64 ") overlap, expected disjoint data_offsets",
 			       f->name, prev->name, prev->begin, prev->end, t->name, t->begin, t->end);
 			rc = -EINVAL;
@@ -330,11 +330,11 @@ static int check_coverage(struct radiance_st_file *f, char *err, size_t errlen)
 		}
 		if (t->begin > pos) {
 			if (prev)
-				radiance__errf(err, errlen, "%s: hole in the data section: bytes [%" PRIu64 ", %" PRIu64
+				rlog_errf(err, errlen, "%s: hole in the data section: bytes [%" PRIu64 ", %" PRIu64
 					       ") between \"%s\" and \"%s\" belong to no tensor, expected contiguous tensors",
 				       f->name, pos, t->begin, prev->name, t->name);
 			else
-				radiance__errf(err, errlen, "%s: hole in the data section: bytes [0, %" PRIu64
+				rlog_errf(err, errlen, "%s: hole in the data section: bytes [0, %" PRIu64
 					       ") before \"%s\" belong to no tensor, expected the first tensor at offset 0",
 				       f->name, t->begin, t->name);
 			rc = -EINVAL;
@@ -344,7 +344,7 @@ static int check_coverage(struct radiance_st_file *f, char *err, size_t errlen)
 		prev = t;
 	}
 	if (pos != f->data_len) {
-		radiance__errf(err, errlen, "%s: the data section is %" PRIu64 " bytes but the tensors cover %" PRIu64
+		rlog_errf(err, errlen, "%s: the data section is %" PRIu64 " bytes but the tensors cover %" PRIu64
 			       ": %" PRIu64 " trailing bytes belong to no tensor, expected the last tensor to end the file",
 			       f->name, f->data_len, pos, f->data_len - pos);
 		rc = -EINVAL;
@@ -394,7 +394,7 @@ static bool is_lfs_pointer(const void *buf, size_t len, const char *name, char *
 		len = 1024;
 	lfs_field(buf, len, "oid ", oid, sizeof oid);
 	lfs_field(buf, len, "size ", size, sizeof size);
-	radiance__errf(err, errlen, "%s is a Git LFS pointer (oid %s, size %s), not the tensor data: "
+	rlog_errf(err, errlen, "%s is a Git LFS pointer (oid %s, size %s), not the tensor data: "
 		       "run `git lfs pull` in the checkpoint's repository", name, oid, size);
 	return true;
 }
@@ -410,19 +410,19 @@ static int check_prefix(const struct radiance_st_file *f, const uint8_t *p, size
 	if (is_lfs_pointer(p, have, f->name, err, errlen))
 		return -EINVAL;
 	if (size < 8) {
-		radiance__errf(err, errlen, "%s: file is %" PRIu64 " bytes, too short for the 8-byte header length",
+		rlog_errf(err, errlen, "%s: file is %" PRIu64 " bytes, too short for the 8-byte header length",
 			       f->name, size);
 		return -EINVAL;
 	}
 	for (int i = 7; i >= 0; i--)
 		n = n << 8 | p[i];
 	if (n > RADIANCE_ST_MAX_HEADER) {
-		radiance__errf(err, errlen, "%s: header length %" PRIu64 " is too large, expected at most %llu bytes",
+		rlog_errf(err, errlen, "%s: header length %" PRIu64 " is too large, expected at most %llu bytes",
 			       f->name, n, RADIANCE_ST_MAX_HEADER);
 		return -EINVAL;
 	}
 	if (n > size - 8) {
-		radiance__errf(err, errlen, "%s: header length %" PRIu64 " runs past the end of the file, expected at most %"
+		rlog_errf(err, errlen, "%s: header length %" PRIu64 " runs past the end of the file, expected at most %"
 			       PRIu64 " (file is %" PRIu64 " bytes)", f->name, n, size - 8, size);
 		return -EINVAL;
 	}
@@ -442,17 +442,17 @@ static int parse_header(struct radiance_st_file *f, const uint8_t *hdr, uint64_t
 
 	root = json_loadb((const char *)hdr, n, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES, &jerr);
 	if (!root) {
-		radiance__errf(err, errlen, "%s: header is not valid JSON: %s (line %d, column %d), expected a JSON object",
+		rlog_errf(err, errlen, "%s: header is not valid JSON: %s (line %d, column %d), expected a JSON object",
 			       f->name, jerr.text, jerr.line, jerr.column);
 		return -EINVAL;
 	}
 	if (!json_is_object(root)) {
-		radiance__errf(err, errlen, "%s: header is a JSON %s, expected an object", f->name, json_kind(root));
+		rlog_errf(err, errlen, "%s: header is a JSON %s, expected an object", f->name, json_kind(root));
 		rc = -EINVAL;
 		goto out;
 	}
 	if (hdr[0] != '{') {
-		radiance__errf(err, errlen, "%s: header starts with byte 0x%02x, expected '{'", f->name, hdr[0]);
+		rlog_errf(err, errlen, "%s: header starts with byte 0x%02x, expected '{'", f->name, hdr[0]);
 		rc = -EINVAL;
 		goto out;
 	}
@@ -522,7 +522,7 @@ int radiance_st_parse(const void *buf, size_t len, const char *name,
 
 fail:
 	if (rc == -ENOMEM)
-		radiance__errf(err, errlen, "%s: out of memory reading the header", f->name);
+		rlog_errf(err, errlen, "%s: out of memory reading the header", f->name);
 	file_free(f);
 	return rc;
 }
@@ -533,11 +533,11 @@ static int regular_size(int fd, const char *name, uint64_t *size, char *err, siz
 	struct stat st;
 	if (fstat(fd, &st) < 0) {
 		int rc = -errno;
-		radiance__errf(err, errlen, "%s: fstat: %s", name, strerror(-rc));
+		rlog_errf(err, errlen, "%s: fstat: %s", name, strerror(-rc));
 		return rc;
 	}
 	if (!S_ISREG(st.st_mode)) {
-		radiance__errf(err, errlen, "%s: not a regular file, expected a safetensors file", name);
+		rlog_errf(err, errlen, "%s: not a regular file, expected a safetensors file", name);
 		return -EINVAL;
 	}
 	*size = (uint64_t)st.st_size;
@@ -551,18 +551,18 @@ static int regular_size(int fd, const char *name, uint64_t *size, char *err, siz
 static int read_exact(int fd, const char *name, const char *what, void *dst, uint64_t len,
 		      uint64_t off, uint64_t size, char *err, size_t errlen)
 {
-	ssize_t r = radiance_io_pread(fd, dst, (size_t)len, off);
+	ssize_t r = rio_pread(fd, dst, (size_t)len, off);
 	if (r == (ssize_t)len)
 		return 0;
 	if (r < 0) {
-		radiance__errf(err, errlen, "%s: %sread of %" PRIu64 " bytes at byte %" PRIu64 " failed: %s",
+		rlog_errf(err, errlen, "%s: %sread of %" PRIu64 " bytes at byte %" PRIu64 " failed: %s",
 			       name, what, len, off, strerror((int)-r));
 		return -EIO;
 	}
 	struct stat st;
 	uint64_t now = fstat(fd, &st) == 0 && (uint64_t)st.st_size < size ? (uint64_t)st.st_size
 									   : off + (uint64_t)r;
-	radiance__errf(err, errlen, "%s: %sfile shrank to %" PRIu64 " bytes while loading (expected %" PRIu64 ")",
+	rlog_errf(err, errlen, "%s: %sfile shrank to %" PRIu64 " bytes while loading (expected %" PRIu64 ")",
 		       name, what, now, size);
 	return -EIO;
 }
@@ -603,7 +603,7 @@ int radiance_st_open_fd(int fd, const char *name, struct radiance_st_file **out,
 	f->fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
 	if (f->fd < 0) {
 		rc = -errno;
-		radiance__errf(err, errlen, "%s: dup: %s", f->name, strerror(-rc));
+		rlog_errf(err, errlen, "%s: dup: %s", f->name, strerror(-rc));
 		goto fail;
 	}
 	free(hdr);
@@ -612,7 +612,7 @@ int radiance_st_open_fd(int fd, const char *name, struct radiance_st_file **out,
 
 fail:
 	if (rc == -ENOMEM)
-		radiance__errf(err, errlen, "%s: out of memory reading the header", f->name);
+		rlog_errf(err, errlen, "%s: out of memory reading the header", f->name);
 	free(hdr);
 	file_free(f);
 	return rc;
@@ -627,7 +627,7 @@ int radiance_st_open_path(const char *path, struct radiance_st_file **out, char 
 	*out = NULL;
 	if (fd < 0) {
 		rc = -errno;
-		radiance__errf(err, errlen, "%s: open: %s", path, strerror(-rc));
+		rlog_errf(err, errlen, "%s: open: %s", path, strerror(-rc));
 		return rc;
 	}
 	rc = radiance_st_open_fd(fd, path, out, err, errlen);
@@ -646,13 +646,13 @@ int radiance_st_load_path(const char *path, struct radiance_st_file **out, char 
 	fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0) {
 		rc = -errno;
-		radiance__errf(err, errlen, "%s: open: %s", path, strerror(-rc));
+		rlog_errf(err, errlen, "%s: open: %s", path, strerror(-rc));
 		return rc;
 	}
 	if ((rc = regular_size(fd, path, &size, err, errlen)))
 		goto out;
 	if (size > SIZE_MAX - 1 || !(image = malloc((size_t)size + 1))) {
-		radiance__errf(err, errlen, "%s: out of memory for a %" PRIu64 "-byte image", path, size);
+		rlog_errf(err, errlen, "%s: out of memory for a %" PRIu64 "-byte image", path, size);
 		rc = -ENOMEM;
 		goto out;
 	}

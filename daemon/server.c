@@ -52,7 +52,7 @@ static void server_stop(struct radiance_server *srv, int exit_code);
  * were held back since the last one. */
 static int ratelimit_pass(struct log_ratelimit *rl, uint64_t *missed)
 {
-	uint64_t now = radiance_clock_ns();
+	uint64_t now = rclock_ns();
 	if (now < rl->next_ns) {
 		rl->suppressed++;
 		return 0;
@@ -72,7 +72,7 @@ static int ratelimit_pass(struct log_ratelimit *rl, uint64_t *missed)
  * EPIPE. Either way it is the client's exit, not a daemon fault: say so. */
 static void session_went_away(struct radiance_session *s, int e)
 {
-	size_t unsent = radiance_conn_pending_frames(&s->conn);
+	size_t unsent = rconn_pending_frames(&s->conn);
 	if (e == ECONNRESET && unsent == 0)
 		session_close(s, 0, "client went away with its replies unread (ECONNRESET)");
 	else if (e == ECONNRESET)
@@ -87,9 +87,9 @@ static void session_read(struct radiance_session *s)
 {
 	for (int i = 0; i < 2 * FRAMES_PER_WAKE; i++) {
 		if (s->state == SESSION_CLOSING || s->busy ||
-		    radiance_conn_pending(&s->conn) >= OUT_HIGH_WATER)
+		    rconn_pending(&s->conn) >= OUT_HIGH_WATER)
 			return;
-		int rc = radiance_conn_read(&s->conn);
+		int rc = rconn_read(&s->conn);
 		if (rc == -EAGAIN)
 			return;
 		if (rc == 0) {
@@ -98,7 +98,7 @@ static void session_read(struct radiance_session *s)
 		}
 		if (rc == -EMSGSIZE) {
 			session_close(s, 1, "frame length %u is outside 1..%u bytes",
-				      radiance_conn_bad_length(&s->conn), RADIANCE_MAX_FRAME);
+				      rconn_bad_length(&s->conn), RADIANCE_MAX_FRAME);
 			return;
 		}
 		if (rc == -EPROTO) {
@@ -124,11 +124,11 @@ static void session_read(struct radiance_session *s)
 		const uint8_t *data;
 		size_t len;
 		while (s->state != SESSION_CLOSING && !s->busy &&
-		       (rc = radiance_conn_next_frame(&s->conn, &data, &len)) == 1)
+		       (rc = rconn_next_frame(&s->conn, &data, &len)) == 1)
 			session_handle_frame(s, data, len);
 		if (rc < 0 && s->state != SESSION_CLOSING) {
 			session_close(s, 1, "frame length %u is outside 1..%u bytes",
-				      radiance_conn_bad_length(&s->conn), RADIANCE_MAX_FRAME);
+				      rconn_bad_length(&s->conn), RADIANCE_MAX_FRAME);
 			return;
 		}
 	}
@@ -136,9 +136,9 @@ static void session_read(struct radiance_session *s)
 
 static void session_flush(struct radiance_session *s)
 {
-	if (s->state == SESSION_CLOSING || !radiance_conn_pending(&s->conn))
+	if (s->state == SESSION_CLOSING || !rconn_pending(&s->conn))
 		return;
-	int rc = radiance_conn_flush(&s->conn);
+	int rc = rconn_flush(&s->conn);
 	if (rc == -EPIPE || rc == -ECONNRESET)
 		session_went_away(s, -rc);
 	else if (rc < 0 && rc != -EAGAIN)
@@ -176,7 +176,7 @@ void server_session_update(struct radiance_session *s)
 {
 	if (s->state == SESSION_CLOSING)
 		return;
-	size_t pending = radiance_conn_pending(&s->conn);
+	size_t pending = rconn_pending(&s->conn);
 	int events = 0;
 	if (s->busy)
 		events |= UV_DISCONNECT;
@@ -214,7 +214,7 @@ void server_session_gone(struct radiance_session *s)
 
 /* ---- refusing ---- */
 
-static int queue_error(struct radiance_conn *c, int code, const char *text)
+static int queue_error(struct rconn *c, int code, const char *text)
 {
 	Radiance__Error e = RADIANCE__ERROR__INIT;
 	Radiance__ServerMessage m = RADIANCE__SERVER_MESSAGE__INIT;
@@ -222,7 +222,7 @@ static int queue_error(struct radiance_conn *c, int code, const char *text)
 	e.message = (char *)text;
 	m.msg_case = RADIANCE__SERVER_MESSAGE__MSG_ERROR;
 	m.error = &e;
-	return radiance_proto_queue_server(c, &m, NULL, 0);
+	return rproto_queue_server(c, &m, NULL, 0);
 }
 
 /* Best effort: the Error, then close. If the client already sent something
@@ -230,14 +230,14 @@ static int queue_error(struct radiance_conn *c, int code, const char *text)
  * Error; refuse_gracefully() avoids that where it can afford to. */
 static void refuse_now(int fd, int code, const char *text)
 {
-	struct radiance_conn c;
-	if (radiance_conn_init(&c, fd, RADIANCE_MAX_FRAME, 1) < 0) {
+	struct rconn c;
+	if (rconn_init(&c, fd, RADIANCE_MAX_FRAME, 1) < 0) {
 		close(fd);
 		return;
 	}
 	if (queue_error(&c, code, text) == 0)
-		radiance_conn_flush(&c);
-	radiance_conn_finish(&c);
+		rconn_flush(&c);
+	rconn_finish(&c);
 }
 
 /* A connection told Error(EBUSY): shut down for writing once the Error is
@@ -247,7 +247,7 @@ static void refuse_now(int fd, int code, const char *text)
 struct refused_conn {
 	struct radiance_server *srv;
 	struct refused_conn *prev, *next;
-	struct radiance_conn conn;
+	struct rconn conn;
 	uv_poll_t poll;
 	uv_timer_t timer;
 	int handles;       /* open libuv handles; freed at 0 */
@@ -259,7 +259,7 @@ static void on_refused_handle_closed(uv_handle_t *h)
 {
 	struct refused_conn *r = h->data;
 	if (--r->handles == 0) {
-		radiance_conn_finish(&r->conn);
+		rconn_finish(&r->conn);
 		free(r);
 	}
 }
@@ -328,7 +328,7 @@ static void on_refused_poll(uv_poll_t *h, int status, int events)
 		return;
 	}
 	if (!r->shut) {
-		int rc = radiance_conn_flush(&r->conn);
+		int rc = rconn_flush(&r->conn);
 		if (rc < 0 && rc != -EAGAIN) {
 			refused_close(r);
 			return;
@@ -351,13 +351,13 @@ static void refuse_gracefully(struct radiance_server *srv, int fd, int code, con
 		return;
 	}
 	r->srv = srv;
-	if (radiance_conn_init(&r->conn, fd, RADIANCE_MAX_FRAME, 1) < 0) {
+	if (rconn_init(&r->conn, fd, RADIANCE_MAX_FRAME, 1) < 0) {
 		free(r);
 		refuse_now(fd, code, text);
 		return;
 	}
 	if (queue_error(&r->conn, code, text) < 0 || uv_poll_init(srv->loop, &r->poll, fd) < 0) {
-		radiance_conn_finish(&r->conn);   /* closes fd */
+		rconn_finish(&r->conn);   /* closes fd */
 		free(r);
 		return;
 	}
@@ -873,7 +873,7 @@ static void on_watchdog(uv_timer_t *t)
 		return;
 	struct exec_liveness l;
 	executor_liveness(srv->exec, &l);
-	uint64_t now = radiance_clock_ns();
+	uint64_t now = rclock_ns();
 	if (exec_watch_alive(&srv->watch, &l, now, srv->watchdog_usec * 1000u))
 		notify_watchdog();
 	else
@@ -969,7 +969,7 @@ int server_run(const struct radiance_config *cfg)
 	srv.loop = &loop;
 	srv.cfg = cfg;
 	srv.listen_fd = -1;
-	srv.start_ns = radiance_clock_ns();
+	srv.start_ns = rclock_ns();
 	stats_init(&srv.stats);
 	/* writes to a vanished client must fail with EPIPE, not kill us */
 	signal(SIGPIPE, SIG_IGN);

@@ -53,7 +53,7 @@ struct radiance_server {
 	const struct radiance_config *cfg;
 	struct radiance_executor *exec;
 	struct radiance_registry *reg;
-	struct radiance_stats stats;          /* global, written by the executor */
+	struct stats_counters stats;          /* global, written by the executor */
 	uint64_t start_ns;
 
 	int listen_fd;

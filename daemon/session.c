@@ -30,7 +30,7 @@ static void send_msg(struct radiance_session *s, Radiance__ServerMessage *m, con
 {
 	if (s->state == SESSION_CLOSING)
 		return;
-	int rc = radiance_proto_queue_server(&s->conn, m, fds, nfds);
+	int rc = rproto_queue_server(&s->conn, m, fds, nfds);
 	if (rc == -EMSGSIZE && m->msg_case != RADIANCE__SERVER_MESSAGE__MSG_ERROR) {
 		Radiance__Error e = RADIANCE__ERROR__INIT;
 		Radiance__ServerMessage em = RADIANCE__SERVER_MESSAGE__INIT;
@@ -39,7 +39,7 @@ static void send_msg(struct radiance_session *s, Radiance__ServerMessage *m, con
 		em.tag = m->tag;
 		em.msg_case = RADIANCE__SERVER_MESSAGE__MSG_ERROR;
 		em.error = &e;
-		rc = radiance_proto_queue_server(&s->conn, &em, NULL, 0);
+		rc = rproto_queue_server(&s->conn, &em, NULL, 0);
 	}
 	if (rc < 0) {
 		session_close(s, 0, "cannot queue a reply: %s", strerror(-rc));
@@ -345,7 +345,7 @@ static void handle_attach(struct radiance_session *s, uint64_t tag, const Radian
 	const char *name = a->name ? a->name : "";
 	char err[512];
 	/* it goes into the log and the reply: never as the client wrote it */
-	if (radiance_text_check("AttachModel.name", name, REGISTRY_NAME_MAX, err, sizeof err) < 0) {
+	if (rtext_check("AttachModel.name", name, REGISTRY_NAME_MAX, err, sizeof err) < 0) {
 		send_error(s, tag, EINVAL, "%s", err);
 		return;
 	}
@@ -463,7 +463,7 @@ static void handle_stats(struct radiance_session *s, uint64_t tag)
 	global.latency_cumulative = cum;
 	stats_fill(&srv->stats, &global);
 	global.sessions = srv->nsessions;
-	global.uptime_ns = radiance_clock_ns() - srv->start_ns;
+	global.uptime_ns = rclock_ns() - srv->start_ns;
 	stats_msg_fill(s, &mine);
 	mine.uptime_ns = global.uptime_ns;
 
@@ -696,8 +696,8 @@ static void handle_open_ring(struct radiance_session *s, uint64_t tag, const Rad
 	rshm_layout_write_header(s->segment, &l);
 
 	struct radiance_shm_header *h = s->segment;
-	radiance_ring_init(&s->ring.sq, &h->sq, base + l.sq_offset, l.sq_entries);
-	radiance_ring_init(&s->ring.cq, &h->cq, base + l.cq_offset, l.cq_entries);
+	rring_init(&s->ring.sq, &h->sq, base + l.sq_offset, l.sq_entries);
+	rring_init(&s->ring.cq, &h->cq, base + l.cq_offset, l.cq_entries);
 	s->ring.session_id = s->id;
 	s->ring.arena = base + l.arena_offset;
 	s->ring.arena_bytes = l.arena_bytes;
@@ -729,18 +729,18 @@ fail_errno: {
 
 void session_handle_frame(struct radiance_session *s, const uint8_t *data, size_t len)
 {
-	size_t nfds = radiance_conn_queued_fds(&s->conn);
-	Radiance__ClientMessage *m = radiance_proto_unpack_client(data, len);
+	size_t nfds = rconn_queued_fds(&s->conn);
+	Radiance__ClientMessage *m = rproto_unpack_client(data, len);
 	if (!m) {
-		radiance_conn_close_fds(&s->conn);
+		rconn_close_fds(&s->conn);
 		session_close(s, 1, "undecodable message (%zu bytes)", len);
 		return;
 	}
-	size_t declared = radiance_proto_client_fds(m);
+	size_t declared = rproto_client_fds(m);
 	if (declared != nfds) {
-		radiance_conn_close_fds(&s->conn);
+		rconn_close_fds(&s->conn);
 		session_close(s, 1, "%s declares %zu fds but %zu came with it",
-			      radiance_proto_client_name(m), declared, nfds);
+			      rproto_client_name(m), declared, nfds);
 		goto out;
 	}
 	if (m->msg_case == RADIANCE__CLIENT_MESSAGE__MSG__NOT_SET) {
@@ -748,20 +748,20 @@ void session_handle_frame(struct radiance_session *s, const uint8_t *data, size_
 		goto out;
 	}
 	if (s->state == SESSION_HANDSHAKE && m->msg_case != RADIANCE__CLIENT_MESSAGE__MSG_HELLO) {
-		radiance_conn_close_fds(&s->conn);
+		rconn_close_fds(&s->conn);
 		session_close(s, 1, "the first message must be hello, not %s",
-			      radiance_proto_client_name(m));
+			      rproto_client_name(m));
 		goto out;
 	}
 	log_debug("session %llu: %s (tag %llu)", (unsigned long long)s->id,
-		  radiance_proto_client_name(m), (unsigned long long)m->tag);
+		  rproto_client_name(m), (unsigned long long)m->tag);
 	switch (m->msg_case) {
 	case RADIANCE__CLIENT_MESSAGE__MSG_HELLO:
 		handle_hello(s, m->tag, m->hello);
 		break;
 	case RADIANCE__CLIENT_MESSAGE__MSG_LOAD_MODEL: {
 		int fds[RADIANCE_MAX_FDS];
-		radiance_conn_take_fds(&s->conn, fds, nfds);
+		rconn_take_fds(&s->conn, fds, nfds);
 		handle_load(s, m->tag, m->load_model, fds, nfds);
 		break;
 	}
@@ -852,7 +852,7 @@ struct radiance_session *session_create(struct radiance_server *srv, int fd)
 		s->pid = -1;
 		s->uid = s->gid = (uid_t)-1;
 	}
-	if (radiance_conn_init(&s->conn, fd, RADIANCE_MAX_FRAME, RADIANCE_MAX_FDS) < 0) {
+	if (rconn_init(&s->conn, fd, RADIANCE_MAX_FRAME, RADIANCE_MAX_FDS) < 0) {
 		close(fd);
 		exec_refs_finish(&s->refs);
 		free(s);
@@ -861,7 +861,7 @@ struct radiance_session *session_create(struct radiance_server *srv, int fd)
 	}
 	int rc = uv_poll_init(srv->loop, &s->poll, fd);
 	if (rc < 0) {
-		radiance_conn_finish(&s->conn);
+		rconn_finish(&s->conn);
 		exec_refs_finish(&s->refs);
 		free(s);
 		errno = -rc;
@@ -895,7 +895,7 @@ void session_close(struct radiance_session *s, int violation, const char *fmt, .
 		log_info("session %llu (pid %d, '%s'): closing: %s", (unsigned long long)s->id,
 			 (int)s->pid, s->client_name, reason);
 	}
-	radiance_conn_flush(&s->conn);
+	rconn_flush(&s->conn);
 	s->state = SESSION_CLOSING;
 	s->server->nclosing++;
 	if (s->waiting) {
@@ -905,7 +905,7 @@ void session_close(struct radiance_session *s, int violation, const char *fmt, .
 	/* closing the socket: the client sees EOF; queued fds are closed */
 	uv_close((uv_handle_t *)&s->poll, on_poll_closed);
 	uv_close((uv_handle_t *)&s->hello_timer, on_timer_closed);
-	radiance_conn_finish(&s->conn);
+	rconn_finish(&s->conn);
 	if (s->ring_state == SESSION_RING_ACTIVE)
 		session_ring_release(s);
 	/* ADDING: on_ring_added sees CLOSING and removes it */

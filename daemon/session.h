@@ -54,7 +54,7 @@ struct radiance_session {
 	uint64_t id;
 	enum session_state state;
 
-	struct radiance_conn conn;
+	struct rconn conn;
 	uv_poll_t poll;
 	int poll_events;          /* what poll is started with now, -1 none */
 	int poll_closed;          /* uv_close finished */
@@ -86,14 +86,14 @@ struct radiance_session {
 	int memfd;
 	int cq_rfd;                 /* CQ doorbell's read end until RingReady is queued */
 
-	struct radiance_stats stats;
+	struct stats_counters stats;
 };
 
 /* Creates a session for an accepted connection fd (taken over) and starts
  * polling it. NULL with errno set on failure (fd closed). */
 struct radiance_session *session_create(struct radiance_server *srv, int fd);
 
-/* One complete frame with radiance_conn_queued_fds() fds. Any reply is
+/* One complete frame with rconn_queued_fds() fds. Any reply is
  * queued on the conn; a protocol violation closes the session. */
 void session_handle_frame(struct radiance_session *s, const uint8_t *data, size_t len);
 

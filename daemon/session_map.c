@@ -125,7 +125,7 @@ static int mapping_send(struct radiance_session *s, uint64_t tag, const struct r
 	msg.msg_case = RADIANCE__SERVER_MESSAGE__MSG_MODEL_MAPPING;
 	msg.model_mapping = &mm;
 	/* the fd is dup'ed onto the frame: the backend keeps its own */
-	const size_t nfds = radiance_proto_mapping_fds(mm.handle);
+	const size_t nfds = rproto_mapping_fds(mm.handle);
 	session_reply(s, &msg, nfds ? &sh->fd : NULL, nfds);
 	free(layers);
 	free(ptrs);

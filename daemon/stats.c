@@ -3,7 +3,7 @@
 
 #include <string.h>
 
-void stats_init(struct radiance_stats *s)
+void stats_init(struct stats_counters *s)
 {
 	atomic_init(&s->requests, 0);
 	atomic_init(&s->rows, 0);
@@ -39,7 +39,7 @@ static void add(atomic_uint_fast64_t *c, uint64_t v)
 	atomic_fetch_add_explicit(c, v, memory_order_relaxed);
 }
 
-void stats_record(struct radiance_stats *s, uint32_t rows, uint64_t bytes_in, uint64_t bytes_out,
+void stats_record(struct stats_counters *s, uint32_t rows, uint64_t bytes_in, uint64_t bytes_out,
 		  uint64_t latency_ns, int status)
 {
 	add(&s->requests, 1);
@@ -57,7 +57,7 @@ void stats_record(struct radiance_stats *s, uint32_t rows, uint64_t bytes_in, ui
 		atomic_store_explicit(&s->latency_max, latency_ns, memory_order_relaxed);
 }
 
-size_t stats_histogram(struct radiance_stats *s, uint64_t *le, uint64_t *cum, size_t n)
+size_t stats_histogram(struct stats_counters *s, uint64_t *le, uint64_t *cum, size_t n)
 {
 	size_t k = 0;
 	uint64_t seen = 0;
@@ -72,7 +72,7 @@ size_t stats_histogram(struct radiance_stats *s, uint64_t *le, uint64_t *cum, si
 	return k;
 }
 
-uint64_t stats_percentile(struct radiance_stats *s, double p)
+uint64_t stats_percentile(struct stats_counters *s, double p)
 {
 	uint64_t counts[STATS_BUCKETS], total = 0;
 	for (unsigned i = 0; i < STATS_BUCKETS; i++) {
@@ -96,7 +96,7 @@ uint64_t stats_percentile(struct radiance_stats *s, double p)
 	return max;
 }
 
-void stats_fill(struct radiance_stats *s, Radiance__Stats *out)
+void stats_fill(struct stats_counters *s, Radiance__Stats *out)
 {
 	out->requests = atomic_load_explicit(&s->requests, memory_order_relaxed);
 	out->rows = atomic_load_explicit(&s->rows, memory_order_relaxed);

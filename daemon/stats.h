@@ -22,7 +22,7 @@
 
 #define STATS_BUCKETS 256
 
-struct radiance_stats {
+struct stats_counters {
 	atomic_uint_fast64_t requests;   /* every request decoded, good or not */
 	atomic_uint_fast64_t rows;       /* rows of successful requests */
 	atomic_uint_fast64_t bytes_in;   /* activation bytes read */
@@ -34,26 +34,26 @@ struct radiance_stats {
 };
 
 /* Zeroes s (also fine on static storage). */
-void stats_init(struct radiance_stats *s);
+void stats_init(struct stats_counters *s);
 
 /* One completed request: rows and bytes count only when status == 0;
  * latency_ns is recorded for every request. Executor thread only. */
-void stats_record(struct radiance_stats *s, uint32_t rows, uint64_t bytes_in, uint64_t bytes_out,
+void stats_record(struct stats_counters *s, uint32_t rows, uint64_t bytes_in, uint64_t bytes_out,
 		  uint64_t latency_ns, int status);
 
 /* Copies counters and p50/p99/max into out (a Radiance__Stats already
  * initialised with RADIANCE__STATS__INIT); sessions/uptime are left as is. */
-void stats_fill(struct radiance_stats *s, Radiance__Stats *out);
+void stats_fill(struct stats_counters *s, Radiance__Stats *out);
 
 /* The histogram at coarse bounds for exporters: le[i] = 2^(10+i) - 1 ns
  * (1.023 us, 2.047 us, ... 17.2 s), which are edges of the fine buckets, so
  * cum[i] (requests with latency <= le[i]) is exact. Fills at most n
  * entries and returns how many (STATS_COARSE when n allows). */
 #define STATS_COARSE 25
-size_t stats_histogram(struct radiance_stats *s, uint64_t *le, uint64_t *cum, size_t n);
+size_t stats_histogram(struct stats_counters *s, uint64_t *le, uint64_t *cum, size_t n);
 
 /* p in [0,1]: the latency at that quantile, 0 when nothing was recorded. */
-uint64_t stats_percentile(struct radiance_stats *s, double p);
+uint64_t stats_percentile(struct stats_counters *s, double p);
 
 /* Exposed for tests: bucket of a value and a bucket's upper edge. */
 unsigned stats_bucket(uint64_t v);

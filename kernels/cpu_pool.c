@@ -60,13 +60,13 @@ static void run_tasks(struct radiance_cpu_pool *p)
 
 static uint64_t wait_job(struct radiance_cpu_pool *p, uint64_t seen)
 {
-	uint64_t g, start = radiance_clock_ns();
+	uint64_t g, start = rclock_ns();
 	for (unsigned i = 1;; i++) {
 		g = atomic_load_explicit(&p->gen, memory_order_acquire);
 		if (g != seen)
 			return g;
 		cpu_relax();
-		if ((i & 63) == 0 && radiance_clock_ns() - start > POOL_SPIN_NS)
+		if ((i & 63) == 0 && rclock_ns() - start > POOL_SPIN_NS)
 			break;
 	}
 	pthread_mutex_lock(&p->mu);

@@ -24,7 +24,7 @@
 #include "wire.h"
 
 struct raw {
-	struct radiance_conn conn;
+	struct rconn conn;
 	uint64_t tag;
 };
 
@@ -34,14 +34,14 @@ static inline int raw_open_at(struct raw *w, const char *path)
 	int fd = h_try_connect(path);
 	if (fd < 0)
 		return fd;
-	assert_int_equal(radiance_conn_init(&w->conn, fd, RADIANCE_MAX_FRAME, 256), 0);
+	assert_int_equal(rconn_init(&w->conn, fd, RADIANCE_MAX_FRAME, 256), 0);
 	w->tag = 1;
 	return 0;
 }
 
 static inline void raw_close(struct raw *w)
 {
-	radiance_conn_finish(&w->conn);
+	rconn_finish(&w->conn);
 }
 
 /* Bytes exactly as given (no framing added), with fds on the first byte. */
@@ -143,18 +143,18 @@ static inline int raw_recv(struct raw *w, Radiance__ServerMessage **out, int tim
 	for (;;) {
 		const uint8_t *data;
 		size_t len;
-		int rc = radiance_conn_next_frame(&w->conn, &data, &len);
+		int rc = rconn_next_frame(&w->conn, &data, &len);
 		if (rc == 1) {
-			*out = radiance_proto_unpack_server(data, len);
+			*out = rproto_unpack_server(data, len);
 			assert_non_null(*out);
-			radiance_conn_close_fds(&w->conn);
+			rconn_close_fds(&w->conn);
 			return 1;
 		}
 		assert_int_equal(rc, 0);
 		struct pollfd p = { .fd = w->conn.fd, .events = POLLIN };
 		if (poll(&p, 1, timeout_ms) == 0)
 			return -ETIMEDOUT;
-		rc = radiance_conn_read(&w->conn);
+		rc = rconn_read(&w->conn);
 		if (rc == 0 || rc == -ECONNRESET)
 			return rc;
 		if (rc == -EAGAIN)

@@ -47,7 +47,7 @@ static inline void h_path(char *buf, size_t n, const char *name)
 
 static inline double h_now(void)
 {
-	return radiance_clock_s();
+	return rclock_s();
 }
 
 static inline void h_sleep_ms(int ms)

@@ -448,7 +448,7 @@ static void test_valid_sharded(void **state)
 	/* a stray model.safetensors next to the index is ignored: the index wins */
 	assert_int_equal(write_text(path_join(fx->path, sizeof fx->path, fx->dir, "model.safetensors"),
 				    "stale"), 0);
-	int n = radiance_checkpoint_list_files(fx->dir, &names, fx->err, sizeof fx->err);
+	int n = rcheckpoint_list_files(fx->dir, &names, fx->err, sizeof fx->err);
 	assert_int_equal(n, 4);
 	assert_string_equal(names[0], "config.json");
 	assert_string_equal(names[1], "model.safetensors.index.json");
@@ -478,7 +478,7 @@ static void test_valid_quant_config_file(void **state)
 	assert_int_equal(load(fx, &m), 0);
 	check_model(fx, m);
 	radiance_model_destroy(m);
-	int n = radiance_checkpoint_list_files(fx->dir, &names, fx->err, sizeof fx->err);
+	int n = rcheckpoint_list_files(fx->dir, &names, fx->err, sizeof fx->err);
 	assert_int_equal(n, 3);
 	assert_string_equal(names[1], "quantization_config.json");
 	for (int i = 0; i < n; i++)
@@ -950,7 +950,7 @@ static void test_shard_missing(void **state)
 	char **names = (void *)1;
 	write_sharded(fx, 5);
 	unlink(path_join(fx->path, sizeof fx->path, fx->dir, "model-00002-of-00002.safetensors"));
-	assert_int_equal(radiance_checkpoint_list_files(fx->dir, &names, fx->err, sizeof fx->err),
+	assert_int_equal(rcheckpoint_list_files(fx->dir, &names, fx->err, sizeof fx->err),
 			 -ENOENT);
 	assert_null(names);
 	assert_non_null(strstr(fx->err, "model-00002-of-00002.safetensors"));

@@ -127,13 +127,13 @@ static void checkpoint_files_real(void **state)
 	char dir[512], **names, err[256];
 	snprintf(dir, sizeof dir, "%s/minilm-w4g128",
 		 getenv("RADIANCE_TEST_DATA") ? getenv("RADIANCE_TEST_DATA") : "tests/data");
-	assert_int_equal(radiance_checkpoint_list_files(dir, &names, err, sizeof err), 3);
+	assert_int_equal(rcheckpoint_list_files(dir, &names, err, sizeof err), 3);
 	/* configs and weights only: tokenizer files stay home */
 	assert_string_equal(names[0], "config.json");
 	assert_string_equal(names[1], "quantization_config.json");
 	assert_string_equal(names[2], "model.safetensors");
 	assert_null(names[3]);
-	radiance_checkpoint_files_free(names);
+	rcheckpoint_files_free(names);
 }
 
 static void checkpoint_files_sharded(void **state)
@@ -148,18 +148,18 @@ static void checkpoint_files_sharded(void **state)
 	write_file(dir, "model-00001-of-00002.safetensors", "");
 	write_file(dir, "model-00002-of-00002.safetensors", "");
 	write_file(dir, "tokenizer.json", "{}");
-	assert_int_equal(radiance_checkpoint_list_files(dir, &names, err, sizeof err), 4);
+	assert_int_equal(rcheckpoint_list_files(dir, &names, err, sizeof err), 4);
 	assert_string_equal(names[0], "config.json");
 	assert_string_equal(names[1], "model.safetensors.index.json");
 	assert_string_equal(names[2], "model-00001-of-00002.safetensors");
 	assert_string_equal(names[3], "model-00002-of-00002.safetensors");
 	assert_null(names[4]);
-	radiance_checkpoint_files_free(names);
+	rcheckpoint_files_free(names);
 
 	/* a shard name with a path in it is refused (it would escape dir) */
 	write_file(dir, "model.safetensors.index.json",
 		   "{\"weight_map\": {\"a\": \"../etc/passwd\"}}");
-	assert_int_equal(radiance_checkpoint_list_files(dir, &names, err, sizeof err), -EINVAL);
+	assert_int_equal(rcheckpoint_list_files(dir, &names, err, sizeof err), -EINVAL);
 	assert_null(names);
 
 	/* a shard name is a plain basename: "..", "." and "" are refused too,
@@ -174,7 +174,7 @@ static void checkpoint_files_sharded(void **state)
 	for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
 		write_file(dir, "model.safetensors.index.json", bad[i]);
 		names = (void *)1;
-		int rc = radiance_checkpoint_list_files(dir, &names, err, sizeof err);
+		int rc = rcheckpoint_list_files(dir, &names, err, sizeof err);
 		if (rc != -EINVAL)
 			fprintf(stderr, "index %s: rc %d, \"%s\"\n", bad[i], rc, err);
 		assert_int_equal(rc, -EINVAL);
@@ -200,30 +200,30 @@ static void checkpoint_dir_name(void **state)
 	};
 	for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
 		size_t len;
-		const char *s = radiance_checkpoint_dir_name(cases[i].dir, &len);
+		const char *s = rcheckpoint_dir_name(cases[i].dir, &len);
 		char got[64];
 		snprintf(got, sizeof got, "%.*s", (int)len, s);
 		assert_string_equal(got, cases[i].name);
 	}
-	assert_true(radiance_checkpoint_shard_name_ok("model-00001-of-00002.safetensors"));
-	assert_true(radiance_checkpoint_shard_name_ok("..model"));
-	assert_false(radiance_checkpoint_shard_name_ok(".."));
-	assert_false(radiance_checkpoint_shard_name_ok("."));
-	assert_false(radiance_checkpoint_shard_name_ok(""));
-	assert_false(radiance_checkpoint_shard_name_ok("../x"));
-	assert_false(radiance_checkpoint_shard_name_ok("sub/x"));
+	assert_true(rcheckpoint_shard_name_ok("model-00001-of-00002.safetensors"));
+	assert_true(rcheckpoint_shard_name_ok("..model"));
+	assert_false(rcheckpoint_shard_name_ok(".."));
+	assert_false(rcheckpoint_shard_name_ok("."));
+	assert_false(rcheckpoint_shard_name_ok(""));
+	assert_false(rcheckpoint_shard_name_ok("../x"));
+	assert_false(rcheckpoint_shard_name_ok("sub/x"));
 }
 
 static void checkpoint_files_missing(void **state)
 {
 	char dir[] = "/tmp/radiance-ckpt-XXXXXX", **names, err[256];
 	assert_non_null(mkdtemp(dir));
-	assert_int_equal(radiance_checkpoint_list_files(dir, &names, err, sizeof err), -ENOENT);
+	assert_int_equal(rcheckpoint_list_files(dir, &names, err, sizeof err), -ENOENT);
 	assert_non_null(strstr(err, "config.json"));
 	write_file(dir, "config.json", "{}");
-	assert_int_equal(radiance_checkpoint_list_files(dir, &names, err, sizeof err), -ENOENT);
+	assert_int_equal(rcheckpoint_list_files(dir, &names, err, sizeof err), -ENOENT);
 	assert_non_null(strstr(err, "model.safetensors"));
-	assert_int_equal(radiance_checkpoint_list_files("/nonexistent/dir", &names, err,
+	assert_int_equal(rcheckpoint_list_files("/nonexistent/dir", &names, err,
 							   sizeof err),
 			 -ENOENT);
 	rm_dir(dir);
@@ -250,7 +250,7 @@ static void checkpoint_files_not_regular(void **state)
 				assert_int_equal(mkdir(path, 0700), 0);
 			else
 				assert_int_equal(symlink("/dev/zero", path), 0);
-			int rc = radiance_checkpoint_list_files(dir, &names, err, sizeof err);
+			int rc = rcheckpoint_list_files(dir, &names, err, sizeof err);
 			if (rc != -EINVAL || !strstr(err, "is not a regular file") ||
 			    !strstr(err, files[f]))
 				fprintf(stderr, "%s as %s: rc %d, \"%s\"\n", files[f], kinds[k], rc, err);
@@ -411,13 +411,13 @@ enum fake_script {
 
 static void fake_send(int fd, Radiance__ServerMessage *m)
 {
-	struct radiance_conn c;
+	struct rconn c;
 	int dup_fd = dup(fd);   /* finish closes its fd: the script closes ours */
-	if (dup_fd < 0 || radiance_conn_init(&c, dup_fd, RADIANCE_MAX_FRAME, 1) < 0)
+	if (dup_fd < 0 || rconn_init(&c, dup_fd, RADIANCE_MAX_FRAME, 1) < 0)
 		_exit(3);
-	if (radiance_proto_queue_server(&c, m, NULL, 0) < 0 || radiance_conn_flush(&c) < 0)
+	if (rproto_queue_server(&c, m, NULL, 0) < 0 || rconn_flush(&c) < 0)
 		_exit(4);
-	radiance_conn_finish(&c);
+	rconn_finish(&c);
 }
 
 static void fake_error(int fd, uint64_t tag, int code, const char *text)

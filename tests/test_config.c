@@ -644,7 +644,7 @@ static void test_env_fallbacks(void **state)
 
 int main(void)
 {
-	radiance_log_init(RADIANCE_LOG_ERROR);
+	rlog_init(RADIANCE_LOG_ERROR);
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_defaults),
 		cmocka_unit_test(test_file_then_command_line),

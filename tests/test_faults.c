@@ -674,10 +674,10 @@ static void dp_open(struct dp *d)
 static void dp_push(struct dp *d, const Radiance__LinearRequest *req)
 {
 	uint8_t slot[RADIANCE_SLOT_BYTES - 4];
-	int len = radiance_proto_pack_slot(&req->base, slot, sizeof slot);
+	int len = rproto_pack_slot(&req->base, slot, sizeof slot);
 	assert_true(len > 0);
-	assert_int_equal(radiance_ring_push(&d->r->sq, slot, (size_t)len), 0);
-	radiance_doorbell_ring(d->r->sq_doorbell);
+	assert_int_equal(rring_push(&d->r->sq, slot, (size_t)len), 0);
+	rdoorbell_ring(d->r->sq_doorbell);
 	d->r->in_flight++;
 }
 
@@ -836,7 +836,7 @@ static void corrupted_sq_tail(void **state)
 	struct radiance_shm_header *h = (struct radiance_shm_header *)d.r->segment;
 	uint32_t head = __atomic_load_n(&h->sq.head, __ATOMIC_ACQUIRE);
 	__atomic_store_n(&h->sq.tail, head + d.r->sq_entries + 5, __ATOMIC_RELEASE);
-	radiance_doorbell_ring(d.r->sq_doorbell);
+	rdoorbell_ring(d.r->sq_doorbell);
 	d.r->in_flight++;   /* so the library waits */
 	dp_expect_killed(&d);
 	/* the log says which condition, with the values */
@@ -854,7 +854,7 @@ static void corrupted_sq_slot(void **state)
 		struct dp d;
 		dp_open(&d);
 		dp_expect_good(&d);
-		struct radiance_ring *sq = &d.r->sq;
+		struct rring *sq = &d.r->sq;
 		uint8_t *slot = sq->slots + (size_t)(sq->local & sq->mask) * RADIANCE_SLOT_BYTES;
 		uint32_t bad_len = kind == 0 ? 0 : kind == 1 ? 4096 : 8;
 		uint32_t entry = sq->local;
@@ -862,7 +862,7 @@ static void corrupted_sq_slot(void **state)
 		memset(slot + 4, 0xFF, 8);
 		sq->local++;
 		__atomic_store_n(&sq->ctl->tail, sq->local, __ATOMIC_RELEASE);
-		radiance_doorbell_ring(d.r->sq_doorbell);
+		rdoorbell_ring(d.r->sq_doorbell);
 		d.r->in_flight++;
 		dp_expect_killed(&d);
 		char want[160];

@@ -145,7 +145,7 @@ static void raw_map_refused(struct raw *w, uint32_t model_id, uint32_t version, 
 	if (got != code || !strstr(text, says))
 		fail_msg("MapModel(%u, v%u): expected Error %d '...%s...', got %d '%s'", model_id, version, code,
 			 says, got, text);
-	assert_int_equal(radiance_conn_queued_fds(&w->conn), 0);
+	assert_int_equal(rconn_queued_fds(&w->conn), 0);
 }
 
 static void raw_refusals(void **state)
@@ -483,16 +483,16 @@ static pid_t old_daemon(const char *path)
 		return pid;
 	}
 	int fd = accept(ls, NULL, NULL);
-	struct radiance_conn c;
-	if (fd < 0 || radiance_conn_init(&c, fd, RADIANCE_MAX_FRAME, 8) < 0)
+	struct rconn c;
+	if (fd < 0 || rconn_init(&c, fd, RADIANCE_MAX_FRAME, 8) < 0)
 		_exit(2);
 	int frames = 0, other = 0;
 	for (;;) {
 		const uint8_t *data;
 		size_t len;
-		int rc = radiance_conn_next_frame(&c, &data, &len);
+		int rc = rconn_next_frame(&c, &data, &len);
 		if (rc == 1) {
-			Radiance__ClientMessage *m = radiance_proto_unpack_client(data, len);
+			Radiance__ClientMessage *m = rproto_unpack_client(data, len);
 			if (!m)
 				_exit(2);
 			if (frames++ == 0 && m->msg_case == RADIANCE__CLIENT_MESSAGE__MSG_HELLO) {
@@ -506,7 +506,7 @@ static pid_t old_daemon(const char *path)
 				sm.tag = m->tag;
 				sm.msg_case = RADIANCE__SERVER_MESSAGE__MSG_WELCOME;
 				sm.welcome = &w;
-				if (radiance_proto_queue_server(&c, &sm, NULL, 0) < 0 || radiance_conn_flush(&c) < 0)
+				if (rproto_queue_server(&c, &sm, NULL, 0) < 0 || rconn_flush(&c) < 0)
 					_exit(2);
 			} else {
 				other = 1;
@@ -514,7 +514,7 @@ static pid_t old_daemon(const char *path)
 			radiance__client_message__free_unpacked(m, NULL);
 			continue;
 		}
-		rc = radiance_conn_read(&c);
+		rc = rconn_read(&c);
 		if (rc <= 0)
 			break;
 	}

@@ -32,7 +32,7 @@ struct fixture {
 	uv_loop_t loop;
 	struct radiance_executor *exec;
 	struct radiance_registry *reg;
-	struct radiance_stats stats;
+	struct stats_counters stats;
 	int empty;
 	struct radiance_resident *refs[8];   /* references the test holds */
 	int nrefs;

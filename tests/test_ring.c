@@ -22,15 +22,15 @@
 struct fixture {
 	struct radiance_shm_ring ctl;
 	uint8_t slots[ENTRIES * RADIANCE_SLOT_BYTES];
-	struct radiance_ring prod, cons;
+	struct rring prod, cons;
 };
 
 static int setup(void **state)
 {
 	struct fixture *f = aligned_alloc(64, sizeof(struct fixture) + 64 - sizeof(struct fixture) % 64);
 	memset(f, 0, sizeof *f);
-	radiance_ring_init(&f->prod, &f->ctl, f->slots, ENTRIES);
-	radiance_ring_init(&f->cons, &f->ctl, f->slots, ENTRIES);
+	rring_init(&f->prod, &f->ctl, f->slots, ENTRIES);
+	rring_init(&f->cons, &f->ctl, f->slots, ENTRIES);
 	*state = f;
 	return 0;
 }
@@ -45,31 +45,31 @@ static void test_push_pop_wrap(void **state)
 {
 	struct fixture *f = *state;
 	uint8_t buf[RADIANCE_SLOT_BYTES];
-	assert_int_equal(radiance_ring_pop(&f->cons, buf), 0);
+	assert_int_equal(rring_pop(&f->cons, buf), 0);
 	for (uint32_t round = 0; round < 5; round++) {
 		for (uint32_t i = 0; i < ENTRIES; i++) {
 			uint32_t v = round * 100 + i;
-			assert_int_equal(radiance_ring_space(&f->prod), (int)(ENTRIES - i));
-			assert_int_equal(radiance_ring_push(&f->prod, &v, sizeof v), 0);
+			assert_int_equal(rring_space(&f->prod), (int)(ENTRIES - i));
+			assert_int_equal(rring_push(&f->prod, &v, sizeof v), 0);
 		}
 		uint32_t x = 0;
-		assert_int_equal(radiance_ring_push(&f->prod, &x, sizeof x), -EAGAIN);
-		assert_int_equal(radiance_ring_ready(&f->cons), (int)ENTRIES);
+		assert_int_equal(rring_push(&f->prod, &x, sizeof x), -EAGAIN);
+		assert_int_equal(rring_ready(&f->cons), (int)ENTRIES);
 		for (uint32_t i = 0; i < ENTRIES; i++) {
 			uint32_t v;
-			assert_int_equal(radiance_ring_pop(&f->cons, buf), 4);
+			assert_int_equal(rring_pop(&f->cons, buf), 4);
 			memcpy(&v, buf, 4);
 			assert_int_equal(v, round * 100 + i);
 		}
-		assert_int_equal(radiance_ring_pop(&f->cons, buf), 0);
+		assert_int_equal(rring_pop(&f->cons, buf), 0);
 	}
 	/* free-running counters crossing 2^32 */
 	f->ctl.head = f->ctl.tail = UINT32_MAX - 2;
 	f->prod.local = f->cons.local = UINT32_MAX - 2;
 	for (uint32_t i = 0; i < 6; i++) {
-		assert_int_equal(radiance_ring_push(&f->prod, &i, sizeof i), 0);
+		assert_int_equal(rring_push(&f->prod, &i, sizeof i), 0);
 		uint32_t v;
-		assert_int_equal(radiance_ring_pop(&f->cons, buf), 4);
+		assert_int_equal(rring_pop(&f->cons, buf), 4);
 		memcpy(&v, buf, 4);
 		assert_int_equal(v, i);
 	}
@@ -79,11 +79,11 @@ static void test_payload_sizes(void **state)
 {
 	struct fixture *f = *state;
 	uint8_t big[RADIANCE_SLOT_BYTES] = { 0 }, buf[RADIANCE_SLOT_BYTES];
-	assert_int_equal(radiance_ring_push(&f->prod, big, 0), -EMSGSIZE);
-	assert_int_equal(radiance_ring_push(&f->prod, big, RADIANCE_SLOT_BYTES - 3), -EMSGSIZE);
+	assert_int_equal(rring_push(&f->prod, big, 0), -EMSGSIZE);
+	assert_int_equal(rring_push(&f->prod, big, RADIANCE_SLOT_BYTES - 3), -EMSGSIZE);
 	memset(big, 0xab, sizeof big);
-	assert_int_equal(radiance_ring_push(&f->prod, big, RADIANCE_SLOT_BYTES - 4), 0);
-	assert_int_equal(radiance_ring_pop(&f->cons, buf), RADIANCE_SLOT_BYTES - 4);
+	assert_int_equal(rring_push(&f->prod, big, RADIANCE_SLOT_BYTES - 4), 0);
+	assert_int_equal(rring_pop(&f->cons, buf), RADIANCE_SLOT_BYTES - 4);
 	assert_memory_equal(buf, big, RADIANCE_SLOT_BYTES - 4);
 }
 
@@ -92,20 +92,20 @@ static void test_corrupted_tail(void **state)
 	struct fixture *f = *state;
 	uint8_t buf[RADIANCE_SLOT_BYTES];
 	uint32_t v = 1;
-	assert_int_equal(radiance_ring_push(&f->prod, &v, 4), 0);
+	assert_int_equal(rring_push(&f->prod, &v, 4), 0);
 	/* the peer writes a tail more than `entries` ahead of our head */
 	f->ctl.tail = ENTRIES + 1;
-	assert_int_equal(radiance_ring_ready(&f->cons), -EPROTO);
-	assert_int_equal(radiance_ring_pop(&f->cons, buf), -EPROTO);
+	assert_int_equal(rring_ready(&f->cons), -EPROTO);
+	assert_int_equal(rring_pop(&f->cons, buf), -EPROTO);
 	/* or behind it (tail - head wraps to a huge count) */
 	f->ctl.tail = (uint32_t)-1;
-	assert_int_equal(radiance_ring_pop(&f->cons, buf), -EPROTO);
+	assert_int_equal(rring_pop(&f->cons, buf), -EPROTO);
 	/* exactly `entries` ahead is a full ring, legal */
 	f->ctl.tail = ENTRIES;
-	assert_int_equal(radiance_ring_ready(&f->cons), (int)ENTRIES);
+	assert_int_equal(rring_ready(&f->cons), (int)ENTRIES);
 	/* the consumer never re-reads head from shared memory */
 	f->ctl.head = 12345;
-	assert_int_equal(radiance_ring_pop(&f->cons, buf), 4);
+	assert_int_equal(rring_pop(&f->cons, buf), 4);
 	assert_int_equal(f->ctl.head, 1);
 }
 
@@ -114,16 +114,16 @@ static void test_corrupted_slot_length(void **state)
 	struct fixture *f = *state;
 	uint8_t buf[RADIANCE_SLOT_BYTES];
 	uint32_t v = 1, bad;
-	assert_int_equal(radiance_ring_push(&f->prod, &v, 4), 0);
+	assert_int_equal(rring_push(&f->prod, &v, 4), 0);
 	bad = 0;
 	memcpy(f->slots, &bad, 4);
-	assert_int_equal(radiance_ring_pop(&f->cons, buf), -EPROTO);
+	assert_int_equal(rring_pop(&f->cons, buf), -EPROTO);
 	bad = RADIANCE_SLOT_BYTES - 3;
 	memcpy(f->slots, &bad, 4);
-	assert_int_equal(radiance_ring_pop(&f->cons, buf), -EPROTO);
+	assert_int_equal(rring_pop(&f->cons, buf), -EPROTO);
 	bad = 0xffffffffu;
 	memcpy(f->slots, &bad, 4);
-	assert_int_equal(radiance_ring_pop(&f->cons, buf), -EPROTO);
+	assert_int_equal(rring_pop(&f->cons, buf), -EPROTO);
 	assert_int_equal(f->ctl.head, 0);   /* nothing consumed */
 }
 
@@ -133,12 +133,12 @@ static void test_corrupted_head(void **state)
 	uint32_t v = 1;
 	/* a consumer claiming to have read what was never produced */
 	f->ctl.head = 3;
-	assert_int_equal(radiance_ring_push(&f->prod, &v, 4), -EPROTO);
-	assert_int_equal(radiance_ring_space(&f->prod), -EPROTO);
+	assert_int_equal(rring_push(&f->prod, &v, 4), -EPROTO);
+	assert_int_equal(rring_space(&f->prod), -EPROTO);
 	/* the producer never re-reads tail */
 	f->ctl.head = 0;
 	f->ctl.tail = 7;
-	assert_int_equal(radiance_ring_push(&f->prod, &v, 4), 0);
+	assert_int_equal(rring_push(&f->prod, &v, 4), 0);
 	assert_int_equal(f->ctl.tail, 1);
 }
 
@@ -147,46 +147,46 @@ static void test_sleep_protocol(void **state)
 	struct fixture *f = *state;
 	uint8_t buf[RADIANCE_SLOT_BYTES];
 	uint32_t v = 9;
-	assert_int_equal(radiance_ring_needs_wakeup(&f->prod), 0);
-	assert_int_equal(radiance_ring_prepare_sleep(&f->cons), 1);
+	assert_int_equal(rring_needs_wakeup(&f->prod), 0);
+	assert_int_equal(rring_prepare_sleep(&f->cons), 1);
 	assert_int_equal(f->ctl.sleeping, 1);
-	assert_int_equal(radiance_ring_push(&f->prod, &v, 4), 0);
-	assert_int_equal(radiance_ring_needs_wakeup(&f->prod), 1);
-	radiance_ring_end_sleep(&f->cons);
-	assert_int_equal(radiance_ring_needs_wakeup(&f->prod), 0);
+	assert_int_equal(rring_push(&f->prod, &v, 4), 0);
+	assert_int_equal(rring_needs_wakeup(&f->prod), 1);
+	rring_end_sleep(&f->cons);
+	assert_int_equal(rring_needs_wakeup(&f->prod), 0);
 	/* work present: prepare_sleep refuses and clears the flag */
-	assert_int_equal(radiance_ring_prepare_sleep(&f->cons), 0);
+	assert_int_equal(rring_prepare_sleep(&f->cons), 0);
 	assert_int_equal(f->ctl.sleeping, 0);
-	assert_int_equal(radiance_ring_pop(&f->cons, buf), 4);
+	assert_int_equal(rring_pop(&f->cons, buf), 4);
 }
 
 static void test_doorbell(void **state)
 {
 	int efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 	assert_true(efd >= 0);
-	assert_int_equal(radiance_doorbell_drain(efd), 0);
-	assert_int_equal(radiance_doorbell_ring(efd), 0);
-	assert_int_equal(radiance_doorbell_ring(efd), 0);
-	assert_int_equal(radiance_doorbell_drain(efd), 2);
-	assert_int_equal(radiance_doorbell_drain(efd), 0);
+	assert_int_equal(rdoorbell_drain(efd), 0);
+	assert_int_equal(rdoorbell_ring(efd), 0);
+	assert_int_equal(rdoorbell_ring(efd), 0);
+	assert_int_equal(rdoorbell_drain(efd), 2);
+	assert_int_equal(rdoorbell_drain(efd), 0);
 	close(efd);
-	assert_true(radiance_doorbell_ring(efd) < 0);
+	assert_true(rdoorbell_ring(efd) < 0);
 
 	/* the CQ doorbell: a pipe, rung on the write end, drained on the read */
 	int p[2];
 	assert_int_equal(pipe2(p, O_NONBLOCK | O_CLOEXEC), 0);
-	assert_int_equal(radiance_doorbell_drain(p[0]), 0);
+	assert_int_equal(rdoorbell_drain(p[0]), 0);
 	for (int i = 0; i < 3; i++)
-		assert_int_equal(radiance_doorbell_ring(p[1]), 0);
-	assert_int_equal(radiance_doorbell_drain(p[0]), 3);
-	assert_int_equal(radiance_doorbell_drain(p[0]), 0);
+		assert_int_equal(rdoorbell_ring(p[1]), 0);
+	assert_int_equal(rdoorbell_drain(p[0]), 3);
+	assert_int_equal(rdoorbell_drain(p[0]), 0);
 	/* a full pipe counts as rung; draining it takes 64 rings per call */
 	int size = fcntl(p[0], F_SETPIPE_SZ, 4096);
 	assert_true(size >= 4096);
 	for (int i = 0; i < size / 8 + 10; i++)
-		assert_int_equal(radiance_doorbell_ring(p[1]), 0);
+		assert_int_equal(rdoorbell_ring(p[1]), 0);
 	int total = 0, n;
-	while ((n = radiance_doorbell_drain(p[0])) > 0) {
+	while ((n = rdoorbell_drain(p[0])) > 0) {
 		assert_true(n <= 64);
 		total += n;
 	}
@@ -194,7 +194,7 @@ static void test_doorbell(void **state)
 	assert_int_equal(total, size / 8);
 	/* the writer gone: nothing pending, no error */
 	close(p[1]);
-	assert_int_equal(radiance_doorbell_drain(p[0]), 0);
+	assert_int_equal(rdoorbell_drain(p[0]), 0);
 	close(p[0]);
 }
 
@@ -202,7 +202,7 @@ static void test_pack_slot(void **state)
 {
 	uint8_t buf[RADIANCE_SLOT_BYTES - 4];
 	Radiance__LinearResult res = RADIANCE__LINEAR_RESULT__INIT;
-	int len = radiance_proto_pack_slot(&res.base, buf, sizeof buf);
+	int len = rproto_pack_slot(&res.base, buf, sizeof buf);
 	assert_int_equal(len, 2);
 	Radiance__LinearResult *back = radiance__linear_result__unpack(NULL, (size_t)len, buf);
 	assert_non_null(back);
@@ -218,14 +218,14 @@ static void test_pack_slot(void **state)
 	req.dtype = RADIANCE__DTYPE__DTYPE_FP16;
 	req.input_offset = UINT64_MAX;
 	req.output_offset = UINT64_MAX;
-	len = radiance_proto_pack_slot(&req.base, buf, sizeof buf);
+	len = rproto_pack_slot(&req.base, buf, sizeof buf);
 	assert_true(len > 0 && len < 64);   /* the largest request fits with room */
 	/* an error text too long for a slot is refused, not truncated */
 	char text[300];
 	memset(text, 'e', sizeof text - 1);
 	text[sizeof text - 1] = 0;
 	res.error = text;
-	assert_int_equal(radiance_proto_pack_slot(&res.base, buf, sizeof buf), -EMSGSIZE);
+	assert_int_equal(rproto_pack_slot(&res.base, buf, sizeof buf), -EMSGSIZE);
 }
 
 /* One producer and one consumer thread, with the full sleep/doorbell
@@ -240,13 +240,13 @@ static void *producer(void *arg)
 {
 	struct stress *s = arg;
 	for (uint32_t i = 0; i < s->count;) {
-		int rc = radiance_ring_push(&s->f->prod, &i, sizeof i);
+		int rc = rring_push(&s->f->prod, &i, sizeof i);
 		if (rc == -EAGAIN)
 			continue;
 		if (rc != 0)
 			abort();
-		if (radiance_ring_needs_wakeup(&s->f->prod))
-			radiance_doorbell_ring(s->efd);
+		if (rring_needs_wakeup(&s->f->prod))
+			rdoorbell_ring(s->efd);
 		i++;
 	}
 	return NULL;
@@ -261,7 +261,7 @@ static void test_threaded_stress(void **state)
 	pthread_create(&t, NULL, producer, &s);
 	uint32_t expect = 0, sleeps = 0;
 	while (expect < s.count) {
-		int rc = radiance_ring_pop(&f->cons, buf);
+		int rc = rring_pop(&f->cons, buf);
 		assert_true(rc >= 0);
 		if (rc > 0) {
 			uint32_t v;
@@ -270,12 +270,12 @@ static void test_threaded_stress(void **state)
 			expect++;
 			continue;
 		}
-		if (radiance_ring_prepare_sleep(&f->cons)) {
+		if (rring_prepare_sleep(&f->cons)) {
 			struct pollfd p = { .fd = s.efd, .events = POLLIN };
 			/* a lost wakeup would hang here: the timeout turns it into a failure */
 			assert_int_equal(poll(&p, 1, 5000), 1);
-			radiance_doorbell_drain(s.efd);
-			radiance_ring_end_sleep(&f->cons);
+			rdoorbell_drain(s.efd);
+			rring_end_sleep(&f->cons);
 			sleeps++;
 		}
 	}

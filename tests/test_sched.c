@@ -45,14 +45,9 @@
 
 #include <cmocka.h>
 
-/* The daemon's struct radiance_stats (daemon/stats.h) and libradiance's
- * (client/radiance.h, for the end-to-end tests) share a tag: here the
- * daemon's goes by another. Tags do not link; the layout is the same. */
-#define radiance_stats radiance_daemon_stats
 #include "executor.h"
 #include "scheduler.h"
 #include "stats.h"
-#undef radiance_stats
 
 #include "daemon_harness.h"
 #include "log.h"
@@ -403,11 +398,11 @@ static void test_pieces_bit_identical(void **state)
 struct xring {
 	struct exec_ring r;
 	struct exec_refs refs;
-	struct radiance_daemon_stats stats;
+	struct stats_counters stats;
 	uint8_t *mem;
 	size_t mem_bytes;
 	struct radiance_shm_header *h;
-	struct radiance_ring client_sq, client_cq;
+	struct rring client_sq, client_cq;
 	int cq_rfd;
 	int broken;
 	char broken_err[256];
@@ -494,7 +489,7 @@ static void x_setup(struct xfix *fx, uint32_t n, uint32_t k, uint32_t max_rows, 
 		.chunk_rows = chunk_rows,
 		.session_rows = session_rows,
 	};
-	static struct radiance_daemon_stats global;
+	static struct stats_counters global;
 	stats_init(&global);
 	o.global_stats = &global;
 	int rc = executor_create(&fx->loop, &o, &fx->e, err, sizeof err);
@@ -549,10 +544,10 @@ static void xring_open(struct xfix *fx, struct xring *x, uint32_t sq, uint32_t c
 	x->h = (struct radiance_shm_header *)(void *)x->mem;
 	x->h->sq.entries = sq;
 	x->h->cq.entries = cq;
-	radiance_ring_init(&x->r.sq, &x->h->sq, x->mem + sq_off, sq);
-	radiance_ring_init(&x->r.cq, &x->h->cq, x->mem + cq_off, cq);
-	radiance_ring_init(&x->client_sq, &x->h->sq, x->mem + sq_off, sq);
-	radiance_ring_init(&x->client_cq, &x->h->cq, x->mem + cq_off, cq);
+	rring_init(&x->r.sq, &x->h->sq, x->mem + sq_off, sq);
+	rring_init(&x->r.cq, &x->h->cq, x->mem + cq_off, cq);
+	rring_init(&x->client_sq, &x->h->sq, x->mem + sq_off, sq);
+	rring_init(&x->client_cq, &x->h->cq, x->mem + cq_off, cq);
 	x->r.sq_efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 	int p[2];
 	assert_int_equal(pipe2(p, O_NONBLOCK | O_CLOEXEC), 0);
@@ -609,10 +604,10 @@ static uint64_t xsubmit(struct xring *x, uint32_t model_id, uint32_t rows, uint6
 	req.input_offset = in_off;
 	req.output_offset = out_off;
 	uint8_t buf[RADIANCE_SLOT_BYTES - 4];
-	int len = radiance_proto_pack_slot(&req.base, buf, sizeof buf);
+	int len = rproto_pack_slot(&req.base, buf, sizeof buf);
 	assert_true(len > 0);
-	assert_int_equal(radiance_ring_push(&x->client_sq, buf, (size_t)len), 0);
-	radiance_doorbell_ring(x->r.sq_efd);
+	assert_int_equal(rring_push(&x->client_sq, buf, (size_t)len), 0);
+	rdoorbell_ring(x->r.sq_efd);
 	return req.request_id;
 }
 
@@ -623,7 +618,7 @@ static void xreap(struct xfix *fx, struct xring *x, uint64_t *id, int *status, c
 	uint8_t buf[RADIANCE_SLOT_BYTES];
 	double deadline = h_now() + 120.0;
 	int n;
-	while ((n = radiance_ring_pop(&x->client_cq, buf)) == 0) {
+	while ((n = rring_pop(&x->client_cq, buf)) == 0) {
 		assert_true(h_now() < deadline);
 		uv_run(&fx->loop, UV_RUN_NOWAIT);
 		h_sleep_ms(1);
@@ -640,7 +635,7 @@ static void xreap(struct xfix *fx, struct xring *x, uint64_t *id, int *status, c
 
 static int cq_ready(struct xring *x)
 {
-	return radiance_ring_ready(&x->client_cq);
+	return rring_ready(&x->client_cq);
 }
 
 /* A 100-row request in pieces of 8, with three M=1 requests behind it:
@@ -853,7 +848,7 @@ static void test_exec_ring_broken_mid_request(void **state)
 	size_t ybytes = (size_t)4096 * 512 * 2;
 	x_wedge(&w);
 	__atomic_store_n(&x.h->sq.tail, x.client_sq.local + 1000, __ATOMIC_RELEASE);
-	radiance_doorbell_ring(x.r.sq_efd);
+	rdoorbell_ring(x.r.sq_efd);
 	x_unwedge(&fx, &w);
 	x_wait_flag(&fx, &x.broken);
 	assert_non_null(strstr(x.broken_err, "entries ahead of head"));
@@ -1016,7 +1011,7 @@ static uint16_t *flood_x, *flood_want;   /* [FLOOD_ROWS][BIG_K], [FLOOD_ROWS][BI
 
 static int group_setup(void **state)
 {
-	radiance_log_init(RADIANCE_LOG_WARN);
+	rlog_init(RADIANCE_LOG_WARN);
 	ckpt_dir = tmpdir_create();
 	struct stw w;
 	stw_init(&w);
@@ -1406,6 +1401,6 @@ int main(void)
 		cmocka_unit_test(test_flood_decode_latency),
 		cmocka_unit_test(test_watchdog_fed_under_flood),
 	};
-	radiance_log_init(RADIANCE_LOG_WARN);
+	rlog_init(RADIANCE_LOG_WARN);
 	return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -20,7 +20,7 @@ static const uint64_t values[] = {
 
 static void histogram_counts_exactly(void **state)
 {
-	static struct radiance_stats s;
+	static struct stats_counters s;
 	stats_init(&s);
 	uint64_t sum = 0;
 	for (size_t i = 0; i < NVALUES; i++) {
@@ -51,7 +51,7 @@ static void histogram_counts_exactly(void **state)
 
 static void histogram_truncated_and_empty(void **state)
 {
-	static struct radiance_stats s;
+	static struct stats_counters s;
 	stats_init(&s);
 	uint64_t le[3], cum[3];
 	assert_int_equal(stats_histogram(&s, le, cum, 3), 3);

@@ -19,7 +19,7 @@
 
 struct fixture {
 	int open_fds_before;
-	struct radiance_conn a, b;   /* a sends, b receives (both directions work) */
+	struct rconn a, b;   /* a sends, b receives (both directions work) */
 };
 
 static int count_open_fds(void)
@@ -40,8 +40,8 @@ static int setup(void **state)
 	int sv[2];
 	f->open_fds_before = count_open_fds();
 	assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv), 0);
-	assert_int_equal(radiance_conn_init(&f->a, sv[0], RADIANCE_MAX_FRAME, 8), 0);
-	assert_int_equal(radiance_conn_init(&f->b, sv[1], RADIANCE_MAX_FRAME, 8), 0);
+	assert_int_equal(rconn_init(&f->a, sv[0], RADIANCE_MAX_FRAME, 8), 0);
+	assert_int_equal(rconn_init(&f->b, sv[1], RADIANCE_MAX_FRAME, 8), 0);
 	*state = f;
 	return 0;
 }
@@ -49,9 +49,9 @@ static int setup(void **state)
 static int teardown(void **state)
 {
 	struct fixture *f = *state;
-	radiance_conn_finish(&f->a);
-	radiance_conn_finish(&f->b);
-	radiance_conn_finish(&f->b);   /* twice is harmless */
+	rconn_finish(&f->a);
+	rconn_finish(&f->b);
+	rconn_finish(&f->b);   /* twice is harmless */
 	/* every fd a test made must be gone */
 	assert_int_equal(count_open_fds(), f->open_fds_before);
 	free(f);
@@ -59,13 +59,13 @@ static int teardown(void **state)
 }
 
 /* Reads until a frame is complete (or an error); returns next_frame's answer. */
-static int recv_frame(struct radiance_conn *c, const uint8_t **data, size_t *len)
+static int recv_frame(struct rconn *c, const uint8_t **data, size_t *len)
 {
 	for (int spins = 0; spins < 100000; spins++) {
-		int rc = radiance_conn_next_frame(c, data, len);
+		int rc = rconn_next_frame(c, data, len);
 		if (rc != 0)
 			return rc;
-		rc = radiance_conn_read(c);
+		rc = rconn_read(c);
 		if (rc == -EAGAIN)
 			continue;
 		if (rc <= 0)
@@ -79,19 +79,19 @@ static void test_roundtrip(void **state)
 	struct fixture *f = *state;
 	const uint8_t *d;
 	size_t len;
-	assert_int_equal(radiance_conn_queue(&f->a, (const uint8_t *)"hello", 5, NULL, 0), 0);
-	assert_int_equal(radiance_conn_queue(&f->a, (const uint8_t *)"world!", 6, NULL, 0), 0);
-	assert_int_equal(radiance_conn_pending(&f->a), 4 + 5 + 4 + 6);
-	assert_int_equal(radiance_conn_flush(&f->a), 0);
-	assert_int_equal(radiance_conn_pending(&f->a), 0);
+	assert_int_equal(rconn_queue(&f->a, (const uint8_t *)"hello", 5, NULL, 0), 0);
+	assert_int_equal(rconn_queue(&f->a, (const uint8_t *)"world!", 6, NULL, 0), 0);
+	assert_int_equal(rconn_pending(&f->a), 4 + 5 + 4 + 6);
+	assert_int_equal(rconn_flush(&f->a), 0);
+	assert_int_equal(rconn_pending(&f->a), 0);
 	assert_int_equal(recv_frame(&f->b, &d, &len), 1);
 	assert_int_equal(len, 5);
 	assert_memory_equal(d, "hello", 5);
 	assert_int_equal(recv_frame(&f->b, &d, &len), 1);
 	assert_int_equal(len, 6);
 	assert_memory_equal(d, "world!", 6);
-	assert_int_equal(radiance_conn_read(&f->b), -EAGAIN);
-	assert_int_equal(radiance_conn_next_frame(&f->b, &d, &len), 0);
+	assert_int_equal(rconn_read(&f->b), -EAGAIN);
+	assert_int_equal(rconn_next_frame(&f->b, &d, &len), 0);
 }
 
 static void test_fd_passing_attribution(void **state)
@@ -103,24 +103,24 @@ static void test_fd_passing_attribution(void **state)
 	assert_int_equal(pipe2(p, O_CLOEXEC), 0);
 	int two[2] = { p[0], p[1] };
 	/* A without fds, B with two, C without: all in one flush */
-	assert_int_equal(radiance_conn_queue(&f->a, (const uint8_t *)"A", 1, NULL, 0), 0);
-	assert_int_equal(radiance_conn_queue(&f->a, (const uint8_t *)"BB", 2, two, 2), 0);
-	assert_int_equal(radiance_conn_queue(&f->a, (const uint8_t *)"C", 1, NULL, 0), 0);
+	assert_int_equal(rconn_queue(&f->a, (const uint8_t *)"A", 1, NULL, 0), 0);
+	assert_int_equal(rconn_queue(&f->a, (const uint8_t *)"BB", 2, two, 2), 0);
+	assert_int_equal(rconn_queue(&f->a, (const uint8_t *)"C", 1, NULL, 0), 0);
 	close(p[0]);
 	close(p[1]);   /* the conn holds dups */
-	assert_int_equal(radiance_conn_flush(&f->a), 0);
+	assert_int_equal(rconn_flush(&f->a), 0);
 
 	assert_int_equal(recv_frame(&f->b, &d, &len), 1);
 	assert_memory_equal(d, "A", 1);
-	assert_int_equal(radiance_conn_queued_fds(&f->b), 0);
+	assert_int_equal(rconn_queued_fds(&f->b), 0);
 	assert_int_equal(recv_frame(&f->b, &d, &len), 1);
 	assert_memory_equal(d, "BB", 2);
-	assert_int_equal(radiance_conn_queued_fds(&f->b), 2);
+	assert_int_equal(rconn_queued_fds(&f->b), 2);
 	int got[3];
-	assert_int_equal(radiance_conn_take_fds(&f->b, got, 3), -EBADMSG);
-	assert_int_equal(radiance_conn_queued_fds(&f->b), 2);
-	assert_int_equal(radiance_conn_take_fds(&f->b, got, 2), 0);
-	assert_int_equal(radiance_conn_queued_fds(&f->b), 0);
+	assert_int_equal(rconn_take_fds(&f->b, got, 3), -EBADMSG);
+	assert_int_equal(rconn_queued_fds(&f->b), 2);
+	assert_int_equal(rconn_take_fds(&f->b, got, 2), 0);
+	assert_int_equal(rconn_queued_fds(&f->b), 0);
 	/* the received pipe works end to end, and in order */
 	assert_int_equal(write(got[1], "x", 1), 1);
 	char c = 0;
@@ -131,7 +131,7 @@ static void test_fd_passing_attribution(void **state)
 	close(got[1]);
 	assert_int_equal(recv_frame(&f->b, &d, &len), 1);
 	assert_memory_equal(d, "C", 1);
-	assert_int_equal(radiance_conn_queued_fds(&f->b), 0);
+	assert_int_equal(rconn_queued_fds(&f->b), 0);
 }
 
 static void test_close_fds_and_finish_close_queued(void **state)
@@ -141,19 +141,19 @@ static void test_close_fds_and_finish_close_queued(void **state)
 	size_t len;
 	int p[2];
 	assert_int_equal(pipe2(p, O_CLOEXEC), 0);
-	assert_int_equal(radiance_conn_queue(&f->a, (const uint8_t *)"x", 1, p, 2), 0);
-	assert_int_equal(radiance_conn_queue(&f->a, (const uint8_t *)"y", 1, p, 1), 0);
+	assert_int_equal(rconn_queue(&f->a, (const uint8_t *)"x", 1, p, 2), 0);
+	assert_int_equal(rconn_queue(&f->a, (const uint8_t *)"y", 1, p, 1), 0);
 	/* a second conn keeps unsent fds queued: finish must close them */
-	assert_int_equal(radiance_conn_queue(&f->b, (const uint8_t *)"z", 1, p, 2), 0);
+	assert_int_equal(rconn_queue(&f->b, (const uint8_t *)"z", 1, p, 2), 0);
 	close(p[0]);
 	close(p[1]);
-	assert_int_equal(radiance_conn_flush(&f->a), 0);
+	assert_int_equal(rconn_flush(&f->a), 0);
 	assert_int_equal(recv_frame(&f->b, &d, &len), 1);
-	assert_int_equal(radiance_conn_queued_fds(&f->b), 2);
-	radiance_conn_close_fds(&f->b);
-	assert_int_equal(radiance_conn_queued_fds(&f->b), 0);
+	assert_int_equal(rconn_queued_fds(&f->b), 2);
+	rconn_close_fds(&f->b);
+	assert_int_equal(rconn_queued_fds(&f->b), 0);
 	assert_int_equal(recv_frame(&f->b, &d, &len), 1);
-	assert_int_equal(radiance_conn_queued_fds(&f->b), 1);
+	assert_int_equal(rconn_queued_fds(&f->b), 1);
 	/* leave it queued: teardown's finish closes it, and the fd count proves it */
 }
 
@@ -180,10 +180,10 @@ static void test_fd_cap(void **state)
 	assert_int_equal(sendmsg(f->a.fd, &msg, 0), (ssize_t)sizeof frame);
 	for (int i = 0; i < 9; i++)
 		close(fds[i]);
-	assert_int_equal(radiance_conn_read(&f->b), -EPROTO);
-	assert_int_equal(radiance_conn_queued_fds(&f->b), 0);
+	assert_int_equal(rconn_read(&f->b), -EPROTO);
+	assert_int_equal(rconn_queued_fds(&f->b), 0);
 	/* queue refuses more than max_fds too */
-	assert_int_equal(radiance_conn_queue(&f->a, (const uint8_t *)"q", 1, fds, 9), -EMSGSIZE);
+	assert_int_equal(rconn_queue(&f->a, (const uint8_t *)"q", 1, fds, 9), -EMSGSIZE);
 	/* teardown checks that all 9 received dups were closed */
 }
 
@@ -194,18 +194,18 @@ static void test_fd_cap_accumulated(void **state)
 	for (int i = 0; i < 5; i++)
 		fds[i] = open("/dev/null", O_RDONLY | O_CLOEXEC);
 	/* two frames of 5 fds each: the second pushes the queue above 8 */
-	assert_int_equal(radiance_conn_queue(&f->a, (const uint8_t *)"1", 1, fds, 5), 0);
-	assert_int_equal(radiance_conn_queue(&f->a, (const uint8_t *)"2", 1, fds, 5), 0);
+	assert_int_equal(rconn_queue(&f->a, (const uint8_t *)"1", 1, fds, 5), 0);
+	assert_int_equal(rconn_queue(&f->a, (const uint8_t *)"2", 1, fds, 5), 0);
 	for (int i = 0; i < 5; i++)
 		close(fds[i]);
-	assert_int_equal(radiance_conn_flush(&f->a), 0);
+	assert_int_equal(rconn_flush(&f->a), 0);
 	const uint8_t *d;
 	size_t len;
 	assert_int_equal(recv_frame(&f->b, &d, &len), 1);
-	assert_int_equal(radiance_conn_queued_fds(&f->b), 5);
+	assert_int_equal(rconn_queued_fds(&f->b), 5);
 	/* the receiver did not take them: the next frame's fds overflow */
 	assert_int_equal(recv_frame(&f->b, &d, &len), -EPROTO);
-	assert_int_equal(radiance_conn_queued_fds(&f->b), 5);
+	assert_int_equal(rconn_queued_fds(&f->b), 5);
 }
 
 static void test_oversize_and_zero_frame(void **state)
@@ -216,23 +216,23 @@ static void test_oversize_and_zero_frame(void **state)
 	uint8_t big[4] = { 0x01, 0x00, 0x10, 0x00 };   /* RADIANCE_MAX_FRAME + 1 */
 	assert_int_equal(write(f->a.fd, big, 4), 4);
 	assert_int_equal(recv_frame(&f->b, &d, &len), -EMSGSIZE);
-	assert_int_equal(radiance_conn_read(&f->b), -EMSGSIZE);   /* sticky */
+	assert_int_equal(rconn_read(&f->b), -EMSGSIZE);   /* sticky */
 
-	struct radiance_conn c, e;
+	struct rconn c, e;
 	int sv[2];
 	assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, sv), 0);
-	assert_int_equal(radiance_conn_init(&c, sv[0], 16, 1), 0);
-	assert_int_equal(radiance_conn_init(&e, sv[1], 16, 1), 0);
+	assert_int_equal(rconn_init(&c, sv[0], 16, 1), 0);
+	assert_int_equal(rconn_init(&e, sv[1], 16, 1), 0);
 	uint8_t zero[4] = { 0 };
 	assert_int_equal(write(c.fd, zero, 4), 4);
 	assert_int_equal(recv_frame(&e, &d, &len), -EMSGSIZE);
 	/* the sender refuses oversize and empty frames */
 	uint8_t buf[17] = { 0 };
-	assert_int_equal(radiance_conn_queue(&c, buf, 17, NULL, 0), -EMSGSIZE);
-	assert_int_equal(radiance_conn_queue(&c, buf, 0, NULL, 0), -EMSGSIZE);
-	assert_int_equal(radiance_conn_queue(&c, buf, 16, NULL, 0), 0);
-	radiance_conn_finish(&c);
-	radiance_conn_finish(&e);
+	assert_int_equal(rconn_queue(&c, buf, 17, NULL, 0), -EMSGSIZE);
+	assert_int_equal(rconn_queue(&c, buf, 0, NULL, 0), -EMSGSIZE);
+	assert_int_equal(rconn_queue(&c, buf, 16, NULL, 0), 0);
+	rconn_finish(&c);
+	rconn_finish(&e);
 }
 
 static void test_eof(void **state)
@@ -243,12 +243,12 @@ static void test_eof(void **state)
 	/* half a frame, then the peer goes away */
 	uint8_t part[6] = { 10, 0, 0, 0, 'a', 'b' };
 	assert_int_equal(write(f->a.fd, part, sizeof part), (ssize_t)sizeof part);
-	radiance_conn_finish(&f->a);
+	rconn_finish(&f->a);
 	assert_int_equal(recv_frame(&f->b, &d, &len), 0);   /* EOF, no frame */
-	assert_int_equal(radiance_conn_read(&f->b), 0);
+	assert_int_equal(rconn_read(&f->b), 0);
 	/* writing to a closed peer: -EPIPE, and no SIGPIPE kills us */
-	assert_int_equal(radiance_conn_queue(&f->b, (const uint8_t *)"x", 1, NULL, 0), 0);
-	assert_int_equal(radiance_conn_flush(&f->b), -EPIPE);
+	assert_int_equal(rconn_queue(&f->b, (const uint8_t *)"x", 1, NULL, 0), 0);
+	assert_int_equal(rconn_flush(&f->b), -EPIPE);
 }
 
 static void test_large_frame_partial_io(void **state)
@@ -263,30 +263,30 @@ static void test_large_frame_partial_io(void **state)
 		big[i] = (uint8_t)(i * 131 + 7);
 	int p[2];
 	assert_int_equal(pipe2(p, O_CLOEXEC), 0);
-	assert_int_equal(radiance_conn_queue(&f->a, big, n, NULL, 0), 0);
-	assert_int_equal(radiance_conn_queue(&f->a, (const uint8_t *)"tail", 4, p, 2), 0);
+	assert_int_equal(rconn_queue(&f->a, big, n, NULL, 0), 0);
+	assert_int_equal(rconn_queue(&f->a, (const uint8_t *)"tail", 4, p, 2), 0);
 	close(p[0]);
 	close(p[1]);
 	const uint8_t *d;
 	size_t len;
 	int frames = 0, partial = 0;
 	while (frames < 2) {
-		int rc = radiance_conn_flush(&f->a);
+		int rc = rconn_flush(&f->a);
 		if (rc == -EAGAIN)
 			partial = 1;
 		else
 			assert_int_equal(rc, 0);
-		rc = radiance_conn_read(&f->b);
+		rc = rconn_read(&f->b);
 		assert_true(rc > 0 || rc == -EAGAIN);
-		while (radiance_conn_next_frame(&f->b, &d, &len) == 1) {
+		while (rconn_next_frame(&f->b, &d, &len) == 1) {
 			if (frames == 0) {
 				assert_int_equal(len, n);
 				assert_memory_equal(d, big, n);
-				assert_int_equal(radiance_conn_queued_fds(&f->b), 0);
+				assert_int_equal(rconn_queued_fds(&f->b), 0);
 			} else {
 				assert_int_equal(len, 4);
 				assert_memory_equal(d, "tail", 4);
-				assert_int_equal(radiance_conn_queued_fds(&f->b), 2);
+				assert_int_equal(rconn_queued_fds(&f->b), 2);
 			}
 			frames++;
 		}
@@ -303,7 +303,7 @@ static void test_blocking_split_writes(void **state)
 	uint8_t part1[3] = { 3, 0, 0 };
 	uint8_t part2[4] = { 0, 'a', 'b', 'c' };
 	assert_int_equal(write(f->a.fd, part1, 3), 3);
-	assert_int_equal(radiance_conn_read(&f->b), 3);
+	assert_int_equal(rconn_read(&f->b), 3);
 	assert_int_equal(write(f->a.fd, part2, 4), 4);
 	const uint8_t *d;
 	size_t len;

@@ -88,9 +88,9 @@ static int latency(struct radiance *r, uint32_t model_id, const struct h_ref *re
 	memcpy(ax, hl->x_bf16, 384 * 2);
 	char failed[512] = "";
 	for (int i = -iters / 10; i < iters && rc == 0; i++) {   /* first 10%: warm-up */
-		uint64_t t0 = radiance_clock_ns();
+		uint64_t t0 = rclock_ns();
 		rc = radiance_linear(r, model_id, (uint32_t)layer, 1, RADIANCE_BF16, hl->x_bf16, y);
-		uint64_t t1 = radiance_clock_ns();
+		uint64_t t1 = rclock_ns();
 		if (rc == 0)
 			rc = radiance_submit(r, model_id, (uint32_t)layer, 1, RADIANCE_BF16, ax, ay, NULL);
 		struct radiance_completion c = { 0 };
@@ -99,7 +99,7 @@ static int latency(struct radiance *r, uint32_t model_id, const struct h_ref *re
 			if (rc < 0)   /* the request's own reason, valid until the next call */
 				snprintf(failed, sizeof failed, "%s", c.error ? c.error : "");
 		}
-		uint64_t t2 = radiance_clock_ns();
+		uint64_t t2 = rclock_ns();
 		if (i >= 0) {
 			sync_ns[i] = t1 - t0;
 			async_ns[i] = t2 - t1;
@@ -347,14 +347,14 @@ int main(int argc, char **argv)
 	const struct radiance_server_info *si = radiance_get_server_info(r);
 	uint32_t id;
 	int rc;
-	uint64_t t0 = radiance_clock_ns();
+	uint64_t t0 = rclock_ns();
 	if (attach) {
 		/* In the demo the other client is loading it right now: retry,
 		 * and say what we wait for if it takes more than a second. */
 		int told = 0;
 		while ((rc = radiance_attach_model(r, ref.model_name, &id)) == -ENOENT &&
-		       radiance_clock_ns() - t0 < (uint64_t)attach_wait * 1000000000ull) {
-			if (!told && radiance_clock_ns() - t0 > 1000000000ull) {
+		       rclock_ns() - t0 < (uint64_t)attach_wait * 1000000000ull) {
+			if (!told && rclock_ns() - t0 > 1000000000ull) {
 				fprintf(stderr, "[%s] no model \"%s\" is resident yet; waiting up to %d s "
 						"for another client to load it\n",
 					label, ref.model_name, attach_wait);
@@ -387,7 +387,7 @@ int main(int argc, char **argv)
 	       "(%zu layers, %.1f MiB resident) in %.0f ms\n",
 	       label, si->session_id, si->server_version, si->backend, si->device,
 	       attach ? "attached to" : "loaded", id, mi->name, mi->n_layers,
-	       mi->resident_bytes / 1048576.0, (radiance_clock_ns() - t0) / 1e6);
+	       mi->resident_bytes / 1048576.0, (rclock_ns() - t0) / 1e6);
 
 	int fails = 0;
 	if (!latency_only)

@@ -55,7 +55,7 @@ static int layers_place(struct radiance_gpu_model *g, const struct radiance_mapp
 	for (size_t i = 0; i < m->n_layers; i++) {
 		const struct radiance_mapped_layer *ml = &m->layers[i];
 		struct radiance__gpu_layer *l = &g->layers[i];
-		l->bf16 = ml->kind == RADIANCE_LINEAR_BF16;
+		l->bf16 = ml->kind == RADIANCE_LAYER_BF16;
 		l->n = ml->n;
 		l->k = ml->k;
 		/* the arrays this build's kernels read must be the sizes the

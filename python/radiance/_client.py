@@ -24,7 +24,7 @@ log = logging.getLogger("radiance")
 bfloat16 = np.dtype(ml_dtypes.bfloat16)
 float16 = np.dtype(np.float16)
 
-# the C enums (radiance_elem, radiance_linear_kind)
+# the C enums (radiance_elem, radiance_layer_kind)
 _BF16, _FP16 = 1, 2
 _KIND = {1: "w4a8", 2: "bf16"}
 # connection errors after which a synchronous call is worth one more try on a

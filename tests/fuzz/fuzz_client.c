@@ -157,7 +157,7 @@ static void *daemon_main(void *arg)
 				     (uint32_t)p[3] << 24;
 			if (l <= left - 4) {
 				len = 4 + (size_t)l;
-				Radiance__ServerMessage *m = l ? radiance_proto_unpack_server(p + 4, l) : NULL;
+				Radiance__ServerMessage *m = l ? rproto_unpack_server(p + 4, l) : NULL;
 				if (m && m->msg_case == RADIANCE__SERVER_MESSAGE__MSG_RING_READY) {
 					uint64_t want = m->ring_ready->segment_bytes;
 					size_t size = want < SEGMENT_MAX ? (size_t)want : SEGMENT_MAX;

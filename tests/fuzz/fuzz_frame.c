@@ -3,16 +3,16 @@
  * client's (or the daemon's) Unix socket.
  *
  * The input is the raw byte stream. It goes through a socketpair into
- * radiance_conn_read / radiance_conn_next_frame exactly as server.c drives
+ * rconn_read / rconn_next_frame exactly as server.c drives
  * them (read until a frame is complete, drain frames, repeat; stop on
  * EOF or any error). Each frame is then decoded:
- *   - as a ClientMessage with the daemon's helper (radiance_proto_unpack_client)
+ *   - as a ClientMessage with the daemon's helper (rproto_unpack_client)
  *     plus what session_handle_frame asks of it before dispatch
- *     (radiance_proto_client_fds, radiance_proto_client_name);
+ *     (rproto_client_fds, rproto_client_name);
  *   - as a ServerMessage, as the client library does
- *     (radiance_proto_unpack_server, _server_fds, _server_name);
+ *     (rproto_unpack_server, _server_fds, _server_name);
  *   - a decoded message is packed again and queued with
- *     radiance_proto_queue_client/_server on a second socketpair, flushed,
+ *     rproto_queue_client/_server on a second socketpair, flushed,
  *     read back through the transport and decoded again: the send side of
  *     the transport and the pack path must round-trip whatever the decoder
  *     accepted (FUZZ_CHECK).
@@ -71,43 +71,43 @@ static int has_unknown(const ProtobufCMessage *m)
 static void roundtrip(const ProtobufCMessage *msg, int client)
 {
 	int sv[2];
-	struct radiance_conn tx, rx;
+	struct rconn tx, rx;
 	FUZZ_CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
-	FUZZ_CHECK(radiance_conn_init(&tx, sv[0], RADIANCE_MAX_FRAME, RADIANCE_MAX_FDS) == 0);
-	FUZZ_CHECK(radiance_conn_init(&rx, sv[1], RADIANCE_MAX_FRAME, RADIANCE_MAX_FDS) == 0);
-	int rc = client ? radiance_proto_queue_client(&tx, (const Radiance__ClientMessage *)msg, NULL, 0)
-			: radiance_proto_queue_server(&tx, (const Radiance__ServerMessage *)msg, NULL, 0);
+	FUZZ_CHECK(rconn_init(&tx, sv[0], RADIANCE_MAX_FRAME, RADIANCE_MAX_FDS) == 0);
+	FUZZ_CHECK(rconn_init(&rx, sv[1], RADIANCE_MAX_FRAME, RADIANCE_MAX_FDS) == 0);
+	int rc = client ? rproto_queue_client(&tx, (const Radiance__ClientMessage *)msg, NULL, 0)
+			: rproto_queue_server(&tx, (const Radiance__ServerMessage *)msg, NULL, 0);
 	size_t packed = protobuf_c_message_get_packed_size(msg);
 	if (packed == 0 || packed > RADIANCE_MAX_FRAME) {
 		FUZZ_CHECK(rc == -EMSGSIZE);
 		goto out;
 	}
 	FUZZ_CHECK(rc == 0);
-	FUZZ_CHECK(radiance_conn_pending(&tx) == packed + 4);
+	FUZZ_CHECK(rconn_pending(&tx) == packed + 4);
 	/* a socketpair's buffer holds a frame of up to a few hundred KiB; the
 	 * fuzzer's inputs are far smaller, so one flush sends it all */
 	if (packed > 100000)
 		goto out;
-	FUZZ_CHECK(radiance_conn_flush(&tx) == 0);
+	FUZZ_CHECK(rconn_flush(&tx) == 0);
 	const uint8_t *d;
 	size_t len;
 	for (;;) {
-		rc = radiance_conn_next_frame(&rx, &d, &len);
+		rc = rconn_next_frame(&rx, &d, &len);
 		if (rc == 1)
 			break;
 		FUZZ_CHECK(rc == 0);
-		FUZZ_CHECK(radiance_conn_read(&rx) > 0);
+		FUZZ_CHECK(rconn_read(&rx) > 0);
 	}
 	FUZZ_CHECK(len == packed);
 	if (client) {
-		Radiance__ClientMessage *again = radiance_proto_unpack_client(d, len);
+		Radiance__ClientMessage *again = rproto_unpack_client(d, len);
 		FUZZ_CHECK(again || has_unknown(msg));
 		if (again) {
 			FUZZ_CHECK(again->msg_case == ((const Radiance__ClientMessage *)msg)->msg_case);
 			radiance__client_message__free_unpacked(again, NULL);
 		}
 	} else {
-		Radiance__ServerMessage *again = radiance_proto_unpack_server(d, len);
+		Radiance__ServerMessage *again = rproto_unpack_server(d, len);
 		FUZZ_CHECK(again || has_unknown(msg));
 		if (again) {
 			FUZZ_CHECK(again->msg_case == ((const Radiance__ServerMessage *)msg)->msg_case);
@@ -115,28 +115,28 @@ static void roundtrip(const ProtobufCMessage *msg, int client)
 		}
 	}
 out:
-	radiance_conn_finish(&tx);
-	radiance_conn_finish(&rx);
+	rconn_finish(&tx);
+	rconn_finish(&rx);
 }
 
 static void handle_frame(const uint8_t *d, size_t len)
 {
-	Radiance__ClientMessage *cm = radiance_proto_unpack_client(d, len);
+	Radiance__ClientMessage *cm = rproto_unpack_client(d, len);
 	if (cm) {
-		size_t nfds = radiance_proto_client_fds(cm);
+		size_t nfds = rproto_client_fds(cm);
 		if (cm->msg_case == RADIANCE__CLIENT_MESSAGE__MSG_LOAD_MODEL)
 			FUZZ_CHECK(cm->load_model && nfds == cm->load_model->n_file_names);
 		else
 			FUZZ_CHECK(nfds == 0);
-		FUZZ_CHECK(radiance_proto_client_name(cm) != NULL);
+		FUZZ_CHECK(rproto_client_name(cm) != NULL);
 		roundtrip(&cm->base, 1);
 		radiance__client_message__free_unpacked(cm, NULL);
 	}
-	Radiance__ServerMessage *sm = radiance_proto_unpack_server(d, len);
+	Radiance__ServerMessage *sm = rproto_unpack_server(d, len);
 	if (sm) {
-		size_t nfds = radiance_proto_server_fds(sm);
+		size_t nfds = rproto_server_fds(sm);
 		FUZZ_CHECK(nfds == 0 || nfds == RADIANCE_RING_READY_FDS);
-		FUZZ_CHECK(radiance_proto_server_name(sm) != NULL);
+		FUZZ_CHECK(rproto_server_name(sm) != NULL);
 		roundtrip(&sm->base, 0);
 		radiance__server_message__free_unpacked(sm, NULL);
 	}
@@ -145,14 +145,14 @@ static void handle_frame(const uint8_t *d, size_t len)
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	int sv[2];
-	struct radiance_conn c;
+	struct rconn c;
 	size_t sent = 0;
 	int eof_sent = 0;
 
 	FUZZ_CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
 	FUZZ_CHECK(fcntl(sv[0], F_SETFL, O_NONBLOCK) == 0);   /* the daemon's side */
 	FUZZ_CHECK(fcntl(sv[1], F_SETFL, O_NONBLOCK) == 0);
-	FUZZ_CHECK(radiance_conn_init(&c, sv[0], RADIANCE_MAX_FRAME, RADIANCE_MAX_FDS) == 0);
+	FUZZ_CHECK(rconn_init(&c, sv[0], RADIANCE_MAX_FRAME, RADIANCE_MAX_FDS) == 0);
 
 	for (;;) {
 		/* feed what the socket takes; EOF once everything is in */
@@ -168,16 +168,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			shutdown(sv[1], SHUT_WR);
 			eof_sent = 1;
 		}
-		int rc = radiance_conn_read(&c);
+		int rc = rconn_read(&c);
 		if (rc == -EAGAIN)
 			continue;     /* the writer refills next time round */
 		if (rc <= 0)
 			break;        /* EOF, -EMSGSIZE, ...: the session would end */
 		const uint8_t *d;
 		size_t len;
-		while ((rc = radiance_conn_next_frame(&c, &d, &len)) == 1) {
+		while ((rc = rconn_next_frame(&c, &d, &len)) == 1) {
 			FUZZ_CHECK(len >= 1 && len <= RADIANCE_MAX_FRAME);
-			FUZZ_CHECK(radiance_conn_queued_fds(&c) == 0);
+			FUZZ_CHECK(rconn_queued_fds(&c) == 0);
 			handle_frame(d, len);
 		}
 		if (rc < 0) {
@@ -185,7 +185,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			break;
 		}
 	}
-	radiance_conn_finish(&c);
+	rconn_finish(&c);
 	close(sv[1]);
 	return 0;
 }

@@ -45,7 +45,7 @@ static const char *const modules[] = {
 static void setup(void)
 {
 	char err[512];
-	radiance_log_init(RADIANCE_LOG_SILENT);
+	rlog_init(RADIANCE_LOG_SILENT);
 	struct fz_buf single = fz_model_single();
 	struct fz_buf s1 = fz_safetensors(fz_shard1, FZ_N1);
 	struct fz_buf s2 = fz_safetensors(fz_shard2, FZ_N2);

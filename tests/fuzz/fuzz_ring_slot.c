@@ -35,7 +35,7 @@
  *       l   the slot's length word: l, or when l == 255 the next 4 bytes
  *       min(l, 252) payload bytes: a serialized LinearRequest, or not
  *   after each round (unless bit 4): one executor pass over both rings,
- *   then the client consumes every CQ entry (radiance_ring_pop + decode);
+ *   then the client consumes every CQ entry (rring_pop + decode);
  *   a round with bit 4 that ends the input still gets its pass.
  *
  * Models: id 1 (W4A8 16x128 with bias, bf16 8x16, W4A8 8x256) and id 2
@@ -72,7 +72,7 @@ static uint32_t rd32(struct reader *r)
 
 static struct radiance_executor *E;
 static uv_loop_t loop;
-static struct radiance_stats global_stats;
+static struct stats_counters global_stats;
 static struct radiance_model models[3];
 static struct exec_model emodels[3];
 static struct exec_refs refs;
@@ -81,9 +81,9 @@ struct fz_ring {
 	struct exec_ring r;
 	struct radiance_shm_header *h;
 	uint8_t *sq_slots, *cq_slots;
-	struct radiance_ring client_cq;   /* the client's consumer view */
+	struct rring client_cq;   /* the client's consumer view */
 	uint32_t client_tail;            /* the client's SQ producer counter */
-	struct radiance_stats stats;
+	struct stats_counters stats;
 	int broken_seen;
 	int head_forged;                 /* this input moved the CQ head itself */
 };
@@ -143,7 +143,7 @@ static void layer_bf16(struct radiance_layer *l, const char *name, uint32_t n, u
 static void setup(void)
 {
 	char err[256];
-	radiance_log_init(getenv("FUZZ_VERBOSE") ? RADIANCE_LOG_DEBUG : RADIANCE_LOG_SILENT);
+	rlog_init(getenv("FUZZ_VERBOSE") ? RADIANCE_LOG_DEBUG : RADIANCE_LOG_SILENT);
 	FUZZ_CHECK(uv_loop_init(&loop) == 0);
 	E = calloc(1, sizeof *E);
 	FUZZ_CHECK(E);
@@ -219,7 +219,7 @@ static void consume_cq(struct fz_ring *fr)
 {
 	uint8_t buf[RADIANCE_SLOT_BYTES];
 	for (;;) {
-		int n = radiance_ring_pop(&fr->client_cq, buf);
+		int n = rring_pop(&fr->client_cq, buf);
 		if (n <= 0)
 			break;     /* empty, or the (corrupted) head made it -EPROTO */
 		Radiance__LinearResult *res = radiance__linear_result__unpack(NULL, (size_t)n, buf);
@@ -255,7 +255,7 @@ static void pass(void)
 		/* a queued request always has its CQ slot (unless the client
 		 * took slots back by moving the CQ head backwards) */
 		if (!r->dead && !rings[i].head_forged) {
-			int space = radiance_ring_space(&r->cq);
+			int space = rring_space(&r->cq);
 			FUZZ_CHECK(space < 0 || (uint32_t)space >= r->flow.n);
 		}
 		consume_cq(&rings[i]);
@@ -300,9 +300,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		fr->h->cq.entries = cq_entries;
 		fr->sq_slots = xalloc((size_t)sq_entries * RADIANCE_SLOT_BYTES);
 		fr->cq_slots = xalloc((size_t)cq_entries * RADIANCE_SLOT_BYTES);
-		radiance_ring_init(&r->sq, &fr->h->sq, fr->sq_slots, sq_entries);
-		radiance_ring_init(&r->cq, &fr->h->cq, fr->cq_slots, cq_entries);
-		radiance_ring_init(&fr->client_cq, &fr->h->cq, fr->cq_slots, cq_entries);
+		rring_init(&r->sq, &fr->h->sq, fr->sq_slots, sq_entries);
+		rring_init(&r->cq, &fr->h->cq, fr->cq_slots, cq_entries);
+		rring_init(&fr->client_cq, &fr->h->cq, fr->cq_slots, cq_entries);
 		fr->client_tail = 0;
 		fr->head_forged = 0;
 		r->session_id = (uint64_t)i + 1;

@@ -6,7 +6,7 @@
  * listening socket: one end of a socketpair becomes a session
  * (session_create + server_session_update, as on_listen does), and the
  * input is the byte stream the client sends on the other end. So the real
- * server.c read path (session_read: radiance_conn_read / next_frame), the
+ * server.c read path (session_read: rconn_read / next_frame), the
  * dispatch and every handler of daemon/session.c run on peer bytes: Hello,
  * LoadModel (through the registry and the loader on the threadpool, upload
  * on the executor), AttachModel, ReleaseModel, GetModel, ListModels,
@@ -22,7 +22,7 @@
  * LoadModel whose tag has bit 62 set is sent with one fd too many.
  *
  * The harness plays a well-behaved client otherwise: it reads every reply
- * (radiance_conn on its end), checks that each decodes as a ServerMessage
+ * (rconn on its end), checks that each decodes as a ServerMessage
  * carrying exactly the fds it declares (RingReady: 3), and closes them. It
  * half-closes its end only when the session is idle and has read all it was
  * sent, so what runs does not depend on thread timing. Then the daemon is
@@ -54,7 +54,7 @@ static char *index_json;
 
 static void setup(void)
 {
-	radiance_log_init(getenv("FUZZ_VERBOSE") ? RADIANCE_LOG_DEBUG : RADIANCE_LOG_SILENT);
+	rlog_init(getenv("FUZZ_VERBOSE") ? RADIANCE_LOG_DEBUG : RADIANCE_LOG_SILENT);
 	FUZZ_CHECK(config_init(&cfg) == 0);
 	free(cfg.backend);
 	cfg.backend = strdup("cpu");
@@ -147,7 +147,7 @@ static size_t split(const uint8_t *data, size_t size, struct chunk *ch, size_t m
 		}
 		c->len = 4 + (size_t)l;
 		pos += c->len;
-		Radiance__ClientMessage *m = radiance_proto_unpack_client(c->p + 4, l);
+		Radiance__ClientMessage *m = rproto_unpack_client(c->p + 4, l);
 		if (!m)
 			continue;
 		if (m->msg_case == RADIANCE__CLIENT_MESSAGE__MSG_LOAD_MODEL && m->load_model &&
@@ -201,10 +201,10 @@ static int send_chunk(int fd, struct chunk *c)
 
 /* The client's receive side: every reply must decode and carry exactly the
  * fds it declares. Returns 0 once the daemon closed its end. */
-static int drain_replies(struct radiance_conn *cc)
+static int drain_replies(struct rconn *cc)
 {
 	for (;;) {
-		int rc = radiance_conn_read(cc);
+		int rc = rconn_read(cc);
 		if (rc == -EAGAIN)
 			return 1;
 		/* a violation closes the daemon's end with the client's bytes
@@ -214,12 +214,12 @@ static int drain_replies(struct radiance_conn *cc)
 		FUZZ_CHECK(rc > 0);   /* the daemon never sends a bad length or too many fds */
 		const uint8_t *d;
 		size_t len;
-		while ((rc = radiance_conn_next_frame(cc, &d, &len)) == 1) {
-			Radiance__ServerMessage *m = radiance_proto_unpack_server(d, len);
+		while ((rc = rconn_next_frame(cc, &d, &len)) == 1) {
+			Radiance__ServerMessage *m = rproto_unpack_server(d, len);
 			FUZZ_CHECK(m);
 			FUZZ_CHECK(m->msg_case != RADIANCE__SERVER_MESSAGE__MSG__NOT_SET);
-			FUZZ_CHECK(radiance_conn_queued_fds(cc) == radiance_proto_server_fds(m));
-			radiance_conn_close_fds(cc);
+			FUZZ_CHECK(rconn_queued_fds(cc) == rproto_server_fds(m));
+			rconn_close_fds(cc);
 			radiance__server_message__free_unpacked(m, NULL);
 		}
 		FUZZ_CHECK(rc == 0);
@@ -278,8 +278,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	srv.sessions = s;
 	srv.nsessions++;
 	server_session_update(s);
-	struct radiance_conn cc;   /* the client's receive side; owns sv[1] */
-	FUZZ_CHECK(radiance_conn_init(&cc, sv[1], RADIANCE_MAX_FRAME, RADIANCE_MAX_FDS) == 0);
+	struct rconn cc;   /* the client's receive side; owns sv[1] */
+	FUZZ_CHECK(rconn_init(&cc, sv[1], RADIANCE_MAX_FRAME, RADIANCE_MAX_FDS) == 0);
 
 	struct files fs = { .v = NULL, .n = 0, .spare = -1 };
 	size_t nchunks = split(data, size, chunks, MAX_CHUNKS, &fs), next = 0;
@@ -313,7 +313,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	FUZZ_CHECK(srv.reg == NULL && srv.exec == NULL);
 	FUZZ_CHECK(uv_loop_close(&loop) == 0);
 
-	radiance_conn_finish(&cc);
+	rconn_finish(&cc);
 	for (size_t i = 0; i < fs.n; i++) {
 		close(fs.v[i].fd);
 		free(fs.v[i].name);
