@@ -157,10 +157,10 @@ int radiance__client_break(struct radiance *r, int err, const char *fmt, ...)
  * until the reply with that tag. LoadProgress replies go to progress (may be
  * NULL). An Error reply returns its -code (text recorded, not sticky) and
  * *reply stays NULL. On 0 the caller owns *reply
- * (radiance__server_message__free_unpacked(*reply, NULL)). */
-int radiance__client_request(struct radiance *r, Radiance__ClientMessage *msg, const int *fds,
+ * (rdw__server_message__free_unpacked(*reply, NULL)). */
+int radiance__client_request(struct radiance *r, Rdw__ClientMessage *msg, const int *fds,
 		      size_t nfds, radiance_load_progress_fn progress, void *progress_user,
-		      Radiance__ServerMessage **reply);
+		      Rdw__ServerMessage **reply);
 
 /* The control socket is readable while no request is outstanding: the daemon
  * only writes then to say it ends the session. Reads what is there and
@@ -174,6 +174,6 @@ struct radiance__client_held *radiance__client_find_held(const struct radiance *
 void radiance__client_rings_close(struct radiance *r);
 
 /* models.c */
-int radiance__client_model_from_pb(const Radiance__ModelInfo *pb, struct radiance_model_info **out);
+int radiance__client_model_from_pb(const Rdw__ModelInfo *pb, struct radiance_model_info **out);
 
 #endif

@@ -251,9 +251,9 @@ static int wait_fd(int fd, short events, int timeout_ms)
 	}
 }
 
-static int read_message(struct radiance *r, int timeout_ms, Radiance__ServerMessage **out);
+static int read_message(struct radiance *r, int timeout_ms, Rdw__ServerMessage **out);
 
-static int error_code(const Radiance__Error *e)
+static int error_code(const Rdw__Error *e)
 {
 	/* A positive errno on the wire; anything else is the daemon's bug, but
 	 * the request still failed. */
@@ -263,7 +263,7 @@ static int error_code(const Radiance__Error *e)
 /* An Error the daemon sent outside any reply: it ends the session (or,
  * before the handshake finished, refuses the connection, e.g. EBUSY "too
  * many sessions"). Sticky. */
-static int daemon_ended(struct radiance *r, const Radiance__Error *e)
+static int daemon_ended(struct radiance *r, const Rdw__Error *e)
 {
 	const char *text = e->message && *e->message ? e->message
 						     : radiance_strerror(error_code(e));
@@ -278,12 +278,12 @@ static int daemon_ended(struct radiance *r, const Radiance__Error *e)
  * it, so the reason reaches radiance_error_message() instead of EPIPE. */
 static int daemon_gone(struct radiance *r)
 {
-	Radiance__ServerMessage *m;
+	Rdw__ServerMessage *m;
 	while (!r->error && read_message(r, 0, &m) == 0) {
 		rconn_close_fds(&r->conn);
-		if (m->msg_case == RADIANCE__SERVER_MESSAGE__MSG_ERROR)
+		if (m->msg_case == RDW__SERVER_MESSAGE__MSG_ERROR)
 			daemon_ended(r, m->error);
-		radiance__server_message__free_unpacked(m, NULL);
+		rdw__server_message__free_unpacked(m, NULL);
 	}
 	return radiance__client_break(r, -ECONNRESET, "the daemon closed the connection");
 }
@@ -309,7 +309,7 @@ static int flush_all(struct radiance *r)
 /* Reads the next server message. timeout_ms -1 waits forever, 0 only takes
  * what is already there (-EAGAIN if nothing). Every protocol failure is
  * sticky; so is EOF. */
-static int read_message(struct radiance *r, int timeout_ms, Radiance__ServerMessage **out)
+static int read_message(struct radiance *r, int timeout_ms, Rdw__ServerMessage **out)
 {
 	*out = NULL;
 	for (;;) {
@@ -317,12 +317,12 @@ static int read_message(struct radiance *r, int timeout_ms, Radiance__ServerMess
 		size_t len;
 		int rc = rconn_next_frame(&r->conn, &data, &len);
 		if (rc == 1) {
-			Radiance__ServerMessage *m = rproto_unpack_server(data, len);
+			Rdw__ServerMessage *m = rproto_unpack_server(data, len);
 			if (!m)
 				return radiance__client_break(r, -EPROTO, "undecodable message from the daemon (%zu bytes)",
 						       len);
-			if (m->msg_case == RADIANCE__SERVER_MESSAGE__MSG__NOT_SET) {
-				radiance__server_message__free_unpacked(m, NULL);
+			if (m->msg_case == RDW__SERVER_MESSAGE__MSG__NOT_SET) {
+				rdw__server_message__free_unpacked(m, NULL);
 				return radiance__client_break(r, -EPROTO, "empty message from the daemon");
 			}
 			*out = m;
@@ -356,9 +356,9 @@ static int read_message(struct radiance *r, int timeout_ms, Radiance__ServerMess
 	}
 }
 
-int radiance__client_request(struct radiance *r, Radiance__ClientMessage *msg, const int *fds,
+int radiance__client_request(struct radiance *r, Rdw__ClientMessage *msg, const int *fds,
 		      size_t nfds, radiance_load_progress_fn progress, void *progress_user,
-		      Radiance__ServerMessage **reply)
+		      Rdw__ServerMessage **reply)
 {
 	*reply = NULL;
 	int rc = radiance__client_usable(r);
@@ -372,7 +372,7 @@ int radiance__client_request(struct radiance *r, Radiance__ClientMessage *msg, c
 	if ((rc = flush_all(r)) < 0)
 		return rc;
 	for (;;) {
-		Radiance__ServerMessage *m;
+		Rdw__ServerMessage *m;
 		if ((rc = read_message(r, r->timeout_ms, &m)) < 0) {
 			if (rc == -ETIMEDOUT)
 				/* The reply may still come and would then be out of
@@ -383,13 +383,13 @@ int radiance__client_request(struct radiance *r, Radiance__ClientMessage *msg, c
 		}
 		size_t want_fds = rproto_server_fds(m);
 		if (rconn_queued_fds(&r->conn) < want_fds) {
-			radiance__server_message__free_unpacked(m, NULL);
+			rdw__server_message__free_unpacked(m, NULL);
 			return radiance__client_break(r, -EPROTO, "reply declares %zu fds, fewer arrived", want_fds);
 		}
 		if (want_fds == 0)
 			rconn_close_fds(&r->conn);   /* fds nobody declared */
 		if (m->tag != msg->tag) {
-			if (m->msg_case == RADIANCE__SERVER_MESSAGE__MSG_ERROR) {
+			if (m->msg_case == RDW__SERVER_MESSAGE__MSG_ERROR) {
 				/* The daemon ends the session over something it
 				 * noticed out of band (e.g. a corrupted ring), or
 				 * refuses the connection before the handshake. */
@@ -399,21 +399,21 @@ int radiance__client_request(struct radiance *r, Radiance__ClientMessage *msg, c
 						     (unsigned long long)m->tag,
 						     (unsigned long long)msg->tag);
 			}
-			radiance__server_message__free_unpacked(m, NULL);
+			rdw__server_message__free_unpacked(m, NULL);
 			return r->error;
 		}
 		switch (m->msg_case) {
-		case RADIANCE__SERVER_MESSAGE__MSG_LOAD_PROGRESS:
+		case RDW__SERVER_MESSAGE__MSG_LOAD_PROGRESS:
 			if (progress)
 				progress(progress_user, m->load_progress->done_bytes,
 					 m->load_progress->total_bytes);
-			radiance__server_message__free_unpacked(m, NULL);
+			rdw__server_message__free_unpacked(m, NULL);
 			continue;
-		case RADIANCE__SERVER_MESSAGE__MSG_ERROR:
+		case RDW__SERVER_MESSAGE__MSG_ERROR:
 			if (!r->welcomed) {
 				/* an Error answering the Hello: no session */
 				rc = daemon_ended(r, m->error);
-				radiance__server_message__free_unpacked(m, NULL);
+				rdw__server_message__free_unpacked(m, NULL);
 				return rc;
 			}
 			rc = radiance__client_fail(r, error_code(m->error), "%s: %s",
@@ -421,7 +421,7 @@ int radiance__client_request(struct radiance *r, Radiance__ClientMessage *msg, c
 					    m->error->message && *m->error->message
 						    ? m->error->message
 						    : radiance_strerror(error_code(m->error)));
-			radiance__server_message__free_unpacked(m, NULL);
+			rdw__server_message__free_unpacked(m, NULL);
 			return rc;
 		default:
 			*reply = m;
@@ -434,19 +434,19 @@ int radiance__client_socket_event(struct radiance *r)
 {
 	if (r->error)
 		return r->error;
-	Radiance__ServerMessage *m;
+	Rdw__ServerMessage *m;
 	int rc = read_message(r, 0, &m);
 	if (rc == -EAGAIN)
 		return 0;
 	if (rc < 0)
 		return r->error ? r->error : rc;
 	rconn_close_fds(&r->conn);
-	if (m->msg_case == RADIANCE__SERVER_MESSAGE__MSG_ERROR)
+	if (m->msg_case == RDW__SERVER_MESSAGE__MSG_ERROR)
 		daemon_ended(r, m->error);
 	else
 		radiance__client_break(r, -EPROTO, "unsolicited %s from the daemon",
 				rproto_server_name(m));
-	radiance__server_message__free_unpacked(m, NULL);
+	rdw__server_message__free_unpacked(m, NULL);
 	return r->error;
 }
 
@@ -459,22 +459,22 @@ static char *dup_or_empty(const char *s)
 
 static int handshake(struct radiance *r)
 {
-	Radiance__Hello hello = RADIANCE__HELLO__INIT;
+	Rdw__Hello hello = RDW__HELLO__INIT;
 	hello.protocol_version = RADIANCE_PROTOCOL_VERSION;
 	hello.client_name = r->client_name;
-	Radiance__ClientMessage msg = RADIANCE__CLIENT_MESSAGE__INIT;
-	msg.msg_case = RADIANCE__CLIENT_MESSAGE__MSG_HELLO;
+	Rdw__ClientMessage msg = RDW__CLIENT_MESSAGE__INIT;
+	msg.msg_case = RDW__CLIENT_MESSAGE__MSG_HELLO;
 	msg.hello = &hello;
-	Radiance__ServerMessage *reply;
+	Rdw__ServerMessage *reply;
 	int rc = radiance__client_request(r, &msg, NULL, 0, NULL, NULL, &reply);
 	if (rc < 0)
 		return rc;
-	if (reply->msg_case != RADIANCE__SERVER_MESSAGE__MSG_WELCOME) {
+	if (reply->msg_case != RDW__SERVER_MESSAGE__MSG_WELCOME) {
 		rc = radiance__client_break(r, -EPROTO, "hello answered with %s",
 				     rproto_server_name(reply));
 		goto out;
 	}
-	const Radiance__Welcome *w = reply->welcome;
+	const Rdw__Welcome *w = reply->welcome;
 	if (w->protocol_version != RADIANCE_PROTOCOL_VERSION) {
 		rc = radiance__client_break(r, -EPROTO, "daemon speaks protocol %u, this library %u",
 				     w->protocol_version, RADIANCE_PROTOCOL_VERSION);
@@ -501,7 +501,7 @@ static int handshake(struct radiance *r)
 		      (unsigned long long)w->session_id, r->server_version, r->backend, r->device,
 		      w->max_rows);
 out:
-	radiance__server_message__free_unpacked(reply, NULL);
+	rdw__server_message__free_unpacked(reply, NULL);
 	return rc;
 }
 

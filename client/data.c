@@ -90,25 +90,25 @@ static int open_rings(struct radiance *r)
 		return rc0;
 	if (r->rings_open)
 		return 0;
-	Radiance__OpenRing open = RADIANCE__OPEN_RING__INIT;
+	Rdw__OpenRing open = RDW__OPEN_RING__INIT;
 	open.sq_entries = r->want_sq;
 	open.cq_entries = r->want_cq;
 	open.arena_bytes = r->want_arena;
-	Radiance__ClientMessage msg = RADIANCE__CLIENT_MESSAGE__INIT;
-	msg.msg_case = RADIANCE__CLIENT_MESSAGE__MSG_OPEN_RING;
+	Rdw__ClientMessage msg = RDW__CLIENT_MESSAGE__INIT;
+	msg.msg_case = RDW__CLIENT_MESSAGE__MSG_OPEN_RING;
 	msg.open_ring = &open;
-	Radiance__ServerMessage *reply;
+	Rdw__ServerMessage *reply;
 	int rc = radiance__client_request(r, &msg, NULL, 0, NULL, NULL, &reply);
 	if (rc < 0)
 		return rc;
-	if (reply->msg_case != RADIANCE__SERVER_MESSAGE__MSG_RING_READY) {
+	if (reply->msg_case != RDW__SERVER_MESSAGE__MSG_RING_READY) {
 		rc = radiance__client_break(r, -EPROTO, "open_ring answered with %s",
 				     rproto_server_name(reply));
-		radiance__server_message__free_unpacked(reply, NULL);
+		rdw__server_message__free_unpacked(reply, NULL);
 		return rc;
 	}
 	uint64_t segment_bytes = reply->ring_ready->segment_bytes;
-	radiance__server_message__free_unpacked(reply, NULL);
+	rdw__server_message__free_unpacked(reply, NULL);
 
 	int fds[RADIANCE_RING_READY_FDS];
 	if (rconn_take_fds(&r->conn, fds, RADIANCE_RING_READY_FDS) < 0)
@@ -251,12 +251,12 @@ static int submit(struct radiance *r, uint32_t model_id, uint32_t layer, uint32_
 	if (r->in_flight >= r->cq_entries)
 		return -EAGAIN;
 
-	Radiance__LinearRequest req = RADIANCE__LINEAR_REQUEST__INIT;
+	Rdw__LinearRequest req = RDW__LINEAR_REQUEST__INIT;
 	req.request_id = r->next_request_id;
 	req.model_id = model_id;
 	req.layer = layer;
 	req.rows = rows;
-	req.dtype = (Radiance__DType)dtype;
+	req.dtype = (Rdw__DType)dtype;
 	req.input_offset = in_off;
 	req.output_offset = out_off;
 	uint8_t slot[RADIANCE_SLOT_BYTES - 4];
@@ -302,7 +302,7 @@ static int reap_one(struct radiance *r, struct radiance__client_stashed *out)
 	struct rproto_bump bump;
 	rproto_bump_reset(&bump);
 	ProtobufCAllocator alloc = rproto_bump_allocator(&bump);
-	Radiance__LinearResult *res = radiance__linear_result__unpack(&alloc, (size_t)len, slot);
+	Rdw__LinearResult *res = rdw__linear_result__unpack(&alloc, (size_t)len, slot);
 	if (!res)
 		return radiance__client_break(r, -EPROTO, "undecodable CQ entry (%d bytes)", len);
 	if (r->in_flight == 0)

@@ -31,7 +31,7 @@ void radiance_mapping_free(struct radiance_mapping *m)
  * allocation, aligned, and of the size its kind implies where this library
  * knows it (bf16 weights, biases, canonical test arrays). A daemon that
  * answers otherwise is broken: the kernels would read past the weights. */
-static int check_mapping(struct radiance *r, const Radiance__ModelMapping *pb,
+static int check_mapping(struct radiance *r, const Rdw__ModelMapping *pb,
 			 const struct radiance_model_info *info)
 {
 	if (pb->n_layers != info->n_layers)
@@ -42,10 +42,10 @@ static int check_mapping(struct radiance *r, const Radiance__ModelMapping *pb,
 					      info->model_id, (unsigned long long)pb->bytes,
 					      (unsigned long long)pb->granularity);
 	for (size_t i = 0; i < pb->n_layers; i++) {
-		const Radiance__MappedLayer *ml = pb->layers[i];
+		const Rdw__MappedLayer *ml = pb->layers[i];
 		const struct radiance_layer_info *l = &info->layers[i];
 		const int w4 = l->kind == RADIANCE_LAYER_W4A8;
-		const int canonical = pb->handle == RADIANCE__MAP_HANDLE__MAP_HANDLE_TEST_MEMFD;
+		const int canonical = pb->handle == RDW__MAP_HANDLE__MAP_HANDLE_TEST_MEMFD;
 		const uint64_t arrays[3][2] = {
 			{ ml->weight_offset, ml->weight_bytes },
 			{ ml->scales_offset, ml->scales_bytes },
@@ -79,7 +79,7 @@ static int check_mapping(struct radiance *r, const Radiance__ModelMapping *pb,
 	return 0;
 }
 
-static int mapping_from_pb(const Radiance__ModelMapping *pb, struct radiance_mapping **out)
+static int mapping_from_pb(const Rdw__ModelMapping *pb, struct radiance_mapping **out)
 {
 	struct radiance_mapping *m = calloc(1, sizeof *m);
 	if (!m)
@@ -103,7 +103,7 @@ static int mapping_from_pb(const Radiance__ModelMapping *pb, struct radiance_map
 	m->granularity = pb->granularity;
 	m->n_layers = pb->n_layers;
 	for (size_t i = 0; i < pb->n_layers; i++) {
-		const Radiance__MappedLayer *p = pb->layers[i];
+		const Rdw__MappedLayer *p = pb->layers[i];
 		l[i] = (struct radiance_mapped_layer){
 			.index = p->index,
 			.kind = (enum radiance_layer_kind)p->kind,
@@ -144,21 +144,21 @@ int radiance_map_model(struct radiance *r, uint32_t model_id, uint32_t layout_ve
 		return radiance__client_fail(r, -ENOENT, "model %u is not held by this session (load or "
 					     "attach it first)", model_id);
 
-	Radiance__MapModel mm = RADIANCE__MAP_MODEL__INIT;
+	Rdw__MapModel mm = RDW__MAP_MODEL__INIT;
 	mm.model_id = model_id;
 	mm.layout_version = layout_version;
-	Radiance__ClientMessage msg = RADIANCE__CLIENT_MESSAGE__INIT;
-	msg.msg_case = RADIANCE__CLIENT_MESSAGE__MSG_MAP_MODEL;
+	Rdw__ClientMessage msg = RDW__CLIENT_MESSAGE__INIT;
+	msg.msg_case = RDW__CLIENT_MESSAGE__MSG_MAP_MODEL;
 	msg.map_model = &mm;
-	Radiance__ServerMessage *reply;
+	Rdw__ServerMessage *reply;
 	if ((rc = radiance__client_request(r, &msg, NULL, 0, NULL, NULL, &reply)) < 0)
 		return rc;
-	if (reply->msg_case != RADIANCE__SERVER_MESSAGE__MSG_MODEL_MAPPING) {
+	if (reply->msg_case != RDW__SERVER_MESSAGE__MSG_MODEL_MAPPING) {
 		rc = radiance__client_break(r, -EPROTO, "map_model answered with %s",
 					    rproto_server_name(reply));
 		goto out;
 	}
-	const Radiance__ModelMapping *pb = reply->model_mapping;
+	const Rdw__ModelMapping *pb = reply->model_mapping;
 	int fd = -1;
 	if (rproto_mapping_fds(pb->handle) &&
 	    rconn_take_fds(&r->conn, &fd, 1) < 0) {
@@ -170,11 +170,11 @@ int radiance_map_model(struct radiance *r, uint32_t model_id, uint32_t layout_ve
 		rc = radiance__client_break(r, -EPROTO, "map_model %u (layout %u) answered for model %u "
 					    "(layout %u)", model_id, layout_version, pb->model_id,
 					    pb->layout_version);
-	} else if (pb->handle == RADIANCE__MAP_HANDLE__MAP_HANDLE_IPC &&
+	} else if (pb->handle == RDW__MAP_HANDLE__MAP_HANDLE_IPC &&
 		   pb->ipc_handle.len != RADIANCE_MAP_IPC_HANDLE_BYTES) {
 		rc = radiance__client_break(r, -EPROTO, "IPC handle of %zu bytes, expected %u",
 					    pb->ipc_handle.len, RADIANCE_MAP_IPC_HANDLE_BYTES);
-	} else if (pb->handle != RADIANCE__MAP_HANDLE__MAP_HANDLE_IPC && !rproto_mapping_fds(pb->handle)) {
+	} else if (pb->handle != RDW__MAP_HANDLE__MAP_HANDLE_IPC && !rproto_mapping_fds(pb->handle)) {
 		rc = radiance__client_break(r, -EPROTO, "mapping handle type %d is unknown", (int)pb->handle);
 	} else if ((rc = check_mapping(r, pb, held->info)) == 0 && (rc = mapping_from_pb(pb, out)) < 0) {
 		rc = radiance__client_fail(r, rc, "out of memory");
@@ -183,30 +183,30 @@ int radiance_map_model(struct radiance *r, uint32_t model_id, uint32_t layout_ve
 		(*out)->fd = fd;
 		fd = -1;
 		radiance__client_log(r, LOG_DEBUG, "model %u mapped: %s, %llu bytes, %s", model_id,
-				     pb->handle == RADIANCE__MAP_HANDLE__MAP_HANDLE_IPC ? "IPC handle" : "fd",
+				     pb->handle == RDW__MAP_HANDLE__MAP_HANDLE_IPC ? "IPC handle" : "fd",
 				     (unsigned long long)pb->bytes, pb->layout ? pb->layout : "");
 	}
 	if (fd >= 0)
 		close(fd);
 out:
-	radiance__server_message__free_unpacked(reply, NULL);
+	rdw__server_message__free_unpacked(reply, NULL);
 	return rc;
 }
 
 int radiance_unmap_model(struct radiance *r, uint32_t model_id)
 {
-	Radiance__UnmapModel um = RADIANCE__UNMAP_MODEL__INIT;
+	Rdw__UnmapModel um = RDW__UNMAP_MODEL__INIT;
 	um.model_id = model_id;
-	Radiance__ClientMessage msg = RADIANCE__CLIENT_MESSAGE__INIT;
-	msg.msg_case = RADIANCE__CLIENT_MESSAGE__MSG_UNMAP_MODEL;
+	Rdw__ClientMessage msg = RDW__CLIENT_MESSAGE__INIT;
+	msg.msg_case = RDW__CLIENT_MESSAGE__MSG_UNMAP_MODEL;
 	msg.unmap_model = &um;
-	Radiance__ServerMessage *reply;
+	Rdw__ServerMessage *reply;
 	int rc = radiance__client_request(r, &msg, NULL, 0, NULL, NULL, &reply);
 	if (rc < 0)
 		return rc;
-	if (reply->msg_case != RADIANCE__SERVER_MESSAGE__MSG_OK)
+	if (reply->msg_case != RDW__SERVER_MESSAGE__MSG_OK)
 		rc = radiance__client_break(r, -EPROTO, "unmap_model answered with %s",
 					    rproto_server_name(reply));
-	radiance__server_message__free_unpacked(reply, NULL);
+	rdw__server_message__free_unpacked(reply, NULL);
 	return rc;
 }

@@ -43,7 +43,7 @@ void radiance_model_info_free(struct radiance_model_info *m)
 }
 
 /* Fills *m (already zeroed) from pb; on failure the caller frees m. */
-static int model_fill(struct radiance_model_info *m, const Radiance__ModelInfo *pb)
+static int model_fill(struct radiance_model_info *m, const Rdw__ModelInfo *pb)
 {
 	m->model_id = pb->model_id;
 	m->resident_bytes = pb->resident_bytes;
@@ -57,7 +57,7 @@ static int model_fill(struct radiance_model_info *m, const Radiance__ModelInfo *
 			return -ENOMEM;
 		m->layers = l;
 		for (size_t i = 0; i < pb->n_layers; i++) {
-			const Radiance__LayerInfo *p = pb->layers[i];
+			const Rdw__LayerInfo *p = pb->layers[i];
 			l[i] = (struct radiance_layer_info){
 				.index = p->index,
 				.kind = (enum radiance_layer_kind)p->kind,
@@ -77,7 +77,7 @@ static int model_fill(struct radiance_model_info *m, const Radiance__ModelInfo *
 			return -ENOMEM;
 		m->other = t;
 		for (size_t i = 0; i < pb->n_other_tensors; i++) {
-			const Radiance__TensorInfo *p = pb->other_tensors[i];
+			const Rdw__TensorInfo *p = pb->other_tensors[i];
 			m->n_other = i + 1;
 			uint64_t *shape = calloc(p->n_shape ? p->n_shape : 1, sizeof *shape);
 			t[i].name = strdup(p->name ? p->name : "");
@@ -93,7 +93,7 @@ static int model_fill(struct radiance_model_info *m, const Radiance__ModelInfo *
 	return 0;
 }
 
-int radiance__client_model_from_pb(const Radiance__ModelInfo *pb, struct radiance_model_info **out)
+int radiance__client_model_from_pb(const Rdw__ModelInfo *pb, struct radiance_model_info **out)
 {
 	struct radiance_model_info *m = calloc(1, sizeof *m);
 	if (!m)
@@ -144,20 +144,20 @@ static int check_layers(struct radiance *r, const struct radiance_model_info *m)
 	return 0;
 }
 
-static int get_model_pb(struct radiance *r, uint32_t model_id, Radiance__ServerMessage **reply)
+static int get_model_pb(struct radiance *r, uint32_t model_id, Rdw__ServerMessage **reply)
 {
-	Radiance__GetModel get = RADIANCE__GET_MODEL__INIT;
+	Rdw__GetModel get = RDW__GET_MODEL__INIT;
 	get.model_id = model_id;
-	Radiance__ClientMessage msg = RADIANCE__CLIENT_MESSAGE__INIT;
-	msg.msg_case = RADIANCE__CLIENT_MESSAGE__MSG_GET_MODEL;
+	Rdw__ClientMessage msg = RDW__CLIENT_MESSAGE__INIT;
+	msg.msg_case = RDW__CLIENT_MESSAGE__MSG_GET_MODEL;
 	msg.get_model = &get;
 	int rc = radiance__client_request(r, &msg, NULL, 0, NULL, NULL, reply);
 	if (rc < 0)
 		return rc;
-	if ((*reply)->msg_case != RADIANCE__SERVER_MESSAGE__MSG_MODEL_INFO) {
+	if ((*reply)->msg_case != RDW__SERVER_MESSAGE__MSG_MODEL_INFO) {
 		rc = radiance__client_break(r, -EPROTO, "get_model answered with %s",
 				     rproto_server_name(*reply));
-		radiance__server_message__free_unpacked(*reply, NULL);
+		rdw__server_message__free_unpacked(*reply, NULL);
 		*reply = NULL;
 	}
 	return rc;
@@ -165,19 +165,19 @@ static int get_model_pb(struct radiance *r, uint32_t model_id, Radiance__ServerM
 
 /* A load or attach reply: record the reference (with the layer table,
  * fetched separately if the reply has none). */
-static int hold(struct radiance *r, const Radiance__ModelInfo *pb, uint32_t *model_id)
+static int hold(struct radiance *r, const Rdw__ModelInfo *pb, uint32_t *model_id)
 {
 	struct radiance_model_info *info;
 	int rc = radiance__client_model_from_pb(pb, &info);
 	if (rc < 0)
 		return radiance__client_fail(r, rc, "out of memory");
 	if (info->n_layers == 0) {
-		Radiance__ServerMessage *reply;
+		Rdw__ServerMessage *reply;
 		if ((rc = get_model_pb(r, pb->model_id, &reply)) < 0)
 			goto err_info;
 		radiance_model_info_free(info);
 		rc = radiance__client_model_from_pb(reply->model_info, &info);
-		radiance__server_message__free_unpacked(reply, NULL);
+		rdw__server_message__free_unpacked(reply, NULL);
 		if (rc < 0)
 			return radiance__client_fail(r, rc, "out of memory");
 	}
@@ -217,9 +217,9 @@ err_info:
 	return rc;
 }
 
-static int expect_model_info(struct radiance *r, Radiance__ServerMessage *reply, const char *what)
+static int expect_model_info(struct radiance *r, Rdw__ServerMessage *reply, const char *what)
 {
-	if (reply->msg_case == RADIANCE__SERVER_MESSAGE__MSG_MODEL_INFO)
+	if (reply->msg_case == RDW__SERVER_MESSAGE__MSG_MODEL_INFO)
 		return 0;
 	return radiance__client_break(r, -EPROTO, "%s answered with %s", what,
 			       rproto_server_name(reply));
@@ -284,20 +284,20 @@ static int load_model(struct radiance *r, const char *dir, const struct radiance
 		snprintf(base, sizeof base, "%.*s", (int)len, last);
 		o.name = base;
 	}
-	Radiance__LoadModel load = RADIANCE__LOAD_MODEL__INIT;
+	Rdw__LoadModel load = RDW__LOAD_MODEL__INIT;
 	load.name = (char *)o.name;
 	load.n_file_names = n;
 	load.file_names = names;
-	Radiance__ClientMessage msg = RADIANCE__CLIENT_MESSAGE__INIT;
-	msg.msg_case = RADIANCE__CLIENT_MESSAGE__MSG_LOAD_MODEL;
+	Rdw__ClientMessage msg = RDW__CLIENT_MESSAGE__INIT;
+	msg.msg_case = RDW__CLIENT_MESSAGE__MSG_LOAD_MODEL;
 	msg.load_model = &load;
-	Radiance__ServerMessage *reply;
+	Rdw__ServerMessage *reply;
 	radiance__client_log(r, LOG_INFO, "loading %s (%zu files)", dir, n);
 	rc = radiance__client_request(r, &msg, fds, nfds, o.progress, o.progress_user, &reply);
 	if (rc == 0) {
 		if ((rc = expect_model_info(r, reply, "load_model")) == 0)
 			rc = hold(r, reply->model_info, model_id);
-		radiance__server_message__free_unpacked(reply, NULL);
+		rdw__server_message__free_unpacked(reply, NULL);
 	}
 out_fds:
 	while (nfds > 0)
@@ -319,18 +319,18 @@ static int attach_model(struct radiance *r, const char *name, uint32_t *model_id
 		return r->error;
 	if (!name || !*name)
 		return radiance__client_fail(r, -EINVAL, "no model name");
-	Radiance__AttachModel attach = RADIANCE__ATTACH_MODEL__INIT;
+	Rdw__AttachModel attach = RDW__ATTACH_MODEL__INIT;
 	attach.name = (char *)name;
-	Radiance__ClientMessage msg = RADIANCE__CLIENT_MESSAGE__INIT;
-	msg.msg_case = RADIANCE__CLIENT_MESSAGE__MSG_ATTACH_MODEL;
+	Rdw__ClientMessage msg = RDW__CLIENT_MESSAGE__INIT;
+	msg.msg_case = RDW__CLIENT_MESSAGE__MSG_ATTACH_MODEL;
 	msg.attach_model = &attach;
-	Radiance__ServerMessage *reply;
+	Rdw__ServerMessage *reply;
 	int rc = radiance__client_request(r, &msg, NULL, 0, NULL, NULL, &reply);
 	if (rc < 0)
 		return rc;
 	if ((rc = expect_model_info(r, reply, "attach_model")) == 0)
 		rc = hold(r, reply->model_info, model_id);
-	radiance__server_message__free_unpacked(reply, NULL);
+	rdw__server_message__free_unpacked(reply, NULL);
 	return rc;
 }
 
@@ -346,20 +346,20 @@ static int release(struct radiance *r, uint32_t model_id, bool drop_preload)
 	struct radiance__client_held *h = drop_preload ? NULL : radiance__client_find_held(r, model_id);
 	if (h && r->in_flight)
 		return radiance__client_fail(r, -EBUSY, "%u requests in flight", r->in_flight);
-	Radiance__ReleaseModel rel = RADIANCE__RELEASE_MODEL__INIT;
+	Rdw__ReleaseModel rel = RDW__RELEASE_MODEL__INIT;
 	rel.model_id = model_id;
 	rel.drop_preload = drop_preload;
-	Radiance__ClientMessage msg = RADIANCE__CLIENT_MESSAGE__INIT;
-	msg.msg_case = RADIANCE__CLIENT_MESSAGE__MSG_RELEASE_MODEL;
+	Rdw__ClientMessage msg = RDW__CLIENT_MESSAGE__INIT;
+	msg.msg_case = RDW__CLIENT_MESSAGE__MSG_RELEASE_MODEL;
 	msg.release_model = &rel;
-	Radiance__ServerMessage *reply;
+	Rdw__ServerMessage *reply;
 	int rc = radiance__client_request(r, &msg, NULL, 0, NULL, NULL, &reply);
 	if (rc < 0)
 		return rc;
-	if (reply->msg_case != RADIANCE__SERVER_MESSAGE__MSG_OK)
+	if (reply->msg_case != RDW__SERVER_MESSAGE__MSG_OK)
 		rc = radiance__client_break(r, -EPROTO, "release_model answered with %s",
 				     rproto_server_name(reply));
-	radiance__server_message__free_unpacked(reply, NULL);
+	rdw__server_message__free_unpacked(reply, NULL);
 	if (rc == 0 && h) {
 		radiance_model_info_free(h->info);
 		*h = r->held[--r->n_held];
@@ -386,12 +386,12 @@ static int get_model(struct radiance *r, uint32_t model_id, struct radiance_mode
 	*out = NULL;
 	if (r->error)
 		return r->error;
-	Radiance__ServerMessage *reply;
+	Rdw__ServerMessage *reply;
 	int rc = get_model_pb(r, model_id, &reply);
 	if (rc < 0)
 		return rc;
 	rc = radiance__client_model_from_pb(reply->model_info, out);
-	radiance__server_message__free_unpacked(reply, NULL);
+	rdw__server_message__free_unpacked(reply, NULL);
 	return rc < 0 ? radiance__client_fail(r, rc, "out of memory") : 0;
 }
 
@@ -417,21 +417,21 @@ static int list_models(struct radiance *r, struct radiance_model_list **out)
 	*out = NULL;
 	if (r->error)
 		return r->error;
-	Radiance__ListModels list = RADIANCE__LIST_MODELS__INIT;
-	Radiance__ClientMessage msg = RADIANCE__CLIENT_MESSAGE__INIT;
-	msg.msg_case = RADIANCE__CLIENT_MESSAGE__MSG_LIST_MODELS;
+	Rdw__ListModels list = RDW__LIST_MODELS__INIT;
+	Rdw__ClientMessage msg = RDW__CLIENT_MESSAGE__INIT;
+	msg.msg_case = RDW__CLIENT_MESSAGE__MSG_LIST_MODELS;
 	msg.list_models = &list;
-	Radiance__ServerMessage *reply;
+	Rdw__ServerMessage *reply;
 	int rc = radiance__client_request(r, &msg, NULL, 0, NULL, NULL, &reply);
 	if (rc < 0)
 		return rc;
-	if (reply->msg_case != RADIANCE__SERVER_MESSAGE__MSG_MODEL_LIST) {
+	if (reply->msg_case != RDW__SERVER_MESSAGE__MSG_MODEL_LIST) {
 		rc = radiance__client_break(r, -EPROTO, "list_models answered with %s",
 				     rproto_server_name(reply));
 		goto out;
 	}
 	struct radiance_model_list *l = calloc(1, sizeof *l);
-	const Radiance__ModelList *pl = reply->model_list;
+	const Rdw__ModelList *pl = reply->model_list;
 	if (!l || (pl->n_models && !(l->models = calloc(pl->n_models, sizeof *l->models)))) {
 		free(l);
 		rc = radiance__client_fail(r, -ENOMEM, "out of memory");
@@ -447,7 +447,7 @@ static int list_models(struct radiance *r, struct radiance_model_list **out)
 	}
 	*out = l;
 out:
-	radiance__server_message__free_unpacked(reply, NULL);
+	rdw__server_message__free_unpacked(reply, NULL);
 	return rc;
 }
 

@@ -8,7 +8,7 @@
 #include "client-private.h"
 #include "proto_util.h"
 
-static void stats_from_pb(struct radiance_stats *s, const Radiance__Stats *pb)
+static void stats_from_pb(struct radiance_stats *s, const Rdw__Stats *pb)
 {
 	memset(s, 0, sizeof *s);
 	if (!pb)
@@ -44,20 +44,20 @@ static int get_stats(struct radiance *r, struct radiance_stats_reply **out)
 	*out = NULL;
 	if (r->error)
 		return r->error;
-	Radiance__GetStats get = RADIANCE__GET_STATS__INIT;
-	Radiance__ClientMessage msg = RADIANCE__CLIENT_MESSAGE__INIT;
-	msg.msg_case = RADIANCE__CLIENT_MESSAGE__MSG_GET_STATS;
+	Rdw__GetStats get = RDW__GET_STATS__INIT;
+	Rdw__ClientMessage msg = RDW__CLIENT_MESSAGE__INIT;
+	msg.msg_case = RDW__CLIENT_MESSAGE__MSG_GET_STATS;
 	msg.get_stats = &get;
-	Radiance__ServerMessage *reply;
+	Rdw__ServerMessage *reply;
 	int rc = radiance__client_request(r, &msg, NULL, 0, NULL, NULL, &reply);
 	if (rc < 0)
 		return rc;
-	if (reply->msg_case != RADIANCE__SERVER_MESSAGE__MSG_STATS) {
+	if (reply->msg_case != RDW__SERVER_MESSAGE__MSG_STATS) {
 		rc = radiance__client_break(r, -EPROTO, "get_stats answered with %s",
 				     rproto_server_name(reply));
 		goto out;
 	}
-	const Radiance__StatsReply *pb = reply->stats;
+	const Rdw__StatsReply *pb = reply->stats;
 	struct radiance_stats_reply *s = calloc(1, sizeof *s);
 	if (!s || (pb->n_sessions && !(s->sessions = calloc(pb->n_sessions, sizeof *s->sessions)))) {
 		free(s);
@@ -68,7 +68,7 @@ static int get_stats(struct radiance *r, struct radiance_stats_reply **out)
 	/* the histogram: two arrays of one length, bounds increasing, counts
 	 * not decreasing; otherwise it is left out. The counts may run ahead
 	 * of `requests` (not one atomic snapshot). */
-	const Radiance__Stats *g = pb->global;
+	const Rdw__Stats *g = pb->global;
 	if (g && g->n_latency_le_ns && g->n_latency_le_ns == g->n_latency_cumulative &&
 	    g->n_latency_le_ns <= 1024) {
 		size_t n = g->n_latency_le_ns, i = 0;
@@ -91,7 +91,7 @@ static int get_stats(struct radiance *r, struct radiance_stats_reply **out)
 	}
 	stats_from_pb(&s->session, pb->session);
 	for (size_t i = 0; i < pb->n_sessions; i++) {
-		const Radiance__SessionStats *ps = pb->sessions[i];
+		const Rdw__SessionStats *ps = pb->sessions[i];
 		struct radiance_session_stats *ss = &s->sessions[i];
 		s->n_sessions = i + 1;
 		ss->session_id = ps->session_id;
@@ -106,7 +106,7 @@ static int get_stats(struct radiance *r, struct radiance_stats_reply **out)
 	}
 	*out = s;
 out:
-	radiance__server_message__free_unpacked(reply, NULL);
+	rdw__server_message__free_unpacked(reply, NULL);
 	return rc;
 }
 

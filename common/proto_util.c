@@ -22,79 +22,79 @@ static int queue_packed(struct rconn *c, const ProtobufCMessage *m, const int *f
 	return rc;
 }
 
-int rproto_queue_client(struct rconn *c, const Radiance__ClientMessage *m,
+int rproto_queue_client(struct rconn *c, const Rdw__ClientMessage *m,
 				const int *fds, size_t nfds)
 {
 	return queue_packed(c, &m->base, fds, nfds);
 }
 
-int rproto_queue_server(struct rconn *c, const Radiance__ServerMessage *m,
+int rproto_queue_server(struct rconn *c, const Rdw__ServerMessage *m,
 				const int *fds, size_t nfds)
 {
 	return queue_packed(c, &m->base, fds, nfds);
 }
 
-Radiance__ClientMessage *rproto_unpack_client(const uint8_t *data, size_t len)
+Rdw__ClientMessage *rproto_unpack_client(const uint8_t *data, size_t len)
 {
-	return radiance__client_message__unpack(NULL, len, data);
+	return rdw__client_message__unpack(NULL, len, data);
 }
 
-Radiance__ServerMessage *rproto_unpack_server(const uint8_t *data, size_t len)
+Rdw__ServerMessage *rproto_unpack_server(const uint8_t *data, size_t len)
 {
-	return radiance__server_message__unpack(NULL, len, data);
+	return rdw__server_message__unpack(NULL, len, data);
 }
 
-size_t rproto_client_fds(const Radiance__ClientMessage *m)
+size_t rproto_client_fds(const Rdw__ClientMessage *m)
 {
-	if (m->msg_case == RADIANCE__CLIENT_MESSAGE__MSG_LOAD_MODEL && m->load_model)
+	if (m->msg_case == RDW__CLIENT_MESSAGE__MSG_LOAD_MODEL && m->load_model)
 		return m->load_model->n_file_names;
 	return 0;
 }
 
-size_t rproto_mapping_fds(Radiance__MapHandle handle)
+size_t rproto_mapping_fds(Rdw__MapHandle handle)
 {
-	return handle == RADIANCE__MAP_HANDLE__MAP_HANDLE_POSIX_FD ||
-	       handle == RADIANCE__MAP_HANDLE__MAP_HANDLE_TEST_MEMFD;
+	return handle == RDW__MAP_HANDLE__MAP_HANDLE_POSIX_FD ||
+	       handle == RDW__MAP_HANDLE__MAP_HANDLE_TEST_MEMFD;
 }
 
-size_t rproto_server_fds(const Radiance__ServerMessage *m)
+size_t rproto_server_fds(const Rdw__ServerMessage *m)
 {
-	if (m->msg_case == RADIANCE__SERVER_MESSAGE__MSG_RING_READY)
+	if (m->msg_case == RDW__SERVER_MESSAGE__MSG_RING_READY)
 		return RADIANCE_RING_READY_FDS;
-	if (m->msg_case == RADIANCE__SERVER_MESSAGE__MSG_MODEL_MAPPING && m->model_mapping)
+	if (m->msg_case == RDW__SERVER_MESSAGE__MSG_MODEL_MAPPING && m->model_mapping)
 		return rproto_mapping_fds(m->model_mapping->handle);
 	return 0;
 }
 
-const char *rproto_client_name(const Radiance__ClientMessage *m)
+const char *rproto_client_name(const Rdw__ClientMessage *m)
 {
 	switch (m->msg_case) {
-	case RADIANCE__CLIENT_MESSAGE__MSG_HELLO: return "hello";
-	case RADIANCE__CLIENT_MESSAGE__MSG_LOAD_MODEL: return "load_model";
-	case RADIANCE__CLIENT_MESSAGE__MSG_ATTACH_MODEL: return "attach_model";
-	case RADIANCE__CLIENT_MESSAGE__MSG_RELEASE_MODEL: return "release_model";
-	case RADIANCE__CLIENT_MESSAGE__MSG_GET_MODEL: return "get_model";
-	case RADIANCE__CLIENT_MESSAGE__MSG_LIST_MODELS: return "list_models";
-	case RADIANCE__CLIENT_MESSAGE__MSG_OPEN_RING: return "open_ring";
-	case RADIANCE__CLIENT_MESSAGE__MSG_GET_STATS: return "get_stats";
-	case RADIANCE__CLIENT_MESSAGE__MSG_MAP_MODEL: return "map_model";
-	case RADIANCE__CLIENT_MESSAGE__MSG_UNMAP_MODEL: return "unmap_model";
+	case RDW__CLIENT_MESSAGE__MSG_HELLO: return "hello";
+	case RDW__CLIENT_MESSAGE__MSG_LOAD_MODEL: return "load_model";
+	case RDW__CLIENT_MESSAGE__MSG_ATTACH_MODEL: return "attach_model";
+	case RDW__CLIENT_MESSAGE__MSG_RELEASE_MODEL: return "release_model";
+	case RDW__CLIENT_MESSAGE__MSG_GET_MODEL: return "get_model";
+	case RDW__CLIENT_MESSAGE__MSG_LIST_MODELS: return "list_models";
+	case RDW__CLIENT_MESSAGE__MSG_OPEN_RING: return "open_ring";
+	case RDW__CLIENT_MESSAGE__MSG_GET_STATS: return "get_stats";
+	case RDW__CLIENT_MESSAGE__MSG_MAP_MODEL: return "map_model";
+	case RDW__CLIENT_MESSAGE__MSG_UNMAP_MODEL: return "unmap_model";
 	default: return "none";
 	}
 }
 
-const char *rproto_server_name(const Radiance__ServerMessage *m)
+const char *rproto_server_name(const Rdw__ServerMessage *m)
 {
 	switch (m->msg_case) {
-	case RADIANCE__SERVER_MESSAGE__MSG_WELCOME: return "welcome";
-	case RADIANCE__SERVER_MESSAGE__MSG_ERROR: return "error";
-	case RADIANCE__SERVER_MESSAGE__MSG_MODEL_INFO: return "model_info";
-	case RADIANCE__SERVER_MESSAGE__MSG_LOAD_PROGRESS: return "load_progress";
-	case RADIANCE__SERVER_MESSAGE__MSG_MODEL_LIST: return "model_list";
-	case RADIANCE__SERVER_MESSAGE__MSG_RING_READY: return "ring_ready";
-	case RADIANCE__SERVER_MESSAGE__MSG_STATS: return "stats";
-	case RADIANCE__SERVER_MESSAGE__MSG_OK: return "ok";
-	case RADIANCE__SERVER_MESSAGE__MSG_MODEL_MAPPING: return "model_mapping";
+	case RDW__SERVER_MESSAGE__MSG_WELCOME: return "welcome";
+	case RDW__SERVER_MESSAGE__MSG_ERROR: return "error";
+	case RDW__SERVER_MESSAGE__MSG_MODEL_INFO: return "model_info";
+	case RDW__SERVER_MESSAGE__MSG_LOAD_PROGRESS: return "load_progress";
+	case RDW__SERVER_MESSAGE__MSG_MODEL_LIST: return "model_list";
+	case RDW__SERVER_MESSAGE__MSG_RING_READY: return "ring_ready";
+	case RDW__SERVER_MESSAGE__MSG_STATS: return "stats";
+	case RDW__SERVER_MESSAGE__MSG_OK: return "ok";
+	case RDW__SERVER_MESSAGE__MSG_MODEL_MAPPING: return "model_mapping";
 	default: return "none";
 	}
 }

@@ -21,31 +21,31 @@ enum { RADIANCE_FD_SEGMENT = 0, RADIANCE_FD_SQ_DOORBELL = 1, RADIANCE_FD_CQ_DOOR
 /* Serializes m and queues it as one frame with nfds fds (dup'ed; the caller
  * keeps its own). 0, -EMSGSIZE when the packed message is empty or above
  * the conn's max_frame, -ENOMEM, or an error of rconn_queue(). */
-int rproto_queue_client(struct rconn *c, const Radiance__ClientMessage *m,
+int rproto_queue_client(struct rconn *c, const Rdw__ClientMessage *m,
 				const int *fds, size_t nfds);
-int rproto_queue_server(struct rconn *c, const Radiance__ServerMessage *m,
+int rproto_queue_server(struct rconn *c, const Rdw__ServerMessage *m,
 				const int *fds, size_t nfds);
 
 /* Decodes a frame. NULL when the bytes are not a valid message (or out of
- * memory). Free with radiance__client_message__free_unpacked(m, NULL) /
- * radiance__server_message__free_unpacked(m, NULL). An empty oneof
+ * memory). Free with rdw__client_message__free_unpacked(m, NULL) /
+ * rdw__server_message__free_unpacked(m, NULL). An empty oneof
  * (msg_case == ..._MSG__NOT_SET) decodes fine: the caller rejects it. */
-Radiance__ClientMessage *rproto_unpack_client(const uint8_t *data, size_t len);
-Radiance__ServerMessage *rproto_unpack_server(const uint8_t *data, size_t len);
+Rdw__ClientMessage *rproto_unpack_client(const uint8_t *data, size_t len);
+Rdw__ServerMessage *rproto_unpack_server(const uint8_t *data, size_t len);
 
 /* How many fds a message declares it carries: LoadModel one per file name,
  * RingReady RADIANCE_RING_READY_FDS, ModelMapping rproto_mapping_fds()
  * of its handle, everything else 0. A frame that came with a different
  * number of fds is a protocol violation. */
-size_t rproto_client_fds(const Radiance__ClientMessage *m);
-size_t rproto_server_fds(const Radiance__ServerMessage *m);
+size_t rproto_client_fds(const Rdw__ClientMessage *m);
+size_t rproto_server_fds(const Rdw__ServerMessage *m);
 /* 1 for the handles that travel as an fd (POSIX_FD, TEST_MEMFD), else 0. */
-size_t rproto_mapping_fds(Radiance__MapHandle handle);
+size_t rproto_mapping_fds(Rdw__MapHandle handle);
 
 /* Short name of the message in the oneof, for logs ("hello", "load_model",
  * ..., "none"). Static strings. */
-const char *rproto_client_name(const Radiance__ClientMessage *m);
-const char *rproto_server_name(const Radiance__ServerMessage *m);
+const char *rproto_client_name(const Rdw__ClientMessage *m);
+const char *rproto_server_name(const Rdw__ServerMessage *m);
 
 /* Serializes a ring slot payload (LinearRequest or LinearResult) into buf of
  * cap bytes (RADIANCE_SLOT_BYTES - 4 for a slot). Returns the length (>= 1)

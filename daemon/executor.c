@@ -261,7 +261,7 @@ static void post_result(struct radiance_executor *e, struct exec_ring *r, uint64
 {
 	if (r->dead)
 		return;
-	Radiance__LinearResult res = RADIANCE__LINEAR_RESULT__INIT;
+	Rdw__LinearResult res = RDW__LINEAR_RESULT__INIT;
 	char text[192];
 	res.request_id = request_id;
 	res.status = status;
@@ -410,8 +410,8 @@ static void collect_ring(struct radiance_executor *e, struct exec_ring *r)
 		uint64_t t_seen = rclock_ns();
 		taken++;
 		rproto_bump_reset(&e->bump);
-		Radiance__LinearRequest *req =
-			radiance__linear_request__unpack(&alloc, (size_t)len, slot);
+		Rdw__LinearRequest *req =
+			rdw__linear_request__unpack(&alloc, (size_t)len, slot);
 		if (!req) {
 			ring_violation(e, r, "SQ entry %u is not a LinearRequest (%d bytes)",
 				       r->sq.local - 1, len);
@@ -443,7 +443,7 @@ static void collect_ring(struct radiance_executor *e, struct exec_ring *r)
 			       e->opt.backend.max_rows);
 			continue;
 		}
-		if (req->dtype != RADIANCE__DTYPE__DTYPE_BF16 && req->dtype != RADIANCE__DTYPE__DTYPE_FP16) {
+		if (req->dtype != RDW__DTYPE__DTYPE_BF16 && req->dtype != RDW__DTYPE__DTYPE_FP16) {
 			reject(e, r, id, t_seen, EINVAL, "dtype %d is not bf16 (1) or fp16 (2)",
 			       (int)req->dtype);
 			continue;

@@ -216,11 +216,11 @@ void server_session_gone(struct radiance_session *s)
 
 static int queue_error(struct rconn *c, int code, const char *text)
 {
-	Radiance__Error e = RADIANCE__ERROR__INIT;
-	Radiance__ServerMessage m = RADIANCE__SERVER_MESSAGE__INIT;
+	Rdw__Error e = RDW__ERROR__INIT;
+	Rdw__ServerMessage m = RDW__SERVER_MESSAGE__INIT;
 	e.code = code;
 	e.message = (char *)text;
-	m.msg_case = RADIANCE__SERVER_MESSAGE__MSG_ERROR;
+	m.msg_case = RDW__SERVER_MESSAGE__MSG_ERROR;
 	m.error = &e;
 	return rproto_queue_server(c, &m, NULL, 0);
 }

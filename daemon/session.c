@@ -25,19 +25,19 @@
 
 /* ---- replies ---- */
 
-static void send_msg(struct radiance_session *s, Radiance__ServerMessage *m, const int *fds,
+static void send_msg(struct radiance_session *s, Rdw__ServerMessage *m, const int *fds,
 		     size_t nfds)
 {
 	if (s->state == SESSION_CLOSING)
 		return;
 	int rc = rproto_queue_server(&s->conn, m, fds, nfds);
-	if (rc == -EMSGSIZE && m->msg_case != RADIANCE__SERVER_MESSAGE__MSG_ERROR) {
-		Radiance__Error e = RADIANCE__ERROR__INIT;
-		Radiance__ServerMessage em = RADIANCE__SERVER_MESSAGE__INIT;
+	if (rc == -EMSGSIZE && m->msg_case != RDW__SERVER_MESSAGE__MSG_ERROR) {
+		Rdw__Error e = RDW__ERROR__INIT;
+		Rdw__ServerMessage em = RDW__SERVER_MESSAGE__INIT;
 		e.code = EMSGSIZE;
 		e.message = "the reply does not fit in one frame";
 		em.tag = m->tag;
-		em.msg_case = RADIANCE__SERVER_MESSAGE__MSG_ERROR;
+		em.msg_case = RDW__SERVER_MESSAGE__MSG_ERROR;
 		em.error = &e;
 		rc = rproto_queue_server(&s->conn, &em, NULL, 0);
 	}
@@ -58,12 +58,12 @@ static void send_error(struct radiance_session *s, uint64_t tag, int code, const
 	va_start(ap, fmt);
 	vsnprintf(text, sizeof text, fmt, ap);
 	va_end(ap);
-	Radiance__Error e = RADIANCE__ERROR__INIT;
-	Radiance__ServerMessage m = RADIANCE__SERVER_MESSAGE__INIT;
+	Rdw__Error e = RDW__ERROR__INIT;
+	Rdw__ServerMessage m = RDW__SERVER_MESSAGE__INIT;
 	e.code = code;
 	e.message = text;
 	m.tag = tag;
-	m.msg_case = RADIANCE__SERVER_MESSAGE__MSG_ERROR;
+	m.msg_case = RDW__SERVER_MESSAGE__MSG_ERROR;
 	m.error = &e;
 	log_debug("session %llu: error %d: %s", (unsigned long long)s->id, code, text);
 	send_msg(s, &m, NULL, 0);
@@ -76,15 +76,15 @@ void session_send_error(struct radiance_session *s, int code, const char *text)
 
 static void send_ok(struct radiance_session *s, uint64_t tag)
 {
-	Radiance__Ok ok = RADIANCE__OK__INIT;
-	Radiance__ServerMessage m = RADIANCE__SERVER_MESSAGE__INIT;
+	Rdw__Ok ok = RDW__OK__INIT;
+	Rdw__ServerMessage m = RDW__SERVER_MESSAGE__INIT;
 	m.tag = tag;
-	m.msg_case = RADIANCE__SERVER_MESSAGE__MSG_OK;
+	m.msg_case = RDW__SERVER_MESSAGE__MSG_OK;
 	m.ok = &ok;
 	send_msg(s, &m, NULL, 0);
 }
 
-void session_reply(struct radiance_session *s, Radiance__ServerMessage *m, const int *fds, size_t nfds)
+void session_reply(struct radiance_session *s, Rdw__ServerMessage *m, const int *fds, size_t nfds)
 {
 	send_msg(s, m, fds, nfds);
 }
@@ -107,11 +107,11 @@ void session_reply_ok(struct radiance_session *s, uint64_t tag)
 /* ModelInfo of a resident model. Pointers go into the model (immutable);
  * the arrays are malloc'ed here and freed by model_info_free(). */
 struct model_info {
-	Radiance__ModelInfo mi;
-	Radiance__LayerInfo *layers;
-	Radiance__LayerInfo **layer_ptrs;
-	Radiance__TensorInfo *tensors;
-	Radiance__TensorInfo **tensor_ptrs;
+	Rdw__ModelInfo mi;
+	Rdw__LayerInfo *layers;
+	Rdw__LayerInfo **layer_ptrs;
+	Rdw__TensorInfo *tensors;
+	Rdw__TensorInfo **tensor_ptrs;
 };
 
 static void model_info_free(struct model_info *info)
@@ -126,7 +126,7 @@ static int model_info_fill(struct model_info *info, struct radiance_resident *re
 {
 	const struct radiance_model *m = res->em.model;
 	memset(info, 0, sizeof *info);
-	radiance__model_info__init(&info->mi);
+	rdw__model_info__init(&info->mi);
 	info->mi.model_id = res->em.id;
 	info->mi.name = res->name;
 	info->mi.resident_bytes = m->resident_bytes;
@@ -145,12 +145,12 @@ static int model_info_fill(struct model_info *info, struct radiance_resident *re
 	}
 	for (size_t i = 0; i < nl; i++) {
 		const struct radiance_layer *l = &m->layers[i];
-		Radiance__LayerInfo *li = &info->layers[i];
-		radiance__layer_info__init(li);
+		Rdw__LayerInfo *li = &info->layers[i];
+		rdw__layer_info__init(li);
 		li->index = (uint32_t)i;
 		li->name = l->name;
-		li->kind = l->kind == RADIANCE_LAYER_W4A8 ? RADIANCE__LAYER_KIND__LAYER_KIND_W4A8
-							  : RADIANCE__LAYER_KIND__LAYER_KIND_BF16;
+		li->kind = l->kind == RADIANCE_LAYER_W4A8 ? RDW__LAYER_KIND__LAYER_KIND_W4A8
+							  : RDW__LAYER_KIND__LAYER_KIND_BF16;
 		li->n = l->n;
 		li->k = l->k;
 		li->has_bias = l->bias != NULL;
@@ -159,8 +159,8 @@ static int model_info_fill(struct model_info *info, struct radiance_resident *re
 	}
 	for (size_t i = 0; i < nt; i++) {
 		const struct radiance_tensor_info *t = &m->other[i];
-		Radiance__TensorInfo *ti = &info->tensors[i];
-		radiance__tensor_info__init(ti);
+		Rdw__TensorInfo *ti = &info->tensors[i];
+		rdw__tensor_info__init(ti);
 		ti->name = t->name;
 		ti->dtype = (char *)t->dtype;
 		ti->n_shape = t->ndim <= 8 ? t->ndim : 8;
@@ -181,9 +181,9 @@ static void send_model_info(struct radiance_session *s, uint64_t tag, struct rad
 		send_error(s, tag, ENOMEM, "out of memory describing model %u", res->em.id);
 		return;
 	}
-	Radiance__ServerMessage m = RADIANCE__SERVER_MESSAGE__INIT;
+	Rdw__ServerMessage m = RDW__SERVER_MESSAGE__INIT;
 	m.tag = tag;
-	m.msg_case = RADIANCE__SERVER_MESSAGE__MSG_MODEL_INFO;
+	m.msg_case = RDW__SERVER_MESSAGE__MSG_MODEL_INFO;
 	m.model_info = &info.mi;
 	send_msg(s, &m, NULL, 0);
 	model_info_free(&info);
@@ -246,12 +246,12 @@ static void on_load_progress(struct registry_waiter *w, uint64_t done, uint64_t 
 {
 	struct radiance_session *s = (struct radiance_session *)((char *)w -
 				      offsetof(struct radiance_session, waiter));
-	Radiance__LoadProgress p = RADIANCE__LOAD_PROGRESS__INIT;
-	Radiance__ServerMessage m = RADIANCE__SERVER_MESSAGE__INIT;
+	Rdw__LoadProgress p = RDW__LOAD_PROGRESS__INIT;
+	Rdw__ServerMessage m = RDW__SERVER_MESSAGE__INIT;
 	p.done_bytes = done;
 	p.total_bytes = total;
 	m.tag = s->busy_tag;
-	m.msg_case = RADIANCE__SERVER_MESSAGE__MSG_LOAD_PROGRESS;
+	m.msg_case = RDW__SERVER_MESSAGE__MSG_LOAD_PROGRESS;
 	m.load_progress = &p;
 	send_msg(s, &m, NULL, 0);
 }
@@ -274,7 +274,7 @@ static void on_load_done(struct registry_waiter *w, struct radiance_resident *re
 
 /* ---- handlers ---- */
 
-static void handle_hello(struct radiance_session *s, uint64_t tag, const Radiance__Hello *h)
+static void handle_hello(struct radiance_session *s, uint64_t tag, const Rdw__Hello *h)
 {
 	if (s->state != SESSION_HANDSHAKE) {
 		session_close(s, 1, "a second Hello");
@@ -298,8 +298,8 @@ static void handle_hello(struct radiance_session *s, uint64_t tag, const Radianc
 		return;
 	}
 	const struct radiance_backend_info *bi = executor_backend_info(s->server->exec);
-	Radiance__Welcome w = RADIANCE__WELCOME__INIT;
-	Radiance__ServerMessage m = RADIANCE__SERVER_MESSAGE__INIT;
+	Rdw__Welcome w = RDW__WELCOME__INIT;
+	Rdw__ServerMessage m = RDW__SERVER_MESSAGE__INIT;
 	w.protocol_version = RADIANCE_PROTOCOL_VERSION;
 	w.server_version = RADIANCE_VERSION;
 	w.backend = (char *)bi->name;
@@ -308,7 +308,7 @@ static void handle_hello(struct radiance_session *s, uint64_t tag, const Radianc
 	w.max_rows = s->server->cfg->max_rows;
 	w.map_layout_version = RADIANCE_MAP_LAYOUT_VERSION;
 	m.tag = tag;
-	m.msg_case = RADIANCE__SERVER_MESSAGE__MSG_WELCOME;
+	m.msg_case = RDW__SERVER_MESSAGE__MSG_WELCOME;
 	m.welcome = &w;
 	s->state = SESSION_READY;
 	log_info("session %llu: hello from '%s' (pid %d uid %u)", (unsigned long long)s->id,
@@ -316,7 +316,7 @@ static void handle_hello(struct radiance_session *s, uint64_t tag, const Radianc
 	send_msg(s, &m, NULL, 0);
 }
 
-static void handle_load(struct radiance_session *s, uint64_t tag, const Radiance__LoadModel *lm,
+static void handle_load(struct radiance_session *s, uint64_t tag, const Rdw__LoadModel *lm,
 			const int *fds, size_t nfds)
 {
 	struct radiance_file files[RADIANCE_MAX_FDS];
@@ -340,7 +340,7 @@ static void handle_load(struct radiance_session *s, uint64_t tag, const Radiance
 	}
 }
 
-static void handle_attach(struct radiance_session *s, uint64_t tag, const Radiance__AttachModel *a)
+static void handle_attach(struct radiance_session *s, uint64_t tag, const Rdw__AttachModel *a)
 {
 	const char *name = a->name ? a->name : "";
 	char err[512];
@@ -363,7 +363,7 @@ static void handle_attach(struct radiance_session *s, uint64_t tag, const Radian
 }
 
 static void handle_release(struct radiance_session *s, uint64_t tag,
-			   const Radiance__ReleaseModel *rel)
+			   const Rdw__ReleaseModel *rel)
 {
 	uint32_t model_id = rel->model_id;
 	if (rel->drop_preload) {
@@ -418,7 +418,7 @@ static void handle_list(struct radiance_session *s, uint64_t tag)
 	     r = registry_next(s->server->reg, r))
 		n++;
 	struct model_info *infos = calloc(n ? n : 1, sizeof *infos);
-	Radiance__ModelInfo **ptrs = calloc(n ? n : 1, sizeof *ptrs);
+	Rdw__ModelInfo **ptrs = calloc(n ? n : 1, sizeof *ptrs);
 	if (!infos || !ptrs) {
 		free(infos);
 		free(ptrs);
@@ -431,29 +431,29 @@ static void handle_list(struct radiance_session *s, uint64_t tag)
 		model_info_fill(&infos[i], r, 0);
 		ptrs[i] = &infos[i].mi;
 	}
-	Radiance__ModelList list = RADIANCE__MODEL_LIST__INIT;
-	Radiance__ServerMessage m = RADIANCE__SERVER_MESSAGE__INIT;
+	Rdw__ModelList list = RDW__MODEL_LIST__INIT;
+	Rdw__ServerMessage m = RDW__SERVER_MESSAGE__INIT;
 	list.n_models = n;
 	list.models = ptrs;
 	m.tag = tag;
-	m.msg_case = RADIANCE__SERVER_MESSAGE__MSG_MODEL_LIST;
+	m.msg_case = RDW__SERVER_MESSAGE__MSG_MODEL_LIST;
 	m.model_list = &list;
 	send_msg(s, &m, NULL, 0);
 	free(infos);
 	free(ptrs);
 }
 
-static void stats_msg_fill(struct radiance_session *s, Radiance__Stats *out)
+static void stats_msg_fill(struct radiance_session *s, Rdw__Stats *out)
 {
-	radiance__stats__init(out);
+	rdw__stats__init(out);
 	stats_fill(&s->stats, out);
 }
 
 static void handle_stats(struct radiance_session *s, uint64_t tag)
 {
 	struct radiance_server *srv = s->server;
-	Radiance__Stats global, mine;
-	radiance__stats__init(&global);
+	Rdw__Stats global, mine;
+	rdw__stats__init(&global);
 	/* the histogram before the counters: the executor keeps recording, and
 	 * this way the buckets rarely run ahead of `requests` */
 	uint64_t le[STATS_COARSE], cum[STATS_COARSE];
@@ -468,9 +468,9 @@ static void handle_stats(struct radiance_session *s, uint64_t tag)
 	mine.uptime_ns = global.uptime_ns;
 
 	size_t n = srv->nsessions;
-	Radiance__SessionStats *ss = calloc(n ? n : 1, sizeof *ss);
-	Radiance__SessionStats **ssp = calloc(n ? n : 1, sizeof *ssp);
-	Radiance__Stats *st = calloc(n ? n : 1, sizeof *st);
+	Rdw__SessionStats *ss = calloc(n ? n : 1, sizeof *ss);
+	Rdw__SessionStats **ssp = calloc(n ? n : 1, sizeof *ssp);
+	Rdw__Stats *st = calloc(n ? n : 1, sizeof *st);
 	if (!ss || !ssp || !st) {
 		free(ss);
 		free(ssp);
@@ -480,7 +480,7 @@ static void handle_stats(struct radiance_session *s, uint64_t tag)
 	}
 	size_t i = 0;
 	for (struct radiance_session *o = srv->sessions; o && i < n; o = o->next, i++) {
-		radiance__session_stats__init(&ss[i]);
+		rdw__session_stats__init(&ss[i]);
 		stats_msg_fill(o, &st[i]);
 		ss[i].session_id = o->id;
 		ss[i].client_name = o->client_name;
@@ -489,14 +489,14 @@ static void handle_stats(struct radiance_session *s, uint64_t tag)
 		ss[i].stats = &st[i];
 		ssp[i] = &ss[i];
 	}
-	Radiance__StatsReply reply = RADIANCE__STATS_REPLY__INIT;
-	Radiance__ServerMessage m = RADIANCE__SERVER_MESSAGE__INIT;
+	Rdw__StatsReply reply = RDW__STATS_REPLY__INIT;
+	Rdw__ServerMessage m = RDW__SERVER_MESSAGE__INIT;
 	reply.global = &global;
 	reply.session = &mine;
 	reply.n_sessions = i;
 	reply.sessions = ssp;
 	m.tag = tag;
-	m.msg_case = RADIANCE__SERVER_MESSAGE__MSG_STATS;
+	m.msg_case = RDW__SERVER_MESSAGE__MSG_STATS;
 	m.stats = &reply;
 	send_msg(s, &m, NULL, 0);
 	free(ss);
@@ -572,15 +572,15 @@ static void on_ring_added(struct exec_job *job)
 		session_ring_release(s);
 		return;
 	}
-	Radiance__RingReady rr = RADIANCE__RING_READY__INIT;
-	Radiance__ServerMessage m = RADIANCE__SERVER_MESSAGE__INIT;
+	Rdw__RingReady rr = RDW__RING_READY__INIT;
+	Rdw__ServerMessage m = RDW__SERVER_MESSAGE__INIT;
 	int fds[RADIANCE_RING_READY_FDS];
 	fds[RADIANCE_FD_SEGMENT] = s->memfd;
 	fds[RADIANCE_FD_SQ_DOORBELL] = s->ring.sq_efd;
 	fds[RADIANCE_FD_CQ_DOORBELL] = s->cq_rfd;
 	rr.segment_bytes = s->segment_bytes;
 	m.tag = s->busy_tag;
-	m.msg_case = RADIANCE__SERVER_MESSAGE__MSG_RING_READY;
+	m.msg_case = RDW__SERVER_MESSAGE__MSG_RING_READY;
 	m.ring_ready = &rr;
 	log_info("session %llu: ring open: sq %u, cq %u, arena %llu bytes",
 		 (unsigned long long)s->id, s->ring.sq.entries, s->ring.cq.entries,
@@ -628,7 +628,7 @@ static int arena_over_limit(struct radiance_session *s, uint64_t arena, char *wh
 	return 0;
 }
 
-static void handle_open_ring(struct radiance_session *s, uint64_t tag, const Radiance__OpenRing *o)
+static void handle_open_ring(struct radiance_session *s, uint64_t tag, const Rdw__OpenRing *o)
 {
 	const struct radiance_config *cfg = s->server->cfg;
 	if (s->ring_state != SESSION_RING_NONE) {
@@ -730,7 +730,7 @@ fail_errno: {
 void session_handle_frame(struct radiance_session *s, const uint8_t *data, size_t len)
 {
 	size_t nfds = rconn_queued_fds(&s->conn);
-	Radiance__ClientMessage *m = rproto_unpack_client(data, len);
+	Rdw__ClientMessage *m = rproto_unpack_client(data, len);
 	if (!m) {
 		rconn_close_fds(&s->conn);
 		session_close(s, 1, "undecodable message (%zu bytes)", len);
@@ -743,11 +743,11 @@ void session_handle_frame(struct radiance_session *s, const uint8_t *data, size_
 			      rproto_client_name(m), declared, nfds);
 		goto out;
 	}
-	if (m->msg_case == RADIANCE__CLIENT_MESSAGE__MSG__NOT_SET) {
+	if (m->msg_case == RDW__CLIENT_MESSAGE__MSG__NOT_SET) {
 		session_close(s, 1, "empty or unknown message (no known field of the oneof is set)");
 		goto out;
 	}
-	if (s->state == SESSION_HANDSHAKE && m->msg_case != RADIANCE__CLIENT_MESSAGE__MSG_HELLO) {
+	if (s->state == SESSION_HANDSHAKE && m->msg_case != RDW__CLIENT_MESSAGE__MSG_HELLO) {
 		rconn_close_fds(&s->conn);
 		session_close(s, 1, "the first message must be hello, not %s",
 			      rproto_client_name(m));
@@ -756,37 +756,37 @@ void session_handle_frame(struct radiance_session *s, const uint8_t *data, size_
 	log_debug("session %llu: %s (tag %llu)", (unsigned long long)s->id,
 		  rproto_client_name(m), (unsigned long long)m->tag);
 	switch (m->msg_case) {
-	case RADIANCE__CLIENT_MESSAGE__MSG_HELLO:
+	case RDW__CLIENT_MESSAGE__MSG_HELLO:
 		handle_hello(s, m->tag, m->hello);
 		break;
-	case RADIANCE__CLIENT_MESSAGE__MSG_LOAD_MODEL: {
+	case RDW__CLIENT_MESSAGE__MSG_LOAD_MODEL: {
 		int fds[RADIANCE_MAX_FDS];
 		rconn_take_fds(&s->conn, fds, nfds);
 		handle_load(s, m->tag, m->load_model, fds, nfds);
 		break;
 	}
-	case RADIANCE__CLIENT_MESSAGE__MSG_ATTACH_MODEL:
+	case RDW__CLIENT_MESSAGE__MSG_ATTACH_MODEL:
 		handle_attach(s, m->tag, m->attach_model);
 		break;
-	case RADIANCE__CLIENT_MESSAGE__MSG_RELEASE_MODEL:
+	case RDW__CLIENT_MESSAGE__MSG_RELEASE_MODEL:
 		handle_release(s, m->tag, m->release_model);
 		break;
-	case RADIANCE__CLIENT_MESSAGE__MSG_GET_MODEL:
+	case RDW__CLIENT_MESSAGE__MSG_GET_MODEL:
 		handle_get_model(s, m->tag, m->get_model->model_id);
 		break;
-	case RADIANCE__CLIENT_MESSAGE__MSG_LIST_MODELS:
+	case RDW__CLIENT_MESSAGE__MSG_LIST_MODELS:
 		handle_list(s, m->tag);
 		break;
-	case RADIANCE__CLIENT_MESSAGE__MSG_OPEN_RING:
+	case RDW__CLIENT_MESSAGE__MSG_OPEN_RING:
 		handle_open_ring(s, m->tag, m->open_ring);
 		break;
-	case RADIANCE__CLIENT_MESSAGE__MSG_GET_STATS:
+	case RDW__CLIENT_MESSAGE__MSG_GET_STATS:
 		handle_stats(s, m->tag);
 		break;
-	case RADIANCE__CLIENT_MESSAGE__MSG_MAP_MODEL:
+	case RDW__CLIENT_MESSAGE__MSG_MAP_MODEL:
 		session_handle_map(s, m->tag, m->map_model);
 		break;
-	case RADIANCE__CLIENT_MESSAGE__MSG_UNMAP_MODEL:
+	case RDW__CLIENT_MESSAGE__MSG_UNMAP_MODEL:
 		session_handle_unmap(s, m->tag, m->unmap_model);
 		break;
 	default:
@@ -794,7 +794,7 @@ void session_handle_frame(struct radiance_session *s, const uint8_t *data, size_
 		break;
 	}
 out:
-	radiance__client_message__free_unpacked(m, NULL);
+	rdw__client_message__free_unpacked(m, NULL);
 }
 
 /* ---- life cycle ---- */

@@ -104,7 +104,7 @@ void session_send_error(struct radiance_session *s, int code, const char *text);
 
 /* Replies for the handlers in other files (session_map.c): m with nfds fds
  * (dup'ed), an Error(code, text), an Ok. */
-void session_reply(struct radiance_session *s, Radiance__ServerMessage *m, const int *fds, size_t nfds);
+void session_reply(struct radiance_session *s, Rdw__ServerMessage *m, const int *fds, size_t nfds);
 void session_reply_error(struct radiance_session *s, uint64_t tag, int code, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
 void session_reply_ok(struct radiance_session *s, uint64_t tag);

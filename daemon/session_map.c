@@ -64,13 +64,13 @@ static struct radiance_resident *held_model(struct radiance_session *s, uint32_t
 	return NULL;
 }
 
-static Radiance__MapHandle wire_handle(enum radiance_share_handle h)
+static Rdw__MapHandle wire_handle(enum radiance_share_handle h)
 {
 	switch (h) {
-	case RADIANCE_SHARE_HANDLE_POSIX_FD: return RADIANCE__MAP_HANDLE__MAP_HANDLE_POSIX_FD;
-	case RADIANCE_SHARE_HANDLE_IPC: return RADIANCE__MAP_HANDLE__MAP_HANDLE_IPC;
-	case RADIANCE_SHARE_HANDLE_TEST_MEMFD: return RADIANCE__MAP_HANDLE__MAP_HANDLE_TEST_MEMFD;
-	default: return RADIANCE__MAP_HANDLE__MAP_HANDLE_UNSPECIFIED;
+	case RADIANCE_SHARE_HANDLE_POSIX_FD: return RDW__MAP_HANDLE__MAP_HANDLE_POSIX_FD;
+	case RADIANCE_SHARE_HANDLE_IPC: return RDW__MAP_HANDLE__MAP_HANDLE_IPC;
+	case RADIANCE_SHARE_HANDLE_TEST_MEMFD: return RDW__MAP_HANDLE__MAP_HANDLE_TEST_MEMFD;
+	default: return RDW__MAP_HANDLE__MAP_HANDLE_UNSPECIFIED;
 	}
 }
 
@@ -80,8 +80,8 @@ static int mapping_send(struct radiance_session *s, uint64_t tag, const struct r
 			const struct radiance_backend_share *sh)
 {
 	const struct radiance_model *m = res->em.model;
-	Radiance__MappedLayer *layers = calloc(m->n_layers ? m->n_layers : 1, sizeof *layers);
-	Radiance__MappedLayer **ptrs = calloc(m->n_layers ? m->n_layers : 1, sizeof *ptrs);
+	Rdw__MappedLayer *layers = calloc(m->n_layers ? m->n_layers : 1, sizeof *layers);
+	Rdw__MappedLayer **ptrs = calloc(m->n_layers ? m->n_layers : 1, sizeof *ptrs);
 	if (!layers || !ptrs) {
 		free(layers);
 		free(ptrs);
@@ -90,11 +90,11 @@ static int mapping_send(struct radiance_session *s, uint64_t tag, const struct r
 	for (size_t i = 0; i < m->n_layers; i++) {
 		const struct radiance_layer *l = &m->layers[i];
 		const struct radiance_share_layer *sl = &sh->layers[i];
-		Radiance__MappedLayer *ml = &layers[i];
-		radiance__mapped_layer__init(ml);
+		Rdw__MappedLayer *ml = &layers[i];
+		rdw__mapped_layer__init(ml);
 		ml->index = (uint32_t)i;
-		ml->kind = l->kind == RADIANCE_LAYER_W4A8 ? RADIANCE__LAYER_KIND__LAYER_KIND_W4A8
-							  : RADIANCE__LAYER_KIND__LAYER_KIND_BF16;
+		ml->kind = l->kind == RADIANCE_LAYER_W4A8 ? RDW__LAYER_KIND__LAYER_KIND_W4A8
+							  : RDW__LAYER_KIND__LAYER_KIND_BF16;
 		ml->n = l->n;
 		ml->k = l->k;
 		ml->weight_offset = sl->weight_offset;
@@ -105,7 +105,7 @@ static int mapping_send(struct radiance_session *s, uint64_t tag, const struct r
 		ml->bias_bytes = sl->bias_bytes;
 		ptrs[i] = ml;
 	}
-	Radiance__ModelMapping mm = RADIANCE__MODEL_MAPPING__INIT;
+	Rdw__ModelMapping mm = RDW__MODEL_MAPPING__INIT;
 	mm.model_id = res->em.id;
 	mm.layout_version = RADIANCE_MAP_LAYOUT_VERSION;
 	mm.layout = (char *)sh->layout;
@@ -120,9 +120,9 @@ static int mapping_send(struct radiance_session *s, uint64_t tag, const struct r
 	mm.pci_bus_id = (char *)sh->pci_bus_id;
 	mm.n_layers = m->n_layers;
 	mm.layers = ptrs;
-	Radiance__ServerMessage msg = RADIANCE__SERVER_MESSAGE__INIT;
+	Rdw__ServerMessage msg = RDW__SERVER_MESSAGE__INIT;
 	msg.tag = tag;
-	msg.msg_case = RADIANCE__SERVER_MESSAGE__MSG_MODEL_MAPPING;
+	msg.msg_case = RDW__SERVER_MESSAGE__MSG_MODEL_MAPPING;
 	msg.model_mapping = &mm;
 	/* the fd is dup'ed onto the frame: the backend keeps its own */
 	const size_t nfds = rproto_mapping_fds(mm.handle);
@@ -153,7 +153,7 @@ static int may_map(const struct radiance_session *s, char *why, size_t len)
 	}
 }
 
-void session_handle_map(struct radiance_session *s, uint64_t tag, const Radiance__MapModel *mm)
+void session_handle_map(struct radiance_session *s, uint64_t tag, const Rdw__MapModel *mm)
 {
 	const struct radiance_backend_info *bi = executor_backend_info(s->server->exec);
 	char why[320];
@@ -192,7 +192,7 @@ void session_handle_map(struct radiance_session *s, uint64_t tag, const Radiance
 		 maps_find(&s->maps, res->em.id)->count);
 }
 
-void session_handle_unmap(struct radiance_session *s, uint64_t tag, const Radiance__UnmapModel *um)
+void session_handle_unmap(struct radiance_session *s, uint64_t tag, const Rdw__UnmapModel *um)
 {
 	struct session_maps *m = &s->maps;
 	struct session_map *e = maps_find(m, um->model_id);

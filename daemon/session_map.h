@@ -40,7 +40,7 @@ int session_maps_has(const struct session_maps *m, uint32_t model_id);
 
 /* The MapModel / UnmapModel handlers: they reply (ModelMapping with its fd,
  * Ok, or Error) and never end the session. */
-void session_handle_map(struct radiance_session *s, uint64_t tag, const Radiance__MapModel *mm);
-void session_handle_unmap(struct radiance_session *s, uint64_t tag, const Radiance__UnmapModel *um);
+void session_handle_map(struct radiance_session *s, uint64_t tag, const Rdw__MapModel *mm);
+void session_handle_unmap(struct radiance_session *s, uint64_t tag, const Rdw__UnmapModel *um);
 
 #endif

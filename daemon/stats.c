@@ -96,7 +96,7 @@ uint64_t stats_percentile(struct stats_counters *s, double p)
 	return max;
 }
 
-void stats_fill(struct stats_counters *s, Radiance__Stats *out)
+void stats_fill(struct stats_counters *s, Rdw__Stats *out)
 {
 	out->requests = atomic_load_explicit(&s->requests, memory_order_relaxed);
 	out->rows = atomic_load_explicit(&s->rows, memory_order_relaxed);

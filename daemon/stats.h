@@ -41,9 +41,9 @@ void stats_init(struct stats_counters *s);
 void stats_record(struct stats_counters *s, uint32_t rows, uint64_t bytes_in, uint64_t bytes_out,
 		  uint64_t latency_ns, int status);
 
-/* Copies counters and p50/p99/max into out (a Radiance__Stats already
- * initialised with RADIANCE__STATS__INIT); sessions/uptime are left as is. */
-void stats_fill(struct stats_counters *s, Radiance__Stats *out);
+/* Copies counters and p50/p99/max into out (a Rdw__Stats already
+ * initialised with RDW__STATS__INIT); sessions/uptime are left as is. */
+void stats_fill(struct stats_counters *s, Rdw__Stats *out);
 
 /* The histogram at coarse bounds for exporters: le[i] = 2^(10+i) - 1 ns
  * (1.023 us, 2.047 us, ... 17.2 s), which are edges of the fine buckets, so

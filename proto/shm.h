@@ -18,7 +18,7 @@
  * proto/shm_layout.c (proto/shm_layout.h).
  *
  * Slot: uint32 length L (1 <= L <= slot_bytes - 4), then L bytes of a
- * serialized radiance.LinearRequest (SQ) or radiance.LinearResult (CQ).
+ * serialized rdw.LinearRequest (SQ) or rdw.LinearResult (CQ).
  *
  * Rings, in the io_uring pattern: each ring has a head (consumer) and a tail
  * (producer), free-running uint32 counters; slot index = counter & (entries-1).

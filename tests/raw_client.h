@@ -81,7 +81,7 @@ static inline void raw_send_frame(struct raw *w, const void *payload, uint32_t l
 }
 
 /* m with the next tag, framed. */
-static inline void raw_send(struct raw *w, Radiance__ClientMessage *m, const int *fds, size_t nfds)
+static inline void raw_send(struct raw *w, Rdw__ClientMessage *m, const int *fds, size_t nfds)
 {
 	m->tag = w->tag++;
 	size_t len = protobuf_c_message_get_packed_size(&m->base);   /* > 0: tag >= 1 */
@@ -95,21 +95,21 @@ static inline void raw_send(struct raw *w, Radiance__ClientMessage *m, const int
 static inline void raw_send_hello(struct raw *w, uint32_t protocol_version, char *client_name,
 				  const int *fds, size_t nfds)
 {
-	Radiance__Hello h = RADIANCE__HELLO__INIT;
+	Rdw__Hello h = RDW__HELLO__INIT;
 	h.protocol_version = protocol_version;
 	if (client_name)
 		h.client_name = client_name;
-	Radiance__ClientMessage m = RADIANCE__CLIENT_MESSAGE__INIT;
-	m.msg_case = RADIANCE__CLIENT_MESSAGE__MSG_HELLO;
+	Rdw__ClientMessage m = RDW__CLIENT_MESSAGE__INIT;
+	m.msg_case = RDW__CLIENT_MESSAGE__MSG_HELLO;
 	m.hello = &h;
 	raw_send(w, &m, fds, nfds);
 }
 
 static inline void raw_send_list_models(struct raw *w, const int *fds, size_t nfds)
 {
-	Radiance__ListModels lm = RADIANCE__LIST_MODELS__INIT;
-	Radiance__ClientMessage m = RADIANCE__CLIENT_MESSAGE__INIT;
-	m.msg_case = RADIANCE__CLIENT_MESSAGE__MSG_LIST_MODELS;
+	Rdw__ListModels lm = RDW__LIST_MODELS__INIT;
+	Rdw__ClientMessage m = RDW__CLIENT_MESSAGE__INIT;
+	m.msg_case = RDW__CLIENT_MESSAGE__MSG_LIST_MODELS;
 	m.list_models = &lm;
 	raw_send(w, &m, fds, nfds);
 }
@@ -119,13 +119,13 @@ static inline void raw_send_list_models(struct raw *w, const int *fds, size_t nf
 static inline void raw_send_load_model_named(struct raw *w, char *name, char **names, size_t n,
 					     const int *fds, size_t nfds)
 {
-	Radiance__LoadModel lm = RADIANCE__LOAD_MODEL__INIT;
+	Rdw__LoadModel lm = RDW__LOAD_MODEL__INIT;
 	if (name)
 		lm.name = name;
 	lm.n_file_names = n;
 	lm.file_names = names;
-	Radiance__ClientMessage m = RADIANCE__CLIENT_MESSAGE__INIT;
-	m.msg_case = RADIANCE__CLIENT_MESSAGE__MSG_LOAD_MODEL;
+	Rdw__ClientMessage m = RDW__CLIENT_MESSAGE__INIT;
+	m.msg_case = RDW__CLIENT_MESSAGE__MSG_LOAD_MODEL;
 	m.load_model = &lm;
 	raw_send(w, &m, fds, nfds);
 }
@@ -137,7 +137,7 @@ static inline void raw_send_load_model(struct raw *w, char **names, size_t n, co
 }
 
 /* Next server message: 1 (*out set), 0 on EOF, -ECONNRESET, -ETIMEDOUT. */
-static inline int raw_recv(struct raw *w, Radiance__ServerMessage **out, int timeout_ms)
+static inline int raw_recv(struct raw *w, Rdw__ServerMessage **out, int timeout_ms)
 {
 	*out = NULL;
 	for (;;) {
@@ -164,19 +164,19 @@ static inline int raw_recv(struct raw *w, Radiance__ServerMessage **out, int tim
 }
 
 /* The reply to the last message sent comes within 10 s and is a msg_case. */
-static inline void raw_expect_reply(struct raw *w, Radiance__ServerMessage__MsgCase msg_case)
+static inline void raw_expect_reply(struct raw *w, Rdw__ServerMessage__MsgCase msg_case)
 {
-	Radiance__ServerMessage *reply;
+	Rdw__ServerMessage *reply;
 	assert_int_equal(raw_recv(w, &reply, 10000), 1);
 	/* copy what the checks need, free, then check: a failed check must
 	 * not leave the message to LeakSanitizer and hide the real failure */
 	uint64_t tag = reply->tag;
 	int got = reply->msg_case;
 	char text[256] = "";
-	if (got == RADIANCE__SERVER_MESSAGE__MSG_ERROR)
+	if (got == RDW__SERVER_MESSAGE__MSG_ERROR)
 		snprintf(text, sizeof text, "Error %d '%s'", reply->error->code,
 			 reply->error->message ? reply->error->message : "");
-	radiance__server_message__free_unpacked(reply, NULL);
+	rdw__server_message__free_unpacked(reply, NULL);
 	if (got != (int)msg_case)
 		fail_msg("expected message case %d, got %d %s", (int)msg_case, got, text);
 	assert_int_equal(tag, w->tag - 1);
@@ -185,14 +185,14 @@ static inline void raw_expect_reply(struct raw *w, Radiance__ServerMessage__MsgC
 static inline void raw_hello(struct raw *w)
 {
 	raw_send_hello(w, RADIANCE_PROTOCOL_VERSION, "raw", NULL, 0);
-	raw_expect_reply(w, RADIANCE__SERVER_MESSAGE__MSG_WELCOME);
+	raw_expect_reply(w, RDW__SERVER_MESSAGE__MSG_WELCOME);
 }
 
 /* The session survives: a ListModels round trip still works. */
 static inline void raw_expect_alive(struct raw *w)
 {
 	raw_send_list_models(w, NULL, 0);
-	raw_expect_reply(w, RADIANCE__SERVER_MESSAGE__MSG_MODEL_LIST);
+	raw_expect_reply(w, RDW__SERVER_MESSAGE__MSG_MODEL_LIST);
 }
 
 /* Reads up to the end: 0 at a clean EOF, -ECONNRESET, -ETIMEDOUT. The last
@@ -204,16 +204,16 @@ static inline int raw_read_to_end(struct raw *w, int timeout_ms, int *code, char
 	if (text)
 		text[0] = 0;
 	for (;;) {
-		Radiance__ServerMessage *m;
+		Rdw__ServerMessage *m;
 		int rc = raw_recv(w, &m, timeout_ms);
 		if (rc <= 0)
 			return rc;
-		if (m->msg_case == RADIANCE__SERVER_MESSAGE__MSG_ERROR) {
+		if (m->msg_case == RDW__SERVER_MESSAGE__MSG_ERROR) {
 			*code = m->error->code;
 			if (text)
 				snprintf(text, textlen, "%s", m->error->message ? m->error->message : "");
 		}
-		radiance__server_message__free_unpacked(m, NULL);
+		rdw__server_message__free_unpacked(m, NULL);
 	}
 }
 

@@ -409,7 +409,7 @@ enum fake_script {
 	FAKE_END_SESSION,     /* Welcome, then Error (tag 0) ending the session, close */
 };
 
-static void fake_send(int fd, Radiance__ServerMessage *m)
+static void fake_send(int fd, Rdw__ServerMessage *m)
 {
 	struct rconn c;
 	int dup_fd = dup(fd);   /* finish closes its fd: the script closes ours */
@@ -422,12 +422,12 @@ static void fake_send(int fd, Radiance__ServerMessage *m)
 
 static void fake_error(int fd, uint64_t tag, int code, const char *text)
 {
-	Radiance__Error e = RADIANCE__ERROR__INIT;
+	Rdw__Error e = RDW__ERROR__INIT;
 	e.code = code;
 	e.message = (char *)text;
-	Radiance__ServerMessage m = RADIANCE__SERVER_MESSAGE__INIT;
+	Rdw__ServerMessage m = RDW__SERVER_MESSAGE__INIT;
 	m.tag = tag;
-	m.msg_case = RADIANCE__SERVER_MESSAGE__MSG_ERROR;
+	m.msg_case = RDW__SERVER_MESSAGE__MSG_ERROR;
 	m.error = &e;
 	fake_send(fd, &m);
 }
@@ -464,16 +464,16 @@ static pid_t fake_daemon(int listen_fd, enum fake_script script, int count)
 			break;
 		case FAKE_END_SESSION: {
 			fake_drain(fd);
-			Radiance__Welcome w = RADIANCE__WELCOME__INIT;
+			Rdw__Welcome w = RDW__WELCOME__INIT;
 			w.protocol_version = RADIANCE_PROTOCOL_VERSION;
 			w.server_version = "fake";
 			w.backend = "cpu";
 			w.device = "none";
 			w.session_id = 7;
 			w.max_rows = 16;
-			Radiance__ServerMessage m = RADIANCE__SERVER_MESSAGE__INIT;
+			Rdw__ServerMessage m = RDW__SERVER_MESSAGE__INIT;
 			m.tag = 1;
-			m.msg_case = RADIANCE__SERVER_MESSAGE__MSG_WELCOME;
+			m.msg_case = RDW__SERVER_MESSAGE__MSG_WELCOME;
 			m.welcome = &w;
 			fake_send(fd, &m);
 			fake_error(fd, 0, ESHUTDOWN, "the daemon is shutting down");

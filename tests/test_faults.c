@@ -171,14 +171,14 @@ static int log_has_byte(int c)
 }
 
 /* The next reply that is not a LoadProgress (within 20 s each). */
-static Radiance__ServerMessage *raw_recv_after_progress(struct raw *w)
+static Rdw__ServerMessage *raw_recv_after_progress(struct raw *w)
 {
-	Radiance__ServerMessage *reply;
+	Rdw__ServerMessage *reply;
 	for (;;) {
 		assert_int_equal(raw_recv(w, &reply, 20000), 1);
-		if (reply->msg_case != RADIANCE__SERVER_MESSAGE__MSG_LOAD_PROGRESS)
+		if (reply->msg_case != RDW__SERVER_MESSAGE__MSG_LOAD_PROGRESS)
 			return reply;
-		radiance__server_message__free_unpacked(reply, NULL);
+		rdw__server_message__free_unpacked(reply, NULL);
 	}
 }
 
@@ -186,15 +186,15 @@ static Radiance__ServerMessage *raw_recv_after_progress(struct raw *w)
  * this code whose text has every needle (NULL-terminated). */
 static void raw_expect_error(struct raw *w, int code, ...)
 {
-	Radiance__ServerMessage *reply = raw_recv_after_progress(w);
+	Rdw__ServerMessage *reply = raw_recv_after_progress(w);
 	int got_case = reply->msg_case, got = 0;
 	char text[512] = "";
-	if (got_case == RADIANCE__SERVER_MESSAGE__MSG_ERROR) {
+	if (got_case == RDW__SERVER_MESSAGE__MSG_ERROR) {
 		got = reply->error->code;
 		snprintf(text, sizeof text, "%s", reply->error->message ? reply->error->message : "");
 	}
-	radiance__server_message__free_unpacked(reply, NULL);
-	if (got_case != RADIANCE__SERVER_MESSAGE__MSG_ERROR)
+	rdw__server_message__free_unpacked(reply, NULL);
+	if (got_case != RDW__SERVER_MESSAGE__MSG_ERROR)
 		fail_msg("expected Error %d, got message case %d", code, got_case);
 	if (got != code)
 		fail_msg("expected Error %d, got %d '%s'", code, got, text);
@@ -209,22 +209,22 @@ static void raw_expect_error(struct raw *w, int code, ...)
 /* The reply to a LoadModel, after any LoadProgress, is its ModelInfo. */
 static void raw_expect_loaded(struct raw *w)
 {
-	Radiance__ServerMessage *reply = raw_recv_after_progress(w);
+	Rdw__ServerMessage *reply = raw_recv_after_progress(w);
 	int got = reply->msg_case;
 	char text[512] = "";
-	if (got == RADIANCE__SERVER_MESSAGE__MSG_ERROR)
+	if (got == RDW__SERVER_MESSAGE__MSG_ERROR)
 		snprintf(text, sizeof text, "%s", reply->error->message ? reply->error->message : "");
-	radiance__server_message__free_unpacked(reply, NULL);
-	if (got != RADIANCE__SERVER_MESSAGE__MSG_MODEL_INFO)
+	rdw__server_message__free_unpacked(reply, NULL);
+	if (got != RDW__SERVER_MESSAGE__MSG_MODEL_INFO)
 		fail_msg("expected ModelInfo, got message case %d %s", got, text);
 }
 
 static void raw_send_attach(struct raw *w, char *name)
 {
-	Radiance__AttachModel a = RADIANCE__ATTACH_MODEL__INIT;
+	Rdw__AttachModel a = RDW__ATTACH_MODEL__INIT;
 	a.name = name;
-	Radiance__ClientMessage m = RADIANCE__CLIENT_MESSAGE__INIT;
-	m.msg_case = RADIANCE__CLIENT_MESSAGE__MSG_ATTACH_MODEL;
+	Rdw__ClientMessage m = RDW__CLIENT_MESSAGE__INIT;
+	m.msg_case = RDW__CLIENT_MESSAGE__MSG_ATTACH_MODEL;
 	m.attach_model = &a;
 	raw_send(w, &m, NULL, 0);
 }
@@ -233,11 +233,11 @@ static void raw_send_attach(struct raw *w, char *name)
 static uint64_t raw_hello_id(struct raw *w)
 {
 	raw_send_hello(w, RADIANCE_PROTOCOL_VERSION, "raw", NULL, 0);
-	Radiance__ServerMessage *reply;
+	Rdw__ServerMessage *reply;
 	assert_int_equal(raw_recv(w, &reply, 10000), 1);
-	assert_int_equal(reply->msg_case, RADIANCE__SERVER_MESSAGE__MSG_WELCOME);
+	assert_int_equal(reply->msg_case, RDW__SERVER_MESSAGE__MSG_WELCOME);
 	uint64_t id = reply->welcome->session_id;
-	radiance__server_message__free_unpacked(reply, NULL);
+	rdw__server_message__free_unpacked(reply, NULL);
 	return id;
 }
 
@@ -245,14 +245,14 @@ static uint64_t raw_hello_id(struct raw *w)
 static size_t raw_list_names(struct raw *w, char *out, size_t outlen)
 {
 	raw_send_list_models(w, NULL, 0);
-	Radiance__ServerMessage *reply;
+	Rdw__ServerMessage *reply;
 	assert_int_equal(raw_recv(w, &reply, 10000), 1);
-	assert_int_equal(reply->msg_case, RADIANCE__SERVER_MESSAGE__MSG_MODEL_LIST);
+	assert_int_equal(reply->msg_case, RDW__SERVER_MESSAGE__MSG_MODEL_LIST);
 	size_t n = reply->model_list->n_models, o = 0;
 	out[0] = 0;
 	for (size_t i = 0; i < n && o < outlen; i++)
 		o += (size_t)snprintf(out + o, outlen - o, "%s\n", reply->model_list->models[i]->name);
-	radiance__server_message__free_unpacked(reply, NULL);
+	rdw__server_message__free_unpacked(reply, NULL);
 	return n;
 }
 
@@ -356,7 +356,7 @@ static void unknown_message(void **state)
 		raw_open(&w);
 		if (hello)
 			raw_hello(&w);
-		Radiance__ClientMessage m = RADIANCE__CLIENT_MESSAGE__INIT;
+		Rdw__ClientMessage m = RDW__CLIENT_MESSAGE__INIT;
 		raw_send(&w, &m, NULL, 0);
 		raw_expect_closed(&w);
 		raw_close(&w);
@@ -470,17 +470,17 @@ static void load_model_bogus_files(void **state)
 	char *names[] = { "config.json", "quantization_config.json", "model.safetensors" };
 	for (size_t s = 0; s < 3; s++) {
 		raw_send_load_model(&w, names, 3, sets[s], 3);
-		Radiance__ServerMessage *reply;
+		Rdw__ServerMessage *reply;
 		do {
 			assert_int_equal(raw_recv(&w, &reply, 20000), 1);
-			if (reply->msg_case == RADIANCE__SERVER_MESSAGE__MSG_LOAD_PROGRESS)
-				radiance__server_message__free_unpacked(reply, NULL);
+			if (reply->msg_case == RDW__SERVER_MESSAGE__MSG_LOAD_PROGRESS)
+				rdw__server_message__free_unpacked(reply, NULL);
 			else
 				break;
 		} while (1);
-		assert_int_equal(reply->msg_case, RADIANCE__SERVER_MESSAGE__MSG_ERROR);
+		assert_int_equal(reply->msg_case, RDW__SERVER_MESSAGE__MSG_ERROR);
 		assert_true(reply->error->code > 0);
-		radiance__server_message__free_unpacked(reply, NULL);
+		rdw__server_message__free_unpacked(reply, NULL);
 	}
 	raw_expect_alive(&w);
 	raw_close(&w);
@@ -674,7 +674,7 @@ static void dp_open(struct dp *d)
 }
 
 /* Pushes a request as given, bypassing every check of radiance_submit. */
-static void dp_push(struct dp *d, const Radiance__LinearRequest *req)
+static void dp_push(struct dp *d, const Rdw__LinearRequest *req)
 {
 	uint8_t slot[RADIANCE_SLOT_BYTES - 4];
 	int len = rproto_pack_slot(&req->base, slot, sizeof slot);
@@ -684,21 +684,21 @@ static void dp_push(struct dp *d, const Radiance__LinearRequest *req)
 	d->r->in_flight++;
 }
 
-static Radiance__LinearRequest dp_good(struct dp *d)
+static Rdw__LinearRequest dp_good(struct dp *d)
 {
-	Radiance__LinearRequest req = RADIANCE__LINEAR_REQUEST__INIT;
+	Rdw__LinearRequest req = RDW__LINEAR_REQUEST__INIT;
 	req.request_id = 1000;
 	req.model_id = d->model_id;
 	req.layer = d->layer;
 	req.rows = 36;
-	req.dtype = RADIANCE__DTYPE__DTYPE_BF16;
+	req.dtype = RDW__DTYPE__DTYPE_BF16;
 	req.input_offset = d->x_off;
 	req.output_offset = d->y_off;
 	return req;
 }
 
 /* The request fails with `status` (positive errno) and the session lives. */
-static void dp_expect_status(struct dp *d, const Radiance__LinearRequest *req, int status)
+static void dp_expect_status(struct dp *d, const Rdw__LinearRequest *req, int status)
 {
 	dp_push(d, req);
 	struct radiance_completion c;
@@ -716,7 +716,7 @@ static void dp_expect_status(struct dp *d, const Radiance__LinearRequest *req, i
 static void dp_expect_good(struct dp *d)
 {
 	const struct h_layer *hl = h_ref_find(&ref, h_good_layers[0]);
-	Radiance__LinearRequest req = dp_good(d);
+	Rdw__LinearRequest req = dp_good(d);
 	memset(d->y, 0xFF, 36 * 384 * 2);
 	dp_push(d, &req);
 	struct radiance_completion c;
@@ -744,7 +744,7 @@ static void descriptor_outside_arena(void **state)
 	struct dp d;
 	dp_open(&d);
 	uint64_t arena = d.r->arena.bytes;
-	Radiance__LinearRequest req = dp_good(&d);
+	Rdw__LinearRequest req = dp_good(&d);
 	req.input_offset = arena;                       /* just past the end */
 	dp_expect_status(&d, &req, EFAULT);
 	req = dp_good(&d);
@@ -761,7 +761,7 @@ static void overflowing_and_overlapping_offsets(void **state)
 {
 	struct dp d;
 	dp_open(&d);
-	Radiance__LinearRequest req = dp_good(&d);
+	Rdw__LinearRequest req = dp_good(&d);
 	req.input_offset = UINT64_MAX & ~(uint64_t)15;  /* offset + bytes wraps around */
 	dp_expect_status(&d, &req, EFAULT);
 	req = dp_good(&d);
@@ -784,7 +784,7 @@ static void wrong_shape_and_dtype(void **state)
 {
 	struct dp d;
 	dp_open(&d);
-	Radiance__LinearRequest req = dp_good(&d);
+	Rdw__LinearRequest req = dp_good(&d);
 	req.rows = 0;
 	dp_expect_status(&d, &req, EINVAL);
 	req.rows = d.r->server.max_rows + 1;
@@ -792,9 +792,9 @@ static void wrong_shape_and_dtype(void **state)
 	req.rows = UINT32_MAX;
 	dp_expect_status(&d, &req, EINVAL);
 	req = dp_good(&d);
-	req.dtype = (Radiance__DType)0;
+	req.dtype = (Rdw__DType)0;
 	dp_expect_status(&d, &req, EINVAL);
-	req.dtype = (Radiance__DType)77;
+	req.dtype = (Rdw__DType)77;
 	dp_expect_status(&d, &req, EINVAL);
 	dp_expect_good(&d);
 	radiance_disconnect(d.r);
@@ -804,7 +804,7 @@ static void unknown_layer_and_model(void **state)
 {
 	struct dp d;
 	dp_open(&d);
-	Radiance__LinearRequest req = dp_good(&d);
+	Rdw__LinearRequest req = dp_good(&d);
 	req.layer = (uint32_t)radiance_held_model(d.r, d.model_id)->n_layers;   /* one past */
 	dp_expect_status(&d, &req, ENOENT);
 	req.layer = UINT32_MAX;
@@ -886,7 +886,7 @@ static void corrupted_cq_head(void **state)
 	dp_expect_good(&d);
 	struct radiance_shm_header *h = (struct radiance_shm_header *)d.r->segment;
 	__atomic_store_n(&h->cq.head, 0x80000000u, __ATOMIC_RELEASE);
-	Radiance__LinearRequest req = dp_good(&d);
+	Rdw__LinearRequest req = dp_good(&d);
 	dp_push(&d, &req);
 	/* the daemon cannot post the result: it ends the session */
 	struct radiance_completion c;
@@ -911,7 +911,7 @@ static void header_scribbled(void **state)
 	h->arena_offset = 0;
 	h->sq.entries = h->cq.entries = 3;
 	dp_expect_good(&d);
-	Radiance__LinearRequest req = dp_good(&d);
+	Rdw__LinearRequest req = dp_good(&d);
 	req.input_offset = d.r->arena.bytes;   /* the real arena size still rules */
 	dp_expect_status(&d, &req, EFAULT);
 	radiance_disconnect(d.r);
@@ -941,7 +941,7 @@ static void cq_doorbell_cannot_block_the_daemon(void **state)
 	assert_true(pipe_bytes >= 4096);
 
 	struct radiance_shm_header *h = (struct radiance_shm_header *)d.r->segment;
-	Radiance__LinearRequest req = dp_good(&d);
+	Rdw__LinearRequest req = dp_good(&d);
 	req.rows = 1;
 	int queued = 0, requests = 0;
 	/* every completion rings (8 bytes): a page fills after 512 */
@@ -964,7 +964,7 @@ static void cq_doorbell_cannot_block_the_daemon(void **state)
 	 * wait may sleep and read the doorbell: poll says it is readable, so
 	 * the read does not block even on a blocking fd)... */
 	__atomic_store_n(&h->cq.sleeping, 1, __ATOMIC_SEQ_CST);
-	dp_expect_status(&d, &(Radiance__LinearRequest){ .base = req.base, .request_id = 9,
+	dp_expect_status(&d, &(Rdw__LinearRequest){ .base = req.base, .request_id = 9,
 							 .model_id = req.model_id, .layer = 9999,
 							 .rows = 1, .dtype = req.dtype },
 			 ENOENT);
@@ -1216,30 +1216,30 @@ static void checkpoint_shrinks_while_loading(void **state)
 			assert_int_equal(ftruncate(fds[2], len), 0);
 			cut = 1;
 		}
-		Radiance__ServerMessage *reply;
+		Rdw__ServerMessage *reply;
 		for (;;) {
 			assert_int_equal(raw_recv(&w, &reply, 20000), 1);
-			if (reply->msg_case != RADIANCE__SERVER_MESSAGE__MSG_LOAD_PROGRESS)
+			if (reply->msg_case != RDW__SERVER_MESSAGE__MSG_LOAD_PROGRESS)
 				break;
 			if (!cut && reply->load_progress->done_bytes < reply->load_progress->total_bytes &&
 			    ++progress == at) {
 				assert_int_equal(ftruncate(fds[2], len), 0);
 				cut = 1;
 			}
-			radiance__server_message__free_unpacked(reply, NULL);
+			rdw__server_message__free_unpacked(reply, NULL);
 		}
 		int mc = reply->msg_case, code = 0;
 		char text[512] = "";
-		if (mc == RADIANCE__SERVER_MESSAGE__MSG_ERROR) {
+		if (mc == RDW__SERVER_MESSAGE__MSG_ERROR) {
 			code = reply->error->code;
 			snprintf(text, sizeof text, "%s", reply->error->message ? reply->error->message : "");
 		}
-		radiance__server_message__free_unpacked(reply, NULL);
+		rdw__server_message__free_unpacked(reply, NULL);
 
 		char want[160], want2[64];
 		snprintf(want, sizeof want, "file shrank to %lld bytes while loading", (long long)len);
 		snprintf(want2, sizeof want2, "(expected %zu)", size);
-		if (mc == RADIANCE__SERVER_MESSAGE__MSG_MODEL_INFO) {
+		if (mc == RDW__SERVER_MESSAGE__MSG_MODEL_INFO) {
 			/* whole: another session attaches and gets right answers */
 			struct radiance *r = radiance_connect(daemon_.socket, NULL);
 			assert_non_null(r);
@@ -1248,11 +1248,11 @@ static void checkpoint_shrinks_while_loading(void **state)
 			assert_int_equal(h_check_layer(r, id, hl, RADIANCE_BF16, NULL), 0);
 			radiance_disconnect(r);
 			loaded++;
-		} else if (mc == RADIANCE__SERVER_MESSAGE__MSG_ERROR && code == EIO &&
+		} else if (mc == RDW__SERVER_MESSAGE__MSG_ERROR && code == EIO &&
 			   strncmp(text, "model.safetensors: ", 19) == 0 && strstr(text, want) &&
 			   strstr(text, want2)) {
 			shrank++;
-		} else if (mc == RADIANCE__SERVER_MESSAGE__MSG_ERROR && code == EINVAL && cut_first &&
+		} else if (mc == RDW__SERVER_MESSAGE__MSG_ERROR && code == EINVAL && cut_first &&
 			   strncmp(text, "model.safetensors: ", 19) == 0) {
 			refused++;
 		} else {

@@ -128,20 +128,20 @@ static void cpu_refuses(void **state)
  * `says` in its text, and no fd. */
 static void raw_map_refused(struct raw *w, uint32_t model_id, uint32_t version, int code, const char *says)
 {
-	Radiance__MapModel mm = RADIANCE__MAP_MODEL__INIT;
+	Rdw__MapModel mm = RDW__MAP_MODEL__INIT;
 	mm.model_id = model_id;
 	mm.layout_version = version;
-	Radiance__ClientMessage m = RADIANCE__CLIENT_MESSAGE__INIT;
-	m.msg_case = RADIANCE__CLIENT_MESSAGE__MSG_MAP_MODEL;
+	Rdw__ClientMessage m = RDW__CLIENT_MESSAGE__INIT;
+	m.msg_case = RDW__CLIENT_MESSAGE__MSG_MAP_MODEL;
 	m.map_model = &mm;
 	raw_send(w, &m, NULL, 0);
-	Radiance__ServerMessage *reply;
+	Rdw__ServerMessage *reply;
 	assert_int_equal(raw_recv(w, &reply, 10000), 1);
-	int got = reply->msg_case == RADIANCE__SERVER_MESSAGE__MSG_ERROR ? reply->error->code : -1;
+	int got = reply->msg_case == RDW__SERVER_MESSAGE__MSG_ERROR ? reply->error->code : -1;
 	char text[512] = "";
 	if (got >= 0)
 		snprintf(text, sizeof text, "%s", reply->error->message ? reply->error->message : "");
-	radiance__server_message__free_unpacked(reply, NULL);
+	rdw__server_message__free_unpacked(reply, NULL);
 	if (got != code || !strstr(text, says))
 		fail_msg("MapModel(%u, v%u): expected Error %d '...%s...', got %d '%s'", model_id, version, code,
 			 says, got, text);
@@ -153,27 +153,27 @@ static void raw_refusals(void **state)
 	struct raw w;
 	assert_int_equal(raw_open_at(&w, daemon_.socket), 0);
 	raw_send_hello(&w, RADIANCE_PROTOCOL_VERSION, "raw", NULL, 0);
-	Radiance__ServerMessage *reply;
+	Rdw__ServerMessage *reply;
 	assert_int_equal(raw_recv(&w, &reply, 10000), 1);
-	assert_int_equal(reply->msg_case, RADIANCE__SERVER_MESSAGE__MSG_WELCOME);
+	assert_int_equal(reply->msg_case, RDW__SERVER_MESSAGE__MSG_WELCOME);
 	/* an old client reads protocol 1 and ignores field 7 */
 	assert_int_equal(reply->welcome->protocol_version, 1);
 	assert_int_equal(reply->welcome->map_layout_version, RADIANCE_MAP_LAYOUT_VERSION);
-	radiance__server_message__free_unpacked(reply, NULL);
+	rdw__server_message__free_unpacked(reply, NULL);
 
 	/* whether held is asked before the version */
 	raw_map_refused(&w, 7, RADIANCE_MAP_LAYOUT_VERSION, ENOENT, "not loaded by this session");
 	raw_map_refused(&w, 7, 0, ENOENT, "not loaded by this session");
-	Radiance__UnmapModel um = RADIANCE__UNMAP_MODEL__INIT;
+	Rdw__UnmapModel um = RDW__UNMAP_MODEL__INIT;
 	um.model_id = 3;
-	Radiance__ClientMessage m = RADIANCE__CLIENT_MESSAGE__INIT;
-	m.msg_case = RADIANCE__CLIENT_MESSAGE__MSG_UNMAP_MODEL;
+	Rdw__ClientMessage m = RDW__CLIENT_MESSAGE__INIT;
+	m.msg_case = RDW__CLIENT_MESSAGE__MSG_UNMAP_MODEL;
 	m.unmap_model = &um;
 	raw_send(&w, &m, NULL, 0);
 	assert_int_equal(raw_recv(&w, &reply, 10000), 1);
-	assert_int_equal(reply->msg_case, RADIANCE__SERVER_MESSAGE__MSG_ERROR);
+	assert_int_equal(reply->msg_case, RDW__SERVER_MESSAGE__MSG_ERROR);
 	assert_int_equal(reply->error->code, ENOENT);
-	radiance__server_message__free_unpacked(reply, NULL);
+	rdw__server_message__free_unpacked(reply, NULL);
 	raw_expect_alive(&w);
 	raw_close(&w);
 }
@@ -196,16 +196,16 @@ static void raw_layout_version(void **state)
 	raw_send_load_model(&w, names, 3, fds, 3);
 	for (int i = 0; i < 3; i++)
 		close(fds[i]);
-	Radiance__ServerMessage *reply;
+	Rdw__ServerMessage *reply;
 	uint32_t id = 0;
 	for (;;) {
 		assert_int_equal(raw_recv(&w, &reply, 20000), 1);
 		int c = reply->msg_case;
-		if (c == RADIANCE__SERVER_MESSAGE__MSG_MODEL_INFO)
+		if (c == RDW__SERVER_MESSAGE__MSG_MODEL_INFO)
 			id = reply->model_info->model_id;
-		radiance__server_message__free_unpacked(reply, NULL);
-		if (c != RADIANCE__SERVER_MESSAGE__MSG_LOAD_PROGRESS) {
-			assert_int_equal(c, RADIANCE__SERVER_MESSAGE__MSG_MODEL_INFO);
+		rdw__server_message__free_unpacked(reply, NULL);
+		if (c != RDW__SERVER_MESSAGE__MSG_LOAD_PROGRESS) {
+			assert_int_equal(c, RDW__SERVER_MESSAGE__MSG_MODEL_INFO);
 			break;
 		}
 	}
@@ -492,26 +492,26 @@ static pid_t old_daemon(const char *path)
 		size_t len;
 		int rc = rconn_next_frame(&c, &data, &len);
 		if (rc == 1) {
-			Radiance__ClientMessage *m = rproto_unpack_client(data, len);
+			Rdw__ClientMessage *m = rproto_unpack_client(data, len);
 			if (!m)
 				_exit(2);
-			if (frames++ == 0 && m->msg_case == RADIANCE__CLIENT_MESSAGE__MSG_HELLO) {
-				Radiance__Welcome w = RADIANCE__WELCOME__INIT;
-				Radiance__ServerMessage sm = RADIANCE__SERVER_MESSAGE__INIT;
+			if (frames++ == 0 && m->msg_case == RDW__CLIENT_MESSAGE__MSG_HELLO) {
+				Rdw__Welcome w = RDW__WELCOME__INIT;
+				Rdw__ServerMessage sm = RDW__SERVER_MESSAGE__INIT;
 				w.protocol_version = RADIANCE_PROTOCOL_VERSION;
 				w.server_version = "0.1.0-old";
 				w.backend = "cuda";
 				w.device = "an old one";
 				w.max_rows = 16;
 				sm.tag = m->tag;
-				sm.msg_case = RADIANCE__SERVER_MESSAGE__MSG_WELCOME;
+				sm.msg_case = RDW__SERVER_MESSAGE__MSG_WELCOME;
 				sm.welcome = &w;
 				if (rproto_queue_server(&c, &sm, NULL, 0) < 0 || rconn_flush(&c) < 0)
 					_exit(2);
 			} else {
 				other = 1;
 			}
-			radiance__client_message__free_unpacked(m, NULL);
+			rdw__client_message__free_unpacked(m, NULL);
 			continue;
 		}
 		rc = rconn_read(&c);

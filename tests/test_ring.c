@@ -201,21 +201,21 @@ static void test_doorbell(void **state)
 static void test_pack_slot(void **state)
 {
 	uint8_t buf[RADIANCE_SLOT_BYTES - 4];
-	Radiance__LinearResult res = RADIANCE__LINEAR_RESULT__INIT;
+	Rdw__LinearResult res = RDW__LINEAR_RESULT__INIT;
 	int len = rproto_pack_slot(&res.base, buf, sizeof buf);
 	assert_int_equal(len, 2);
-	Radiance__LinearResult *back = radiance__linear_result__unpack(NULL, (size_t)len, buf);
+	Rdw__LinearResult *back = rdw__linear_result__unpack(NULL, (size_t)len, buf);
 	assert_non_null(back);
 	assert_int_equal(back->request_id, 0);
 	assert_int_equal(back->status, 0);
-	radiance__linear_result__free_unpacked(back, NULL);
+	rdw__linear_result__free_unpacked(back, NULL);
 
-	Radiance__LinearRequest req = RADIANCE__LINEAR_REQUEST__INIT;
+	Rdw__LinearRequest req = RDW__LINEAR_REQUEST__INIT;
 	req.request_id = UINT64_MAX;
 	req.model_id = UINT32_MAX;
 	req.layer = UINT32_MAX;
 	req.rows = UINT32_MAX;
-	req.dtype = RADIANCE__DTYPE__DTYPE_FP16;
+	req.dtype = RDW__DTYPE__DTYPE_FP16;
 	req.input_offset = UINT64_MAX;
 	req.output_offset = UINT64_MAX;
 	len = rproto_pack_slot(&req.base, buf, sizeof buf);

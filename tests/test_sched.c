@@ -595,12 +595,12 @@ static void *arena_at(struct xring *x, uint64_t off)
 static uint64_t xsubmit(struct xring *x, uint32_t model_id, uint32_t rows, uint64_t in_off,
 			uint64_t out_off)
 {
-	Radiance__LinearRequest req = RADIANCE__LINEAR_REQUEST__INIT;
+	Rdw__LinearRequest req = RDW__LINEAR_REQUEST__INIT;
 	req.request_id = x->next_id++;
 	req.model_id = model_id;
 	req.layer = 0;
 	req.rows = rows;
-	req.dtype = RADIANCE__DTYPE__DTYPE_BF16;
+	req.dtype = RDW__DTYPE__DTYPE_BF16;
 	req.input_offset = in_off;
 	req.output_offset = out_off;
 	uint8_t buf[RADIANCE_SLOT_BYTES - 4];
@@ -624,13 +624,13 @@ static void xreap(struct xfix *fx, struct xring *x, uint64_t *id, int *status, c
 		h_sleep_ms(1);
 	}
 	assert_true(n > 0);
-	Radiance__LinearResult *res = radiance__linear_result__unpack(NULL, (size_t)n, buf);
+	Rdw__LinearResult *res = rdw__linear_result__unpack(NULL, (size_t)n, buf);
 	assert_non_null(res);
 	*id = res->request_id;
 	*status = res->status;
 	if (err)
 		snprintf(err, errlen, "%s", res->error ? res->error : "");
-	radiance__linear_result__free_unpacked(res, NULL);
+	rdw__linear_result__free_unpacked(res, NULL);
 }
 
 static int cq_ready(struct xring *x)

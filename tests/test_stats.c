@@ -104,7 +104,7 @@ static void percentiles_are_bucket_edges(void **state)
 	assert_int_equal(stats_percentile(&s, 0.99), 5242879);
 	/* the top: the bucket edge (16.777215 ms) is above the max, so the max */
 	assert_int_equal(stats_percentile(&s, 1.0), 16132100);
-	Radiance__Stats out = RADIANCE__STATS__INIT;
+	Rdw__Stats out = RDW__STATS__INIT;
 	stats_fill(&s, &out);
 	assert_int_equal(out.latency_p50_ns, 81919);
 	assert_int_equal(out.latency_p99_ns, 5242879);
@@ -134,7 +134,7 @@ static void histogram_counts_exactly(void **state)
 				 (unsigned long long)le[k], (unsigned long long)cum[k],
 				 (unsigned long long)want);
 	}
-	Radiance__Stats out = RADIANCE__STATS__INIT;
+	Rdw__Stats out = RDW__STATS__INIT;
 	stats_fill(&s, &out);
 	assert_int_equal(out.requests, NVALUES);
 	assert_int_equal(out.latency_sum_ns, sum);
@@ -151,7 +151,7 @@ static void histogram_truncated_and_empty(void **state)
 	assert_int_equal(cum[0] + cum[1] + cum[2], 0);
 	assert_int_equal(le[2], 4095);
 	assert_int_equal(stats_histogram(&s, le, cum, 0), 0);
-	Radiance__Stats out = RADIANCE__STATS__INIT;
+	Rdw__Stats out = RDW__STATS__INIT;
 	stats_fill(&s, &out);
 	assert_int_equal(out.latency_sum_ns, 0);
 }

@@ -157,8 +157,8 @@ static void *daemon_main(void *arg)
 				     (uint32_t)p[3] << 24;
 			if (l <= left - 4) {
 				len = 4 + (size_t)l;
-				Radiance__ServerMessage *m = l ? rproto_unpack_server(p + 4, l) : NULL;
-				if (m && m->msg_case == RADIANCE__SERVER_MESSAGE__MSG_RING_READY) {
+				Rdw__ServerMessage *m = l ? rproto_unpack_server(p + 4, l) : NULL;
+				if (m && m->msg_case == RDW__SERVER_MESSAGE__MSG_RING_READY) {
 					uint64_t want = m->ring_ready->segment_bytes;
 					size_t size = want < SEGMENT_MAX ? (size_t)want : SEGMENT_MAX;
 					fds[0] = fz_memfd("segment", "", 0);
@@ -172,7 +172,7 @@ static void *daemon_main(void *arg)
 					nfds = 3;
 				}
 				if (m)
-					radiance__server_message__free_unpacked(m, NULL);
+					rdw__server_message__free_unpacked(m, NULL);
 			}
 		}
 		int rc = send_all(fd, p, len, fds, nfds);

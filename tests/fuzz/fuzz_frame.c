@@ -75,8 +75,8 @@ static void roundtrip(const ProtobufCMessage *msg, int client)
 	FUZZ_CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
 	FUZZ_CHECK(rconn_init(&tx, sv[0], RADIANCE_MAX_FRAME, RADIANCE_MAX_FDS) == 0);
 	FUZZ_CHECK(rconn_init(&rx, sv[1], RADIANCE_MAX_FRAME, RADIANCE_MAX_FDS) == 0);
-	int rc = client ? rproto_queue_client(&tx, (const Radiance__ClientMessage *)msg, NULL, 0)
-			: rproto_queue_server(&tx, (const Radiance__ServerMessage *)msg, NULL, 0);
+	int rc = client ? rproto_queue_client(&tx, (const Rdw__ClientMessage *)msg, NULL, 0)
+			: rproto_queue_server(&tx, (const Rdw__ServerMessage *)msg, NULL, 0);
 	size_t packed = protobuf_c_message_get_packed_size(msg);
 	if (packed == 0 || packed > RADIANCE_MAX_FRAME) {
 		FUZZ_CHECK(rc == -EMSGSIZE);
@@ -100,18 +100,18 @@ static void roundtrip(const ProtobufCMessage *msg, int client)
 	}
 	FUZZ_CHECK(len == packed);
 	if (client) {
-		Radiance__ClientMessage *again = rproto_unpack_client(d, len);
+		Rdw__ClientMessage *again = rproto_unpack_client(d, len);
 		FUZZ_CHECK(again || has_unknown(msg));
 		if (again) {
-			FUZZ_CHECK(again->msg_case == ((const Radiance__ClientMessage *)msg)->msg_case);
-			radiance__client_message__free_unpacked(again, NULL);
+			FUZZ_CHECK(again->msg_case == ((const Rdw__ClientMessage *)msg)->msg_case);
+			rdw__client_message__free_unpacked(again, NULL);
 		}
 	} else {
-		Radiance__ServerMessage *again = rproto_unpack_server(d, len);
+		Rdw__ServerMessage *again = rproto_unpack_server(d, len);
 		FUZZ_CHECK(again || has_unknown(msg));
 		if (again) {
-			FUZZ_CHECK(again->msg_case == ((const Radiance__ServerMessage *)msg)->msg_case);
-			radiance__server_message__free_unpacked(again, NULL);
+			FUZZ_CHECK(again->msg_case == ((const Rdw__ServerMessage *)msg)->msg_case);
+			rdw__server_message__free_unpacked(again, NULL);
 		}
 	}
 out:
@@ -121,24 +121,24 @@ out:
 
 static void handle_frame(const uint8_t *d, size_t len)
 {
-	Radiance__ClientMessage *cm = rproto_unpack_client(d, len);
+	Rdw__ClientMessage *cm = rproto_unpack_client(d, len);
 	if (cm) {
 		size_t nfds = rproto_client_fds(cm);
-		if (cm->msg_case == RADIANCE__CLIENT_MESSAGE__MSG_LOAD_MODEL)
+		if (cm->msg_case == RDW__CLIENT_MESSAGE__MSG_LOAD_MODEL)
 			FUZZ_CHECK(cm->load_model && nfds == cm->load_model->n_file_names);
 		else
 			FUZZ_CHECK(nfds == 0);
 		FUZZ_CHECK(rproto_client_name(cm) != NULL);
 		roundtrip(&cm->base, 1);
-		radiance__client_message__free_unpacked(cm, NULL);
+		rdw__client_message__free_unpacked(cm, NULL);
 	}
-	Radiance__ServerMessage *sm = rproto_unpack_server(d, len);
+	Rdw__ServerMessage *sm = rproto_unpack_server(d, len);
 	if (sm) {
 		size_t nfds = rproto_server_fds(sm);
 		FUZZ_CHECK(nfds == 0 || nfds == RADIANCE_RING_READY_FDS);
 		FUZZ_CHECK(rproto_server_name(sm) != NULL);
 		roundtrip(&sm->base, 0);
-		radiance__server_message__free_unpacked(sm, NULL);
+		rdw__server_message__free_unpacked(sm, NULL);
 	}
 }
 

@@ -222,12 +222,12 @@ static void consume_cq(struct fz_ring *fr)
 		int n = rring_pop(&fr->client_cq, buf);
 		if (n <= 0)
 			break;     /* empty, or the (corrupted) head made it -EPROTO */
-		Radiance__LinearResult *res = radiance__linear_result__unpack(NULL, (size_t)n, buf);
+		Rdw__LinearResult *res = rdw__linear_result__unpack(NULL, (size_t)n, buf);
 		FUZZ_CHECK(res);   /* the daemon's own results always decode */
 		int st = res->status;
 		FUZZ_CHECK(st == 0 || st == ENOENT || st == EINVAL || st == EFAULT || st == EBUSY ||
 			   st == EIO || st == E2BIG);
-		radiance__linear_result__free_unpacked(res, NULL);
+		rdw__linear_result__free_unpacked(res, NULL);
 	}
 }
 

@@ -147,10 +147,10 @@ static size_t split(const uint8_t *data, size_t size, struct chunk *ch, size_t m
 		}
 		c->len = 4 + (size_t)l;
 		pos += c->len;
-		Radiance__ClientMessage *m = rproto_unpack_client(c->p + 4, l);
+		Rdw__ClientMessage *m = rproto_unpack_client(c->p + 4, l);
 		if (!m)
 			continue;
-		if (m->msg_case == RADIANCE__CLIENT_MESSAGE__MSG_LOAD_MODEL && m->load_model &&
+		if (m->msg_case == RDW__CLIENT_MESSAGE__MSG_LOAD_MODEL && m->load_model &&
 		    m->load_model->n_file_names >= 1 &&
 		    m->load_model->n_file_names <= RADIANCE_MAX_FDS) {
 			for (size_t i = 0; i < m->load_model->n_file_names; i++)
@@ -161,7 +161,7 @@ static size_t split(const uint8_t *data, size_t size, struct chunk *ch, size_t m
 				c->fds[c->nfds++] = fs->spare;
 			}
 		}
-		radiance__client_message__free_unpacked(m, NULL);
+		rdw__client_message__free_unpacked(m, NULL);
 	}
 	return n;
 }
@@ -215,12 +215,12 @@ static int drain_replies(struct rconn *cc)
 		const uint8_t *d;
 		size_t len;
 		while ((rc = rconn_next_frame(cc, &d, &len)) == 1) {
-			Radiance__ServerMessage *m = rproto_unpack_server(d, len);
+			Rdw__ServerMessage *m = rproto_unpack_server(d, len);
 			FUZZ_CHECK(m);
-			FUZZ_CHECK(m->msg_case != RADIANCE__SERVER_MESSAGE__MSG__NOT_SET);
+			FUZZ_CHECK(m->msg_case != RDW__SERVER_MESSAGE__MSG__NOT_SET);
 			FUZZ_CHECK(rconn_queued_fds(cc) == rproto_server_fds(m));
 			rconn_close_fds(cc);
-			radiance__server_message__free_unpacked(m, NULL);
+			rdw__server_message__free_unpacked(m, NULL);
 		}
 		FUZZ_CHECK(rc == 0);
 	}
