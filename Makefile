@@ -50,7 +50,10 @@ INC     := -Icommon -Iproto -Ikernels -Idaemon -Iclient -I$(BUILD)/gen
 DEFS    := -D_GNU_SOURCE -DRADIANCE_VERSION=\"$(VERSION)\"
 # -ffp-contract=off: the CPU reference rounds every product and sum as written
 # (a fused multiply-add would change results between machines).
-ALLCFLAGS = -std=c11 $(WARN) $(INC) $(DEFS) -fPIC -ffp-contract=off $(SANFLAGS) $(CPPFLAGS) $(CFLAGS) $(GPU_DEFS)
+# -fvisibility=hidden: what a library or the daemon exports is what its
+# public header marks (client/radiance.h, client/radiance_gpu.h: a
+# visibility push around the declarations), nothing else.
+ALLCFLAGS = -std=c11 $(WARN) $(INC) $(DEFS) -fPIC -fvisibility=hidden -ffp-contract=off $(SANFLAGS) $(CPPFLAGS) $(CFLAGS) $(GPU_DEFS)
 # CPPFLAGS and LDFLAGS as a distribution passes them (dpkg-buildflags:
 # _FORTIFY_SOURCE, -z relro/now); empty by default.
 CPPFLAGS ?=
@@ -113,7 +116,7 @@ endif
 PROTO_C  := $(BUILD)/gen/radiance.pb-c.c
 PROTO_H  := $(BUILD)/gen/radiance.pb-c.h
 
-COMMON_SRC := $(wildcard common/*.c)
+COMMON_SRC := $(wildcard common/*.c proto/*.c)
 CORE_SRC   := $(wildcard kernels/*.c) $(filter-out daemon/main.c,$(wildcard daemon/*.c))
 CLIENT_SRC := $(filter-out client/radiancectl.c,$(wildcard client/*.c))
 TEST_SRC   := $(wildcard tests/test_*.c)
@@ -192,7 +195,9 @@ LINK_CORE = $(LIB_CORE) $(LIB_COMMON) $(DEP_LIBS) $(GPU_LIBS)
 $(RADIANCED): $(BUILD)/obj/daemon/main.o $(LIB_CORE) $(LIB_COMMON)
 	$(CC) $(SANFLAGS) $(LDFLAGS) -o $@ $< $(LINK_CORE)
 
-# The client library exports radiance_* only (client/libradiance.sym).
+# The client library exports radiance_* only: its header marks them default
+# visibility, everything else is hidden, and client/libradiance.sym takes
+# radiance_* by pattern (the protobuf-c names are rdw__*).
 $(LIB_CLIENT_A): $(CLIENT_OBJ) $(COMMON_OBJ)
 	@rm -f $@
 	ar rcs $@ $^

@@ -21,11 +21,7 @@
 #include "clock.h"
 #include "client-private.h"
 #include "proto_util.h"
-
-static bool is_pow2(uint32_t v)
-{
-	return v && !(v & (v - 1));
-}
+#include "shm_layout.h"
 
 /* [off, off + len) inside [lo, hi), without overflow. */
 static bool within(uint64_t off, uint64_t len, uint64_t lo, uint64_t hi)
@@ -101,43 +97,21 @@ static int map_segment(struct radiance *r, int memfd, uint64_t segment_bytes)
 	r->segment = p;
 	r->segment_bytes = segment_bytes;
 
-	struct radiance_shm_header h;
-	memcpy(&h, p, sizeof h);   /* one snapshot, checked and then trusted */
-	uint32_t sq_entries = __atomic_load_n(&((struct radiance_shm_header *)p)->sq.entries,
-					      __ATOMIC_RELAXED);
-	uint32_t cq_entries = __atomic_load_n(&((struct radiance_shm_header *)p)->cq.entries,
-					      __ATOMIC_RELAXED);
-	const char *why = NULL;
-	if (h.magic != RADIANCE_SHM_MAGIC || h.version != RADIANCE_SHM_VERSION ||
-	    h.header_bytes != RADIANCE_SHM_HEADER_BYTES || h.slot_bytes != RADIANCE_SLOT_BYTES)
-		why = "magic, version, header or slot size";
-	else if (h.segment_bytes != segment_bytes)
-		why = "segment_bytes differs from RingReady's";
-	else if (!is_pow2(sq_entries) || !is_pow2(cq_entries) || cq_entries < sq_entries ||
-		 sq_entries > (1u << 20) || cq_entries > (1u << 20))
-		why = "ring entries";
-	else if (h.sq_offset % RADIANCE_SHM_ALIGN || h.cq_offset % RADIANCE_SHM_ALIGN ||
-		 h.arena_offset % RADIANCE_SHM_ALIGN)
-		why = "unaligned offsets";
-	else if (!within(h.sq_offset, (uint64_t)sq_entries * RADIANCE_SLOT_BYTES,
-			 RADIANCE_SHM_HEADER_BYTES, segment_bytes) ||
-		 !within(h.cq_offset, (uint64_t)cq_entries * RADIANCE_SLOT_BYTES,
-			 RADIANCE_SHM_HEADER_BYTES, segment_bytes) ||
-		 !within(h.arena_offset, h.arena_bytes, RADIANCE_SHM_HEADER_BYTES, segment_bytes))
-		why = "a region outside the segment";
-	if (why)
+	struct rshm_layout l;
+	char why[384];
+	if (rshm_layout_import(&l, p, segment_bytes, why, sizeof why) < 0)
 		return radiance__client_break(r, -EPROTO, "bad shared segment header: %s", why);
 
 	struct radiance_shm_header *sh = p;
-	r->sq_entries = sq_entries;
-	r->cq_entries = cq_entries;
-	rring_init(&r->sq, &sh->sq, r->segment + h.sq_offset, sq_entries);
-	rring_init(&r->cq, &sh->cq, r->segment + h.cq_offset, cq_entries);
+	r->sq_entries = l.sq_entries;
+	r->cq_entries = l.cq_entries;
+	rring_init(&r->sq, &sh->sq, r->segment + l.sq_offset, l.sq_entries);
+	rring_init(&r->cq, &sh->cq, r->segment + l.cq_offset, l.cq_entries);
 	/* A fresh segment starts at 0/0; adopt what is there in case the
 	 * daemon started elsewhere, and let the ring code range-check it. */
 	r->sq.local = __atomic_load_n(&sh->sq.tail, __ATOMIC_ACQUIRE);
 	r->cq.local = __atomic_load_n(&sh->cq.head, __ATOMIC_ACQUIRE);
-	if (radiance__client_arena_init(&r->arena, r->segment + h.arena_offset, h.arena_bytes) < 0)
+	if (radiance__client_arena_init(&r->arena, r->segment + l.arena_offset, l.arena_bytes) < 0)
 		return radiance__client_fail(r, -ENOMEM, "out of memory");
 	return 0;
 }

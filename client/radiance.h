@@ -108,6 +108,12 @@
 extern "C" {
 #endif
 
+/* Everything declared here is the library's interface; the library is built
+ * with -fvisibility=hidden, so this is what it exports. */
+#if defined(__GNUC__)
+#pragma GCC visibility push(default)
+#endif
+
 struct radiance;   /* a connection (session) to radianced; opaque */
 
 /* Element type of x. Values match the wire protocol's DType. */
@@ -116,7 +122,8 @@ enum radiance_elem {
 	RADIANCE_FP16 = 2,
 };
 
-/* What a layer holds. Values match the wire protocol's LayerKind. */
+/* What a layer holds. The wire protocol's LayerKind, with its values; the
+ * daemon uses this enum too. */
 enum radiance_layer_kind {
 	RADIANCE_LAYER_W4A8 = 1,   /* int4 weights, fp8 e4m3 activations */
 	RADIANCE_LAYER_BF16 = 2,   /* weights kept at 16 bits in the checkpoint */
@@ -863,6 +870,10 @@ struct radiance_stats_reply {
  * radiance_stats_free(). Returns 0, -EINVAL (out NULL) or a sticky error. */
 int radiance_get_stats(struct radiance *r, struct radiance_stats_reply **out);
 void radiance_stats_free(struct radiance_stats_reply *s);
+
+#if defined(__GNUC__)
+#pragma GCC visibility pop
+#endif
 
 #ifdef __cplusplus
 }

@@ -40,6 +40,12 @@
 extern "C" {
 #endif
 
+/* Everything declared here is the library's interface; the library is built
+ * with -fvisibility=hidden, so this is what it exports. */
+#if defined(__GNUC__)
+#pragma GCC visibility push(default)
+#endif
+
 struct radiance_gpu_model;   /* a mapped model; opaque */
 
 struct radiance_gpu_options {
@@ -148,6 +154,10 @@ int radiance_gpu_unmap(struct radiance *r, struct radiance_gpu_model *g);
 /* Text of the last failure of a radiance_gpu_* call on this thread ("" if
  * none). Thread-local storage, valid until the next call on this thread. */
 const char *radiance_gpu_error_message(void);
+
+#if defined(__GNUC__)
+#pragma GCC visibility pop
+#endif
 
 #ifdef __cplusplus
 }

@@ -15,7 +15,7 @@
 #include "checkpoint.h"
 #include "limit.h"
 #include "log.h"
-#include "shm.h"
+#include "shm_layout.h"
 #include "wire.h"
 
 enum value_type {
@@ -54,17 +54,17 @@ static const struct setting settings[] = {
 	  "key takes a space-separated list)" },
 	{ "max_sessions", 256, "N", V_U32, OFF(max_sessions), 1, 65536,
 	  "connections at once, counting those still in the handshake (64)" },
-	{ "max_arena_bytes", 257, "BYTES", V_BYTES, OFF(max_arena_bytes), 4096, 1ull << 40,
+	{ "max_arena_bytes", 257, "BYTES", V_BYTES, OFF(max_arena_bytes), 4096, RADIANCE_SHM_MAX_ARENA_BYTES,
 	  "largest arena a session may ask for (1G)" },
-	{ "arena_bytes", 258, "BYTES", V_BYTES, OFF(arena_bytes), 4096, 1ull << 40,
+	{ "arena_bytes", 258, "BYTES", V_BYTES, OFF(arena_bytes), 4096, RADIANCE_SHM_MAX_ARENA_BYTES,
 	  "arena when a session asks for the default (64M)" },
 	{ "max_rows", 259, "N", V_U32, OFF(max_rows), 1, 65536,
 	  "most rows (M) per request and per merged launch (512)" },
 	{ "max_inflight", 260, "N", V_U32, OFF(max_inflight), 1, 1u << 20,
 	  "requests per session submitted but not completed (1024)" },
-	{ "max_sq_entries", 261, "N", V_POW2, OFF(max_sq_entries), 1, 1u << 16,
+	{ "max_sq_entries", 261, "N", V_POW2, OFF(max_sq_entries), 1, RADIANCE_SHM_MAX_ENTRIES,
 	  "largest SQ/CQ a session may ask for, a power of two (1024)" },
-	{ "sq_entries", 262, "N", V_POW2, OFF(sq_entries), 1, 1u << 16,
+	{ "sq_entries", 262, "N", V_POW2, OFF(sq_entries), 1, RADIANCE_SHM_MAX_ENTRIES,
 	  "SQ/CQ entries when a session asks for the default (256)" },
 	{ "max_k", 263, "N", V_U32, OFF(max_k), 128, 1u << 20,
 	  "largest layer K the backend's scratch is sized for (32768)" },

@@ -29,11 +29,10 @@
 #include <stdint.h>
 
 #include "numerics.h"   /* enum radiance_dtype */
+#include "radiance.h"   /* enum radiance_layer_kind */
 
-enum radiance_layer_kind {
-	RADIANCE_LAYER_W4A8 = 1,   /* int4 weights, fp8 e4m3 activations */
-	RADIANCE_LAYER_BF16 = 2,   /* layer kept at 16 bits in the checkpoint */
-};
+/* enum radiance_layer_kind: client/radiance.h's, one name and one set of
+ * values with the wire's LayerKind. */
 
 struct radiance_layer {
 	char *name;                /* module path, e.g. "encoder.layer.0.attention.self.query" */

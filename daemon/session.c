@@ -21,6 +21,7 @@
 #include "server.h"
 #include "session_tensors.h"
 #include "shm.h"
+#include "shm_layout.h"
 #include "text.h"
 #include "wire.h"
 
@@ -428,11 +429,6 @@ static void handle_stats(struct radiance_session *s, uint64_t tag)
 
 /* ---- the shared-memory segment ---- */
 
-static uint64_t align_up(uint64_t v, uint64_t a)
-{
-	return (v + a - 1) & ~(a - 1);
-}
-
 static void segment_release(struct radiance_session *s)
 {
 	if (s->segment)
@@ -585,14 +581,12 @@ static void handle_open_ring(struct radiance_session *s, uint64_t tag, const Rdw
 	uint32_t sq = o->sq_entries ? o->sq_entries : cfg->sq_entries;
 	uint32_t cq = o->cq_entries ? o->cq_entries : (sq > cfg->sq_entries ? sq : cfg->sq_entries);
 	uint64_t arena = o->arena_bytes ? o->arena_bytes : cfg->arena_bytes;
-	if (sq & (sq - 1) || sq > cfg->max_sq_entries) {
-		session_reply_error(s, tag, EINVAL, "sq_entries %u is not a power of two in 1..%u", sq,
-				    cfg->max_sq_entries);
-		return;
-	}
-	if (cq & (cq - 1) || cq > cfg->max_sq_entries || cq < sq) {
-		session_reply_error(s, tag, EINVAL, "cq_entries %u is not a power of two in %u..%u", cq, sq,
-				    cfg->max_sq_entries);
+	/* The configuration narrows the protocol's limits; the layout itself
+	 * (and its own checks) is proto/shm_layout.c's, shared with the client. */
+	if (sq > cfg->max_sq_entries || cq > cfg->max_sq_entries) {
+		session_reply_error(s, tag, EINVAL, "%s %u exceeds max_sq_entries %u",
+			   sq > cfg->max_sq_entries ? "sq_entries" : "cq_entries",
+			   sq > cfg->max_sq_entries ? sq : cq, cfg->max_sq_entries);
 		return;
 	}
 	if (arena > cfg->max_arena_bytes) {
@@ -600,16 +594,17 @@ static void handle_open_ring(struct radiance_session *s, uint64_t tag, const Rdw
 				    (unsigned long long)arena, (unsigned long long)cfg->max_arena_bytes);
 		return;
 	}
-	arena = align_up(arena, RADIANCE_SHM_ALIGN);
+	struct rshm_layout l;
 	char why[512];
-	if (arena_over_limit(s, arena, why, sizeof why)) {
+	if (rshm_layout_compute(&l, sq, cq, arena, why, sizeof why) < 0) {
+		session_reply_error(s, tag, EINVAL, "%s", why);
+		return;
+	}
+	if (arena_over_limit(s, l.arena_bytes, why, sizeof why)) {
 		session_reply_error(s, tag, EDQUOT, "%s", why);
 		return;
 	}
-	uint64_t sq_off = RADIANCE_SHM_HEADER_BYTES;
-	uint64_t cq_off = sq_off + align_up((uint64_t)sq * RADIANCE_SLOT_BYTES, RADIANCE_SHM_ALIGN);
-	uint64_t arena_off = cq_off + align_up((uint64_t)cq * RADIANCE_SLOT_BYTES, RADIANCE_SHM_ALIGN);
-	uint64_t total = arena_off + arena;
+	uint64_t total = l.segment_bytes;
 
 	char name[64];
 	snprintf(name, sizeof name, "radiance-session-%llu", (unsigned long long)s->id);
@@ -641,24 +636,14 @@ static void handle_open_ring(struct radiance_session *s, uint64_t tag, const Rdw
 	s->ring.cq_wfd = cq_pipe[1];
 
 	uint8_t *base = s->segment;
-	struct radiance_shm_header *h = s->segment;
-	h->magic = RADIANCE_SHM_MAGIC;
-	h->version = RADIANCE_SHM_VERSION;
-	h->header_bytes = RADIANCE_SHM_HEADER_BYTES;
-	h->segment_bytes = total;
-	h->slot_bytes = RADIANCE_SLOT_BYTES;
-	h->sq_offset = sq_off;
-	h->cq_offset = cq_off;
-	h->arena_offset = arena_off;
-	h->arena_bytes = arena;
-	h->sq.entries = sq;
-	h->cq.entries = cq;
+	rshm_layout_write_header(s->segment, &l);
 
-	rring_init(&s->ring.sq, &h->sq, base + sq_off, sq);
-	rring_init(&s->ring.cq, &h->cq, base + cq_off, cq);
+	struct radiance_shm_header *h = s->segment;
+	rring_init(&s->ring.sq, &h->sq, base + l.sq_offset, l.sq_entries);
+	rring_init(&s->ring.cq, &h->cq, base + l.cq_offset, l.cq_entries);
 	s->ring.session_id = s->id;
-	s->ring.arena = base + arena_off;
-	s->ring.arena_bytes = arena;
+	s->ring.arena = base + l.arena_offset;
+	s->ring.arena_bytes = l.arena_bytes;
 	s->ring.max_inflight = cfg->max_inflight;
 	s->ring.refs = &s->refs;
 	s->ring.stats = &s->stats;

@@ -13,7 +13,9 @@
  *                        client's allocator; the daemon only checks bounds
  *
  * All offsets are 4096-aligned. Every field is little-endian (native on the
- * hosts we serve; daemon and clients share one machine).
+ * hosts we serve; daemon and clients share one machine). The offsets, sizes
+ * and their limits are computed (daemon) and checked (client) in one place,
+ * proto/shm_layout.c (proto/shm_layout.h).
  *
  * Slot: uint32 length L (1 <= L <= slot_bytes - 4), then L bytes of a
  * serialized rdw.LinearRequest (SQ) or rdw.LinearResult (CQ).

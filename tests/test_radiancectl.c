@@ -580,8 +580,11 @@ static void hold_json_when_daemon_goes_away(void **state)
 	hold_until_daemon_stops(true);
 }
 
-/* At its session limit the daemon's reason reaches radiancectl. */
-static void session_limit(void **state)
+/* A daemon's refusal of the connection reaches radiancectl: exit 3, its
+ * words on stderr and in --json. The session limit is only the way to make
+ * the daemon refuse; the limit itself is tested in test_hardening
+ * (session_limit_refusal_is_clean). */
+static void refusal_reaches_ctl(void **state)
 {
 	/* daemon: --max-sessions 1; wait for the harness's probe to be gone */
 	struct radiance *r = NULL;
@@ -664,7 +667,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(hold_when_daemon_goes_away, start, stop_after_sigterm),
 		cmocka_unit_test_setup_teardown(hold_json_when_daemon_goes_away, start,
 						stop_after_sigterm),
-		cmocka_unit_test_setup_teardown(session_limit, start_one_session, stop),
+		cmocka_unit_test_setup_teardown(refusal_reaches_ctl, start_one_session, stop),
 		cmocka_unit_test_setup_teardown(unload_not_permitted, start_preload, stop),
 	};
 	return cmocka_run_group_tests(tests, group_setup, group_teardown);

@@ -258,6 +258,109 @@ static void dedup_and_refcounts(void **state)
 	assert_null(registry_next(f->reg, NULL));
 }
 
+/* Two loads of the same files while the first is still reading: the second
+ * joins the first's waiters instead of starting another load; both answers
+ * are the one resident with two users, charged once, to the first uid. */
+static void loads_in_flight_join_one(void **state)
+{
+	struct fixture *f = *state;
+	struct waiter a, b;
+	uint64_t total;
+	assert_int_equal(load_start(f, ckpt, "joined", 1000, &a), 0);
+	assert_int_equal(load_start(f, ckpt, NULL, 2000, &b), 0);
+	assert_int_equal(a.done + b.done, 0);   /* never answered from inside the call */
+	while (!a.done || !b.done)
+		uv_run(&f->loop, UV_RUN_ONCE);
+	assert_int_equal(a.status, 0);
+	assert_int_equal(b.status, 0);
+	f->refs[f->nrefs++] = a.res;
+	f->refs[f->nrefs++] = b.res;
+	assert_ptr_equal(a.res, b.res);
+	assert_int_equal(a.res->users, 2);
+	assert_string_equal(a.res->name, "joined");
+	assert_int_equal(charged(f, 1000, &total), model_bytes);
+	assert_int_equal(charged(f, 2000, &total), 0);
+	assert_int_equal(total, model_bytes);
+	/* one resident in the list */
+	assert_ptr_equal(registry_next(f->reg, NULL), a.res);
+	assert_null(registry_next(f->reg, a.res));
+	drop(f, a.res);
+	assert_int_equal(b.res->users, 1);
+	assert_ptr_equal(registry_find_name(f->reg, "joined"), b.res);
+	drop(f, b.res);
+	assert_null(registry_find_name(f->reg, "joined"));
+	wait_uncharged(f);
+}
+
+/* The same bytes in other inodes are another checkpoint: no dedup, and the
+ * name one of them holds is refused to the other, at once, naming it. */
+static void other_files_same_name_refused(void **state)
+{
+	struct fixture *f = *state;
+	struct waiter a, b;
+	uint64_t total;
+	assert_int_equal(load(f, ckpt, "m", 1000, &a), 0);
+	assert_int_equal(load_start(f, copy, "m", 1000, &b), -EEXIST);
+	assert_int_equal(b.done, 0);
+	char want[160];
+	snprintf(want, sizeof want, "a different checkpoint named 'm' is already resident as model %u",
+		 a.res->em.id);
+	if (!strstr(b.err, want))
+		fail_msg("refusal says \"%s\", not \"%s\"", b.err, want);
+	/* under another name it is a second resident, charged again */
+	assert_int_equal(load(f, copy, "m2", 1000, &b), 0);
+	assert_ptr_not_equal(b.res, a.res);
+	assert_true(b.res->em.id != a.res->em.id);
+	assert_int_equal(a.res->users, 1);
+	assert_int_equal(b.res->users, 1);
+	assert_int_equal(charged(f, 1000, &total), 2 * model_bytes);
+	assert_int_equal(total, 2 * model_bytes);
+	drop(f, a.res);
+	drop(f, b.res);
+	wait_uncharged(f);
+}
+
+/* A preloaded model outlives its last user until the daemon unpins it;
+ * unpinned while used, it goes with the last user. A preload counts in the
+ * total but is charged to no uid; a client attaching to it costs nothing. */
+static void preloaded_until_unpinned(void **state)
+{
+	struct fixture *f = *state;
+	struct waiter p, a;
+	uint64_t total;
+	char err[512];
+	memset(&p, 0, sizeof p);
+	p.w.done = on_done;
+	assert_int_equal(registry_preload(f->reg, ckpt, &p.w, err, sizeof err), 0);
+	while (!p.done)
+		uv_run(&f->loop, UV_RUN_ONCE);
+	assert_int_equal(p.status, 0);
+	struct radiance_resident *res = p.res;
+	assert_true(res->preloaded);
+	assert_string_equal(res->name, H_CHECKPOINT);   /* the directory's name */
+	assert_int_equal(res->users, 1);                 /* the waiter's reference */
+	/* in the total, charged to no uid */
+	assert_int_equal(charged(f, 0, &total), 0);
+	assert_int_equal(total, model_bytes);
+	registry_unref(res);
+	assert_int_equal(res->users, 0);
+	assert_ptr_equal(registry_find_name(f->reg, H_CHECKPOINT), res);   /* still resident */
+
+	/* a client's load of the same files attaches to it */
+	assert_int_equal(load(f, ckpt, NULL, 1000, &a), 0);
+	assert_ptr_equal(a.res, res);
+	assert_int_equal(res->users, 1);
+	assert_int_equal(charged(f, 1000, &total), 0);
+	assert_int_equal(total, model_bytes);
+	uint32_t id = res->em.id;
+	registry_unpin(res);
+	assert_ptr_equal(registry_find_id(f->reg, id), res);   /* a user holds it */
+	drop(f, a.res);
+	assert_null(registry_find_id(f->reg, id));
+	assert_null(registry_next(f->reg, NULL));
+	wait_uncharged(f);
+}
+
 /* max_model_bytes_per_uid: the same uid's second checkpoint is refused with
  * the limit named; another uid's is not. */
 static void per_uid_charge(void **state)
@@ -343,6 +446,9 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(dedup_and_refcounts, setup, teardown),
+		cmocka_unit_test_setup_teardown(loads_in_flight_join_one, setup, teardown),
+		cmocka_unit_test_setup_teardown(other_files_same_name_refused, setup, teardown),
+		cmocka_unit_test_setup_teardown(preloaded_until_unpinned, setup, teardown),
 		cmocka_unit_test_setup_teardown(per_uid_charge, setup_uid_limit, teardown),
 		cmocka_unit_test_setup_teardown(shape_refused_at_plan, setup_max_n, teardown),
 		cmocka_unit_test_setup_teardown(cancelled_load_gives_charge_back, setup, teardown),

@@ -45,14 +45,9 @@
 
 #include <cmocka.h>
 
-/* The daemon's struct radiance_stats (daemon/stats.h) and libradiance's
- * (client/radiance.h, for the end-to-end tests) share a tag: here the
- * daemon's goes by another. Tags do not link; the layout is the same. */
-#define radiance_stats radiance_daemon_stats
 #include "executor.h"
 #include "scheduler.h"
 #include "stats.h"
-#undef radiance_stats
 
 #include "daemon_harness.h"
 #include "log.h"
@@ -403,7 +398,7 @@ static void test_pieces_bit_identical(void **state)
 struct xring {
 	struct exec_ring r;
 	struct exec_refs refs;
-	struct radiance_daemon_stats stats;
+	struct stats_counters stats;
 	uint8_t *mem;
 	size_t mem_bytes;
 	struct radiance_shm_header *h;
@@ -494,7 +489,7 @@ static void x_setup(struct xfix *fx, uint32_t n, uint32_t k, uint32_t max_rows, 
 		.chunk_rows = chunk_rows,
 		.session_rows = session_rows,
 	};
-	static struct radiance_daemon_stats global;
+	static struct stats_counters global;
 	stats_init(&global);
 	o.global_stats = &global;
 	int rc = executor_create(&fx->loop, &o, &fx->e, err, sizeof err);
