@@ -16,9 +16,7 @@
 
 #include <cmocka.h>
 
-#define radiance_stats radiance_daemon_stats
 #include "request.h"
-#undef radiance_stats
 
 /* Model 4: q, k, v 64 x 128, up 256 x 128, down 128 x 256 (layers 0..4). */
 static struct radiance_layer layers[5] = {

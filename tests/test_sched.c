@@ -978,7 +978,7 @@ static uint64_t iround(struct radiance_executor *e, struct xring *x, const struc
 static void test_exec_groups_sessions(void **state)
 {
 	char err[256];
-	static struct radiance_daemon_stats global;
+	static struct stats_counters global;
 	stats_init(&global);
 	struct executor_options o = {
 		.backend = { .kind = "cpu", .device = -1, .max_rows = 16, .max_decode_rows = 16,
