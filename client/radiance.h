@@ -582,7 +582,8 @@ int radiance_get_fd(struct radiance *r);
  * fd is readable, and again after radiance_wait() or radiance_linear(),
  * which disarm it, before the loop sleeps on the fd again.
  * Returns the number of completions ready for radiance_poll() (0: nothing,
- * e.g. a spurious wake-up), or the sticky error once nothing is left to
+ * e.g. a spurious wake-up; radiance_poll() may then return more, those
+ * that completed after dispatch looked), or the sticky error once nothing is left to
  * deliver: -ESHUTDOWN after the daemon's Goodbye (whose drained results
  * were counted and delivered first), -ECONNRESET when it went away,
  * -EPROTO, ... The fd then stays readable (a closed socket): stop watching

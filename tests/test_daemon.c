@@ -919,7 +919,10 @@ static int loop_collect(struct radiance *r, int fd, const uint64_t *ids, uint16_
 			seen[i] = 1;
 			got_now++;
 		}
-		assert_int_equal(got_now, ready);   /* dispatch counted what poll returns */
+		/* dispatch counted what was ready then; poll also takes what
+		 * completed since (a slow machine or a sanitizer makes that
+		 * window wide) */
+		assert_true(got_now >= ready);
 		*got += got_now;
 	}
 	fprintf(stderr, "%d completions in %d wake-ups\n", want, wakeups);
