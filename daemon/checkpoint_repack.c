@@ -3,10 +3,12 @@
  * copy, and the copy repacked into the canonical host layout of
  * daemon/model.h; and the tensors of no linear copied into the model's
  * sealed shared memfd. */
+#include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <stdlib.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "checkpoint_private.h"
@@ -262,11 +264,47 @@ int radiance__ck_build_other(struct ck_loader *L, struct radiance_model *m)
 	return 0;
 }
 
-/* The shared tensors: a memfd of the daemon's own (mapping it is safe: no
- * client holds it until it is sealed), each tensor read into place with
- * pread through radiance_st_read (so a client's shrinking file is this
- * load's -EIO), then unmapped and sealed so that nobody, the daemon
- * included, can change or resize it again. */
+/* Writes len bytes at off of fd, through short writes and EINTR. */
+static int pwrite_all(int fd, const uint8_t *p, size_t len, uint64_t off)
+{
+	while (len) {
+		ssize_t n = pwrite(fd, p, len, (off_t)off);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			return n < 0 ? -errno : -EIO;
+		p += n;
+		len -= (size_t)n;
+		off += (uint64_t)n;
+	}
+	return 0;
+}
+
+/* F_SEAL_WRITE fails with EBUSY while any page of the memfd has a
+ * reference beyond the page cache's (a writable mapping, or a transient
+ * one: I/O in flight, migration). memfd_wait_for_pins() in the kernel waits
+ * ~150 ms for those; on a loaded machine that has not always been enough
+ * (seen in CI), so wait a little longer, with backoff, before failing. */
+static int seal_tensors(int fd)
+{
+	const int seals = F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
+	for (int attempt = 0;; attempt++) {
+		if (fcntl(fd, F_ADD_SEALS, seals) == 0)
+			return 0;
+		if (errno != EBUSY || attempt == 6)
+			return -errno;
+		struct timespec ts = { 0, (10L << attempt) * 1000000L };   /* 10 .. 320 ms */
+		while (nanosleep(&ts, &ts) < 0 && errno == EINTR) {
+		}
+	}
+}
+
+/* The shared tensors: a memfd of the daemon's own that no client holds
+ * until it is sealed. Each tensor is copied out of its file with
+ * read_tensor (so a client's shrinking file is this load's -EIO) and
+ * written into place with pwrite; the memfd is never mapped here, so
+ * nothing of the daemon's can keep a page of it busy when it is sealed
+ * and nobody, the daemon included, can change or resize it again. */
 int radiance__ck_build_tensors(struct ck_loader *L, struct radiance_model *m)
 {
 	char mname[200];
@@ -278,22 +316,11 @@ int radiance__ck_build_tensors(struct ck_loader *L, struct radiance_model *m)
 		return -e;
 	}
 	int rc = 0;
-	uint8_t *base = NULL;
-	if (m->tensors_bytes > SIZE_MAX || ftruncate(fd, (off_t)m->tensors_bytes) < 0) {
-		rc = m->tensors_bytes > SIZE_MAX ? -ENOMEM : -errno;
+	if (m->tensors_bytes > (uint64_t)INT64_MAX || ftruncate(fd, (off_t)m->tensors_bytes) < 0) {
+		rc = m->tensors_bytes > (uint64_t)INT64_MAX ? -ENOMEM : -errno;
 		ck_err(L, "shared tensors of \"%s\": %" PRIu64 " bytes: %s", m->name, m->tensors_bytes,
 		       strerror(-rc));
 		goto out;
-	}
-	if (m->tensors_bytes) {
-		base = mmap(NULL, (size_t)m->tensors_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-		if (base == MAP_FAILED) {
-			base = NULL;
-			rc = -errno;
-			ck_err(L, "shared tensors of \"%s\": mmap of %" PRIu64 " bytes: %s", m->name,
-			       m->tensors_bytes, strerror(errno));
-			goto out;
-		}
 	}
 	for (size_t i = 0; i < m->n_other; i++) {
 		const struct radiance_tensor_info *o = &m->other[i];
@@ -304,22 +331,19 @@ int radiance__ck_build_tensors(struct ck_loader *L, struct radiance_model *m)
 			rc = -EINVAL;
 			goto out;
 		}
-		if (o->bytes && (rc = radiance_st_read(r->f, r->t, base + o->offset, L->err, L->errlen)))
+		if (!o->bytes)
+			continue;
+		struct radiance_st_tensor view;
+		if ((rc = read_tensor(L, r, &view)))
 			goto out;
-	}
-	if (base) {
-		int mrc = munmap(base, (size_t)m->tensors_bytes);
-		base = NULL;
-		if (mrc < 0) {
-			rc = -errno;
-			ck_err(L, "shared tensors of \"%s\": munmap: %s", m->name, strerror(errno));
+		if ((rc = pwrite_all(fd, view.data, (size_t)o->bytes, o->offset))) {
+			ck_err(L, "shared tensors of \"%s\": writing \"%s\" (%" PRIu64 " bytes at %" PRIu64
+			       "): %s", m->name, o->name, o->bytes, o->offset, strerror(-rc));
 			goto out;
 		}
 	}
-	/* F_SEAL_WRITE needs no writable shared mapping left: hence the munmap */
-	if (fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
-		rc = -errno;
-		ck_err(L, "shared tensors of \"%s\": sealing the memfd: %s", m->name, strerror(errno));
+	if ((rc = seal_tensors(fd))) {
+		ck_err(L, "shared tensors of \"%s\": sealing the memfd: %s", m->name, strerror(-rc));
 		goto out;
 	}
 	/* What clients get is a read-only open of it: a MAP_SHARED mapping
@@ -337,8 +361,6 @@ int radiance__ck_build_tensors(struct ck_loader *L, struct radiance_model *m)
 	m->tensors_fd = fd;
 	fd = -1;
 out:
-	if (base)
-		munmap(base, (size_t)m->tensors_bytes);
 	if (fd >= 0)
 		close(fd);
 	return rc;
