@@ -35,11 +35,11 @@
  * handed to a loader (a busy session reads no further), its socket, the SQ
  * doorbell eventfd, the CQ doorbell pipe's write end, and while RingReady is
  * queued the memfd and the pipe's read end, and the memfd dups of unsent
- * MapTensors replies (session_tensors.h). Plus what the
+ * MapTensors and MapModel replies (session.h). Plus what the
  * daemon itself holds (libuv, threads, the GPU runtime, a preload's files,
  * lingering refused connections). docs/daemon.md does the arithmetic for
  * LimitNOFILE=. */
-#define FDS_PER_SESSION (RADIANCE_MAX_FDS + 5u + SESSION_TENSORS_MAX_QUEUED)
+#define FDS_PER_SESSION (RADIANCE_MAX_FDS + 5u + SESSION_FD_REPLIES_MAX_QUEUED)
 #define FDS_DAEMON (256u + REFUSED_MAX)
 
 static void server_stop(struct radiance_server *srv, int exit_code, const char *reason);

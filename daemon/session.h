@@ -126,6 +126,18 @@ void session_reply_error(struct radiance_session *s, uint64_t tag, int code, con
 	__attribute__((format(printf, 4, 5)));
 void session_reply_ok(struct radiance_session *s, uint64_t tag);
 
+/* Replies carrying a descriptor (MapTensors' memfd, MapModel's share) that
+ * one session may have queued and not yet sent: a client that pipelines
+ * them without reading gets Error(EBUSY) for the rest instead of making the
+ * daemon hold one descriptor per request. Counted in server.c's
+ * FDS_PER_SESSION. */
+#define SESSION_FD_REPLIES_MAX_QUEUED 8u
+
+/* 0 when one more reply carrying a descriptor may be queued on s; else
+ * replies Error(EBUSY) to tag naming `what` and the limit, and returns
+ * -EBUSY. */
+int session_fd_reply_room(struct radiance_session *s, uint64_t tag, const char *what);
+
 /* Ends the session (idempotent). reason is logged once; `violation` logs it
  * as a warning and first tries to send it as an Error(EPROTO). */
 void session_close(struct radiance_session *s, int violation, const char *fmt, ...)

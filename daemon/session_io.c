@@ -214,6 +214,16 @@ void session_reply_ok(struct radiance_session *s, uint64_t tag)
 	session_reply(s, &m, NULL, 0);
 }
 
+int session_fd_reply_room(struct radiance_session *s, uint64_t tag, const char *what)
+{
+	if (s->conn.out_nbatches < SESSION_FD_REPLIES_MAX_QUEUED)
+		return 0;
+	session_reply_error(s, tag, EBUSY, "%zu replies carrying a descriptor are still unsent to "
+			    "this session (at most %u): read them before %s again",
+			    s->conn.out_nbatches, SESSION_FD_REPLIES_MAX_QUEUED, what);
+	return -EBUSY;
+}
+
 /* ---- life cycle ---- */
 
 static void on_poll_closed(uv_handle_t *h)

@@ -181,6 +181,8 @@ void session_handle_map(struct radiance_session *s, uint64_t tag, const Rdw__Map
 				    bi->share_why[0] ? bi->share_why : bi->share);
 		return;
 	}
+	if (session_fd_reply_room(s, tag, "mapping") < 0)
+		return;
 	if (maps_reserve(&s->maps) < 0 || mapping_send(s, tag, res, sh) < 0) {
 		session_reply_error(s, tag, ENOMEM, "out of memory describing the mapping of model %u",
 				    res->em.id);

@@ -84,12 +84,8 @@ void session_handle_map_tensors(struct radiance_session *s, uint64_t tag,
 				    res->name);
 		return;
 	}
-	if (s->conn.out_nbatches >= SESSION_TENSORS_MAX_QUEUED) {
-		session_reply_error(s, tag, EBUSY, "%zu replies carrying a descriptor are still unsent "
-				    "to this session (at most %u): read them before mapping again",
-				    s->conn.out_nbatches, SESSION_TENSORS_MAX_QUEUED);
+	if (session_fd_reply_room(s, tag, "mapping") < 0)
 		return;
-	}
 	if (tensors_send(s, tag, res, 1) < 0) {
 		session_reply_error(s, tag, ENOMEM, "out of memory describing the tensors of model %u",
 				    res->em.id);

@@ -22,12 +22,6 @@
 
 struct radiance_session;
 
-/* Replies carrying a dup of a memfd that one session may have queued and
- * not yet sent: a client that pipelines MapTensors without reading the
- * replies gets Error(EBUSY) for the rest instead of making the daemon hold
- * one descriptor per request. Counted in server.c's FDS_PER_SESSION. */
-#define SESSION_TENSORS_MAX_QUEUED 8u
-
 /* The handlers: they reply (TensorList, with the memfd for MapTensors, or
  * Error ENOENT / EBUSY / ENOMEM) and never end the session. */
 void session_handle_list_tensors(struct radiance_session *s, uint64_t tag,

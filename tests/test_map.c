@@ -365,6 +365,68 @@ static int map_as_nobody(int want, const char *says)
 	return WEXITSTATUS(st);
 }
 
+/* A client that pipelines MapModel and reads nothing: as with MapTensors
+ * (test_tensors.c), at most SESSION_FD_REPLIES_MAX_QUEUED (8) replies with
+ * their share fd dup wait unsent in the daemon and the rest are EBUSY, so
+ * the daemon's descriptors stay bounded; each answered map counts (one
+ * unmap each), the refused ones do not. */
+static void pipelined_maps_bounded(void **state)
+{
+	struct raw w;
+	assert_int_equal(raw_open_at(&w, daemon_.socket), 0);
+	raw_hello(&w);
+	uint32_t id = raw_load_dir(&w, ckpt);
+	int before = h_count_fds(daemon_.pid);
+	enum { N = 1000 };
+	Rdw__MapModel mm = RDW__MAP_MODEL__INIT;
+	mm.model_id = id;
+	mm.layout_version = RADIANCE_MAP_LAYOUT_VERSION;
+	Rdw__ClientMessage m = RDW__CLIENT_MESSAGE__INIT;
+	m.msg_case = RDW__CLIENT_MESSAGE__MSG_MAP_MODEL;
+	m.map_model = &mm;
+	for (int i = 0; i < N; i++)
+		raw_send(&w, &m, NULL, 0);
+	int maps = 0, busy = 0, most_fds = 0;
+	for (int i = 0; i < N; i++) {
+		int n = h_count_fds(daemon_.pid) - before;
+		most_fds = n > most_fds ? n : most_fds;
+		Rdw__ServerMessage *reply;
+		assert_int_equal(raw_recv(&w, &reply, 20000), 1);
+		if (reply->msg_case == RDW__SERVER_MESSAGE__MSG_MODEL_MAPPING)
+			maps++;
+		else if (reply->msg_case == RDW__SERVER_MESSAGE__MSG_ERROR &&
+			 reply->error->code == EBUSY && strstr(reply->error->message, "still unsent"))
+			busy++;
+		else
+			fail_msg("reply %d: message case %d", i, reply->msg_case);
+		rdw__server_message__free_unpacked(reply, NULL);
+		rconn_close_fds(&w.conn);
+	}
+	printf("# %d pipelined MapModel: %d mapped, %d EBUSY; the daemon held at most %d "
+	       "descriptors more meanwhile\n", N, maps, busy, most_fds);
+	assert_int_equal(maps + busy, N);
+	assert_true(maps >= 8 && busy > 0);
+	assert_true(most_fds <= 8);
+	/* every answered map needs its unmap; one more is ENOENT */
+	Rdw__UnmapModel um = RDW__UNMAP_MODEL__INIT;
+	um.model_id = id;
+	m.msg_case = RDW__CLIENT_MESSAGE__MSG_UNMAP_MODEL;
+	m.unmap_model = &um;
+	for (int i = 0; i <= maps; i++) {
+		raw_send(&w, &m, NULL, 0);
+		Rdw__ServerMessage *reply;
+		assert_int_equal(raw_recv(&w, &reply, 20000), 1);
+		if (i < maps)
+			assert_int_equal(reply->msg_case, RDW__SERVER_MESSAGE__MSG_OK);
+		else
+			assert_true(reply->msg_case == RDW__SERVER_MESSAGE__MSG_ERROR &&
+				    reply->error->code == ENOENT);
+		rdw__server_message__free_unpacked(reply, NULL);
+	}
+	raw_expect_alive(&w);
+	raw_close(&w);
+}
+
 static void allow_owner(void **state)
 {
 	uint32_t id;
@@ -461,6 +523,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(raw_layout_version, start_cpu, stop),
 		cmocka_unit_test_setup_teardown(fake_share_bytes, start_fake_share, stop),
 		cmocka_unit_test_setup_teardown(fake_share_lifetime, start_fake_share, stop),
+		cmocka_unit_test_setup_teardown(pipelined_maps_bounded, start_fake_share, stop),
 		cmocka_unit_test_setup_teardown(allow_owner, start_fake_share, stop),
 		cmocka_unit_test_setup_teardown(allow_all, start_allow_all, stop),
 		cmocka_unit_test_setup_teardown(allow_none, start_allow_none, stop),

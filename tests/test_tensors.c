@@ -563,7 +563,7 @@ static void raw_refusals(void **state)
 }
 
 /* A client that pipelines MapTensors and reads nothing: the daemon keeps at
- * most SESSION_TENSORS_MAX_QUEUED (8) replies with their memfd dup unsent
+ * most SESSION_FD_REPLIES_MAX_QUEUED (8) replies with their memfd dup unsent
  * and answers EBUSY beyond, instead of holding one descriptor per request.
  * 1000 replies of ~2 KiB are far more than a Unix socket buffers, so some
  * must wait in the daemon's queue. */
