@@ -667,17 +667,28 @@ out:
 	return rc;
 }
 
-int radiance_st_read(const struct radiance_st_file *f, const struct radiance_st_tensor *t,
-		     void *dst, char *err, size_t errlen)
+int radiance_st_read_part(const struct radiance_st_file *f, const struct radiance_st_tensor *t,
+			  uint64_t off, uint64_t len, void *dst, char *err, size_t errlen)
 {
 	char what[600];
-	uint64_t len = t->end - t->begin;
+	uint64_t size = t->end - t->begin;
 
+	if (off > size || len > size - off) {
+		rlog_errf(err, errlen, "%s: tensor \"%.500s\": bytes %" PRIu64 "+%" PRIu64
+			  " are outside its %" PRIu64, f->name, t->name, off, len, size);
+		return -EINVAL;
+	}
 	if (f->data) {
-		memcpy(dst, f->data + t->begin, (size_t)len);
+		memcpy(dst, f->data + t->begin + off, (size_t)len);
 		return 0;
 	}
 	snprintf(what, sizeof what, "tensor \"%.500s\": ", t->name);
-	return read_exact(f->fd, f->name, what, dst, len, f->data_offset + t->begin, f->size, err,
-			  errlen);
+	return read_exact(f->fd, f->name, what, dst, len, f->data_offset + t->begin + off, f->size,
+			  err, errlen);
+}
+
+int radiance_st_read(const struct radiance_st_file *f, const struct radiance_st_tensor *t,
+		     void *dst, char *err, size_t errlen)
+{
+	return radiance_st_read_part(f, t, 0, t->end - t->begin, dst, err, errlen);
 }

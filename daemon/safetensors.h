@@ -161,6 +161,12 @@ int radiance_st_load_path(const char *path, struct radiance_st_file **out, char 
 int radiance_st_read(const struct radiance_st_file *f, const struct radiance_st_tensor *t,
 		     void *dst, char *err, size_t errlen);
 
+/* As radiance_st_read, for bytes [off, off + len) of t's data only (a
+ * caller streaming a large tensor through a small buffer). -EINVAL when the
+ * range is not inside t; otherwise returns as radiance_st_read. */
+int radiance_st_read_part(const struct radiance_st_file *f, const struct radiance_st_tensor *t,
+			  uint64_t off, uint64_t len, void *dst, char *err, size_t errlen);
+
 /* Closes the dup'ed fd, frees; NULL is a no-op. Pointers into the file die
  * with it. */
 void radiance_st_close(struct radiance_st_file *f);

@@ -387,6 +387,48 @@ static void test_read_after_shrink(void **state)
 	radiance_st_close(f);
 }
 
+/* Part of a tensor, as the shared-tensors copy streams large ones: the
+ * bytes at that offset, from an fd and from an image in memory alike; a
+ * range outside the tensor is -EINVAL naming it; a part past a shrunken
+ * end is -EIO as a whole read is. */
+static void test_read_part(void **state)
+{
+	struct fixture *fx = *state;
+	struct stw w;
+	struct radiance_st_file *f, *img;
+	stw_init(&w);
+	stw_add(&w, "a", "U8", 1, (uint64_t[]){ 4 }, "wxyz", 4);
+	stw_add(&w, "x", "U8", 1, (uint64_t[]){ 10 }, "0123456789", 10);
+	assert_int_equal(stw_write(&w, fx->path), 0);
+	stw_finish(&w);
+	assert_int_equal(radiance_st_open_path(fx->path, &f, fx->err, sizeof fx->err), 0);
+	assert_int_equal(radiance_st_load_path(fx->path, &img, fx->err, sizeof fx->err), 0);
+	for (int k = 0; k < 2; k++) {
+		const struct radiance_st_file *g = k ? img : f;
+		const struct radiance_st_tensor *x = radiance_st_find(g, "x");
+		char part[10];
+		assert_int_equal(radiance_st_read_part(g, x, 3, 4, part, fx->err, sizeof fx->err), 0);
+		assert_memory_equal(part, "3456", 4);
+		assert_int_equal(radiance_st_read_part(g, x, 0, 10, part, fx->err, sizeof fx->err), 0);
+		assert_memory_equal(part, "0123456789", 10);
+		assert_int_equal(radiance_st_read_part(g, x, 10, 0, part, fx->err, sizeof fx->err), 0);
+		assert_int_equal(radiance_st_read_part(g, x, 7, 4, part, fx->err, sizeof fx->err), -EINVAL);
+		assert_non_null(strstr(fx->err, "tensor \"x\": bytes 7+4 are outside its 10"));
+		assert_int_equal(radiance_st_read_part(g, x, 11, 0, part, fx->err, sizeof fx->err), -EINVAL);
+		assert_int_equal(radiance_st_read_part(g, x, 2, UINT64_MAX, part, fx->err, sizeof fx->err),
+				 -EINVAL);
+	}
+	assert_int_equal(truncate(fx->path, (off_t)(f->data_offset + 6)), 0);
+	char part[4];
+	const struct radiance_st_tensor *x = radiance_st_find(f, "x");
+	assert_int_equal(radiance_st_read_part(f, x, 0, 2, part, fx->err, sizeof fx->err), 0);
+	assert_memory_equal(part, "01", 2);
+	assert_int_equal(radiance_st_read_part(f, x, 2, 4, part, fx->err, sizeof fx->err), -EIO);
+	assert_non_null(strstr(fx->err, "file shrank to"));
+	radiance_st_close(img);
+	radiance_st_close(f);
+}
+
 /* A clone without Git LFS leaves a pointer text in place of the file: named
  * as such with its oid and size, instead of "header length ... too large"
  * (the first 8 bytes "version " read as a length). */
@@ -444,6 +486,7 @@ int main(void)
 		T(test_not_regular_file),
 		T(test_fd_position_kept),
 		T(test_read_after_shrink),
+		T(test_read_part),
 		T(test_lfs_pointer),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
