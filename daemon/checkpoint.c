@@ -15,6 +15,9 @@
 #include "checkpoint.h"
 
 #include <stdlib.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 
 #include "checkpoint_private.h"
 
@@ -48,6 +51,13 @@ static void loader_finish(struct ck_loader *L)
 	if (L->have_qc)
 		radiance_quant_config_finish(&L->qc);
 	json_decref(L->config);
+#ifdef __GLIBC__
+	/* A load's buffers (the scratch grows to its largest tensor) come from
+	 * the loader thread's malloc arena, which keeps freed memory for the
+	 * next allocation; loads are rare and the daemon lives long, so hand
+	 * it back now rather than keep tens of MB per loader thread. */
+	malloc_trim(0);
+#endif
 }
 
 int radiance_checkpoint_load(const struct radiance_file *files, size_t nfiles, const char *name,
