@@ -1,6 +1,6 @@
 /*
  * A raw control-plane client for the tests that attack the real radianced
- * with hand-made traffic (test_faults, test_hardening): frames and fds go out
+ * with hand-made traffic (test_faults, test_hardening, test_map, test_tensors, ...): frames and fds go out
  * exactly as given through common/transport and the generated protobuf-c
  * structs, with none of libradiance's checks in the way.
  *
@@ -179,6 +179,42 @@ static inline void raw_expect_reply(struct raw *w, Rdw__ServerMessage__MsgCase m
 	rdw__server_message__free_unpacked(reply, NULL);
 	if (got != (int)msg_case)
 		fail_msg("expected message case %d, got %d %s", (int)msg_case, got, text);
+	assert_int_equal(tag, w->tag - 1);
+}
+
+/* What a client reads in the daemon's Welcome: the numbers, copied out so
+ * the message is freed before any check (as raw_expect_reply). */
+struct raw_welcome {
+	uint32_t protocol_version, max_rows, map_layout_version, tensors_version,
+		max_request_layers;
+	uint64_t session_id;
+};
+
+/* Hello at this build's protocol version; the reply must be a Welcome to it
+ * within 10 s, whose numbers go to *out. */
+static inline void raw_hello_welcome(struct raw *w, struct raw_welcome *out)
+{
+	*out = (struct raw_welcome){ 0 };
+	raw_send_hello(w, RADIANCE_PROTOCOL_VERSION, "raw", NULL, 0);
+	Rdw__ServerMessage *reply;
+	assert_int_equal(raw_recv(w, &reply, 10000), 1);
+	int got = reply->msg_case;
+	uint64_t tag = reply->tag;
+	if (got == RDW__SERVER_MESSAGE__MSG_WELCOME) {
+		const Rdw__Welcome *wl = reply->welcome;
+		*out = (struct raw_welcome){
+			.protocol_version = wl->protocol_version,
+			.max_rows = wl->max_rows,
+			.map_layout_version = wl->map_layout_version,
+			.tensors_version = wl->tensors_version,
+			.max_request_layers = wl->max_request_layers,
+			.session_id = wl->session_id,
+		};
+	}
+	rdw__server_message__free_unpacked(reply, NULL);
+	if (got != RDW__SERVER_MESSAGE__MSG_WELCOME)
+		fail_msg("expected a Welcome (message case %d), got case %d",
+			 (int)RDW__SERVER_MESSAGE__MSG_WELCOME, got);
 	assert_int_equal(tag, w->tag - 1);
 }
 

@@ -142,14 +142,11 @@ static void raw_refusals(void **state)
 {
 	struct raw w;
 	assert_int_equal(raw_open_at(&w, daemon_.socket), 0);
-	raw_send_hello(&w, RADIANCE_PROTOCOL_VERSION, "raw", NULL, 0);
-	Rdw__ServerMessage *reply;
-	assert_int_equal(raw_recv(&w, &reply, 10000), 1);
-	assert_int_equal(reply->msg_case, RDW__SERVER_MESSAGE__MSG_WELCOME);
+	struct raw_welcome wl;
+	raw_hello_welcome(&w, &wl);
 	/* an old client reads protocol 1 and ignores field 7 */
-	assert_int_equal(reply->welcome->protocol_version, 1);
-	assert_int_equal(reply->welcome->map_layout_version, RADIANCE_MAP_LAYOUT_VERSION);
-	rdw__server_message__free_unpacked(reply, NULL);
+	assert_int_equal(wl.protocol_version, 1);
+	assert_int_equal(wl.map_layout_version, RADIANCE_MAP_LAYOUT_VERSION);
 
 	/* whether held is asked before the version */
 	raw_map_refused(&w, 7, RADIANCE_MAP_LAYOUT_VERSION, ENOENT, "not loaded by this session");
@@ -160,6 +157,7 @@ static void raw_refusals(void **state)
 	m.msg_case = RDW__CLIENT_MESSAGE__MSG_UNMAP_MODEL;
 	m.unmap_model = &um;
 	raw_send(&w, &m, NULL, 0);
+	Rdw__ServerMessage *reply;
 	assert_int_equal(raw_recv(&w, &reply, 10000), 1);
 	assert_int_equal(reply->msg_case, RDW__SERVER_MESSAGE__MSG_ERROR);
 	assert_int_equal(reply->error->code, ENOENT);
