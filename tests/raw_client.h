@@ -311,10 +311,11 @@ static inline uint32_t raw_load_dir(struct raw *w, const char *dir)
 /* --- an older daemon ----------------------------------------------------- */
 
 /* A radianced from before the optional features (mapped weights, shared
- * tensors), forked: listens on path, answers one Hello with a Welcome that
- * has neither map_layout_version nor tensors_version, then reads until EOF.
- * Exits 0 when nothing but the Hello came, 3 when another message did (a
- * real old daemon would have ended the session over it). */
+ * tensors, several layers in one request), forked: listens on path, answers
+ * one Hello with a Welcome (server_version "0.1.0-old") that has none of
+ * map_layout_version, tensors_version and max_request_layers, then reads
+ * until EOF. Exits 0 when nothing but the Hello came, 3 when another
+ * message did (a real old daemon would have ended the session over it). */
 static inline pid_t raw_old_daemon(const char *path)
 {
 	int ls = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -367,6 +368,36 @@ static inline pid_t raw_old_daemon(const char *path)
 			break;
 	}
 	_exit(other ? 3 : 0);
+}
+
+/* raw_old_daemon on a socket in a fresh mkdtemp directory. */
+struct raw_old {
+	char dir[32];
+	char path[64];
+	pid_t pid;
+};
+
+static inline void raw_old_start(struct raw_old *o)
+{
+	snprintf(o->dir, sizeof o->dir, "/tmp/radiance-old-XXXXXX");
+	assert_non_null(mkdtemp(o->dir));
+	snprintf(o->path, sizeof o->path, "%s/old.sock", o->dir);
+	o->pid = raw_old_daemon(o->path);
+}
+
+/* After the client has disconnected: the fake daemon must have exited 0
+ * (nothing but the Hello reached it); removes its socket and directory. */
+static inline void raw_old_reap(struct raw_old *o)
+{
+	int st;
+	assert_int_equal(waitpid(o->pid, &st, 0), o->pid);
+	assert_true(WIFEXITED(st));
+	if (WEXITSTATUS(st) != 0)
+		fail_msg("the old daemon exited %d: %s", WEXITSTATUS(st),
+			 WEXITSTATUS(st) == 3 ? "a message after the Hello reached it"
+					      : "its handshake failed");
+	unlink(o->path);
+	rmdir(o->dir);
 }
 
 #endif

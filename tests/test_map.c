@@ -431,11 +431,9 @@ static void allow_bad_value(void **state)
 
 static void old_daemon_never_asked(void **state)
 {
-	char dir[] = "/tmp/radiance-old-XXXXXX", path[64];
-	assert_non_null(mkdtemp(dir));
-	snprintf(path, sizeof path, "%s/old.sock", dir);
-	pid_t pid = raw_old_daemon(path);
-	struct radiance *r = radiance_connect(path, NULL);
+	struct raw_old old;
+	raw_old_start(&old);
+	struct radiance *r = radiance_connect(old.path, NULL);
 	assert_non_null(r);
 	assert_int_equal(radiance_get_server_info(r)->map_layout_version, 0);
 	struct radiance_mapping *m = NULL;
@@ -443,12 +441,7 @@ static void old_daemon_never_asked(void **state)
 	assert_non_null(strstr(radiance_error_message(r), "predates MapModel"));
 	assert_int_equal(radiance_get_error(r), 0);
 	radiance_disconnect(r);
-	int st;
-	assert_int_equal(waitpid(pid, &st, 0), pid);
-	assert_true(WIFEXITED(st));
-	assert_int_equal(WEXITSTATUS(st), 0);   /* no MapModel reached it */
-	unlink(path);
-	rmdir(dir);
+	raw_old_reap(&old);   /* no MapModel reached it */
 }
 
 int main(void)

@@ -605,11 +605,9 @@ static void pipelined_maps_bounded(void **state)
 
 static void old_daemon_never_asked(void **state)
 {
-	char dir[] = "/tmp/radiance-old-XXXXXX", path[64];
-	assert_non_null(mkdtemp(dir));
-	snprintf(path, sizeof path, "%s/old.sock", dir);
-	pid_t pid = raw_old_daemon(path);
-	struct radiance *r = radiance_connect(path, NULL);
+	struct raw_old old;
+	raw_old_start(&old);
+	struct radiance *r = radiance_connect(old.path, NULL);
 	assert_non_null(r);
 	assert_int_equal(radiance_get_server_info(r)->tensors_version, 0);
 	struct radiance_tensors *t = (void *)1;
@@ -619,12 +617,7 @@ static void old_daemon_never_asked(void **state)
 	assert_int_equal(radiance_map_tensors(r, 1, &t), -ENOTSUP);
 	assert_int_equal(radiance_get_error(r), 0);
 	radiance_disconnect(r);
-	int st;
-	assert_int_equal(waitpid(pid, &st, 0), pid);
-	assert_true(WIFEXITED(st));
-	assert_int_equal(WEXITSTATUS(st), 0);   /* nothing but the Hello reached it */
-	unlink(path);
-	rmdir(dir);
+	raw_old_reap(&old);   /* nothing but the Hello reached it */
 }
 
 int main(void)
