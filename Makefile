@@ -218,6 +218,7 @@ $(RADIANCECTL): $(BUILD)/obj/client/radiancectl.o $(LIB_CLIENT_A)
 PC_SED = sed -e 's|@PREFIX@|$(PREFIX)|; s|@LIBDIR@|$(LIBDIR)|; s|@INCLUDEDIR@|$(INCLUDEDIR)|; s|@VERSION@|$(VERSION)|'
 UNIT_SED = sed -e 's|@SBINDIR@|$(SBINDIR)|g; s|@BINDIR@|$(BINDIR)|g; s|@SYSCONFDIR@|$(SYSCONFDIR)|g'
 $(BUILD)/radiance.pc: client/radiance.pc.in
+	@mkdir -p $(dir $@)
 	$(PC_SED) $< > $@
 
 # The .a holds client/gpu/ and the kernels (its users link libradiance and the
@@ -234,6 +235,7 @@ $(LIB_GPU_SO): $(GPU_CLIENT_OBJ) $(GPU_OBJS) $(LIB_CLIENT_SO) client/gpu/libradi
 	ln -sf libradiance-gpu.so.0 $(BUILD)/libradiance-gpu.so
 
 $(BUILD)/radiance-gpu.pc: client/gpu/radiance-gpu.pc.in
+	@mkdir -p $(dir $@)
 	$(PC_SED) -e 's|@GPU@|$(GPU)|' $< > $@
 
 # Tests link everything (core, client, common) plus cmocka.

@@ -57,20 +57,6 @@
 #define MAX_M 16u
 
 
-#define DIE(...)                                      \
-	do {                                          \
-		fprintf(stderr, "bench_mapped: " __VA_ARGS__); \
-		fputc('\n', stderr);                  \
-		exit(1);                              \
-	} while (0)
-#define CHECK(call)                                                                           \
-	do {                                                                                  \
-		int rc_ = (call);                                                             \
-		if (rc_)                                                                      \
-			DIE("%s failed (%d): %s / %s", #call, rc_, radiance__gpu_last_error(), \
-			    radiance_gpu_error_message());                                    \
-	} while (0)
-
 /* ---- gen ---- */
 
 static uint64_t rnd64(void)
@@ -160,16 +146,16 @@ static void call(struct bench *B, enum mode md, uint32_t b, int s, uint32_t m)
 {
 	const uint32_t i = b * NSHAPES + (uint32_t)s;
 	if (md == INPROC) {
-		CHECK(radiance__gpu_layer_run(&B->dev, &B->scratch, &B->own[i], B->dx, RADIANCE_DTYPE_BF16, m, B->dy,
+		GCHECK(radiance__gpu_layer_run(&B->dev, &B->scratch, &B->own[i], B->dx, RADIANCE_DTYPE_BF16, m, B->dy,
 					      B->stream, RADIANCE_W4A8_AUTO, NULL));
 	} else if (md == MAPPED) {
-		CHECK(radiance_gpu_linear(B->g, B->li[i], B->dx, B->dy, m, RADIANCE_BF16, B->stream));
+		GCHECK(radiance_gpu_linear(B->g, B->li[i], B->dx, B->dy, m, RADIANCE_BF16, B->stream));
 	} else {
 		/* what an engine with device activations pays through the rings */
 		const uint32_t n = shapes[s].n, k = shapes[s].k;
 		const double t0 = now_us();
-		CHECK(radiance__gpu_d2h_async(B->ax, B->dx, (size_t)m * k * 2, B->stream));
-		CHECK(radiance__gpu_stream_sync(B->stream));
+		GCHECK(radiance__gpu_d2h_async(B->ax, B->dx, (size_t)m * k * 2, B->stream));
+		GCHECK(radiance__gpu_stream_sync(B->stream));
 		const double t1 = now_us();
 		uint64_t req;
 		struct radiance_completion c;
@@ -177,8 +163,8 @@ static void call(struct bench *B, enum mode md, uint32_t b, int s, uint32_t m)
 		    radiance_wait(B->r, &c, 10000) != 1 || c.status)
 			DIE("rings: %s", radiance_error_message(B->r));
 		const double t2 = now_us();
-		CHECK(radiance__gpu_h2d_async(B->dy, B->ay, (size_t)m * n * 2, B->stream));
-		CHECK(radiance__gpu_stream_sync(B->stream));
+		GCHECK(radiance__gpu_h2d_async(B->dy, B->ay, (size_t)m * n * 2, B->stream));
+		GCHECK(radiance__gpu_stream_sync(B->stream));
 		if (part_i < WARM + CALLS) {
 			part_out[part_i] = t1 - t0;
 			part_rt[part_i] = t2 - t1;
@@ -195,7 +181,7 @@ static struct timing per_call(struct bench *B, enum mode md, int s, uint32_t m)
 	for (uint32_t c = 0; c < WARM + CALLS; c++) {
 		const double t0 = now_us();
 		call(B, md, c % B->blocks, s, m);
-		CHECK(radiance__gpu_stream_sync(B->stream));
+		GCHECK(radiance__gpu_stream_sync(B->stream));
 		if (c >= WARM)
 			t[c - WARM] = now_us() - t0;
 	}
@@ -209,12 +195,12 @@ static double kernel_us(struct bench *B, enum mode md, int s, uint32_t m)
 	for (uint32_t c = 0; c < 5; c++)
 		call(B, md, c % B->blocks, s, m);
 	for (int rep = 0; rep < 7; rep++) {
-		CHECK(radiance__gpu_event_record(B->ev0, B->stream));
+		GCHECK(radiance__gpu_event_record(B->ev0, B->stream));
 		for (uint32_t c = 0; c < 20; c++)
 			call(B, md, (rep * 20 + c) % B->blocks, s, m);
-		CHECK(radiance__gpu_event_record(B->ev1, B->stream));
+		GCHECK(radiance__gpu_event_record(B->ev1, B->stream));
 		float ms;
-		CHECK(radiance__gpu_event_elapsed(B->ev0, B->ev1, &ms));
+		GCHECK(radiance__gpu_event_elapsed(B->ev0, B->ev1, &ms));
 		t[rep] = ms * 1000.0 / 20;
 	}
 	return summarize(t, 7).p50;
@@ -239,10 +225,10 @@ static struct timing step_time(struct bench *B, enum mode md, void *graph)
 	for (int rep = 0; rep < 3 + 15; rep++) {
 		const double t0 = now_us();
 		if (graph)
-			CHECK(radiance__gpu_graph_launch(graph, B->stream));
+			GCHECK(radiance__gpu_graph_launch(graph, B->stream));
 		else
 			step(B, md);
-		CHECK(radiance__gpu_stream_sync(B->stream));
+		GCHECK(radiance__gpu_stream_sync(B->stream));
 		if (rep >= 3)
 			t[rep - 3] = now_us() - t0;
 	}
@@ -252,9 +238,9 @@ static struct timing step_time(struct bench *B, enum mode md, void *graph)
 static void *capture_step(struct bench *B, enum mode md)
 {
 	void *exec = NULL;
-	CHECK(radiance__gpu_graph_begin(B->stream));
+	GCHECK(radiance__gpu_graph_begin(B->stream));
 	step(B, md);
-	CHECK(radiance__gpu_graph_end(B->stream, &exec));
+	GCHECK(radiance__gpu_graph_end(B->stream, &exec));
 	return exec;
 }
 
@@ -269,15 +255,15 @@ static int run(const char *socket, const char *dir, const char *out)
 	struct radiance_gpu_options go = RADIANCE_GPU_OPTIONS_INIT;
 	go.max_rows = MAX_M;
 	double t0 = now_us();
-	CHECK(radiance_gpu_map(B.r, B.id, &go, &B.g));
+	GCHECK(radiance_gpu_map(B.r, B.id, &go, &B.g));
 	const double map_ms = (now_us() - t0) / 1e3;
 	struct radiance_gpu_info info;
 	radiance_gpu_get_info(B.g, &info);
-	CHECK(radiance__gpu_set_device(info.device));
-	CHECK(radiance__gpu_init(info.device, &B.dev));
-	CHECK(radiance__gpu_stream_create(&B.stream));
-	CHECK(radiance__gpu_event_create(&B.ev0));
-	CHECK(radiance__gpu_event_create(&B.ev1));
+	GCHECK(radiance__gpu_set_device(info.device));
+	GCHECK(radiance__gpu_init(info.device, &B.dev));
+	GCHECK(radiance__gpu_stream_create(&B.stream));
+	GCHECK(radiance__gpu_event_create(&B.ev0));
+	GCHECK(radiance__gpu_event_create(&B.ev1));
 	fprintf(stderr, "bench_mapped: mapped %.2f GB (%s, read-only %d) in %.1f ms, scratch %.1f MiB; %u blocks\n",
 		info.mapped_bytes / 1e9, info.handle, info.read_only, map_ms, info.scratch_bytes / 1048576.0,
 		B.blocks);
@@ -293,36 +279,36 @@ static int run(const char *socket, const char *dir, const char *out)
 			const struct radiance__gpu_layer *ml = radiance__gpu_model_layer(B.g, B.li[i]);
 			const size_t wb = radiance__w4a8_weight_bytes(ml->n, ml->k), sb = radiance__w4a8_scale_bytes(ml->n, ml->k);
 			void *w, *sc;
-			CHECK(radiance__gpu_malloc(&w, wb));
-			CHECK(radiance__gpu_malloc(&sc, sb));
-			CHECK(radiance__gpu_d2d_async(w, ml->w, wb, B.stream));
-			CHECK(radiance__gpu_d2d_async(sc, ml->sc, sb, B.stream));
+			GCHECK(radiance__gpu_malloc(&w, wb));
+			GCHECK(radiance__gpu_malloc(&sc, sb));
+			GCHECK(radiance__gpu_d2d_async(w, ml->w, wb, B.stream));
+			GCHECK(radiance__gpu_d2d_async(sc, ml->sc, sb, B.stream));
 			B.own[i] = (struct radiance__gpu_layer){.n = ml->n, .k = ml->k, .w = w, .sc = sc};
 		}
-	CHECK(radiance__gpu_scratch_create(&B.scratch, MAX_M, 64, 34816, 17408, 0, B.stream));
-	CHECK(radiance__gpu_malloc((void **)&B.dx, (size_t)MAX_M * 17408 * 2));
-	CHECK(radiance__gpu_malloc((void **)&B.dy, (size_t)MAX_M * 34816 * 2));
+	GCHECK(radiance__gpu_scratch_create(&B.scratch, MAX_M, 64, 34816, 17408, 0, B.stream));
+	GCHECK(radiance__gpu_malloc((void **)&B.dx, (size_t)MAX_M * 17408 * 2));
+	GCHECK(radiance__gpu_malloc((void **)&B.dy, (size_t)MAX_M * 34816 * 2));
 	/* activations: random bf16 around 1 */
 	uint16_t *hx = malloc((size_t)MAX_M * 17408 * 2);
 	for (size_t i = 0; i < (size_t)MAX_M * 17408; i++)
 		hx[i] = radiance_bf16_from_f32(((float)(rnd64() & 0xFFFF) / 32768.0f - 1.0f));
-	CHECK(radiance__gpu_h2d_async(B.dx, hx, (size_t)MAX_M * 17408 * 2, B.stream));
-	CHECK(radiance__gpu_stream_sync(B.stream));
+	GCHECK(radiance__gpu_h2d_async(B.dx, hx, (size_t)MAX_M * 17408 * 2, B.stream));
+	GCHECK(radiance__gpu_stream_sync(B.stream));
 	B.ax = radiance_arena_alloc(B.r, (size_t)MAX_M * 17408 * 2);
 	B.ay = radiance_arena_alloc(B.r, (size_t)MAX_M * 34816 * 2);
 	struct radiance_ring_info ri;
 	void *adev;
 	if (!B.ax || !B.ay || radiance_get_ring_info(B.r, &ri) < 0)
 		DIE("arena: %s", radiance_error_message(B.r));
-	CHECK(radiance__gpu_host_register(ri.arena, ri.arena_bytes, &adev));
+	GCHECK(radiance__gpu_host_register(ri.arena, ri.arena_bytes, &adev));
 
 	/* the same bits three ways */
 	uint16_t *y3[3];
 	for (int md = 0; md < 3; md++) {
 		y3[md] = malloc((size_t)4 * 34816 * 2);
 		call(&B, (enum mode)md, 1, 3, 4);
-		CHECK(radiance__gpu_d2h_async(y3[md], B.dy, (size_t)4 * 34816 * 2, B.stream));
-		CHECK(radiance__gpu_stream_sync(B.stream));
+		GCHECK(radiance__gpu_d2h_async(y3[md], B.dy, (size_t)4 * 34816 * 2, B.stream));
+		GCHECK(radiance__gpu_stream_sync(B.stream));
 	}
 	const int same = !memcmp(y3[0], y3[1], (size_t)4 * 34816 * 2) && !memcmp(y3[0], y3[2], (size_t)4 * 34816 * 2);
 	fprintf(stderr, "bench_mapped: gate_up m=4: in-process, mapped and rings results %s\n",
@@ -386,7 +372,7 @@ static int run(const char *socket, const char *dir, const char *out)
 	radiance__gpu_graph_destroy(gi);
 	radiance__gpu_graph_destroy(gm);
 	radiance__gpu_host_unregister(ri.arena);
-	CHECK(radiance_gpu_unmap(B.r, B.g));
+	GCHECK(radiance_gpu_unmap(B.r, B.g));
 	radiance_disconnect(B.r);
 	return same ? 0 : 1;
 }
@@ -403,28 +389,28 @@ static int hold(const char *socket, const char *dir, const char *how, int second
 	struct radiance__gpu_scratch scratch = {0};
 	uint64_t own = 0;
 	if (strcmp(how, "mapped") == 0) {
-		CHECK(radiance_gpu_map(r, id, &go, &g));
+		GCHECK(radiance_gpu_map(r, id, &go, &g));
 	} else {
 		/* a private copy: every layer's arrays allocated and written here,
 		 * the same sizes, plus the same scratch a mapping allocates */
 		const struct radiance_model_info *mi = radiance_held_model(r, id);
 		struct radiance__gpu_device dev;
-		CHECK(radiance__gpu_init(0, &dev));
+		GCHECK(radiance__gpu_init(0, &dev));
 		for (size_t i = 0; i < mi->n_layers; i++) {
 			const struct radiance_layer_info *l = &mi->layers[i];
 			void *w, *sc;
 			const size_t wb = radiance__w4a8_weight_bytes(l->n, l->k), sb = radiance__w4a8_scale_bytes(l->n, l->k);
-			CHECK(radiance__gpu_malloc(&w, wb));
-			CHECK(radiance__gpu_malloc(&sc, sb));
-			CHECK(radiance__gpu_memset_async(w, 0x5A, wb, NULL));
-			CHECK(radiance__gpu_memset_async(sc, 0x11, sb, NULL));
+			GCHECK(radiance__gpu_malloc(&w, wb));
+			GCHECK(radiance__gpu_malloc(&sc, sb));
+			GCHECK(radiance__gpu_memset_async(w, 0x5A, wb, NULL));
+			GCHECK(radiance__gpu_memset_async(sc, 0x11, sb, NULL));
 			own += wb + sb;
 		}
-		CHECK(radiance__gpu_scratch_create(&scratch, MAX_M, 64, 34816, 17408, 0, NULL));
-		CHECK(radiance__gpu_device_sync());
+		GCHECK(radiance__gpu_scratch_create(&scratch, MAX_M, 64, 34816, 17408, 0, NULL));
+		GCHECK(radiance__gpu_device_sync());
 	}
 	size_t fr, tot;
-	CHECK(radiance__gpu_mem_info(&fr, &tot));
+	GCHECK(radiance__gpu_mem_info(&fr, &tot));
 	printf("ready pid %d %s: device free %.0f MiB of %.0f, own copy %.0f MiB\n", (int)getpid(), how, fr / 1048576.0,
 	       tot / 1048576.0, own / 1048576.0);
 	fflush(stdout);
@@ -451,8 +437,8 @@ static int rwprobe(const char *socket, const char *dir)
 	if (radiance_map_model(r, id, RADIANCE_MAP_LAYOUT_VERSION, &m) < 0)
 		DIE("map: %s", radiance_error_message(r));
 	int ord;
-	CHECK(radiance__gpu_device_by_pci_bus_id(m->pci_bus_id, &ord));
-	CHECK(radiance__gpu_set_device(ord));
+	GCHECK(radiance__gpu_device_by_pci_bus_id(m->pci_bus_id, &ord));
+	GCHECK(radiance__gpu_set_device(ord));
 	struct radiance__gpu_import imp;
 	int rc = m->handle == RADIANCE_MAP_POSIX_FD
 			 ? radiance__gpu_share_import_fd(ord, m->fd, m->bytes, m->granularity, 0, &imp)
@@ -484,8 +470,8 @@ static double copy_p50(void *dev, void *host, size_t bytes, int h2d, void *strea
 	double t[100];
 	for (int i = 0; i < 110; i++) {
 		const double t0 = now_us();
-		CHECK(h2d ? radiance__gpu_h2d_async(dev, host, bytes, stream) : radiance__gpu_d2h_async(host, dev, bytes, stream));
-		CHECK(radiance__gpu_stream_sync(stream));
+		GCHECK(h2d ? radiance__gpu_h2d_async(dev, host, bytes, stream) : radiance__gpu_d2h_async(host, dev, bytes, stream));
+		GCHECK(radiance__gpu_stream_sync(stream));
 		if (i >= 10)
 			t[i - 10] = now_us() - t0;
 	}
@@ -504,13 +490,13 @@ static int copyprobe(const char *socket)
 	if (!a || radiance_get_ring_info(r, &ri) < 0)
 		DIE("arena: %s", radiance_error_message(r));
 	void *adev, *stream, *dev, *pdev;
-	CHECK(radiance__gpu_init(0, &(struct radiance__gpu_device){0}));
-	CHECK(radiance__gpu_stream_create(&stream));
-	CHECK(radiance__gpu_malloc(&dev, 1u << 20));
-	CHECK(radiance__gpu_host_register(ri.arena, ri.arena_bytes, &adev));
+	GCHECK(radiance__gpu_init(0, &(struct radiance__gpu_device){0}));
+	GCHECK(radiance__gpu_stream_create(&stream));
+	GCHECK(radiance__gpu_malloc(&dev, 1u << 20));
+	GCHECK(radiance__gpu_host_register(ri.arena, ri.arena_bytes, &adev));
 	uint8_t *plain = aligned_alloc(4096, 4u << 20);
 	memset(plain, 1, 4u << 20);
-	CHECK(radiance__gpu_host_register(plain, 4u << 20, &pdev));
+	GCHECK(radiance__gpu_host_register(plain, 4u << 20, &pdev));
 	static const size_t sizes[] = {4096, 8192, 10240, 12288, 16384, 32768};
 	static const size_t offs[] = {0, 557056, 557056 + 64, 1u << 20};
 	printf("%-45s size:", "copyprobe (p50 us, copy + synchronize)");

@@ -73,23 +73,6 @@
 #include "w4a8_gpu.h"
 #endif
 
-#define DIE(...)                                              \
-	do {                                                  \
-		fprintf(stderr, "bench_serve: " __VA_ARGS__); \
-		fputc('\n', stderr);                          \
-		exit(1);                                      \
-	} while (0)
-
-#ifdef RADIANCE_GPU
-#define GCHECK(call)                                                                          \
-	do {                                                                                  \
-		int rc_ = (call);                                                             \
-		if (rc_)                                                                      \
-			DIE("%s failed (%d): %s / %s", #call, rc_, radiance__gpu_last_error(), \
-			    radiance_gpu_error_message());                                    \
-	} while (0)
-#endif
-
 /* ---- shape sets ---- */
 
 #define MAX_SHAPES 5

@@ -1,15 +1,42 @@
 /*
- * Timing helpers shared by the benchmarks: a monotonic clock in
- * microseconds and p50/p99 of a sample (sorted in place). Header-only
- * (static functions): every .c file in bench/ is its own binary.
+ * Helpers shared by the benchmarks: a monotonic clock in microseconds,
+ * p50/p99 of a sample (sorted in place), and the fatal-error macros (a
+ * benchmark that cannot go on says why, named after its binary, and exits
+ * 1). Header-only (static functions, macros): every .c file in bench/ is
+ * its own binary.
  */
 #ifndef RADIANCE_BENCH_STATS_H
 #define RADIANCE_BENCH_STATS_H
 
+#include <errno.h>
 #include <math.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
+
+/* "<binary>: <printf-style message>" on stderr, then exit(1). */
+#define DIE(...)                                                      \
+	do {                                                          \
+		fprintf(stderr, "%s: ", program_invocation_short_name); \
+		fprintf(stderr, __VA_ARGS__);                         \
+		fputc('\n', stderr);                                  \
+		exit(1);                                              \
+	} while (0)
+
+#ifdef RADIANCE_GPU
+/* A GPU call (kernels/w4a8_gpu.h or libradiance-gpu, 0 or -errno) that must
+ * succeed: DIE with the call, its code and both layers' last words
+ * (radiance__gpu_last_error(), radiance_gpu_error_message()); the file
+ * includes w4a8_gpu.h and radiance_gpu.h. */
+#define GCHECK(call)                                                                          \
+	do {                                                                                  \
+		int rc_ = (call);                                                             \
+		if (rc_)                                                                      \
+			DIE("%s failed (%d): %s / %s", #call, rc_, radiance__gpu_last_error(), \
+			    radiance_gpu_error_message());                                    \
+	} while (0)
+#endif
 
 static inline double now_us(void)
 {

@@ -22,7 +22,9 @@
 #ifdef RADIANCE_GPU
 #include <math.h>
 
+#include "bench_stats.h"
 #include "numerics.h"
+#include "radiance_gpu.h"
 #include "w4a8_gpu.h"
 
 #define BATCH 20
@@ -68,16 +70,6 @@ static struct radiance__gpu_device dev;
 static void *stream, *ev0, *ev1, *blas;
 static uint32_t *sink;
 
-#define CHECK(call)                                                                         \
-	do {                                                                                \
-		int rc_ = (call);                                                           \
-		if (rc_) {                                                                  \
-			fprintf(stderr, "bench: %s failed (%d): %s\n", #call, rc_,           \
-				radiance__gpu_last_error());                                \
-			exit(1);                                                            \
-		}                                                                           \
-	} while (0)
-
 static uint64_t rng = 88172645463325252ull;
 static uint32_t rnd(void)
 {
@@ -85,12 +77,6 @@ static uint32_t rnd(void)
 	rng ^= rng >> 7;
 	rng ^= rng << 17;
 	return (uint32_t)(rng >> 16);
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-	return (x > y) - (x < y);
 }
 
 /* Median over REPS batches of the microseconds of one call of fn(i). */
@@ -102,12 +88,12 @@ static double time_us(launch_fn fn, void *ctx)
 		fn(ctx, i);
 	uint32_t it = 0;
 	for (int r = 0; r < REPS; r++) {
-		CHECK(radiance__gpu_event_record(ev0, stream));
+		GCHECK(radiance__gpu_event_record(ev0, stream));
 		for (int b = 0; b < BATCH; b++)
 			fn(ctx, it++);
-		CHECK(radiance__gpu_event_record(ev1, stream));
+		GCHECK(radiance__gpu_event_record(ev1, stream));
 		float ms_ = 0;
-		CHECK(radiance__gpu_event_elapsed(ev0, ev1, &ms_));
+		GCHECK(radiance__gpu_event_elapsed(ev0, ev1, &ms_));
 		t[r] = ms_ * 1000.0 / BATCH;
 	}
 	qsort(t, REPS, sizeof t[0], cmp_double);
@@ -147,7 +133,7 @@ static void run_gemm(void *p, uint32_t i)
 {
 	struct ctx *c = p;
 	struct radiance__w4a8_args a = args_for(c, i);
-	CHECK(radiance__w4a8_gemm(&dev, &a, stream));
+	GCHECK(radiance__w4a8_gemm(&dev, &a, stream));
 }
 
 /* what the backend runs: quant, then the GEMM launched to overlap it */
@@ -157,21 +143,21 @@ static void run_quant_gemm(void *p, uint32_t i)
 	struct radiance__w4a8_args a = args_for(c, i);
 	struct radiance__w4a8_plan plan;
 	radiance__w4a8_plan(&dev, &a, &plan);
-	CHECK(radiance__gpu_quant(c->x, RADIANCE_DTYPE_BF16, c->m, c->k, plan.order, c->codes, c->s, stream));
+	GCHECK(radiance__gpu_quant(c->x, RADIANCE_DTYPE_BF16, c->m, c->k, plan.order, c->codes, c->s, stream));
 	a.pdl = 1;
-	CHECK(radiance__w4a8_gemm(&dev, &a, stream));
+	GCHECK(radiance__w4a8_gemm(&dev, &a, stream));
 }
 
 static void run_probe(void *p, uint32_t i)
 {
 	struct ctx *c = p;
-	CHECK(radiance__gpu_read_probe(c->w[i % c->copies], c->wbytes + c->sbytes, sink, stream));
+	GCHECK(radiance__gpu_read_probe(c->w[i % c->copies], c->wbytes + c->sbytes, sink, stream));
 }
 
 static void run_blas(void *p, uint32_t i)
 {
 	struct ctx *c = p;
-	CHECK(radiance__blas_bf16_bf16(blas, c->x, c->m, c->wb[i % c->bcopies], c->n, c->k, c->y));
+	GCHECK(radiance__blas_bf16_bf16(blas, c->x, c->m, c->wb[i % c->bcopies], c->n, c->k, c->y));
 }
 
 static const struct peer *peer_find(uint32_t n, uint32_t k, uint32_t m, const char *name)
@@ -322,14 +308,14 @@ int main(int argc, char **argv)
 		}
 		fprintf(sweep_csv, "n,k,m,config,us\n");
 	}
-	CHECK(radiance__gpu_init(0, &dev));
-	CHECK(radiance__gpu_stream_create(&stream));
-	CHECK(radiance__gpu_event_create(&ev0));
-	CHECK(radiance__gpu_event_create(&ev1));
+	GCHECK(radiance__gpu_init(0, &dev));
+	GCHECK(radiance__gpu_stream_create(&stream));
+	GCHECK(radiance__gpu_event_create(&ev0));
+	GCHECK(radiance__gpu_event_create(&ev1));
 	void *ws = NULL;
-	CHECK(radiance__gpu_malloc(&ws, 32u << 20));
-	CHECK(radiance__blas_create(&blas, stream, ws, 32u << 20));
-	CHECK(radiance__gpu_malloc((void **)&sink, 64));
+	GCHECK(radiance__gpu_malloc(&ws, 32u << 20));
+	GCHECK(radiance__blas_create(&blas, stream, ws, 32u << 20));
+	GCHECK(radiance__gpu_malloc((void **)&sink, 64));
 	const double l2 = dev.l2_bytes ? (double)dev.l2_bytes : 64e6;
 	printf("bench: %s (%s), %d SMs, L2 %.0f MB, wgmma %d\n", dev.name, dev.vendor, dev.sm_count, l2 / 1e6,
 	       dev.wgmma);
@@ -360,25 +346,25 @@ int main(int argc, char **argv)
 		for (size_t i = 0; i < sbytes / 2; i++)
 			s[i] = (uint16_t)(0x1C00 + rnd() % 0x800);   /* fp16 ~0.004..0.008 */
 		void *tq, *ts;
-		CHECK(radiance__gpu_malloc(&tq, qbytes));
-		CHECK(radiance__gpu_malloc(&ts, sbytes));
-		CHECK(radiance__gpu_h2d_async(tq, q, qbytes, stream));
-		CHECK(radiance__gpu_h2d_async(ts, s, sbytes, stream));
+		GCHECK(radiance__gpu_malloc(&tq, qbytes));
+		GCHECK(radiance__gpu_malloc(&ts, sbytes));
+		GCHECK(radiance__gpu_h2d_async(tq, q, qbytes, stream));
+		GCHECK(radiance__gpu_h2d_async(ts, s, sbytes, stream));
 		c.w = calloc(c.copies, sizeof *c.w);
 		c.sc = calloc(c.copies, sizeof *c.sc);
 		/* weights and scales of a copy in one buffer, so the probe reads
 		 * exactly the kernel's bytes in one launch */
 		for (uint32_t i = 0; i < c.copies; i++) {
-			CHECK(radiance__gpu_malloc(&c.w[i], c.wbytes + c.sbytes));
+			GCHECK(radiance__gpu_malloc(&c.w[i], c.wbytes + c.sbytes));
 			c.sc[i] = (uint8_t *)c.w[i] + c.wbytes;
-			CHECK(radiance__w4a8_repack(tq, ts, sh->n, sh->k, c.w[i], c.sc[i], stream));
+			GCHECK(radiance__w4a8_repack(tq, ts, sh->n, sh->k, c.w[i], c.sc[i], stream));
 		}
 		c.wb = calloc(c.bcopies, sizeof *c.wb);
 		for (uint32_t i = 0; i < c.bcopies; i++) {
-			CHECK(radiance__gpu_malloc((void **)&c.wb[i], wb_bytes));
-			CHECK(radiance__w4a8_dequant_bf16(c.w[0], c.sc[0], sh->n, sh->k, c.wb[i], stream));
+			GCHECK(radiance__gpu_malloc((void **)&c.wb[i], wb_bytes));
+			GCHECK(radiance__w4a8_dequant_bf16(c.w[0], c.sc[0], sh->n, sh->k, c.wb[i], stream));
 		}
-		CHECK(radiance__gpu_stream_sync(stream));
+		GCHECK(radiance__gpu_stream_sync(stream));
 		radiance__gpu_free(tq);
 		radiance__gpu_free(ts);
 		free(q);
@@ -388,17 +374,17 @@ int main(int argc, char **argv)
 		uint16_t *x = malloc(xcount * 2);
 		for (size_t i = 0; i < xcount; i++)
 			x[i] = radiance_bf16_from_f32(((float)(rnd() % 2001) - 1000.0f) / 500.0f);
-		CHECK(radiance__gpu_malloc((void **)&c.x, xcount * 2));
-		CHECK(radiance__gpu_malloc((void **)&c.codes, xcount));
-		CHECK(radiance__gpu_malloc((void **)&c.s, max_m * 4));
-		CHECK(radiance__gpu_malloc((void **)&c.y, (size_t)max_m * sh->n * 2));
+		GCHECK(radiance__gpu_malloc((void **)&c.x, xcount * 2));
+		GCHECK(radiance__gpu_malloc((void **)&c.codes, xcount));
+		GCHECK(radiance__gpu_malloc((void **)&c.s, max_m * 4));
+		GCHECK(radiance__gpu_malloc((void **)&c.y, (size_t)max_m * sh->n * 2));
 		c.partials_bytes = radiance__w4a8_partials_bytes(64, sh->n);
-		CHECK(radiance__gpu_malloc((void **)&c.partials, c.partials_bytes));
+		GCHECK(radiance__gpu_malloc((void **)&c.partials, c.partials_bytes));
 		c.counters_n = radiance__w4a8_counters_needed(sh->n);
-		CHECK(radiance__gpu_malloc((void **)&c.counters, c.counters_n * 4));
-		CHECK(radiance__gpu_memset_async(c.counters, 0, c.counters_n * 4, stream));
-		CHECK(radiance__gpu_h2d_async(c.x, x, xcount * 2, stream));
-		CHECK(radiance__gpu_stream_sync(stream));
+		GCHECK(radiance__gpu_malloc((void **)&c.counters, c.counters_n * 4));
+		GCHECK(radiance__gpu_memset_async(c.counters, 0, c.counters_n * 4, stream));
+		GCHECK(radiance__gpu_h2d_async(c.x, x, xcount * 2, stream));
+		GCHECK(radiance__gpu_stream_sync(stream));
 		free(x);
 
 		for (size_t mi = 0; mi < NMS; mi++) {
@@ -417,7 +403,7 @@ int main(int argc, char **argv)
 			struct radiance__w4a8_plan plan;
 			radiance__w4a8_plan(&dev, &a, &plan);
 			/* the codes in the order this M's path reads */
-			CHECK(radiance__gpu_quant(c.x, RADIANCE_DTYPE_BF16, c.m, sh->k, plan.order, c.codes, c.s, stream));
+			GCHECK(radiance__gpu_quant(c.x, RADIANCE_DTYPE_BF16, c.m, sh->k, plan.order, c.codes, c.s, stream));
 			plan_str(r->plan, sizeof r->plan, &plan);
 			if (sweep) {
 				run_sweep(&c, sweep_csv);
@@ -434,7 +420,7 @@ int main(int argc, char **argv)
 			/* prefill: the opt-in fp8 wgmma kernel too (its own code order) */
 			if (c.m > 64 && dev.wgmma) {
 				c.path = RADIANCE_W4A8_WGMMA;
-				CHECK(radiance__gpu_quant(c.x, RADIANCE_DTYPE_BF16, c.m, sh->k, RADIANCE_CODES_WGMMA, c.codes,
+				GCHECK(radiance__gpu_quant(c.x, RADIANCE_DTYPE_BF16, c.m, sh->k, RADIANCE_CODES_WGMMA, c.codes,
 							  c.s, stream));
 				r->us_wgmma = time_us(run_gemm, &c);
 				if (variants) {

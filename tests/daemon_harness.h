@@ -1,6 +1,6 @@
 /*
  * Test harness for the tests that drive the real radianced binary
- * (test_daemon, test_faults, test_radiancectl): start it on a socket in a
+ * (test_client_api, test_faults, test_radiancectl, ...): start it on a socket in a
  * fresh mkdtemp directory, wait for the socket, stop it, and compute CPU
  * reference outputs for the real checkpoint's captured activations.
  *

@@ -1,6 +1,6 @@
 /*
  * A raw control-plane client for the tests that attack the real radianced
- * with hand-made traffic (test_faults, test_hardening): frames and fds go out
+ * with hand-made traffic (test_faults, test_hardening, test_map, test_tensors, ...): frames and fds go out
  * exactly as given through common/transport and the generated protobuf-c
  * structs, with none of libradiance's checks in the way.
  *
@@ -182,6 +182,42 @@ static inline void raw_expect_reply(struct raw *w, Rdw__ServerMessage__MsgCase m
 	assert_int_equal(tag, w->tag - 1);
 }
 
+/* What a client reads in the daemon's Welcome: the numbers, copied out so
+ * the message is freed before any check (as raw_expect_reply). */
+struct raw_welcome {
+	uint32_t protocol_version, max_rows, map_layout_version, tensors_version,
+		max_request_layers;
+	uint64_t session_id;
+};
+
+/* Hello at this build's protocol version; the reply must be a Welcome to it
+ * within 10 s, whose numbers go to *out. */
+static inline void raw_hello_welcome(struct raw *w, struct raw_welcome *out)
+{
+	*out = (struct raw_welcome){ 0 };
+	raw_send_hello(w, RADIANCE_PROTOCOL_VERSION, "raw", NULL, 0);
+	Rdw__ServerMessage *reply;
+	assert_int_equal(raw_recv(w, &reply, 10000), 1);
+	int got = reply->msg_case;
+	uint64_t tag = reply->tag;
+	if (got == RDW__SERVER_MESSAGE__MSG_WELCOME) {
+		const Rdw__Welcome *wl = reply->welcome;
+		*out = (struct raw_welcome){
+			.protocol_version = wl->protocol_version,
+			.max_rows = wl->max_rows,
+			.map_layout_version = wl->map_layout_version,
+			.tensors_version = wl->tensors_version,
+			.max_request_layers = wl->max_request_layers,
+			.session_id = wl->session_id,
+		};
+	}
+	rdw__server_message__free_unpacked(reply, NULL);
+	if (got != RDW__SERVER_MESSAGE__MSG_WELCOME)
+		fail_msg("expected a Welcome (message case %d), got case %d",
+			 (int)RDW__SERVER_MESSAGE__MSG_WELCOME, got);
+	assert_int_equal(tag, w->tag - 1);
+}
+
 static inline void raw_hello(struct raw *w)
 {
 	raw_send_hello(w, RADIANCE_PROTOCOL_VERSION, "raw", NULL, 0);
@@ -275,10 +311,11 @@ static inline uint32_t raw_load_dir(struct raw *w, const char *dir)
 /* --- an older daemon ----------------------------------------------------- */
 
 /* A radianced from before the optional features (mapped weights, shared
- * tensors), forked: listens on path, answers one Hello with a Welcome that
- * has neither map_layout_version nor tensors_version, then reads until EOF.
- * Exits 0 when nothing but the Hello came, 3 when another message did (a
- * real old daemon would have ended the session over it). */
+ * tensors, several layers in one request), forked: listens on path, answers
+ * one Hello with a Welcome (server_version "0.1.0-old") that has none of
+ * map_layout_version, tensors_version and max_request_layers, then reads
+ * until EOF. Exits 0 when nothing but the Hello came, 3 when another
+ * message did (a real old daemon would have ended the session over it). */
 static inline pid_t raw_old_daemon(const char *path)
 {
 	int ls = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -331,6 +368,36 @@ static inline pid_t raw_old_daemon(const char *path)
 			break;
 	}
 	_exit(other ? 3 : 0);
+}
+
+/* raw_old_daemon on a socket in a fresh mkdtemp directory. */
+struct raw_old {
+	char dir[32];
+	char path[64];
+	pid_t pid;
+};
+
+static inline void raw_old_start(struct raw_old *o)
+{
+	snprintf(o->dir, sizeof o->dir, "/tmp/radiance-old-XXXXXX");
+	assert_non_null(mkdtemp(o->dir));
+	snprintf(o->path, sizeof o->path, "%s/old.sock", o->dir);
+	o->pid = raw_old_daemon(o->path);
+}
+
+/* After the client has disconnected: the fake daemon must have exited 0
+ * (nothing but the Hello reached it); removes its socket and directory. */
+static inline void raw_old_reap(struct raw_old *o)
+{
+	int st;
+	assert_int_equal(waitpid(o->pid, &st, 0), o->pid);
+	assert_true(WIFEXITED(st));
+	if (WEXITSTATUS(st) != 0)
+		fail_msg("the old daemon exited %d: %s", WEXITSTATUS(st),
+			 WEXITSTATUS(st) == 3 ? "a message after the Hello reached it"
+					      : "its handshake failed");
+	unlink(o->path);
+	rmdir(o->dir);
 }
 
 #endif

@@ -232,13 +232,9 @@ static void raw_send_attach(struct raw *w, char *name)
 /* Hello, and the session id the Welcome gives. */
 static uint64_t raw_hello_id(struct raw *w)
 {
-	raw_send_hello(w, RADIANCE_PROTOCOL_VERSION, "raw", NULL, 0);
-	Rdw__ServerMessage *reply;
-	assert_int_equal(raw_recv(w, &reply, 10000), 1);
-	assert_int_equal(reply->msg_case, RDW__SERVER_MESSAGE__MSG_WELCOME);
-	uint64_t id = reply->welcome->session_id;
-	rdw__server_message__free_unpacked(reply, NULL);
-	return id;
+	struct raw_welcome wl;
+	raw_hello_welcome(w, &wl);
+	return wl.session_id;
 }
 
 /* The names of the model ListModels shows, one per line, into out. */

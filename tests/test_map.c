@@ -142,14 +142,11 @@ static void raw_refusals(void **state)
 {
 	struct raw w;
 	assert_int_equal(raw_open_at(&w, daemon_.socket), 0);
-	raw_send_hello(&w, RADIANCE_PROTOCOL_VERSION, "raw", NULL, 0);
-	Rdw__ServerMessage *reply;
-	assert_int_equal(raw_recv(&w, &reply, 10000), 1);
-	assert_int_equal(reply->msg_case, RDW__SERVER_MESSAGE__MSG_WELCOME);
+	struct raw_welcome wl;
+	raw_hello_welcome(&w, &wl);
 	/* an old client reads protocol 1 and ignores field 7 */
-	assert_int_equal(reply->welcome->protocol_version, 1);
-	assert_int_equal(reply->welcome->map_layout_version, RADIANCE_MAP_LAYOUT_VERSION);
-	rdw__server_message__free_unpacked(reply, NULL);
+	assert_int_equal(wl.protocol_version, 1);
+	assert_int_equal(wl.map_layout_version, RADIANCE_MAP_LAYOUT_VERSION);
 
 	/* whether held is asked before the version */
 	raw_map_refused(&w, 7, RADIANCE_MAP_LAYOUT_VERSION, ENOENT, "not loaded by this session");
@@ -160,6 +157,7 @@ static void raw_refusals(void **state)
 	m.msg_case = RDW__CLIENT_MESSAGE__MSG_UNMAP_MODEL;
 	m.unmap_model = &um;
 	raw_send(&w, &m, NULL, 0);
+	Rdw__ServerMessage *reply;
 	assert_int_equal(raw_recv(&w, &reply, 10000), 1);
 	assert_int_equal(reply->msg_case, RDW__SERVER_MESSAGE__MSG_ERROR);
 	assert_int_equal(reply->error->code, ENOENT);
@@ -495,11 +493,9 @@ static void allow_bad_value(void **state)
 
 static void old_daemon_never_asked(void **state)
 {
-	char dir[] = "/tmp/radiance-old-XXXXXX", path[64];
-	assert_non_null(mkdtemp(dir));
-	snprintf(path, sizeof path, "%s/old.sock", dir);
-	pid_t pid = raw_old_daemon(path);
-	struct radiance *r = radiance_connect(path, NULL);
+	struct raw_old old;
+	raw_old_start(&old);
+	struct radiance *r = radiance_connect(old.path, NULL);
 	assert_non_null(r);
 	assert_int_equal(radiance_get_server_info(r)->map_layout_version, 0);
 	struct radiance_mapping *m = NULL;
@@ -507,12 +503,7 @@ static void old_daemon_never_asked(void **state)
 	assert_non_null(strstr(radiance_error_message(r), "predates MapModel"));
 	assert_int_equal(radiance_get_error(r), 0);
 	radiance_disconnect(r);
-	int st;
-	assert_int_equal(waitpid(pid, &st, 0), pid);
-	assert_true(WIFEXITED(st));
-	assert_int_equal(WEXITSTATUS(st), 0);   /* no MapModel reached it */
-	unlink(path);
-	rmdir(dir);
+	raw_old_reap(&old);   /* no MapModel reached it */
 }
 
 int main(void)

@@ -10,12 +10,11 @@
  *
  * Also: the client's refusals, each naming what and where; the daemon's own
  * checks are daemon/request.c's, tested in test_request; and a client
- * against a daemon that predates the feature (a fake one that only
- * answers the handshake, with Welcome.max_request_layers 0) gets -ENOTSUP,
+ * against a daemon that predates the feature (raw_client.h's fake one,
+ * whose Welcome has no max_request_layers) gets -ENOTSUP,
  * "not supported by this daemon", with nothing sent.
  */
 #include <errno.h>
-#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -23,16 +22,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <cmocka.h>
 
 #include "daemon_harness.h"
-#include "proto_util.h"
+#include "raw_client.h"
 #include "shm.h"
-#include "wire.h"
 
 #define L0 "encoder.layer.0."
 static const char *const Q = L0 "attention.self.query";            /* 384 x 384 */
@@ -282,100 +278,25 @@ static void test_multi_refused(void **state)
 
 /* ---- a daemon from before several-layer requests ---- */
 
-struct old_daemon {
-	int listen_fd;
-	char path[108];
-	int saw_only_hello;      /* every frame it got was the Hello */
-};
-
-static int read_full(int fd, void *p, size_t n)
-{
-	for (size_t got = 0; got < n;) {
-		ssize_t k = read(fd, (uint8_t *)p + got, n - got);
-		if (k <= 0)
-			return -1;
-		got += (size_t)k;
-	}
-	return 0;
-}
-
-/* Answers the handshake as a radianced of before the feature would (no
- * max_request_layers), then reads until the client hangs up. */
-static void *old_daemon_main(void *arg)
-{
-	struct old_daemon *d = arg;
-	int fd = accept(d->listen_fd, NULL, NULL);
-	if (fd < 0)
-		return NULL;
-	uint32_t len;
-	uint8_t buf[4096];
-	int frames = 0, hello = 0;
-	while (read_full(fd, &len, 4) == 0 && len <= sizeof buf && read_full(fd, buf, len) == 0) {
-		frames++;
-		Rdw__ClientMessage *cm = rdw__client_message__unpack(NULL, len, buf);
-		if (!cm)
-			break;
-		if (cm->msg_case == RDW__CLIENT_MESSAGE__MSG_HELLO) {
-			hello++;
-			Rdw__Welcome w = RDW__WELCOME__INIT;
-			w.protocol_version = RADIANCE_PROTOCOL_VERSION;
-			w.server_version = (char *)"0.0.9-old";
-			w.backend = (char *)"cpu";
-			w.device = (char *)"test";
-			w.session_id = 1;
-			w.max_rows = 16;
-			Rdw__ServerMessage m = RDW__SERVER_MESSAGE__INIT;
-			m.tag = cm->tag;
-			m.msg_case = RDW__SERVER_MESSAGE__MSG_WELCOME;
-			m.welcome = &w;
-			uint32_t n = (uint32_t)rdw__server_message__get_packed_size(&m);
-			uint8_t out[512];
-			memcpy(out, &n, 4);
-			rdw__server_message__pack(&m, out + 4);
-			if (write(fd, out, 4 + n) != (ssize_t)(4 + n))
-				frames = -100;
-		}
-		rdw__client_message__free_unpacked(cm, NULL);
-	}
-	d->saw_only_hello = frames == 1 && hello == 1;
-	close(fd);
-	return NULL;
-}
-
 static void test_multi_old_daemon(void **state)
 {
-	struct old_daemon d = { .listen_fd = -1 };
-	char dir[] = "/tmp/radiance-multi-XXXXXX";
-	assert_non_null(mkdtemp(dir));
-	snprintf(d.path, sizeof d.path, "%s/s", dir);
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	snprintf(sa.sun_path, sizeof sa.sun_path, "%s", d.path);
-	d.listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	assert_true(d.listen_fd >= 0);
-	assert_int_equal(bind(d.listen_fd, (struct sockaddr *)&sa, sizeof sa), 0);
-	assert_int_equal(listen(d.listen_fd, 1), 0);
-	pthread_t t;
-	assert_int_equal(pthread_create(&t, NULL, old_daemon_main, &d), 0);
-
+	struct raw_old old;
+	raw_old_start(&old);
 	struct radiance_options o = RADIANCE_OPTIONS_INIT;
 	o.timeout_ms = 10000;
-	struct radiance *r = radiance_connect(d.path, &o);
+	struct radiance *r = radiance_connect(old.path, &o);
 	assert_non_null(r);
 	assert_int_equal(radiance_get_server_info(r)->max_request_layers, 0);
 	uint32_t layers[2] = { 0, 1 };
 	uint16_t x[384] = { 0 }, y0[384], y1[384];
 	void *y[2] = { y0, y1 };
 	expect_refusal(r, radiance_linear_multi(r, 1, layers, 2, 1, RADIANCE_BF16, x, y), -ENOTSUP,
-		       "not supported by this daemon (radianced 0.0.9-old");
+		       "not supported by this daemon (radianced 0.1.0-old");
 	expect_refusal(r, radiance_submit_multi(r, 1, layers, 2, 1, RADIANCE_BF16, x, y, NULL),
 		       -ENOTSUP, "not supported by this daemon");
 	assert_int_equal(radiance_get_error(r), 0);   /* not sticky: the session goes on */
 	radiance_disconnect(r);
-	pthread_join(t, NULL);
-	assert_true(d.saw_only_hello);   /* nothing was sent after the handshake */
-	close(d.listen_fd);
-	unlink(d.path);
-	rmdir(dir);
+	raw_old_reap(&old);   /* nothing was sent after the handshake */
 }
 
 int main(void)

@@ -522,14 +522,11 @@ static void raw_refusals(void **state)
 {
 	struct raw w;
 	assert_int_equal(raw_open_at(&w, daemon_.socket), 0);
-	raw_send_hello(&w, RADIANCE_PROTOCOL_VERSION, "raw", NULL, 0);
-	Rdw__ServerMessage *reply;
-	assert_int_equal(raw_recv(&w, &reply, 10000), 1);
-	assert_int_equal(reply->msg_case, RDW__SERVER_MESSAGE__MSG_WELCOME);
+	struct raw_welcome wl;
+	raw_hello_welcome(&w, &wl);
 	/* an old client reads protocol 1 and skips the unknown field 30 */
-	assert_int_equal(reply->welcome->protocol_version, 1);
-	assert_int_equal(reply->welcome->tensors_version, RADIANCE_TENSORS_VERSION);
-	rdw__server_message__free_unpacked(reply, NULL);
+	assert_int_equal(wl.protocol_version, 1);
+	assert_int_equal(wl.tensors_version, RADIANCE_TENSORS_VERSION);
 
 	Rdw__ListTensors lt = RDW__LIST_TENSORS__INIT;
 	lt.model_id = 9;
@@ -608,11 +605,9 @@ static void pipelined_maps_bounded(void **state)
 
 static void old_daemon_never_asked(void **state)
 {
-	char dir[] = "/tmp/radiance-old-XXXXXX", path[64];
-	assert_non_null(mkdtemp(dir));
-	snprintf(path, sizeof path, "%s/old.sock", dir);
-	pid_t pid = raw_old_daemon(path);
-	struct radiance *r = radiance_connect(path, NULL);
+	struct raw_old old;
+	raw_old_start(&old);
+	struct radiance *r = radiance_connect(old.path, NULL);
 	assert_non_null(r);
 	assert_int_equal(radiance_get_server_info(r)->tensors_version, 0);
 	struct radiance_tensors *t = (void *)1;
@@ -622,12 +617,7 @@ static void old_daemon_never_asked(void **state)
 	assert_int_equal(radiance_map_tensors(r, 1, &t), -ENOTSUP);
 	assert_int_equal(radiance_get_error(r), 0);
 	radiance_disconnect(r);
-	int st;
-	assert_int_equal(waitpid(pid, &st, 0), pid);
-	assert_true(WIFEXITED(st));
-	assert_int_equal(WEXITSTATUS(st), 0);   /* nothing but the Hello reached it */
-	unlink(path);
-	rmdir(dir);
+	raw_old_reap(&old);   /* nothing but the Hello reached it */
 }
 
 int main(void)

@@ -16,6 +16,7 @@ import ml_dtypes
 import numpy as np
 
 from . import _lib
+from ._closing import ClosedWhenCollected, Closing
 from ._errors import RadianceError
 from ._gpu import DEFAULT_MAX_ROWS
 
@@ -30,7 +31,7 @@ bfloat16 = np.dtype(ml_dtypes.bfloat16)
 float16 = np.dtype(np.float16)
 
 # the C enums (radiance_elem, radiance_layer_kind)
-_BF16, _FP16 = 1, 2
+_BF16, _FP16 = _lib.BF16, _lib.FP16
 _KIND = {1: "w4a8", 2: "bf16"}
 # connection errors after which a synchronous call is worth one more try on a
 # fresh session: the daemon went away (restart; ESHUTDOWN: it said it stops);
@@ -182,7 +183,7 @@ class _Session:
 
 
 # --------------------------------------------------------------------------
-class Client:
+class Client(ClosedWhenCollected):
     """A connection to radianced (one session), shared by the Models it opens.
 
     Args:
@@ -564,18 +565,6 @@ class Client:
                 m._closed = True
             self._models.clear()
 
-    def __enter__(self) -> "Client":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
-
     def __repr__(self) -> str:
         s = self._session
         if self._closed:
@@ -607,7 +596,7 @@ class _Prepared(NamedTuple):
     result: Array          # what the call returns (ndarray or torch.Tensor)
 
 
-class Model:
+class Model(Closing):
     """A model this client holds (Client.load / Client.attach).
 
     ``layers`` is the tuple of its Layer rows, by index. Calls take a layer
@@ -665,14 +654,7 @@ class Model:
                                     f"serves CPU tensors through the rings; for CUDA tensors map "
                                     f"the model (Model.map().linear, or radiance.torch."
                                     f"RadianceLinear)")
-            if x.dtype == t.bfloat16:
-                elem = _BF16
-            elif x.dtype == t.float16:
-                elem = _FP16
-            else:
-                raise RadianceError(errno.EINVAL, f"{where}: x has dtype {x.dtype}; the layer takes "
-                                    f"torch.bfloat16 or torch.float16 (convert explicitly, e.g. "
-                                    f"x.to(torch.bfloat16))")
+            elem = _lib.torch_elem(t, x, where)
             shape = tuple(x.shape)
             xn = x.detach().contiguous().view(t.int16).numpy().view(np.uint16)
         elif isinstance(x, np.ndarray):
@@ -1057,12 +1039,6 @@ class Model:
                     raise c._fail(s, rc, f"releasing model '{self.name}'")
 
     release = close
-
-    def __enter__(self) -> "Model":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         state = " released" if self._closed else ""

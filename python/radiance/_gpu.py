@@ -28,6 +28,7 @@ import threading
 from typing import TYPE_CHECKING, Any, Optional, Tuple, Union
 
 from . import _lib
+from ._closing import ClosedWhenCollected
 from ._errors import RadianceError
 
 if TYPE_CHECKING:   # pragma: no cover
@@ -38,7 +39,7 @@ GPU_SONAME = "libradiance-gpu.so.0"
 #: otherwise (Model.map(max_rows=)): the daemon's default max_rows; longer
 #: inputs are split into calls of this many rows
 DEFAULT_MAX_ROWS = 512
-_BF16, _FP16 = 1, 2
+_BF16, _FP16 = _lib.BF16, _lib.FP16
 
 _lock = threading.Lock()
 _loaded: Optional[Tuple[Any, Any]] = None
@@ -91,7 +92,7 @@ def _torch():
     return t
 
 
-class MappedModel:
+class MappedModel(ClosedWhenCollected):
     """A model of the daemon mapped into this process's GPU
     (``radiance_gpu_map``): Model.map() makes one.
 
@@ -243,14 +244,7 @@ class MappedModel:
         if x.device.index != self.device:
             raise RadianceError(errno.EINVAL, f"{where}: x is on {x.device}, the model is "
                                 f"mapped on cuda:{self.device} (where the daemon holds it)")
-        if x.dtype == t.bfloat16:
-            elem = _BF16
-        elif x.dtype == t.float16:
-            elem = _FP16
-        else:
-            raise RadianceError(errno.EINVAL, f"{where}: x has dtype {x.dtype}; the layer takes "
-                                f"torch.bfloat16 or torch.float16 (convert explicitly, e.g. "
-                                f"x.to(torch.bfloat16))")
+        elem = _lib.torch_elem(t, x, where)
         if x.dim() == 0 or x.shape[-1] != l.K:
             raise RadianceError(errno.EINVAL, f"{where}: x has shape {tuple(x.shape)}: the layer "
                                 f"takes a last dimension of K={l.K} (N={l.N})")
@@ -327,18 +321,6 @@ class MappedModel:
                 rc = self._glib.radiance_gpu_unmap(s.h if live else self._ffi.NULL, g)
                 if rc < 0 and live:
                     raise c._fail(s, rc, f"unmapping model '{self.model.name}'")
-
-    def __enter__(self) -> "MappedModel":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
     def __repr__(self) -> str:
         if self._g == self._ffi.NULL:

@@ -27,6 +27,24 @@ import cffi
 
 SONAME = "libradiance.so.0"
 
+# enum radiance_elem (client/radiance.h): the dtype of x and y
+BF16, FP16 = 1, 2
+
+
+def torch_elem(torch: Any, x: Any, where: str) -> int:
+    """BF16 or FP16 for a torch tensor x of dtype torch.bfloat16 or
+    torch.float16 (torch is the torch module); any other dtype is
+    RadianceError EINVAL naming `where` and the dtype."""
+    if x.dtype == torch.bfloat16:
+        return BF16
+    if x.dtype == torch.float16:
+        return FP16
+    from ._errors import RadianceError
+
+    raise RadianceError(_errno.EINVAL, f"{where}: x has dtype {x.dtype}; the layer takes "
+                        f"torch.bfloat16 or torch.float16 (convert explicitly, e.g. "
+                        f"x.to(torch.bfloat16))")
+
 _lock = threading.Lock()
 _loaded: Tuple[Any, Any] | None = None
 _path: str | None = None
