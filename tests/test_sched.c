@@ -141,6 +141,9 @@ static double maxof(const double *v, size_t n)
 #define G_BIG ((uint64_t)1 << 32 | 0)    /* (model 1, layer 0) */
 #define G_SMALL ((uint64_t)1 << 32 | 1)
 
+/* sched_round's scratch: room for every test's flows */
+static struct sched_flow *scr[16];
+
 static const struct sched_params P = { .chunk_rows = 256, .session_rows = 1024, .max_rows = 512 };
 
 static void check_piece(const struct sched_req *r, uint32_t row, uint32_t rows)
@@ -160,23 +163,23 @@ static void test_policy_chunks(void **state)
 	sched_flow_push(&f, &r, G_BIG, C_BIG, 600);
 	assert_true(sched_req_chunked(&P, &r));
 
-	assert_int_equal(sched_round(&P, flows, 1, out), 1);
+	assert_int_equal(sched_round(&P, flows, 1, out, scr), 1);
 	assert_ptr_equal(out[0], &r);
 	check_piece(&r, 0, 256);
 	assert_false(sched_req_last_piece(&r));
 	assert_int_equal(f.deficit, 0);   /* a quantum is one chunk of this layer */
 
-	assert_int_equal(sched_round(&P, flows, 1, out), 1);
+	assert_int_equal(sched_round(&P, flows, 1, out, scr), 1);
 	check_piece(&r, 256, 256);
 	assert_false(sched_req_last_piece(&r));
 
-	assert_int_equal(sched_round(&P, flows, 1, out), 1);
+	assert_int_equal(sched_round(&P, flows, 1, out, scr), 1);
 	check_piece(&r, 512, 88);
 	assert_true(sched_req_last_piece(&r));
 	assert_int_equal(f.deficit, 0);   /* nothing left: no credit kept */
 
 	/* handed out but not completed: nothing more to hand out */
-	assert_int_equal(sched_round(&P, flows, 1, out), 0);
+	assert_int_equal(sched_round(&P, flows, 1, out, scr), 0);
 	assert_int_equal(sched_flow_remove(&f, &r), 0);
 	assert_int_equal(f.n, 0);
 	assert_int_equal(f.rows, 0);
@@ -202,7 +205,7 @@ static void test_policy_decode_first_merged(void **state)
 	sched_flow_push(&c, &c1, G_SMALL, C_SMALL, 1);
 	sched_flow_push(&c, &c2, G_BIG, C_BIG, 16);
 
-	size_t n = sched_round(&P, flows, 3, out);
+	size_t n = sched_round(&P, flows, 3, out, scr);
 	assert_int_equal(n, 5);
 	assert_ptr_equal(out[0], &b1);
 	assert_ptr_equal(out[1], &b2);
@@ -244,7 +247,7 @@ static void test_policy_deficit(void **state)
 	const uint64_t want_credit[4] = { 56, 112, 168, 24 };
 	size_t s_rows = 0, a_rows = 0;
 	for (int round = 0; round < 4; round++) {
-		size_t n = sched_round(&p, flows, 2, out), ns = 0;
+		size_t n = sched_round(&p, flows, 2, out, scr), ns = 0;
 		for (size_t i = 0; i < n; i++) {
 			if (out[i] >= &sr[0] && out[i] <= &sr[9]) {
 				ns++;
@@ -286,7 +289,7 @@ static void test_policy_cost_fair(void **state)
 	assert_false(sched_flow_can_take(&p, &s));   /* SCHED_QUEUE requests */
 	/* one chunk of the big layer, 256 x 2048^2 = 1073741824, buys 28 of the
 	 * small requests (256 x 384^2 = 37748736 each) */
-	size_t n = sched_round(&p, flows, 2, out);
+	size_t n = sched_round(&p, flows, 2, out, scr);
 	uint64_t q = 256 * C_BIG, per = 256 * C_SMALL;
 	size_t fit = (size_t)(q / per);
 	assert_int_equal(fit, 28);
@@ -338,7 +341,7 @@ static void test_policy_launch_max_rows(void **state)
 		sched_flow_init(&f[i]);
 		sched_flow_push(&f[i], &r[i], G_BIG, C_BIG, 200);
 	}
-	size_t n = sched_round(&P, flows, 3, out);
+	size_t n = sched_round(&P, flows, 3, out, scr);
 	assert_int_equal(n, 3);
 	assert_int_equal(sched_launch_len(&P, out, n, 0), 2);
 	assert_int_equal(sched_launch_len(&P, out, n, 2), 1);
@@ -368,7 +371,7 @@ static void test_pieces_bit_identical(void **state)
 		sched_flow_push(&f, &r, G_BIG, (uint64_t)l.n * l.k, m);
 		memset(pieces, 0xAB, (size_t)m * l.n * 2);
 		size_t rounds = 0;
-		while (sched_round(&p, flows, 1, out) == 1) {
+		while (sched_round(&p, flows, 1, out, scr) == 1) {
 			cpu_ref(&l, x + (size_t)r.piece_row * l.k, r.piece_rows,
 				pieces + (size_t)r.piece_row * l.n);
 			rounds++;
