@@ -204,12 +204,13 @@ size_t sched_round(const struct sched_params *p, struct sched_flow *const *flows
 			f->deficit = 0;
 			continue;
 		}
-		/* floor(Q x num / den) with num / den = (w / b) / (w_max / b_max)
-		 * <= 1, in 64 bits: Q may take 58 of them, num and den fewer than
-		 * 32 each (weights <= 1000, b <= flows) */
+		/* Q x num / den with num / den = (w / b) / (w_max / b_max) <= 1,
+		 * rounded up (a third of a chunk three times must buy the chunk),
+		 * in 64 bits: Q may take 58 of them, num and den fewer than 32
+		 * each (weights <= 1000, b <= flows) */
 		uint64_t num = (uint64_t)f->weight * b_max, den = (uint64_t)f->owner_busy * w_max;
-		uint64_t q = quantum / den * num + quantum % den * num / den;
-		f->quantum = q ? q : 1;
+		uint64_t rem = quantum % den * num;
+		f->quantum = quantum / den * num + rem / den + (rem % den != 0);
 		n += flow_round(p, f, f->quantum, out + n);
 	}
 	/* insertion sort: stable, no allocation; a round is small */

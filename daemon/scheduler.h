@@ -22,7 +22,7 @@
  *     s_i = w_u / b_u,
  * and the flow with the largest share gets a quantum of credit
  *     Q = chunk_rows x the largest N x K among the flows' first requests,
- * the others q_i = Q x s_i / s_max (rounded down, at least 1). So the flows
+ * the others q_i = Q x s_i / s_max (rounded up). So the flows
  * with the largest share can run one piece of the biggest layer per round,
  * and an owner opening more sessions gets no more device time, only split
  * further. A flow hands out pieces in its queue order while their cost fits

@@ -328,6 +328,138 @@ static void test_policy_admission(void **state)
 		sched_flow_push(&f, &r[i], G_SMALL, C_SMALL, 1);
 	}
 	assert_false(sched_flow_can_take(&P, &f));
+
+	/* by rows: a request is taken only when it fits the rows in flight,
+	 * session_rows 1024: 1000 held take 24 more, not 25; an empty flow
+	 * takes one of any size */
+	sched_flow_clear(&f);
+	assert_true(sched_flow_can_take_rows(&P, &f, 5000));
+	sched_flow_push(&f, &r[0], G_BIG, C_BIG, 1000);
+	assert_true(sched_flow_can_take(&P, &f));
+	assert_true(sched_flow_can_take_rows(&P, &f, 24));
+	assert_false(sched_flow_can_take_rows(&P, &f, 25));
+	assert_false(sched_flow_can_take_rows(&P, &f, UINT32_MAX));
+	sched_flow_push(&f, &r[1], G_BIG, C_BIG, 24);
+	assert_false(sched_flow_can_take_rows(&P, &f, 1));
+}
+
+/* Keeps every flow of v[0..nf) flooding: run `rounds` rounds, count the
+ * pieces (and rows) each flow is handed, complete each request at its last
+ * piece and push a new one of `rows` rows in its place, as a client that
+ * always has two requests queued. pool: 2 requests per flow. */
+static void flood_rounds(const struct sched_params *p, struct sched_flow **v, size_t nf,
+			 struct sched_req (*pool)[2], uint32_t rows, int rounds, uint64_t *pieces,
+			 uint64_t *got_rows)
+{
+	struct sched_req *out[8 * SCHED_QUEUE];
+	assert_true(nf <= 8);
+	for (size_t i = 0; i < nf; i++) {
+		pieces[i] = got_rows[i] = 0;
+		for (int j = 0; j < 2; j++)
+			sched_flow_push(v[i], &pool[i][j], G_BIG, C_BIG, rows);
+	}
+	for (int round = 0; round < rounds; round++) {
+		size_t n = sched_round(p, v, nf, out, scr);
+		for (size_t k = 0; k < n; k++) {
+			size_t i = 0;
+			while (i < nf && !(out[k] >= &pool[i][0] && out[k] <= &pool[i][1]))
+				i++;
+			assert_true(i < nf);
+			pieces[i]++;
+			got_rows[i] += out[k]->piece_rows;
+			/* one piece per flow a round: each is one chunk, the most a
+			 * quantum buys */
+			assert_int_equal(out[k]->piece_rows, p->chunk_rows);
+			if (sched_req_last_piece(out[k])) {
+				assert_int_equal(sched_flow_remove(v[i], out[k]), 0);
+				sched_flow_push(v[i], out[k], G_BIG, C_BIG, rows);
+			}
+		}
+	}
+	for (size_t i = 0; i < nf; i++)
+		sched_flow_clear(v[i]);
+}
+
+/* Weights: three flooding owners of weights 1, 1 and 2 on one layer. The
+ * weight-2 owner has the largest share: its quantum is one chunk, one
+ * piece every round; the others get half a chunk a round, save it up and
+ * run one piece every second round. Over 64 rounds: 64, 32 and 32 pieces,
+ * the shares 2 : 1 : 1 exactly (DRR is within one piece at any time). And
+ * sched_flow_clear keeps owner and weight. */
+static void test_policy_weights(void **state)
+{
+	struct sched_flow f[3];
+	struct sched_flow *v[] = { &f[0], &f[1], &f[2] };
+	struct sched_req pool[3][2];
+	uint64_t pieces[3], rows[3];
+	const uint32_t weight[3] = { 1, 1, 2 };
+	for (int i = 0; i < 3; i++) {
+		sched_flow_init(&f[i]);
+		assert_int_equal(f[i].weight, 1);
+		sched_flow_set_owner(&f[i], 1000 + (uint64_t)i, weight[i]);
+	}
+	flood_rounds(&P, v, 3, pool, 4096, 64, pieces, rows);
+	assert_int_equal(pieces[0], 32);
+	assert_int_equal(pieces[1], 32);
+	assert_int_equal(pieces[2], 64);
+	assert_int_equal(rows[2], 64 * 256);
+	for (int i = 0; i < 3; i++) {
+		assert_int_equal(f[i].owner, 1000 + (uint64_t)i);
+		assert_int_equal(f[i].weight, weight[i]);
+	}
+	/* weights out of range are clamped, 0 to 1 */
+	sched_flow_set_owner(&f[0], 1, 0);
+	assert_int_equal(f[0].weight, 1);
+	sched_flow_set_owner(&f[0], 1, SCHED_MAX_WEIGHT + 1);
+	assert_int_equal(f[0].weight, SCHED_MAX_WEIGHT);
+
+	/* one flow alone, however small its weight, gets every round: its
+	 * share is the largest */
+	sched_flow_set_owner(&f[0], 7, 1);
+	flood_rounds(&P, v, 1, pool, 4096, 10, pieces, rows);
+	assert_int_equal(pieces[0], 10);
+}
+
+/* Owners: one uid with three sessions and another with one, equal weights.
+ * The uid's share is split among its busy sessions (a third each), so the
+ * lone session gets as much device work as the three together: over 60
+ * rounds 60 pieces, and 20 to each of the three (a third of a chunk a
+ * round, saved up for 3 rounds). Opening more sessions buys no more. With
+ * two of the three left, they run every second round. */
+static void test_policy_owner_split(void **state)
+{
+	struct sched_flow f[4];
+	struct sched_flow *v[] = { &f[0], &f[1], &f[2], &f[3] };
+	struct sched_req pool[4][2];
+	uint64_t pieces[4], rows[4];
+	for (int i = 0; i < 4; i++) {
+		sched_flow_init(&f[i]);
+		sched_flow_set_owner(&f[i], i < 3 ? 1000 : 1001, 1);
+	}
+	flood_rounds(&P, v, 4, pool, 4096, 60, pieces, rows);
+	for (int i = 0; i < 3; i++)
+		assert_int_equal(pieces[i], 20);
+	assert_int_equal(pieces[3], 60);
+	assert_int_equal(rows[0] + rows[1] + rows[2], rows[3]);
+
+	struct sched_flow *w[] = { &f[1], &f[2], &f[3] };
+	flood_rounds(&P, w, 3, pool, 4096, 60, pieces, rows);
+	assert_int_equal(pieces[0], 30);
+	assert_int_equal(pieces[1], 30);
+	assert_int_equal(pieces[2], 60);
+	/* the quantum the round gave: a chunk, and half of one */
+	struct sched_req r[3], *out[3 * SCHED_QUEUE];
+	for (int i = 0; i < 3; i++)
+		sched_flow_push(w[i], &r[i], G_BIG, C_BIG, 4096);
+	sched_round(&P, w, 3, out, scr);
+	assert_int_equal(f[1].quantum, 128 * C_BIG);
+	assert_int_equal(f[2].quantum, 128 * C_BIG);
+	assert_int_equal(f[3].quantum, 256 * C_BIG);
+	assert_int_equal(f[1].owner_busy, 2);
+	assert_int_equal(f[3].owner_busy, 1);
+	/* f[1] saved half a chunk for its next piece, no more */
+	assert_int_equal(f[1].deficit, 128 * C_BIG);
+	assert_int_equal(f[3].deficit, 0);
 }
 
 /* Launches hold at most max_rows rows: three sessions' 200-row requests on
@@ -1570,6 +1702,8 @@ int main(void)
 		cmocka_unit_test(test_policy_deficit),
 		cmocka_unit_test(test_policy_cost_fair),
 		cmocka_unit_test(test_policy_admission),
+		cmocka_unit_test(test_policy_weights),
+		cmocka_unit_test(test_policy_owner_split),
 		cmocka_unit_test(test_policy_launch_max_rows),
 		cmocka_unit_test(test_pieces_bit_identical),
 		cmocka_unit_test(test_exec_pieces_one_result),
