@@ -124,7 +124,9 @@ static const struct setting settings[] = {
 	  "is what a small request may wait; 0: 256 on a GPU backend, 32 on the CPU "
 	  "(0)" },
 	{ "sched_session_rows", 292, "N", V_U32, OFF(sched_session_rows), 1, 1u << 24,
-	  "rows of one session the executor queues at once; more wait in its SQ (1024)" },
+	  "rows one session may have in flight (taken from its SQ, not answered); a "
+	  "request that would go above waits in the SQ until results free rows; "
+	  "one of more rows runs alone (1024)" },
 	{ "sched_gather_us", 293, "US", V_U32, OFF(sched_gather_us), 0, 1000,
 	  "while two or more sessions are busy, wait up to this long before a "
 	  "launch for the busy sessions that have not submitted yet, so that "

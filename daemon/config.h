@@ -54,7 +54,7 @@ struct radiance_config {
 	uint32_t numerics_gate;     /* 1: GPU backend checks first launches against the CPU */
 	/* scheduling (daemon/scheduler.h) */
 	uint32_t sched_chunk_rows;  /* a request of more rows runs in pieces of this many */
-	uint32_t sched_session_rows;/* rows of one session the executor queues at once */
+	uint32_t sched_session_rows;/* rows one session may have taken and not answered */
 	uint32_t sched_gather_us;   /* wait for busy sessions before a launch (0: never) */
 	struct radiance_uid_weight *uid_weights;   /* sched_uid_weights, uids distinct;
 	                                              owned; NULL: none */
