@@ -1145,8 +1145,8 @@ static struct radiance_executor *executor_alloc(const struct executor_options *o
 	e->pend = calloc(e->pend_cap, sizeof *e->pend);
 	e->pend_v = calloc(e->pend_cap, sizeof *e->pend_v);
 	e->pend_last = calloc(e->pend_cap, 1);
-	if (!e->rings || !e->flows || !e->flow_scratch || !e->batch || !e->rows || !e->pend || !e->pend_v ||
-	    !e->pend_last) {
+	if (!e->rings || !e->flows || !e->flow_scratch || !e->batch || !e->rows || !e->pend ||
+	    !e->pend_v || !e->pend_last) {
 		executor_free(e);
 		return NULL;
 	}

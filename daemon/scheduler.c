@@ -147,8 +147,10 @@ static void sort_by_owner(struct sched_flow **v, size_t n)
 	}
 }
 
-/* Sets each busy flow's owner_busy (its owner's busy flows) and returns
- * the largest share w / b as *w_max / *b_max. */
+/* Sets each busy flow's owner_busy (its owner's busy flows) and
+ * owner_weight (the largest weight among them, should a caller give one
+ * owner's flows different ones), and returns the largest share w / b as
+ * *w_max / *b_max. */
 static void count_owners(struct sched_flow *const *flows, size_t nflows,
 			 struct sched_flow **scratch, uint64_t *w_max, uint64_t *b_max)
 {
@@ -160,12 +162,16 @@ static void count_owners(struct sched_flow *const *flows, size_t nflows,
 	*w_max = 0;
 	*b_max = 1;
 	for (size_t i = 0, j; i < nb; i = j) {
+		uint32_t w = scratch[i]->weight;
 		for (j = i + 1; j < nb && scratch[j]->owner == scratch[i]->owner; j++)
-			;
-		for (size_t k = i; k < j; k++)
+			if (scratch[j]->weight > w)
+				w = scratch[j]->weight;
+		for (size_t k = i; k < j; k++) {
 			scratch[k]->owner_busy = (uint32_t)(j - i);
+			scratch[k]->owner_weight = w;
+		}
 		/* w / b > w_max / b_max */
-		uint64_t w = scratch[i]->weight, b = j - i;
+		uint64_t b = j - i;
 		if (w * *b_max > *w_max * b) {
 			*w_max = w;
 			*b_max = b;
@@ -208,7 +214,7 @@ size_t sched_round(const struct sched_params *p, struct sched_flow *const *flows
 		 * rounded up (a third of a chunk three times must buy the chunk),
 		 * in 64 bits: Q may take 58 of them, num and den fewer than 32
 		 * each (weights <= 1000, b <= flows) */
-		uint64_t num = (uint64_t)f->weight * b_max, den = (uint64_t)f->owner_busy * w_max;
+		uint64_t num = (uint64_t)f->owner_weight * b_max, den = (uint64_t)f->owner_busy * w_max;
 		uint64_t rem = quantum % den * num;
 		f->quantum = quantum / den * num + rem / den + (rem % den != 0);
 		n += flow_round(p, f, f->quantum, out + n);

@@ -85,11 +85,13 @@ struct sched_flow {
 	/* the share, set by the caller after sched_flow_init and kept by
 	 * sched_flow_clear (sched_flow_set_owner) */
 	uint64_t owner;          /* flows of one owner share its weight */
-	uint32_t weight;         /* the owner's, 1..SCHED_MAX_WEIGHT; every flow
-	                            of one owner must carry the same */
+	uint32_t weight;         /* the owner's, 1..SCHED_MAX_WEIGHT; the flows
+	                            of one owner carry the same (else the
+	                            largest counts) */
 	/* the scheduler's, valid after a round */
 	uint64_t quantum;        /* the credit this round gave (0: not busy) */
 	uint32_t owner_busy;     /* busy flows of its owner this round */
+	uint32_t owner_weight;   /* their largest weight */
 };
 
 #define SCHED_MAX_WEIGHT 1000u

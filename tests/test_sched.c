@@ -460,6 +460,16 @@ static void test_policy_owner_split(void **state)
 	/* f[1] saved half a chunk for its next piece, no more */
 	assert_int_equal(f[1].deficit, 128 * C_BIG);
 	assert_int_equal(f[3].deficit, 0);
+
+	/* weights differing within one owner: its largest counts. Owner 1000
+	 * (weight 3, two busy) has share 3/2, the largest; owner 1001 (1, one
+	 * busy) two thirds of that, rounded up */
+	sched_flow_set_owner(&f[1], 1000, 3);
+	sched_round(&P, w, 3, out, scr);
+	assert_int_equal(f[2].owner_weight, 3);
+	assert_int_equal(f[1].quantum, 256 * C_BIG);
+	assert_int_equal(f[2].quantum, 256 * C_BIG);
+	assert_int_equal(f[3].quantum, (2 * 256 * C_BIG + 2) / 3);
 }
 
 /* Launches hold at most max_rows rows: three sessions' 200-row requests on
