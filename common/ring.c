@@ -59,7 +59,7 @@ int rring_ready(struct rring *r)
 	return (int)n;
 }
 
-int rring_pop(struct rring *r, void *buf)
+int rring_peek(struct rring *r, void *buf)
 {
 	int n = rring_ready(r);
 	if (n <= 0)
@@ -71,9 +71,21 @@ int rring_pop(struct rring *r, void *buf)
 	if (len == 0 || len > RADIANCE_SLOT_BYTES - 4)
 		return -EPROTO;
 	memcpy(buf, slot + 4, len);
+	return (int)len;
+}
+
+void rring_consume(struct rring *r)
+{
 	r->local++;
 	__atomic_store_n(&r->ctl->head, r->local, __ATOMIC_RELEASE);
-	return (int)len;
+}
+
+int rring_pop(struct rring *r, void *buf)
+{
+	int len = rring_peek(r, buf);
+	if (len > 0)
+		rring_consume(r);
+	return len;
 }
 
 int rring_prepare_sleep(struct rring *r)

@@ -55,6 +55,15 @@ int rring_push(struct rring *r, const void *payload, size_t len);
  * session is then broken). */
 int rring_pop(struct rring *r, void *buf);
 
+/* Consumer: rring_pop without consuming: copies the next slot's payload
+ * into buf and returns as rring_pop does, the slot staying the producer's
+ * next to be consumed. Decide on the copy (the peer may rewrite the slot
+ * meanwhile), then rring_consume() it or leave it for later. */
+int rring_peek(struct rring *r, void *buf);
+
+/* Consumer: consumes the slot a rring_peek() that returned > 0 copied. */
+void rring_consume(struct rring *r);
+
 /* Consumer: entries available (0 if none); -EPROTO as above. */
 int rring_ready(struct rring *r);
 

@@ -6,6 +6,7 @@
 #include <getopt.h>
 #include <grp.h>
 #include <ini.h>
+#include <pwd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,12 +16,14 @@
 #include "checkpoint.h"
 #include "limit.h"
 #include "log.h"
+#include "scheduler.h"
 #include "shm_layout.h"
 #include "wire.h"
 
 enum value_type {
 	V_STRING, V_BACKEND, V_BOOL, V_INT, V_U32, V_POW2, V_BYTES, V_LOGLEVEL, V_PRELOAD,
 	V_MAPALLOW, V_SHARE,
+	V_UIDWEIGHTS,              /* cfg->uid_weights: "WHO:WEIGHT ..." */
 	V_CHOICE,                  /* uint32_t: the index of the value in choices[] */
 	V_LIMIT_BYTES, V_LIMIT,    /* uint64_t: bytes or a count, or "auto" (LIMIT_AUTO) */
 };
@@ -121,11 +124,18 @@ static const struct setting settings[] = {
 	  "is what a small request may wait; 0: 256 on a GPU backend, 32 on the CPU "
 	  "(0)" },
 	{ "sched_session_rows", 292, "N", V_U32, OFF(sched_session_rows), 1, 1u << 24,
-	  "rows of one session the executor queues at once; more wait in its SQ (1024)" },
+	  "rows one session may have in flight (taken from its SQ, not answered); a "
+	  "request that would go above waits in the SQ until results free rows; "
+	  "one of more rows runs alone (1024)" },
 	{ "sched_gather_us", 293, "US", V_U32, OFF(sched_gather_us), 0, 1000,
 	  "while two or more sessions are busy, wait up to this long before a "
 	  "launch for the busy sessions that have not submitted yet, so that "
 	  "lockstep clients share one launch; a lone session never waits (20)" },
+	{ "sched_uid_weights", 294, "LIST", V_UIDWEIGHTS, OFF(uid_weights), 0, 0,
+	  "device-time shares: space-separated USER:WEIGHT (a user name or uid, "
+	  "a weight 1..1000); busy uids share the device in proportion to their "
+	  "weights, and a uid's busy sessions its share in equal parts; uids not "
+	  "listed weigh 1 (none: every uid alike)" },
 	{ "log_level", 'l', "LEVEL", V_LOGLEVEL, OFF(log_level), 0, 0,
 	  "silent, error, warn, info or debug (info)" },
 	/* memory and per-uid limits: 0 is none, auto is derived (docs/daemon.md "Limits") */
@@ -264,6 +274,7 @@ void config_finish(struct radiance_config *cfg)
 	free(cfg->socket_group);
 	free(cfg->backend);
 	free(cfg->share);
+	free(cfg->uid_weights);
 	preload_clear(cfg);
 	memset(cfg, 0, sizeof *cfg);
 }
@@ -314,6 +325,74 @@ static int parse_u64(const char *s, int bytes, uint64_t *out)
 	return 0;
 }
 
+/* "WHO:WEIGHT ..." (space- or comma-separated; WHO a user name or a uid)
+ * into cfg->uid_weights, replacing what was there. */
+static int parse_uid_weights(struct radiance_config *cfg, const char *value, const char *where,
+			     char *err, size_t errlen)
+{
+	struct radiance_uid_weight *v = NULL;
+	size_t n = 0;
+	int rc = -EINVAL;
+	for (const char *p = value;;) {
+		p += strspn(p, " \t,");
+		if (!*p)
+			break;
+		size_t len = strcspn(p, " \t,");
+		char item[160], *colon;
+		snprintf(item, sizeof item, "%.*s", (int)(len < sizeof item ? len : sizeof item - 1), p);
+		p += len;
+		uint64_t w, id;
+		colon = strrchr(item, ':');
+		if (!colon || colon == item || parse_u64(colon + 1, 0, &w) < 0 || w < 1 ||
+		    w > SCHED_MAX_WEIGHT) {
+			snprintf(err, errlen, "%s: '%s' is not USER:WEIGHT (a user name or uid, a "
+				 "weight 1..%u)", where, item, SCHED_MAX_WEIGHT);
+			goto fail;
+		}
+		*colon = 0;
+		errno = 0;
+		struct passwd *pw = getpwnam(item);
+		if (pw) {
+			id = pw->pw_uid;
+		} else if (parse_u64(item, 0, &id) < 0 || id >= (uid_t)-1) {
+			snprintf(err, errlen, "%s: '%s' is neither a user nor a uid", where, item);
+			goto fail;
+		}
+		for (size_t i = 0; i < n; i++)
+			if (v[i].uid == (uid_t)id) {
+				snprintf(err, errlen, "%s: uid %llu ('%s') is given twice", where,
+					 (unsigned long long)id, item);
+				goto fail;
+			}
+		struct radiance_uid_weight *nv = realloc(v, (n + 1) * sizeof *v);
+		if (!nv) {
+			rc = -ENOMEM;
+			goto fail;
+		}
+		v = nv;
+		v[n++] = (struct radiance_uid_weight){ (uid_t)id, (uint32_t)w };
+	}
+	if (!n) {
+		snprintf(err, errlen, "%s: empty value (expected USER:WEIGHT ...)", where);
+		goto fail;
+	}
+	free(cfg->uid_weights);
+	cfg->uid_weights = v;
+	cfg->n_uid_weights = n;
+	return 0;
+fail:
+	free(v);
+	return rc;
+}
+
+uint32_t config_uid_weight(const struct radiance_config *cfg, uid_t uid)
+{
+	for (size_t i = 0; i < cfg->n_uid_weights; i++)
+		if (cfg->uid_weights[i].uid == uid)
+			return cfg->uid_weights[i].weight;
+	return 1;
+}
+
 /* Applies value to the setting; `where` names it for errors ("--max-rows" or
  * "file:12: max_rows"). */
 static int apply(struct radiance_config *cfg, const struct setting *st, const char *value,
@@ -352,6 +431,8 @@ static int apply(struct radiance_config *cfg, const struct setting *st, const ch
 		*(char **)field = dup;
 		return 0;
 	}
+	case V_UIDWEIGHTS:
+		return parse_uid_weights(cfg, value, where, err, errlen);
 	case V_MAPALLOW:
 		if (strcmp(value, "owner") == 0)
 			cfg->map_allow = RADIANCE_MAP_ALLOW_OWNER;
@@ -692,7 +773,8 @@ static void usage(FILE *out)
 		"\n"
 		"The config file takes the long option names as keys (key = value, '_' or '-');\n"
 		"'#' and ';' start comments, also after a value. The command line overrides\n"
-		"the file; --preload on the command line replaces the file's preload list.\n"
+		"the file; --preload on the command line replaces the file's preload list,\n"
+		"--sched-uid-weights its list of weights.\n"
 		"A key may appear once in the file, except preload, whose lines add up.\n"
 		"BYTES values take a K, M, G or T suffix, in powers of 1024 (64M is 64 MiB;\n"
 		"64MiB and 64MB read the same). The max_*_bytes*, max_sessions_per_uid\n"

@@ -23,6 +23,12 @@ enum radiance_map_allow {
 	RADIANCE_MAP_ALLOW_NONE,        /* nobody */
 };
 
+/* One entry of sched_uid_weights. */
+struct radiance_uid_weight {
+	uid_t uid;
+	uint32_t weight;            /* 1..SCHED_MAX_WEIGHT (scheduler.h) */
+};
+
 struct radiance_config {
 	char *config_path;          /* the file that was read, or NULL */
 	char *socket_path;          /* listening socket (ignored when socket-activated) */
@@ -48,8 +54,11 @@ struct radiance_config {
 	uint32_t numerics_gate;     /* 1: GPU backend checks first launches against the CPU */
 	/* scheduling (daemon/scheduler.h) */
 	uint32_t sched_chunk_rows;  /* a request of more rows runs in pieces of this many */
-	uint32_t sched_session_rows;/* rows of one session the executor queues at once */
+	uint32_t sched_session_rows;/* rows one session may have taken and not answered */
 	uint32_t sched_gather_us;   /* wait for busy sessions before a launch (0: never) */
+	struct radiance_uid_weight *uid_weights;   /* sched_uid_weights, uids distinct;
+	                                              owned; NULL: none */
+	size_t n_uid_weights;
 	uint32_t zero_copy_rows;    /* GPU: launches up to this many rows map the arenas */
 	char *share;                /* GPU backend: auto, vmm, ipc or none; NULL: auto */
 	uint32_t fake_share;        /* 1: CPU backend exports the test memfd (tests only) */
@@ -90,6 +99,10 @@ int config_init(struct radiance_config *cfg);
  * file:line).
  * A '#' or ';' that starts a value or follows whitespace starts a comment. */
 int config_parse_file(struct radiance_config *cfg, const char *path, char *err, size_t errlen);
+
+/* The device-time weight of a uid's sessions: its sched_uid_weights
+ * entry, else 1. Any thread (cfg is read-only after config_load). */
+uint32_t config_uid_weight(const struct radiance_config *cfg, uid_t uid);
 
 /* Frees everything cfg owns; safe on a zeroed or half-filled cfg. */
 void config_finish(struct radiance_config *cfg);

@@ -114,6 +114,7 @@ struct radiance_executor {
 	size_t rr;                            /* round-robin start */
 	struct exec_job *uploading;           /* UPLOAD jobs in progress, FIFO */
 	struct sched_flow **flows;            /* max_rings: this round's */
+	struct sched_flow **flow_scratch;     /* max_rings: sched_round's */
 	struct sched_req **batch;             /* max_rings * EXEC_BATCH: this round's pieces */
 	struct radiance_rows *rows;           /* max_rows */
 	/* asynchronous launches (executor.h): the rounds in flight */
@@ -442,22 +443,28 @@ static void collect_ring(struct radiance_executor *e, struct exec_ring *r)
 	};
 
 	while (taken < budget && sched_flow_can_take(&e->sched, &r->flow)) {
-		int len = rring_pop(&r->sq, slot);
+		/* decided on a private copy, consumed only once the flow takes
+		 * it: a request that would take the session above its rows in
+		 * flight stays in the SQ until completions make room */
+		int len = rring_peek(&r->sq, slot);
 		if (len == 0)
 			break;
 		if (len < 0) {
 			sq_violation(e, r);
 			return;
 		}
-		uint64_t t_seen = rclock_ns();
-		r->last_take_ns = t_seen;
-		taken++;
 		Rdw__LinearRequest *req;
 		if (request_decode(slot, (size_t)len, &e->bump, &req) < 0) {
 			ring_violation(e, r, "SQ entry %u is not a LinearRequest (%d bytes)",
-				       r->sq.local - 1, len);
+				       r->sq.local, len);
 			return;
 		}
+		if (!sched_flow_can_take_rows(&e->sched, &r->flow, req->rows))
+			break;
+		rring_consume(&r->sq);
+		uint64_t t_seen = rclock_ns();
+		r->last_take_ns = t_seen;
+		taken++;
 		/* req lives in the bump arena: copy what we keep, nothing to free */
 		uint64_t id = req->request_id;
 		int ready = rring_ready(&r->sq);
@@ -735,7 +742,7 @@ static size_t serve_pass(struct radiance_executor *e, struct exec_ring *only)
 		goto doorbells;
 	if (!only && e->opt.gather_us && nflows)
 		gather(e, &nflows);
-	n = sched_round(&e->sched, e->flows, nflows, e->batch);
+	n = sched_round(&e->sched, e->flows, nflows, e->batch, e->flow_scratch);
 	for (size_t i = 0; i < n;) {
 		size_t len = sched_launch_len(&e->sched, e->batch, n, i);
 		launch(e, e->batch + i, len);
@@ -1087,6 +1094,7 @@ static void executor_free_arrays(struct radiance_executor *e)
 {
 	free(e->rings);
 	free(e->flows);
+	free(e->flow_scratch);
 	free(e->batch);
 	free(e->rows);
 	free(e->pend);
@@ -1128,6 +1136,7 @@ static struct radiance_executor *executor_alloc(const struct executor_options *o
 	};
 	e->rings = calloc(opt->max_rings, sizeof *e->rings);
 	e->flows = calloc(opt->max_rings, sizeof *e->flows);
+	e->flow_scratch = calloc(opt->max_rings, sizeof *e->flow_scratch);
 	e->batch = calloc((size_t)opt->max_rings * EXEC_BATCH, sizeof *e->batch);
 	/* a launch of several layers takes one row set per layer */
 	e->rows = calloc((size_t)opt->backend.max_rows * RADIANCE_MAX_REQUEST_LAYERS, sizeof *e->rows);
@@ -1136,8 +1145,8 @@ static struct radiance_executor *executor_alloc(const struct executor_options *o
 	e->pend = calloc(e->pend_cap, sizeof *e->pend);
 	e->pend_v = calloc(e->pend_cap, sizeof *e->pend_v);
 	e->pend_last = calloc(e->pend_cap, 1);
-	if (!e->rings || !e->flows || !e->batch || !e->rows || !e->pend || !e->pend_v ||
-	    !e->pend_last) {
+	if (!e->rings || !e->flows || !e->flow_scratch || !e->batch || !e->rows || !e->pend ||
+	    !e->pend_v || !e->pend_last) {
 		executor_free(e);
 		return NULL;
 	}

@@ -23,11 +23,14 @@
  * A round (daemon/scheduler.h has the policy): for each ring in round-robin
  * order, take requests from the SQ into the ring's flow (its queue of
  * requests being served) while the flow admits more (at most EXEC_BATCH
- * requests and sched.session_rows rows) and the CQ has room for the result
+ * requests and sched.session_rows rows, the next request's included: one
+ * that does not fit stays in the SQ) and the CQ has room for the result
  * of every queued request as well (the CQ cannot overflow); copy each slot
  * out, decode and validate it; invalid ones get an error result at once.
- * Then deficit round robin hands each flow at most about one chunk of the
- * biggest layer queued (sched.chunk_rows rows x N x K): requests of more
+ * Then weighted deficit round robin hands each flow at most about one
+ * chunk of the biggest layer queued (sched.chunk_rows rows x N x K), less
+ * by its share (the ring's flow owner and weight, which the loop sets
+ * before RING_ADD: peer uid and its sched_uid_weights): requests of more
  * than chunk_rows rows run in pieces of chunk_rows, one a round, and post
  * one result when the last has run. The round's pieces run decode first,
  * grouped by (model, layer) across sessions into launches of stacked rows
@@ -210,7 +213,7 @@ struct executor_options {
 	uint32_t spin_us;             /* busy-poll before sleeping (50) */
 	uint32_t chunk_rows;          /* piece size of prefill requests (sched_params);
 	                                 EXEC_CHUNK_AUTO: by backend, see executor.c */
-	uint32_t session_rows;        /* rows one session may have queued (sched_params) */
+	uint32_t session_rows;        /* rows one session may have in flight (sched_params) */
 	uint32_t gather_us;           /* the gather window (executor.c, serve_pass); 0: none */
 	struct stats_counters *global_stats;
 };

@@ -648,6 +648,8 @@ static void handle_open_ring(struct radiance_session *s, uint64_t tag, const Rdw
 	s->ring.refs = &s->refs;
 	s->ring.stats = &s->stats;
 	exec_ring_init(&s->ring, on_ring_broken, s);
+	/* device-time shares go by peer uid (docs/daemon.md, Scheduling) */
+	sched_flow_set_owner(&s->ring.flow, s->uid, config_uid_weight(cfg, s->uid));
 
 	memset(&s->ring_job, 0, sizeof s->ring_job);
 	s->ring_job.kind = EXEC_JOB_RING_ADD;

@@ -319,6 +319,56 @@ static void test_hello_timeout_option(void **state)
 		     NULL);
 }
 
+/* sched_uid_weights: user names or uids with weights, space- or
+ * comma-separated; config_uid_weight answers 1 for a uid not listed; the
+ * command line replaces the file's list; bad entries name themselves. */
+static void test_uid_weights(void **state)
+{
+	struct radiance_config cfg;
+	char err[512];
+	assert_int_equal(load(&cfg, err, sizeof err, "--no-config", NULL), 0);
+	assert_int_equal(cfg.n_uid_weights, 0);
+	assert_int_equal(config_uid_weight(&cfg, 0), 1);
+	config_finish(&cfg);
+
+	assert_int_equal(load(&cfg, err, sizeof err, "--no-config", "--sched-uid-weights",
+			      "root:3 1234:1000", NULL), 0);
+	assert_int_equal(cfg.n_uid_weights, 2);
+	assert_int_equal(config_uid_weight(&cfg, 0), 3);
+	assert_int_equal(config_uid_weight(&cfg, 1234), 1000);
+	assert_int_equal(config_uid_weight(&cfg, 1235), 1);
+	config_finish(&cfg);
+
+	const char *path = write_file("weights.conf", "sched_uid_weights = 7:2, 8:5  # two\n");
+	assert_int_equal(load(&cfg, err, sizeof err, "--config", path, NULL), 0);
+	assert_int_equal(cfg.n_uid_weights, 2);
+	assert_int_equal(config_uid_weight(&cfg, 7), 2);
+	assert_int_equal(config_uid_weight(&cfg, 8), 5);
+	config_finish(&cfg);
+	assert_int_equal(load(&cfg, err, sizeof err, "--config", path, "--sched-uid-weights", "9:4",
+			      NULL), 0);
+	assert_int_equal(cfg.n_uid_weights, 1);
+	assert_int_equal(config_uid_weight(&cfg, 7), 1);
+	assert_int_equal(config_uid_weight(&cfg, 9), 4);
+	config_finish(&cfg);
+
+	expect_error(-EINVAL, "--sched-uid-weights", "'7:0' is not USER:WEIGHT", "--no-config",
+		     "--sched-uid-weights", "7:0", NULL);
+	expect_error(-EINVAL, "--sched-uid-weights", "'7:1001'", "--no-config",
+		     "--sched-uid-weights", "7:1001", NULL);
+	expect_error(-EINVAL, "--sched-uid-weights", "'7' is not USER:WEIGHT", "--no-config",
+		     "--sched-uid-weights", "7", NULL);
+	expect_error(-EINVAL, "'nosuchuser-radiance' is neither a user nor a uid", NULL,
+		     "--no-config", "--sched-uid-weights", "nosuchuser-radiance:2", NULL);
+	expect_error(-EINVAL, "uid 0 ('0') is given twice", NULL, "--no-config",
+		     "--sched-uid-weights", "root:2 0:3", NULL);
+	expect_error(-EINVAL, "empty value", NULL, "--no-config", "--sched-uid-weights", " , ",
+		     NULL);
+	path = write_file("weights2.conf", "\nsched_uid_weights = 7:x\n");
+	expect_error(-EINVAL, "weights2.conf:2: sched_uid_weights", "'7:x'", "--config", path,
+		     NULL);
+}
+
 /* systemd/radianced.conf parses, and so does every key it shows commented
  * out, with the values it claims are the defaults. */
 static void test_shipped_config(void **state)
@@ -705,6 +755,7 @@ int main(void)
 		cmocka_unit_test(test_combined_errors_name_sources),
 		cmocka_unit_test(test_group_resolved),
 		cmocka_unit_test(test_hello_timeout_option),
+		cmocka_unit_test(test_uid_weights),
 		cmocka_unit_test(test_shipped_config),
 		cmocka_unit_test(test_config_fifo_refused),
 		cmocka_unit_test(test_preload_same_basename),

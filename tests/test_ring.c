@@ -75,6 +75,46 @@ static void test_push_pop_wrap(void **state)
 	}
 }
 
+/* Peek copies the next payload and leaves it the producer's: the head in
+ * shared memory and the free space stay until consume; a slot rewritten
+ * after the peek changes nothing in the copy; empty and corrupt slots
+ * answer as pop does. */
+static void test_peek_consume(void **state)
+{
+	struct fixture *f = *state;
+	uint8_t buf[RADIANCE_SLOT_BYTES];
+	uint32_t v = 7, w = 8, got;
+	assert_int_equal(rring_peek(&f->cons, buf), 0);
+	assert_int_equal(rring_push(&f->prod, &v, sizeof v), 0);
+	assert_int_equal(rring_push(&f->prod, &w, sizeof w), 0);
+	for (int i = 0; i < 2; i++) {
+		memset(buf, 0, sizeof buf);
+		assert_int_equal(rring_peek(&f->cons, buf), 4);
+		memcpy(&got, buf, 4);
+		assert_int_equal(got, 7);
+		assert_int_equal(rring_ready(&f->cons), 2);
+		assert_int_equal(f->ctl.head, 0);
+		assert_int_equal(rring_space(&f->prod), (int)ENTRIES - 2);
+	}
+	/* the peer rewrites the peeked slot: the copy is what we decide on */
+	memset(f->slots + 4, 0x55, 4);
+	memcpy(&got, buf, 4);
+	assert_int_equal(got, 7);
+	rring_consume(&f->cons);
+	assert_int_equal(f->ctl.head, 1);
+	assert_int_equal(rring_ready(&f->cons), 1);
+	assert_int_equal(rring_space(&f->prod), (int)ENTRIES - 1);
+	assert_int_equal(rring_pop(&f->cons, buf), 4);
+	memcpy(&got, buf, 4);
+	assert_int_equal(got, 8);
+	/* a slot length out of range: -EPROTO, nothing consumed */
+	assert_int_equal(rring_push(&f->prod, &v, sizeof v), 0);
+	uint32_t bad = RADIANCE_SLOT_BYTES;
+	memcpy(f->slots + (size_t)(2 % ENTRIES) * RADIANCE_SLOT_BYTES, &bad, 4);
+	assert_int_equal(rring_peek(&f->cons, buf), -EPROTO);
+	assert_int_equal(f->ctl.head, 2);
+}
+
 static void test_payload_sizes(void **state)
 {
 	struct fixture *f = *state;
@@ -287,6 +327,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_push_pop_wrap, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_peek_consume, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_payload_sizes, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_corrupted_tail, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_corrupted_slot_length, setup, teardown),

@@ -141,6 +141,9 @@ static double maxof(const double *v, size_t n)
 #define G_BIG ((uint64_t)1 << 32 | 0)    /* (model 1, layer 0) */
 #define G_SMALL ((uint64_t)1 << 32 | 1)
 
+/* sched_round's scratch: room for every test's flows */
+static struct sched_flow *scr[16];
+
 static const struct sched_params P = { .chunk_rows = 256, .session_rows = 1024, .max_rows = 512 };
 
 static void check_piece(const struct sched_req *r, uint32_t row, uint32_t rows)
@@ -160,23 +163,23 @@ static void test_policy_chunks(void **state)
 	sched_flow_push(&f, &r, G_BIG, C_BIG, 600);
 	assert_true(sched_req_chunked(&P, &r));
 
-	assert_int_equal(sched_round(&P, flows, 1, out), 1);
+	assert_int_equal(sched_round(&P, flows, 1, out, scr), 1);
 	assert_ptr_equal(out[0], &r);
 	check_piece(&r, 0, 256);
 	assert_false(sched_req_last_piece(&r));
 	assert_int_equal(f.deficit, 0);   /* a quantum is one chunk of this layer */
 
-	assert_int_equal(sched_round(&P, flows, 1, out), 1);
+	assert_int_equal(sched_round(&P, flows, 1, out, scr), 1);
 	check_piece(&r, 256, 256);
 	assert_false(sched_req_last_piece(&r));
 
-	assert_int_equal(sched_round(&P, flows, 1, out), 1);
+	assert_int_equal(sched_round(&P, flows, 1, out, scr), 1);
 	check_piece(&r, 512, 88);
 	assert_true(sched_req_last_piece(&r));
 	assert_int_equal(f.deficit, 0);   /* nothing left: no credit kept */
 
 	/* handed out but not completed: nothing more to hand out */
-	assert_int_equal(sched_round(&P, flows, 1, out), 0);
+	assert_int_equal(sched_round(&P, flows, 1, out, scr), 0);
 	assert_int_equal(sched_flow_remove(&f, &r), 0);
 	assert_int_equal(f.n, 0);
 	assert_int_equal(f.rows, 0);
@@ -202,7 +205,7 @@ static void test_policy_decode_first_merged(void **state)
 	sched_flow_push(&c, &c1, G_SMALL, C_SMALL, 1);
 	sched_flow_push(&c, &c2, G_BIG, C_BIG, 16);
 
-	size_t n = sched_round(&P, flows, 3, out);
+	size_t n = sched_round(&P, flows, 3, out, scr);
 	assert_int_equal(n, 5);
 	assert_ptr_equal(out[0], &b1);
 	assert_ptr_equal(out[1], &b2);
@@ -244,7 +247,7 @@ static void test_policy_deficit(void **state)
 	const uint64_t want_credit[4] = { 56, 112, 168, 24 };
 	size_t s_rows = 0, a_rows = 0;
 	for (int round = 0; round < 4; round++) {
-		size_t n = sched_round(&p, flows, 2, out), ns = 0;
+		size_t n = sched_round(&p, flows, 2, out, scr), ns = 0;
 		for (size_t i = 0; i < n; i++) {
 			if (out[i] >= &sr[0] && out[i] <= &sr[9]) {
 				ns++;
@@ -286,7 +289,7 @@ static void test_policy_cost_fair(void **state)
 	assert_false(sched_flow_can_take(&p, &s));   /* SCHED_QUEUE requests */
 	/* one chunk of the big layer, 256 x 2048^2 = 1073741824, buys 28 of the
 	 * small requests (256 x 384^2 = 37748736 each) */
-	size_t n = sched_round(&p, flows, 2, out);
+	size_t n = sched_round(&p, flows, 2, out, scr);
 	uint64_t q = 256 * C_BIG, per = 256 * C_SMALL;
 	size_t fit = (size_t)(q / per);
 	assert_int_equal(fit, 28);
@@ -325,6 +328,148 @@ static void test_policy_admission(void **state)
 		sched_flow_push(&f, &r[i], G_SMALL, C_SMALL, 1);
 	}
 	assert_false(sched_flow_can_take(&P, &f));
+
+	/* by rows: a request is taken only when it fits the rows in flight,
+	 * session_rows 1024: 1000 held take 24 more, not 25; an empty flow
+	 * takes one of any size */
+	sched_flow_clear(&f);
+	assert_true(sched_flow_can_take_rows(&P, &f, 5000));
+	sched_flow_push(&f, &r[0], G_BIG, C_BIG, 1000);
+	assert_true(sched_flow_can_take(&P, &f));
+	assert_true(sched_flow_can_take_rows(&P, &f, 24));
+	assert_false(sched_flow_can_take_rows(&P, &f, 25));
+	assert_false(sched_flow_can_take_rows(&P, &f, UINT32_MAX));
+	sched_flow_push(&f, &r[1], G_BIG, C_BIG, 24);
+	assert_false(sched_flow_can_take_rows(&P, &f, 1));
+}
+
+/* Keeps every flow of v[0..nf) flooding: run `rounds` rounds, count the
+ * pieces (and rows) each flow is handed, complete each request at its last
+ * piece and push a new one of `rows` rows in its place, as a client that
+ * always has two requests queued. pool: 2 requests per flow. */
+static void flood_rounds(const struct sched_params *p, struct sched_flow **v, size_t nf,
+			 struct sched_req (*pool)[2], uint32_t rows, int rounds, uint64_t *pieces,
+			 uint64_t *got_rows)
+{
+	struct sched_req *out[8 * SCHED_QUEUE];
+	assert_true(nf <= 8);
+	for (size_t i = 0; i < nf; i++) {
+		pieces[i] = got_rows[i] = 0;
+		for (int j = 0; j < 2; j++)
+			sched_flow_push(v[i], &pool[i][j], G_BIG, C_BIG, rows);
+	}
+	for (int round = 0; round < rounds; round++) {
+		size_t n = sched_round(p, v, nf, out, scr);
+		for (size_t k = 0; k < n; k++) {
+			size_t i = 0;
+			while (i < nf && !(out[k] >= &pool[i][0] && out[k] <= &pool[i][1]))
+				i++;
+			assert_true(i < nf);
+			pieces[i]++;
+			got_rows[i] += out[k]->piece_rows;
+			/* one piece per flow a round: each is one chunk, the most a
+			 * quantum buys */
+			assert_int_equal(out[k]->piece_rows, p->chunk_rows);
+			if (sched_req_last_piece(out[k])) {
+				assert_int_equal(sched_flow_remove(v[i], out[k]), 0);
+				sched_flow_push(v[i], out[k], G_BIG, C_BIG, rows);
+			}
+		}
+	}
+	for (size_t i = 0; i < nf; i++)
+		sched_flow_clear(v[i]);
+}
+
+/* Weights: three flooding owners of weights 1, 1 and 2 on one layer. The
+ * weight-2 owner has the largest share: its quantum is one chunk, one
+ * piece every round; the others get half a chunk a round, save it up and
+ * run one piece every second round. Over 64 rounds: 64, 32 and 32 pieces,
+ * the shares 2 : 1 : 1 exactly (DRR is within one piece at any time). And
+ * sched_flow_clear keeps owner and weight. */
+static void test_policy_weights(void **state)
+{
+	struct sched_flow f[3];
+	struct sched_flow *v[] = { &f[0], &f[1], &f[2] };
+	struct sched_req pool[3][2];
+	uint64_t pieces[3], rows[3];
+	const uint32_t weight[3] = { 1, 1, 2 };
+	for (int i = 0; i < 3; i++) {
+		sched_flow_init(&f[i]);
+		assert_int_equal(f[i].weight, 1);
+		sched_flow_set_owner(&f[i], 1000 + (uint64_t)i, weight[i]);
+	}
+	flood_rounds(&P, v, 3, pool, 4096, 64, pieces, rows);
+	assert_int_equal(pieces[0], 32);
+	assert_int_equal(pieces[1], 32);
+	assert_int_equal(pieces[2], 64);
+	assert_int_equal(rows[2], 64 * 256);
+	for (int i = 0; i < 3; i++) {
+		assert_int_equal(f[i].owner, 1000 + (uint64_t)i);
+		assert_int_equal(f[i].weight, weight[i]);
+	}
+	/* weights out of range are clamped, 0 to 1 */
+	sched_flow_set_owner(&f[0], 1, 0);
+	assert_int_equal(f[0].weight, 1);
+	sched_flow_set_owner(&f[0], 1, SCHED_MAX_WEIGHT + 1);
+	assert_int_equal(f[0].weight, SCHED_MAX_WEIGHT);
+
+	/* one flow alone, however small its weight, gets every round: its
+	 * share is the largest */
+	sched_flow_set_owner(&f[0], 7, 1);
+	flood_rounds(&P, v, 1, pool, 4096, 10, pieces, rows);
+	assert_int_equal(pieces[0], 10);
+}
+
+/* Owners: one uid with three sessions and another with one, equal weights.
+ * The uid's share is split among its busy sessions (a third each), so the
+ * lone session gets as much device work as the three together: over 60
+ * rounds 60 pieces, and 20 to each of the three (a third of a chunk a
+ * round, saved up for 3 rounds). Opening more sessions buys no more. With
+ * two of the three left, they run every second round. */
+static void test_policy_owner_split(void **state)
+{
+	struct sched_flow f[4];
+	struct sched_flow *v[] = { &f[0], &f[1], &f[2], &f[3] };
+	struct sched_req pool[4][2];
+	uint64_t pieces[4], rows[4];
+	for (int i = 0; i < 4; i++) {
+		sched_flow_init(&f[i]);
+		sched_flow_set_owner(&f[i], i < 3 ? 1000 : 1001, 1);
+	}
+	flood_rounds(&P, v, 4, pool, 4096, 60, pieces, rows);
+	for (int i = 0; i < 3; i++)
+		assert_int_equal(pieces[i], 20);
+	assert_int_equal(pieces[3], 60);
+	assert_int_equal(rows[0] + rows[1] + rows[2], rows[3]);
+
+	struct sched_flow *w[] = { &f[1], &f[2], &f[3] };
+	flood_rounds(&P, w, 3, pool, 4096, 60, pieces, rows);
+	assert_int_equal(pieces[0], 30);
+	assert_int_equal(pieces[1], 30);
+	assert_int_equal(pieces[2], 60);
+	/* the quantum the round gave: a chunk, and half of one */
+	struct sched_req r[3], *out[3 * SCHED_QUEUE];
+	for (int i = 0; i < 3; i++)
+		sched_flow_push(w[i], &r[i], G_BIG, C_BIG, 4096);
+	sched_round(&P, w, 3, out, scr);
+	assert_int_equal(f[1].quantum, 128 * C_BIG);
+	assert_int_equal(f[2].quantum, 128 * C_BIG);
+	assert_int_equal(f[3].quantum, 256 * C_BIG);
+	assert_int_equal(f[1].owner_busy, 2);
+	assert_int_equal(f[3].owner_busy, 1);
+	/* f[1] saved half a chunk for its next piece, no more */
+	assert_int_equal(f[1].deficit, 128 * C_BIG);
+	assert_int_equal(f[3].deficit, 0);
+
+	/* weights differing within one owner: its largest counts. Owner 1000
+	 * (weight 3, two busy) has share 3/2, the largest; owner 1001 (1, one
+	 * busy) two thirds of that, rounded up */
+	sched_flow_set_owner(&f[1], 1000, 3);
+	sched_round(&P, w, 3, out, scr);
+	assert_int_equal(f[2].owner_weight, 3);
+	assert_int_equal(f[1].quantum, 256 * C_BIG);
+	assert_int_equal(f[2].quantum, 256 * C_BIG);
+	assert_int_equal(f[3].quantum, (2 * 256 * C_BIG + 2) / 3);
 }
 
 /* Launches hold at most max_rows rows: three sessions' 200-row requests on
@@ -338,7 +483,7 @@ static void test_policy_launch_max_rows(void **state)
 		sched_flow_init(&f[i]);
 		sched_flow_push(&f[i], &r[i], G_BIG, C_BIG, 200);
 	}
-	size_t n = sched_round(&P, flows, 3, out);
+	size_t n = sched_round(&P, flows, 3, out, scr);
 	assert_int_equal(n, 3);
 	assert_int_equal(sched_launch_len(&P, out, n, 0), 2);
 	assert_int_equal(sched_launch_len(&P, out, n, 2), 1);
@@ -368,7 +513,7 @@ static void test_pieces_bit_identical(void **state)
 		sched_flow_push(&f, &r, G_BIG, (uint64_t)l.n * l.k, m);
 		memset(pieces, 0xAB, (size_t)m * l.n * 2);
 		size_t rounds = 0;
-		while (sched_round(&p, flows, 1, out) == 1) {
+		while (sched_round(&p, flows, 1, out, scr) == 1) {
 			cpu_ref(&l, x + (size_t)r.piece_row * l.k, r.piece_rows,
 				pieces + (size_t)r.piece_row * l.n);
 			rounds++;
@@ -1087,6 +1232,242 @@ static void test_exec_groups_sessions(void **state)
 	}
 }
 
+/* ---- shares and rows in flight, inline ---------------------------------- */
+
+/* The requests one session has submitted and not yet seen answered; each
+ * uses its own arena slot (x at slot x 256K, y at 4M + slot x 128K). */
+#define FL_SLOTS 8
+struct fl {
+	uint64_t id[FL_SLOTS];     /* 0: slot free */
+	uint32_t rows[FL_SLOTS];
+	uint64_t submitted, completed, completed_rows;
+};
+
+static uint64_t fl_in(int slot)
+{
+	return (uint64_t)slot << 18;
+}
+
+static uint64_t fl_out(int slot)
+{
+	return (4u << 20) + ((uint64_t)slot << 17);
+}
+
+static size_t fl_outstanding(const struct fl *f)
+{
+	size_t n = 0;
+	for (int i = 0; i < FL_SLOTS; i++)
+		n += f->id[i] != 0;
+	return n;
+}
+
+static void fl_submit(struct xring *x, struct fl *f, const struct radiance_layer *l,
+		      uint32_t model_id, uint32_t rows)
+{
+	int slot = 0;
+	while (slot < FL_SLOTS && f->id[slot])
+		slot++;
+	assert_true(slot < FL_SLOTS);
+	fill_x(arena_at(x, fl_in(slot)), (size_t)rows * l->k);
+	f->id[slot] = xsubmit_layer(x, model_id, 0, rows, fl_in(slot), fl_out(slot));
+	f->rows[slot] = rows;
+	f->submitted++;
+}
+
+/* Takes every result in x's CQ: each must answer an outstanding request
+ * (once), with status 0 and the CPU kernel's bits. Returns how many. */
+static size_t fl_reap(struct xring *x, struct fl *f, const struct radiance_layer *l)
+{
+	uint8_t buf[RADIANCE_SLOT_BYTES];
+	size_t n = 0;
+	int len;
+	while ((len = rring_pop(&x->client_cq, buf)) > 0) {
+		Rdw__LinearResult *res = rdw__linear_result__unpack(NULL, (size_t)len, buf);
+		assert_non_null(res);
+		if (res->status != 0)
+			fail_msg("request %llu failed: status %u: %s",
+				 (unsigned long long)res->request_id, res->status,
+				 res->error ? res->error : "");
+		int slot = 0;
+		while (slot < FL_SLOTS && f->id[slot] != res->request_id)
+			slot++;
+		assert_true(slot < FL_SLOTS);   /* an outstanding request, answered once */
+		rdw__linear_result__free_unpacked(res, NULL);
+		uint16_t *want = malloc((size_t)f->rows[slot] * l->n * 2);
+		assert_non_null(want);
+		cpu_ref(l, arena_at(x, fl_in(slot)), f->rows[slot], want);
+		assert_memory_equal(arena_at(x, fl_out(slot)), want, (size_t)f->rows[slot] * l->n * 2);
+		free(want);
+		f->id[slot] = 0;
+		f->completed++;
+		f->completed_rows += f->rows[slot];
+		n++;
+	}
+	assert_int_equal(len, 0);
+	return n;
+}
+
+/* An inline executor on the CPU backend with one 256 x 512 layer (model
+ * id 3) and nr rings, ring i of owner owner[i] with weight weight[i] (as
+ * session.c sets them from the peer uid and sched_uid_weights). */
+struct ifix {
+	struct radiance_executor *e;
+	struct radiance_layer layer;
+	struct radiance_model model;
+	struct radiance_backend_layer *handle;
+	struct exec_model em;
+	struct xring x[4];
+	size_t nr;
+};
+
+static void ifix_open(struct ifix *fx, uint32_t session_rows, size_t nr, const uint64_t *owner,
+		      const uint32_t *weight)
+{
+	char err[256];
+	static struct stats_counters global;
+	stats_init(&global);
+	struct executor_options o = {
+		.backend = { .kind = "cpu", .device = -1, .max_rows = 256, .max_decode_rows = 16,
+			     .max_n = 256, .max_k = 512 },
+		.max_rings = 4,
+		.chunk_rows = 16,
+		.session_rows = session_rows,
+		.global_stats = &global,
+	};
+	memset(fx, 0, sizeof *fx);
+	if (executor__create_inline(&o, &fx->e, err, sizeof err) < 0)
+		fail_msg("executor__create_inline: %s", err);
+	layer_init(&fx->layer, "share", 256, 512);
+	fx->model = (struct radiance_model){ .name = (char *)"share", .layers = &fx->layer,
+					     .n_layers = 1, .group_size = 128, .bits = 4 };
+	fx->em = (struct exec_model){ .id = 3, .model = &fx->model, .handles = &fx->handle,
+				      .uploaded = 1 };
+	assert_int_equal(radiance_backend_layer_upload(executor__backend(fx->e), &fx->layer,
+						       &fx->handle, err, sizeof err), 0);
+	fx->nr = nr;
+	for (size_t i = 0; i < nr; i++) {
+		xring_make(&fx->x[i], XR_SQ, XR_SQ, &fx->em);
+		sched_flow_set_owner(&fx->x[i].r.flow, owner[i], weight[i]);
+		assert_int_equal(executor__ring_add(fx->e, &fx->x[i].r, err, sizeof err), 0);
+	}
+}
+
+static void ifix_close(struct ifix *fx)
+{
+	assert_null(executor__take_done(fx->e));   /* no ring broke */
+	for (size_t i = 0; i < fx->nr; i++) {
+		assert_int_equal(executor__ring_remove(fx->e, &fx->x[i].r), 0);
+		assert_false(fx->x[i].broken);
+		xring_free(&fx->x[i]);
+	}
+	radiance_backend_layer_free(executor__backend(fx->e), fx->handle);
+	executor__destroy_inline(fx->e);
+	free(fx->layer.name);
+	free(fx->layer.qweight);
+	free(fx->layer.scales);
+	free(fx->layer.bias);
+}
+
+/* Device-time shares through the executor: three sessions flood the same
+ * layer with 64-row requests (4 pieces of 16), always two queued, from
+ * uids 1000 and 1001 at weight 1 and uid 1002 at weight 2. Over 48 passes
+ * the rows they got done are in the ratio 1 : 1 : 2 within one request
+ * (64 rows) each; the pieces of one pass share one launch. Then they stop
+ * submitting: every request they made is answered once, with status 0 and
+ * the CPU kernel's bits (fl_reap checks each). */
+static void test_exec_shares(void **state)
+{
+	struct ifix fx;
+	const uint64_t owner[3] = { 1000, 1001, 1002 };
+	const uint32_t weight[3] = { 1, 1, 2 };
+	ifix_open(&fx, 1024, 3, owner, weight);
+	struct fl f[3] = { 0 };
+	const int passes = 48;
+	uint64_t launches = 0;
+	for (int p = 0; p < passes; p++) {
+		for (int i = 0; i < 3; i++)
+			while (fl_outstanding(&f[i]) < 2)
+				fl_submit(&fx.x[i], &f[i], &fx.layer, fx.em.id, 64);
+		uint64_t before = executor__launches(fx.e);
+		assert_true(executor__serve(fx.e) > 0);
+		launches += executor__launches(fx.e) - before;
+		for (int i = 0; i < 3; i++)
+			fl_reap(&fx.x[i], &f[i], &fx.layer);
+	}
+	uint64_t total = f[0].completed_rows + f[1].completed_rows + f[2].completed_rows;
+	print_message("shares over %d passes: rows %llu, %llu, %llu (weights 1, 1, 2); %llu launches\n",
+		      passes, (unsigned long long)f[0].completed_rows,
+		      (unsigned long long)f[1].completed_rows, (unsigned long long)f[2].completed_rows,
+		      (unsigned long long)launches);
+	/* one piece a pass for the weight-2 session, one every second pass
+	 * for the others: 48 x 16 rows of work for it, 24 x 16 for each */
+	assert_int_equal(total, 1536);
+	for (int i = 0; i < 3; i++) {
+		int64_t want = (int64_t)total * weight[i] / 4;
+		int64_t got = (int64_t)f[i].completed_rows;
+		assert_true(got >= want - 64 && got <= want + 64);
+	}
+	assert_int_equal(launches, passes);
+	/* drain: nothing lost, nothing failed */
+	for (int p = 0; p < 64 && fl_outstanding(&f[0]) + fl_outstanding(&f[1]) +
+				      fl_outstanding(&f[2]); p++) {
+		executor__serve(fx.e);
+		for (int i = 0; i < 3; i++)
+			fl_reap(&fx.x[i], &f[i], &fx.layer);
+	}
+	for (int i = 0; i < 3; i++) {
+		assert_int_equal(fl_outstanding(&f[i]), 0);
+		assert_int_equal(f[i].completed, f[i].submitted);
+	}
+	ifix_close(&fx);
+}
+
+/* Rows in flight (sched_session_rows 100): a session submits requests of
+ * 40, 40, 40, 40, 150 and 10 rows at once. Before each pass the test works
+ * out, from the results seen so far, what the rule allows: requests are
+ * taken in order while the rows taken and not answered plus the next
+ * request's stay within 100, or when nothing is held (the 150-row one then
+ * runs alone). The executor's SQ head must be exactly there after the
+ * pass: a session at its cap gets no more SQ entries taken until results
+ * free rows, and the rest wait in the SQ, not refused. Every request is
+ * answered once, status 0, the CPU kernel's bits. */
+static void test_exec_rows_in_flight(void **state)
+{
+	struct ifix fx;
+	const uint64_t owner[1] = { 1000 };
+	const uint32_t weight[1] = { 1 };
+	ifix_open(&fx, 100, 1, owner, weight);
+	struct xring *x = &fx.x[0];
+	struct fl f = { 0 };
+	const uint32_t rows[6] = { 40, 40, 40, 40, 150, 10 };
+	for (int i = 0; i < 6; i++)
+		fl_submit(x, &f, &fx.layer, fx.em.id, rows[i]);
+	uint32_t taken = 0, answered = 0, held_rows = 0;
+	int waited = 0, alone = 0;
+	for (int p = 0; p < 200 && f.completed < 6; p++) {
+		/* the rule, on what the test knows */
+		while (taken < 6 && (held_rows == 0 || held_rows + rows[taken] <= 100))
+			held_rows += rows[taken++];
+		waited += taken < 6;
+		alone += held_rows > 100;
+		executor__serve(fx.e);
+		assert_int_equal(x->r.sq.local, taken);
+		assert_int_equal(rring_ready(&x->r.sq), 6 - taken);
+		size_t n = fl_reap(x, &f, &fx.layer);
+		/* results come in the order taken */
+		for (size_t i = 0; i < n; i++)
+			held_rows -= rows[answered++];
+		assert_int_equal(x->r.flow.rows, held_rows);
+	}
+	assert_int_equal(f.completed, 6);
+	assert_int_equal(x->r.flow.n, 0);
+	assert_true(waited > 0);   /* the cap held requests back ... */
+	assert_true(alone > 0);    /* ... and the big one ran alone */
+	print_message("rows in flight <= 100: %d passes with requests held in the SQ, %d with the "
+		      "150-row request alone\n", waited, alone);
+	ifix_close(&fx);
+}
+
 static void test_watchdog_liveness(void **state)
 {
 	struct xfix fx;
@@ -1567,6 +1948,8 @@ int main(void)
 		cmocka_unit_test(test_policy_deficit),
 		cmocka_unit_test(test_policy_cost_fair),
 		cmocka_unit_test(test_policy_admission),
+		cmocka_unit_test(test_policy_weights),
+		cmocka_unit_test(test_policy_owner_split),
 		cmocka_unit_test(test_policy_launch_max_rows),
 		cmocka_unit_test(test_pieces_bit_identical),
 		cmocka_unit_test(test_exec_pieces_one_result),
@@ -1575,6 +1958,8 @@ int main(void)
 		cmocka_unit_test(test_exec_ring_broken_mid_request),
 		cmocka_unit_test(test_exec_model_released_mid_request),
 		cmocka_unit_test(test_exec_groups_sessions),
+		cmocka_unit_test(test_exec_shares),
+		cmocka_unit_test(test_exec_rows_in_flight),
 		cmocka_unit_test(test_watchdog_liveness),
 		cmocka_unit_test(test_flood_decode_latency),
 		cmocka_unit_test(test_watchdog_fed_under_flood),
