@@ -15,7 +15,8 @@
  *   - bf16 linears: bit-exact with radiance_cpu_bf16() too (odd N and K,
  *     K from 1, NaN/Inf/zero rows), and the reference's outputs within the
  *     fp32 summation bound of a double reference (so the data is sane);
- *   - the pool: every task of a job runs exactly once, at every width;
+ *   - the pool: every task of a job runs exactly once, at every width, and
+ *     over many small jobs back to back only while its call runs;
  *   - the usable-thread count follows sched_setaffinity;
  *   - errors: M over max_rows, K not a multiple of 128, a SIMD level the
  *     build does not know; the scalar level asked for (the daemon's
@@ -608,6 +609,56 @@ static void test_pool_runs_each_task_once(void **state)
 	assert_int_equal(radiance_cpu_pool_create(0, &(struct radiance_cpu_pool *){ NULL }), -EINVAL);
 }
 
+/* Many small jobs back to back, so that pool threads wake late, find the job
+ * they woke for gone and the slot it used reused: every task of every job
+ * runs once, on its own job's arg, while its radiance_cpu_pool_run() call is
+ * still running (never after it returned). */
+struct live_job {
+	atomic_int live;
+	atomic_uint hits[3];
+	atomic_uint late;
+};
+
+static void live_task(void *arg, uint32_t t)
+{
+	struct live_job *j = arg;
+	/* a few microseconds, so that pool threads claim some of the tasks
+	 * while the caller runs its first one */
+	for (volatile int i = 0; i < 2000; i++)
+		;
+	if (!atomic_load(&j->live))
+		atomic_fetch_add(&j->late, 1);
+	atomic_fetch_add(&j->hits[t], 1);
+}
+
+static void test_pool_back_to_back_jobs(void **state)
+{
+	(void)state;
+	static struct live_job jobs[3];
+	for (unsigned threads = 2; threads <= 4; threads++) {
+		struct radiance_cpu_pool *p;
+		assert_int_equal(radiance_cpu_pool_create(threads, &p), 0);
+		for (unsigned n = 0; n < 20000; n++) {
+			struct live_job *j = &jobs[n % 3];
+			uint32_t count = 2 + n % 2;
+			for (int t = 0; t < 3; t++)
+				atomic_store(&j->hits[t], 0);
+			atomic_store(&j->late, 0);
+			atomic_store(&j->live, 1);
+			radiance_cpu_pool_run(p, 0, count, live_task, j);
+			atomic_store(&j->live, 0);
+			for (uint32_t t = 0; t < 3; t++)
+				if (atomic_load(&j->hits[t]) != (t < count ? 1u : 0u))
+					fail_msg("threads %u job %u: task %u ran %u times", threads, n, t,
+						 atomic_load(&j->hits[t]));
+		}
+		radiance_cpu_pool_destroy(p);
+		for (int i = 0; i < 3; i++)
+			if (atomic_load(&jobs[i].late))
+				fail_msg("threads %u: a task ran after its job returned", threads);
+	}
+}
+
 static void test_usable_threads_follow_affinity(void **state)
 {
 	(void)state;
@@ -685,6 +736,7 @@ int main(void)
 		cmocka_unit_test(test_w4a8_inexact_reference_sums),
 		cmocka_unit_test(test_bf16_bit_exact),
 		cmocka_unit_test(test_pool_runs_each_task_once),
+		cmocka_unit_test(test_pool_back_to_back_jobs),
 		cmocka_unit_test(test_usable_threads_follow_affinity),
 		cmocka_unit_test(test_errors),
 	};
