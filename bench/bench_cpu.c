@@ -14,11 +14,14 @@
  * cache, as they do when that model is served. Each time is the median of
  * its repetitions (at least 3; about 0.5 s in all for small M).
  * Prints CSV rows: date,cpu,threads,shape,m,us,gbps,probe_us,
- * fraction_of_probe,peer,peer_us,simd,cpu_us: simd is the level that ran
+ * fraction_of_probe,peer,peer_us,simd,cpu_us,fma_us,fraction_of_fma: simd is the level that ran
  * (--simd asks for one as the daemon's cpu_simd option does, default the daemon's
  * choice), cpu_us the median CPU time of the process per call (all its
  * threads, spinning included: without the time spent waiting for a core
- * that other jobs held).
+ * that other jobs held), fma_us the time m x n x k multiply-adds take as
+ * 8-lane fp32 FMAs on the same threads at the rate measured just before
+ * the shape's rows (the compute roof of the avx2 kernels; empty without
+ * AVX2+FMA), fraction_of_fma = fma_us / us.
  * bench/cpu_peers.py adds the numpy peer and writes bench/results/.
  */
 #include <errno.h>
@@ -127,6 +130,74 @@ static double probe_once(struct radiance_cpu_pool *pool, const uint8_t *buf, siz
 	return now_s() - t0;
 }
 
+/* ---- the compute roof: fp32 FMAs as the W4A8 kernels issue them ----------
+ *
+ * M > 1 is bound by multiply-adds, not by reading the weights: the avx2
+ * kernels do one 8-lane FMA (one operand from L1) per 8 multiply-adds. This
+ * measures how many of those the same threads get now (eight independent
+ * chains per thread, the operand from a 2 KiB buffer), so each row can say
+ * how close it is to that roof under the load of the moment: fma_us is
+ * m * n * k multiply-adds at that rate. */
+
+#define FMA_TASK (1u << 18)   /* FMAs a task: ~0.1 ms */
+
+struct fma_job {
+	float sums[256];
+};
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+__attribute__((target("avx2,fma"))) static void fma_task(void *arg, uint32_t t)
+{
+	struct fma_job *j = arg;
+	static const float src[512] __attribute__((aligned(64)));
+	__m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0,
+	       a7 = a0, w = _mm256_set1_ps(1.0f + (float)t);
+	for (uint32_t i = 0; i < FMA_TASK / 8; i++) {
+		const float *p = src + (i % 8) * 64;
+		a0 = _mm256_fmadd_ps(_mm256_load_ps(p), w, a0);
+		a1 = _mm256_fmadd_ps(_mm256_load_ps(p + 8), w, a1);
+		a2 = _mm256_fmadd_ps(_mm256_load_ps(p + 16), w, a2);
+		a3 = _mm256_fmadd_ps(_mm256_load_ps(p + 24), w, a3);
+		a4 = _mm256_fmadd_ps(_mm256_load_ps(p + 32), w, a4);
+		a5 = _mm256_fmadd_ps(_mm256_load_ps(p + 40), w, a5);
+		a6 = _mm256_fmadd_ps(_mm256_load_ps(p + 48), w, a6);
+		a7 = _mm256_fmadd_ps(_mm256_load_ps(p + 56), w, a7);
+		__asm__ volatile("" : "+x"(w));   /* one chain per accumulator, no folding */
+	}
+	__m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
+				 _mm256_add_ps(_mm256_add_ps(a4, a5), _mm256_add_ps(a6, a7)));
+	float out[8];
+	_mm256_storeu_ps(out, s);
+	j->sums[t % 256] += out[0];   /* keeps the chains live */
+}
+#endif
+
+/* Multiply-adds a second the threads get as 8-lane FMAs now (median of
+ * reps), or 0 where this CPU has no AVX2+FMA. */
+static double fma_rate(struct radiance_cpu_pool *pool, unsigned threads, int reps)
+{
+#if defined(__x86_64__)
+	__builtin_cpu_init();
+	if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))
+		return 0;
+	static struct fma_job j;
+	double v[64];
+	uint32_t tasks = 4 * threads;
+	for (int r = 0; r < reps; r++) {
+		double t0 = now_s();
+		radiance_cpu_pool_run(pool, 0, tasks, fma_task, &j);
+		v[r] = (double)tasks * FMA_TASK * 8 / (now_s() - t0);
+	}
+	return median(v, reps);
+#else
+	(void)pool;
+	(void)threads;
+	(void)reps;
+	return 0;
+#endif
+}
+
 static void usage(void)
 {
 	fprintf(stderr, "usage: bench_cpu [--threads N] [--ms 1,4,16,64,256] [--set 27b|minilm|all] "
@@ -201,7 +272,8 @@ int main(int argc, char **argv)
 	fprintf(stderr, "bench_cpu: %s, %s kernels, %u threads\n", cpu,
 		radiance_cpu_simd_name(radiance_cpu_fast_simd(fast)), threads);
 	if (header)
-		printf("date,cpu,threads,shape,m,us,gbps,probe_us,fraction_of_probe,peer,peer_us,simd,cpu_us\n");
+		printf("date,cpu,threads,shape,m,us,gbps,probe_us,fraction_of_probe,peer,peer_us,simd,cpu_us,"
+		       "fma_us,fraction_of_fma\n");
 
 	uint16_t *x = malloc((size_t)max_m * 17408 * 2);
 	uint16_t *y = malloc((size_t)max_m * 34816 * 2);
@@ -246,6 +318,7 @@ int main(int argc, char **argv)
 			for (int r = 0; r < preps; r++)
 				pt[r] = probe_once(pool, cp[(r + 1) % ncopies].buf, bytes);
 			double probe_us = median(pt, preps) * 1e6;
+			double macs_s = fma_rate(pool, threads, quick ? 5 : 11);
 
 			for (size_t mi = 0; mi < nms; mi++) {
 				const uint32_t m = ms[mi];
@@ -288,10 +361,17 @@ int main(int argc, char **argv)
 					snprintf(peer, sizeof peer, "scalar-reference-1thread");
 					snprintf(peer_us, sizeof peer_us, "%.1f", median(rt, rr) * 1e6);
 				}
-				printf("%s,%s,%u,%ux%u,%u,%.1f,%.2f,%.1f,%.3f,%s,%s,%s,%.1f\n", date, cpu,
-				       threads, n, k, m, us, (double)bytes / us * 1e-3, probe_us, probe_us / us,
-				       peer, peer_us, radiance_cpu_simd_name(radiance_cpu_fast_simd(fast)),
-				       cpu_us);
+				char fma_us[32] = "", fma_frac[32] = "";
+				if (macs_s > 0) {
+					double f = (double)m * n * k / macs_s * 1e6;
+					snprintf(fma_us, sizeof fma_us, "%.1f", f);
+					snprintf(fma_frac, sizeof fma_frac, "%.3f", f / us);
+				}
+				printf("%s,%s,%u,%ux%u,%u,%.1f,%.2f,%.1f,%.3f,%s,%s,%s,%.1f,%s,%s\n", date,
+				       cpu, threads, n, k, m, us, (double)bytes / us * 1e-3, probe_us,
+				       probe_us / us, peer, peer_us,
+				       radiance_cpu_simd_name(radiance_cpu_fast_simd(fast)), cpu_us, fma_us,
+				       fma_frac);
 				fflush(stdout);
 			}
 			for (size_t c = 0; c < ncopies; c++)

@@ -17,21 +17,29 @@
  * hold a core that other processes want. */
 #define POOL_SPIN_NS 50000
 
+/* One job's description. Two of them alternate, so that a worker still
+ * looking at the previous job never reads one being rewritten: the caller
+ * rewrites a slot only when no worker is inside it (see worker_main). */
+struct job_slot {
+	radiance_cpu_task_fn fn;
+	void *arg;
+	uint32_t count;
+	unsigned width;
+	atomic_uint next;           /* next task index to claim */
+	atomic_uint done;           /* tasks finished */
+	atomic_uint inside;         /* workers that may be reading this slot */
+};
+
 struct radiance_cpu_pool {
 	unsigned threads;
 	pthread_t *tids;
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
 	unsigned sleepers;          /* under mu */
-	atomic_uint_fast64_t gen;   /* bumped (under mu) to publish a job */
+	atomic_uint_fast64_t gen;   /* the current job's number, bumped (under mu) to publish one */
+	uint64_t last;              /* the caller's copy of gen */
 	atomic_int stop;
-	/* the job: written by the caller only while busy == 0 */
-	radiance_cpu_task_fn fn;
-	void *arg;
-	uint32_t count;
-	unsigned width;
-	atomic_uint next;           /* next task index to claim */
-	atomic_uint busy;           /* workers that have not yet finished the job */
+	struct job_slot slot[2];    /* job g is in slot[g % 2] */
 };
 
 struct worker_arg {
@@ -48,13 +56,14 @@ static inline void cpu_relax(void)
 #endif
 }
 
-static void run_tasks(struct radiance_cpu_pool *p)
+static void run_tasks(struct job_slot *s)
 {
 	for (;;) {
-		uint32_t t = atomic_fetch_add_explicit(&p->next, 1, memory_order_relaxed);
-		if (t >= p->count)
+		uint32_t t = atomic_fetch_add_explicit(&s->next, 1, memory_order_relaxed);
+		if (t >= s->count)
 			break;
-		p->fn(p->arg, t);
+		s->fn(s->arg, t);
+		atomic_fetch_add_explicit(&s->done, 1, memory_order_release);
 	}
 }
 
@@ -78,6 +87,11 @@ static uint64_t wait_job(struct radiance_cpu_pool *p, uint64_t seen)
 	return g;
 }
 
+/* A worker takes part in a job only if it is still the current one once the
+ * worker has said it is inside the job's slot; so it never needs to
+ * acknowledge a job, and the caller never waits for a worker that is asleep
+ * or has lost its core: it runs the tasks no one claimed itself and returns
+ * when they are all done. */
 static void *worker_main(void *opaque)
 {
 	struct worker_arg *wa = opaque;
@@ -89,18 +103,22 @@ static void *worker_main(void *opaque)
 		seen = wait_job(p, seen);
 		if (atomic_load_explicit(&p->stop, memory_order_acquire))
 			return NULL;
-		/* every worker acknowledges every job (busy counts all of them), so
-		 * the caller never rewrites the job while one is still reading it */
-		if (index + 1 < p->width)
-			run_tasks(p);
-		atomic_fetch_sub_explicit(&p->busy, 1, memory_order_release);
+		struct job_slot *s = &p->slot[seen % 2];
+		/* seq_cst, paired with the caller's: either the caller sees this
+		 * worker inside before it rewrites the slot, or this load sees
+		 * that the job moved on (the caller published the next one before
+		 * it looked) */
+		atomic_fetch_add(&s->inside, 1);
+		if (atomic_load(&p->gen) == seen && index + 1 < s->width)
+			run_tasks(s);
+		atomic_fetch_sub_explicit(&s->inside, 1, memory_order_release);
 	}
 }
 
 static void publish(struct radiance_cpu_pool *p)
 {
 	pthread_mutex_lock(&p->mu);
-	atomic_fetch_add_explicit(&p->gen, 1, memory_order_release);
+	atomic_store(&p->gen, ++p->last);
 	if (p->sleepers)
 		pthread_cond_broadcast(&p->cv);
 	pthread_mutex_unlock(&p->mu);
@@ -119,8 +137,11 @@ int radiance_cpu_pool_create(unsigned threads, struct radiance_cpu_pool **out)
 	pthread_cond_init(&p->cv, NULL);
 	atomic_init(&p->gen, 0);
 	atomic_init(&p->stop, 0);
-	atomic_init(&p->next, 0);
-	atomic_init(&p->busy, 0);
+	for (int i = 0; i < 2; i++) {
+		atomic_init(&p->slot[i].next, 0);
+		atomic_init(&p->slot[i].done, 0);
+		atomic_init(&p->slot[i].inside, 0);
+	}
 	p->tids = calloc(threads, sizeof *p->tids);
 	if (!p->tids) {
 		rc = -ENOMEM;
@@ -182,15 +203,21 @@ void radiance_cpu_pool_run(struct radiance_cpu_pool *p, unsigned width, uint32_t
 			fn(arg, t);
 		return;
 	}
-	p->fn = fn;
-	p->arg = arg;
-	p->count = count;
-	p->width = width == 0 || width > p->threads ? p->threads : width;
-	atomic_store_explicit(&p->next, 0, memory_order_relaxed);
-	atomic_store_explicit(&p->busy, p->threads - 1, memory_order_relaxed);
+	struct job_slot *s = &p->slot[(p->last + 1) % 2];
+	/* a worker that woke for the job two back may still be inside this
+	 * slot (it leaves at once: that job is over) */
+	while (atomic_load(&s->inside) != 0)
+		cpu_relax();
+	s->fn = fn;
+	s->arg = arg;
+	s->count = count;
+	s->width = width == 0 || width > p->threads ? p->threads : width;
+	atomic_store_explicit(&s->next, 0, memory_order_relaxed);
+	atomic_store_explicit(&s->done, 0, memory_order_relaxed);
 	publish(p);
-	run_tasks(p);
-	while (atomic_load_explicit(&p->busy, memory_order_acquire) != 0)
+	run_tasks(s);
+	/* only tasks a worker has claimed can be left */
+	while (atomic_load_explicit(&s->done, memory_order_acquire) != count)
 		cpu_relax();
 }
 

@@ -4,7 +4,9 @@
  *
  * A job is `count` independent tasks; each thread claims the next task index
  * with an atomic counter, so a core another process steals from simply runs
- * fewer tasks. Nothing is allocated per job.
+ * fewer tasks. The caller waits only for tasks a worker has claimed, never
+ * for a worker that has not woken or has lost its core: it runs the
+ * unclaimed tasks itself. Nothing is allocated per job.
  *
  * Threading: create, run and destroy all come from one thread (the backend's
  * executor thread); run is not reentrant. Workers spin briefly after a job
@@ -46,7 +48,8 @@ void radiance_cpu_pool_destroy(struct radiance_cpu_pool *p);
 unsigned radiance_cpu_pool_threads(const struct radiance_cpu_pool *p);
 
 /* Runs fn(arg, 0..count-1) on at most `width` threads (0: all; a NULL pool:
- * the caller alone) and returns when every task has finished. */
+ * the caller alone) and returns when every task has finished (a worker may
+ * still be on its way out of the job then; it touches none of its tasks). */
 void radiance_cpu_pool_run(struct radiance_cpu_pool *p, unsigned width, uint32_t count,
 			   radiance_cpu_task_fn fn, void *arg);
 

@@ -9,11 +9,14 @@
  *     bias's bits, the same bits at every thread count and for a row alone;
  *     all on odd N, K multiples of 128, M = 1..65, bf16
  *     and fp16 x, rows of NaN, +-Inf, zeros, -0 and subnormal-scale values,
- *     subnormal fp16 scales, with and without bias;
+ *     subnormal fp16 scales, with and without bias; and groups whose
+ *     reference fp32 lane sums are inexact (the avx2 level's exact-integer
+ *     kernel must fall back to fp32 there, and give the reference's bits);
  *   - bf16 linears: bit-exact with radiance_cpu_bf16() too (odd N and K,
  *     K from 1, NaN/Inf/zero rows), and the reference's outputs within the
  *     fp32 summation bound of a double reference (so the data is sane);
- *   - the pool: every task of a job runs exactly once, at every width;
+ *   - the pool: every task of a job runs exactly once, at every width, and
+ *     over many small jobs back to back only while its call runs;
  *   - the usable-thread count follows sched_setaffinity;
  *   - errors: M over max_rows, K not a multiple of 128, a SIMD level the
  *     build does not know; the scalar level asked for (the daemon's
@@ -440,6 +443,71 @@ static void test_w4a8_multi_bit_exact(void **state)
 	free_levels(lv, nlv);
 }
 
+/* Groups where the reference's fp32 lane sums are not the exact sums: the
+ * avx2 level (its exact-integer kernel at M > 1) must give the reference's
+ * bits there too, not the exact ones. Row r's group r % 2 (the other zero):
+ * lane 0 (k = 8t) sums 11 x 448 * 7 = 34496 (past 2^15, where fp32's step
+ * is 2^-8), then 2^-9 * 1 (a tie: lost to round-to-even), then 4 x -448 * 7:
+ * the reference's lane is 21952, the exact one 21952 + 2^-9; lane 4 (k = 8t
+ * + 4) is 7 x -448 * 7 = -21952. So the reference's group sum is 0 and y =
+ * 0, where exact sums give 2^-9 * scale. Scale 1, s = 448 / 448 = 1. */
+static void test_w4a8_inexact_reference_sums(void **state)
+{
+	(void)state;
+	struct level lv[12];
+	size_t nlv = make_levels(lv, 12);
+	enum { K = 256, N = 11, M = 9 };
+	static uint16_t x[M * K], yref[M * N], y[M * N];
+	static uint32_t qw[N * K / 8];
+	static uint16_t sc[N * K / 128];
+	static uint8_t scratch[M * K * 6 + 4096] __attribute__((aligned(64)));
+	memset(x, 0, sizeof x);
+	for (uint32_t r = 0; r < M; r++) {
+		uint16_t *g = x + (size_t)r * K + (r % 2) * 128;
+		for (int t = 0; t < 16; t++) {
+			g[8 * t] = t < 11 ? 0x43E0 : t == 11 ? 0x3B00 : 0xC3E0;   /* 448, 2^-9, -448 */
+			g[8 * t + 4] = t < 7 ? 0xC3E0 : 0;
+		}
+	}
+	for (uint32_t j = 0; j < N; j++)
+		for (uint32_t w = 0; w < K / 8; w++) {
+			uint32_t t = w % 16;
+			/* code 15 (+7) at nibbles 0 and 4, code 9 (+1) at t = 11's
+			 * nibble 0; random where x is zero */
+			uint32_t v = rnd() & 0xFFF0FFF0u;
+			qw[(size_t)j * (K / 8) + w] = v | (t == 11 ? 0x9u : 0xFu) | 0xF0000u;
+		}
+	for (size_t i = 0; i < N * K / 128; i++)
+		sc[i] = 0x3C00;   /* 1.0 */
+	const uint32_t ms[] = { 1, 2, 5, M };
+	for (size_t mi = 0; mi < sizeof ms / sizeof ms[0]; mi++) {
+		uint32_t m = ms[mi];
+		radiance_cpu_w4a8(x, RADIANCE_DTYPE_BF16, m, qw, sc, NULL, N, K, yref, scratch);
+		/* the case is what it says: the reference 0, the exact sum 2^-9 */
+		for (size_t e = 0; e < (size_t)m * N; e++)
+			assert_int_equal(yref[e], 0);
+		for (size_t i = 0; i < nlv; i++) {
+			if (lv[i].simd == RADIANCE_CPU_SIMD_AVX2_INT16) {
+				/* exact group sums by design (docs/numerics.md): 2^-9 */
+				assert_int_equal(radiance_cpu_fast_w4a8(lv[i].f, x, RADIANCE_DTYPE_BF16, m,
+									qw, sc, NULL, N, K, y), 0);
+				assert_int_equal(y[0], radiance_bf16_from_f32(0x1p-9f));
+				continue;
+			}
+			memset(y, 0xA5, sizeof y);
+			assert_int_equal(radiance_cpu_fast_w4a8(lv[i].f, x, RADIANCE_DTYPE_BF16, m, qw,
+								sc, NULL, N, K, y), 0);
+			for (size_t e = 0; e < (size_t)m * N; e++)
+				if (y[e] != yref[e])
+					fail_msg("%s threads %u: m=%u: y[%zu][%zu] = %#06x, reference %#06x "
+						 "(the exact group sum's bits, not the reference's)",
+						 radiance_cpu_simd_name(lv[i].simd), lv[i].threads, m,
+						 e / N, e % N, y[e], yref[e]);
+		}
+	}
+	free_levels(lv, nlv);
+}
+
 static void check_bf16_shape(struct level *lv, size_t nlv, uint32_t m, uint32_t n, uint32_t k,
 			     enum radiance_dtype dt, bool integers)
 {
@@ -541,6 +609,56 @@ static void test_pool_runs_each_task_once(void **state)
 	assert_int_equal(radiance_cpu_pool_create(0, &(struct radiance_cpu_pool *){ NULL }), -EINVAL);
 }
 
+/* Many small jobs back to back, so that pool threads wake late, find the job
+ * they woke for gone and the slot it used reused: every task of every job
+ * runs once, on its own job's arg, while its radiance_cpu_pool_run() call is
+ * still running (never after it returned). */
+struct live_job {
+	atomic_int live;
+	atomic_uint hits[3];
+	atomic_uint late;
+};
+
+static void live_task(void *arg, uint32_t t)
+{
+	struct live_job *j = arg;
+	/* a few microseconds, so that pool threads claim some of the tasks
+	 * while the caller runs its first one */
+	for (volatile int i = 0; i < 2000; i++)
+		;
+	if (!atomic_load(&j->live))
+		atomic_fetch_add(&j->late, 1);
+	atomic_fetch_add(&j->hits[t], 1);
+}
+
+static void test_pool_back_to_back_jobs(void **state)
+{
+	(void)state;
+	static struct live_job jobs[3];
+	for (unsigned threads = 2; threads <= 4; threads++) {
+		struct radiance_cpu_pool *p;
+		assert_int_equal(radiance_cpu_pool_create(threads, &p), 0);
+		for (unsigned n = 0; n < 20000; n++) {
+			struct live_job *j = &jobs[n % 3];
+			uint32_t count = 2 + n % 2;
+			for (int t = 0; t < 3; t++)
+				atomic_store(&j->hits[t], 0);
+			atomic_store(&j->late, 0);
+			atomic_store(&j->live, 1);
+			radiance_cpu_pool_run(p, 0, count, live_task, j);
+			atomic_store(&j->live, 0);
+			for (uint32_t t = 0; t < 3; t++)
+				if (atomic_load(&j->hits[t]) != (t < count ? 1u : 0u))
+					fail_msg("threads %u job %u: task %u ran %u times", threads, n, t,
+						 atomic_load(&j->hits[t]));
+		}
+		radiance_cpu_pool_destroy(p);
+		for (int i = 0; i < 3; i++)
+			if (atomic_load(&jobs[i].late))
+				fail_msg("threads %u: a task ran after its job returned", threads);
+	}
+}
+
 static void test_usable_threads_follow_affinity(void **state)
 {
 	(void)state;
@@ -615,8 +733,10 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_w4a8),
 		cmocka_unit_test(test_w4a8_multi_bit_exact),
+		cmocka_unit_test(test_w4a8_inexact_reference_sums),
 		cmocka_unit_test(test_bf16_bit_exact),
 		cmocka_unit_test(test_pool_runs_each_task_once),
+		cmocka_unit_test(test_pool_back_to_back_jobs),
 		cmocka_unit_test(test_usable_threads_follow_affinity),
 		cmocka_unit_test(test_errors),
 	};
