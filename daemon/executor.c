@@ -756,6 +756,40 @@ doorbells:
 
 /* ---- jobs ---- */
 
+/* A registration slower than this is logged as a warning (else at debug):
+ * on a GPU it page-locks the whole arena, and the log says what each one
+ * cost (issue 8: the H200's chaos run). */
+#define PIN_SLOW_NS 20000000ull
+
+static void pin_log(const struct exec_ring *r, const char *what, uint64_t t0, uint64_t t1)
+{
+	enum rlog_level lvl = t1 - t0 > PIN_SLOW_NS ? RADIANCE_LOG_WARN : RADIANCE_LOG_DEBUG;
+	/* the monotonic interval lets a test or a chaos run line it up with
+	 * what clients saw meanwhile */
+	rlog(lvl, "session %llu: %s its arena (%llu bytes) took %llu.%03llu ms "
+	     "(monotonic %llu.%09llu to %llu.%09llu s)", (unsigned long long)r->session_id, what,
+	     (unsigned long long)r->arena_bytes, (unsigned long long)((t1 - t0) / 1000000u),
+	     (unsigned long long)((t1 - t0) / 1000u % 1000u), (unsigned long long)(t0 / 1000000000u),
+	     (unsigned long long)(t0 % 1000000000u), (unsigned long long)(t1 / 1000000000u),
+	     (unsigned long long)(t1 % 1000000000u));
+}
+
+/* Registers r's arena with the backend (GPU: page-locks and maps it). */
+static int ring_pin(struct radiance_executor *e, struct exec_ring *r, char *err, size_t errlen)
+{
+	uint64_t t0 = rclock_ns();
+	int rc = radiance_backend_register_host(e->backend, r->arena, r->arena_bytes, err, errlen);
+	pin_log(r, rc < 0 ? "failing to register" : "registering", t0, rclock_ns());
+	return rc;
+}
+
+static void ring_unpin(struct radiance_executor *e, struct exec_ring *r)
+{
+	uint64_t t0 = rclock_ns();
+	radiance_backend_unregister_host(e->backend, r->arena);
+	pin_log(r, "unregistering", t0, rclock_ns());
+}
+
 /* Starts serving r: 0, or -errno with err set. */
 static int ring_attach(struct radiance_executor *e, struct exec_ring *r, char *err, size_t errlen)
 {
@@ -763,7 +797,7 @@ static int ring_attach(struct radiance_executor *e, struct exec_ring *r, char *e
 		snprintf(err, errlen, "executor serves %u rings already", e->opt.max_rings);
 		return -EBUSY;
 	}
-	int rc = radiance_backend_register_host(e->backend, r->arena, r->arena_bytes, err, errlen);
+	int rc = ring_pin(e, r, err, errlen);
 	if (rc < 0)
 		return rc;
 	/* Edge-triggered, and never read: the client holds the same open file
@@ -774,7 +808,7 @@ static int ring_attach(struct radiance_executor *e, struct exec_ring *r, char *e
 	if (!e->is_inline && epoll_ctl(e->epfd, EPOLL_CTL_ADD, r->sq_efd, &ev) < 0) {
 		rc = -errno;
 		snprintf(err, errlen, "epoll_ctl: %s", strerror(errno));
-		radiance_backend_unregister_host(e->backend, r->arena);
+		ring_unpin(e, r);
 		return rc;
 	}
 	e->rings[e->nrings++] = r;
@@ -793,7 +827,7 @@ static void ring_detach(struct radiance_executor *e, size_t i)
 	ring_drop_queue(r);
 	if (!e->is_inline)
 		epoll_ctl(e->epfd, EPOLL_CTL_DEL, r->sq_efd, NULL);
-	radiance_backend_unregister_host(e->backend, r->arena);
+	ring_unpin(e, r);
 	e->rings[i] = e->rings[--e->nrings];
 	e->rr = 0;
 }
