@@ -58,11 +58,11 @@ static void job_list_splice(struct job_list *dst, struct job_list *src)
 }
 
 /* Jobs (ring set-up and teardown, model frees) run between two passes for
- * at most this long, at least one: a GPU page-locks or unlocks an arena in
- * each ring job, which can take milliseconds, and a storm of connecting and
- * dying clients must not hold every other session's requests until the
- * whole queue of them is done (issue 8: three checked clients waited 3.1 s
- * behind the ring jobs of 1000 killed ones on the H200). */
+ * at most this long, at least one: a storm of connecting and dying clients
+ * must not hold every other session's requests until the whole queue of
+ * them is done (issue 8: three checked clients waited 3.1 s behind the ring
+ * jobs of 1000 killed ones on the H200, when each job page-locked or
+ * unlocked an arena; that runs on a libuv worker now, executor_pin). */
 #define JOB_BUDGET_NS 2000000ull
 /* A single job slower than this is logged: one job is never cut short. */
 #define JOB_SLOW_NS 50000000ull
@@ -774,7 +774,8 @@ static void pin_log(const struct exec_ring *r, const char *what, uint64_t t0, ui
 	     (unsigned long long)(t1 % 1000000000u));
 }
 
-/* Registers r's arena with the backend (GPU: page-locks and maps it). */
+/* Registers r's arena with the backend (GPU: page-locks and maps it). Any
+ * thread: the backend allows it beside the executor's calls (backend.h). */
 static int ring_pin(struct radiance_executor *e, struct exec_ring *r, char *err, size_t errlen)
 {
 	uint64_t t0 = rclock_ns();
@@ -790,25 +791,71 @@ static void ring_unpin(struct radiance_executor *e, struct exec_ring *r)
 	pin_log(r, "unregistering", t0, rclock_ns());
 }
 
-/* Starts serving r: 0, or -errno with err set. */
+/* libuv worker thread */
+static void pin_work(uv_work_t *w)
+{
+	struct exec_pin *p = w->data;
+	if (p->unpin)
+		ring_unpin(p->e, p->ring);
+	else
+		p->status = ring_pin(p->e, p->ring, p->err, sizeof p->err);
+}
+
+static void pin_after(uv_work_t *w, int status)
+{
+	struct exec_pin *p = w->data;
+	if (status == UV_ECANCELED)
+		p->status = -ECANCELED;
+	p->done(p);
+}
+
+static int pin_queue(struct radiance_executor *e, struct exec_pin *p, struct exec_ring *r, int unpin,
+		     void (*done)(struct exec_pin *), void *user)
+{
+	*p = (struct exec_pin){ .e = e, .ring = r, .unpin = unpin, .done = done, .user = user };
+	p->work.data = p;
+	return uv_queue_work(e->loop, &p->work, pin_work, pin_after);
+}
+
+int executor_pin(struct radiance_executor *e, struct exec_pin *p, struct exec_ring *r,
+		 void (*done)(struct exec_pin *), void *user)
+{
+	return pin_queue(e, p, r, 0, done, user);
+}
+
+int executor_pin_cancel(struct exec_pin *p)
+{
+	return uv_cancel((uv_req_t *)&p->work) == 0 ? 0 : -EBUSY;
+}
+
+void executor_unpin(struct radiance_executor *e, struct exec_pin *p, struct exec_ring *r,
+		    void (*done)(struct exec_pin *), void *user)
+{
+	int rc = pin_queue(e, p, r, 1, done, user);
+	if (rc < 0) {
+		log_warn("session %llu: cannot hand the arena's unregistration to a worker (%s): "
+			 "unregistering it on the loop thread", (unsigned long long)r->session_id,
+			 uv_strerror(rc));
+		ring_unpin(e, r);
+		done(p);
+	}
+}
+
+/* Starts serving r, whose arena is pinned: 0, or -errno with err set. */
 static int ring_attach(struct radiance_executor *e, struct exec_ring *r, char *err, size_t errlen)
 {
 	if (e->nrings == e->opt.max_rings) {
 		snprintf(err, errlen, "executor serves %u rings already", e->opt.max_rings);
 		return -EBUSY;
 	}
-	int rc = ring_pin(e, r, err, errlen);
-	if (rc < 0)
-		return rc;
 	/* Edge-triggered, and never read: the client holds the same open file
 	 * description and could make it blocking (O_NONBLOCK is shared) and
 	 * then steal the count, which would hang a read here. An eventfd write
 	 * wakes an edge-triggered epoll every time, so nothing is lost. */
 	struct epoll_event ev = { .events = EPOLLIN | EPOLLET, .data.ptr = r };
 	if (!e->is_inline && epoll_ctl(e->epfd, EPOLL_CTL_ADD, r->sq_efd, &ev) < 0) {
-		rc = -errno;
+		int rc = -errno;
 		snprintf(err, errlen, "epoll_ctl: %s", strerror(errno));
-		ring_unpin(e, r);
 		return rc;
 	}
 	e->rings[e->nrings++] = r;
@@ -820,14 +867,14 @@ static void ring_add(struct radiance_executor *e, struct exec_job *job)
 	job->status = ring_attach(e, job->ring, job->err, sizeof job->err);
 }
 
-/* Stops serving ring i: whatever is still queued is dropped unanswered. */
+/* Stops serving ring i: whatever is still queued is dropped unanswered.
+ * Its arena stays pinned (the loop unpins it, executor_unpin). */
 static void ring_detach(struct radiance_executor *e, size_t i)
 {
 	struct exec_ring *r = e->rings[i];
 	ring_drop_queue(r);
 	if (!e->is_inline)
 		epoll_ctl(e->epfd, EPOLL_CTL_DEL, r->sq_efd, NULL);
-	ring_unpin(e, r);
 	e->rings[i] = e->rings[--e->nrings];
 	e->rr = 0;
 }
@@ -1302,8 +1349,11 @@ int executor__create_inline(const struct executor_options *opt, struct radiance_
 
 void executor__destroy_inline(struct radiance_executor *e)
 {
-	while (e->nrings)
+	while (e->nrings) {
+		struct exec_ring *r = e->rings[e->nrings - 1];
 		ring_detach(e, e->nrings - 1);
+		ring_unpin(e, r);
+	}
 	radiance_backend_destroy(e->backend);
 	pthread_mutex_destroy(&e->lock);
 	executor_free(e);
@@ -1311,7 +1361,13 @@ void executor__destroy_inline(struct radiance_executor *e)
 
 int executor__ring_add(struct radiance_executor *e, struct exec_ring *r, char *err, size_t errlen)
 {
-	return ring_attach(e, r, err, errlen);
+	int rc = ring_pin(e, r, err, errlen);
+	if (rc < 0)
+		return rc;
+	rc = ring_attach(e, r, err, errlen);
+	if (rc < 0)
+		ring_unpin(e, r);
+	return rc;
 }
 
 int executor__ring_remove(struct radiance_executor *e, struct exec_ring *r)
@@ -1319,6 +1375,7 @@ int executor__ring_remove(struct radiance_executor *e, struct exec_ring *r)
 	for (size_t i = 0; i < e->nrings; i++)
 		if (e->rings[i] == r) {
 			ring_detach(e, i);
+			ring_unpin(e, r);
 			return 0;
 		}
 	return -ENOENT;
