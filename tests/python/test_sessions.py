@@ -263,6 +263,21 @@ def test_completed_result_survives_the_connection_loss(own_daemon):
 
 
 # -- ring jobs and other sessions' requests ------------------------------------
+def steady_client(m, x, want, stop, done, errors):
+    """A thread that sends x to Q on model m until stop is set, appending
+    (sent, answered) time.monotonic() pairs to done and any wrong result to
+    errors."""
+    def run():
+        while not stop.is_set():
+            t0 = time.monotonic()
+            got = m.linear(Q, x)
+            done.append((t0, time.monotonic()))
+            if not np.array_equal(bits(got), want):
+                errors.append("steady client: wrong result")
+
+    return threading.Thread(target=run)
+
+
 PIN_LINE = re.compile(r"session (\d+): (registering|unregistering) its arena \((\d+) bytes\) "
                       r"took ([0-9.]+) ms \(monotonic ([0-9.]+) to ([0-9.]+) s\)")
 
@@ -288,16 +303,7 @@ def test_ring_pins_run_beside_other_sessions(tmp_path):
         x = rand((1, 384), seed=5)
         want = bits(m.linear(Q, x))        # its ring is set up (and pinned) first
         done, stop, errors = [], threading.Event(), []
-
-        def steady():
-            while not stop.is_set():
-                t0 = time.monotonic()
-                got = m.linear(Q, x)
-                done.append((t0, time.monotonic()))
-                if not np.array_equal(bits(got), want):
-                    errors.append("steady client: wrong result")
-
-        th = threading.Thread(target=steady)
+        th = steady_client(m, x, want, stop, done, errors)
         t_start = time.monotonic()
         th.start()
         try:
@@ -351,16 +357,7 @@ def test_ring_setups_do_not_hold_other_sessions(tmp_path):
         m = a.attach(CKPT.name)
         x = rand((1, 384), seed=3)
         want = bits(m.linear(Q, x))        # its ring is set up before the storm
-        waits, stop, errors = [], threading.Event(), []
-
-        def steady():
-            while not stop.is_set():
-                t0 = time.monotonic()
-                got = m.linear(Q, x)
-                waits.append(time.monotonic() - t0)
-                if not np.array_equal(bits(got), want):
-                    errors.append("steady client: wrong result")
-
+        done, stop, errors = [], threading.Event(), []
         barrier = threading.Barrier(30)
 
         def storm(i):
@@ -371,7 +368,7 @@ def test_ring_setups_do_not_hold_other_sessions(tmp_path):
             except Exception as e:
                 errors.append(f"storm client {i}: {e!r}")
 
-        th = threading.Thread(target=steady)
+        th = steady_client(m, x, want, stop, done, errors)
         th.start()
         time.sleep(0.1)
         t_storm = time.monotonic()
@@ -388,6 +385,7 @@ def test_ring_setups_do_not_hold_other_sessions(tmp_path):
         # the set-ups did sleep: on the libuv threadpool's workers now,
         # several at once (the executor only adds the ring)
         assert t_storm >= delay * 0.9
+        waits = [t1 - t0 for t0, t1 in done]
         jobs = max(waits) / delay
         assert jobs <= 8, (f"the steady client's longest wait ({max(waits) * 1000:.0f} ms) "
                            f"lasted {jobs:.1f} ring jobs")
