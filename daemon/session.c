@@ -509,7 +509,7 @@ static void on_ring_removed(struct exec_job *job)
 
 /* Hands the ring to the executor to take off its list (EXEC_JOB_RING_REMOVE);
  * the arena is unpinned once the executor no longer reads it, and the
- * segment released after that (on_unpinned). Not executor.c's ring_remove,
+ * segment released after that (on_unpinned). Not exec_jobs.c's ring_remove,
  * which does the taking off. */
 static void session_ring_release(struct radiance_session *s)
 {
