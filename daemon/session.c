@@ -385,7 +385,9 @@ static void handle_stats(struct radiance_session *s, uint64_t tag)
 	global.latency_le_ns = le;
 	global.latency_cumulative = cum;
 	stats_fill(&srv->stats, &global);
-	global.sessions = srv->nsessions;
+	/* live ones: a closing session (its client gone, its ring being taken
+	 * down and its arena unpinned) is not, as for max_sessions */
+	global.sessions = srv->nsessions - srv->nclosing;
 	global.uptime_ns = rclock_ns() - srv->start_ns;
 	stats_msg_fill(s, &mine);
 	mine.uptime_ns = global.uptime_ns;
@@ -402,7 +404,9 @@ static void handle_stats(struct radiance_session *s, uint64_t tag)
 		return;
 	}
 	size_t i = 0;
-	for (struct radiance_session *o = srv->sessions; o && i < n; o = o->next, i++) {
+	for (struct radiance_session *o = srv->sessions; o && i < n; o = o->next) {
+		if (o->state == SESSION_CLOSING)
+			continue;
 		rdw__session_stats__init(&ss[i]);
 		stats_msg_fill(o, &st[i]);
 		ss[i].session_id = o->id;
@@ -411,6 +415,7 @@ static void handle_stats(struct radiance_session *s, uint64_t tag)
 		ss[i].uid = o->uid;
 		ss[i].stats = &st[i];
 		ssp[i] = &ss[i];
+		i++;
 	}
 	Rdw__StatsReply reply = RDW__STATS_REPLY__INIT;
 	Rdw__ServerMessage m = RDW__SERVER_MESSAGE__INIT;
