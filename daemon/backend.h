@@ -8,7 +8,10 @@
  * call everything else, after the process has forked/daemonized (HIP must not
  * be initialized before a fork whose child goes on without exec). All other
  * calls on one backend come from that one executor thread; a backend is not
- * thread-safe.
+ * thread-safe, except register_host and unregister_host, which any thread
+ * may call at any time, beside the executor's calls (the daemon pins
+ * arenas on libuv worker threads: executor.h, Pinning), though never two
+ * at once for the same range.
  *
  * Errors: functions return 0 or a negative errno; `err` (may be NULL) gets a
  * one-line human message naming what failed.
@@ -106,8 +109,14 @@ int radiance_backend_layer_upload(struct radiance_backend *b, const struct radia
 				  struct radiance_backend_layer **out, char *err, size_t errlen);
 void radiance_backend_layer_free(struct radiance_backend *b, struct radiance_backend_layer *h);
 
-/* Pin (GPU: page-lock and map) a host range that rows will point into, e.g. a
- * session's shared-memory arena; unregister before unmapping it. No-op on CPU. */
+/* Pin (GPU: page-lock and map, which takes time in proportion to len: tens
+ * of ms for a big arena) a host range that rows will point into, e.g. a
+ * session's shared-memory arena; unregister before unmapping it, and only
+ * once no launch that reads or writes it is still in flight (done, or a
+ * synchronous call returned): the GPU backend does not synchronize its
+ * queues for it. On the CPU nothing is pinned: both only sleep for
+ * test_pin_delay_us. Any thread (above). register: 0, -ENOMEM, -EIO with
+ * err set. */
 int radiance_backend_register_host(struct radiance_backend *b, void *base, size_t len,
 				   char *err, size_t errlen);
 void radiance_backend_unregister_host(struct radiance_backend *b, void *base);

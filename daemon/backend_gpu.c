@@ -44,6 +44,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -91,6 +92,11 @@ struct gpu_state {
 	enum radiance__gpu_share_kind share;    /* how models are allocated */
 	char share_why[192];
 	char pci_bus_id[32];
+	/* the registered arenas: added and removed by register_host and
+	 * unregister_host on the loop's worker threads, looked up by the
+	 * executor's launches (mapped), all under regs_lock, held only to
+	 * change or search the table, never across a driver call */
+	pthread_mutex_t regs_lock;
 	struct registered *regs;
 	size_t n_regs, cap_regs;
 	uint32_t zero_copy_rows;
@@ -137,6 +143,7 @@ static void gpu_destroy(void *state)
 	for (size_t i = 0; i < g->n_regs; i++)
 		radiance__gpu_host_unregister(g->regs[i].base);
 	free(g->regs);
+	pthread_mutex_destroy(&g->regs_lock);
 	free(g->seen);
 	free(g);
 }
@@ -201,9 +208,11 @@ static int gpu_create(const struct radiance_backend_options *opt, void **state, 
 		snprintf(err, errlen, "gpu backend: out of memory");
 		return -ENOMEM;
 	}
+	pthread_mutex_init(&g->regs_lock, NULL);
 	rc = radiance__gpu_init(opt->device, &g->dev);
 	if (rc) {
 		gpu_err(err, errlen, rc, "init");
+		pthread_mutex_destroy(&g->regs_lock);
 		free(g);
 		return rc;
 	}
@@ -448,39 +457,56 @@ static void gpu_layer_free(void *state, struct radiance_backend_layer *h)
 	layer_release(h);
 }
 
+/* Any thread (backend.h): the executor's launches go on meanwhile. The
+ * page-locking runs outside regs_lock; the range enters the table, where
+ * mapped() finds it, once it is registered. */
 static int gpu_register_host(void *state, void *base, size_t len, char *err, size_t errlen)
 {
 	struct gpu_state *g = state;
 	void *dev = NULL;
+	/* the device is the calling thread's own setting: a worker's is 0 */
+	int rc = radiance__gpu_set_device(g->dev.ordinal);
+	if (rc == 0)
+		rc = radiance__gpu_host_register(base, len, &dev);
+	if (rc)
+		return gpu_err(err, errlen, rc, "registering a host range");
+	pthread_mutex_lock(&g->regs_lock);
 	if (g->n_regs == g->cap_regs) {
 		size_t cap = g->cap_regs ? 2 * g->cap_regs : 16;
 		struct registered *r = realloc(g->regs, cap * sizeof *r);
 		if (!r) {
-			snprintf(err, errlen, "out of memory");
+			pthread_mutex_unlock(&g->regs_lock);
+			radiance__gpu_host_unregister(base);
+			snprintf(err, errlen, "gpu backend: out of memory");
 			return -ENOMEM;
 		}
 		g->regs = r;
 		g->cap_regs = cap;
 	}
-	int rc = radiance__gpu_host_register(base, len, &dev);
-	if (rc)
-		return gpu_err(err, errlen, rc, "registering a host range");
 	g->regs[g->n_regs++] = (struct registered){base, len, dev};
+	pthread_mutex_unlock(&g->regs_lock);
 	return 0;
 }
 
+/* Any thread. No launch reads or writes the range any more (backend.h:
+ * the executor waits for every launch of a ring before it stops serving
+ * it), so nothing needs the lanes synchronized: it leaves the table, then
+ * the driver unlocks it. */
 static void gpu_unregister_host(void *state, void *base)
 {
 	struct gpu_state *g = state;
+	int found = 0;
+	pthread_mutex_lock(&g->regs_lock);
 	for (size_t i = 0; i < g->n_regs; i++) {
 		if (g->regs[i].base == base) {
-			/* copies from or to the range may still be queued */
-			sync_lanes(g);
-			radiance__gpu_host_unregister(base);
 			g->regs[i] = g->regs[--g->n_regs];
-			return;
+			found = 1;
+			break;
 		}
 	}
+	pthread_mutex_unlock(&g->regs_lock);
+	if (found && (radiance__gpu_set_device(g->dev.ordinal) || radiance__gpu_host_unregister(base)))
+		log_warn("gpu backend: unregistering a host range: %s", radiance__gpu_last_error());
 }
 
 /* ------------------------------------------------------- numerics gate */
@@ -599,7 +625,8 @@ static int run_launch(struct gpu_state *g, struct lane *ln, struct radiance_back
 #define ZC_X_IN_PLACE (16u << 10)
 #define ZC_Y_IN_PLACE (64u << 10)
 
-/* The device address of host memory p inside a registered range, or NULL. */
+/* The device address of host memory p inside a registered range, or NULL.
+ * The caller holds regs_lock. */
 static void *mapped(const struct gpu_state *g, const void *p, size_t bytes)
 {
 	const uint8_t *q = p;
@@ -621,13 +648,19 @@ static int run_mapped(struct gpu_state *g, struct lane *ln, struct radiance_back
 		return 0;
 	struct radiance__gpu_rows_list in = {0}, out = {0};
 	uint32_t off = 0;
+	/* a range these rows lie in stays registered while they are served
+	 * (their ring is not removed before the launch is done): the
+	 * addresses stay good once the lock is let go */
+	pthread_mutex_lock(&g->regs_lock);
 	for (size_t i = i0; i < i1; i++) {
 		if (!rows[i].m)
 			continue;
 		const void *x = mapped(g, rows[i].x, rows[i].m * xrow);
 		void *y = mapped(g, rows[i].y, rows[i].m * yrow);
-		if (!x || !y)
+		if (!x || !y) {
+			pthread_mutex_unlock(&g->regs_lock);
 			return 0;
+		}
 		in.src[in.n] = x;
 		in.dst[in.n] = (uint8_t *)ln->x + (size_t)off * xrow;
 		in.bytes[in.n++] = rows[i].m * xrow;
@@ -636,6 +669,7 @@ static int run_mapped(struct gpu_state *g, struct lane *ln, struct radiance_back
 		out.bytes[out.n++] = rows[i].m * yrow;
 		off += rows[i].m;
 	}
+	pthread_mutex_unlock(&g->regs_lock);
 	const struct radiance__gpu_layer l = {
 		.n = h->n, .k = h->k, .w = h->w, .sc = h->sc, .bias = h->bias,
 	};

@@ -17,125 +17,13 @@
 
 #include "log.h"
 #include "clock.h"
+#include "exec_private.h"
 #include "proto_util.h"
 #include "request.h"
-
-/* A FIFO of jobs handed between the loop and the executor thread, under
- * the executor's lock. */
-struct job_list {
-	struct exec_job *head, *tail;
-};
-
-static void job_list_push(struct job_list *l, struct exec_job *job)
-{
-	job->next = NULL;
-	if (l->tail)
-		l->tail->next = job;
-	else
-		l->head = job;
-	l->tail = job;
-}
-
-/* Empties the list; returns its jobs, chained by next. */
-static struct exec_job *job_list_take(struct job_list *l)
-{
-	struct exec_job *job = l->head;
-	l->head = l->tail = NULL;
-	return job;
-}
-
-/* Moves every job of src to the end of dst, in order. */
-static void job_list_splice(struct job_list *dst, struct job_list *src)
-{
-	if (!src->head)
-		return;
-	if (dst->tail)
-		dst->tail->next = src->head;
-	else
-		dst->head = src->head;
-	dst->tail = src->tail;
-	src->head = src->tail = NULL;
-}
-
-/* Jobs (ring set-up and teardown, model frees) run between two passes for
- * at most this long, at least one: a GPU page-locks or unlocks an arena in
- * each ring job, which can take milliseconds, and a storm of connecting and
- * dying clients must not hold every other session's requests until the
- * whole queue of them is done (issue 8: three checked clients waited 3.1 s
- * behind the ring jobs of 1000 killed ones on the H200). */
-#define JOB_BUDGET_NS 2000000ull
-/* A single job slower than this is logged: one job is never cut short. */
-#define JOB_SLOW_NS 50000000ull
-
-/* One asynchronous launch of the round in flight: its pieces are
- * pend_v[first .. first + n). */
-struct exec_pending {
-	uint64_t ticket;
-	uint64_t start;          /* CLOCK_MONOTONIC ns, when it was queued */
-	size_t first, n;
-	int bulk;                /* prefill pieces (struct radiance_rows.bulk) */
-	int done;
-};
 
 /* A session counts as busy for the gather window this long after its SQ
  * last gave a request. */
 #define GATHER_RECENT_NS 2000000u
-
-struct radiance_executor {
-	uv_loop_t *loop;
-	uv_async_t async;
-	pthread_t thread;
-	struct executor_options opt;
-	struct radiance_backend *backend;
-	struct radiance_backend_info info;
-
-	/* start-up handshake */
-	pthread_mutex_t lock;      /* guards jobs, done and started */
-	pthread_cond_t cond;
-	int started;               /* 1 ok, -errno failed */
-	char start_err[256];
-
-	struct job_list jobs;   /* loop -> executor */
-	struct job_list backlog;   /* executor-private: taken, not run yet */
-	struct job_list done;   /* executor -> loop */
-	atomic_int jobs_pending;
-	atomic_int stop;
-	int ctl_efd;
-	int epfd;
-
-	/* watchdog: written by the executor, read by the loop */
-	atomic_uint_fast64_t progress;
-	atomic_int idle;
-
-	/* executor-private */
-	struct sched_params sched;
-	struct exec_ring **rings;
-	size_t nrings;
-	size_t rr;                            /* round-robin start */
-	struct exec_job *uploading;           /* UPLOAD jobs in progress, FIFO */
-	struct sched_flow **flows;            /* max_rings: this round's */
-	struct sched_flow **flow_scratch;     /* max_rings: sched_round's */
-	struct sched_req **batch;             /* max_rings * EXEC_BATCH: this round's pieces */
-	struct radiance_rows *rows;           /* max_rows */
-	/* asynchronous launches (executor.h): the rounds in flight */
-	int sync_only;                        /* the backend has none */
-	struct exec_pending *pend;            /* pend_cap, in start order */
-	size_t pend_n, pend_cap;
-	size_t pend_decode;                   /* of them not bulk */
-	struct sched_req **pend_v;            /* their pieces, pend_cap */
-	uint8_t *pend_last;                   /* per piece: its request's last one */
-	size_t pend_vn;
-	struct rproto_bump bump;   /* SQ slots unpack here, off malloc */
-	uint64_t launches;                    /* backend calls made: executor__launches() */
-	int is_inline;                        /* executor__create_inline: no thread, async or fds */
-};
-
-static void progress_bump(struct radiance_executor *e)
-{
-	/* one writer: a plain load and store, no read-modify-write */
-	atomic_store_explicit(&e->progress, atomic_load_explicit(&e->progress, memory_order_relaxed) + 1,
-			      memory_order_relaxed);
-}
 
 /* ---- model references ---- */
 
@@ -219,35 +107,6 @@ void exec_ring_init(struct exec_ring *r, void (*broken_done)(struct exec_job *),
 	sched_flow_init(&r->flow);
 	for (size_t i = 0; i < EXEC_BATCH; i++)
 		r->entries[i].in_use = 0;
-}
-
-/* ---- executor -> loop ---- */
-
-static void on_async_closed(uv_handle_t *h)
-{
-	free(h->data);
-}
-
-static void post_done(struct radiance_executor *e, struct exec_job *job)
-{
-	pthread_mutex_lock(&e->lock);
-	job_list_push(&e->done, job);
-	pthread_mutex_unlock(&e->lock);
-	if (!e->is_inline)
-		uv_async_send(&e->async);
-}
-
-static void on_async(uv_async_t *h)
-{
-	struct radiance_executor *e = h->data;
-	pthread_mutex_lock(&e->lock);
-	struct exec_job *job = job_list_take(&e->done);
-	pthread_mutex_unlock(&e->lock);
-	while (job) {
-		struct exec_job *next = job->next;
-		job->done(job);
-		job = next;
-	}
 }
 
 static void ring_violation(struct radiance_executor *e, struct exec_ring *r, const char *fmt, ...)
@@ -361,11 +220,6 @@ static void reject(struct radiance_executor *e, struct exec_ring *r, uint64_t re
 
 /* ---- the flows ---- */
 
-static struct exec_entry *entry_of(struct sched_req *s)
-{
-	return (struct exec_entry *)((char *)s - offsetof(struct exec_entry, s));
-}
-
 /* A free slot for a request the flow admitted: there is one, as every slot
  * in use is queued in the flow and the flow holds at most EXEC_BATCH. */
 static struct exec_entry *entry_alloc(struct exec_ring *r)
@@ -384,7 +238,7 @@ static void entry_release(struct exec_ring *r, struct exec_entry *en)
 
 /* Forgets every queued request of r without answering it (the ring died or
  * is being removed): nothing of r's arena is touched again. */
-static void ring_drop_queue(struct exec_ring *r)
+void ring_drop_queue(struct exec_ring *r)
 {
 	for (size_t i = 0; i < EXEC_BATCH; i++)
 		r->entries[i].in_use = 0;
@@ -392,7 +246,7 @@ static void ring_drop_queue(struct exec_ring *r)
 }
 
 /* Posts en's one result (all its pieces ran, or it failed) and frees its slot. */
-static void entry_finish(struct radiance_executor *e, struct exec_entry *en, int status,
+void entry_finish(struct radiance_executor *e, struct exec_entry *en, int status,
 			 const char *error, uint64_t end)
 {
 	struct exec_ring *r = en->ring;
@@ -409,7 +263,7 @@ static void entry_finish(struct radiance_executor *e, struct exec_entry *en, int
  * it does can make this block. A full pipe (never drained) answers EAGAIN,
  * and a wakeup is pending anyway; a closed read end gives EPIPE (SIGPIPE is
  * ignored). */
-static void ring_doorbell(struct exec_ring *r)
+void ring_doorbell(struct exec_ring *r)
 {
 	if (r->need_doorbell && !r->dead && rring_needs_wakeup(&r->cq))
 		rdoorbell_ring(r->cq_wfd);
@@ -512,156 +366,6 @@ static int same_layers(const struct exec_entry *a, const struct exec_entry *b)
 	       memcmp(a->layers, b->layers, a->n_layers * sizeof a->layers[0]) == 0;
 }
 
-/* The pieces v[0..n) of one launch ran (rc 0) or failed: posts the results
- * of the requests whose last piece this was (last[i], or NULL: as the
- * request stands now) or that failed, and rings their doorbells at once,
- * so a decode result does not wait for the prefill pieces after it. */
-static void pieces_done(struct radiance_executor *e, struct sched_req **v, const uint8_t *last, size_t n,
-			int rc, const char *err, uint64_t start, uint64_t end)
-{
-	for (size_t i = 0; i < n; i++) {
-		struct exec_entry *en = entry_of(v[i]);
-		if (!en->in_use)   /* its ring died meanwhile and dropped it */
-			continue;
-		if (!en->started) {
-			en->started = 1;
-			en->t_start = start;
-		}
-		/* a failed piece fails its request: it is answered now, and its
-		 * later pieces never run (or, in flight already, fail as well:
-		 * a device fault fails every later launch) */
-		if (rc < 0 || (last ? last[i] : sched_req_last_piece(&en->s)))
-			entry_finish(e, en, rc < 0 ? -rc : 0, err, end);
-	}
-	for (size_t i = 0; i < n; i++)
-		ring_doorbell(entry_of(v[i])->ring);
-	progress_bump(e);
-}
-
-/* Posts the results of the launches in flight that the device has
- * finished (bulk ones finish in order, and the others among themselves,
- * but a decode launch may overtake a prefill one), then closes the gaps.
- * Returns how many finished. */
-static size_t reap(struct radiance_executor *e)
-{
-	size_t done = 0;
-	int bulk_blocked = 0, decode_blocked = 0;
-	for (size_t i = 0; i < e->pend_n && !(bulk_blocked && decode_blocked); i++) {
-		struct exec_pending *p = &e->pend[i];
-		if ((p->bulk ? bulk_blocked : decode_blocked))
-			continue;
-		char err[192] = "";
-		int rc = radiance_backend_linear_done(e->backend, p->ticket, err, sizeof err);
-		if (rc == 0) {
-			/* the later ones of its kind are not done either */
-			*(p->bulk ? &bulk_blocked : &decode_blocked) = 1;
-			continue;
-		}
-		if (rc < 0)
-			log_warn("a launch of %zu requests failed on the device: %s", p->n, err);
-		pieces_done(e, e->pend_v + p->first, e->pend_last + p->first, p->n, rc < 0 ? rc : 0, err,
-			    p->start, rclock_ns());
-		p->done = 1;
-		e->pend_decode -= !p->bulk;
-		done++;
-	}
-	if (!done)
-		return 0;
-	/* keep the unfinished ones, in order, at the front */
-	size_t n = 0, vn = 0;
-	for (size_t i = 0; i < e->pend_n; i++) {
-		struct exec_pending p = e->pend[i];
-		if (p.done)
-			continue;
-		memmove(e->pend_v + vn, e->pend_v + p.first, p.n * sizeof *e->pend_v);
-		memmove(e->pend_last + vn, e->pend_last + p.first, p.n);
-		p.first = vn;
-		vn += p.n;
-		e->pend[n++] = p;
-	}
-	e->pend_n = n;
-	e->pend_vn = vn;
-	return done;
-}
-
-/* Waits for every launch in flight (a job is about to run). */
-static void drain_pending(struct radiance_executor *e)
-{
-	while (e->pend_n)
-		if (reap(e) == 0)
-			rring_cpu_relax();
-}
-
-/* Runs the pieces v[0..live) (one model, the same layers, rows summing <=
- * max_rows) as one launch. A launch of one layer is queued on the device
- * when the backend can (results posted by reap); several layers, or a
- * backend without asynchronous launches, run here and are posted at once. */
-static void launch_same(struct radiance_executor *e, struct sched_req **v, size_t live)
-{
-	struct exec_entry *first = entry_of(v[0]);
-	struct exec_model *m = first->model;
-	uint32_t nl = first->n_layers;
-	/* nl >= 1 (request_check), which the compiler cannot see */
-	const struct radiance_layer *ls[RADIANCE_MAX_REQUEST_LAYERS] = { 0 };
-	struct radiance_backend_layer *hs[RADIANCE_MAX_REQUEST_LAYERS] = { 0 };
-	for (uint32_t j = 0; j < nl; j++) {
-		ls[j] = &m->model->layers[first->layers[j]];
-		hs[j] = m->handles[first->layers[j]];
-	}
-	uint32_t k = ls[0]->k;
-	char err[192] = "";
-	/* e->rows[j * live + i]: request i's piece for layer j (x shared) */
-	for (uint32_t j = 0; j < nl; j++)
-		for (size_t i = 0; i < live; i++) {
-			struct exec_entry *en = entry_of(v[i]);
-			/* x and y are 16-bit elements, rows apart by K and N */
-			e->rows[j * live + i] = (struct radiance_rows){
-				.x = (const uint16_t *)en->rows.x + (size_t)en->s.piece_row * k,
-				.y = en->ys[j] + (size_t)en->s.piece_row * ls[j]->n,
-				.m = en->s.piece_rows,
-				.dtype = en->rows.dtype,
-				.bulk = sched_req_chunked(&e->sched, &en->s),
-			};
-		}
-	uint64_t start = rclock_ns();
-	e->launches++;
-	int rc = -EOPNOTSUPP;
-	if (nl == 1 && !e->sync_only) {
-		uint64_t ticket = 0;
-		rc = radiance_backend_linear_start(e->backend, ls[0], hs[0], e->rows, live, &ticket, err,
-						   sizeof err);
-		if (rc == 0) {
-			stats_launch(e->opt.global_stats);
-			struct exec_pending *p = &e->pend[e->pend_n++];
-			*p = (struct exec_pending){ .ticket = ticket, .start = start, .first = e->pend_vn,
-						    .n = live, .bulk = e->rows[0].bulk };
-			e->pend_decode += !p->bulk;
-			for (size_t i = 0; i < live; i++) {
-				e->pend_v[e->pend_vn] = v[i];
-				e->pend_last[e->pend_vn++] = (uint8_t)sched_req_last_piece(v[i]);
-			}
-			return;
-		}
-		if (rc == -EOPNOTSUPP)
-			e->sync_only = 1;
-	}
-	if (rc == -EOPNOTSUPP) {
-		/* a synchronous launch on the bulk stream must not overtake the
-		 * launches still in flight that wrote rows it reads */
-		drain_pending(e);
-		rc = nl == 1 ? radiance_backend_linear(e->backend, ls[0], hs[0], e->rows, live, err,
-						       sizeof err)
-			     : radiance_backend_linear_multi(e->backend, ls, hs, nl, e->rows, live, err,
-							     sizeof err);
-	}
-	uint64_t end = rclock_ns();
-	stats_launch(e->opt.global_stats);
-	if (rc < 0)
-		log_warn("model %u layer %u (%s)%s: launch of %zu requests failed: %s", m->id,
-			 first->layers[0], ls[0]->name, nl > 1 ? " and more" : "", live, err);
-	pieces_done(e, v, NULL, live, rc, err, start, end);
-}
-
 /* The gather window (executor.h): while two or more sessions are busy and
  * some of them have nothing queued, wait up to gather_us for them, adding
  * the flows that fill to e->flows. */
@@ -715,7 +419,7 @@ static void launch(struct radiance_executor *e, struct sched_req **v, size_t n)
 
 /* One round over every ring (or only one). Returns the requests taken plus
  * the pieces run: 0 when there was nothing to do. */
-static size_t serve_pass(struct radiance_executor *e, struct exec_ring *only)
+size_t serve_pass(struct radiance_executor *e, struct exec_ring *only)
 {
 	size_t work = reap(e), nflows = 0, nr = only ? 1 : e->nrings;
 	for (size_t i = 0; i < nr; i++) {
@@ -759,236 +463,6 @@ doorbells:
 		for (size_t i = 0; i < e->nrings; i++)
 			ring_doorbell(e->rings[i]);
 	return work;
-}
-
-/* ---- jobs ---- */
-
-/* Starts serving r: 0, or -errno with err set. */
-static int ring_attach(struct radiance_executor *e, struct exec_ring *r, char *err, size_t errlen)
-{
-	if (e->nrings == e->opt.max_rings) {
-		snprintf(err, errlen, "executor serves %u rings already", e->opt.max_rings);
-		return -EBUSY;
-	}
-	int rc = radiance_backend_register_host(e->backend, r->arena, r->arena_bytes, err, errlen);
-	if (rc < 0)
-		return rc;
-	/* Edge-triggered, and never read: the client holds the same open file
-	 * description and could make it blocking (O_NONBLOCK is shared) and
-	 * then steal the count, which would hang a read here. An eventfd write
-	 * wakes an edge-triggered epoll every time, so nothing is lost. */
-	struct epoll_event ev = { .events = EPOLLIN | EPOLLET, .data.ptr = r };
-	if (!e->is_inline && epoll_ctl(e->epfd, EPOLL_CTL_ADD, r->sq_efd, &ev) < 0) {
-		rc = -errno;
-		snprintf(err, errlen, "epoll_ctl: %s", strerror(errno));
-		radiance_backend_unregister_host(e->backend, r->arena);
-		return rc;
-	}
-	e->rings[e->nrings++] = r;
-	return 0;
-}
-
-static void ring_add(struct radiance_executor *e, struct exec_job *job)
-{
-	job->status = ring_attach(e, job->ring, job->err, sizeof job->err);
-}
-
-/* Stops serving ring i: whatever is still queued is dropped unanswered. */
-static void ring_detach(struct radiance_executor *e, size_t i)
-{
-	struct exec_ring *r = e->rings[i];
-	ring_drop_queue(r);
-	if (!e->is_inline)
-		epoll_ctl(e->epfd, EPOLL_CTL_DEL, r->sq_efd, NULL);
-	radiance_backend_unregister_host(e->backend, r->arena);
-	e->rings[i] = e->rings[--e->nrings];
-	e->rr = 0;
-}
-
-static void ring_remove(struct radiance_executor *e, struct exec_job *job)
-{
-	struct exec_ring *r = job->ring;
-	size_t i;
-	for (i = 0; i < e->nrings; i++)
-		if (e->rings[i] == r)
-			break;
-	if (i == e->nrings) {
-		job->status = -ENOENT;
-		return;
-	}
-	/* Drain: run what the client had already submitted, its queued
-	 * requests to their last piece included (taking at most one SQ's
-	 * worth, so a client that keeps submitting cannot hold us). Whatever
-	 * is still queued after that is dropped unanswered: from here on,
-	 * nothing of the ring is touched. */
-	uint32_t first = r->sq.local;
-	while (job->drain && !r->dead && r->sq.local - first < r->sq.entries)
-		if (serve_pass(e, r) == 0 && !e->pend_n)
-			break;
-	drain_pending(e);
-	ring_detach(e, i);
-}
-
-/* Fails the requests still queued for m: their session released it with
- * requests in flight, and m is about to go. */
-static void model_cancel(struct radiance_executor *e, struct exec_model *m)
-{
-	uint64_t now = rclock_ns();
-	for (size_t i = 0; i < e->nrings; i++) {
-		struct exec_ring *r = e->rings[i];
-		for (size_t j = 0; j < EXEC_BATCH; j++) {
-			struct exec_entry *en = &r->entries[j];
-			if (!en->in_use || en->model != m)
-				continue;
-			char msg[160];
-			snprintf(msg, sizeof msg, "model %u was released while the request was in "
-				 "flight (%u of its %u rows had run)", m->id, en->s.next, en->s.rows);
-			entry_finish(e, en, ENOENT, msg, now);
-		}
-		ring_doorbell(r);
-	}
-}
-
-static void model_free(struct radiance_executor *e, struct exec_model *m)
-{
-	model_cancel(e, m);
-	for (size_t i = 0; i < m->model->n_layers; i++) {
-		radiance_backend_layer_free(e->backend, m->handles[i]);
-		m->handles[i] = NULL;
-	}
-	radiance_backend_share_destroy(e->backend, m->share);
-	m->share = NULL;
-	m->uploaded = 0;
-}
-
-/* Uploads one layer of the oldest UPLOAD job; finishes the job when done.
- * One layer per step keeps other sessions served while a model loads. */
-static void upload_step(struct radiance_executor *e)
-{
-	struct exec_job *job = e->uploading;
-	struct exec_model *m = job->model;
-	char err[200];
-	if (m->uploaded == 0 && !m->share) {
-		/* one exportable allocation for the whole model, before its first layer */
-		int rc = radiance_backend_share_create(e->backend, m->model, &m->share, err, sizeof err);
-		if (rc < 0) {
-			job->status = rc;
-			snprintf(job->err, sizeof job->err, "allocating the model: %s", err);
-			e->uploading = job->next;
-			post_done(e, job);
-			return;
-		}
-	}
-	if (m->uploaded < m->model->n_layers) {
-		const struct radiance_layer *l = &m->model->layers[m->uploaded];
-		int rc = radiance_backend_layer_upload_into(e->backend, m->share, m->uploaded, l,
-							    &m->handles[m->uploaded], err, sizeof err);
-		if (rc < 0) {
-			job->status = rc;
-			snprintf(job->err, sizeof job->err, "uploading layer %zu (%s): %s", m->uploaded,
-				 l->name, err);
-			model_free(e, m);
-		} else {
-			m->uploaded++;
-			if (m->uploaded < m->model->n_layers)
-				return;
-		}
-	}
-	e->uploading = job->next;
-	post_done(e, job);
-}
-
-static const char *job_kind_name(enum exec_job_kind k)
-{
-	switch (k) {
-	case EXEC_JOB_RING_ADD:
-		return "ring set-up";
-	case EXEC_JOB_RING_REMOVE:
-		return "ring teardown";
-	case EXEC_JOB_MODEL_UPLOAD:
-		return "model upload";
-	case EXEC_JOB_MODEL_FREE:
-		return "model free";
-	case EXEC_JOB_PING:
-		return "ping";
-	case EXEC_JOB_DEFER:
-		return "deferral";
-	case EXEC_JOB_NOTICE:
-		return "notice";
-	}
-	return "job";
-}
-
-/* Runs queued jobs in order for up to budget_ns (at least one); the rest
- * wait in the backlog for the next call, after a pass. Returns how many
- * ran. */
-static size_t run_jobs(struct radiance_executor *e, uint64_t budget_ns)
-{
-	if (atomic_load(&e->jobs_pending)) {
-		pthread_mutex_lock(&e->lock);
-		job_list_splice(&e->backlog, &e->jobs);
-		atomic_store(&e->jobs_pending, 0);
-		pthread_mutex_unlock(&e->lock);
-	}
-	if (!e->backlog.head)
-		return 0;
-	/* no job sees a ring or a model that a launch in flight still uses */
-	drain_pending(e);
-	uint64_t t0 = rclock_ns(), t = t0;
-	size_t ran = 0;
-	struct exec_job *job;
-	while ((job = e->backlog.head) && (ran == 0 || t - t0 < budget_ns)) {
-		struct exec_job *next = job->next;
-		e->backlog.head = next;
-		if (!next)
-			e->backlog.tail = NULL;
-		uint64_t tj = t;
-		ran++;
-		job->status = 0;
-		job->err[0] = 0;
-		switch (job->kind) {
-		case EXEC_JOB_RING_ADD:
-			ring_add(e, job);
-			break;
-		case EXEC_JOB_RING_REMOVE:
-			ring_remove(e, job);
-			break;
-		case EXEC_JOB_MODEL_UPLOAD: {
-			job->next = NULL;
-			job->model->uploaded = 0;
-			struct exec_job **p = &e->uploading;
-			while (*p)
-				p = &(*p)->next;
-			*p = job;
-			t = rclock_ns();
-			continue;   /* done later, by upload_step */
-		}
-		case EXEC_JOB_MODEL_FREE:
-			model_free(e, job->model);
-			break;
-		case EXEC_JOB_PING:
-		case EXEC_JOB_DEFER:
-		case EXEC_JOB_NOTICE:
-			break;
-		}
-		enum exec_job_kind kind = job->kind;
-		post_done(e, job);
-		progress_bump(e);
-		t = rclock_ns();
-		if (t - tj > JOB_SLOW_NS)
-			log_warn("executor: a %s took %llu ms; every session's requests waited for it",
-				 job_kind_name(kind), (unsigned long long)((t - tj) / 1000000u));
-	}
-	return ran;
-}
-
-void executor_submit(struct radiance_executor *e, struct exec_job *job)
-{
-	pthread_mutex_lock(&e->lock);
-	job_list_push(&e->jobs, job);
-	atomic_store(&e->jobs_pending, 1);
-	pthread_mutex_unlock(&e->lock);
-	rdoorbell_ring(e->ctl_efd);
 }
 
 /* ---- the thread ---- */
@@ -1277,8 +751,11 @@ int executor__create_inline(const struct executor_options *opt, struct radiance_
 
 void executor__destroy_inline(struct radiance_executor *e)
 {
-	while (e->nrings)
+	while (e->nrings) {
+		struct exec_ring *r = e->rings[e->nrings - 1];
 		ring_detach(e, e->nrings - 1);
+		ring_unpin(e, r);
+	}
 	radiance_backend_destroy(e->backend);
 	pthread_mutex_destroy(&e->lock);
 	executor_free(e);
@@ -1286,7 +763,13 @@ void executor__destroy_inline(struct radiance_executor *e)
 
 int executor__ring_add(struct radiance_executor *e, struct exec_ring *r, char *err, size_t errlen)
 {
-	return ring_attach(e, r, err, errlen);
+	int rc = ring_pin(e, r, err, errlen);
+	if (rc < 0)
+		return rc;
+	rc = ring_attach(e, r, err, errlen);
+	if (rc < 0)
+		ring_unpin(e, r);
+	return rc;
 }
 
 int executor__ring_remove(struct radiance_executor *e, struct exec_ring *r)
@@ -1294,6 +777,7 @@ int executor__ring_remove(struct radiance_executor *e, struct exec_ring *r)
 	for (size_t i = 0; i < e->nrings; i++)
 		if (e->rings[i] == r) {
 			ring_detach(e, i);
+			ring_unpin(e, r);
 			return 0;
 		}
 	return -ENOENT;

@@ -3,8 +3,8 @@
  * session's SQ.
  *
  * Threads and hand-off. The libuv loop thread owns sessions; the executor
- * thread owns the backend and a private list of the rings it serves. They
- * meet in exactly two places:
+ * thread owns the backend (all but arena pinning) and a private list of the
+ * rings it serves. They meet in exactly two places:
  *   - jobs: the loop submits a struct exec_job (add or remove a ring, upload
  *     or free a model's layers, ping); the executor runs it between rounds
  *     over the rings and hands it back, and job->done runs on the loop
@@ -73,6 +73,16 @@
  * posts the ring's `broken` notice job (job->done on the loop, with the
  * reason in job->err) and the loop ends that session. Nobody else is
  * affected.
+ *
+ * Pinning (executor_pin): a ring's arena is registered with the backend
+ * (a GPU page-locks and maps it: tens of ms for a big arena) before its
+ * RING_ADD job is submitted, and unregistered after its RING_REMOVE job is
+ * done, both on a libuv worker thread, so the executor never stops serving
+ * the other rings for them: RING_ADD and RING_REMOVE only add the SQ
+ * doorbell to the executor's epoll set and take it off. RING_REMOVE waits
+ * for every launch in flight before it detaches (as every job does), so once
+ * its done has run no launch reads or writes the arena and unregistering it
+ * needs no synchronization with the device's queues.
  *
  * Memory: everything the executor uses while serving is allocated at create
  * or by the loop before RING_ADD; a round does not allocate.
@@ -157,8 +167,8 @@ struct exec_entry {
 };
 
 enum exec_job_kind {
-	EXEC_JOB_RING_ADD,       /* register the arena, start serving job->ring */
-	EXEC_JOB_RING_REMOVE,    /* stop serving job->ring, unregister its arena */
+	EXEC_JOB_RING_ADD,       /* start serving job->ring (its arena pinned already) */
+	EXEC_JOB_RING_REMOVE,    /* stop serving job->ring (then unpin its arena) */
 	EXEC_JOB_MODEL_UPLOAD,   /* upload every layer of job->model, one per step,
 	                            into its shared allocation when the backend makes one */
 	EXEC_JOB_MODEL_FREE,     /* free job->model's backend layers and shared allocation */
@@ -218,6 +228,46 @@ struct executor_options {
 	struct stats_counters *global_stats;
 };
 
+/* Registering or unregistering a ring's arena with the backend, on a libuv
+ * worker thread (executor.h, Pinning). Embedded in the session; the loop
+ * fills nothing: executor_pin and executor_unpin set it up. */
+struct exec_pin {
+	uv_work_t work;
+	struct radiance_executor *e;
+	struct exec_ring *ring;
+	int unpin;
+	int status;                           /* 0 or -errno: set before done runs */
+	char err[256];                        /* why, when status < 0 */
+	void (*done)(struct exec_pin *p);     /* loop thread; may free p */
+	void *user;
+};
+
+/* Queues the registration of r's arena (GPU: page-lock and map, the CPU
+ * backend: nothing but test_pin_delay_us) on a libuv worker. Loop thread;
+ * r's arena and arena_bytes are set and stay until it is unpinned. Then
+ * p->done runs on the loop thread with p->status 0 (registered: submit
+ * RING_ADD, and executor_unpin it once it is no longer served), the
+ * backend's -errno with p->err set, or -ECANCELED when executor_pin_cancel
+ * took it back before it began (nothing registered). Returns 0, or libuv's
+ * -errno when it could not be queued (then done never runs). */
+int executor_pin(struct radiance_executor *e, struct exec_pin *p, struct exec_ring *r,
+		 void (*done)(struct exec_pin *), void *user);
+
+/* Takes a pin back that has not begun: 0 (its done will run with
+ * -ECANCELED), or -EBUSY when it runs already or is over (its done runs
+ * with its result). Loop thread. */
+int executor_pin_cancel(struct exec_pin *p);
+
+/* Queues the unregistration of r's arena, registered by executor_pin and
+ * served by no ring (never added, or its RING_REMOVE job is done: no launch
+ * uses it any more); p->done runs on the loop thread once the backend
+ * forgot the range, status 0: from then on the arena may be unmapped. Never
+ * cancelled: an arena still registered must not be unmapped. When it cannot
+ * be queued, it runs on the calling thread and done runs before this
+ * returns. Loop thread. */
+void executor_unpin(struct radiance_executor *e, struct exec_pin *p, struct exec_ring *r,
+		    void (*done)(struct exec_pin *), void *user);
+
 /* Starts the thread, which creates the backend; waits for that and returns
  * its result: 0, or the backend's -errno with err set. Loop thread. */
 int executor_create(uv_loop_t *loop, const struct executor_options *opt,
@@ -231,7 +281,8 @@ void executor_submit(struct radiance_executor *e, struct exec_job *job);
 
 /* Stops and joins the thread (which destroys the backend), then closes the
  * uv_async and frees e once libuv lets go of it. Every ring must be removed
- * and every model freed first. Loop thread; e is gone after the loop runs. */
+ * and unpinned (no executor_pin or executor_unpin still pending) and every
+ * model freed first. Loop thread; e is gone after the loop runs. */
 void executor_destroy(struct radiance_executor *e);
 
 /* What the watchdog looks at. */
@@ -271,11 +322,14 @@ int exec_watch_alive(struct exec_watch *w, const struct exec_liveness *l, uint64
 /* 0, or the backend's -errno (err set), -ENOMEM. */
 int executor__create_inline(const struct executor_options *opt, struct radiance_executor **out,
 			    char *err, size_t errlen);
-/* Stops serving every ring still added and destroys the backend and e. */
+/* Stops serving every ring still added, unpins their arenas, and destroys
+ * the backend and e. */
 void executor__destroy_inline(struct radiance_executor *e);
-/* As a RING_ADD job: 0, -EBUSY (max_rings), or the backend's -errno. */
+/* Pins r's arena (here, on the calling thread) and does as a RING_ADD job:
+ * 0, -EBUSY (max_rings), or the backend's -errno. */
 int executor__ring_add(struct radiance_executor *e, struct exec_ring *r, char *err, size_t errlen);
-/* As a RING_REMOVE job without drain: queued requests are dropped. 0 or -ENOENT. */
+/* As a RING_REMOVE job without drain (queued requests are dropped), then
+ * unpins the arena here. 0 or -ENOENT. */
 int executor__ring_remove(struct radiance_executor *e, struct exec_ring *r);
 /* One round over every ring: the requests taken plus the pieces run. */
 size_t executor__serve(struct radiance_executor *e);

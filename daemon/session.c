@@ -385,7 +385,9 @@ static void handle_stats(struct radiance_session *s, uint64_t tag)
 	global.latency_le_ns = le;
 	global.latency_cumulative = cum;
 	stats_fill(&srv->stats, &global);
-	global.sessions = srv->nsessions;
+	/* live ones: a closing session (its client gone, its ring being taken
+	 * down and its arena unpinned) is not, as for max_sessions */
+	global.sessions = srv->nsessions - srv->nclosing;
 	global.uptime_ns = rclock_ns() - srv->start_ns;
 	stats_msg_fill(s, &mine);
 	mine.uptime_ns = global.uptime_ns;
@@ -402,7 +404,9 @@ static void handle_stats(struct radiance_session *s, uint64_t tag)
 		return;
 	}
 	size_t i = 0;
-	for (struct radiance_session *o = srv->sessions; o && i < n; o = o->next, i++) {
+	for (struct radiance_session *o = srv->sessions; o && i < n; o = o->next) {
+		if (o->state == SESSION_CLOSING)
+			continue;
 		rdw__session_stats__init(&ss[i]);
 		stats_msg_fill(o, &st[i]);
 		ss[i].session_id = o->id;
@@ -411,6 +415,7 @@ static void handle_stats(struct radiance_session *s, uint64_t tag)
 		ss[i].uid = o->uid;
 		ss[i].stats = &st[i];
 		ssp[i] = &ss[i];
+		i++;
 	}
 	Rdw__StatsReply reply = RDW__STATS_REPLY__INIT;
 	Rdw__ServerMessage m = RDW__SERVER_MESSAGE__INIT;
@@ -462,20 +467,55 @@ static void session_goodbye(struct radiance_session *s)
 	session_close(s, 0, "the daemon is stopping (%s)", s->server->stop_reason);
 }
 
+/* Answers an OpenRing that failed (s->ring_job's status and err, `what`
+ * before them), with nothing of the ring left: the session may ask again. */
+static void ring_open_failed(struct radiance_session *s, const char *what)
+{
+	session_reply_error(s, s->busy_tag, -s->ring_job.status, "%s: %s", what, s->ring_job.err);
+	session_idle(s);
+	if (s->server->stopping)
+		session_goodbye(s);
+}
+
+static void on_unpinned(struct exec_pin *p)
+{
+	struct radiance_session *s = p->user;
+	segment_release(s);
+	s->ring_state = SESSION_RING_NONE;
+	log_debug("session %llu: ring released", (unsigned long long)s->id);
+	/* not closing: the ring was never served (its RING_ADD failed, or the
+	 * daemon began stopping while the arena was pinned); the OpenRing
+	 * waits for its answer until now, so that it can be asked again */
+	if (s->state != SESSION_CLOSING) {
+		if (s->ring_job.status < 0)
+			ring_open_failed(s, "cannot open the ring");
+		else if (s->server->stopping)
+			session_goodbye(s);
+	}
+	session_maybe_free(s);
+}
+
+/* Unregisters the arena off the loop and the executor; the segment goes in
+ * on_unpinned. */
+static void session_ring_unpin(struct radiance_session *s)
+{
+	s->ring_state = SESSION_RING_UNPINNING;
+	executor_unpin(s->server->exec, &s->pin, &s->ring, on_unpinned, s);
+}
+
 static void on_ring_removed(struct exec_job *job)
 {
 	struct radiance_session *s = job->user;
 	if (s->state != SESSION_CLOSING && s->server->stopping)
 		session_goodbye(s);
-	segment_release(s);
-	s->ring_state = SESSION_RING_NONE;
-	log_debug("session %llu: ring released", (unsigned long long)s->id);
-	session_maybe_free(s);
+	/* the executor will not touch the arena again, nor will any launch */
+	session_ring_unpin(s);
 }
 
 /* Hands the ring to the executor to take off its list (EXEC_JOB_RING_REMOVE);
- * the segment is released in on_ring_removed, once the executor no longer
- * reads it. Not executor.c's ring_remove, which does the taking off. */
+ * the arena is unpinned once the executor no longer reads it, and the
+ * segment released after that (on_unpinned). Not exec_jobs.c's ring_remove,
+ * which does the taking off. */
 static void session_ring_release(struct radiance_session *s)
 {
 	memset(&s->ring_job, 0, sizeof s->ring_job);
@@ -498,16 +538,7 @@ static void on_ring_added(struct exec_job *job)
 {
 	struct radiance_session *s = job->user;
 	if (job->status < 0) {
-		s->ring_state = SESSION_RING_NONE;
-		segment_release(s);
-		if (s->state == SESSION_CLOSING) {
-			session_maybe_free(s);   /* may free s */
-			return;
-		}
-		session_reply_error(s, s->busy_tag, -job->status, "cannot register the arena: %s", job->err);
-		session_idle(s);
-		if (s->server->stopping)
-			session_goodbye(s);
+		session_ring_unpin(s);   /* then on_unpinned answers, with job's status */
 		return;
 	}
 	s->ring_state = SESSION_RING_ACTIVE;
@@ -536,6 +567,30 @@ static void on_ring_added(struct exec_job *job)
 	close(s->cq_rfd);
 	s->cq_rfd = -1;
 	session_idle(s);
+}
+
+static void on_pinned(struct exec_pin *p)
+{
+	struct radiance_session *s = p->user;
+	if (p->status < 0) {
+		/* nothing registered (or the pin was taken back: closing) */
+		s->ring_state = SESSION_RING_NONE;
+		segment_release(s);
+		if (s->state == SESSION_CLOSING) {
+			session_maybe_free(s);   /* may free s */
+			return;
+		}
+		s->ring_job.status = p->status;
+		snprintf(s->ring_job.err, sizeof s->ring_job.err, "%s", p->err);
+		ring_open_failed(s, "cannot register the arena");
+		return;
+	}
+	if (s->state == SESSION_CLOSING || s->server->stopping) {
+		session_ring_unpin(s);   /* never served; on_unpinned says Goodbye */
+		return;
+	}
+	s->ring_state = SESSION_RING_ADDING;
+	executor_submit(s->server->exec, &s->ring_job);
 }
 
 /* Whether an arena of `arena` bytes for s would cross max_total_arena_bytes
@@ -656,10 +711,17 @@ static void handle_open_ring(struct radiance_session *s, uint64_t tag, const Rdw
 	s->ring_job.ring = &s->ring;
 	s->ring_job.done = on_ring_added;
 	s->ring_job.user = s;
-	s->ring_state = SESSION_RING_ADDING;
+	/* first the arena is pinned, on a worker: the executor serves the
+	 * other sessions meanwhile (executor.h, Pinning) */
+	int rc = executor_pin(s->server->exec, &s->pin, &s->ring, on_pinned, s);
+	if (rc < 0) {
+		segment_release(s);
+		session_reply_error(s, tag, -rc, "cannot register the arena: %s", uv_strerror(rc));
+		return;
+	}
+	s->ring_state = SESSION_RING_PINNING;
 	s->busy = 1;
 	s->busy_tag = tag;
-	executor_submit(s->server->exec, &s->ring_job);
 	return;
 
 fail_errno: {
@@ -840,7 +902,11 @@ void session_close(struct radiance_session *s, int violation, const char *fmt, .
 	uv_close((uv_handle_t *)&s->hello_timer, on_timer_closed);
 	if (s->ring_state == SESSION_RING_ACTIVE)
 		session_ring_release(s);
-	/* ADDING: on_ring_added sees CLOSING and removes it */
+	/* a pin not begun yet is taken back (on_pinned sees -ECANCELED); one
+	 * running, and ADDING, finish and see CLOSING: on_pinned unpins,
+	 * on_ring_added removes the ring */
+	if (s->ring_state == SESSION_RING_PINNING)
+		executor_pin_cancel(&s->pin);
 }
 
 void session_stop(struct radiance_session *s)
@@ -855,8 +921,10 @@ void session_stop(struct radiance_session *s)
 	case SESSION_RING_NONE:
 		session_goodbye(s);
 		break;
+	case SESSION_RING_PINNING:     /* on_pinned unpins it, on_unpinned says Goodbye */
 	case SESSION_RING_ADDING:      /* on_ring_added releases it */
 	case SESSION_RING_REMOVING:    /* on_ring_removed says Goodbye */
+	case SESSION_RING_UNPINNING:   /* on_unpinned says Goodbye (or did, closing) */
 		break;
 	}
 }

@@ -13,11 +13,17 @@
  * OpenRing, an attach): it then reads no further frames, so replies stay in
  * request order, but still notices a hang-up.
  *
+ * Rings: OpenRing pins the arena (executor_pin, on a libuv worker), then
+ * hands the ring to the executor (EXEC_JOB_RING_ADD) and replies RingReady
+ * when that is done.
+ *
  * Teardown (session_close): the socket and every received fd are closed at
- * once, a pending load is cancelled, and the ring is handed back through an
- * EXEC_JOB_RING_REMOVE job; only when that job is done (the executor will
- * never touch the segment again) is the segment unmapped, the doorbells
- * closed and the model references dropped. See executor.h.
+ * once, a pending load is cancelled (and a pin not yet begun), and the ring
+ * is handed back through an EXEC_JOB_RING_REMOVE job; only when that job is
+ * done (the executor will never touch the segment again) is the arena
+ * unpinned (executor_unpin), and only when that is done is the segment
+ * unmapped, the doorbells closed and the model references dropped. See
+ * executor.h.
  *
  * Thread safety: loop thread only (the executor reads `ring`, `refs` and
  * writes `stats` under the rules of executor.h).
@@ -46,9 +52,11 @@ enum session_state {
 
 enum session_ring_state {
 	SESSION_RING_NONE,
+	SESSION_RING_PINNING,    /* executor_pin in flight (a libuv worker) */
 	SESSION_RING_ADDING,     /* RING_ADD job in flight */
 	SESSION_RING_ACTIVE,
 	SESSION_RING_REMOVING,   /* RING_REMOVE job in flight */
+	SESSION_RING_UNPINNING,  /* executor_unpin in flight; then the segment goes */
 };
 
 struct radiance_session {
@@ -84,6 +92,7 @@ struct radiance_session {
 	enum session_ring_state ring_state;
 	struct exec_ring ring;
 	struct exec_job ring_job;
+	struct exec_pin pin;        /* the arena's registration and unregistration */
 	void *segment;
 	size_t segment_bytes;
 	int memfd;

@@ -1270,6 +1270,115 @@ static void checkpoint_shrinks_while_loading(void **state)
 	free(bytes);
 }
 
+/* --- ring set-ups cut short while the arena is pinned ---------------------- */
+
+#define PIN_DELAY_US "300000"
+
+/* A daemon whose every arena registration and unregistration sleeps 300 ms
+ * (test_pin_delay_us): the libuv threadpool's 4 workers are busy with the
+ * first ones while later set-ups queue behind them. */
+static int start_slow_pins(void **state)
+{
+	const char *const args[] = { "--test-pin-delay-us", PIN_DELAY_US, NULL };
+	if (h_daemon_start_argv(&daemon_, args) < 0)
+		return -1;
+	fds_at_start = h_count_fds(daemon_.pid);
+	return 0;
+}
+
+static void raw_send_open_ring(struct raw *w)
+{
+	Rdw__OpenRing o = RDW__OPEN_RING__INIT;   /* the daemon's default sizes */
+	Rdw__ClientMessage m = RDW__CLIENT_MESSAGE__INIT;
+	m.msg_case = RDW__CLIENT_MESSAGE__MSG_OPEN_RING;
+	m.open_ring = &o;
+	raw_send(w, &m, NULL, 0);
+}
+
+/* 8 clients ask for a ring and hang up 100 ms later, while the first pins
+ * sleep on the workers: the queued pins are taken back (uv_cancel), the running
+ * ones finish and are undone, and every segment and descriptor goes
+ * (check_and_stop: fds back, a good client served, exit 0; under ASan, no
+ * leak). */
+static void hang_up_while_pinning(void **state)
+{
+	enum { N = 8 };
+	struct raw w[N];
+	for (int i = 0; i < N; i++) {
+		raw_open(&w[i]);
+		raw_hello(&w[i]);
+	}
+	for (int i = 0; i < N; i++)
+		raw_send_open_ring(&w[i]);
+	h_sleep_ms(100);   /* the daemon has read them: pins asleep, or queued */
+	for (int i = 0; i < N; i++)
+		raw_close(&w[i]);
+	/* every registration that ran is undone, and nothing else is left */
+	int pinned = -1, unpinned = -2, n = -1;
+	for (int t = 0; t < 1000; t++) {
+		pinned = h_count_lines(daemon_.log, "registering its arena");
+		unpinned = h_count_lines(daemon_.log, "unregistering its arena");
+		pinned -= unpinned;   /* "unregistering" contains "registering" */
+		n = h_count_fds(daemon_.pid);
+		if (pinned == unpinned && n <= fds_at_start && h_count_lines(daemon_.log, "closing") >= N)
+			break;
+		h_sleep_ms(10);
+	}
+	print_message("  %d clients gone while pinning: %d arenas pinned (and unpinned), %d pins "
+		      "taken back before they began\n", N, pinned, N - pinned);
+	assert_int_equal(pinned, unpinned);
+	assert_true(n <= fds_at_start);
+	/* the workers were asleep in the first pins when the others hung up */
+	assert_true(pinned > 0);
+	assert_true(pinned < N);
+}
+
+/* SIGTERM while 6 set-ups are pinning (4 asleep on the workers, 2 queued):
+ * each finishes, is undone, and its client gets the Goodbye; the daemon
+ * exits 0 with no handle left open (server_run logs any). */
+static void stop_while_pinning(void **state)
+{
+	enum { N = 6 };
+	struct raw w[N];
+	for (int i = 0; i < N; i++) {
+		raw_open(&w[i]);
+		raw_hello(&w[i]);
+		raw_send_open_ring(&w[i]);
+	}
+	h_sleep_ms(50);
+	kill(daemon_.pid, SIGTERM);
+	for (int i = 0; i < N; i++) {
+		int goodbye = 0, rc;
+		Rdw__ServerMessage *m;
+		while ((rc = raw_recv(&w[i], &m, 10000)) == 1) {
+			goodbye |= m->msg_case == RDW__SERVER_MESSAGE__MSG_GOODBYE;
+			rdw__server_message__free_unpacked(m, NULL);
+		}
+		raw_close(&w[i]);
+		if (!goodbye)
+			fail_msg("client %d: no Goodbye before the daemon hung up (%d)", i, rc);
+	}
+	assert_true(h_daemon_wait(&daemon_, 10.0));
+	int st = daemon_.exit_status;
+	int pinned = h_count_lines(daemon_.log, "registering its arena");
+	int unpinned = h_count_lines(daemon_.log, "unregistering its arena");
+	int open = h_count_lines(daemon_.log, "handle still open");
+	if (!WIFEXITED(st) || WEXITSTATUS(st) != 0 || open != 0)
+		h_daemon_dump_log(&daemon_);
+	assert_true(WIFEXITED(st));
+	assert_int_equal(WEXITSTATUS(st), 0);
+	assert_int_equal(open, 0);
+	assert_int_equal(pinned - unpinned, unpinned);
+	assert_int_equal(unpinned, N);
+}
+
+/* For a test that stops the daemon itself. */
+static int cleanup_only(void **state)
+{
+	h_daemon_stop(&daemon_);
+	return 0;
+}
+
 int main(void)
 {
 #define T(f) cmocka_unit_test_setup_teardown(f, start, check_and_stop)
@@ -1302,6 +1411,8 @@ int main(void)
 		T(sigkill_client_mid_stream),
 		T(sigkill_client_while_loading),
 		T(checkpoint_shrinks_while_loading),
+		cmocka_unit_test_setup_teardown(hang_up_while_pinning, start_slow_pins, check_and_stop),
+		cmocka_unit_test_setup_teardown(stop_while_pinning, start_slow_pins, cleanup_only),
 	};
 	return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -1,0 +1,387 @@
+/* The executor's jobs (executor.h): the lists handed between the loop and
+ * the executor thread, ring set-up and teardown (and the pinning of arenas
+ * on libuv workers around them), model uploads and frees, and the budget
+ * of a turn of jobs between two rounds. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+
+#include "clock.h"
+#include "exec_private.h"
+#include "log.h"
+
+static void job_list_push(struct job_list *l, struct exec_job *job)
+{
+	job->next = NULL;
+	if (l->tail)
+		l->tail->next = job;
+	else
+		l->head = job;
+	l->tail = job;
+}
+
+/* Empties the list; returns its jobs, chained by next. */
+struct exec_job *job_list_take(struct job_list *l)
+{
+	struct exec_job *job = l->head;
+	l->head = l->tail = NULL;
+	return job;
+}
+
+/* Moves every job of src to the end of dst, in order. */
+static void job_list_splice(struct job_list *dst, struct job_list *src)
+{
+	if (!src->head)
+		return;
+	if (dst->tail)
+		dst->tail->next = src->head;
+	else
+		dst->head = src->head;
+	dst->tail = src->tail;
+	src->head = src->tail = NULL;
+}
+
+/* A single job slower than this is logged: one job is never cut short. */
+#define JOB_SLOW_NS 50000000ull
+
+/* ---- executor -> loop ---- */
+
+void on_async_closed(uv_handle_t *h)
+{
+	free(h->data);
+}
+
+void post_done(struct radiance_executor *e, struct exec_job *job)
+{
+	pthread_mutex_lock(&e->lock);
+	job_list_push(&e->done, job);
+	pthread_mutex_unlock(&e->lock);
+	if (!e->is_inline)
+		uv_async_send(&e->async);
+}
+
+void on_async(uv_async_t *h)
+{
+	struct radiance_executor *e = h->data;
+	pthread_mutex_lock(&e->lock);
+	struct exec_job *job = job_list_take(&e->done);
+	pthread_mutex_unlock(&e->lock);
+	while (job) {
+		struct exec_job *next = job->next;
+		job->done(job);
+		job = next;
+	}
+}
+
+/* ---- jobs ---- */
+
+/* A registration slower than this is logged as a warning (else at debug):
+ * on a GPU it page-locks the whole arena, and the log says what each one
+ * cost (issue 8: the H200's chaos run). */
+#define PIN_SLOW_NS 20000000ull
+
+static void pin_log(const struct exec_ring *r, const char *what, uint64_t t0, uint64_t t1)
+{
+	enum rlog_level lvl = t1 - t0 > PIN_SLOW_NS ? RADIANCE_LOG_WARN : RADIANCE_LOG_DEBUG;
+	/* the monotonic interval lets a test or a chaos run line it up with
+	 * what clients saw meanwhile */
+	rlog(lvl, "session %llu: %s its arena (%llu bytes) took %llu.%03llu ms "
+	     "(monotonic %llu.%09llu to %llu.%09llu s)", (unsigned long long)r->session_id, what,
+	     (unsigned long long)r->arena_bytes, (unsigned long long)((t1 - t0) / 1000000u),
+	     (unsigned long long)((t1 - t0) / 1000u % 1000u), (unsigned long long)(t0 / 1000000000u),
+	     (unsigned long long)(t0 % 1000000000u), (unsigned long long)(t1 / 1000000000u),
+	     (unsigned long long)(t1 % 1000000000u));
+}
+
+/* Registers r's arena with the backend (GPU: page-locks and maps it). Any
+ * thread: the backend allows it beside the executor's calls (backend.h). */
+int ring_pin(struct radiance_executor *e, struct exec_ring *r, char *err, size_t errlen)
+{
+	uint64_t t0 = rclock_ns();
+	int rc = radiance_backend_register_host(e->backend, r->arena, r->arena_bytes, err, errlen);
+	pin_log(r, rc < 0 ? "failing to register" : "registering", t0, rclock_ns());
+	return rc;
+}
+
+void ring_unpin(struct radiance_executor *e, struct exec_ring *r)
+{
+	uint64_t t0 = rclock_ns();
+	radiance_backend_unregister_host(e->backend, r->arena);
+	pin_log(r, "unregistering", t0, rclock_ns());
+}
+
+/* libuv worker thread */
+static void pin_work(uv_work_t *w)
+{
+	struct exec_pin *p = w->data;
+	if (p->unpin)
+		ring_unpin(p->e, p->ring);
+	else
+		p->status = ring_pin(p->e, p->ring, p->err, sizeof p->err);
+}
+
+static void pin_after(uv_work_t *w, int status)
+{
+	struct exec_pin *p = w->data;
+	if (status == UV_ECANCELED)
+		p->status = -ECANCELED;
+	p->done(p);
+}
+
+static int pin_queue(struct radiance_executor *e, struct exec_pin *p, struct exec_ring *r, int unpin,
+		     void (*done)(struct exec_pin *), void *user)
+{
+	*p = (struct exec_pin){ .e = e, .ring = r, .unpin = unpin, .done = done, .user = user };
+	p->work.data = p;
+	return uv_queue_work(e->loop, &p->work, pin_work, pin_after);
+}
+
+int executor_pin(struct radiance_executor *e, struct exec_pin *p, struct exec_ring *r,
+		 void (*done)(struct exec_pin *), void *user)
+{
+	return pin_queue(e, p, r, 0, done, user);
+}
+
+int executor_pin_cancel(struct exec_pin *p)
+{
+	return uv_cancel((uv_req_t *)&p->work) == 0 ? 0 : -EBUSY;
+}
+
+void executor_unpin(struct radiance_executor *e, struct exec_pin *p, struct exec_ring *r,
+		    void (*done)(struct exec_pin *), void *user)
+{
+	int rc = pin_queue(e, p, r, 1, done, user);
+	if (rc < 0) {
+		log_warn("session %llu: cannot hand the arena's unregistration to a worker (%s): "
+			 "unregistering it on the loop thread", (unsigned long long)r->session_id,
+			 uv_strerror(rc));
+		ring_unpin(e, r);
+		done(p);
+	}
+}
+
+/* Starts serving r, whose arena is pinned: 0, or -errno with err set. */
+int ring_attach(struct radiance_executor *e, struct exec_ring *r, char *err, size_t errlen)
+{
+	if (e->nrings == e->opt.max_rings) {
+		snprintf(err, errlen, "executor serves %u rings already", e->opt.max_rings);
+		return -EBUSY;
+	}
+	/* Edge-triggered, and never read: the client holds the same open file
+	 * description and could make it blocking (O_NONBLOCK is shared) and
+	 * then steal the count, which would hang a read here. An eventfd write
+	 * wakes an edge-triggered epoll every time, so nothing is lost. */
+	struct epoll_event ev = { .events = EPOLLIN | EPOLLET, .data.ptr = r };
+	if (!e->is_inline && epoll_ctl(e->epfd, EPOLL_CTL_ADD, r->sq_efd, &ev) < 0) {
+		int rc = -errno;
+		snprintf(err, errlen, "epoll_ctl: %s", strerror(errno));
+		return rc;
+	}
+	e->rings[e->nrings++] = r;
+	return 0;
+}
+
+static void ring_add(struct radiance_executor *e, struct exec_job *job)
+{
+	job->status = ring_attach(e, job->ring, job->err, sizeof job->err);
+}
+
+/* Stops serving ring i: whatever is still queued is dropped unanswered.
+ * Its arena stays pinned (the loop unpins it, executor_unpin). */
+void ring_detach(struct radiance_executor *e, size_t i)
+{
+	struct exec_ring *r = e->rings[i];
+	ring_drop_queue(r);
+	if (!e->is_inline)
+		epoll_ctl(e->epfd, EPOLL_CTL_DEL, r->sq_efd, NULL);
+	e->rings[i] = e->rings[--e->nrings];
+	e->rr = 0;
+}
+
+static void ring_remove(struct radiance_executor *e, struct exec_job *job)
+{
+	struct exec_ring *r = job->ring;
+	size_t i;
+	for (i = 0; i < e->nrings; i++)
+		if (e->rings[i] == r)
+			break;
+	if (i == e->nrings) {
+		job->status = -ENOENT;
+		return;
+	}
+	/* Drain: run what the client had already submitted, its queued
+	 * requests to their last piece included (taking at most one SQ's
+	 * worth, so a client that keeps submitting cannot hold us). Whatever
+	 * is still queued after that is dropped unanswered: from here on,
+	 * nothing of the ring is touched. */
+	uint32_t first = r->sq.local;
+	while (job->drain && !r->dead && r->sq.local - first < r->sq.entries)
+		if (serve_pass(e, r) == 0 && !e->pend_n)
+			break;
+	drain_pending(e);
+	ring_detach(e, i);
+}
+
+/* Fails the requests still queued for m: their session released it with
+ * requests in flight, and m is about to go. */
+static void model_cancel(struct radiance_executor *e, struct exec_model *m)
+{
+	uint64_t now = rclock_ns();
+	for (size_t i = 0; i < e->nrings; i++) {
+		struct exec_ring *r = e->rings[i];
+		for (size_t j = 0; j < EXEC_BATCH; j++) {
+			struct exec_entry *en = &r->entries[j];
+			if (!en->in_use || en->model != m)
+				continue;
+			char msg[160];
+			snprintf(msg, sizeof msg, "model %u was released while the request was in "
+				 "flight (%u of its %u rows had run)", m->id, en->s.next, en->s.rows);
+			entry_finish(e, en, ENOENT, msg, now);
+		}
+		ring_doorbell(r);
+	}
+}
+
+static void model_free(struct radiance_executor *e, struct exec_model *m)
+{
+	model_cancel(e, m);
+	for (size_t i = 0; i < m->model->n_layers; i++) {
+		radiance_backend_layer_free(e->backend, m->handles[i]);
+		m->handles[i] = NULL;
+	}
+	radiance_backend_share_destroy(e->backend, m->share);
+	m->share = NULL;
+	m->uploaded = 0;
+}
+
+/* Uploads one layer of the oldest UPLOAD job; finishes the job when done.
+ * One layer per step keeps other sessions served while a model loads. */
+void upload_step(struct radiance_executor *e)
+{
+	struct exec_job *job = e->uploading;
+	struct exec_model *m = job->model;
+	char err[200];
+	if (m->uploaded == 0 && !m->share) {
+		/* one exportable allocation for the whole model, before its first layer */
+		int rc = radiance_backend_share_create(e->backend, m->model, &m->share, err, sizeof err);
+		if (rc < 0) {
+			job->status = rc;
+			snprintf(job->err, sizeof job->err, "allocating the model: %s", err);
+			e->uploading = job->next;
+			post_done(e, job);
+			return;
+		}
+	}
+	if (m->uploaded < m->model->n_layers) {
+		const struct radiance_layer *l = &m->model->layers[m->uploaded];
+		int rc = radiance_backend_layer_upload_into(e->backend, m->share, m->uploaded, l,
+							    &m->handles[m->uploaded], err, sizeof err);
+		if (rc < 0) {
+			job->status = rc;
+			snprintf(job->err, sizeof job->err, "uploading layer %zu (%s): %s", m->uploaded,
+				 l->name, err);
+			model_free(e, m);
+		} else {
+			m->uploaded++;
+			if (m->uploaded < m->model->n_layers)
+				return;
+		}
+	}
+	e->uploading = job->next;
+	post_done(e, job);
+}
+
+static const char *job_kind_name(enum exec_job_kind k)
+{
+	switch (k) {
+	case EXEC_JOB_RING_ADD:
+		return "ring set-up";
+	case EXEC_JOB_RING_REMOVE:
+		return "ring teardown";
+	case EXEC_JOB_MODEL_UPLOAD:
+		return "model upload";
+	case EXEC_JOB_MODEL_FREE:
+		return "model free";
+	case EXEC_JOB_PING:
+		return "ping";
+	case EXEC_JOB_DEFER:
+		return "deferral";
+	case EXEC_JOB_NOTICE:
+		return "notice";
+	}
+	return "job";
+}
+
+/* Runs queued jobs in order for up to budget_ns (at least one); the rest
+ * wait in the backlog for the next call, after a pass. Returns how many
+ * ran. */
+size_t run_jobs(struct radiance_executor *e, uint64_t budget_ns)
+{
+	if (atomic_load(&e->jobs_pending)) {
+		pthread_mutex_lock(&e->lock);
+		job_list_splice(&e->backlog, &e->jobs);
+		atomic_store(&e->jobs_pending, 0);
+		pthread_mutex_unlock(&e->lock);
+	}
+	if (!e->backlog.head)
+		return 0;
+	/* no job sees a ring or a model that a launch in flight still uses */
+	drain_pending(e);
+	uint64_t t0 = rclock_ns(), t = t0;
+	size_t ran = 0;
+	struct exec_job *job;
+	while ((job = e->backlog.head) && (ran == 0 || t - t0 < budget_ns)) {
+		struct exec_job *next = job->next;
+		e->backlog.head = next;
+		if (!next)
+			e->backlog.tail = NULL;
+		uint64_t tj = t;
+		ran++;
+		job->status = 0;
+		job->err[0] = 0;
+		switch (job->kind) {
+		case EXEC_JOB_RING_ADD:
+			ring_add(e, job);
+			break;
+		case EXEC_JOB_RING_REMOVE:
+			ring_remove(e, job);
+			break;
+		case EXEC_JOB_MODEL_UPLOAD: {
+			job->next = NULL;
+			job->model->uploaded = 0;
+			struct exec_job **p = &e->uploading;
+			while (*p)
+				p = &(*p)->next;
+			*p = job;
+			t = rclock_ns();
+			continue;   /* done later, by upload_step */
+		}
+		case EXEC_JOB_MODEL_FREE:
+			model_free(e, job->model);
+			break;
+		case EXEC_JOB_PING:
+		case EXEC_JOB_DEFER:
+		case EXEC_JOB_NOTICE:
+			break;
+		}
+		enum exec_job_kind kind = job->kind;
+		post_done(e, job);
+		progress_bump(e);
+		t = rclock_ns();
+		if (t - tj > JOB_SLOW_NS)
+			log_warn("executor: a %s took %llu ms; every session's requests waited for it",
+				 job_kind_name(kind), (unsigned long long)((t - tj) / 1000000u));
+	}
+	return ran;
+}
+
+void executor_submit(struct radiance_executor *e, struct exec_job *job)
+{
+	pthread_mutex_lock(&e->lock);
+	job_list_push(&e->jobs, job);
+	atomic_store(&e->jobs_pending, 1);
+	pthread_mutex_unlock(&e->lock);
+	rdoorbell_ring(e->ctl_efd);
+}
