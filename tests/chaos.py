@@ -454,6 +454,7 @@ def main():
                     help="RSS growth allowed (a sanitizer build's quarantine needs more)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", help="write the figures here too")
+    ap.add_argument("--daemon-log", help="copy the daemon's whole log (warnings and up) here at the end")
     ap.add_argument("--daemon-chunk-rows", type=int, default=CHUNK_ROWS,
                     help="the daemon's sched_chunk_rows (the bound assumes pieces of "
                          f"{CHUNK_ROWS} rows: a larger value shows the test failing)")
@@ -648,6 +649,8 @@ def main():
                 p.wait()
         if d.proc.poll() is None and violations:
             d.stop(signal.SIGKILL)
+        if a.daemon_log:
+            Path(a.daemon_log).write_text(d.log())
         if violations:
             print(d.log()[-4000:], file=sys.stderr)
             print(f"chaos: kept {tmp}", file=sys.stderr)
