@@ -3,10 +3,12 @@
  * on libuv workers around them), model uploads and frees, and the budget
  * of a turn of jobs between two rounds. */
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <time.h>
 
 #include "clock.h"
 #include "exec_private.h"
@@ -113,13 +115,48 @@ void ring_unpin(struct radiance_executor *e, struct exec_ring *r)
 }
 
 /* libuv worker thread */
+/* One registration or unregistration at a time, process-wide (the daemon
+ * drives one device). The H200 chaos run (2026-12-01) showed the CUDA driver
+ * serializing them anyway, 25-43 ms per 64 MiB arena, while the executor's
+ * launches wait behind them for the same driver lock: with four libuv
+ * workers queued on it the executor lost the lock for up to 0.9 s. Holding
+ * them to one here leaves the executor contending with a single
+ * registration at a time (the other workers wait on this mutex, not in the
+ * driver). */
+static pthread_mutex_t pin_serial = PTHREAD_MUTEX_INITIALIZER;
+
+/* After a registration, before the next: until the executor has gone once
+ * round its loop (its progress counter moved twice: the iteration that was
+ * held in the driver, then a whole one), or is idle, or PIN_ROUND_WAIT_NS.
+ * The driver lock is not fair; without this the next registration, queued
+ * already, could take it again at once and keep the executor's launches
+ * waiting for several in a row (seen on the H200: waits of 0.5 s). */
+#define PIN_ROUND_WAIT_NS 20000000ull
+
+static void pin_let_executor_run(struct radiance_executor *e, uint_fast64_t before)
+{
+	uint64_t t0 = rclock_ns();
+	while (!atomic_load(&e->idle) && !atomic_load(&e->stop) &&
+	       atomic_load_explicit(&e->progress, memory_order_relaxed) - before < 2 &&
+	       rclock_ns() - t0 < PIN_ROUND_WAIT_NS) {
+		struct timespec ts = { 0, 200000 };   /* 0.2 ms */
+		nanosleep(&ts, NULL);
+	}
+}
+
 static void pin_work(uv_work_t *w)
 {
 	struct exec_pin *p = w->data;
+	struct radiance_executor *e = p->e;
+	pthread_mutex_lock(&pin_serial);
+	uint_fast64_t before = atomic_load_explicit(&e->progress, memory_order_relaxed);
 	if (p->unpin)
-		ring_unpin(p->e, p->ring);
+		ring_unpin(e, p->ring);
 	else
-		p->status = ring_pin(p->e, p->ring, p->err, sizeof p->err);
+		p->status = ring_pin(e, p->ring, p->err, sizeof p->err);
+	if (!e->is_inline)
+		pin_let_executor_run(e, before);
+	pthread_mutex_unlock(&pin_serial);
 }
 
 static void pin_after(uv_work_t *w, int status)

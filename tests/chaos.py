@@ -475,7 +475,7 @@ def main():
     violations = []
     tmp = tempfile.mkdtemp(prefix="radiance-chaos-")
     d = conftest.Daemon(tmp, "--preload", str(conftest.CKPT), "--sched-chunk-rows",
-                        str(a.daemon_chunk_rows), "--max-sessions", str(a.parallel + 64),
+                        str(a.daemon_chunk_rows), "--max-sessions", str(a.parallel + 256),
                         "--hello-timeout-ms", "2000", "--log-level", "warn",
                         "--backend", a.backend).start()
     steps = 1 if a.backend == "gpu" else 0
