@@ -374,7 +374,6 @@ static void pipelined_maps_bounded(void **state)
 	assert_int_equal(raw_open_at(&w, daemon_.socket), 0);
 	raw_hello(&w);
 	uint32_t id = raw_load_dir(&w, ckpt);
-	int before = h_count_fds(daemon_.pid);
 	enum { N = 1000 };
 	Rdw__MapModel mm = RDW__MAP_MODEL__INIT;
 	mm.model_id = id;
@@ -382,24 +381,9 @@ static void pipelined_maps_bounded(void **state)
 	Rdw__ClientMessage m = RDW__CLIENT_MESSAGE__INIT;
 	m.msg_case = RDW__CLIENT_MESSAGE__MSG_MAP_MODEL;
 	m.map_model = &mm;
-	for (int i = 0; i < N; i++)
-		raw_send(&w, &m, NULL, 0);
-	int maps = 0, busy = 0, most_fds = 0;
-	for (int i = 0; i < N; i++) {
-		int n = h_count_fds(daemon_.pid) - before;
-		most_fds = n > most_fds ? n : most_fds;
-		Rdw__ServerMessage *reply;
-		assert_int_equal(raw_recv(&w, &reply, 20000), 1);
-		if (reply->msg_case == RDW__SERVER_MESSAGE__MSG_MODEL_MAPPING)
-			maps++;
-		else if (reply->msg_case == RDW__SERVER_MESSAGE__MSG_ERROR &&
-			 reply->error->code == EBUSY && strstr(reply->error->message, "still unsent"))
-			busy++;
-		else
-			fail_msg("reply %d: message case %d", i, reply->msg_case);
-		rdw__server_message__free_unpacked(reply, NULL);
-		rconn_close_fds(&w.conn);
-	}
+	int maps, busy, most_fds;
+	raw_pipeline_fd_replies(&w, daemon_.pid, &m, N, RDW__SERVER_MESSAGE__MSG_MODEL_MAPPING, &maps,
+				&busy, &most_fds);
 	printf("# %d pipelined MapModel: %d mapped, %d EBUSY; the daemon held at most %d "
 	       "descriptors more meanwhile\n", N, maps, busy, most_fds);
 	assert_int_equal(maps + busy, N);
