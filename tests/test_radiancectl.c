@@ -9,6 +9,7 @@
  * stdout.
  */
 #include <errno.h>
+#include <inttypes.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -529,6 +530,52 @@ static void load_name_clash(void **state)
 	radiance_disconnect(r);
 }
 
+/* A model may be named with digits: "1" as the name of one model and the id
+ * of another is refused as ambiguous (exit 1, EINVAL, both named), not
+ * resolved to the name; each is still reached by its other handle. */
+static void model_name_that_is_another_id(void **state)
+{
+	char copy[128], cmd[4096];
+	snprintf(copy, sizeof copy, "%s/" H_CHECKPOINT, daemon_.dir);
+	snprintf(cmd, sizeof cmd, "mkdir -p %s && cp %s/config.json %s/quantization_config.json "
+		 "%s/model.safetensors %s/", copy, ckpt, ckpt, ckpt, copy);
+	assert_int_equal(system(cmd), 0);
+	struct radiance_options o = RADIANCE_OPTIONS_INIT;
+	struct radiance *r = radiance_connect(daemon_.socket, &o);
+	assert_non_null(r);
+	/* the preload's id, as text: the name the copy is loaded under */
+	uint32_t pre;
+	assert_int_equal(radiance_attach_model(r, H_CHECKPOINT, &pre), 0);
+	char pre_id[16];
+	snprintf(pre_id, sizeof pre_id, "%" PRIu32, pre);
+	struct radiance_load_options lo = RADIANCE_LOAD_OPTIONS_INIT;
+	lo.name = pre_id;
+	uint32_t id;
+	assert_int_equal(radiance_load_model(r, copy, &lo, &id), 0);
+	assert_int_not_equal(id, pre);
+
+	const char *const cmds[] = { "layers", "tensors", "unload" };
+	for (size_t i = 0; i < 3; i++) {
+		assert_int_equal(ctl("--socket %s %s %s", daemon_.socket, cmds[i], pre_id), 1);
+		char said[300];
+		snprintf(said, sizeof said, "\"%s\" is ambiguous: the name of model %" PRIu32
+			 " and the id of model %" PRIu32 " \"" H_CHECKPOINT "\"", pre_id, id, pre);
+		assert_non_null(strstr(err, said));
+		assert_int_equal(ctl("--json --socket %s %s %s", daemon_.socket, cmds[i], pre_id), 1);
+		assert_json_error("EINVAL", EINVAL, said, "for the model named");
+	}
+	/* nothing was unloaded; each is reached by its other handle */
+	assert_int_equal(count_models(), 2);
+	assert_int_equal(ctl("--socket %s layers %" PRIu32, daemon_.socket, id), 0);
+	char line[64];
+	snprintf(line, sizeof line, "model %" PRIu32 " \"%s\"", id, pre_id);
+	assert_non_null(strstr(out, line));
+	assert_int_equal(ctl("--socket %s layers " H_CHECKPOINT, daemon_.socket), 0);
+	snprintf(line, sizeof line, "model %" PRIu32 " \"" H_CHECKPOINT "\"", pre);
+	assert_non_null(strstr(out, line));
+	radiance_disconnect(r);
+}
+
 /* The daemon stops under load --hold: a clear message, exit 3. With --json
  * stdout has the load's document, then the error object. */
 static void hold_until_daemon_stops(bool json)
@@ -669,6 +716,7 @@ int main(void)
 						stop_after_sigterm),
 		cmocka_unit_test_setup_teardown(refusal_reaches_ctl, start_one_session, stop),
 		cmocka_unit_test_setup_teardown(unload_not_permitted, start_preload, stop),
+		cmocka_unit_test_setup_teardown(model_name_that_is_another_id, start_preload, stop),
 	};
 	return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
