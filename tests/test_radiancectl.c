@@ -687,6 +687,45 @@ static void unload_not_permitted(void **state)
 	assert_int_equal(count_models(), 1);
 }
 
+/* A user the socket's mode keeps out: Permission denied, exit 3, and a hint
+ * that says what lets a user in (the daemon's group), not "is radianced
+ * running?". */
+static void connect_permission_denied(void **state)
+{
+	if (geteuid() != 0 || system("command -v setpriv >/dev/null 2>&1") != 0) {
+		printf("# connect_permission_denied: needs root and setpriv: skipped\n");
+		skip();
+	}
+	/* the directory lets uid 65534 through; the socket (0600, root) does not */
+	assert_int_equal(chmod(daemon_.dir, 0711), 0);
+	char bin[1024];
+	const char *ctlbin = h_env("RADIANCECTL", "build/radiancectl");
+	char probe[1200];
+	snprintf(probe, sizeof probe, "setpriv --reuid=65534 --regid=65534 --clear-groups "
+		 "test -x %s", realpath(ctlbin, bin) ? bin : ctlbin);
+	if (system(probe) != 0) {
+		printf("# connect_permission_denied: uid 65534 cannot reach %s: skipped\n", ctlbin);
+		skip();
+	}
+	for (int json = 0; json < 2; json++) {
+		char cmd[2048];
+		snprintf(cmd, sizeof cmd, "setpriv --reuid=65534 --regid=65534 --clear-groups %s "
+			 "--socket %s %s status >%s 2>%s </dev/null", bin, daemon_.socket,
+			 json ? "--json" : "", out_path, err_path);
+		int st = system(cmd);
+		slurp(out_path, out, sizeof out);
+		slurp(err_path, err, sizeof err);
+		assert_true(WIFEXITED(st));
+		assert_int_equal(WEXITSTATUS(st), 3);
+		assert_non_null(strstr(err, "Permission denied"));
+		assert_null(strstr(err, "is radianced running"));
+		assert_non_null(strstr(err, "uid 65534 may not connect"));
+		assert_non_null(strstr(err, "--group"));
+		if (json)
+			assert_json_error("EACCES", EACCES, "Permission denied", "--group");
+	}
+}
+
 static int start_one_session(void **state)
 {
 	static const char *const args[] = { "--max-sessions", "1", NULL };
@@ -717,6 +756,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(refusal_reaches_ctl, start_one_session, stop),
 		cmocka_unit_test_setup_teardown(unload_not_permitted, start_preload, stop),
 		cmocka_unit_test_setup_teardown(model_name_that_is_another_id, start_preload, stop),
+		cmocka_unit_test_setup_teardown(connect_permission_denied, start, stop),
 	};
 	return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
