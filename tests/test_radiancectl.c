@@ -10,8 +10,10 @@
  */
 #include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -504,19 +506,29 @@ static void load_not_regular_file(void **state)
 	assert_non_null(strstr(err, "model.safetensors is not a regular file"));
 }
 
+/* A copy of the checkpoint (other inodes, same basename) in the daemon's
+ * directory, its path in copy[n], and a session of the test's own to load
+ * or attach with (radiance_disconnect it). */
+static struct radiance *copy_checkpoint_and_connect(char *copy, size_t n)
+{
+	char cmd[4096];
+	snprintf(copy, n, "%s/" H_CHECKPOINT, daemon_.dir);
+	snprintf(cmd, sizeof cmd, "mkdir -p %s && cp %s/config.json %s/quantization_config.json "
+		 "%s/model.safetensors %s/", copy, ckpt, ckpt, ckpt, copy);
+	assert_int_equal(system(cmd), 0);
+	struct radiance_options o = RADIANCE_OPTIONS_INIT;
+	struct radiance *r = radiance_connect(daemon_.socket, &o);
+	assert_non_null(r);
+	return r;
+}
+
 /* Names: other files under a resident model's name are refused with a hint;
  * the resident model's files under another name attach to it. */
 static void load_name_clash(void **state)
 {
-	char copy[128], cmd[4096];
-	snprintf(copy, sizeof copy, "%s/" H_CHECKPOINT, daemon_.dir);
-	snprintf(cmd, sizeof cmd, "mkdir -p %s && cp %s/config.json %s/quantization_config.json "
-		 "%s/model.safetensors %s/", copy, ckpt, ckpt, ckpt, copy);
-	assert_int_equal(system(cmd), 0);
+	char copy[128];
 	/* a session of our own keeps the original resident */
-	struct radiance_options o = RADIANCE_OPTIONS_INIT;
-	struct radiance *r = radiance_connect(daemon_.socket, &o);
-	assert_non_null(r);
+	struct radiance *r = copy_checkpoint_and_connect(copy, sizeof copy);
 	uint32_t id;
 	assert_int_equal(radiance_load_model(r, ckpt, NULL, &id), 0);
 
@@ -535,14 +547,8 @@ static void load_name_clash(void **state)
  * resolved to the name; each is still reached by its other handle. */
 static void model_name_that_is_another_id(void **state)
 {
-	char copy[128], cmd[4096];
-	snprintf(copy, sizeof copy, "%s/" H_CHECKPOINT, daemon_.dir);
-	snprintf(cmd, sizeof cmd, "mkdir -p %s && cp %s/config.json %s/quantization_config.json "
-		 "%s/model.safetensors %s/", copy, ckpt, ckpt, ckpt, copy);
-	assert_int_equal(system(cmd), 0);
-	struct radiance_options o = RADIANCE_OPTIONS_INIT;
-	struct radiance *r = radiance_connect(daemon_.socket, &o);
-	assert_non_null(r);
+	char copy[128];
+	struct radiance *r = copy_checkpoint_and_connect(copy, sizeof copy);
 	/* the preload's id, as text: the name the copy is loaded under */
 	uint32_t pre;
 	assert_int_equal(radiance_attach_model(r, H_CHECKPOINT, &pre), 0);
@@ -648,31 +654,43 @@ static void refusal_reaches_ctl(void **state)
 	radiance_disconnect(r);
 }
 
-/* unload by a user who may not: says who may, exit 1. */
-static void unload_not_permitted(void **state)
+/* Whether radiancectl can be run as uid 65534 here (root, setpriv, a binary
+ * that user may execute); its absolute path in bin[n]. When not, says why
+ * for test and returns false (the caller skips). */
+static bool nobody_can_run_ctl(const char *test, char *bin, size_t n)
 {
 	if (geteuid() != 0 || system("command -v setpriv >/dev/null 2>&1") != 0) {
-		printf("# unload_not_permitted: needs root and setpriv to run radiancectl as "
-		       "uid 65534: skipped\n");
-		skip();
+		printf("# %s: needs root and setpriv to run radiancectl as uid 65534: skipped\n",
+		       test);
+		return false;
 	}
-	/* let uid 65534 reach the socket (the daemon, as root, allows it) */
-	assert_int_equal(chmod(daemon_.dir, 0711), 0);
-	assert_int_equal(chmod(daemon_.socket, 0666), 0);
-	char bin[1024];
 	const char *ctlbin = h_env("RADIANCECTL", "build/radiancectl");
-	if (!realpath(ctlbin, bin)) {
-		printf("# unload_not_permitted: cannot resolve %s: skipped\n", ctlbin);
-		skip();
+	char abs[PATH_MAX];
+	if (!realpath(ctlbin, abs) || strlen(abs) >= n) {
+		printf("# %s: cannot resolve %s: skipped\n", test, ctlbin);
+		return false;
 	}
-	char probe[1200];
+	memcpy(bin, abs, strlen(abs) + 1);
+	char probe[PATH_MAX + 100];
 	snprintf(probe, sizeof probe, "setpriv --reuid=65534 --regid=65534 --clear-groups "
 		 "test -x %s", bin);
 	if (system(probe) != 0) {
-		printf("# unload_not_permitted: uid 65534 cannot reach %s (a build tree under "
-		       "/root, say): skipped\n", bin);
-		skip();
+		printf("# %s: uid 65534 cannot reach %s (a build tree under /root, say): "
+		       "skipped\n", test, bin);
+		return false;
 	}
+	return true;
+}
+
+/* unload by a user who may not: says who may, exit 1. */
+static void unload_not_permitted(void **state)
+{
+	char bin[1024];
+	if (!nobody_can_run_ctl("unload_not_permitted", bin, sizeof bin))
+		skip();
+	/* let uid 65534 reach the socket (the daemon, as root, allows it) */
+	assert_int_equal(chmod(daemon_.dir, 0711), 0);
+	assert_int_equal(chmod(daemon_.socket, 0666), 0);
 	char cmd[2048];
 	snprintf(cmd, sizeof cmd, "setpriv --reuid=65534 --regid=65534 --clear-groups %s --socket %s "
 		 "unload " H_CHECKPOINT " >%s 2>%s </dev/null", bin, daemon_.socket, out_path, err_path);
@@ -692,21 +710,11 @@ static void unload_not_permitted(void **state)
  * running?". */
 static void connect_permission_denied(void **state)
 {
-	if (geteuid() != 0 || system("command -v setpriv >/dev/null 2>&1") != 0) {
-		printf("# connect_permission_denied: needs root and setpriv: skipped\n");
+	char bin[1024];
+	if (!nobody_can_run_ctl("connect_permission_denied", bin, sizeof bin))
 		skip();
-	}
 	/* the directory lets uid 65534 through; the socket (0600, root) does not */
 	assert_int_equal(chmod(daemon_.dir, 0711), 0);
-	char bin[1024];
-	const char *ctlbin = h_env("RADIANCECTL", "build/radiancectl");
-	char probe[1200];
-	snprintf(probe, sizeof probe, "setpriv --reuid=65534 --regid=65534 --clear-groups "
-		 "test -x %s", realpath(ctlbin, bin) ? bin : ctlbin);
-	if (system(probe) != 0) {
-		printf("# connect_permission_denied: uid 65534 cannot reach %s: skipped\n", ctlbin);
-		skip();
-	}
 	for (int json = 0; json < 2; json++) {
 		char cmd[2048];
 		snprintf(cmd, sizeof cmd, "setpriv --reuid=65534 --regid=65534 --clear-groups %s "
