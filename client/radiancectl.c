@@ -58,7 +58,8 @@ static void usage(FILE *f)
 		"Commands:\n"
 		"  status              daemon version, backend, device, sessions, uptime\n"
 		"  models              resident models\n"
-		"  layers MODEL        linear layers of a resident model (name or id)\n"
+		"  layers MODEL        linear layers of a resident model (a name or an id;\n"
+		"                      one model's name that is another's id: refused)\n"
 		"  tensors MODEL       the shared tensors of a resident model: every tensor of\n"
 		"                      no linear layer (embeddings, norms, ...) that the\n"
 		"                      daemon holds once in a sealed memfd for all clients\n"
@@ -253,33 +254,43 @@ static void human_duration(char *buf, size_t n, uint64_t ns)
 			 (unsigned)(s % 60));
 }
 
-/* MODEL on the command line: a resident model's name, else its numeric id. */
+/* MODEL on the command line: a resident model's name, else its numeric id.
+ * A name may be digits ("1" is a valid name), so when arg is the name of one
+ * model and the id of another it is refused (EINVAL) instead of silently
+ * picking the name: `unload 1` or `layers 1` meant for model 1 must not act
+ * on another model that happens to be named "1". */
 static int resolve_model(struct ctl *c, const char *arg, uint32_t *id)
 {
 	struct radiance_model_list *list;
 	int rc = radiance_list_models(c->r, &list);
 	if (rc < 0)
 		return fail(c, rc, "list models");
-	rc = -1;
-	for (size_t i = 0; i < list->count && rc < 0; i++)
-		if (strcmp(list->models[i].name, arg) == 0) {
-			*id = list->models[i].model_id;
-			rc = 0;
-		}
-	if (rc < 0) {
-		char *end;
-		errno = 0;
-		unsigned long v = strtoul(arg, &end, 10);
-		for (size_t i = 0; i < list->count && rc < 0 && !errno && *arg && !*end; i++)
-			if (list->models[i].model_id == v) {
-				*id = (uint32_t)v;
-				rc = 0;
-			}
+	const struct radiance_model_info *by_name = NULL, *by_id = NULL;
+	char *end;
+	errno = 0;
+	unsigned long v = strtoul(arg, &end, 10);
+	bool numeric = !errno && *arg && !*end;
+	for (size_t i = 0; i < list->count; i++) {
+		if (!by_name && strcmp(list->models[i].name, arg) == 0)
+			by_name = &list->models[i];
+		if (!by_id && numeric && list->models[i].model_id == v)
+			by_id = &list->models[i];
 	}
+	int ret = EXIT_OK;
+	if (by_name && by_id && by_name != by_id) {
+		char hint[400];
+		snprintf(hint, sizeof hint, "give %" PRIu32 " for the model named \"%s\", or \"%s\" "
+			 "for model %" PRIu32, by_name->model_id, arg, by_id->name, by_id->model_id);
+		ret = report(c, EXIT_FAILED, EINVAL, hint,
+			     "\"%s\" is ambiguous: the name of model %" PRIu32 " and the id of model %"
+			     PRIu32 " \"%s\"", arg, by_name->model_id, by_id->model_id, by_id->name);
+	}
+	else if (by_name || by_id)
+		*id = (by_name ? by_name : by_id)->model_id;
+	else
+		ret = report(c, EXIT_FAILED, ENOENT, NULL, "no resident model \"%s\"", arg);
 	radiance_model_list_free(list);
-	if (rc < 0)
-		return report(c, EXIT_FAILED, ENOENT, NULL, "no resident model \"%s\"", arg);
-	return EXIT_OK;
+	return ret;
 }
 
 /* MODEL on the command line, resolved to *id and fetched in full into *m
@@ -1063,6 +1074,17 @@ int main(int argc, char **argv)
 					   ? "is radianced running? --socket PATH or $RADIANCE_SOCKET "
 					     "names another socket"
 					   : NULL;
+		/* Permission denied alone does not say what to change: the
+		 * socket is owner-only unless the daemon was given a group */
+		char perm[300];
+		if (e == EACCES) {
+			snprintf(perm, sizeof perm, "uid %u may not connect (the socket's mode, or a "
+				 "directory above it, keeps it out): members of the group named by "
+				 "radianced's --group (config key group), or by SocketGroup= of "
+				 "radianced.socket (radiance) under socket activation, may",
+				 (unsigned)geteuid());
+			hint = perm;
+		}
 		/* the library's reason names the path and, for a refusal, gives
 		 * the daemon's text (e.g. "too many sessions (the limit is 64)") */
 		if (c.connect_error[0])

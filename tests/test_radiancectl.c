@@ -9,8 +9,11 @@
  * stdout.
  */
 #include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -503,19 +506,29 @@ static void load_not_regular_file(void **state)
 	assert_non_null(strstr(err, "model.safetensors is not a regular file"));
 }
 
+/* A copy of the checkpoint (other inodes, same basename) in the daemon's
+ * directory, its path in copy[n], and a session of the test's own to load
+ * or attach with (radiance_disconnect it). */
+static struct radiance *copy_checkpoint_and_connect(char *copy, size_t n)
+{
+	char cmd[4096];
+	snprintf(copy, n, "%s/" H_CHECKPOINT, daemon_.dir);
+	snprintf(cmd, sizeof cmd, "mkdir -p %s && cp %s/config.json %s/quantization_config.json "
+		 "%s/model.safetensors %s/", copy, ckpt, ckpt, ckpt, copy);
+	assert_int_equal(system(cmd), 0);
+	struct radiance_options o = RADIANCE_OPTIONS_INIT;
+	struct radiance *r = radiance_connect(daemon_.socket, &o);
+	assert_non_null(r);
+	return r;
+}
+
 /* Names: other files under a resident model's name are refused with a hint;
  * the resident model's files under another name attach to it. */
 static void load_name_clash(void **state)
 {
-	char copy[128], cmd[4096];
-	snprintf(copy, sizeof copy, "%s/" H_CHECKPOINT, daemon_.dir);
-	snprintf(cmd, sizeof cmd, "mkdir -p %s && cp %s/config.json %s/quantization_config.json "
-		 "%s/model.safetensors %s/", copy, ckpt, ckpt, ckpt, copy);
-	assert_int_equal(system(cmd), 0);
+	char copy[128];
 	/* a session of our own keeps the original resident */
-	struct radiance_options o = RADIANCE_OPTIONS_INIT;
-	struct radiance *r = radiance_connect(daemon_.socket, &o);
-	assert_non_null(r);
+	struct radiance *r = copy_checkpoint_and_connect(copy, sizeof copy);
 	uint32_t id;
 	assert_int_equal(radiance_load_model(r, ckpt, NULL, &id), 0);
 
@@ -526,6 +539,46 @@ static void load_name_clash(void **state)
 	assert_json_error("EEXIST", EEXIST, "a different checkpoint named", "load --name NAME");
 	assert_int_equal(ctl("--socket %s load --name other-name %s", daemon_.socket, ckpt), 0);
 	assert_non_null(strstr(out, "already resident as \"" H_CHECKPOINT "\""));
+	radiance_disconnect(r);
+}
+
+/* A model may be named with digits: "1" as the name of one model and the id
+ * of another is refused as ambiguous (exit 1, EINVAL, both named), not
+ * resolved to the name; each is still reached by its other handle. */
+static void model_name_that_is_another_id(void **state)
+{
+	char copy[128];
+	struct radiance *r = copy_checkpoint_and_connect(copy, sizeof copy);
+	/* the preload's id, as text: the name the copy is loaded under */
+	uint32_t pre;
+	assert_int_equal(radiance_attach_model(r, H_CHECKPOINT, &pre), 0);
+	char pre_id[16];
+	snprintf(pre_id, sizeof pre_id, "%" PRIu32, pre);
+	struct radiance_load_options lo = RADIANCE_LOAD_OPTIONS_INIT;
+	lo.name = pre_id;
+	uint32_t id;
+	assert_int_equal(radiance_load_model(r, copy, &lo, &id), 0);
+	assert_int_not_equal(id, pre);
+
+	const char *const cmds[] = { "layers", "tensors", "unload" };
+	for (size_t i = 0; i < 3; i++) {
+		assert_int_equal(ctl("--socket %s %s %s", daemon_.socket, cmds[i], pre_id), 1);
+		char said[300];
+		snprintf(said, sizeof said, "\"%s\" is ambiguous: the name of model %" PRIu32
+			 " and the id of model %" PRIu32 " \"" H_CHECKPOINT "\"", pre_id, id, pre);
+		assert_non_null(strstr(err, said));
+		assert_int_equal(ctl("--json --socket %s %s %s", daemon_.socket, cmds[i], pre_id), 1);
+		assert_json_error("EINVAL", EINVAL, said, "for the model named");
+	}
+	/* nothing was unloaded; each is reached by its other handle */
+	assert_int_equal(count_models(), 2);
+	assert_int_equal(ctl("--socket %s layers %" PRIu32, daemon_.socket, id), 0);
+	char line[64];
+	snprintf(line, sizeof line, "model %" PRIu32 " \"%s\"", id, pre_id);
+	assert_non_null(strstr(out, line));
+	assert_int_equal(ctl("--socket %s layers " H_CHECKPOINT, daemon_.socket), 0);
+	snprintf(line, sizeof line, "model %" PRIu32 " \"" H_CHECKPOINT "\"", pre);
+	assert_non_null(strstr(out, line));
 	radiance_disconnect(r);
 }
 
@@ -601,31 +654,43 @@ static void refusal_reaches_ctl(void **state)
 	radiance_disconnect(r);
 }
 
-/* unload by a user who may not: says who may, exit 1. */
-static void unload_not_permitted(void **state)
+/* Whether radiancectl can be run as uid 65534 here (root, setpriv, a binary
+ * that user may execute); its absolute path in bin[n]. When not, says why
+ * for test and returns false (the caller skips). */
+static bool nobody_can_run_ctl(const char *test, char *bin, size_t n)
 {
 	if (geteuid() != 0 || system("command -v setpriv >/dev/null 2>&1") != 0) {
-		printf("# unload_not_permitted: needs root and setpriv to run radiancectl as "
-		       "uid 65534: skipped\n");
-		skip();
+		printf("# %s: needs root and setpriv to run radiancectl as uid 65534: skipped\n",
+		       test);
+		return false;
 	}
-	/* let uid 65534 reach the socket (the daemon, as root, allows it) */
-	assert_int_equal(chmod(daemon_.dir, 0711), 0);
-	assert_int_equal(chmod(daemon_.socket, 0666), 0);
-	char bin[1024];
 	const char *ctlbin = h_env("RADIANCECTL", "build/radiancectl");
-	if (!realpath(ctlbin, bin)) {
-		printf("# unload_not_permitted: cannot resolve %s: skipped\n", ctlbin);
-		skip();
+	char abs[PATH_MAX];
+	if (!realpath(ctlbin, abs) || strlen(abs) >= n) {
+		printf("# %s: cannot resolve %s: skipped\n", test, ctlbin);
+		return false;
 	}
-	char probe[1200];
+	memcpy(bin, abs, strlen(abs) + 1);
+	char probe[PATH_MAX + 100];
 	snprintf(probe, sizeof probe, "setpriv --reuid=65534 --regid=65534 --clear-groups "
 		 "test -x %s", bin);
 	if (system(probe) != 0) {
-		printf("# unload_not_permitted: uid 65534 cannot reach %s (a build tree under "
-		       "/root, say): skipped\n", bin);
-		skip();
+		printf("# %s: uid 65534 cannot reach %s (a build tree under /root, say): "
+		       "skipped\n", test, bin);
+		return false;
 	}
+	return true;
+}
+
+/* unload by a user who may not: says who may, exit 1. */
+static void unload_not_permitted(void **state)
+{
+	char bin[1024];
+	if (!nobody_can_run_ctl("unload_not_permitted", bin, sizeof bin))
+		skip();
+	/* let uid 65534 reach the socket (the daemon, as root, allows it) */
+	assert_int_equal(chmod(daemon_.dir, 0711), 0);
+	assert_int_equal(chmod(daemon_.socket, 0666), 0);
 	char cmd[2048];
 	snprintf(cmd, sizeof cmd, "setpriv --reuid=65534 --regid=65534 --clear-groups %s --socket %s "
 		 "unload " H_CHECKPOINT " >%s 2>%s </dev/null", bin, daemon_.socket, out_path, err_path);
@@ -638,6 +703,35 @@ static void unload_not_permitted(void **state)
 	assert_non_null(strstr(err, "uid 65534"));
 	/* still there */
 	assert_int_equal(count_models(), 1);
+}
+
+/* A user the socket's mode keeps out: Permission denied, exit 3, and a hint
+ * that says what lets a user in (the daemon's group), not "is radianced
+ * running?". */
+static void connect_permission_denied(void **state)
+{
+	char bin[1024];
+	if (!nobody_can_run_ctl("connect_permission_denied", bin, sizeof bin))
+		skip();
+	/* the directory lets uid 65534 through; the socket (0600, root) does not */
+	assert_int_equal(chmod(daemon_.dir, 0711), 0);
+	for (int json = 0; json < 2; json++) {
+		char cmd[2048];
+		snprintf(cmd, sizeof cmd, "setpriv --reuid=65534 --regid=65534 --clear-groups %s "
+			 "--socket %s %s status >%s 2>%s </dev/null", bin, daemon_.socket,
+			 json ? "--json" : "", out_path, err_path);
+		int st = system(cmd);
+		slurp(out_path, out, sizeof out);
+		slurp(err_path, err, sizeof err);
+		assert_true(WIFEXITED(st));
+		assert_int_equal(WEXITSTATUS(st), 3);
+		assert_non_null(strstr(err, "Permission denied"));
+		assert_null(strstr(err, "is radianced running"));
+		assert_non_null(strstr(err, "uid 65534 may not connect"));
+		assert_non_null(strstr(err, "--group"));
+		if (json)
+			assert_json_error("EACCES", EACCES, "Permission denied", "--group");
+	}
 }
 
 static int start_one_session(void **state)
@@ -669,6 +763,8 @@ int main(void)
 						stop_after_sigterm),
 		cmocka_unit_test_setup_teardown(refusal_reaches_ctl, start_one_session, stop),
 		cmocka_unit_test_setup_teardown(unload_not_permitted, start_preload, stop),
+		cmocka_unit_test_setup_teardown(model_name_that_is_another_id, start_preload, stop),
+		cmocka_unit_test_setup_teardown(connect_permission_denied, start, stop),
 	};
 	return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -850,8 +850,9 @@ class Model(Closing):
         result is read (or, for a Request dropped unread, once it completes).
 
         Raises at submission what linear() would for the arguments, and
-        ENOMEM when the arena has no room for x and y of this request (read
-        earlier results, or Client(arena_bytes=...))."""
+        ENOMEM when the arena has no room for x and y of this request: of
+        all its pieces at once for x of more than max_rows rows (read earlier
+        results, submit fewer rows, or Client(arena_bytes=...))."""
         l = self.layer(layer)
         p = self._prepare(l, x, out)
         req = Request(self, l, p)
@@ -874,10 +875,20 @@ class Model(Closing):
                         e = ffi.errno
                         if xb != ffi.NULL:
                             lib.radiance_arena_free(s.h, xb)
+                        # the pieces of this request placed so far hold
+                        # arena too: say so, or "0 requests in flight" reads
+                        # as an arena that is simply too small for m rows
+                        whole = ""
+                        if rows > step:
+                            whole = (f" (rows {r0}..{r0 + m - 1} of this request's {rows}: it "
+                                     f"needs {rows * (l.K + l.N) * 2} bytes of x and y at once, "
+                                     f"in {-(-rows // step)} pieces of up to {step} rows, "
+                                     f"{len(blocks)} placed; linear() splits to fit)")
                         raise RadianceError(e or errno.ENOMEM, f"layer '{l.name}': the arena has "
                                             f"no room for {m} rows ({m * (l.K + l.N) * 2} bytes of x "
-                                            f"and y; {len(s.slots)} requests in flight): read "
-                                            f"earlier results, or Client(arena_bytes=...)")
+                                            f"and y; {len(s.slots)} requests in flight){whole}: read "
+                                            f"earlier results, submit fewer rows, or "
+                                            f"Client(arena_bytes=...)")
                     blocks.append((r0, m, _Slot(s, xb, yb, m * l.N * 2)))
             except BaseException:
                 for _, _, slot in blocks:

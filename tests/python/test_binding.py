@@ -337,6 +337,29 @@ def test_arena_exhaustion_is_a_clear_error(daemon):
         assert m.linear(FFN_IN, rand((600, 384))).shape == (600, 1536)
 
 
+def test_arena_too_small_for_one_split_request(daemon):
+    # x of three max_rows pieces of FFN_IN: each piece fits the 4 MiB arena,
+    # all three at once do not. No other request is in flight, so the message
+    # must say that the earlier pieces of this same request hold the arena
+    arena = 4 << 20
+    with radiance.Client(daemon.socket, arena_bytes=arena) as c:
+        m = c.load(CKPT)
+        step = c.server_info["max_rows"]
+        piece = step * (384 + 1536) * 2
+        rows = 3 * step
+        need = rows * (384 + 1536) * 2
+        assert piece < arena // 2 < arena < need
+        with pytest.raises(radiance.RadianceError) as ei:
+            m.submit(FFN_IN, rand((rows, 384), seed=4))
+        assert ei.value.errno == errno.ENOMEM
+        msg = ei.value.message
+        assert f"rows {2 * step}..{rows - 1} of this request's {rows}" in msg
+        assert f"it needs {need} bytes of x and y at once, in 3 pieces" in msg
+        assert "2 placed" in msg and "linear() splits to fit" in msg
+        # nothing leaked: the same arena serves the rows through linear()
+        assert m.linear(FFN_IN, rand((rows, 384))).shape == (rows, 1536)
+
+
 def test_closed_client_and_released_model(daemon):
     c = radiance.Client(daemon.socket)
     m = c.load(CKPT)
