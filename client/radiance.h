@@ -865,6 +865,12 @@ struct radiance_stats_reply {
 	 * sched_chunk_rows rows. launches / global.requests is the launches
 	 * per request; 0 from a daemon that does not count them. */
 	uint64_t launches;
+	/* sessions[i]'s uid's device-time weight (the daemon's
+	 * sched_uid_weights, 1 for a uid not listed: its ring shares the
+	 * executor by it), [n_sessions]; 0 from a daemon that does not send
+	 * it. A separate array because struct radiance_session_stats is an
+	 * array element and cannot grow. NULL when n_sessions is 0. */
+	const uint32_t *session_weights;
 };
 
 /* Asks the daemon for its counters. *out is allocated; free it with

@@ -684,7 +684,10 @@ static void bound_us(char *buf, size_t n, uint64_t ns, uint64_t requests)
 		snprintf(buf, n, "<=%" PRIu64, (ns + 999) / 1000);
 }
 
-static void print_stats_row(const char *who, const struct radiance_stats *s)
+/* uid and weight: "-" for the global row, and a weight of 0 (a daemon
+ * that does not send it) as "-" too */
+static void print_stats_row(const char *who, const char *uid, uint32_t weight,
+			    const struct radiance_stats *s)
 {
 	char in[32], out[32], p50[32], p99[32], max[32];
 	human_bytes(in, sizeof in, s->bytes_in);
@@ -695,8 +698,11 @@ static void print_stats_row(const char *who, const struct radiance_stats *s)
 		snprintf(max, sizeof max, "%.1f", s->latency_max_ns / 1e3);
 	else
 		snprintf(max, sizeof max, "-");
-	printf("%-28s %10" PRIu64 " %10" PRIu64 " %7" PRIu64 " %11s %11s %8s %8s %9s\n", who,
-	       s->requests, s->rows, s->errors, in, out, p50, p99, max);
+	char w[16] = "-";
+	if (weight)
+		snprintf(w, sizeof w, "%" PRIu32, weight);
+	printf("%-28s %10s %6s %10" PRIu64 " %10" PRIu64 " %7" PRIu64 " %11s %11s %8s %8s %9s\n",
+	       who, uid, w, s->requests, s->rows, s->errors, in, out, p50, p99, max);
 }
 
 /* --- Prometheus text exposition format (version 0.0.4) -------------------- */
@@ -882,11 +888,13 @@ static int cmd_stats(struct ctl *c)
 		json_t *a = json_array();
 		for (size_t i = 0; a && i < st->n_sessions; i++) {
 			const struct radiance_session_stats *s = &st->sessions[i];
-			json_array_append_new(a, json_pack("{s:I, s:s, s:i, s:i, s:o}", "session_id",
-							   (json_int_t)s->session_id, "client_name",
-							   s->client_name, "pid", (int)s->pid, "uid",
-							   (int)s->uid, "stats",
-							   stats_json(&s->stats, false)));
+			json_array_append_new(a, json_pack("{s:I, s:s, s:i, s:I, s:I, s:o}",
+							   "session_id", (json_int_t)s->session_id,
+							   "client_name", s->client_name, "pid",
+							   (int)s->pid, "uid", (json_int_t)s->uid,
+							   "weight",
+							   (json_int_t)st->session_weights[i],
+							   "stats", stats_json(&s->stats, false)));
 		}
 		json_t *j = json_pack("{s:o, s:o, s:o}", "global", stats_json(&st->global, true),
 				      "session", stats_json(&st->session, false), "sessions", a);
@@ -899,15 +907,17 @@ static int cmd_stats(struct ctl *c)
 	       st->global.sessions == 1 ? "" : "s");
 	printf("latency in the daemon (queue + exec), us: P50 and P99 are the upper bounds of "
 	       "histogram buckets (within 25%%), MAX is exact\n");
-	printf("%-28s %10s %10s %7s %11s %11s %8s %8s %9s\n", "", "REQUESTS", "ROWS", "ERRORS",
-	       "IN", "OUT", "P50", "P99", "MAX");
-	print_stats_row("all sessions", &st->global);
+	printf("%-28s %10s %6s %10s %10s %7s %11s %11s %8s %8s %9s\n", "", "UID", "WEIGHT",
+	       "REQUESTS", "ROWS", "ERRORS", "IN", "OUT", "P50", "P99", "MAX");
+	print_stats_row("all sessions", "-", 0, &st->global);
 	for (size_t i = 0; i < st->n_sessions; i++) {
 		const struct radiance_session_stats *s = &st->sessions[i];
 		char who[64];
+		char uid[16];
 		snprintf(who, sizeof who, "%" PRIu64 " %.14s pid %d", s->session_id, s->client_name,
 			 s->pid);
-		print_stats_row(who, &s->stats);
+		snprintf(uid, sizeof uid, "%" PRIu32, s->uid);
+		print_stats_row(who, uid, st->session_weights[i], &s->stats);
 	}
 	radiance_stats_free(st);
 	return EXIT_OK;

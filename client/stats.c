@@ -32,6 +32,7 @@ void radiance_stats_free(struct radiance_stats_reply *s)
 	for (size_t i = 0; i < s->n_sessions; i++)
 		free((char *)s->sessions[i].client_name);
 	free(s->sessions);
+	free((uint32_t *)s->session_weights);
 	free((uint64_t *)s->latency_le_ns);
 	free((uint64_t *)s->latency_cumulative);
 	free(s);
@@ -59,7 +60,11 @@ static int get_stats(struct radiance *r, struct radiance_stats_reply **out)
 	}
 	const Rdw__StatsReply *pb = reply->stats;
 	struct radiance_stats_reply *s = calloc(1, sizeof *s);
-	if (!s || (pb->n_sessions && !(s->sessions = calloc(pb->n_sessions, sizeof *s->sessions)))) {
+	uint32_t *weights = NULL;
+	if (!s || (pb->n_sessions && (!(s->sessions = calloc(pb->n_sessions, sizeof *s->sessions)) ||
+				      !(weights = calloc(pb->n_sessions, sizeof *weights))))) {
+		if (s)
+			free(s->sessions);
 		free(s);
 		rc = radiance__client_fail(r, -ENOMEM, "out of memory");
 		goto out;
@@ -91,6 +96,7 @@ static int get_stats(struct radiance *r, struct radiance_stats_reply **out)
 	}
 	s->launches = g ? g->launches : 0;
 	stats_from_pb(&s->session, pb->session);
+	s->session_weights = weights;
 	for (size_t i = 0; i < pb->n_sessions; i++) {
 		const Rdw__SessionStats *ps = pb->sessions[i];
 		struct radiance_session_stats *ss = &s->sessions[i];
@@ -98,6 +104,7 @@ static int get_stats(struct radiance *r, struct radiance_stats_reply **out)
 		ss->session_id = ps->session_id;
 		ss->pid = ps->pid;
 		ss->uid = ps->uid;
+		weights[i] = ps->weight;
 		stats_from_pb(&ss->stats, ps->stats);
 		if (!(ss->client_name = strdup(ps->client_name ? ps->client_name : ""))) {
 			radiance_stats_free(s);

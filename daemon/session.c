@@ -413,6 +413,9 @@ static void handle_stats(struct radiance_session *s, uint64_t tag)
 		ss[i].client_name = o->client_name;
 		ss[i].pid = o->pid;
 		ss[i].uid = o->uid;
+		/* what its ring's flow was given (handle_open_ring); the list
+		 * is not reloaded, so it is this session's for its lifetime */
+		ss[i].weight = config_uid_weight(srv->cfg, o->uid);
 		ss[i].stats = &st[i];
 		ssp[i] = &ss[i];
 		i++;
@@ -556,9 +559,10 @@ static void on_ring_added(struct exec_job *job)
 	m.tag = s->busy_tag;
 	m.msg_case = RDW__SERVER_MESSAGE__MSG_RING_READY;
 	m.ring_ready = &rr;
-	log_info("session %llu: ring open: sq %u, cq %u, arena %llu bytes",
+	log_info("session %llu: ring open: sq %u, cq %u, arena %llu bytes; uid %u, weight %u",
 		 (unsigned long long)s->id, s->ring.sq.entries, s->ring.cq.entries,
-		 (unsigned long long)s->ring.arena_bytes);
+		 (unsigned long long)s->ring.arena_bytes, (unsigned)s->uid,
+		 config_uid_weight(s->server->cfg, s->uid));
 	session_reply(s, &m, fds, RADIANCE_RING_READY_FDS);
 	/* the client has its own copies of the memfd and of the CQ doorbell's
 	 * read end now (queued with the message); ours are not needed */

@@ -159,6 +159,15 @@ static int start_preload(void **state)
 	return h_daemon_start_argv(&daemon_, args);
 }
 
+/* This uid weighs 7 (sched_uid_weights by number). */
+static int start_weighted(void **state)
+{
+	static char list[32];
+	snprintf(list, sizeof list, "%u:7", (unsigned)getuid());
+	const char *args[] = { "--sched-uid-weights", list, NULL };
+	return h_daemon_start_argv(&daemon_, args);
+}
+
 static int stop(void **state)
 {
 	int alive = h_daemon_alive(&daemon_);
@@ -336,9 +345,58 @@ static void status_models_layers_stats(void **state)
 	assert_non_null(json_object_get(json_object_get(j, "global"), "requests"));
 	assert_true(json_integer_value(json_object_get(json_object_get(j, "global"), "uptime_ns")) > 0);
 	assert_true(json_is_array(json_object_get(j, "sessions")));
+	/* no sched_uid_weights: every uid weighs 1 (radiancectl's own session
+	 * is in the list) */
+	json_t *ses;
+	size_t si;
+	assert_true(json_array_size(json_object_get(j, "sessions")) >= 1);
+	json_array_foreach(json_object_get(j, "sessions"), si, ses)
+		assert_int_equal(json_integer_value(json_object_get(ses, "weight")), 1);
 	json_decref(j);
 	assert_int_equal(ctl("--socket %s stats", daemon_.socket), 0);
 	assert_non_null(strstr(out, "all sessions"));
+}
+
+/* stats shows each session's uid and its sched_uid_weights weight: a client
+ * of this uid (weight 7 by start_weighted) and radiancectl's own session,
+ * in --json and in the text's UID and WEIGHT columns. */
+static void stats_weights(void **state)
+{
+	struct radiance_options o = RADIANCE_OPTIONS_INIT;
+	o.client_name = "weighed";
+	struct radiance *r = radiance_connect(daemon_.socket, &o);
+	assert_non_null(r);
+	json_t *j = ctl_json("--socket %s --json stats", "");
+	json_t *ses, *list = json_object_get(j, "sessions");
+	size_t si;
+	int seen = 0;
+	assert_int_equal(json_array_size(list), 2);
+	json_array_foreach(list, si, ses) {
+		assert_int_equal(json_integer_value(json_object_get(ses, "uid")), getuid());
+		assert_int_equal(json_integer_value(json_object_get(ses, "weight")), 7);
+		seen += !strcmp(json_string_value(json_object_get(ses, "client_name")), "weighed");
+	}
+	assert_int_equal(seen, 1);
+	json_decref(j);
+
+	assert_int_equal(ctl("--socket %s stats", daemon_.socket), 0);
+	assert_non_null(strstr(out, "UID WEIGHT"));
+	const char *line = strstr(out, " weighed pid ");
+	assert_non_null(line);
+	while (line > out && line[-1] != '\n')
+		line--;
+	unsigned uid = ~0u, weight = 0;
+	assert_int_equal(sscanf(line + 28, "%u %u", &uid, &weight), 2);
+	assert_int_equal(uid, getuid());
+	assert_int_equal(weight, 7);
+	/* the global row has neither */
+	const char *all = strstr(out, "all sessions");
+	assert_non_null(all);
+	char u[8], w[8];
+	assert_int_equal(sscanf(all + 28, "%7s %7s", u, w), 2);
+	assert_string_equal(u, "-");
+	assert_string_equal(w, "-");
+	radiance_disconnect(r);
 }
 
 /* Runs cmd under /bin/sh in a child (`exec` in cmd makes the child the
@@ -756,6 +814,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(unload_preloaded, start_preload, stop),
 		cmocka_unit_test(usage_errors_are_one_line),
 		cmocka_unit_test_setup_teardown(stats_format, start, stop),
+		cmocka_unit_test_setup_teardown(stats_weights, start_weighted, stop),
 		cmocka_unit_test_setup_teardown(load_not_regular_file, start, stop),
 		cmocka_unit_test_setup_teardown(load_name_clash, start, stop),
 		cmocka_unit_test_setup_teardown(hold_when_daemon_goes_away, start, stop_after_sigterm),

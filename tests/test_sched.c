@@ -41,6 +41,8 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <sys/wait.h>
+#include <grp.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -1835,6 +1837,204 @@ static void test_flood_decode_latency(void **state)
 	assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
 }
 
+/* ---- shares by uid on the real daemon ------------------------------------ */
+
+/* Two flooding sessions of two uids, root weighing SHARE_W_ROOT and
+ * SHARE_UID SHARE_W_OTHER (sched_uid_weights), each keeping SHARE_DEPTH
+ * max-row requests of one piece (CHUNK rows, max_rows CHUNK: a request
+ * is a launch, so a completion is a piece) in flight on the big layer. */
+#define SHARE_UID 65534u
+#define SHARE_W_ROOT 3u
+#define SHARE_W_OTHER 1u
+#define SHARE_WEIGHTS "0:3,65534:1"
+#define SHARE_DEPTH 8u
+/* requests of both served between the two snapshots; the other uid's
+ * fraction of them must be within SHARE_TOL of its weight's */
+#define SHARE_WINDOW 96u
+#define SHARE_TOL 0.06
+#define SHARE_MODEL "shares"
+
+/* A forked client (as uid, unless 0) flooding SHARE_MODEL until stop_fd
+ * becomes readable (its write end closed); every result checked bit for
+ * bit. Exits 0, or 2..6 saying where it failed. */
+static void share_child(const char *socket, uid_t uid, const char *name, int stop_fd)
+{
+	if (uid && (setgroups(0, NULL) < 0 || setresgid(uid, uid, uid) < 0 ||
+		    setresuid(uid, uid, uid) < 0))
+		_exit(2);
+	struct radiance_options o = RADIANCE_OPTIONS_INIT;
+	o.client_name = name;
+	o.timeout_ms = 600000;
+	struct radiance *r = radiance_connect(socket, &o);
+	uint32_t id;
+	if (!r || radiance_attach_model(r, SHARE_MODEL, &id) < 0) {
+		fprintf(stderr, "%s: connect/attach: %s\n", name,
+			r ? radiance_error_message(r) : strerror(errno));
+		_exit(3);
+	}
+	int li = radiance_find_layer(radiance_held_model(r, id), LAYER_NAME);
+	size_t xb = (size_t)CHUNK * BIG_K * 2, yb = (size_t)CHUNK * BIG_N * 2;
+	void *ax = radiance_arena_alloc(r, xb), *ay = radiance_arena_alloc(r, yb);
+	if (li < 0 || !ax || !ay)
+		_exit(4);
+	memcpy(ax, flood_x, xb);   /* rows are independent: want is flood_want's first rows */
+	for (unsigned i = 0; i < SHARE_DEPTH; i++)
+		if (radiance_submit(r, id, (uint32_t)li, CHUNK, RADIANCE_BF16, ax, ay, NULL) < 0)
+			_exit(5);
+	for (;;) {
+		struct radiance_completion cp;
+		int rc = radiance_wait(r, &cp, 100);   /* then a look at stop_fd */
+		if (rc == -ETIMEDOUT)
+			rc = 0;
+		if (rc < 0 || (rc == 1 && (cp.status != 0 || memcmp(ay, flood_want, yb)))) {
+			fprintf(stderr, "%s: wait %d, status %d %s\n", name, rc, rc == 1 ? cp.status : 0,
+				rc == 1 && cp.error ? cp.error : "");
+			_exit(6);
+		}
+		struct pollfd p = { .fd = stop_fd, .events = POLLIN };
+		if (poll(&p, 1, 0) != 0)
+			break;
+		if (rc == 1 &&
+		    radiance_submit(r, id, (uint32_t)li, CHUNK, RADIANCE_BF16, ax, ay, NULL) < 0)
+			_exit(5);
+	}
+	radiance_disconnect(r);   /* with requests in flight: the daemon drops them */
+	_exit(0);
+}
+
+/* The session of that name in the reply, or NULL. */
+static const struct radiance_session_stats *share_find(const struct radiance_stats_reply *st,
+						       const char *name, uint32_t *weight)
+{
+	for (size_t i = 0; i < st->n_sessions; i++)
+		if (!strcmp(st->sessions[i].client_name, name)) {
+			*weight = st->session_weights[i];
+			return &st->sessions[i];
+		}
+	return NULL;
+}
+
+/* Two uids of weights 3 and 1 both flooding the daemon: between two
+ * GetStats snapshots taken while both are busy, the rows the daemon's own
+ * per-session counters say it served are in the ratio 3:1, within
+ * SHARE_TOL of the other uid's fraction 1/4 (counts, no clock). The
+ * stats list and the "ring open" log line carry each session's uid and
+ * weight. Needs root (the second uid is a setuid child). */
+static void test_daemon_uid_shares(void **state)
+{
+	if (geteuid() != 0) {
+		printf("# daemon_uid_shares: needs root to run a client as uid %u: skipped\n",
+		       SHARE_UID);
+		skip();
+	}
+	struct h_daemon d;
+	static const char *const args[] = { "--sched-chunk-rows", CHUNK_ARG, "--max-rows", CHUNK_ARG,
+					    "--sched-uid-weights", SHARE_WEIGHTS, "--group", "65534",
+					    NULL };
+	assert_int_equal(h_daemon_start_argv(&d, args), 0);
+	assert_int_equal(chmod(d.dir, 0711), 0);   /* the other uid reaches the socket */
+	struct radiance_options o = RADIANCE_OPTIONS_INIT;
+	o.client_name = "share-control";
+	o.timeout_ms = 600000;
+	struct radiance *r = radiance_connect(d.socket, &o);
+	assert_non_null(r);
+	struct radiance_load_options lo = RADIANCE_LOAD_OPTIONS_INIT;
+	lo.name = SHARE_MODEL;
+	uint32_t id;
+	if (radiance_load_model(r, ckpt_dir, &lo, &id) < 0)
+		fail_msg("load: %s", radiance_error_message(r));
+
+	int stop[2];
+	assert_int_equal(pipe2(stop, O_CLOEXEC), 0);
+	static const char *const names[2] = { "share-root", "share-other" };
+	const uid_t uids[2] = { 0, SHARE_UID };
+	pid_t kids[2];
+	for (int k = 0; k < 2; k++) {
+		fflush(NULL);
+		kids[k] = fork();
+		assert_true(kids[k] >= 0);
+		if (kids[k] == 0) {
+			close(stop[1]);
+			share_child(d.socket, uids[k], names[k], stop[0]);
+		}
+	}
+	close(stop[0]);
+
+	/* both busy (a request each done), then the window. A failure from
+	 * here on is kept in why until the children and the daemon are gone,
+	 * so that none of them floods the tests after this one. */
+	uint64_t rows0[2] = { 0, 0 }, rows1[2] = { 0, 0 };
+	uint32_t weight[2] = { 0, 0 };
+	uint32_t uid_seen[2] = { ~0u, ~0u };
+	char why[256] = "";
+	int started = 0;
+	double deadline = h_now() + 600.0;
+	while (!why[0]) {
+		struct radiance_stats_reply *st;
+		int rc = radiance_get_stats(r, &st);
+		if (rc < 0) {
+			snprintf(why, sizeof why, "get_stats: %s", radiance_strerror(rc));
+			break;
+		}
+		const struct radiance_session_stats *ss[2];
+		for (int k = 0; k < 2; k++)
+			ss[k] = share_find(st, names[k], &weight[k]);
+		int both = ss[0] && ss[1] && ss[0]->stats.requests && ss[1]->stats.requests;
+		for (int k = 0; both && k < 2; k++) {
+			(started ? rows1 : rows0)[k] = ss[k]->stats.rows;
+			uid_seen[k] = ss[k]->uid;
+		}
+		radiance_stats_free(st);
+		if (both && started &&
+		    rows1[0] + rows1[1] - rows0[0] - rows0[1] >= (uint64_t)SHARE_WINDOW * CHUNK)
+			break;
+		started |= both;
+		for (int k = 0; k < 2; k++)
+			if (waitpid(kids[k], NULL, WNOHANG) == kids[k]) {
+				snprintf(why, sizeof why, "%s exited before the window was over",
+					 names[k]);
+				kids[k] = -1;
+			}
+		if (h_now() > deadline)
+			snprintf(why, sizeof why, "no window of %u requests in 600 s", SHARE_WINDOW);
+		h_sleep_ms(10);
+	}
+	close(stop[1]);
+	for (int k = 0; k < 2; k++) {
+		int wst = 0;
+		if (kids[k] > 0 && (waitpid(kids[k], &wst, 0) != kids[k] || !WIFEXITED(wst) ||
+				    WEXITSTATUS(wst) != 0) && !why[0])
+			snprintf(why, sizeof why, "%s: exit status 0x%x", names[k], wst);
+	}
+	/* before the stop, which removes the log */
+	char line[64];
+	snprintf(line, sizeof line, "uid %u, weight %u", SHARE_UID, SHARE_W_OTHER);
+	int logged[2] = { h_count_lines(d.log, "uid 0, weight 3"), h_count_lines(d.log, line) };
+	radiance_disconnect(r);
+	int st = h_daemon_stop(&d);
+	if (why[0])
+		fail_msg("%s", why);
+	assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+
+	uint64_t served[2] = { rows1[0] - rows0[0], rows1[1] - rows0[1] };
+	double other = (double)served[1] / (double)(served[0] + served[1]);
+	double want = (double)SHARE_W_OTHER / (SHARE_W_ROOT + SHARE_W_OTHER);
+	fprintf(stderr, "weights %u:%u: rows served in the window: uid 0 %llu, uid %u %llu "
+		"(fraction %.3f, want %.3f +- %.2f)\n", SHARE_W_ROOT, SHARE_W_OTHER,
+		(unsigned long long)served[0], SHARE_UID, (unsigned long long)served[1], other, want,
+		SHARE_TOL);
+	if (other < want - SHARE_TOL || other > want + SHARE_TOL)
+		fail_msg("uid %u got %.3f of the rows, not %.3f +- %.2f", SHARE_UID, other, want,
+			 SHARE_TOL);
+	assert_int_equal(uid_seen[0], 0);
+	assert_int_equal(uid_seen[1], SHARE_UID);
+	assert_int_equal(weight[0], SHARE_W_ROOT);
+	assert_int_equal(weight[1], SHARE_W_OTHER);
+	/* each session's "ring open" line, one each */
+	assert_int_equal(logged[0], 1);
+	assert_int_equal(logged[1], 1);
+}
+
 /* A datagram socket standing in for systemd's notify socket. */
 static int notify_socket(const char *path)
 {
@@ -1962,6 +2162,7 @@ int main(void)
 		cmocka_unit_test(test_exec_rows_in_flight),
 		cmocka_unit_test(test_watchdog_liveness),
 		cmocka_unit_test(test_flood_decode_latency),
+		cmocka_unit_test(test_daemon_uid_shares),
 		cmocka_unit_test(test_watchdog_fed_under_flood),
 	};
 	rlog_init(RADIANCE_LOG_WARN);
