@@ -1,4 +1,4 @@
-/* File reads; see io.h. */
+/* File reads and writes; see io.h. */
 #include "io.h"
 
 #include <errno.h>
@@ -18,4 +18,20 @@ ssize_t rio_pread(int fd, void *buf, size_t len, uint64_t off)
 		got += (size_t)r;
 	}
 	return (ssize_t)got;
+}
+
+int rio_pwrite_all(int fd, const void *buf, size_t len, uint64_t off)
+{
+	const uint8_t *p = buf;
+	while (len) {
+		ssize_t n = pwrite(fd, p, len, (off_t)off);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			return n < 0 ? -errno : -EIO;
+		p += n;
+		len -= (size_t)n;
+		off += (uint64_t)n;
+	}
+	return 0;
 }

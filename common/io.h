@@ -1,8 +1,8 @@
 /*
- * File reads shared by the daemon's loader and the client library.
+ * File reads and writes shared by the daemon and the client library.
  *
- * Thread safety: stateless; pread never moves an fd's file position, so
- * several threads may read one fd at once.
+ * Thread safety: stateless; pread and pwrite never move an fd's file
+ * position, so several threads may use one fd at once.
  */
 #ifndef RADIANCE_IO_H
 #define RADIANCE_IO_H
@@ -15,5 +15,10 @@
  * is retried): the bytes read (fewer than len at end of file), or -errno.
  * Never moves fd's file position. */
 ssize_t rio_pread(int fd, void *buf, size_t len, uint64_t off);
+
+/* pwrite(fd, buf, len, off) until all len bytes are written (EINTR is
+ * retried): 0, or -errno (-EIO for a write that wrote nothing). Never moves
+ * fd's file position. */
+int rio_pwrite_all(int fd, const void *buf, size_t len, uint64_t off);
 
 #endif

@@ -28,6 +28,7 @@
 
 #define TEST_SHARE_GRANULARITY 4096u
 
+#include "io.h"
 #include "log.h"
 #include "shm.h"
 
@@ -183,34 +184,18 @@ static int cpu_share_create(void *state, const struct radiance_model *m,
 	return 0;
 }
 
-static int put(int fd, const void *p, uint64_t len, uint64_t off)
-{
-	const uint8_t *b = p;
-	while (len) {
-		ssize_t n = pwrite(fd, b, len, (off_t)off);
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0)
-			return n < 0 ? -errno : -EIO;
-		b += n;
-		off += (uint64_t)n;
-		len -= (uint64_t)n;
-	}
-	return 0;
-}
-
 static int cpu_layer_upload_into(void *state, struct radiance_backend_share *sh, size_t index,
 				 const struct radiance_layer *l, struct radiance_backend_layer **out,
 				 char *err, size_t errlen)
 {
 	const struct radiance_share_layer *sl = &sh->layers[index];
 	int rc = l->kind == RADIANCE_LAYER_W4A8
-			 ? put(sh->fd, l->qweight, sl->weight_bytes, sl->weight_offset)
-			 : put(sh->fd, l->weight, sl->weight_bytes, sl->weight_offset);
+			 ? rio_pwrite_all(sh->fd, l->qweight, (size_t)sl->weight_bytes, sl->weight_offset)
+			 : rio_pwrite_all(sh->fd, l->weight, (size_t)sl->weight_bytes, sl->weight_offset);
 	if (!rc && sl->scales_bytes)
-		rc = put(sh->fd, l->scales, sl->scales_bytes, sl->scales_offset);
+		rc = rio_pwrite_all(sh->fd, l->scales, (size_t)sl->scales_bytes, sl->scales_offset);
 	if (!rc && sl->bias_bytes)
-		rc = put(sh->fd, l->bias, sl->bias_bytes, sl->bias_offset);
+		rc = rio_pwrite_all(sh->fd, l->bias, (size_t)sl->bias_bytes, sl->bias_offset);
 	/* the last layer is in: from now on nobody may change the bytes, the
 	 * daemon included (a client's PROT_WRITE mapping is refused) */
 	if (!rc && index + 1 == sh->n_layers &&

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "checkpoint_private.h"
+#include "io.h"
 #include "numerics.h"
 #include "wire.h"   /* RADIANCE_TENSORS_ALIGN */
 
@@ -264,22 +265,6 @@ int radiance__ck_build_other(struct ck_loader *L, struct radiance_model *m)
 	return 0;
 }
 
-/* Writes len bytes at off of fd, through short writes and EINTR. */
-static int pwrite_all(int fd, const uint8_t *p, size_t len, uint64_t off)
-{
-	while (len) {
-		ssize_t n = pwrite(fd, p, len, (off_t)off);
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0)
-			return n < 0 ? -errno : -EIO;
-		p += n;
-		len -= (size_t)n;
-		off += (uint64_t)n;
-	}
-	return 0;
-}
-
 /* F_SEAL_WRITE fails with EBUSY while any page of the memfd has a
  * reference beyond the page cache's (a writable mapping, or a transient
  * one: I/O in flight, migration). memfd_wait_for_pins() in the kernel waits
@@ -346,7 +331,7 @@ int radiance__ck_build_tensors(struct ck_loader *L, struct radiance_model *m)
 			uint64_t n = o->bytes - done < TENSORS_CHUNK ? o->bytes - done : TENSORS_CHUNK;
 			if ((rc = radiance_st_read_part(r->f, r->t, done, n, chunk, L->err, L->errlen)))
 				goto out;
-			if ((rc = pwrite_all(fd, chunk, (size_t)n, o->offset + done))) {
+			if ((rc = rio_pwrite_all(fd, chunk, (size_t)n, o->offset + done))) {
 				ck_err(L, "shared tensors of \"%s\": writing \"%s\" (%" PRIu64 " bytes at %"
 				       PRIu64 "): %s", m->name, o->name, n, o->offset + done, strerror(-rc));
 				goto out;
