@@ -280,35 +280,41 @@ static inline int raw_expect_closed(struct raw *w)
 /* Loads the checkpoint directory dir (config.json, quantization_config.json,
  * model.safetensors) on w and returns its model id; fails the test unless
  * the load succeeds. */
-/* Sends m n times without reading, then reads the n replies: each must be
- * `answer` (counted in *answered, its fds closed) or Error(EBUSY) "still
- * unsent" (counted in *busy), anything else fails the test. *most_fds: the
- * most descriptors daemon_pid held beyond those it held before, sampled
- * before each read. For the cap on unsent replies that carry a descriptor
- * (MapTensors, MapModel: SESSION_FD_REPLIES_MAX_QUEUED). */
-static inline void raw_pipeline_fd_replies(struct raw *w, pid_t daemon_pid, Rdw__ClientMessage *m, int n,
-					   Rdw__ServerMessage__MsgCase answer, int *answered, int *busy,
-					   int *most_fds)
+/* The cap on unsent replies that carry a descriptor (MapTensors, MapModel:
+ * SESSION_FD_REPLIES_MAX_QUEUED, 8): sends m n times without reading, then
+ * reads the n replies. Each must be `answer` (its fds closed) or
+ * Error(EBUSY) "still unsent"; at least 8 are answered and some refused,
+ * and daemon_pid never held more than 8 descriptors beyond those it held
+ * before (sampled before each read). `what` names m in the printed figures.
+ * Returns the number answered. */
+static inline int raw_expect_fd_replies_capped(struct raw *w, pid_t daemon_pid, Rdw__ClientMessage *m, int n,
+					       Rdw__ServerMessage__MsgCase answer, const char *what)
 {
 	int before = h_count_fds(daemon_pid);
 	for (int i = 0; i < n; i++)
 		raw_send(w, m, NULL, 0);
-	*answered = *busy = *most_fds = 0;
+	int answered = 0, busy = 0, most_fds = 0;
 	for (int i = 0; i < n; i++) {
 		int held = h_count_fds(daemon_pid) - before;
-		*most_fds = held > *most_fds ? held : *most_fds;
+		most_fds = held > most_fds ? held : most_fds;
 		Rdw__ServerMessage *reply;
 		assert_int_equal(raw_recv(w, &reply, 20000), 1);
 		if (reply->msg_case == answer)
-			++*answered;
+			answered++;
 		else if (reply->msg_case == RDW__SERVER_MESSAGE__MSG_ERROR &&
 			 reply->error->code == EBUSY && strstr(reply->error->message, "still unsent"))
-			++*busy;
+			busy++;
 		else
-			fail_msg("reply %d: message case %d", i, reply->msg_case);
+			fail_msg("%s reply %d: message case %d", what, i, reply->msg_case);
 		rdw__server_message__free_unpacked(reply, NULL);
 		rconn_close_fds(&w->conn);
 	}
+	printf("# %d pipelined %s: %d answered, %d EBUSY; the daemon held at most %d "
+	       "descriptors more meanwhile\n", n, what, answered, busy, most_fds);
+	assert_int_equal(answered + busy, n);
+	assert_true(answered >= 8 && busy > 0);
+	assert_true(most_fds <= 8);
+	return answered;
 }
 
 static inline uint32_t raw_load_dir(struct raw *w, const char *dir)
