@@ -173,7 +173,7 @@ def erf(x: np.ndarray) -> np.ndarray:
     of GELU's result and far below the int4 weights' error. In place on
     two temporaries (this is most of the engine's numpy time)."""
     f = np.float32
-    a = np.abs(x).astype(np.float32)
+    a = np.abs(x).astype(np.float32, copy=False)   # a new array already
     t = f(0.3275911) * a
     t += f(1)
     np.divide(f(1), t, out=t)
@@ -198,14 +198,26 @@ def gelu(x: np.ndarray) -> np.ndarray:
 
 
 def layer_norm(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
-    mu = x.mean(axis=-1, keepdims=True)
-    var = np.square(x - mu).mean(axis=-1, keepdims=True)
-    return ((x - mu) / np.sqrt(var + np.float32(eps)) * w + b).astype(np.float32)
+    """(x - mean) / sqrt(var + eps) * w + b over the last axis, float32; a
+    new array (x is left as it is), the operations in place on one
+    temporary."""
+    d = x - x.mean(axis=-1, keepdims=True)
+    var = np.square(d).mean(axis=-1, keepdims=True)
+    var += np.float32(eps)
+    d /= np.sqrt(var)
+    d *= w
+    d += b
+    return d.astype(np.float32, copy=False)
 
 
-def softmax(x: np.ndarray) -> np.ndarray:
-    e = np.exp(x - x.max(axis=-1, keepdims=True))
-    return e / e.sum(axis=-1, keepdims=True)
+def softmax_(x: np.ndarray) -> np.ndarray:
+    """Softmax over the last axis, in place in x (float32), which it returns:
+    the attention scores are a temporary, and the largest array of a batch
+    (about 6 MB for two sentences of 256 tokens)."""
+    x -= x.max(axis=-1, keepdims=True)
+    np.exp(x, out=x)
+    x /= x.sum(axis=-1, keepdims=True)
+    return x
 
 
 # ---------------------------------------------------------------------------
@@ -328,7 +340,10 @@ class MiniLM:
             p = f"encoder.layer.{i}."
             q, k, v = (heads(y) for y in self.linear_multi(
                 [p + "attention.self.query", p + "attention.self.key", p + "attention.self.value"], h))
-            probs = softmax((q @ np.ascontiguousarray(k.transpose(0, 1, 3, 2))) * scale + bias)
+            scores = q @ np.ascontiguousarray(k.transpose(0, 1, 3, 2))
+            scores *= scale
+            scores += bias
+            probs = softmax_(scores)
             ctx = (probs @ v).transpose(0, 2, 1, 3).reshape(B * L, H)[real].astype(np.float32)
             a = self.linear(p + "attention.output.dense", ctx)
             h = layer_norm(a + h, *self._ln(p + "attention.output.LayerNorm"), self.eps)
