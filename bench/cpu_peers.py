@@ -24,7 +24,8 @@ import numpy as np
 from threadpoolctl import threadpool_info, threadpool_limits
 
 COLS = ["date", "cpu", "threads", "shape", "m", "us", "gbps", "probe_us", "fraction_of_probe",
-        "peer", "peer_us", "simd", "cpu_us", "fma_us", "fraction_of_fma"]
+        "peer", "peer_us", "simd", "cpu_us", "fma_us", "fraction_of_fma", "peak_us",
+        "fraction_of_peak"]
 SHAPES_27B = ["16384x5120", "14336x5120", "5120x6144", "34816x5120", "5120x17408"]
 
 
