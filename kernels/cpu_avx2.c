@@ -444,7 +444,8 @@ static void w4a8_deq_tiles(const struct radiance__w4a8_tile *t)
 
 void radiance__w4a8_tile_avx2(const struct radiance__w4a8_tile *t)
 {
-	if (t->r1 - t->r0 >= RADIANCE__DEQ_MIN_ROWS) {
+	const uint32_t rows = t->r1 - t->r0;
+	if (rows >= RADIANCE__DEQ_MIN_ROWS && rows <= RADIANCE__TILE_MAX_ROWS) {
 		w4a8_deq_tiles(t);
 		return;
 	}
