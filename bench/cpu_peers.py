@@ -12,7 +12,9 @@ that thread count through threadpoolctl, which also names the kernel
 OpenBLAS picked. Run it without OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE in the
 environment (env -u ...), so OpenBLAS picks its kernel itself.
 Writes OUT.csv (bench columns) and OUT.md (targets met or missed).
-PyTorch is a peer only where it is installed (it is not here: said in OUT.md).
+PyTorch (F.linear in fp32 and bf16, torch.set_num_threads to the same
+thread count) is a peer where it is installed (bench/requirements-engine.txt
+installs it; said in OUT.md either way).
 """
 import argparse
 import csv
@@ -68,6 +70,40 @@ def numpy_peers(rows):
     return out, arch
 
 
+def torch_peers(rows):
+    """(threads, shape, m) -> {"fp32": us, "bf16": us}: torch's CPU linear
+    (F.linear, x[m, k] @ W.T) on the same shapes and thread counts, W random
+    (dequantized int4 values, as numpy_peers), in fp32 and in bf16; and
+    torch's name for its BLAS. Empty where torch is not installed."""
+    if importlib.util.find_spec("torch") is None:
+        return {}, "not installed"
+    import torch
+    import torch.nn.functional as F
+
+    want = {}
+    for r in rows:
+        want.setdefault(r["shape"], set()).add((int(r["threads"]), int(r["m"])))
+    g = torch.Generator().manual_seed(1)
+    out = {}
+    with torch.inference_mode():
+        for shape, tm in want.items():
+            n, k = map(int, shape.split("x"))
+            w = (torch.randint(0, 16, (n, k), generator=g, dtype=torch.int8).float() - 8) * 0.01
+            wb = w.bfloat16()
+            x = torch.randn(max(m for _, m in tm), k, generator=g)
+            xb = x.bfloat16()
+            for threads, m in sorted(tm):
+                torch.set_num_threads(threads)
+                xm, xbm = x[:m], xb[:m]
+                least = 3 if m >= 64 else 5
+                out[(threads, shape, m)] = {
+                    "fp32": time_us(lambda: F.linear(xm, w), least=least),
+                    "bf16": time_us(lambda: F.linear(xbm, wb), least=least)}
+            del w, wb
+    blas = "mkl" if torch.backends.mkl.is_available() else "?"
+    return out, f"torch {torch.__version__} {blas} {torch.backends.cpu.get_cpu_capability()}"
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("bench", nargs="+")
@@ -81,7 +117,8 @@ def main():
             rows += [r for r in csv.DictReader(f)]
     peers, arch = ({}, "not run") if a.no_peer else numpy_peers(rows)
     peer_name = f"numpy-fp32 ({arch})"
-    torch_here = importlib.util.find_spec("torch") is not None
+    tpeers, tname = ({}, "not run") if a.no_peer else torch_peers(rows)
+    torch_here = bool(tpeers)
 
     with open(a.out + ".csv", "w", newline="") as f:
         wr = csv.DictWriter(f, fieldnames=COLS, lineterminator="\n")
@@ -92,7 +129,9 @@ def main():
                 wr.writerow(r)
             if key in peers:
                 wr.writerow({**r, "peer": peer_name, "peer_us": f"{peers[key]:.1f}"})
-            elif not r["peer"]:
+            for dt, us in tpeers.get(key, {}).items():
+                wr.writerow({**r, "peer": f"torch-{dt} ({tname})", "peer_us": f"{us:.1f}"})
+            if key not in peers and not r["peer"] and key not in tpeers:
                 wr.writerow(r)
 
     by = {(int(r["threads"]), r["shape"], int(r["m"])): r for r in rows}
@@ -109,8 +148,9 @@ def main():
               "working set, 4x the L3); MiniLM shapes stay in cache, as when that model is "
               "served. `fraction` = probe_us / us (1.0: as fast as reading the bytes). "
               f"numpy peer: {peer_name}, fp32 matmul on dequantized fp32 weights (8x the bytes "
-              "of int4). " + ("" if torch_here else "PyTorch is not installed here: no torch "
-                              "peer.") + "\n")
+              "of int4). " + (f"torch peers: {tname}, F.linear in fp32 and bf16 on the same "
+                              "random weights, torch.set_num_threads(threads)." if torch_here
+                              else "PyTorch is not installed here: no torch peer.") + "\n")
     md.append("## Targets\n")
     md.append("| threads | shape | M=1 us | probe us | fraction (>= 0.7) | M=16 us | M16/M1 (<= 3) "
               "| scalar ref M=1 us | speed-up |")
@@ -135,13 +175,16 @@ def main():
         md.append(f"| {t} | {shape} | {us:.1f} | {float(r['probe_us']):.1f} | {fr} | "
                   f"{r16['us'] if r16 else ''} | {rr} | {rf_s} | {up_s} |")
     md.append("\n## All rows\n")
-    md.append("| threads | shape | m | us | GB/s (int4+scales) | probe us | fraction | numpy us |")
-    md.append("|---|---|---|---|---|---|---|---|")
+    md.append("| threads | shape | m | us | GB/s (int4+scales) | probe us | fraction | numpy us "
+              "| torch fp32 us | torch bf16 us |")
+    md.append("|---|---|---|---|---|---|---|---|---|---|")
     for (t, shape, m), r in sorted(by.items(), key=lambda kv: (kv[0][0], kv[0][1] not in SHAPES_27B,
                                                                kv[0][1], kv[0][2])):
         p = peers.get((t, shape, m))
+        tp = tpeers.get((t, shape, m), {})
+        cells = ["" if v is None else "%.1f" % v for v in (p, tp.get("fp32"), tp.get("bf16"))]
         md.append(f"| {t} | {shape} | {m} | {float(r['us']):.1f} | {r['gbps']} | {r['probe_us']} | "
-                  f"{r['fraction_of_probe']} | {'' if p is None else f'{p:.1f}'} |")
+                  f"{r['fraction_of_probe']} | " + " | ".join(cells) + " |")
     with open(a.out + ".md", "w") as f:
         f.write("\n".join(md) + "\n")
 
