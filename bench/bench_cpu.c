@@ -14,14 +14,19 @@
  * cache, as they do when that model is served. Each time is the median of
  * its repetitions (at least 3; about 0.5 s in all for small M).
  * Prints CSV rows: date,cpu,threads,shape,m,us,gbps,probe_us,
- * fraction_of_probe,peer,peer_us,simd,cpu_us,fma_us,fraction_of_fma: simd is the level that ran
+ * fraction_of_probe,peer,peer_us,simd,cpu_us,fma_us,fraction_of_fma,peak_us,
+ * fraction_of_peak: simd is the level that ran
  * (--simd asks for one as the daemon's cpu_simd option does, default the daemon's
  * choice), cpu_us the median CPU time of the process per call (all its
  * threads, spinning included: without the time spent waiting for a core
  * that other jobs held), fma_us the time m x n x k multiply-adds take as
  * 8-lane fp32 FMAs on the same threads at the rate measured just before
  * the shape's rows (the compute roof of the avx2 kernels; empty without
- * AVX2+FMA), fraction_of_fma = fma_us / us.
+ * AVX2+FMA), fraction_of_fma = fma_us / us; peak_us the same at the rate of
+ * twelve chains a thread in registers (the FMA units' issue rate: eight
+ * chains with a load each, as above, reach about 0.6 of it on Zen 3),
+ * fraction_of_peak = peak_us
+ * / us.
  * bench/cpu_peers.py adds the numpy peer and writes bench/results/.
  */
 #include <errno.h>
@@ -171,11 +176,35 @@ __attribute__((target("avx2,fma"))) static void fma_task(void *arg, uint32_t t)
 	_mm256_storeu_ps(out, s);
 	j->sums[t % 256] += out[0];   /* keeps the chains live */
 }
+
+/* The FMA units' issue rate: twelve chains a thread, operands in registers
+ * (eight chains are bound by the FMA latency, and a memory operand on
+ * every FMA by the loads, on Zen 3). */
+__attribute__((target("avx2,fma"))) static void fma12_task(void *arg, uint32_t t)
+{
+	struct fma_job *j = arg;
+	__m256 a[12], w = _mm256_set1_ps(0.5f), b = _mm256_set1_ps((float)t);
+	for (int c = 0; c < 12; c++)
+		a[c] = _mm256_setzero_ps();
+	for (uint32_t i = 0; i < FMA_TASK / 12; i++) {
+#pragma GCC unroll 12
+		for (int c = 0; c < 12; c++)
+			a[c] = _mm256_fmadd_ps(a[c], w, b);
+		__asm__ volatile("" : "+x"(w), "+x"(b));
+	}
+	__m256 s = a[0];
+	for (int c = 1; c < 12; c++)
+		s = _mm256_add_ps(s, a[c]);
+	float out[8];
+	_mm256_storeu_ps(out, s);
+	j->sums[t % 256] += out[0];
+}
 #endif
 
-/* Multiply-adds a second the threads get as 8-lane FMAs now (median of
- * reps), or 0 where this CPU has no AVX2+FMA. */
-static double fma_rate(struct radiance_cpu_pool *pool, unsigned threads, int reps)
+/* Multiply-adds a second the threads get as 8-lane FMAs now, on eight
+ * chains a thread or (peak) twelve (median of reps), or 0 where this CPU
+ * has no AVX2+FMA. */
+static double fma_rate(struct radiance_cpu_pool *pool, unsigned threads, int reps, int peak)
 {
 #if defined(__x86_64__)
 	__builtin_cpu_init();
@@ -186,14 +215,15 @@ static double fma_rate(struct radiance_cpu_pool *pool, unsigned threads, int rep
 	uint32_t tasks = 4 * threads;
 	for (int r = 0; r < reps; r++) {
 		double t0 = now_s();
-		radiance_cpu_pool_run(pool, 0, tasks, fma_task, &j);
-		v[r] = (double)tasks * FMA_TASK * 8 / (now_s() - t0);
+		radiance_cpu_pool_run(pool, 0, tasks, peak ? fma12_task : fma_task, &j);
+		v[r] = (double)tasks * (FMA_TASK / (peak ? 12 : 8)) * (peak ? 12 : 8) * 8 / (now_s() - t0);
 	}
 	return median(v, reps);
 #else
 	(void)pool;
 	(void)threads;
 	(void)reps;
+	(void)peak;
 	return 0;
 #endif
 }
@@ -273,7 +303,7 @@ int main(int argc, char **argv)
 		radiance_cpu_simd_name(radiance_cpu_fast_simd(fast)), threads);
 	if (header)
 		printf("date,cpu,threads,shape,m,us,gbps,probe_us,fraction_of_probe,peer,peer_us,simd,cpu_us,"
-		       "fma_us,fraction_of_fma\n");
+		       "fma_us,fraction_of_fma,peak_us,fraction_of_peak\n");
 
 	uint16_t *x = malloc((size_t)max_m * 17408 * 2);
 	uint16_t *y = malloc((size_t)max_m * 34816 * 2);
@@ -318,7 +348,8 @@ int main(int argc, char **argv)
 			for (int r = 0; r < preps; r++)
 				pt[r] = probe_once(pool, cp[(r + 1) % ncopies].buf, bytes);
 			double probe_us = median(pt, preps) * 1e6;
-			double macs_s = fma_rate(pool, threads, quick ? 5 : 11);
+			double macs_s = fma_rate(pool, threads, quick ? 5 : 11, 0);
+			double peak_s = fma_rate(pool, threads, quick ? 5 : 11, 1);
 
 			for (size_t mi = 0; mi < nms; mi++) {
 				const uint32_t m = ms[mi];
@@ -367,11 +398,17 @@ int main(int argc, char **argv)
 					snprintf(fma_us, sizeof fma_us, "%.1f", f);
 					snprintf(fma_frac, sizeof fma_frac, "%.3f", f / us);
 				}
-				printf("%s,%s,%u,%ux%u,%u,%.1f,%.2f,%.1f,%.3f,%s,%s,%s,%.1f,%s,%s\n", date,
-				       cpu, threads, n, k, m, us, (double)bytes / us * 1e-3, probe_us,
+				char peak_us[32] = "", peak_frac[32] = "";
+				if (peak_s > 0) {
+					double f = (double)m * n * k / peak_s * 1e6;
+					snprintf(peak_us, sizeof peak_us, "%.1f", f);
+					snprintf(peak_frac, sizeof peak_frac, "%.3f", f / us);
+				}
+				printf("%s,%s,%u,%ux%u,%u,%.1f,%.2f,%.1f,%.3f,%s,%s,%s,%.1f,%s,%s,%s,%s\n",
+				       date, cpu, threads, n, k, m, us, (double)bytes / us * 1e-3, probe_us,
 				       probe_us / us, peer, peer_us,
 				       radiance_cpu_simd_name(radiance_cpu_fast_simd(fast)), cpu_us, fma_us,
-				       fma_frac);
+				       fma_frac, peak_us, peak_frac);
 				fflush(stdout);
 			}
 			for (size_t c = 0; c < ncopies; c++)

@@ -269,8 +269,186 @@ static void w4a8_tiles(const struct radiance__w4a8_tile *t, const w4a8_micro_fn 
 	}
 }
 
+/* ---- W4A8 for several row blocks: weights unpacked once per tile ----------
+ *
+ * With many rows the micro-kernels above unpack each column's weights again
+ * for every block of rows, and an 8 x 1 tile loads nine vectors for eight
+ * FMAs on eight accumulators (too few chains to cover the FMA latency). Here
+ * a tile's weights are unpacked once per K block into an L1 buffer of fp32
+ * ((c - 8) * 2^28, the same values) for DEQ_COLS columns, and a 4-row by
+ * 3-column micro-kernel streams them to every block of 4 rows: per 8 k,
+ * seven loads for twelve FMAs on twelve accumulators. Every output keeps
+ * w4a8_micro's accumulators (lane i sums k = 8t + i), reduction
+ * (hsum8) and group order, so the result is the same bits. Rows past a
+ * multiple of 4 go through w4a8_tiles. */
+#define DEQ_COLS 12                        /* columns unpacked at once (x 3) */
+#define DEQ_GROUPS 4                       /* groups of one K block */
+
+/* hsum8's reduction of four accumulators v0..v3, each as the reference's
+ * dot_group() does: lanes 0, 1, 4, 5 hold v0, v2, v1, v3 (the others copies). */
+INLINE __m256 hsum4(const __m256 *v)
+{
+	__m256 s0 = _mm256_add_ps(_mm256_permute2f128_ps(v[0], v[1], 0x20),
+				  _mm256_permute2f128_ps(v[0], v[1], 0x31));
+	__m256 s1 = _mm256_add_ps(_mm256_permute2f128_ps(v[2], v[3], 0x20),
+				  _mm256_permute2f128_ps(v[2], v[3], 0x31));
+	__m256 h = _mm256_hadd_ps(s0, s1);
+	return _mm256_hadd_ps(h, h);
+}
+
+/* Columns [j, j + ncols) of groups [g0, g1) to w[c][(g - g0) * 128 + k],
+ * their fp32 scales to sc[c][g - g0]. */
+static void deq_unpack(const struct radiance__w4a8_tile *t, uint32_t j, uint32_t ncols,
+		       uint32_t g0, uint32_t g1, float *restrict w, float *restrict sc)
+{
+	const uint32_t words = t->k / RADIANCE_PACK, groups = t->k / RADIANCE_GROUP_SIZE;
+	const __m256i shifts = _mm256_setr_epi32(28, 24, 20, 16, 12, 8, 4, 0);
+	const __m256i top = _mm256_set1_epi32((int)0xF0000000u);
+	const __m256i flip = _mm256_set1_epi32((int)0x88888888u);
+	const uint32_t kb = (g1 - g0) * RADIANCE_GROUP_SIZE;
+	for (uint32_t c = 0; c < ncols; c++) {
+		const uint32_t *q = t->qweight + (size_t)(j + c) * words + g0 * 16;
+		float *wc = w + (size_t)c * kb;
+		for (uint32_t i = 0; i < (g1 - g0) * 16; i += 8) {
+			/* eight words, each broadcast in turn: lane l takes nibble l */
+			__m256i v8 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(q + i)), flip);
+			for (int l = 0; l < 8; l++) {
+				__m256i v = _mm256_permutevar8x32_epi32(v8, _mm256_set1_epi32(l));
+				v = _mm256_and_si256(_mm256_sllv_epi32(v, shifts), top);
+				_mm256_store_ps(wc + 8 * (i + (uint32_t)l), _mm256_cvtepi32_ps(v));
+			}
+		}
+		for (uint32_t g = g0; g < g1; g++)
+			sc[c * DEQ_GROUPS + (g - g0)] =
+				radiance_f16_to_f32(t->scales[(size_t)(j + c) * groups + g]);
+	}
+}
+
+/* Rows r .. r+3 by C (1..3) unpacked columns from w (each kb floats), groups
+ * [g0, g1). state[0] holds the running sums of columns 0 and 1 (lanes 0-3:
+ * rows 0-3 of column 0, 4-7: of column 1), state[1] those of column 2 (rows
+ * 0-3 in lanes 0, 4, 1, 5: hsum4's order). */
+INLINE void deq_micro(const struct radiance__w4a8_tile *t, uint32_t r, const float *w,
+		      uint32_t kb, const float *sc, uint32_t g0, uint32_t g1, __m256 *state,
+		      const int C)
+{
+	const float *x[4];
+	for (int i = 0; i < 4; i++)
+		x[i] = t->xf + (size_t)(r + (uint32_t)i) * t->ldx + g0 * RADIANCE_GROUP_SIZE;
+	const __m256 z = _mm256_setzero_ps();
+	__m256 g01 = g0 == 0 ? z : state[0], g2 = g0 == 0 ? z : state[1];
+	for (uint32_t g = 0; g < g1 - g0; g++) {
+		__m256 acc[12];   /* column c, row i: acc[4 * c + i] */
+		for (int i = 0; i < 4 * C; i++)
+			acc[i] = z;
+		const float *wg = w + g * RADIANCE_GROUP_SIZE;
+		const float *xg[4];
+		for (int i = 0; i < 4; i++)
+			xg[i] = x[i] + g * RADIANCE_GROUP_SIZE;
+		for (int s = 0; s < RADIANCE_GROUP_SIZE; s += 8) {
+			__m256 wv[3];
+			for (int c = 0; c < C; c++)
+				wv[c] = _mm256_load_ps(wg + (size_t)c * kb + s);
+			for (int i = 0; i < 4; i++) {
+				__m256 xv = _mm256_load_ps(xg[i] + s);
+				/* one load for every column: kept from being folded
+				 * into each FMA (more loads than FMAs can hide) */
+				__asm__("" : "+x"(xv));
+				for (int c = 0; c < C; c++)
+					acc[4 * c + i] = _mm256_fmadd_ps(xv, wv[c], acc[4 * c + i]);
+			}
+		}
+		/* hsum8 gives its inputs in lanes 0, 2, 4, 6, 1, 3, 5, 7: fed as
+		 * below, the lanes come out rows 0-3 of column 0, then column 1 */
+		__m256 in[8] = { acc[0], C > 1 ? acc[4] : z, acc[1], C > 1 ? acc[5] : z,
+				 acc[2], C > 1 ? acc[6] : z, acc[3], C > 1 ? acc[7] : z };
+		__m256 scale = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_set1_ps(sc[g])),
+						    _mm_set1_ps(C > 1 ? sc[DEQ_GROUPS + g] : 0.0f), 1);
+		g01 = _mm256_add_ps(g01, _mm256_mul_ps(hsum8(in), scale));
+		if (C > 2)
+			g2 = _mm256_add_ps(g2, _mm256_mul_ps(hsum4(acc + 8),
+							     _mm256_set1_ps(sc[2 * DEQ_GROUPS + g])));
+	}
+	state[0] = g01;
+	state[1] = g2;
+}
+
+static void deq_micro_1(const struct radiance__w4a8_tile *t, uint32_t r, const float *w,
+			uint32_t kb, const float *sc, uint32_t g0, uint32_t g1, __m256 *state)
+{ deq_micro(t, r, w, kb, sc, g0, g1, state, 1); }
+static void deq_micro_2(const struct radiance__w4a8_tile *t, uint32_t r, const float *w,
+			uint32_t kb, const float *sc, uint32_t g0, uint32_t g1, __m256 *state)
+{ deq_micro(t, r, w, kb, sc, g0, g1, state, 2); }
+static void deq_micro_3(const struct radiance__w4a8_tile *t, uint32_t r, const float *w,
+			uint32_t kb, const float *sc, uint32_t g0, uint32_t g1, __m256 *state)
+{ deq_micro(t, r, w, kb, sc, g0, g1, state, 3); }
+
+/* y of rows r .. r+3, columns j .. j+C-1 from their final sums (see
+ * deq_micro): bf16(acc * s + bias), multiply and add rounded separately. */
+static void deq_finish(const struct radiance__w4a8_tile *t, uint32_t r, uint32_t j,
+		       const __m256 *state, int C)
+{
+	float out[16];
+	_mm256_storeu_ps(out, state[0]);
+	_mm256_storeu_ps(out + 8, state[1]);
+	static const int lane[3][4] = { { 0, 1, 2, 3 }, { 4, 5, 6, 7 }, { 8, 12, 9, 13 } };
+	for (int c = 0; c < C; c++) {
+		uint32_t col = j + (uint32_t)c;
+		float b = t->bias ? t->bias[col] : 0.0f;
+		for (int i = 0; i < 4; i++) {
+			uint32_t row = r + (uint32_t)i;
+			t->y[(size_t)row * t->n + col] =
+				radiance_bf16_from_f32(out[lane[c][i]] * t->s[row] + b);
+		}
+	}
+}
+
+static void w4a8_deq_tiles(const struct radiance__w4a8_tile *t)
+{
+	const uint32_t groups = t->k / RADIANCE_GROUP_SIZE;
+	const uint32_t rows4 = (t->r1 - t->r0) & ~3u;
+	float w[DEQ_COLS * DEQ_GROUPS * RADIANCE_GROUP_SIZE] __attribute__((aligned(64)));
+	float sc[DEQ_COLS * DEQ_GROUPS];
+	/* running sums of (row block, column triple) over the K blocks */
+	__m256 state[RADIANCE__TILE_MAX_ROWS / 4][DEQ_COLS / 3][2];
+	for (uint32_t j = t->n0; j < t->n1; j += DEQ_COLS) {
+		uint32_t nc = t->n1 - j < DEQ_COLS ? t->n1 - j : DEQ_COLS;
+		for (uint32_t g0 = 0; g0 < groups; g0 += DEQ_GROUPS) {
+			uint32_t g1 = g0 + DEQ_GROUPS < groups ? g0 + DEQ_GROUPS : groups;
+			uint32_t kb = (g1 - g0) * RADIANCE_GROUP_SIZE;
+			deq_unpack(t, j, nc, g0, g1, w, sc);
+			for (uint32_t rb = 0; rb < rows4 / 4; rb++) {
+				uint32_t r = t->r0 + 4 * rb, c = 0;
+				for (; c + 3 <= nc; c += 3)
+					deq_micro_3(t, r, w + (size_t)c * kb, kb, sc + c * DEQ_GROUPS,
+						    g0, g1, state[rb][c / 3]);
+				if (nc - c == 2)
+					deq_micro_2(t, r, w + (size_t)c * kb, kb, sc + c * DEQ_GROUPS,
+						    g0, g1, state[rb][c / 3]);
+				else if (nc - c == 1)
+					deq_micro_1(t, r, w + (size_t)c * kb, kb, sc + c * DEQ_GROUPS,
+						    g0, g1, state[rb][c / 3]);
+			}
+		}
+		for (uint32_t rb = 0; rb < rows4 / 4; rb++)
+			for (uint32_t c = 0; c < nc; c += 3)
+				deq_finish(t, t->r0 + 4 * rb, j + c, state[rb][c / 3],
+					   nc - c < 3 ? (int)(nc - c) : 3);
+	}
+	if (rows4 < t->r1 - t->r0) {   /* the last rows, fewer than 4 */
+		struct radiance__w4a8_tile rest = *t;
+		rest.r0 = t->r0 + rows4;
+		w4a8_tiles(&rest, w4a8_wide, w4a8_one, fp32_cols, 32);
+	}
+}
+
 void radiance__w4a8_tile_avx2(const struct radiance__w4a8_tile *t)
 {
+	const uint32_t rows = t->r1 - t->r0;
+	if (rows >= RADIANCE__DEQ_MIN_ROWS && rows <= RADIANCE__TILE_MAX_ROWS) {
+		w4a8_deq_tiles(t);
+		return;
+	}
 	w4a8_tiles(t, w4a8_wide, w4a8_one, fp32_cols, 32);   /* fp32 activations */
 }
 

@@ -14,8 +14,13 @@
 /* Below this many multiply-adds a call runs on the calling thread alone:
  * waking the pool costs more than it saves (e.g. M=1 on a 384x384 layer). */
 #define PAR_MIN_MACS (1u << 19)
-/* Rows of one GEMM task; the micro-kernels take at most 8. */
+/* Rows of one GEMM task: 8 for the micro-kernels that unpack weights in
+ * registers (they take at most 8 rows at once); W4A8 on fp32 activations
+ * with at least RADIANCE__DEQ_MIN_ROWS rows unpacks a tile's weights once
+ * and streams them to every block of 4 rows (cpu_avx2.c, w4a8_deq_tiles),
+ * so its tasks are taller. */
 #define TASK_ROWS 8
+#define W4A8_TASK_ROWS RADIANCE__TILE_MAX_ROWS
 /* Weight bytes of one task's column chunk when there are several row
  * blocks: small enough to stay in L2 while every row block passes over it. */
 #define CHUNK_BYTES (256u << 10)
@@ -252,7 +257,7 @@ struct fast_job {
 	float *xf, *s;
 	int16_t *xh, *xl;
 	uint8_t *lof;
-	uint32_t row_blocks, chunk_cols;
+	uint32_t task_rows, row_blocks, chunk_cols;
 	struct radiance__w4a8_tile w4a8;
 	struct radiance__bf16_tile bf16;
 };
@@ -284,8 +289,8 @@ static void tile_bounds(const struct fast_job *j, uint32_t t, uint32_t *r0, uint
 			uint32_t *n0, uint32_t *n1)
 {
 	uint32_t rb = t % j->row_blocks, cc = t / j->row_blocks;
-	*r0 = rb * TASK_ROWS;
-	*r1 = *r0 + TASK_ROWS < j->m ? *r0 + TASK_ROWS : j->m;
+	*r0 = rb * j->task_rows;
+	*r1 = *r0 + j->task_rows < j->m ? *r0 + j->task_rows : j->m;
 	*n0 = cc * j->chunk_cols;
 	*n1 = *n0 + j->chunk_cols < j->n ? *n0 + j->chunk_cols : j->n;
 }
@@ -309,17 +314,21 @@ static void bf16_task(void *arg, uint32_t t)
 	radiance__bf16_tile_avx2(&tile);
 }
 
-/* Splits N (and M, by row blocks of 8): for decode, about eight column
- * chunks per thread (a thread that loses its core to another process takes
- * fewer); with several row blocks, chunks of about CHUNK_BYTES of weights. */
+/* Splits M by row blocks of task_rows and N into column chunks: about
+ * eight tasks per thread in all (a thread that loses its core to another
+ * process takes fewer), and with several row blocks chunks of at most about
+ * CHUNK_BYTES of weights (one thread's consecutive tasks reuse them). */
 static uint32_t plan(struct fast_job *j, unsigned width, size_t weight_row_bytes)
 {
-	j->row_blocks = (j->m + TASK_ROWS - 1) / TASK_ROWS;
-	uint32_t cols;
-	if (j->row_blocks == 1)
-		cols = (j->n + width * 8 - 1) / (width * 8);
-	else
-		cols = (uint32_t)(CHUNK_BYTES / (weight_row_bytes ? weight_row_bytes : 1));
+	j->row_blocks = (j->m + j->task_rows - 1) / j->task_rows;
+	uint32_t want = width * 8;
+	uint32_t chunks = j->row_blocks >= want ? 1 : (want + j->row_blocks - 1) / j->row_blocks;
+	uint32_t cols = (j->n + chunks - 1) / chunks;
+	if (j->row_blocks > 1) {
+		uint32_t fit = (uint32_t)(CHUNK_BYTES / (weight_row_bytes ? weight_row_bytes : 1));
+		if (cols > fit)
+			cols = fit;
+	}
 	cols = (cols + 7) & ~7u;
 	if (cols < 8)
 		cols = 8;
@@ -360,6 +369,8 @@ int radiance_cpu_fast_w4a8_multi(struct radiance_cpu_fast *f, const uint16_t *x,
 		size_t xbytes = align64((size_t)f->max_rows * f->ldx * sizeof(float));
 		struct fast_job j = {
 			.f = f, .x = x, .dtype = dtype, .m = m, .k = k,
+			.task_rows = f->simd != RADIANCE_CPU_SIMD_AVX2_INT16 &&
+					     m >= RADIANCE__DEQ_MIN_ROWS ? W4A8_TASK_ROWS : TASK_ROWS,
 			.xf = f->scratch, .xh = f->scratch,
 			.xl = (int16_t *)f->scratch + (size_t)f->max_rows * f->ldx,
 			.lof = (uint8_t *)f->scratch + xbytes,
@@ -418,7 +429,7 @@ int radiance_cpu_fast_bf16(struct radiance_cpu_fast *f, const uint16_t *x, enum 
 	if (f->simd != RADIANCE_CPU_SIMD_SCALAR) {
 		unsigned width = width_for(f, m, n, k);
 		struct fast_job j = { .f = f, .x = x, .dtype = dtype, .m = m, .n = n, .k = k,
-				      .xf = f->scratch };
+				      .task_rows = TASK_ROWS, .xf = f->scratch };
 		j.bf16 = (struct radiance__bf16_tile){
 			.xf = j.xf, .ldx = f->ldx, .k = k, .n = n,
 			.weight = weight, .bias = bias, .y = y,

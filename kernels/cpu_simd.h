@@ -15,7 +15,19 @@
  * running sums live on the stack: 32 bytes a column). */
 #define RADIANCE__TILE_MAX_COLS 1024
 
-/* One tile of a W4A8 GEMM: rows [r0, r1) (at most 8) by columns [n0, n1).
+/* Most rows of one W4A8 tile (cpu_avx2.c keeps running sums for each block
+ * of 4 rows by 3 columns of its unpacked weights on the stack). */
+#define RADIANCE__TILE_MAX_ROWS 64
+/* Fewest rows of a W4A8 tile for which the avx2 level unpacks the tile's
+ * weights once and streams them to every block of 4 rows (w4a8_deq_tiles):
+ * each unpacked weight serves rows / 4 micro-kernel calls, and with fewer
+ * rows the unpacking costs more than the loads it saves (measured with
+ * bench_cpu: about 0.9x at M=16 on the 27B shapes, 1.1-1.3x at M >= 64 on
+ * MiniLM's; docs/cpu.md). */
+#define RADIANCE__DEQ_MIN_ROWS 32
+
+/* One tile of a W4A8 GEMM: rows [r0, r1) (at most RADIANCE__TILE_MAX_ROWS)
+ * by columns [n0, n1).
  * xf: e4m3 activations * 2^-28 fp32 [m][ldx]; s: per-token scales [m]. */
 struct radiance__w4a8_tile {
 	const float *xf;
