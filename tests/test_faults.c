@@ -649,10 +649,13 @@ struct dp {
 	uint16_t *x, *y;
 };
 
-static void dp_open(struct dp *d)
+/* sq, cq: the rings' entries (0: the defaults). */
+static void dp_open_entries(struct dp *d, uint32_t sq, uint32_t cq)
 {
 	struct radiance_options o = RADIANCE_OPTIONS_INIT;
 	o.timeout_ms = 20000;
+	o.sq_entries = sq;
+	o.cq_entries = cq;
 	o.client_name = "data-plane-faults";
 	d->r = radiance_connect(daemon_.socket, &o);
 	assert_non_null(d->r);
@@ -667,6 +670,11 @@ static void dp_open(struct dp *d)
 	memcpy(d->x, h_ref_find(&ref, h_good_layers[0])->x_bf16, 36 * 384 * 2);
 	d->x_off = (uint64_t)((uint8_t *)d->x - d->r->arena.base);
 	d->y_off = (uint64_t)((uint8_t *)d->y - d->r->arena.base);
+}
+
+static void dp_open(struct dp *d)
+{
+	dp_open_entries(d, 0, 0);
 }
 
 /* Pushes a request as given, bypassing every check of radiance_submit. */
@@ -969,6 +977,80 @@ static void cq_doorbell_cannot_block_the_daemon(void **state)
 	fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
 	dp_expect_good(&d);
 	assert_int_equal(h_good_client(daemon_.socket, &ref), 0);
+	radiance_disconnect(d.r);
+}
+
+/* Whether the daemon's executor thread is asleep: 18 of 20 looks at its
+ * state over a second find it blocked ('S': in epoll_wait), not running or
+ * runnable ('R'), which a thread that polls in a loop always is. */
+static int executor_sleeps(long long *ticks_used)
+{
+	int asleep = 0;
+	long long t0 = 0, t = 0;
+	for (int i = 0; i < 20; i++) {
+		char st = '?';
+		assert_int_equal(h_thread_stat(daemon_.pid, "radiance-exec", &st, &t), 0);
+		if (i == 0)
+			t0 = t;
+		asleep += st == 'S';
+		h_sleep_ms(50);
+	}
+	*ticks_used = t - t0;
+	return asleep >= 18;
+}
+
+/* A client that breaks the ring contract (at most cq_entries requests in
+ * flight): it submits past its CQ space and never reaps. The daemon leaves
+ * what has no room for its result in the SQ (test_sched's
+ * test_exec_cq_room), and it must not poll that ring in a loop: the
+ * executor used to take the waiting SQ entries for work on every idle check
+ * and never slept, a whole core spent for as long as the client stalled
+ * (on a 2-core machine, the CPU every other client's requests ran on). Now
+ * it sleeps and looks at such a CQ again every few ms; other clients are
+ * served meanwhile, and once this one reaps, the rest complete. */
+static void cq_never_reaped_executor_sleeps(void **state)
+{
+	struct dp d;
+	dp_open_entries(&d, 4, 4);
+	struct radiance_shm_header *h = (struct radiance_shm_header *)d.r->segment;
+	Rdw__LinearRequest req = dp_good(&d);
+	req.rows = 1;
+	for (int i = 0; i < 4; i++) {
+		req.request_id = 100u + (uint64_t)i;
+		dp_push(&d, &req);
+	}
+	/* the CQ fills with their results, never reaped... */
+	double deadline = h_now() + 20.0;
+	while (__atomic_load_n(&h->cq.tail, __ATOMIC_ACQUIRE) -
+	       __atomic_load_n(&h->cq.head, __ATOMIC_ACQUIRE) < 4) {
+		assert_true(h_now() < deadline);
+		h_sleep_ms(1);
+	}
+	/* ... and four more wait in the SQ with no room for their results */
+	for (int i = 4; i < 8; i++) {
+		req.request_id = 100u + (uint64_t)i;
+		dp_push(&d, &req);
+	}
+	int slept = 0;
+	long long ticks = 0;
+	for (int tries = 0; tries < 10 && !slept; tries++)
+		slept = executor_sleeps(&ticks);
+	if (!slept)
+		fail_msg("the executor never slept in 10 s with the SQ of a session whose CQ is full "
+			 "waiting: it polls that ring in a loop (%lld clock ticks of CPU in its last "
+			 "second, %ld a second)", ticks, sysconf(_SC_CLK_TCK));
+	assert_int_equal(h_good_client(daemon_.socket, &ref), 0);
+	assert_int_equal(__atomic_load_n(&h->sq.head, __ATOMIC_ACQUIRE), 4);   /* not taken */
+	int seen = 0;
+	for (int i = 0; i < 8; i++) {
+		struct radiance_completion c;
+		assert_int_equal(radiance_wait(d.r, &c, 10000), 1);
+		assert_int_equal(c.status, 0);
+		assert_true(c.request_id >= 100 && c.request_id < 108);
+		seen |= 1 << (c.request_id - 100);
+	}
+	assert_int_equal(seen, 0xFF);
+	dp_expect_good(&d);
 	radiance_disconnect(d.r);
 }
 
@@ -1406,6 +1488,7 @@ int main(void)
 		T(corrupted_cq_head),
 		T(header_scribbled),
 		T(cq_doorbell_cannot_block_the_daemon),
+		T(cq_never_reaped_executor_sleeps),
 		T(handle_misuse),
 		T(client_gone_with_unread_replies),
 		T(sigkill_client_mid_stream),
