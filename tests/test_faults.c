@@ -25,6 +25,7 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -1140,6 +1141,91 @@ static void client_gone_with_unread_replies(void **state)
 	assert_int_equal(h_count_lines(daemon_.log, "send failed"), 0);
 }
 
+/* A client that pipelines requests and never reads the replies: the daemon
+ * queues at most SESSION_OUT_HIGH_WATER (8 MiB) of them, then reads none of
+ * its requests, so the client's sends stop being taken; it says so once,
+ * its memory stays bounded, and it serves everybody else meanwhile. When
+ * the client reads, every request it sent is answered, none lost. */
+static void replies_never_read_are_bounded(void **state)
+{
+	struct raw w;
+	raw_open(&w);
+	raw_hello(&w);
+	long rss0 = h_rss_kib(daemon_.pid);
+	/* one ListModels frame (its reply is ~34 bytes), many times over;
+	 * the stream is sent from wherever the socket stopped taking it */
+	Rdw__ListModels lm = RDW__LIST_MODELS__INIT;
+	Rdw__ClientMessage m = RDW__CLIENT_MESSAGE__INIT;
+	m.msg_case = RDW__CLIENT_MESSAGE__MSG_LIST_MODELS;
+	m.list_models = &lm;
+	m.tag = 7;
+	uint32_t flen = (uint32_t)protobuf_c_message_get_packed_size(&m.base);
+	enum { FRAMES = 4096 };
+	uint8_t *buf = malloc((size_t)FRAMES * (4 + flen));
+	assert_non_null(buf);
+	for (size_t i = 0; i < FRAMES; i++) {
+		memcpy(buf + i * (4 + flen), &flen, 4);
+		protobuf_c_message_pack(&m.base, buf + i * (4 + flen) + 4);
+	}
+	/* a send that waits 2 s untaken: the daemon stopped reading */
+	struct timeval tv = { .tv_sec = 2 };
+	assert_int_equal(setsockopt(w.conn.fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv), 0);
+	const size_t stream = (size_t)FRAMES * (4 + flen);
+	/* with no bound, 2 M requests queue ~64 MiB of replies; stop there */
+	const uint64_t cap = 2000000ull * (4 + flen);
+	uint64_t sent = 0;
+	for (;;) {
+		size_t at = (size_t)(sent % stream);
+		ssize_t n = send(w.conn.fd, buf + at, stream - at, MSG_NOSIGNAL);
+		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+			break;
+		assert_true(n > 0);
+		sent += (uint64_t)n;
+		if (sent >= cap)
+			break;
+	}
+	free(buf);
+	long rss = h_rss_kib(daemon_.pid);
+	uint64_t requests = sent / (4 + flen);
+	printf("# %llu requests sent unread before the daemon stopped taking them; its RSS "
+	       "%ld -> %ld KiB\n", (unsigned long long)requests, rss0, rss);
+	if (sent >= cap)
+		fail_msg("the daemon took %llu requests from a client that reads no reply, and reads on "
+			 "(RSS %ld -> %ld KiB)", (unsigned long long)requests, rss0, rss);
+	assert_int_equal(log_lines("unsent: it does not read its socket; reading none of its "
+				   "requests until it does", "(at most 8 MiB"), 1);
+	/* the 8 MiB of replies and the buffer they grew in, and nothing per request */
+	assert_true(rss - rss0 < 12 * 1024);
+	assert_int_equal(h_good_client(daemon_.socket, &ref), 0);
+	/* now it reads: every whole request sent is answered; then the rest
+	 * of the last one, cut where the socket stopped taking the stream */
+	for (uint64_t i = 0; i <= requests; i++) {
+		if (i == requests) {
+			uint64_t part = sent % (4 + flen);
+			if (!part)
+				break;
+			uint8_t frame[64];
+			assert_true(4 + flen <= sizeof frame);
+			memcpy(frame, &flen, 4);
+			protobuf_c_message_pack(&m.base, frame + 4);
+			raw_send_bytes(&w, frame + part, (size_t)(4 + flen - part), NULL, 0);
+		}
+		Rdw__ServerMessage *reply;
+		int rc = raw_recv(&w, &reply, 10000);
+		if (rc != 1)
+			fail_msg("reply %llu of %llu: %d", (unsigned long long)i,
+				 (unsigned long long)requests, rc);
+		int got = reply->msg_case;
+		uint64_t tag = reply->tag;
+		rdw__server_message__free_unpacked(reply, NULL);
+		assert_int_equal(got, RDW__SERVER_MESSAGE__MSG_MODEL_LIST);
+		assert_int_equal(tag, 7);
+	}
+	assert_int_equal(log_count("reads its replies again"), 1);
+	raw_expect_alive(&w);
+	raw_close(&w);
+}
+
 static void sigkill_client_mid_stream(void **state)
 {
 	/* victim: keeps the SQ full of requests until it is killed */
@@ -1491,6 +1577,7 @@ int main(void)
 		T(cq_never_reaped_executor_sleeps),
 		T(handle_misuse),
 		T(client_gone_with_unread_replies),
+		T(replies_never_read_are_bounded),
 		T(sigkill_client_mid_stream),
 		T(sigkill_client_while_loading),
 		T(checkpoint_shrinks_while_loading),
