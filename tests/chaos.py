@@ -1,12 +1,23 @@
 #!/usr/bin/env python3
 """Chaos at scale against one radianced (issue 8; opt-in: `make chaos`).
 
-One CPU-backend daemon with the shipped checkpoint preloaded serves, at once:
+One CPU-backend daemon with the shipped checkpoint preloaded (and
+--fake-share 1, so MapModel answers with the test memfd) serves, at once:
   killers      CLIENTS child processes, PARALLEL at a time, each SIGKILLed
-               at a random point: in the handshake (raw socket: nothing sent,
-               or half a frame), during a load of a copy of the checkpoint,
-               or with requests in flight (killed by the parent after a random
-               delay, or killing itself right after submitting);
+               at a random point, a quarter of each kind: in the handshake
+               (raw socket: nothing sent, or half a frame), during a load of a
+               copy of the checkpoint, with requests in flight (killed by the
+               parent after a random delay, or killing itself right after
+               submitting), or in a map exchange (raw socket: 1-24 MapModel,
+               MapTensors and UnmapModel pipelined, whose replies carry a memfd
+               each; dead before reading a reply, after reading some, or
+               whenever the parent kills it within 50 ms);
+  stallers     alive through the run, killed at the end: STALL_CQ clients that
+               submit and never reap (through libradiance, its CQ left full;
+               and on a raw ring of 4 + 4 entries with 4 more requests waiting
+               in the SQ past the CQ space) and STALL_SOCK clients that send
+               GetModel, GetStats and ListModels and never read a reply, until
+               the daemon stops reading them (8 MiB of replies queued);
   flooders     clients keeping max-row requests in flight on the largest layer;
   truncators   clients loading a private copy of the checkpoint (libradiance
                passes its fds) and truncating model.safetensors during the
@@ -18,6 +29,10 @@ One CPU-backend daemon with the shipped checkpoint preloaded serves, at once:
                those expectations first checked against the numpy
                transcription of docs/numerics.md (tests/numerics_ref.py).
 
+Once only the stallers are left, the daemon must use at most 0.2 of a core
+over 2 s (an executor that polled the raw staller's SQ took 0.985), the raw
+staller must have its 4 requests still in the SQ, and the log must say
+"does not read its socket" for each socket staller; then they are killed.
 Afterwards the daemon's descriptors (/proc/PID/fd), shared-memory mappings
 (memfd: and /dev/shm lines of /proc/PID/maps), RSS, sessions and models
 (radiancectl status/models --json) must be back to the baseline taken before
@@ -47,11 +62,14 @@ slowest waits are printed taken apart with the daemon's own account of them
 
 Usage: PYTHONPATH=python RADIANCE_LIBRARY=build/libradiance.so.0 \
        build/pyenv/bin/python tests/chaos.py [--clients N] [--parallel P]
-       [--seconds BOUND] [--json FILE]   (make chaos CLIENTS=N SECONDS=S)
+       [--stall-cq N] [--stall-sock N] [--seconds BOUND] [--json FILE]
+       (make chaos CLIENTS=N SECONDS=S)
 Exit status: 0 when every check held, 1 otherwise (the summary says which).
 """
 import argparse
+import bisect
 import errno
+import itertools
 import json
 import mmap
 import os
@@ -445,8 +463,10 @@ def role_stall_sock(sock, out, seed):
     c = RawClient(sock, f"chaos-stall-sock{seed}")
     c.hello()
     mid, _ = c.attach(MODEL)
-    chunk = b"".join(rng.choice([c.frame(C_GET_MODEL, pb.fv(1, mid)), c.frame(C_GET_STATS),
-                                 c.frame(C_LIST_MODELS)]) for _ in range(256))
+    frames = [rng.choice([c.frame(C_GET_MODEL, pb.fv(1, mid)), c.frame(C_GET_STATS),
+                          c.frame(C_LIST_MODELS)]) for _ in range(256)]
+    chunk = b"".join(frames)
+    ends = list(itertools.accumulate(len(f) for f in frames))
     c.s.setblocking(False)
     sent, t0 = 0, time.monotonic()
     while True:
@@ -458,7 +478,8 @@ def role_stall_sock(sock, out, seed):
                 break
         if time.monotonic() - t0 > 120:
             break
-    res = {"bytes_sent": sent, "frames_sent": sent // (len(chunk) // 256),
+    whole = sent // len(chunk) * len(frames) + bisect.bisect_right(ends, sent % len(chunk))
+    res = {"seed": seed, "bytes_sent": sent, "frames_sent": whole,
            "stalled_after_s": round(time.monotonic() - t0 - 1.0, 2)}
     Path(out).write_text(json.dumps(res))
     while True:
@@ -681,8 +702,10 @@ def print_summary(s):
               + ", ".join(f"{r['mode']}: {r['submitted']} submitted, {r['sq_waiting']} waiting "
                           f"in the SQ" for r in sc)
               + f"), {len(ss)} never reading their socket ("
-              + ", ".join(f"{r['frames_sent']} requests, {r['bytes_sent'] / 1e6:.1f} MB taken "
-                          f"before it stopped reading" for r in ss)
+              + ", ".join(f"{r['frames_sent']} requests taken before the daemon stopped "
+                          f"reading, {r.get('daemon_queued_replies', '?')} replies "
+                          f"({r.get('daemon_queued_bytes', 0) / 2**20:.1f} MiB) queued unsent"
+                          for r in ss)
               + f"); daemon CPU with only them left {s['stalled_daemon_cpu']:.3f} of a core")
     t = s["truncated_loads"]
     print(f"chaos: truncated loads: {t['failed_cleanly']} failed cleanly {t['errors']}, "
@@ -853,7 +876,14 @@ def main():
         for r in results.get("stall_cq", []):
             if r["mode"] == "raw" and not (r["cq_full"] and r["sq_waiting"] == 4):
                 violations.append(f"the raw stall_cq client did not stall as meant: {r}")
-        said = d.log().count("it does not read its socket")
+        # the daemon's own account: what it queued before it stopped reading
+        said = {int(k): (int(b), int(n)) for k, b, n in re.findall(
+            r"'chaos-stall-sock(\d+)'\): (\d+) bytes of replies \((\d+) messages\) unsent: it "
+            r"does not read its socket", d.log())}
+        for r in results.get("stall_sock", []):
+            if r["seed"] in said:
+                r["daemon_queued_bytes"], r["daemon_queued_replies"] = said[r["seed"]]
+        said = len(said)
         if said < a.stall_sock:
             violations.append(f"{a.stall_sock} clients never read their socket; the daemon "
                               f"logged {said}")
