@@ -317,6 +317,21 @@ static inline int h_count_fds(pid_t pid)
 	return n;
 }
 
+/* Whether this build runs under AddressSanitizer or ThreadSanitizer (so is
+ * the daemon that make check SAN=... starts): their shadow memory and
+ * quarantine make RSS figures meaningless. */
+static inline int h_sanitized(void)
+{
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+	return 1;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+	return 1;
+#endif
+#endif
+	return 0;
+}
+
 /* VmRSS of pid in KiB, or -1. */
 static inline long h_rss_kib(pid_t pid)
 {
