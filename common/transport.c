@@ -67,6 +67,7 @@ void rconn_finish(struct rconn *c)
 	free(c->out);
 	c->out = NULL;
 	c->out_len = c->out_cap = c->out_sent = 0;
+	c->out_frames = c->out_head_end = 0;
 }
 
 static int frame_length(const struct rconn *c, const uint8_t *p, uint32_t *len)
@@ -209,6 +210,8 @@ static void out_compact(struct rconn *c)
 	memmove(c->out, c->out + c->out_sent, c->out_len - c->out_sent);
 	for (size_t i = 0; i < c->out_nbatches; i++)
 		c->out_batches[i].offset -= c->out_sent;
+	/* flush leaves the oldest unsent frame ending past out_sent */
+	c->out_head_end -= c->out_sent;
 	c->out_len -= c->out_sent;
 	c->out_sent = 0;
 }
@@ -257,6 +260,8 @@ int rconn_queue(struct rconn *c, const uint8_t *data, size_t len,
 	put_le32(c->out + c->out_len, (uint32_t)len);
 	memcpy(c->out + c->out_len + 4, data, len);
 	c->out_len += 4 + len;
+	if (c->out_frames++ == 0)
+		c->out_head_end = c->out_len;
 	return 0;
 }
 
@@ -304,8 +309,15 @@ int rconn_flush(struct rconn *c)
 			c->out_nbatches--;
 		}
 		c->out_sent += (size_t)n;
+		/* frames now sent whole; the next one's prefix is still in
+		 * the buffer (nothing is compacted during a flush) */
+		while (c->out_frames && c->out_head_end <= c->out_sent) {
+			if (--c->out_frames)
+				c->out_head_end += 4 + get_le32(c->out + c->out_head_end);
+		}
 	}
 	c->out_sent = c->out_len = 0;
+	c->out_frames = c->out_head_end = 0;
 	return 0;
 }
 
@@ -316,12 +328,5 @@ size_t rconn_pending(const struct rconn *c)
 
 size_t rconn_pending_frames(const struct rconn *c)
 {
-	size_t n = 0;
-	/* frames start at 0 (the buffer is compacted before a queue) */
-	for (size_t at = 0; at + 4 <= c->out_len;) {
-		size_t end = at + 4 + get_le32(c->out + at);
-		n += end > c->out_sent;
-		at = end;
-	}
-	return n;
+	return c->out_frames;
 }

@@ -54,6 +54,9 @@ struct rconn {
 	/* send side */
 	uint8_t *out;
 	size_t out_len, out_cap, out_sent;
+	size_t out_frames;         /* frames not completely sent */
+	size_t out_head_end;       /* end of the oldest of them (a compaction may have
+	                              dropped its start: never re-read from byte 0) */
 	struct radiance__fd_batch *out_batches;   /* in offset order; owned dups */
 	size_t out_nbatches, out_batches_cap;
 };

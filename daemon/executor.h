@@ -64,7 +64,11 @@
  * clients in lockstep share a launch. A session alone never waits.
  *
  * Idle: spin ~50 us, then set `sleeping` on every SQ, re-check, and
- * epoll_wait on all SQ doorbells plus a control eventfd. While launches
+ * epoll_wait on all SQ doorbells plus a control eventfd. An SQ whose
+ * requests wait only for CQ room (a client that submitted past its CQ
+ * space and does not reap) is not work: the executor sleeps anyway, with a
+ * 10 ms timeout to look at that CQ again (reaping rings no doorbell),
+ * rather than polling it in a loop. While launches
  * are in flight and nothing else happens the thread polls their
  * completion: spinning for spin_us, then in 20 us sleeps.
  *

@@ -68,6 +68,8 @@ struct radiance_session {
 	struct rconn conn;
 	uv_poll_t poll;
 	int poll_events;          /* what poll is started with now, -1 none */
+	int out_full;             /* SESSION_OUT_HIGH_WATER of replies unsent: reading nothing */
+	unsigned out_fulls;       /* times it got there (the first is logged as a warning) */
 	int poll_closed;          /* uv_close finished */
 	uv_timer_t hello_timer;   /* runs in HANDSHAKE */
 	int timer_closed;         /* uv_close finished */
@@ -126,6 +128,14 @@ void session_update(struct radiance_session *s);
  * socket (the client sees EOF) and the poll handle (then
  * session_maybe_free()). */
 void session_io_finish(struct radiance_session *s);
+
+/* A client that sends requests and does not read the replies gets at most
+ * this many bytes of them queued (one reply more at most: the last one read
+ * before the mark); then the daemon reads none of its requests until it
+ * has read enough of them to bring the queue below the mark again, and
+ * logs that, once a session as a warning. So a session that never reads
+ * holds about this much of the daemon's memory, and its sends block. */
+#define SESSION_OUT_HIGH_WATER (8u << 20)
 
 /* Replies, queued on the conn and flushed as the socket takes them: m with
  * nfds fds (dup'ed), an Error(code, text), an Ok. A reply that cannot be

@@ -17,9 +17,6 @@
 #include "server.h"
 #include "wire.h"
 
-/* Stop reading a client's requests while this much of its replies is
- * unsent: a client that never reads cannot make us buffer without bound. */
-#define OUT_HIGH_WATER (8u << 20)
 #define FRAMES_PER_WAKE 32
 
 /* ---- reading ---- */
@@ -46,7 +43,7 @@ static void session_read(struct radiance_session *s)
 {
 	for (int i = 0; i < 2 * FRAMES_PER_WAKE; i++) {
 		if (s->state == SESSION_CLOSING || s->busy || s->server->stopping ||
-		    rconn_pending(&s->conn) >= OUT_HIGH_WATER)
+		    rconn_pending(&s->conn) >= SESSION_OUT_HIGH_WATER)
 			return;
 		int rc = rconn_read(&s->conn);
 		if (rc == -EAGAIN)
@@ -135,15 +132,38 @@ static void on_session_poll(uv_poll_t *h, int status, int events)
 	session_update(s);
 }
 
+/* The session's unsent replies crossed SESSION_OUT_HIGH_WATER, up (full)
+ * or back down. A client can go back and forth at will, so only its first
+ * time is a warning. */
+static void session_out_full(struct radiance_session *s, int full, size_t pending)
+{
+	s->out_full = full;
+	if (full && s->out_fulls++ == 0)
+		log_warn("session %llu (pid %d, '%s'): %zu bytes of replies (%zu messages) unsent: "
+			 "it does not read its socket; reading none of its requests until it does "
+			 "(at most %u MiB of replies are queued for one session)",
+			 (unsigned long long)s->id, (int)s->pid, s->client_name, pending,
+			 rconn_pending_frames(&s->conn), SESSION_OUT_HIGH_WATER >> 20);
+	else if (full)
+		log_debug("session %llu: %zu bytes of replies unsent again (time %u): reading none "
+			  "of its requests", (unsigned long long)s->id, pending, s->out_fulls);
+	else if (s->out_fulls == 1)
+		log_info("session %llu (pid %d, '%s'): reads its replies again (%zu bytes unsent); "
+			 "reading its requests again", (unsigned long long)s->id, (int)s->pid,
+			 s->client_name, pending);
+}
+
 void session_update(struct radiance_session *s)
 {
 	if (s->state == SESSION_CLOSING)
 		return;
 	size_t pending = rconn_pending(&s->conn);
+	if ((pending >= SESSION_OUT_HIGH_WATER) != s->out_full)
+		session_out_full(s, pending >= SESSION_OUT_HIGH_WATER, pending);
 	int events = 0;
 	if (s->busy || s->server->stopping)
 		events |= UV_DISCONNECT;
-	else if (pending < OUT_HIGH_WATER)
+	else if (!s->out_full)
 		events |= UV_READABLE;
 	if (pending)
 		events |= UV_WRITABLE;

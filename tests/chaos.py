@@ -1,12 +1,23 @@
 #!/usr/bin/env python3
 """Chaos at scale against one radianced (issue 8; opt-in: `make chaos`).
 
-One CPU-backend daemon with the shipped checkpoint preloaded serves, at once:
+One CPU-backend daemon with the shipped checkpoint preloaded (and
+--fake-share 1, so MapModel answers with the test memfd) serves, at once:
   killers      CLIENTS child processes, PARALLEL at a time, each SIGKILLed
-               at a random point: in the handshake (raw socket: nothing sent,
-               or half a frame), during a load of a copy of the checkpoint,
-               or with requests in flight (killed by the parent after a random
-               delay, or killing itself right after submitting);
+               at a random point, a quarter of each kind: in the handshake
+               (raw socket: nothing sent, or half a frame), during a load of a
+               copy of the checkpoint, with requests in flight (killed by the
+               parent after a random delay, or killing itself right after
+               submitting), or in a map exchange (raw socket: 1-24 MapModel,
+               MapTensors and UnmapModel pipelined, whose replies carry a memfd
+               each; dead before reading a reply, after reading some, or
+               whenever the parent kills it within 50 ms);
+  stallers     alive through the run, killed at the end: STALL_CQ clients that
+               submit and never reap (through libradiance, its CQ left full;
+               and on a raw ring of 4 + 4 entries with 4 more requests waiting
+               in the SQ past the CQ space) and STALL_SOCK clients that send
+               GetModel, GetStats and ListModels and never read a reply, until
+               the daemon stops reading them (8 MiB of replies queued);
   flooders     clients keeping max-row requests in flight on the largest layer;
   truncators   clients loading a private copy of the checkpoint (libradiance
                passes its fds) and truncating model.safetensors during the
@@ -18,6 +29,10 @@ One CPU-backend daemon with the shipped checkpoint preloaded serves, at once:
                those expectations first checked against the numpy
                transcription of docs/numerics.md (tests/numerics_ref.py).
 
+Once only the stallers are left, the daemon must use at most 0.2 of a core
+over 2 s (an executor that polled the raw staller's SQ took 0.985), the raw
+staller must have its 4 requests still in the SQ, and the log must say
+"does not read its socket" for each socket staller; then they are killed.
 Afterwards the daemon's descriptors (/proc/PID/fd), shared-memory mappings
 (memfd: and /dev/shm lines of /proc/PID/maps), RSS, sessions and models
 (radiancectl status/models --json) must be back to the baseline taken before
@@ -47,14 +62,20 @@ slowest waits are printed taken apart with the daemon's own account of them
 
 Usage: PYTHONPATH=python RADIANCE_LIBRARY=build/libradiance.so.0 \
        build/pyenv/bin/python tests/chaos.py [--clients N] [--parallel P]
-       [--seconds BOUND] [--json FILE]   (make chaos CLIENTS=N SECONDS=S)
+       [--stall-cq N] [--stall-sock N] [--seconds BOUND] [--json FILE]
+       (make chaos CLIENTS=N SECONDS=S)
 Exit status: 0 when every check held, 1 otherwise (the summary says which).
 """
 import argparse
+import bisect
 import errno
+import itertools
 import json
+import mmap
 import os
 import random
+import re
+import select
 import shutil
 import signal
 import socket
@@ -67,12 +88,13 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE / "python"), str(HERE), str(HERE.parent / "python"),
-                str(HERE.parent / "examples" / "engine")]
+                str(HERE.parent / "examples" / "engine"), str(HERE / "fuzz")]
 
 import ml_dtypes  # noqa: E402
 import numpy as np  # noqa: E402
 
 import conftest  # noqa: E402  (the daemon fixture's Daemon, the paths)
+import make_seeds as pb  # noqa: E402  (the fuzz seeds' protobuf encoder)
 import numerics_ref as ref  # noqa: E402
 import radiance  # noqa: E402
 from test_numerics import kernel_bits, layer_ref  # noqa: E402
@@ -83,6 +105,7 @@ CHUNK_ROWS = 32
 SAFETY = 4.0
 WAKEUPS = 3
 RSS_SLACK_MIB = 16
+STALLED_CPU_MAX = 0.2   # of one core, with only the stalled clients left
 
 
 # -- what the daemon holds ----------------------------------------------------
@@ -108,6 +131,13 @@ def daemon_figures(pid, sock):
             "models": len(md["models"]), "users": sum(m["users"] for m in md["models"])}
 
 
+def proc_cpu_s(pid):
+    """User + system CPU seconds pid has used, all threads."""
+    with open(f"/proc/{pid}/stat") as f:
+        st = f.read().rsplit(")", 1)[1].split()
+    return (int(st[11]) + int(st[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def device_used_mib():
     """Device memory in use on GPU 0 (nvidia-smi), or None where it cannot
     say (no NVIDIA tools: the AMD path is not covered here)."""
@@ -118,6 +148,138 @@ def device_used_mib():
         return int(p.stdout.split()[0]) if p.returncode == 0 else None
     except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
         return None
+
+
+# -- the raw protocol, for clients libradiance would not let misbehave ----------
+PROTOCOL_VERSION = int(re.search(r"RADIANCE_PROTOCOL_VERSION (\d+)u",
+                                 (HERE.parent / "proto" / "wire.h").read_text()).group(1))
+# ClientMessage / ServerMessage oneof fields (proto/radiance.proto)
+C_GET_MODEL, C_LIST_MODELS, C_OPEN_RING, C_GET_STATS = 6, 7, 8, 9
+C_MAP_MODEL, C_UNMAP_MODEL, C_MAP_TENSORS = 10, 11, 31
+S_WELCOME, S_ERROR, S_MODEL_INFO, S_RING_READY = 2, 3, 4, 7
+S_MODEL_MAPPING, S_TENSOR_MAPPING = 10, 31
+
+
+def pb_fields(buf):
+    """One protobuf message as {field: [values]}: varints as ints,
+    length-delimited fields as bytes (enough to read the replies here)."""
+    out, i = {}, 0
+
+    def varint():
+        nonlocal i
+        v = shift = 0
+        while True:
+            b = buf[i]
+            i += 1
+            v |= (b & 0x7F) << shift
+            shift += 7
+            if not b & 0x80:
+                return v
+    while i < len(buf):
+        key = varint()
+        f, wt = key >> 3, key & 7
+        if wt == 0:
+            v = varint()
+        elif wt == 2:
+            n = varint()
+            v, i = bytes(buf[i:i + n]), i + n
+        elif wt == 1:
+            v, i = buf[i:i + 8], i + 8
+        elif wt == 5:
+            v, i = buf[i:i + 4], i + 4
+        else:
+            raise ValueError(f"wire type {wt} at byte {i}")
+        out.setdefault(f, []).append(v)
+    return out
+
+
+class RawClient:
+    """A control connection spoken by hand: frames of proto/radiance.proto
+    messages, the fds SCM_RIGHTS brings collected as they come."""
+
+    def __init__(self, sock, name):
+        self.s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.s.connect(sock)
+        self.tag, self.buf, self.fds, self.name = 1, b"", [], name
+
+    def frame(self, field, body=b""):
+        """One ClientMessage frame with the next tag."""
+        self.tag += 1
+        return pb.cmsg(self.tag - 1, field, body)
+
+    def recv(self):
+        """The next ServerMessage: (field of its oneof, that member's fields)."""
+        while True:
+            if len(self.buf) >= 4:
+                n = struct.unpack_from("<I", self.buf)[0]
+                if len(self.buf) >= 4 + n:
+                    body, self.buf = self.buf[4:4 + n], self.buf[4 + n:]
+                    m = pb_fields(body)
+                    field = next(f for f in m if f != 1)
+                    return field, pb_fields(m[field][0])
+            data, fds, _, _ = socket.recv_fds(self.s, 1 << 16, 16)
+            if not data:
+                raise ConnectionError("the daemon closed the connection")
+            self.buf += data
+            self.fds += fds
+
+    def expect(self, want):
+        field, m = self.recv()
+        if field != want:
+            err = m.get(2, [b""])[0].decode(errors="replace") if field == S_ERROR else ""
+            raise RuntimeError(f"{self.name}: expected reply {want}, got {field} {err}")
+        return m
+
+    def hello(self):
+        self.s.sendall(pb.hello(self.tag, PROTOCOL_VERSION, self.name))
+        self.tag += 1
+        return self.expect(S_WELCOME)
+
+    def attach(self, name):
+        """AttachModel: (model_id, [(index, n, k) of each W4A8 layer])."""
+        self.s.sendall(pb.attach(self.tag, name))
+        self.tag += 1
+        m = self.expect(S_MODEL_INFO)
+        layers = [pb_fields(b) for b in m.get(6, [])]
+        return m[1][0], [(l.get(1, [0])[0], l[4][0], l[5][0]) for l in layers
+                         if l.get(3, [0])[0] == 1]
+
+
+class RawRing:
+    """OpenRing spoken by hand and the segment mapped (proto/shm.h): SQ
+    entries written straight into the slots, past what the CQ has room for
+    if the caller likes (libradiance never does)."""
+    SQ, CQ = 64, 256   # the rings' control words in the header; head +0, tail +64
+
+    def __init__(self, c, sq, cq, arena):
+        c.s.sendall(c.frame(C_OPEN_RING, pb.fv(1, sq) + pb.fv(2, cq) + pb.fv(3, arena)))
+        nfds = len(c.fds)
+        m = c.expect(S_RING_READY)
+        self.seg_fd, self.sq_bell, self.cq_bell = c.fds[nfds:nfds + 3]
+        self.seg = mmap.mmap(self.seg_fd, m[1][0])
+        (self.sq_off, self.cq_off, self.arena_off,
+         self.arena_bytes) = struct.unpack_from("<QQQQ", self.seg, 32)
+        self.entries = struct.unpack_from("<I", self.seg, self.SQ + 132)[0]
+        self.tail = 0
+
+    def word(self, ring, at):
+        return struct.unpack_from("<I", self.seg, ring + at)[0]
+
+    def push(self, payload):
+        slot = self.sq_off + (self.tail & (self.entries - 1)) * 256
+        struct.pack_into("<I", self.seg, slot, len(payload))
+        self.seg[slot + 4:slot + 4 + len(payload)] = payload
+        self.tail += 1
+        struct.pack_into("<I", self.seg, self.SQ + 64, self.tail & 0xFFFFFFFF)
+        os.write(self.sq_bell, struct.pack("<Q", 1))
+
+    def cq_used(self):
+        return (self.word(self.CQ, 64) - self.word(self.CQ, 0)) & 0xFFFFFFFF
+
+
+def wait_for_stop(stop):
+    while not os.path.exists(stop):
+        time.sleep(0.05)
 
 
 # -- roles run as their own processes -----------------------------------------
@@ -252,8 +414,80 @@ def role_trunc(sock, out, count, seed, load_s):
     Path(out).write_text(json.dumps(res))
 
 
+def role_stall_cq(sock, out, mode):
+    """A client that submits and never reaps, alive until the runner kills
+    it. "lib": through libradiance, cq_entries requests, so its CQ fills
+    and stays full. "raw": its own ring of 4 + 4 entries, 4 requests whose
+    results fill the CQ, then 4 more, which wait in the SQ for CQ room that
+    never comes (past the CQ space proto/shm.h allows; the executor must
+    sleep meanwhile, not poll that SQ). Writes out once it has stalled."""
+    if mode == "lib":
+        c = radiance.Client(sock, timeout=120, name="chaos-stall-cq", sq_entries=8, cq_entries=8)
+        m = c.attach(MODEL)
+        l = next(l for l in m.layers if l.kind == "w4a8")
+        # held, never read (Request.done() would reap too)
+        held = [m.submit(l.index, np.ones((1, l.K), BF16)) for _ in range(8)]
+        res = {"mode": mode, "submitted": len(held), "sq_waiting": 0}
+    else:
+        c = RawClient(sock, "chaos-stall-cq-raw")
+        c.hello()
+        mid, layers = c.attach(MODEL)
+        index, n, k = layers[0]
+        r = RawRing(c, 4, 4, 1 << 20)
+        y = (k * 2 + 4095) // 4096 * 4096
+        req = lambda i: pb.req(i, mid, index, 1, 1, 0, y)   # noqa: E731  M=1, bf16 zeros
+        for i in range(4):
+            r.push(req(1 + i))
+        deadline = time.monotonic() + 120
+        while r.cq_used() < 4:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the CQ did not fill in 120 s")
+            time.sleep(0.005)
+        for i in range(4, 8):
+            r.push(req(1 + i))
+        time.sleep(0.5)
+        res = {"mode": mode, "submitted": 8, "cq_full": r.cq_used() == 4,
+               "sq_waiting": (r.tail - r.word(r.SQ, 0)) & 0xFFFFFFFF}
+    Path(out).write_text(json.dumps(res))
+    while True:
+        time.sleep(60)
+
+
+def role_stall_sock(sock, out, seed):
+    """A client that sends control requests and never reads a reply, alive
+    until the runner kills it: GetModel, GetStats and ListModels as fast as
+    the socket takes them, until it has taken nothing for a second (the
+    daemon stopped reading: docs/daemon.md, "never reads its replies").
+    Writes out then."""
+    rng = random.Random(seed)
+    c = RawClient(sock, f"chaos-stall-sock{seed}")
+    c.hello()
+    mid, _ = c.attach(MODEL)
+    frames = [rng.choice([c.frame(C_GET_MODEL, pb.fv(1, mid)), c.frame(C_GET_STATS),
+                          c.frame(C_LIST_MODELS)]) for _ in range(256)]
+    chunk = b"".join(frames)
+    ends = list(itertools.accumulate(len(f) for f in frames))
+    c.s.setblocking(False)
+    sent, t0 = 0, time.monotonic()
+    while True:
+        at = sent % len(chunk)
+        try:
+            sent += c.s.send(chunk[at:])
+        except BlockingIOError:
+            if not select.select([], [c.s], [], 1.0)[1]:
+                break
+        if time.monotonic() - t0 > 120:
+            break
+    whole = sent // len(chunk) * len(frames) + bisect.bisect_right(ends, sent % len(chunk))
+    res = {"seed": seed, "bytes_sent": sent, "frames_sent": whole,
+           "stalled_after_s": round(time.monotonic() - t0 - 1.0, 2)}
+    Path(out).write_text(json.dumps(res))
+    while True:
+        time.sleep(60)
+
+
 # -- killers (forked children of the runner) ----------------------------------
-KINDS = ("handshake", "load", "inflight")
+KINDS = ("handshake", "load", "inflight", "map")
 
 
 def killer_child(kind, sock, copy, w, rng):
@@ -278,6 +512,35 @@ def killer_child(kind, sock, copy, w, rng):
             mark(b"h")
             c.load(copy, name="chaos-copy")
             mark(b"L")
+        elif kind == "map":
+            # MapModel (the cpu backend's test share: --fake-share 1) and
+            # MapTensors, whose replies carry a memfd each, pipelined with a
+            # few UnmapModel; then death before reading a reply, after
+            # reading some (keeping the fds), or whenever the parent kills
+            c = RawClient(sock, "chaos-kill-map")
+            mark(b"c")
+            wl = c.hello()
+            mid, _ = c.attach(MODEL)
+            mark(b"h")
+            layout = wl.get(7, [0])[0]
+            n = rng.randrange(1, 25)
+            frames = [c.frame(*rng.choices(
+                [(C_MAP_MODEL, pb.fv(1, mid) + pb.fv(2, layout)), (C_MAP_TENSORS, pb.fv(1, mid)),
+                 (C_UNMAP_MODEL, pb.fv(1, mid))], weights=(6, 3, 1))[0]) for _ in range(n)]
+            c.s.sendall(b"".join(frames))
+            mark(b"m%d;" % n)
+            what = rng.randrange(3)
+            if what == 0:
+                os.kill(os.getpid(), signal.SIGKILL)
+            if what == 1:
+                busy = 0
+                k = rng.randrange(1, n + 1)
+                for _ in range(k):
+                    field, m = c.recv()
+                    busy += field == S_ERROR and m[1][0] == errno.EBUSY
+                mark(b"r%d,%d,%d;" % (k, len(c.fds), busy))
+                if rng.random() < 0.5:
+                    os.kill(os.getpid(), signal.SIGKILL)
         else:
             c = radiance.Client(sock, timeout=60, name="chaos-kill")
             m = c.attach(MODEL)
@@ -299,12 +562,13 @@ def killer_child(kind, sock, copy, w, rng):
 
 def run_killers(n, parallel, sock, copy, load_s, seed, daemon_pid, peak):
     rng = random.Random(seed)
-    kinds = [KINDS[i % 3] for i in range(n)]
+    kinds = [KINDS[i % len(KINDS)] for i in range(n)]
     rng.shuffle(kinds)
     # kill delay ranges: the handshake is quick, a load takes load_s
-    span = {"handshake": 0.03, "load": 1.5 * load_s, "inflight": 0.15}
+    span = {"handshake": 0.03, "load": 1.5 * load_s, "inflight": 0.15, "map": 0.05}
     live = {}   # pid -> (kind, kill_at, read fd)
     stats = {k: {"killed": 0, "points": {}, "child_errors": []} for k in KINDS}
+    stats["map"].update({"requests": 0, "replies_read": 0, "fds_received": 0, "ebusy": 0})
     i = 0
     next_sample = 0.0
     while i < n or live:
@@ -358,11 +622,25 @@ def run_killers(n, parallel, sock, copy, load_s, seed, daemon_pid, peak):
                 if len(s["child_errors"]) < 5:
                     s["child_errors"].append(e)
                 s["points"]["error"] = s["points"].get("error", 0) + 1
+            if kind == "map":
+                # c, h, then m<requests>; and r<read>,<fds>,<EBUSY>; (map_child)
+                sent = re.search(rb"m(\d+);", got)
+                read = re.search(rb"r(\d+),(\d+),(\d+);", got)
+                if sent:
+                    s["requests"] += int(sent.group(1))
+                if read:
+                    s["replies_read"] += int(read.group(1))
+                    s["fds_received"] += int(read.group(2))
+                    s["ebusy"] += int(read.group(3))
+                got = re.sub(rb"\d+[,;]", b"", got).replace(b",", b"")
             point = {b"": "before connect", b"c": "connected", b"cp": "half a frame",
                      b"ch": "after Hello", b"h": "after Hello", b"hL": "after the load",
-                     b"hs": "requests in flight"}.get(got, got.decode(errors="replace"))
+                     b"hs": "requests in flight", b"chm": "maps sent, no reply read",
+                     b"chmr": "maps sent, some replies read"}.get(got, got.decode(errors="replace"))
             if kind == "load" and got == b"h":
                 point = "during the load"
+            if kind == "map" and got == b"ch":
+                point = "after AttachModel"
             s["points"][point] = s["points"].get(point, 0) + 1
             del live[pid]
         t0 = time.monotonic()
@@ -412,6 +690,23 @@ def print_summary(s):
     for k, v in s["killers"].items():
         pts = ", ".join(f"{n} {p}" for p, n in sorted(v["points"].items()))
         print(f"chaos: killers {k:9}: {v['killed']} SIGKILLed ({pts})")
+    m = s["killers"].get("map")
+    if m:
+        print(f"chaos: map killers: {m['requests']} MapModel/MapTensors/UnmapModel pipelined, "
+              f"{m['replies_read']} replies read ({m['fds_received']} fds, {m['ebusy']} EBUSY "
+              f"for unsent descriptor replies) before the kill")
+    sc = s.get("stall_cq", [])
+    ss = s.get("stall_sock", [])
+    if sc or ss:
+        print(f"chaos: stalled: {len(sc)} never reaping their CQ ("
+              + ", ".join(f"{r['mode']}: {r['submitted']} submitted, {r['sq_waiting']} waiting "
+                          f"in the SQ" for r in sc)
+              + f"), {len(ss)} never reading their socket ("
+              + ", ".join(f"{r['frames_sent']} requests taken before the daemon stopped "
+                          f"reading, {r.get('daemon_queued_replies', '?')} replies "
+                          f"({r.get('daemon_queued_bytes', 0) / 2**20:.1f} MiB) queued unsent"
+                          for r in ss)
+              + f"); daemon CPU with only them left {s['stalled_daemon_cpu']:.3f} of a core")
     t = s["truncated_loads"]
     print(f"chaos: truncated loads: {t['failed_cleanly']} failed cleanly {t['errors']}, "
           f"{t['loaded_first']} finished before the truncation")
@@ -448,6 +743,12 @@ def main():
     ap.add_argument("--wb", type=int, default=3)
     ap.add_argument("--truncators", type=int, default=2)
     ap.add_argument("--truncations", type=int, default=10, help="loads per truncator")
+    ap.add_argument("--stall-cq", type=int, default=2,
+                    help="clients that submit and never reap (half through libradiance, half "
+                         "past their CQ space on a ring of their own), alive through the run")
+    ap.add_argument("--stall-sock", type=int, default=2,
+                    help="clients that send control requests and never read a reply, alive "
+                         "through the run")
     ap.add_argument("--seconds", type=float, default=0.0,
                     help="the well-behaved wait bound (default: derived, see above)")
     ap.add_argument("--rss-slack-mib", type=int, default=RSS_SLACK_MIB,
@@ -467,8 +768,8 @@ def main():
     ap.add_argument("--args", default="[]", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.role:
-        {"flood": role_flood, "wb": role_wb, "trunc": role_trunc,
-         "canary": role_canary}[a.role](*json.loads(a.args))
+        {"flood": role_flood, "wb": role_wb, "trunc": role_trunc, "canary": role_canary,
+         "stall_cq": role_stall_cq, "stall_sock": role_stall_sock}[a.role](*json.loads(a.args))
         return 0
 
     t_start = time.monotonic()
@@ -477,6 +778,8 @@ def main():
     d = conftest.Daemon(tmp, "--preload", str(conftest.CKPT), "--sched-chunk-rows",
                         str(a.daemon_chunk_rows), "--max-sessions", str(a.parallel + 256),
                         "--hello-timeout-ms", "2000", "--log-level", "warn",
+                        # MapModel on the cpu backend: a memfd of the host arrays
+                        *(["--fake-share", "1"] if a.backend == "cpu" else []),
                         "--backend", a.backend).start()
     steps = 1 if a.backend == "gpu" else 0
     procs = []
@@ -512,10 +815,15 @@ def main():
 
         def spawn(role, *args):
             out = Path(tmp) / f"{role}-{len(procs)}.json"
-            argv = [sock, str(stop), str(out)] if role != "trunc" else [sock, str(out)]
+            argv = [sock, str(stop), str(out)] if role not in ("trunc", "stall_cq", "stall_sock") \
+                else [sock, str(out)]
             p = subprocess.Popen(me + [role, "--args", json.dumps(argv + list(args))],
                                  preexec_fn=conftest._die_with_parent)
             procs.append((role, p, out))
+        for i in range(a.stall_cq):
+            spawn("stall_cq", "raw" if i % 2 == 0 else "lib")
+        for i in range(a.stall_sock):
+            spawn("stall_sock", 200 + i)
         for _ in range(a.flooders):
             spawn("flood")
         for i in range(a.wb):
@@ -537,7 +845,10 @@ def main():
                 p.wait(600)
         stop.touch()
         results = {}
+        stallers = [(role, p, out) for role, p, out in procs if role.startswith("stall")]
         for role, p, out in procs:
+            if role.startswith("stall"):
+                continue
             rc = p.wait(600)
             if rc != 0 or not out.exists():
                 violations.append(f"{role} client exited {rc}")
@@ -546,6 +857,39 @@ def main():
         if d.proc.poll() is not None:
             violations.append(f"radianced died (exit {d.proc.returncode})")
             raise SystemExit(1)
+
+        # Only the stalled clients are left, still stalled: the daemon has
+        # nothing to do and must take no CPU (an executor polling an SQ that
+        # waits for CQ room took a core), then they are killed.
+        for role, p, out in stallers:
+            if p.poll() is not None or not out.exists():
+                violations.append(f"{role} client exited {p.poll()} before it stalled")
+                continue
+            results.setdefault(role, []).append(json.loads(out.read_text()))
+        time.sleep(0.5)
+        cpu0, t0 = proc_cpu_s(d.pid), time.monotonic()
+        time.sleep(2.0)
+        stalled_cpu = (proc_cpu_s(d.pid) - cpu0) / (time.monotonic() - t0)
+        if stallers and stalled_cpu > STALLED_CPU_MAX:
+            violations.append(f"radianced used {stalled_cpu:.2f} of a core with only stalled "
+                              f"clients left (at most {STALLED_CPU_MAX})")
+        for r in results.get("stall_cq", []):
+            if r["mode"] == "raw" and not (r["cq_full"] and r["sq_waiting"] == 4):
+                violations.append(f"the raw stall_cq client did not stall as meant: {r}")
+        # the daemon's own account: what it queued before it stopped reading
+        said = {int(k): (int(b), int(n)) for k, b, n in re.findall(
+            r"'chaos-stall-sock(\d+)'\): (\d+) bytes of replies \((\d+) messages\) unsent: it "
+            r"does not read its socket", d.log())}
+        for r in results.get("stall_sock", []):
+            if r["seed"] in said:
+                r["daemon_queued_bytes"], r["daemon_queued_replies"] = said[r["seed"]]
+        said = len(said)
+        if said < a.stall_sock:
+            violations.append(f"{a.stall_sock} clients never read their socket; the daemon "
+                              f"logged {said}")
+        for role, p, out in stallers:
+            p.kill()
+            p.wait()
 
         # settle: the daemon drops dead sessions after the round in progress
         deadline = time.monotonic() + 10
@@ -609,8 +953,11 @@ def main():
         summary = {
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "machine": f"{os.cpu_count()} cpus, {os.uname().machine}",
-            "killers": {k: {"killed": s["killed"], "points": s["points"]}
+            "killers": {k: {key: v for key, v in s.items() if key != "child_errors"}
                         for k, s in kstats.items()},
+            "stall_cq": results.get("stall_cq", []),
+            "stall_sock": results.get("stall_sock", []),
+            "stalled_daemon_cpu": stalled_cpu,
             "killer_phase_s": round(t_kill, 1),
             "flood_requests": sum(r["requests"] for r in fl),
             "flood_rows": sum(r["rows"] for r in fl),

@@ -317,6 +317,21 @@ static inline int h_count_fds(pid_t pid)
 	return n;
 }
 
+/* Whether this build runs under AddressSanitizer or ThreadSanitizer (so is
+ * the daemon that make check SAN=... starts): their shadow memory and
+ * quarantine make RSS figures meaningless. */
+static inline int h_sanitized(void)
+{
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+	return 1;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+	return 1;
+#endif
+#endif
+	return 0;
+}
+
 /* VmRSS of pid in KiB, or -1. */
 static inline long h_rss_kib(pid_t pid)
 {
@@ -331,6 +346,44 @@ static inline long h_rss_kib(pid_t pid)
 			break;
 	fclose(f);
 	return kib;
+}
+
+/* The state letter ('R' running, 'S' asleep, ...) and CPU time (utime +
+ * stime, clock ticks) of pid's thread named `comm` (pthread_setname_np),
+ * from /proc/PID/task/TID/stat. 0, or -1 when no such thread. */
+static inline int h_thread_stat(pid_t pid, const char *comm, char *state, long long *ticks)
+{
+	char path[96], buf[512];
+	snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
+	DIR *dir = opendir(path);
+	if (!dir)
+		return -1;
+	int rc = -1;
+	struct dirent *e;
+	while (rc < 0 && (e = readdir(dir))) {
+		if (e->d_name[0] == '.')
+			continue;
+		snprintf(path, sizeof path, "/proc/%d/task/%.16s/stat", (int)pid, e->d_name);
+		FILE *f = fopen(path, "r");
+		if (!f)
+			continue;
+		size_t n = fread(buf, 1, sizeof buf - 1, f);
+		fclose(f);
+		buf[n] = 0;
+		/* "TID (comm) S ...": comm may hold spaces, so from the last ')' */
+		char *open = strchr(buf, '('), *close = strrchr(buf, ')');
+		if (!open || !close || (size_t)(close - open - 1) != strlen(comm) ||
+		    strncmp(open + 1, comm, strlen(comm)) != 0)
+			continue;
+		unsigned long long ut, st;
+		if (sscanf(close + 2, "%c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu",
+			   state, &ut, &st) == 3) {
+			*ticks = (long long)(ut + st);
+			rc = 0;
+		}
+	}
+	closedir(dir);
+	return rc;
 }
 
 /* Runs captured layer hl through the daemon on handle r (model_id held) and

@@ -25,6 +25,7 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -649,10 +650,13 @@ struct dp {
 	uint16_t *x, *y;
 };
 
-static void dp_open(struct dp *d)
+/* sq, cq: the rings' entries (0: the defaults). */
+static void dp_open_entries(struct dp *d, uint32_t sq, uint32_t cq)
 {
 	struct radiance_options o = RADIANCE_OPTIONS_INIT;
 	o.timeout_ms = 20000;
+	o.sq_entries = sq;
+	o.cq_entries = cq;
 	o.client_name = "data-plane-faults";
 	d->r = radiance_connect(daemon_.socket, &o);
 	assert_non_null(d->r);
@@ -667,6 +671,11 @@ static void dp_open(struct dp *d)
 	memcpy(d->x, h_ref_find(&ref, h_good_layers[0])->x_bf16, 36 * 384 * 2);
 	d->x_off = (uint64_t)((uint8_t *)d->x - d->r->arena.base);
 	d->y_off = (uint64_t)((uint8_t *)d->y - d->r->arena.base);
+}
+
+static void dp_open(struct dp *d)
+{
+	dp_open_entries(d, 0, 0);
 }
 
 /* Pushes a request as given, bypassing every check of radiance_submit. */
@@ -972,6 +981,80 @@ static void cq_doorbell_cannot_block_the_daemon(void **state)
 	radiance_disconnect(d.r);
 }
 
+/* Whether the daemon's executor thread is asleep: 18 of 20 looks at its
+ * state over a second find it blocked ('S': in epoll_wait), not running or
+ * runnable ('R'), which a thread that polls in a loop always is. */
+static int executor_sleeps(long long *ticks_used)
+{
+	int asleep = 0;
+	long long t0 = 0, t = 0;
+	for (int i = 0; i < 20; i++) {
+		char st = '?';
+		assert_int_equal(h_thread_stat(daemon_.pid, "radiance-exec", &st, &t), 0);
+		if (i == 0)
+			t0 = t;
+		asleep += st == 'S';
+		h_sleep_ms(50);
+	}
+	*ticks_used = t - t0;
+	return asleep >= 18;
+}
+
+/* A client that breaks the ring contract (at most cq_entries requests in
+ * flight): it submits past its CQ space and never reaps. The daemon leaves
+ * what has no room for its result in the SQ (test_sched's
+ * test_exec_cq_room), and it must not poll that ring in a loop: the
+ * executor used to take the waiting SQ entries for work on every idle check
+ * and never slept, a whole core spent for as long as the client stalled
+ * (on a 2-core machine, the CPU every other client's requests ran on). Now
+ * it sleeps and looks at such a CQ again every few ms; other clients are
+ * served meanwhile, and once this one reaps, the rest complete. */
+static void cq_never_reaped_executor_sleeps(void **state)
+{
+	struct dp d;
+	dp_open_entries(&d, 4, 4);
+	struct radiance_shm_header *h = (struct radiance_shm_header *)d.r->segment;
+	Rdw__LinearRequest req = dp_good(&d);
+	req.rows = 1;
+	for (int i = 0; i < 4; i++) {
+		req.request_id = 100u + (uint64_t)i;
+		dp_push(&d, &req);
+	}
+	/* the CQ fills with their results, never reaped... */
+	double deadline = h_now() + 20.0;
+	while (__atomic_load_n(&h->cq.tail, __ATOMIC_ACQUIRE) -
+	       __atomic_load_n(&h->cq.head, __ATOMIC_ACQUIRE) < 4) {
+		assert_true(h_now() < deadline);
+		h_sleep_ms(1);
+	}
+	/* ... and four more wait in the SQ with no room for their results */
+	for (int i = 4; i < 8; i++) {
+		req.request_id = 100u + (uint64_t)i;
+		dp_push(&d, &req);
+	}
+	int slept = 0;
+	long long ticks = 0;
+	for (int tries = 0; tries < 10 && !slept; tries++)
+		slept = executor_sleeps(&ticks);
+	if (!slept)
+		fail_msg("the executor never slept in 10 s with the SQ of a session whose CQ is full "
+			 "waiting: it polls that ring in a loop (%lld clock ticks of CPU in its last "
+			 "second, %ld a second)", ticks, sysconf(_SC_CLK_TCK));
+	assert_int_equal(h_good_client(daemon_.socket, &ref), 0);
+	assert_int_equal(__atomic_load_n(&h->sq.head, __ATOMIC_ACQUIRE), 4);   /* not taken */
+	int seen = 0;
+	for (int i = 0; i < 8; i++) {
+		struct radiance_completion c;
+		assert_int_equal(radiance_wait(d.r, &c, 10000), 1);
+		assert_int_equal(c.status, 0);
+		assert_true(c.request_id >= 100 && c.request_id < 108);
+		seen |= 1 << (c.request_id - 100);
+	}
+	assert_int_equal(seen, 0xFF);
+	dp_expect_good(&d);
+	radiance_disconnect(d.r);
+}
+
 /* Misuse of a handle that the library can see: a forked child using its
  * parent's handle (once corrupted the parent's session, which then blamed
  * the daemon), NULL result pointers, a layer index that wrapped the message,
@@ -1056,6 +1139,93 @@ static void client_gone_with_unread_replies(void **state)
 				       "with"), 1);
 	assert_int_equal(h_count_lines(daemon_.log, "bad file descriptor"), 0);
 	assert_int_equal(h_count_lines(daemon_.log, "send failed"), 0);
+}
+
+/* A client that pipelines requests and never reads the replies: the daemon
+ * queues at most SESSION_OUT_HIGH_WATER (8 MiB) of them, then reads none of
+ * its requests, so the client's sends stop being taken; it says so once,
+ * its memory stays bounded, and it serves everybody else meanwhile. When
+ * the client reads, every request it sent is answered, none lost. */
+static void replies_never_read_are_bounded(void **state)
+{
+	struct raw w;
+	raw_open(&w);
+	raw_hello(&w);
+	long rss0 = h_rss_kib(daemon_.pid);
+	/* one ListModels frame (its reply is ~34 bytes), many times over;
+	 * the stream is sent from wherever the socket stopped taking it */
+	Rdw__ListModels lm = RDW__LIST_MODELS__INIT;
+	Rdw__ClientMessage m = RDW__CLIENT_MESSAGE__INIT;
+	m.msg_case = RDW__CLIENT_MESSAGE__MSG_LIST_MODELS;
+	m.list_models = &lm;
+	m.tag = 7;
+	uint32_t flen = (uint32_t)protobuf_c_message_get_packed_size(&m.base);
+	enum { FRAMES = 4096 };
+	uint8_t *buf = malloc((size_t)FRAMES * (4 + flen));
+	assert_non_null(buf);
+	for (size_t i = 0; i < FRAMES; i++) {
+		memcpy(buf + i * (4 + flen), &flen, 4);
+		protobuf_c_message_pack(&m.base, buf + i * (4 + flen) + 4);
+	}
+	/* a send that waits 2 s untaken: the daemon stopped reading */
+	struct timeval tv = { .tv_sec = 2 };
+	assert_int_equal(setsockopt(w.conn.fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv), 0);
+	const size_t stream = (size_t)FRAMES * (4 + flen);
+	/* with no bound, 2 M requests queue ~64 MiB of replies; stop there */
+	const uint64_t cap = 2000000ull * (4 + flen);
+	uint64_t sent = 0;
+	for (;;) {
+		size_t at = (size_t)(sent % stream);
+		ssize_t n = send(w.conn.fd, buf + at, stream - at, MSG_NOSIGNAL);
+		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+			break;
+		assert_true(n > 0);
+		sent += (uint64_t)n;
+		if (sent >= cap)
+			break;
+	}
+	free(buf);
+	long rss = h_rss_kib(daemon_.pid);
+	uint64_t requests = sent / (4 + flen);
+	printf("# %llu requests sent unread before the daemon stopped taking them; its RSS "
+	       "%ld -> %ld KiB\n", (unsigned long long)requests, rss0, rss);
+	if (sent >= cap)
+		fail_msg("the daemon took %llu requests from a client that reads no reply, and reads on "
+			 "(RSS %ld -> %ld KiB)", (unsigned long long)requests, rss0, rss);
+	assert_int_equal(log_lines("unsent: it does not read its socket; reading none of its "
+				   "requests until it does", "(at most 8 MiB"), 1);
+	/* the 8 MiB of replies and the buffer they grew in, and nothing per
+	 * request (a sanitizer's quarantine keeps every freed reply) */
+	if (!h_sanitized())
+		assert_true(rss - rss0 < 12 * 1024);
+	assert_int_equal(h_good_client(daemon_.socket, &ref), 0);
+	/* now it reads: every whole request sent is answered; then the rest
+	 * of the last one, cut where the socket stopped taking the stream */
+	for (uint64_t i = 0; i <= requests; i++) {
+		if (i == requests) {
+			uint64_t part = sent % (4 + flen);
+			if (!part)
+				break;
+			uint8_t frame[64];
+			assert_true(4 + flen <= sizeof frame);
+			memcpy(frame, &flen, 4);
+			protobuf_c_message_pack(&m.base, frame + 4);
+			raw_send_bytes(&w, frame + part, (size_t)(4 + flen - part), NULL, 0);
+		}
+		Rdw__ServerMessage *reply;
+		int rc = raw_recv(&w, &reply, 10000);
+		if (rc != 1)
+			fail_msg("reply %llu of %llu: %d", (unsigned long long)i,
+				 (unsigned long long)requests, rc);
+		int got = reply->msg_case;
+		uint64_t tag = reply->tag;
+		rdw__server_message__free_unpacked(reply, NULL);
+		assert_int_equal(got, RDW__SERVER_MESSAGE__MSG_MODEL_LIST);
+		assert_int_equal(tag, 7);
+	}
+	assert_int_equal(log_count("reads its replies again"), 1);
+	raw_expect_alive(&w);
+	raw_close(&w);
 }
 
 static void sigkill_client_mid_stream(void **state)
@@ -1406,8 +1576,10 @@ int main(void)
 		T(corrupted_cq_head),
 		T(header_scribbled),
 		T(cq_doorbell_cannot_block_the_daemon),
+		T(cq_never_reaped_executor_sleeps),
 		T(handle_misuse),
 		T(client_gone_with_unread_replies),
+		T(replies_never_read_are_bounded),
 		T(sigkill_client_mid_stream),
 		T(sigkill_client_while_loading),
 		T(checkpoint_shrinks_while_loading),

@@ -819,14 +819,7 @@ static void cpu_scratch_oom_names_size_and_options(void **state)
 		 radiance_cpu_fast_scratch_bytes_for(&(struct radiance_cpu_fast_options){
 			 .simd = RADIANCE_CPU_SIMD_AUTO, .max_rows = 65536, .max_k = 1u << 20 }));
 
-	int sanitized = 0;
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-	sanitized = 1;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-	sanitized = 1;
-#endif
-#endif
+	int sanitized = h_sanitized();
 	struct rlimit old;
 	char *saved[2] = { NULL, NULL };
 	const char *vars[2] = { "ASAN_OPTIONS", "TSAN_OPTIONS" };

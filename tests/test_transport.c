@@ -295,6 +295,60 @@ static void test_large_frame_partial_io(void **state)
 	free(big);
 }
 
+/* rconn_pending_frames counts the frames not completely sent, also after
+ * a flush stopped inside a frame and the next queue moved the unsent bytes
+ * to the front of the buffer: it used to walk length prefixes from byte 0,
+ * which is then the middle of a frame, and said 1 for 8 MiB of replies
+ * (the daemon's "N replies unsent" and "does not read its socket" lines). */
+static void test_pending_frames_after_partial_send(void **state)
+{
+	struct fixture *f = *state;
+	int sz = 4096;
+	setsockopt(f->a.fd, SOL_SOCKET, SO_SNDBUF, &sz, sizeof sz);
+	setsockopt(f->b.fd, SOL_SOCKET, SO_RCVBUF, &sz, sizeof sz);
+	enum { L = 100, N = 1000 };   /* 104 bytes a frame with its prefix */
+	uint8_t body[L];
+	for (size_t i = 0; i < L; i++)
+		body[i] = (uint8_t)(0xA0 + i);   /* no byte of it reads as a small length */
+	for (int i = 0; i < N; i++)
+		assert_int_equal(rconn_queue(&f->a, body, L, NULL, 0), 0);
+	assert_int_equal(rconn_pending_frames(&f->a), N);
+	assert_int_equal(rconn_flush(&f->a), -EAGAIN);
+	size_t unsent = rconn_pending(&f->a);
+	assert_true(unsent < (size_t)N * (4 + L));
+	if (unsent % (4 + L) == 0) {
+		/* cut inside a frame, which is the case that matters */
+		uint8_t sink[7];
+		assert_int_equal(recv(f->b.fd, sink, sizeof sink, 0), (ssize_t)sizeof sink);
+		int rc = rconn_flush(&f->a);
+		assert_true(rc == -EAGAIN || rc == 0);
+		unsent = rconn_pending(&f->a);
+	}
+	size_t want = (unsent + 4 + L - 1) / (4 + L);
+	assert_int_equal(rconn_pending_frames(&f->a), want);
+	/* the next queue compacts the buffer: still right */
+	assert_int_equal(rconn_queue(&f->a, body, L, NULL, 0), 0);
+	assert_int_equal(rconn_pending_frames(&f->a), want + 1);
+	/* and every frame arrives whole, in order, as it went out */
+	const uint8_t *d;
+	size_t len;
+	for (int got = 0; got < N + 1; got++) {
+		int rc;
+		while ((rc = rconn_next_frame(&f->b, &d, &len)) == 0) {
+			rc = rconn_flush(&f->a);
+			assert_true(rc == 0 || rc == -EAGAIN);
+			rc = rconn_read(&f->b);
+			assert_true(rc > 0 || rc == -EAGAIN);
+		}
+		assert_int_equal(rc, 1);
+		assert_int_equal(len, L);
+		assert_memory_equal(d, body, L);
+		size_t left = rconn_pending(&f->a);
+		assert_int_equal(rconn_pending_frames(&f->a), (left + 4 + L - 1) / (4 + L));
+	}
+	assert_int_equal(rconn_pending_frames(&f->a), 0);
+}
+
 static void test_blocking_split_writes(void **state)
 {
 	struct fixture *f = *state;
@@ -324,6 +378,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_eof, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_large_frame_partial_io, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_blocking_split_writes, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_pending_frames_after_partial_send, setup, teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

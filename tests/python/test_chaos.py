@@ -1,6 +1,8 @@
 """A CI-sized run of tests/chaos.py (make chaos runs the full one): 60
-clients SIGKILLed in the handshake, in a load and with requests in flight,
-a flooder, truncated loads and checked clients against one daemon; every
+clients SIGKILLed in the handshake, in a load, with requests in flight and
+in a MapModel / MapTensors exchange, clients that never reap their CQ or
+never read their socket (the daemon must idle while only they are left), a
+flooder, truncated loads and checked clients against one daemon; every
 checked result must be bit-exact and the daemon's descriptors, shared-memory
 mappings, RSS, sessions and models back to the baseline afterwards. The wait
 bound is 30 s here: a hang detector, not a speed check."""
