@@ -1084,19 +1084,9 @@ int main(int argc, char **argv)
 					   ? "is radianced running? --socket PATH or $RADIANCE_SOCKET "
 					     "names another socket"
 					   : NULL;
-		/* Permission denied alone does not say what to change: the
-		 * socket is owner-only unless the daemon was given a group */
-		char perm[300];
-		if (e == EACCES) {
-			snprintf(perm, sizeof perm, "uid %u may not connect (the socket's mode, or a "
-				 "directory above it, keeps it out): members of the group named by "
-				 "radianced's --group (config key group), or by SocketGroup= of "
-				 "radianced.socket (radiance) under socket activation, may",
-				 (unsigned)geteuid());
-			hint = perm;
-		}
 		/* the library's reason names the path and, for a refusal, gives
-		 * the daemon's text (e.g. "too many sessions (the limit is 64)") */
+		 * the daemon's text (e.g. "too many sessions (the limit is 64)");
+		 * for EACCES it says who may connect */
 		if (c.connect_error[0])
 			return report(&c, EXIT_CONNECT, e, hint, "%s", c.connect_error);
 		return report(&c, EXIT_CONNECT, e, hint, "cannot connect to %s: %s", path,

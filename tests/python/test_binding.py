@@ -6,8 +6,12 @@ carrying the daemon's text."""
 import errno
 import os
 import re
-import time
+import shutil
+import socket
 import subprocess
+import sys
+import tempfile
+import time
 
 import ml_dtypes
 
@@ -97,6 +101,47 @@ def test_connect_failures_name_the_socket(tmp_path):
     with pytest.raises(radiance.RadianceError) as ei:
         radiance.Client(f, timeout=-1)
     assert ei.value.errno == errno.EINVAL and "timeout" in ei.value.message
+
+
+def _client_in_a_child(code, as_nobody=False):
+    """Runs `code` (radiance imported, no logging configured) in a fresh
+    interpreter, as uid 65534 through setpriv when as_nobody."""
+    env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
+    argv = [sys.executable, "-c", "import radiance\n" + code]
+    if as_nobody:
+        argv = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] + argv
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_permission_denied_says_who_may_connect():
+    # a socket that is there but not this user's: libradiance's message says
+    # what lets a user in (radiancectl shows the same text)
+    if os.geteuid() == 0 and shutil.which("setpriv") is None:
+        pytest.skip("as root this needs setpriv to connect as another uid")
+    d = tempfile.mkdtemp(prefix="radiance-eacces-")
+    try:
+        os.chmod(d, 0o711)
+        path = os.path.join(d, "r.sock")
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as ls:
+            ls.bind(path)
+            ls.listen(1)
+            os.chmod(path, 0o600 if os.geteuid() == 0 else 0)
+            code = (f"try:\n    radiance.Client({path!r})\n"
+                    "except radiance.RadianceError as e:\n    print(e.code)\n    print(e.message)\n"
+                    "import os\nprint(os.geteuid())\n")
+            out = _client_in_a_child(code, as_nobody=os.geteuid() == 0)
+    finally:
+        shutil.rmtree(d)
+    lines = out.stdout.splitlines()
+    assert out.returncode == 0 and len(lines) == 3, out.stdout + out.stderr
+    code, message, uid = lines
+    assert code == "EACCES"
+    assert message.startswith(f"cannot connect to {path}: Permission denied: uid {uid} may "
+                              "not connect"), message
+    for needle in ("radianced's --group", "config key group", "SocketGroup="):
+        assert needle in message, message
+    assert "is radianced running" not in message
+    assert out.stderr == ""   # raised, not also printed
 
 
 def test_default_socket_follows_env(monkeypatch, tmp_path):
