@@ -4,6 +4,7 @@ layouts the C API cannot take (non-contiguous, transposed, broadcast) give
 the same bits as their contiguous copies, shapes, splitting, async, errors
 carrying the daemon's text."""
 import errno
+import logging
 import os
 import re
 import shutil
@@ -142,6 +143,30 @@ def test_permission_denied_says_who_may_connect():
         assert needle in message, message
     assert "is radianced running" not in message
     assert out.stderr == ""   # raised, not also printed
+
+
+def test_connect_failure_is_raised_not_also_printed(tmp_path):
+    # with no logging configured, logging's last-resort handler printed the
+    # library's warning before the traceback said it again
+    path = str(tmp_path / "none.sock")
+    out = _client_in_a_child(f"radiance.Client({path!r})")
+    assert out.returncode == 1
+    assert "RadianceError" in out.stderr
+    assert out.stderr.count(f"cannot connect to {path}") == 1, out.stderr
+
+
+def test_library_warnings_reach_the_radiance_logger(client, tmp_path, caplog):
+    # with logging configured, a failure that is raised is not logged as a
+    # warning too, while a warning with no return code to say it is
+    with caplog.at_level(logging.DEBUG, logger="radiance"):
+        with pytest.raises(radiance.RadianceError):
+            radiance.Client(tmp_path / "none.sock")
+        assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
+        s = client._sess()
+        client._lib.radiance_arena_free(s.h, client._ffi.cast("void *", 4096))
+    warned = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert [(r.name, r.getMessage()) for r in warned] == \
+        [("radiance", "radiance_arena_free(0x1000): not an arena block")]
 
 
 def test_default_socket_follows_env(monkeypatch, tmp_path):
