@@ -356,7 +356,12 @@ struct radiance_load_options {
 	uint32_t size;                   /* sizeof(struct radiance_load_options) */
 	const char *name;                /* model name; NULL or "": the basename
 	                                    of the directory (as the daemon names
-	                                    preloaded checkpoints) */
+	                                    preloaded checkpoints; "." and ".."
+	                                    resolved to the directory they name).
+	                                    Printable UTF-8 of 1..255 bytes, no
+	                                    '/', not "." or "..", no space at
+	                                    either end, else the load fails with
+	                                    -EINVAL saying which */
 	radiance_load_progress_fn progress;   /* may be NULL */
 	void *progress_user;
 };

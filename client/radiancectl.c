@@ -27,6 +27,7 @@
 #include <jansson.h>
 
 #include "radiance.h"
+#include "text.h"   /* the model name rule, shared with the daemon */
 
 enum {
 	EXIT_OK = 0,
@@ -95,7 +96,8 @@ static void usage(FILE *f)
 		"                      /run/radiance/radiance-N.sock (as $RADIANCE_DEVICE=N)\n"
 		"  -j, --json          print one JSON document on stdout; a failure is\n"
 		"                      {\"error\": {\"code\", \"errno\", \"message\"}} there too\n"
-		"  -n, --name NAME     (load) model name\n"
+		"  -n, --name NAME     (load) model name: printable, no '/', not . or ..,\n"
+		"                      no space at either end\n"
 		"      --hold          (load) keep the model loaded until interrupted\n"
 		"  -v, --verbose       log what libradiance does to stderr\n"
 		"  -h, --help          this text\n"
@@ -986,6 +988,11 @@ int main(int argc, char **argv)
 		case 'n':
 			if (!*optarg)
 				return usage_error("--name needs a model name, not an empty string");
+			/* the daemon's rule, said before anything is loaded */
+			char why[512];
+			if (rtext_check_model_name("--name", optarg, RTEXT_NAME_MAX, why,
+						   sizeof why) < 0)
+				return usage_error("%s", why);
 			c.name = optarg;
 			break;
 		case OPT_HOLD:

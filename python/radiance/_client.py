@@ -481,7 +481,9 @@ class Client(ClosedWhenCollected):
         to the resident copy of the very same files, under the name it
         already has) and returns its Model.
 
-        name: model name (default: the directory's basename).
+        name: model name (default: the directory's basename): printable
+            text of 1..255 bytes (UTF-8) without '/', not "." or "..", with
+            no space at either end (the daemon refuses others, EINVAL).
         progress: called as progress(done_bytes, total_bytes) while the
             daemon reads; an exception it raises is re-raised once the load
             has finished (the load itself cannot be interrupted), and the

@@ -230,6 +230,23 @@ def test_daemon_errors_carry_its_text(client, tmp_path):
     assert client.load(CKPT).linear(Q, rand((1, 384))).shape == (1, 384)
 
 
+@pytest.mark.parametrize("name, why", [
+    (" ", '" " begins with a space'), ("..", '".." is a directory\'s name'),
+    ("a/b", "\"a/b\" has a '/' at byte 1"), ("x" * 256, "is 256 bytes long"),
+    ("bell\x07", "has a control character (0x07) at byte 4")])
+def test_model_names_the_daemon_refuses(client, name, why):
+    # the daemon's rule, the same for every client: the name and the rule
+    with pytest.raises(radiance.RadianceError) as ei:
+        client.load(CKPT, name=name)
+    assert ei.value.errno == errno.EINVAL
+    assert "LoadModel.name" in ei.value.message and why in ei.value.message, ei.value.message
+    assert re.search(r"; a (model )?name (is|must)", ei.value.message)   # and the rule
+    with pytest.raises(radiance.RadianceError) as ei:
+        client.attach(name)
+    assert ei.value.errno == errno.EINVAL and "AttachModel.name" in ei.value.message
+    assert name not in [r.name for r in client.resident_models()]
+
+
 def test_progress_exception_is_reraised_after_the_load(client):
     class Stop(Exception):
         pass
