@@ -6,8 +6,10 @@
 # SET: 27b (16 blocks, 3.8 GB, on the GPU backend) or minilm (2 blocks, cpu).
 # Env: BUILD (build), BACKEND (gpu for 27b, cpu for minilm), BLOCKS,
 #      CKPT (a checkpoint bench_serve gen wrote already: not written again),
-#      DAEMON_ARGS (more radianced options), WORK (where the checkpoint and
-#      socket go: a fresh directory under /dev/shm, else TMPDIR).
+#      DAEMON_ARGS (more radianced options; not one given here already,
+#      --backend, --max-rows, ...: radianced refuses an option given twice),
+#      WORK (where the checkpoint and socket go: a fresh directory under
+#      /dev/shm, else TMPDIR).
 # Exit: bench_serve's status (1 when a result was wrong), 1 when the daemon
 # did not start.
 set -u

@@ -609,6 +609,16 @@ static int session_open(struct radiance *r)
 	}
 	if (rc == -ENOTSOCK)
 		return radiance__client_fail(r, rc, "%s exists and is not a socket", path);
+	/* Permission denied alone does not say what to change: the socket is
+	 * owner-only unless the daemon was given a group. Said here, so every
+	 * client (radiancectl, Python, a program's log callback) gets it. */
+	if (rc == -EACCES)
+		return radiance__client_fail(r, rc, "%s: uid %u may not connect (the socket's mode, "
+					     "or a directory above it, keeps it out): members of "
+					     "the group named by radianced's --group (config key "
+					     "group), or by SocketGroup= of radianced.socket "
+					     "(radiance) under socket activation, may",
+					     strerror(EACCES), (unsigned)geteuid());
 	if (rc < 0 && tries > 1)
 		return radiance__client_fail(r, rc, "%s (still, after %d tries in %lld ms: "
 					     "connect_timeout_ms)", strerror(-rc), tries,

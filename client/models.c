@@ -233,6 +233,7 @@ static int load_model(struct radiance *r, const char *dir, const struct radiance
 	struct radiance_load_options o = RADIANCE_LOAD_OPTIONS_INIT;
 	char err[512];
 	char **names;
+	char *base = NULL;   /* the default name */
 	int rc;
 
 	if (r->error)
@@ -276,12 +277,24 @@ static int load_model(struct radiance *r, const char *dir, const struct radiance
 
 	/* Default name: the directory's basename, as the daemon names preloaded
 	 * checkpoints and radiance_checkpoint_load_dir() names local loads, so
-	 * one checkpoint has one name however it got resident. */
-	char base[256];
+	 * one checkpoint has one name however it got resident. "." and ".."
+	 * are no model names (rtext_check_model_name): the directory they
+	 * stand for names it. Not cut: a name too long is the daemon's to
+	 * refuse, saying so. */
 	if (!o.name || !*o.name) {
 		size_t len;
+		char *real = NULL;
 		const char *last = rcheckpoint_dir_name(dir, &len);
-		snprintf(base, sizeof base, "%.*s", (int)len, last);
+		if ((len == 1 && last[0] == '.') || (len == 2 && !memcmp(last, "..", 2))) {
+			if ((real = realpath(dir, NULL)))
+				last = rcheckpoint_dir_name(real, &len);
+		}
+		base = strndup(last, len);
+		free(real);
+		if (!base) {
+			rc = radiance__client_fail(r, -ENOMEM, "out of memory");
+			goto out_fds;
+		}
 		o.name = base;
 	}
 	Rdw__LoadModel load = RDW__LOAD_MODEL__INIT;
@@ -300,6 +313,7 @@ static int load_model(struct radiance *r, const char *dir, const struct radiance
 		rdw__server_message__free_unpacked(reply, NULL);
 	}
 out_fds:
+	free(base);
 	while (nfds > 0)
 		close(fds[--nfds]);
 out_names:

@@ -356,7 +356,12 @@ struct radiance_load_options {
 	uint32_t size;                   /* sizeof(struct radiance_load_options) */
 	const char *name;                /* model name; NULL or "": the basename
 	                                    of the directory (as the daemon names
-	                                    preloaded checkpoints) */
+	                                    preloaded checkpoints; "." and ".."
+	                                    resolved to the directory they name).
+	                                    Printable UTF-8 of 1..255 bytes, no
+	                                    '/', not "." or "..", no space at
+	                                    either end, else the load fails with
+	                                    -EINVAL saying which */
 	radiance_load_progress_fn progress;   /* may be NULL */
 	void *progress_user;
 };
@@ -365,8 +370,9 @@ struct radiance_load_options {
 
 /* Loads the checkpoint in directory dir (AutoRound auto_round:auto_gptq int4,
  * group size 128: config.json, quantization_config.json when present,
- * model.safetensors or model.safetensors.index.json and its shards). The
- * library opens those files itself, read-only, and passes their descriptors
+ * model.safetensors or model.safetensors.index.json and its shards; a
+ * directory with both is refused with -EINVAL, naming them, unless the
+ * index names model.safetensors as a shard). The library opens those files itself, read-only, and passes their descriptors
  * to the daemon, so the daemon reads exactly what this process can read.
  *
  * Deduplication is by file identity, not by name: if the daemon already

@@ -27,6 +27,7 @@
 #include <jansson.h>
 
 #include "radiance.h"
+#include "text.h"   /* the model name rule, shared with the daemon */
 
 enum {
 	EXIT_OK = 0,
@@ -95,7 +96,8 @@ static void usage(FILE *f)
 		"                      /run/radiance/radiance-N.sock (as $RADIANCE_DEVICE=N)\n"
 		"  -j, --json          print one JSON document on stdout; a failure is\n"
 		"                      {\"error\": {\"code\", \"errno\", \"message\"}} there too\n"
-		"  -n, --name NAME     (load) model name\n"
+		"  -n, --name NAME     (load) model name: printable, no '/', not . or ..,\n"
+		"                      no space at either end\n"
 		"      --hold          (load) keep the model loaded until interrupted\n"
 		"  -v, --verbose       log what libradiance does to stderr\n"
 		"  -h, --help          this text\n"
@@ -986,6 +988,11 @@ int main(int argc, char **argv)
 		case 'n':
 			if (!*optarg)
 				return usage_error("--name needs a model name, not an empty string");
+			/* the daemon's rule, said before anything is loaded */
+			char why[512];
+			if (rtext_check_model_name("--name", optarg, RTEXT_NAME_MAX, why,
+						   sizeof why) < 0)
+				return usage_error("%s", why);
 			c.name = optarg;
 			break;
 		case OPT_HOLD:
@@ -1084,19 +1091,9 @@ int main(int argc, char **argv)
 					   ? "is radianced running? --socket PATH or $RADIANCE_SOCKET "
 					     "names another socket"
 					   : NULL;
-		/* Permission denied alone does not say what to change: the
-		 * socket is owner-only unless the daemon was given a group */
-		char perm[300];
-		if (e == EACCES) {
-			snprintf(perm, sizeof perm, "uid %u may not connect (the socket's mode, or a "
-				 "directory above it, keeps it out): members of the group named by "
-				 "radianced's --group (config key group), or by SocketGroup= of "
-				 "radianced.socket (radiance) under socket activation, may",
-				 (unsigned)geteuid());
-			hint = perm;
-		}
 		/* the library's reason names the path and, for a refusal, gives
-		 * the daemon's text (e.g. "too many sessions (the limit is 64)") */
+		 * the daemon's text (e.g. "too many sessions (the limit is 64)");
+		 * for EACCES it says who may connect */
 		if (c.connect_error[0])
 			return report(&c, EXIT_CONNECT, e, hint, "%s", c.connect_error);
 		return report(&c, EXIT_CONNECT, e, hint, "cannot connect to %s: %s", path,

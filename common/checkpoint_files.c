@@ -17,6 +17,22 @@ bool rcheckpoint_shard_name_ok(const char *s)
 	return *s && !strchr(s, '/') && strcmp(s, ".") != 0 && strcmp(s, "..") != 0;
 }
 
+int rcheckpoint_single_beside_index(const json_t *weight_map, const char *where, char *err,
+				    size_t errlen)
+{
+	const char *key;
+	json_t *v;
+	json_object_foreach((json_t *)weight_map, key, v)
+		if (json_is_string(v) && strcmp(json_string_value(v), RADIANCE_CHECKPOINT_SINGLE) == 0)
+			return 0;
+	rlog_errf(err, errlen, "%s: both %s and %s, and the index does not name %s as a shard: "
+		  "which holds the weights is ambiguous (transformers would load %s, vLLM the "
+		  "shards the index names); remove the one that is stale", where,
+		  RADIANCE_CHECKPOINT_SINGLE, RADIANCE_CHECKPOINT_INDEX, RADIANCE_CHECKPOINT_SINGLE,
+		  RADIANCE_CHECKPOINT_SINGLE);
+	return -EINVAL;
+}
+
 const char *rcheckpoint_dir_name(const char *dir, size_t *len)
 {
 	size_t end = strlen(dir);
@@ -139,9 +155,10 @@ void rcheckpoint_files_free(char **names)
 	free(names);
 }
 
-/* Adds the index's shards to the list, sorted after what is there. */
-static int add_shards(int dfd, const char *dir, char ***list, size_t *n, char *err,
-		      size_t errlen)
+/* Adds the index's shards to the list, sorted after what is there; single:
+ * whether model.safetensors is there too. */
+static int add_shards(int dfd, const char *dir, bool single, char ***list, size_t *n,
+		      char *err, size_t errlen)
 {
 	json_t *idx = NULL, *v;
 	const char *key;
@@ -171,6 +188,8 @@ static int add_shards(int dfd, const char *dir, char ***list, size_t *n, char *e
 		rc = -EINVAL;
 		goto out;
 	}
+	if (single && (rc = rcheckpoint_single_beside_index(wm, dir, err, errlen)))
+		goto out;
 	json_object_foreach(wm, key, v) {
 		if (!json_is_string(v) || !rcheckpoint_shard_name_ok(json_string_value(v))) {
 			rlog_errf(err, errlen, "%s/%s: weight_map[\"%s\"] is not a shard file "
@@ -215,17 +234,18 @@ int rcheckpoint_list_files(const char *dir, char ***names, char *err, size_t err
 		goto out;
 	if (rc == 1 && (rc = names_add(&list, &n, RADIANCE_CHECKPOINT_QCONFIG)))
 		goto out;
-	/* the index wins over a stray model.safetensors next to it */
-	if ((rc = stat_regular(dfd, dir, RADIANCE_CHECKPOINT_INDEX, false, err, errlen)) < 0)
+	int index = stat_regular(dfd, dir, RADIANCE_CHECKPOINT_INDEX, false, err, errlen);
+	if ((rc = index) < 0)
 		goto out;
-	if (rc == 1) {
+	int single = stat_regular(dfd, dir, RADIANCE_CHECKPOINT_SINGLE, false, err, errlen);
+	if ((rc = single) < 0)
+		goto out;
+	if (index) {
 		if ((rc = names_add(&list, &n, RADIANCE_CHECKPOINT_INDEX)) ||
-		    (rc = add_shards(dfd, dir, &list, &n, err, errlen)))
+		    (rc = add_shards(dfd, dir, single, &list, &n, err, errlen)))
 			goto out;
 	} else {
-		if ((rc = stat_regular(dfd, dir, RADIANCE_CHECKPOINT_SINGLE, false, err, errlen)) < 0)
-			goto out;
-		if (rc == 0) {
+		if (!single) {
 			rlog_errf(err, errlen, "%s: no weights, expected %s or %s", dir,
 				       RADIANCE_CHECKPOINT_SINGLE, RADIANCE_CHECKPOINT_INDEX);
 			rc = -ENOENT;

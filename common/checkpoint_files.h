@@ -27,6 +27,17 @@
  * checkpoint directory and is refused on both sides. */
 bool rcheckpoint_shard_name_ok(const char *s);
 
+/* A model.safetensors beside model.safetensors.index.json: transformers
+ * loads the single file and vLLM the shards the index names, so the two may
+ * be different weights, and such a checkpoint is refused rather than one of
+ * them picked without a word, unless the index names model.safetensors as
+ * one of its shards (then both loaders read it). weight_map is the index's
+ * (an object); where says whose files they are (the directory, or "the
+ * checkpoint files" of a LoadModel), for the message. 0, or -EINVAL with
+ * err naming both files. */
+int rcheckpoint_single_beside_index(const json_t *weight_map, const char *where, char *err,
+				    size_t errlen);
+
 /* The name a checkpoint directory gives its model when none is asked for:
  * the last component of dir as written (no symlink resolved), trailing
  * slashes dropped; empty for "/" or "". Points into dir, *len bytes (not
@@ -46,14 +57,17 @@ int rcheckpoint_read_json(int fd, const char *fname, json_t **out, char *err,
 /* The files of dir a load sends (LoadModel, or the daemon's own load of a
  * path): config.json (required), quantization_config.json if present, then
  * either model.safetensors.index.json and every shard its weight_map names
- * (strcmp order, each once) or, when there is no index, model.safetensors.
+ * (strcmp order, each once) or, when there is no index, model.safetensors;
+ * both, with an index that does not name model.safetensors, is refused
+ * (rcheckpoint_single_beside_index).
  * Each must be a regular file after symlinks. Returns the count and sets
  * *names to a NULL-terminated malloc'ed array of malloc'ed basenames (free
  * with rcheckpoint_files_free), or -errno with *names NULL and err
  * naming the file: -ENOENT (dir, a required file or a shard missing),
  * -EINVAL (a file that is not a regular file; a bad index: not JSON, no
  * weight_map object, an empty one, a shard name that is not a plain
- * basename), -EIO, -ENOMEM. */
+ * basename; model.safetensors beside an index that does not name it),
+ * -EIO, -ENOMEM. */
 int rcheckpoint_list_files(const char *dir, char ***names, char *err, size_t errlen);
 
 /* Frees what rcheckpoint_list_files returned; NULL is a no-op. */

@@ -92,3 +92,28 @@ int rtext_check(const char *field, const char *name, size_t max_len, char *err,
 	}
 	return 0;
 }
+
+int rtext_check_model_name(const char *field, const char *name, size_t max_len, char *err,
+			   size_t errlen)
+{
+	int rc = rtext_check(field, name, max_len, err, errlen);
+	if (rc < 0)
+		return rc;
+	size_t len = strlen(name);
+	const char *slash = strchr(name, '/');
+	char why[64];
+	if (slash)
+		snprintf(why, sizeof why, "has a '/' at byte %zu", (size_t)(slash - name));
+	else if (strcmp(name, ".") == 0 || strcmp(name, "..") == 0)
+		snprintf(why, sizeof why, "is a directory's name");
+	else if (len && (name[0] == ' ' || name[len - 1] == ' '))
+		snprintf(why, sizeof why, "%s with a space", name[0] == ' ' ? "begins" : "ends");
+	else
+		return 0;
+	char shown[160];
+	rtext_escape(name, shown, sizeof shown);
+	snprintf(err, errlen, "%s \"%s\" %s; a model name is printable text of 1..%zu bytes, "
+		 "without '/', not \".\" or \"..\", with no space at either end", field, shown,
+		 why, max_len);
+	return -EINVAL;
+}

@@ -10,6 +10,9 @@
 
 #include <stddef.h>
 
+/* Longest name (a model's, a checkpoint file's) a client may give. */
+#define RTEXT_NAME_MAX 255
+
 /* Checks a name that came from a client or a checkpoint and that the daemon
  * logs and lists to every client (LoadModel.name and file_names,
  * AttachModel.name, config.json's _name_or_path, a preload's directory
@@ -21,6 +24,16 @@
  * naming `field`, the name (escaped), the offending byte and its offset. */
 int rtext_check(const char *field, const char *name, size_t max_len, char *err,
 			size_t errlen);
+
+/* The rule for a model name (LoadModel.name, AttachModel.name, the name a
+ * checkpoint or a preload's directory gives): rtext_check's printable UTF-8
+ * of 1..max_len bytes (max_len > 0) and, since the name is an argument of `radiancectl
+ * layers/unload MODEL` and a column of `radiancectl models`, nothing that
+ * reads as a path or as blank: no '/', not "." or "..", no space at
+ * either end (" " alone included). Returns 0, or -EINVAL with err naming
+ * `field`, the name (escaped), what is wrong and the rule. */
+int rtext_check_model_name(const char *field, const char *name, size_t max_len, char *err,
+			   size_t errlen);
 
 /* s for a message: printable ASCII as is, every other byte as \xNN, cut
  * (with "...") where out is full. Never longer than outlen - 1. */

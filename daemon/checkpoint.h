@@ -82,8 +82,9 @@ typedef void (*radiance_progress_fn)(void *user, uint64_t done_bytes, uint64_t t
 
 /* Loads the checkpoint made of files[0..nfiles) into *out (free it with
  * radiance_model_destroy()). Required: model.safetensors.index.json with
- * every shard it names (it wins when model.safetensors is given too, as in
- * vLLM), or model.safetensors; and a quantization
+ * every shard it names, or model.safetensors (both: refused with -EINVAL
+ * unless the index names model.safetensors as a shard, see
+ * rcheckpoint_single_beside_index); and a quantization
  * config (config.json with "quantization_config", or
  * quantization_config.json). name: the model's name; NULL means config.json's
  * "_name_or_path" basename, else "model". progress may be NULL.

@@ -88,6 +88,10 @@ static int open_sharded(struct ck_loader *L, const struct radiance_file *files, 
 		rc = -EINVAL;
 		goto out;
 	}
+	/* a client that sent both, which libradiance never does */
+	if (ck_find_file(files, nfiles, CK_SINGLE) &&
+	    (rc = rcheckpoint_single_beside_index(wm, "the checkpoint files", L->err, L->errlen)))
+		goto out;
 	json_object_foreach(wm, key, v) {
 		if (!json_is_string(v) || !rcheckpoint_shard_name_ok(json_string_value(v))) {
 			ck_err(L, "%s: weight_map[\"%s\"] is not a shard file name, expected a basename "
@@ -172,8 +176,8 @@ int radiance__ck_open_weights(struct ck_loader *L, const struct radiance_file *f
 	const struct radiance_file *f;
 	int rc;
 
-	/* With both, the index wins, as in vLLM (it loads the files the
-	 * weight_map names) and in the client's file list. */
+	/* With both, the index reads them, and model.safetensors must be one of
+	 * its shards (open_sharded; rcheckpoint_single_beside_index says why). */
 	if ((f = ck_find_file(files, n, CK_INDEX))) {
 		rc = open_sharded(L, files, n, f);
 	} else if ((f = ck_find_file(files, n, CK_SINGLE))) {

@@ -775,7 +775,8 @@ static void usage(FILE *out)
 		"'#' and ';' start comments, also after a value. The command line overrides\n"
 		"the file; --preload on the command line replaces the file's preload list,\n"
 		"--sched-uid-weights its list of weights.\n"
-		"A key may appear once in the file, except preload, whose lines add up.\n"
+		"A key may appear once in the file, except preload, whose lines add up;\n"
+		"likewise an option once on the command line, except --preload.\n"
 		"BYTES values take a K, M, G or T suffix, in powers of 1024 (64M is 64 MiB;\n"
 		"64MiB and 64MB read the same). The max_*_bytes*, max_sessions_per_uid\n"
 		"limits take 0 for no limit and auto for the default derived as shown.\n"
@@ -1042,12 +1043,40 @@ int config_load(struct radiance_config *cfg, int argc, char **argv, char *err, s
 		return -ENOMEM;
 
 	/* Pass 1: find the config file, answer --help/--version, reject unknown
-	 * options before anything else happens. */
+	 * and repeated options before anything else happens. */
+	const char *given[NSETTINGS];   /* each setting's value on the command line */
+	bool seen[NSETTINGS] = { 0 };
 	opterr = 0;
 	optind = 0;
 	while ((c = getopt_long(argc, argv, shortopts, t.opts, NULL)) != -1) {
+		const struct setting *st = setting_by_opt(c);
+		/* The last of two would win without a word, as a second line for
+		 * a key would in the file, which is refused too. preload is a
+		 * list: its options add up. */
+		if (st && st->type != V_PRELOAD) {
+			size_t i = (size_t)(st - settings);
+			if (seen[i]) {
+				char shortopt[8] = "";
+				if (st->opt < 256)
+					snprintf(shortopt, sizeof shortopt, "-%c/", st->opt);
+				snprintf(err, errlen, "%s--%s is given twice ('%s', then '%s'); give each "
+					 "option once (only -p/--preload may repeat, its values add up)",
+					 shortopt, t.names[i], given[i] ? given[i] : "(no value)",
+					 optarg ? optarg : "(no value)");
+				rc = -EINVAL;
+				goto out;
+			}
+			seen[i] = true;
+			given[i] = optarg;
+		}
 		switch (c) {
 		case OPT_CONFIG:
+			if (config_path) {
+				snprintf(err, errlen, "--config is given twice ('%s', then '%s'); give "
+					 "one config file", config_path, optarg);
+				rc = -EINVAL;
+				goto out;
+			}
 			config_path = optarg;
 			break;
 		case OPT_NO_CONFIG:

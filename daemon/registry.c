@@ -470,8 +470,8 @@ static void load_after(uv_work_t *work, int status)
 		/* config.json's text, which the client wrote: checked like a name it sent */
 		const char *from = m->name ? m->name : "model";
 		char why[400];
-		if (rtext_check("the model name from config.json's _name_or_path", from,
-					REGISTRY_NAME_MAX, why, sizeof why) < 0) {
+		if (rtext_check_model_name("the model name from config.json's _name_or_path", from,
+					   REGISTRY_NAME_MAX, why, sizeof why) < 0) {
 			res->status = -EINVAL;
 			snprintf(res->err, sizeof res->err, "%s; give the load a name", why);
 			resident_fail(res);
@@ -617,8 +617,8 @@ int registry_load_files(struct radiance_registry *reg, const struct radiance_fil
 		snprintf(err, errlen, "LoadModel names no files");
 		goto fail;
 	}
-	if (name && rtext_check("LoadModel.name", name, REGISTRY_NAME_MAX, err,
-					errlen) < 0) {
+	if (name && rtext_check_model_name("LoadModel.name", name, REGISTRY_NAME_MAX, err,
+					   errlen) < 0) {
 		rc = -EINVAL;
 		goto fail;
 	}
@@ -733,8 +733,8 @@ int registry_preload(struct radiance_registry *reg, const char *dir, struct regi
 		snprintf(err, errlen, "preload %s: out of memory", shown);
 		return -ENOMEM;
 	}
-	if (rtext_check("its directory name (the model's name)", base, REGISTRY_NAME_MAX,
-				why, sizeof why) < 0) {
+	if (rtext_check_model_name("its directory name (the model's name)", base,
+				   REGISTRY_NAME_MAX, why, sizeof why) < 0) {
 		snprintf(err, errlen, "preload %s: %s; rename the directory or link to it under a "
 			 "plain name", shown, why);
 		free(base);

@@ -40,6 +40,7 @@
 
 #include "checkpoint.h"
 #include "executor.h"
+#include "text.h"   /* RTEXT_NAME_MAX */
 
 struct radiance_registry;
 struct radiance_resident;
@@ -106,7 +107,7 @@ int registry_create(uv_loop_t *loop, struct radiance_executor *exec,
 void registry_destroy(struct radiance_registry *reg);
 
 /* Longest model name (and file name) a client may give. */
-#define REGISTRY_NAME_MAX 255
+#define REGISTRY_NAME_MAX RTEXT_NAME_MAX
 
 /* Loads (or attaches to) the checkpoint whose files a client sent. Takes
  * ownership of files[i].fd (closed when no longer needed, on every path) and

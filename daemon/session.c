@@ -268,7 +268,8 @@ static void handle_attach(struct radiance_session *s, uint64_t tag, const Rdw__A
 	const char *name = a->name ? a->name : "";
 	char err[512];
 	/* it goes into the log and the reply: never as the client wrote it */
-	if (rtext_check("AttachModel.name", name, REGISTRY_NAME_MAX, err, sizeof err) < 0) {
+	if (rtext_check_model_name("AttachModel.name", name, REGISTRY_NAME_MAX, err,
+				   sizeof err) < 0) {
 		session_reply_error(s, tag, EINVAL, "%s", err);
 		return;
 	}

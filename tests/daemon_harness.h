@@ -22,6 +22,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -90,8 +91,22 @@ static inline void h_daemon_cleanup(struct h_daemon *d)
 	}
 }
 
+/* Whether args (NULL-terminated, may be NULL) give option --name (or -c, or
+ * --name=VALUE): radianced refuses an option given twice, so a default the
+ * harness puts first is left out when the test gives its own. */
+static inline bool h_args_give(const char *const *args, const char *name, char c)
+{
+	size_t n = strlen(name);
+	for (size_t i = 0; args && args[i]; i++)
+		if ((args[i][0] == '-' && args[i][1] == c && !args[i][2]) ||
+		    (!strncmp(args[i], name, n) && (!args[i][n] || args[i][n] == '=')))
+			return true;
+	return false;
+}
+
 /* Starts radianced with the given extra arguments (NULL-terminated list,
- * may be empty) and waits up to 10 s for its socket to accept. 0 or -1. */
+ * may be empty) (--backend $RADIANCE_TEST_BACKEND and --log-level info unless
+ * they give their own) and waits up to 10 s for its socket to accept. 0 or -1. */
 static inline int h_daemon_start_argv(struct h_daemon *d, const char *const *extra)
 {
 	memset(d, 0, sizeof *d);
@@ -104,10 +119,16 @@ static inline int h_daemon_start_argv(struct h_daemon *d, const char *const *ext
 	snprintf(d->socket, sizeof d->socket, "%s/radiance.sock", d->dir);
 	snprintf(d->log, sizeof d->log, "%s/radianced.log", d->dir);
 	const char *bin = h_env("RADIANCED", "build/radianced");
-	const char *argv[48] = { bin,     "--no-config", "--socket",
-				 d->socket, "--backend", h_env("RADIANCE_TEST_BACKEND", "cpu"),
-				 "--log-level", "info" };
-	int argc = 8;
+	const char *argv[48] = { bin, "--no-config", "--socket", d->socket };
+	int argc = 4;
+	if (!h_args_give(extra, "--backend", 'b')) {
+		argv[argc++] = "--backend";
+		argv[argc++] = h_env("RADIANCE_TEST_BACKEND", "cpu");
+	}
+	if (!h_args_give(extra, "--log-level", 'l')) {
+		argv[argc++] = "--log-level";
+		argv[argc++] = "info";
+	}
 	for (size_t i = 0; extra && extra[i] && argc < 46; i++)
 		argv[argc++] = extra[i];
 	argv[argc] = NULL;
@@ -203,15 +224,18 @@ static inline int h_daemon_stop(struct h_daemon *d)
 }
 
 /* Starts radianced --no-config --backend $RADIANCE_TEST_BACKEND (default
- * cpu) ARGS... (args NULL-terminated, at most 24), umask 022, stdout and
+ * cpu, unless ARGS give a backend) ARGS... (args NULL-terminated, at most 24), umask 022, stdout and
  * stderr into log. Returns the pid. For runs that end by themselves (usage
  * errors, failed starts) or that a test stops itself; see h_wait_exit. */
 static inline pid_t h_spawn_logged(const char *log, const char *const *args)
 {
 	const char *bin = h_env("RADIANCED", "build/radianced");
-	const char *argv[32] = { bin, "--no-config", "--backend",
-				 h_env("RADIANCE_TEST_BACKEND", "cpu") };
-	int argc = 4;
+	const char *argv[32] = { bin, "--no-config" };
+	int argc = 2;
+	if (!h_args_give(args, "--backend", 'b')) {
+		argv[argc++] = "--backend";
+		argv[argc++] = h_env("RADIANCE_TEST_BACKEND", "cpu");
+	}
 	for (size_t i = 0; args[i] && argc < 28; i++)
 		argv[argc++] = args[i];
 	argv[argc] = NULL;

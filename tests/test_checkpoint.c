@@ -472,9 +472,6 @@ static void test_valid_sharded(void **state)
 	char **names;
 
 	write_sharded(fx, 5);
-	/* a stray model.safetensors next to the index is ignored: the index wins */
-	assert_int_equal(write_text(path_join(fx->path, sizeof fx->path, fx->dir, "model.safetensors"),
-				    "stale"), 0);
 	int n = rcheckpoint_list_files(fx->dir, &names, fx->err, sizeof fx->err);
 	assert_int_equal(n, 4);
 	assert_string_equal(names[0], "config.json");
@@ -484,6 +481,71 @@ static void test_valid_sharded(void **state)
 	for (int i = 0; i < n; i++)
 		free(names[i]);
 	free(names);
+	assert_int_equal(load(fx, &m), 0);
+	check_model(fx, m);
+	radiance_model_destroy(m);
+}
+
+/* A model.safetensors beside the index was ignored without a word (the
+ * index won), while transformers loads model.safetensors and vLLM the
+ * index's shards: refused, from a directory and from a LoadModel's files,
+ * unless the index names model.safetensors as a shard. */
+static void test_single_beside_index(void **state)
+{
+	struct fixture *fx = *state;
+	struct radiance_model *m = (void *)1;
+	char **names = (void *)1;
+
+	write_sharded(fx, 5);
+	assert_int_equal(write_text(path_join(fx->path, sizeof fx->path, fx->dir, "model.safetensors"),
+				    "stale"), 0);
+	assert_int_equal(rcheckpoint_list_files(fx->dir, &names, fx->err, sizeof fx->err), -EINVAL);
+	assert_null(names);
+	char want[600];
+	snprintf(want, sizeof want, "%s: both model.safetensors and model.safetensors.index.json, "
+		 "and the index does not name model.safetensors as a shard", fx->dir);
+	if (!strstr(fx->err, want))
+		fail_msg("\"%s\" lacks \"%s\"", fx->err, want);
+	assert_non_null(strstr(fx->err, "remove the one that is stale"));
+	expect_refused(fx, -EINVAL, want, NULL);
+
+	/* the daemon's loader, from files a client sent */
+	const char *fn[] = { "config.json", "model.safetensors.index.json",
+			     "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+			     "model.safetensors" };
+	struct radiance_file files[5];
+	for (int i = 0; i < 5; i++) {
+		files[i].name = fn[i];
+		files[i].fd = open(path_join(fx->path, sizeof fx->path, fx->dir, fn[i]), O_RDONLY);
+		assert_true(files[i].fd >= 0);
+	}
+	assert_int_equal(radiance_checkpoint_load(files, 5, NULL, NULL, NULL, &m, fx->err,
+						  sizeof fx->err), -EINVAL);
+	assert_null(m);
+	assert_non_null(strstr(fx->err, "the checkpoint files: both model.safetensors and "
+			       "model.safetensors.index.json"));
+	/* the same files less model.safetensors load */
+	assert_int_equal(radiance_checkpoint_load(files, 4, NULL, NULL, NULL, &m, fx->err,
+						  sizeof fx->err), 0);
+	check_model(fx, m);
+	radiance_model_destroy(m);
+	for (int i = 0; i < 5; i++)
+		close(files[i].fd);
+
+	/* an index whose one shard is model.safetensors: both loaders read it */
+	json_t *idx = json_pack("{s:{}}", "weight_map");
+	for (size_t i = 0; i < fx->w.n; i++)
+		json_object_set_new(json_object_get(idx, "weight_map"), fx->w.t[i].name,
+				    json_string("model.safetensors"));
+	assert_int_equal(json_dump_file(idx, path_join(fx->path, sizeof fx->path, fx->dir,
+						       "model.safetensors.index.json"), 0), 0);
+	json_decref(idx);
+	assert_int_equal(stw_write_range(&fx->w, 0, fx->w.n, path_join(fx->path, sizeof fx->path,
+									fx->dir, "model.safetensors")), 0);
+	assert_int_equal(rcheckpoint_list_files(fx->dir, &names, fx->err, sizeof fx->err), 3);
+	assert_string_equal(names[1], "model.safetensors.index.json");
+	assert_string_equal(names[2], "model.safetensors");
+	rcheckpoint_files_free(names);
 	assert_int_equal(load(fx, &m), 0);
 	check_model(fx, m);
 	radiance_model_destroy(m);
@@ -1201,6 +1263,7 @@ int main(void)
 		T(test_valid),
 		T(test_valid_fds),
 		T(test_valid_sharded),
+		T(test_single_beside_index),
 		T(test_valid_quant_config_file),
 		T(test_valid_block_list),
 		T(test_quant_config_files_disagree),

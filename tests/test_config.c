@@ -565,6 +565,34 @@ static void test_duplicate_key(void **state)
 	config_finish(&cfg);
 }
 
+/* An option given twice on the command line silently kept the last value,
+ * while the file refuses a key given twice: refused, naming the option and
+ * both values, before the config file is read. --preload adds up. */
+static void test_duplicate_option(void **state)
+{
+	expect_error(-EINVAL, "--max-rows is given twice ('4', then '8')", "give each option once",
+		     "--no-config", "--max-rows", "4", "--max-rows", "8", NULL);
+	/* the short and the long spelling are one option */
+	expect_error(-EINVAL, "-s/--socket is given twice ('/tmp/a.sock', then '/tmp/b.sock')",
+		     NULL, "--no-config", "-s", "/tmp/a.sock", "--socket", "/tmp/b.sock", NULL);
+	expect_error(-EINVAL, "--require-gpu is given twice ('(no value)', then 'no')", NULL,
+		     "--no-config", "--require-gpu", "--require-gpu=no", NULL);
+	expect_error(-EINVAL, "--sched-uid-weights is given twice ('0:2', then '0:3')", NULL,
+		     "--no-config", "--sched-uid-weights", "0:2", "--sched-uid-weights", "0:3", NULL);
+	/* said before the file is read: not its absence */
+	expect_error(-EINVAL, "-l/--log-level is given twice ('info', then 'debug')", NULL,
+		     "--config", "/nonexistent/radianced.conf", "-l", "info", "-l", "debug", NULL);
+	expect_error(-EINVAL, "--config is given twice ('/a.conf', then '/b.conf')", NULL,
+		     "--config", "/a.conf", "-c", "/b.conf", NULL);
+
+	struct radiance_config cfg;
+	char err[512];
+	assert_int_equal(load(&cfg, err, sizeof err, "--no-config", "-p", "/m/a", "--preload",
+			      "/m/b", NULL), 0);
+	assert_int_equal(cfg.n_preload, 2);
+	config_finish(&cfg);
+}
+
 /* T is accepted, so the error names it with the others. */
 static void test_byte_suffixes(void **state)
 {
@@ -761,6 +789,7 @@ int main(void)
 		cmocka_unit_test(test_preload_same_basename),
 		cmocka_unit_test(test_preload_empty),
 		cmocka_unit_test(test_duplicate_key),
+		cmocka_unit_test(test_duplicate_option),
 		cmocka_unit_test(test_byte_suffixes),
 		cmocka_unit_test(test_device_unset),
 		cmocka_unit_test(test_limits),

@@ -492,7 +492,8 @@ static void load_model_bogus_files(void **state)
 /* A model name is shown to every client (`radiancectl models`) and logged:
  * one with a newline and an escape sequence would forge a row and log
  * lines. The daemon refuses such names (EINVAL, naming the field and the
- * byte) in LoadModel.name, LoadModel.file_names and AttachModel.name; the
+ * byte) in LoadModel.name, LoadModel.file_names and AttachModel.name, and
+ * model names that read as a path or as blank ("a/b", "..", " "); the
  * session goes on, and nothing forged is listed or logged. */
 static void names_with_control_characters(void **state)
 {
@@ -518,6 +519,27 @@ static void names_with_control_characters(void **state)
 		raw_send_load_model_named(&w, (char *)bad[i].name, ckpt_files, 3, fds, 3);
 		raw_expect_error(&w, EINVAL, "LoadModel.name", bad[i].why, NULL);
 	}
+	/* nor one that reads as a path or as blank in `radiancectl models` and
+	 * as its MODEL argument (these loaded before) */
+	static const struct {
+		const char *name, *why;
+	} pathlike[] = {
+		{ " ", "\" \" begins with a space" },
+		{ " minilm", "\" minilm\" begins with a space" },
+		{ "minilm ", "\"minilm \" ends with a space" },
+		{ ".", "\".\" is a directory's name" },
+		{ "..", "\"..\" is a directory's name" },
+		{ "a/b", "\"a/b\" has a '/' at byte 1" },
+		{ "/", "\"/\" has a '/' at byte 0" },
+	};
+	for (size_t i = 0; i < sizeof pathlike / sizeof pathlike[0]; i++) {
+		raw_send_load_model_named(&w, (char *)pathlike[i].name, ckpt_files, 3, fds, 3);
+		raw_expect_error(&w, EINVAL, "LoadModel.name", pathlike[i].why,
+				 "a model name is printable text of 1..255 bytes, without '/', not "
+				 "\".\" or \"..\", with no space at either end", NULL);
+	}
+	raw_send_attach(&w, "a/b");
+	raw_expect_error(&w, EINVAL, "AttachModel.name \"a/b\" has a '/' at byte 1", NULL);
 	char long_name[300];
 	memset(long_name, 'x', 256);
 	long_name[256] = 0;

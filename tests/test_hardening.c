@@ -696,6 +696,25 @@ static void bad_group_is_a_usage_error(void **state)
 	assert_int_equal(lstat(path, &sb), -1);
 }
 
+/* The command line refuses an option given twice, as the file a key. */
+static void repeated_option_is_a_usage_error(void **state)
+{
+	char log[128], path[128];
+	make_dir();
+	snprintf(log, sizeof log, "%s/radianced.log", dir);
+	snprintf(path, sizeof path, "%s/radiance.sock", dir);
+	int st = run_daemon(log, 20.0, "--socket", path, "--max-rows", "4", "--max-rows", "8",
+			    NULL);
+	if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 2)
+		h_show_file(log);
+	assert_true(st != -1 && WIFEXITED(st));
+	assert_int_equal(WEXITSTATUS(st), 2);
+	assert_int_equal(h_count_lines(log, "radianced: --max-rows is given twice ('4', then "
+				       "'8')"), 1);
+	struct stat sb;
+	assert_int_equal(lstat(path, &sb), -1);
+}
+
 static void failed_preload_is_one_line(void **state)
 {
 	char log[128], path[128], missing[128];
@@ -899,6 +918,7 @@ int main(void)
 		cmocka_unit_test_teardown(systemd_notify_and_watchdog, stop_daemons),
 		cmocka_unit_test_teardown(systemd_socket_activation, stop_daemons),
 		cmocka_unit_test_teardown(bad_group_is_a_usage_error, stop_daemons),
+		cmocka_unit_test_teardown(repeated_option_is_a_usage_error, stop_daemons),
 		cmocka_unit_test_teardown(failed_preload_is_one_line, stop_daemons),
 		cmocka_unit_test_teardown(help_text, stop_daemons),
 		cmocka_unit_test_teardown(auto_backend_says_why, stop_daemons),

@@ -428,6 +428,9 @@ static void load_and_unload(void **state)
 	json_decref(j);
 	assert_int_equal(ctl("--socket %s load --name other %s", daemon_.socket, ckpt), 0);
 	assert_non_null(strstr(out, "\"other\""));
+	/* "DIR/." is named after DIR: "." is no model name */
+	assert_int_equal(ctl("--socket %s load %s/.", daemon_.socket, ckpt), 0);
+	assert_non_null(strstr(out, "\"minilm-w4g128\""));
 	assert_int_equal(ctl("--socket %s load /nonexistent/ckpt", daemon_.socket), 1);
 	assert_int_equal(ctl("--socket %s --json load /nonexistent/ckpt", daemon_.socket), 1);
 	assert_json_error("ENOENT", ENOENT, "cannot load /nonexistent/ckpt", NULL);
@@ -481,6 +484,9 @@ static void usage_errors_are_one_line(void **state)
 		{ "status --socket", "option '--socket' needs an argument" },
 		{ "--socket '' status", "--socket needs a path" },
 		{ "load --name '' /some/dir", "--name needs a model name" },
+		{ "load --name a/b /some/dir", "--name \"a/b\" has a '/' at byte 1; a model name is" },
+		{ "load --name ' ' /some/dir", "--name \" \" begins with a space" },
+		{ "load --name .. /some/dir", "--name \"..\" is a directory's name" },
 		{ "layers ''", "layers needs a model name or id" },
 		{ "", "no command given" },
 		{ "frobnicate", "unknown command \"frobnicate\"" },
@@ -763,9 +769,9 @@ static void unload_not_permitted(void **state)
 	assert_int_equal(count_models(), 1);
 }
 
-/* A user the socket's mode keeps out: Permission denied, exit 3, and a hint
- * that says what lets a user in (the daemon's group), not "is radianced
- * running?". */
+/* A user the socket's mode keeps out: Permission denied, exit 3, and
+ * libradiance's message says what lets a user in (the daemon's group), with
+ * no "is radianced running?" hint. */
 static void connect_permission_denied(void **state)
 {
 	char bin[1024];
@@ -788,7 +794,8 @@ static void connect_permission_denied(void **state)
 		assert_non_null(strstr(err, "uid 65534 may not connect"));
 		assert_non_null(strstr(err, "--group"));
 		if (json)
-			assert_json_error("EACCES", EACCES, "Permission denied", "--group");
+			assert_json_error("EACCES", EACCES, "Permission denied: uid 65534 may not "
+					  "connect", NULL);
 	}
 }
 

@@ -24,6 +24,10 @@ if TYPE_CHECKING:   # pragma: no cover
     from ._gpu import MappedModel
 
 log = logging.getLogger("radiance")
+# A library's logger (the logging HOWTO, "Configuring Logging for a
+# Library"): records go where the program sends them, and nowhere when it
+# configures nothing, rather than to logging's last-resort stderr handler.
+log.addHandler(logging.NullHandler())
 
 #: numpy dtype of bf16 tensors (``ml_dtypes.bfloat16``): inputs may be bf16
 #: or float16, outputs are always bf16.
@@ -198,8 +202,14 @@ class Client(ClosedWhenCollected):
             daemon's or library's default).
 
     Connects at once (raises RadianceError: ENOENT/ECONNREFUSED no daemon
-    there, ENOTSOCK not a socket, EBUSY the daemon's session limit, EPROTO
-    another protocol, ETIMEDOUT).
+    there, ENOTSOCK not a socket, EACCES the socket keeps this uid out (the
+    message names the daemon's --group / SocketGroup= that lets a user in),
+    EBUSY the daemon's session limit, EPROTO another protocol, ETIMEDOUT).
+
+    Logging: libradiance's messages go to the ``radiance`` logger (which
+    has a NullHandler: silent unless the program configures logging); the
+    reason a connect failed is the exception's message, logged at DEBUG
+    only.
 
     Threads: a Client may be shared by any number of threads. One lock
     serializes the calls on the session (libradiance handles are not
@@ -263,13 +273,19 @@ class Client(ClosedWhenCollected):
     # -- session management (caller holds the lock) -------------------------
     def _connect(self) -> _Session:
         ffi, lib = self._ffi, self._lib
-        last = {"warning": ""}
+        # radiance_connect() returns no handle to ask why it failed: its
+        # warnings are the reason, raised below. Held until it returns, so
+        # that a failure is raised, not also logged; after a success they
+        # are logged as they came.
+        held: Dict[str, Any] = {"records": []}
 
         def on_log(user, priority, message):
             text = _cstr(ffi, message)
-            if priority <= _LOG_WARNING:
-                last["warning"] = text
-            log.log(_LOG_LEVELS.get(priority, logging.DEBUG), "%s", text)
+            level = _LOG_LEVELS.get(priority, logging.DEBUG)
+            if held["records"] is not None and priority <= _LOG_WARNING:
+                held["records"].append((level, text))
+            else:
+                log.log(level, "%s", text)
 
         cb = ffi.callback("radiance_log_fn", on_log)
         opt = ffi.new("struct radiance_options *")
@@ -284,9 +300,12 @@ class Client(ClosedWhenCollected):
         # above), and "no daemon" is said at once rather than after 30 s
         opt.connect_timeout_ms = -1
         h = lib.radiance_connect(self._socket.encode(), opt)
+        e = ffi.errno
+        records, held["records"] = held["records"], None
+        for level, text in records:
+            log.log(level if h != ffi.NULL else logging.DEBUG, "%s", text)
         if h == ffi.NULL:
-            e = ffi.errno
-            msg = last["warning"] or f"cannot connect to {self._socket}: {_strerror(e)}"
+            msg = records[-1][1] if records else f"cannot connect to {self._socket}: {_strerror(e)}"
             if e in (errno.ENOENT, errno.ECONNREFUSED):
                 msg += " (is radianced running? Client(socket=...) or $RADIANCE_SOCKET names another)"
             raise RadianceError(e or errno.EIO, msg)
@@ -462,7 +481,9 @@ class Client(ClosedWhenCollected):
         to the resident copy of the very same files, under the name it
         already has) and returns its Model.
 
-        name: model name (default: the directory's basename).
+        name: model name (default: the directory's basename): printable
+            text of 1..255 bytes (UTF-8) without '/', not "." or "..", with
+            no space at either end (the daemon refuses others, EINVAL).
         progress: called as progress(done_bytes, total_bytes) while the
             daemon reads; an exception it raises is re-raised once the load
             has finished (the load itself cannot be interrupted), and the

@@ -67,10 +67,15 @@ class Daemon:
     def start(self, timeout=20.0):
         assert self.proc is None or self.proc.poll() is not None
         log = open(self.log_path, "ab")
+        # radianced refuses an option given twice: a default here gives way
+        # to the caller's own (as daemon_harness.h's h_args_give)
+        defaults = [o for opt, short, v in (("--backend", "-b", self.backend),
+                                            ("--log-level", "-l", "info"))
+                    if not any(a in (opt, short) or a.startswith(opt + "=") for a in self.args)
+                    for o in (opt, v)]
         self.proc = subprocess.Popen(
-            [str(RADIANCED), "--no-config", "--backend", self.backend, "--socket", self.socket,
-             "--log-level", "info", *self.args], stdout=log, stderr=subprocess.STDOUT,
-            preexec_fn=_die_with_parent)
+            [str(RADIANCED), "--no-config", "--socket", self.socket, *defaults, *self.args],
+            stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
         log.close()
         deadline = time.monotonic() + timeout
         while True:

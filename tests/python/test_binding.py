@@ -4,10 +4,15 @@ layouts the C API cannot take (non-contiguous, transposed, broadcast) give
 the same bits as their contiguous copies, shapes, splitting, async, errors
 carrying the daemon's text."""
 import errno
+import logging
 import os
 import re
-import time
+import shutil
+import socket
 import subprocess
+import sys
+import tempfile
+import time
 
 import ml_dtypes
 
@@ -99,6 +104,71 @@ def test_connect_failures_name_the_socket(tmp_path):
     assert ei.value.errno == errno.EINVAL and "timeout" in ei.value.message
 
 
+def _client_in_a_child(code, as_nobody=False):
+    """Runs `code` (radiance imported, no logging configured) in a fresh
+    interpreter, as uid 65534 through setpriv when as_nobody."""
+    env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
+    argv = [sys.executable, "-c", "import radiance\n" + code]
+    if as_nobody:
+        argv = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] + argv
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_permission_denied_says_who_may_connect():
+    # a socket that is there but not this user's: libradiance's message says
+    # what lets a user in (radiancectl shows the same text)
+    if os.geteuid() == 0 and shutil.which("setpriv") is None:
+        pytest.skip("as root this needs setpriv to connect as another uid")
+    d = tempfile.mkdtemp(prefix="radiance-eacces-")
+    try:
+        os.chmod(d, 0o711)
+        path = os.path.join(d, "r.sock")
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as ls:
+            ls.bind(path)
+            ls.listen(1)
+            os.chmod(path, 0o600 if os.geteuid() == 0 else 0)
+            code = (f"try:\n    radiance.Client({path!r})\n"
+                    "except radiance.RadianceError as e:\n    print(e.code)\n    print(e.message)\n"
+                    "import os\nprint(os.geteuid())\n")
+            out = _client_in_a_child(code, as_nobody=os.geteuid() == 0)
+    finally:
+        shutil.rmtree(d)
+    lines = out.stdout.splitlines()
+    assert out.returncode == 0 and len(lines) == 3, out.stdout + out.stderr
+    code, message, uid = lines
+    assert code == "EACCES"
+    assert message.startswith(f"cannot connect to {path}: Permission denied: uid {uid} may "
+                              "not connect"), message
+    for needle in ("radianced's --group", "config key group", "SocketGroup="):
+        assert needle in message, message
+    assert "is radianced running" not in message
+    assert out.stderr == ""   # raised, not also printed
+
+
+def test_connect_failure_is_raised_not_also_printed(tmp_path):
+    # with no logging configured, logging's last-resort handler printed the
+    # library's warning before the traceback said it again
+    path = str(tmp_path / "none.sock")
+    out = _client_in_a_child(f"radiance.Client({path!r})")
+    assert out.returncode == 1
+    assert "RadianceError" in out.stderr
+    assert out.stderr.count(f"cannot connect to {path}") == 1, out.stderr
+
+
+def test_library_warnings_reach_the_radiance_logger(client, tmp_path, caplog):
+    # with logging configured, a failure that is raised is not logged as a
+    # warning too, while a warning with no return code to say it is
+    with caplog.at_level(logging.DEBUG, logger="radiance"):
+        with pytest.raises(radiance.RadianceError):
+            radiance.Client(tmp_path / "none.sock")
+        assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
+        s = client._sess()
+        client._lib.radiance_arena_free(s.h, client._ffi.cast("void *", 4096))
+    warned = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert [(r.name, r.getMessage()) for r in warned] == \
+        [("radiance", "radiance_arena_free(0x1000): not an arena block")]
+
+
 def test_default_socket_follows_env(monkeypatch, tmp_path):
     monkeypatch.setenv("RADIANCE_SOCKET", str(tmp_path / "x.sock"))
     assert radiance.default_socket_path() == str(tmp_path / "x.sock")
@@ -158,6 +228,23 @@ def test_daemon_errors_carry_its_text(client, tmp_path):
     assert str(ei.value).endswith("[EINVAL]")
     # the session goes on
     assert client.load(CKPT).linear(Q, rand((1, 384))).shape == (1, 384)
+
+
+@pytest.mark.parametrize("name, why", [
+    (" ", '" " begins with a space'), ("..", '".." is a directory\'s name'),
+    ("a/b", "\"a/b\" has a '/' at byte 1"), ("x" * 256, "is 256 bytes long"),
+    ("bell\x07", "has a control character (0x07) at byte 4")])
+def test_model_names_the_daemon_refuses(client, name, why):
+    # the daemon's rule, the same for every client: the name and the rule
+    with pytest.raises(radiance.RadianceError) as ei:
+        client.load(CKPT, name=name)
+    assert ei.value.errno == errno.EINVAL
+    assert "LoadModel.name" in ei.value.message and why in ei.value.message, ei.value.message
+    assert re.search(r"; a (model )?name (is|must)", ei.value.message)   # and the rule
+    with pytest.raises(radiance.RadianceError) as ei:
+        client.attach(name)
+    assert ei.value.errno == errno.EINVAL and "AttachModel.name" in ei.value.message
+    assert name not in [r.name for r in client.resident_models()]
 
 
 def test_progress_exception_is_reraised_after_the_load(client):
