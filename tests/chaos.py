@@ -414,6 +414,14 @@ def role_trunc(sock, out, count, seed, load_s):
     Path(out).write_text(json.dumps(res))
 
 
+def write_once(out, res):
+    """res as JSON to out, atomically (the runner waits for out to exist and
+    then reads it while the writer lives on)."""
+    tmp = f"{out}.tmp"
+    Path(tmp).write_text(json.dumps(res))
+    os.replace(tmp, out)
+
+
 def role_stall_cq(sock, out, mode):
     """A client that submits and never reaps, alive until the runner kills
     it. "lib": through libradiance, cq_entries requests, so its CQ fills
@@ -448,7 +456,7 @@ def role_stall_cq(sock, out, mode):
         time.sleep(0.5)
         res = {"mode": mode, "submitted": 8, "cq_full": r.cq_used() == 4,
                "sq_waiting": (r.tail - r.word(r.SQ, 0)) & 0xFFFFFFFF}
-    Path(out).write_text(json.dumps(res))
+    write_once(out, res)
     while True:
         time.sleep(60)
 
@@ -481,7 +489,7 @@ def role_stall_sock(sock, out, seed):
     whole = sent // len(chunk) * len(frames) + bisect.bisect_right(ends, sent % len(chunk))
     res = {"seed": seed, "bytes_sent": sent, "frames_sent": whole,
            "stalled_after_s": round(time.monotonic() - t0 - 1.0, 2)}
-    Path(out).write_text(json.dumps(res))
+    write_once(out, res)
     while True:
         time.sleep(60)
 
@@ -861,9 +869,17 @@ def main():
         # Only the stalled clients are left, still stalled: the daemon has
         # nothing to do and must take no CPU (an executor polling an SQ that
         # waits for CQ room took a core), then they are killed.
+        # A staller writes its out once stalled (a socket staller only after
+        # its socket took nothing for a second, which can come after every
+        # other role is done on a loaded machine): wait for that, not fail.
+        deadline = time.monotonic() + 120
         for role, p, out in stallers:
-            if p.poll() is not None or not out.exists():
-                violations.append(f"{role} client exited {p.poll()} before it stalled")
+            while not out.exists() and p.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if not out.exists():
+                violations.append(f"{role} client " + (f"exited {p.poll()}" if p.poll() is not None
+                                                       else "still running after 120 s")
+                                  + " before it stalled")
                 continue
             results.setdefault(role, []).append(json.loads(out.read_text()))
         time.sleep(0.5)
