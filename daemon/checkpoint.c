@@ -21,6 +21,10 @@
 
 #include "checkpoint_private.h"
 
+/* The last component of config.json's _name_or_path ("org/name/" ->
+ * "name"), or "model" where it has none: missing, empty, all slashes, or a
+ * relative path such as "./" or "..", which transformers writes for a model
+ * saved from the current directory and which is no model name. */
 static char *default_name(const json_t *config)
 {
 	const json_t *v = config ? json_object_get(config, "_name_or_path") : NULL;
@@ -32,8 +36,10 @@ static char *default_name(const json_t *config)
 		size_t start = len;
 		while (start && s[start - 1] != '/')
 			start--;
-		if (len > start)
-			return strndup(s + start, len - start);
+		size_t n = len - start;
+		int dots = (n == 1 && s[start] == '.') || (n == 2 && s[start] == '.' && s[start + 1] == '.');
+		if (n && !dots)
+			return strndup(s + start, n);
 	}
 	return strdup("model");
 }

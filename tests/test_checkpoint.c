@@ -463,6 +463,25 @@ static void test_valid_fds(void **state)
 	radiance_model_destroy(m);
 	for (int i = 0; i < 2; i++)
 		close(files[i].fd);
+
+	/* a relative path as the name (a model saved from ".": "./", "..", "a/.."):
+	 * "model" too, not a name the registry refuses */
+	static const char *const dotted[] = { "./", ".", "..", "a/../", "../." };
+	for (size_t d = 0; d < sizeof dotted / sizeof dotted[0]; d++) {
+		json_object_set_new(fx->config, "_name_or_path", json_string(dotted[d]));
+		write_ckpt(fx);
+		for (int i = 0; i < 2; i++)
+			files[i].fd = open(path_join(fx->path, sizeof fx->path, fx->dir, names[i]),
+					   O_RDONLY);
+		assert_int_equal(radiance_checkpoint_load(files, 2, NULL, NULL, NULL, &m, fx->err,
+							  sizeof fx->err), 0);
+		if (strcmp(m->name, "model") != 0)
+			fail_msg("_name_or_path \"%s\" named the model \"%s\", want \"model\"",
+				 dotted[d], m->name);
+		radiance_model_destroy(m);
+		for (int i = 0; i < 2; i++)
+			close(files[i].fd);
+	}
 }
 
 static void test_valid_sharded(void **state)
