@@ -139,6 +139,28 @@ INLINE __m256 add_scaled(__m256 gacc, __m256 p, const uint16_t *const *sc, uint3
 	return _mm256_add_ps(gacc, _mm256_mul_ps(p, scale));
 }
 
+/* c ^ 8 read as a signed nibble is c - 8: the flip each qweight word gets
+ * before w4_lanes. */
+#define W4_FLIP 0x88888888u
+
+/* One flipped qweight word broadcast to every lane (k = 8t .. 8t+7) to its
+ * eight weights: lane l takes nibble l, moved to bits 28..31 with the rest
+ * cleared and converted, so (c - 8) * 2^28 exactly (x carries the 2^-28). */
+INLINE __m256 w4_lanes(__m256i word)
+{
+	const __m256i shifts = _mm256_setr_epi32(28, 24, 20, 16, 12, 8, 4, 0);
+	const __m256i top = _mm256_set1_epi32((int)0xF0000000u);
+	return _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_sllv_epi32(word, shifts), top));
+}
+
+/* y[row][col] = bf16(sum * s[row] + bias[col]), the multiply and the add
+ * rounded separately, as the reference. */
+INLINE void w4a8_put(const struct radiance__w4a8_tile *t, uint32_t row, uint32_t col, float sum)
+{
+	float b = t->bias ? t->bias[col] : 0.0f;
+	t->y[(size_t)row * t->n + col] = radiance_bf16_from_f32(sum * t->s[row] + b);
+}
+
 /* After groups up to g1: the running sums kept for the next K block, or,
  * after the last group, y = bf16(acc * s + bias) unfused. */
 INLINE void w4a8_finish(const struct radiance__w4a8_tile *t, uint32_t r0, uint32_t j0,
@@ -154,9 +176,7 @@ INLINE void w4a8_finish(const struct radiance__w4a8_tile *t, uint32_t r0, uint32
 		int slot = lane_slot[l];
 		if (slot >= R * C)
 			continue;
-		uint32_t r = r0 + (uint32_t)(slot / C), j = j0 + (uint32_t)(slot % C);
-		float b = t->bias ? t->bias[j] : 0.0f;
-		t->y[(size_t)r * t->n + j] = radiance_bf16_from_f32(out[l] * t->s[r] + b);
+		w4a8_put(t, r0 + (uint32_t)(slot / C), j0 + (uint32_t)(slot % C), out[l]);
 	}
 }
 
@@ -166,10 +186,7 @@ INLINE void w4a8_micro(const struct radiance__w4a8_tile *t, uint32_t r0, uint32_
 		       uint32_t g0, uint32_t g1, __m256 *state, const int R, const int C)
 {
 	const uint32_t words = t->k / RADIANCE_PACK, groups = t->k / RADIANCE_GROUP_SIZE;
-	/* lane j: nibble j of a word moved to bits 28..31, the rest cleared */
-	const __m256i shifts = _mm256_setr_epi32(28, 24, 20, 16, 12, 8, 4, 0);
-	const __m256i top = _mm256_set1_epi32((int)0xF0000000u);
-	const __m256i flip = _mm256_set1_epi32((int)0x88888888u);
+	const __m256i flip = _mm256_set1_epi32((int)W4_FLIP);
 	const uint32_t *q[8];
 	const uint16_t *sc[8];
 	const float *xr[8];
@@ -192,7 +209,7 @@ INLINE void w4a8_micro(const struct radiance__w4a8_tile *t, uint32_t r0, uint32_
 		 * prefetch past the last column is harmless (it cannot fault). */
 		for (int c = 0; c < C; c++)
 			_mm_prefetch((const char *)(q[c] + (size_t)C * words + g * 16), _MM_HINT_T0);
-		/* c ^ 8 read as a signed nibble is c - 8: flip the group's words once */
+		/* flip the group's words once (W4_FLIP) */
 		uint32_t fl[8][16] __attribute__((aligned(32)));
 		for (int c = 0; c < C; c++) {
 			const __m256i *src = (const __m256i *)(q[c] + g * 16);
@@ -205,10 +222,7 @@ INLINE void w4a8_micro(const struct radiance__w4a8_tile *t, uint32_t r0, uint32_
 			 * eight accumulators, one weight vector and the constants
 			 * fit the sixteen ymm registers */
 			for (int c = 0; c < C; c++) {
-				__m256i v = _mm256_set1_epi32((int)fl[c][s]);
-				v = _mm256_and_si256(_mm256_sllv_epi32(v, shifts), top);
-				/* (c - 8) * 2^28, exactly; x carries the 2^-28 */
-				__m256 w = _mm256_cvtepi32_ps(v);
+				__m256 w = w4_lanes(_mm256_set1_epi32((int)fl[c][s]));
 				for (int r = 0; r < R; r++) {
 					__m256 xv = _mm256_load_ps(xr[r] + g * RADIANCE_GROUP_SIZE + 8 * s);
 					acc[r * C + c] = _mm256_fmadd_ps(xv, w, acc[r * C + c]);
@@ -302,9 +316,7 @@ static void deq_unpack(const struct radiance__w4a8_tile *t, uint32_t j, uint32_t
 		       uint32_t g0, uint32_t g1, float *restrict w, float *restrict sc)
 {
 	const uint32_t words = t->k / RADIANCE_PACK, groups = t->k / RADIANCE_GROUP_SIZE;
-	const __m256i shifts = _mm256_setr_epi32(28, 24, 20, 16, 12, 8, 4, 0);
-	const __m256i top = _mm256_set1_epi32((int)0xF0000000u);
-	const __m256i flip = _mm256_set1_epi32((int)0x88888888u);
+	const __m256i flip = _mm256_set1_epi32((int)W4_FLIP);
 	const uint32_t kb = (g1 - g0) * RADIANCE_GROUP_SIZE;
 	for (uint32_t c = 0; c < ncols; c++) {
 		const uint32_t *q = t->qweight + (size_t)(j + c) * words + g0 * 16;
@@ -312,11 +324,9 @@ static void deq_unpack(const struct radiance__w4a8_tile *t, uint32_t j, uint32_t
 		for (uint32_t i = 0; i < (g1 - g0) * 16; i += 8) {
 			/* eight words, each broadcast in turn: lane l takes nibble l */
 			__m256i v8 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(q + i)), flip);
-			for (int l = 0; l < 8; l++) {
-				__m256i v = _mm256_permutevar8x32_epi32(v8, _mm256_set1_epi32(l));
-				v = _mm256_and_si256(_mm256_sllv_epi32(v, shifts), top);
-				_mm256_store_ps(wc + 8 * (i + (uint32_t)l), _mm256_cvtepi32_ps(v));
-			}
+			for (int l = 0; l < 8; l++)
+				_mm256_store_ps(wc + 8 * (i + (uint32_t)l),
+						w4_lanes(_mm256_permutevar8x32_epi32(v8, _mm256_set1_epi32(l))));
 		}
 		for (uint32_t g = g0; g < g1; g++)
 			sc[c * DEQ_GROUPS + (g - g0)] =
@@ -373,15 +383,12 @@ INLINE void deq_micro(const struct radiance__w4a8_tile *t, uint32_t r, const flo
 	state[1] = g2;
 }
 
-static void deq_micro_1(const struct radiance__w4a8_tile *t, uint32_t r, const float *w,
-			uint32_t kb, const float *sc, uint32_t g0, uint32_t g1, __m256 *state)
-{ deq_micro(t, r, w, kb, sc, g0, g1, state, 1); }
-static void deq_micro_2(const struct radiance__w4a8_tile *t, uint32_t r, const float *w,
-			uint32_t kb, const float *sc, uint32_t g0, uint32_t g1, __m256 *state)
-{ deq_micro(t, r, w, kb, sc, g0, g1, state, 2); }
-static void deq_micro_3(const struct radiance__w4a8_tile *t, uint32_t r, const float *w,
-			uint32_t kb, const float *sc, uint32_t g0, uint32_t g1, __m256 *state)
-{ deq_micro(t, r, w, kb, sc, g0, g1, state, 3); }
+#define DEQ_MICRO(C) \
+	static void deq_micro_##C(const struct radiance__w4a8_tile *t, uint32_t r, const float *w, \
+				  uint32_t kb, const float *sc, uint32_t g0, uint32_t g1, \
+				  __m256 *state) \
+	{ deq_micro(t, r, w, kb, sc, g0, g1, state, C); }
+DEQ_MICRO(1) DEQ_MICRO(2) DEQ_MICRO(3)
 
 /* y of rows r .. r+3, columns j .. j+C-1 from their final sums (see
  * deq_micro): bf16(acc * s + bias), multiply and add rounded separately. */
@@ -392,15 +399,9 @@ static void deq_finish(const struct radiance__w4a8_tile *t, uint32_t r, uint32_t
 	_mm256_storeu_ps(out, state[0]);
 	_mm256_storeu_ps(out + 8, state[1]);
 	static const int lane[3][4] = { { 0, 1, 2, 3 }, { 4, 5, 6, 7 }, { 8, 12, 9, 13 } };
-	for (int c = 0; c < C; c++) {
-		uint32_t col = j + (uint32_t)c;
-		float b = t->bias ? t->bias[col] : 0.0f;
-		for (int i = 0; i < 4; i++) {
-			uint32_t row = r + (uint32_t)i;
-			t->y[(size_t)row * t->n + col] =
-				radiance_bf16_from_f32(out[lane[c][i]] * t->s[row] + b);
-		}
-	}
+	for (int c = 0; c < C; c++)
+		for (int i = 0; i < 4; i++)
+			w4a8_put(t, r + (uint32_t)i, j + (uint32_t)c, out[lane[c][i]]);
 }
 
 static void w4a8_deq_tiles(const struct radiance__w4a8_tile *t)
