@@ -26,6 +26,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "io.h"
+
 struct synth_shape {
 	uint32_t n, k;           /* k % 128 == 0, n % 8 == 0 */
 	const char *module;      /* e.g. "mlp.down_proj" */
@@ -40,19 +42,13 @@ static inline uint64_t synth_rnd64(void)
 	return synth_rng;
 }
 
-static inline int synth_put_all(int fd, const void *p, size_t len)
+/* len bytes at *at, which moves past them (common/io.c's write loop). */
+static inline int synth_put_all(int fd, const void *p, size_t len, uint64_t *at)
 {
-	const uint8_t *b = p;
-	while (len) {
-		ssize_t n = write(fd, b, len);
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0)
-			return n < 0 ? -errno : -EIO;
-		b += n;
-		len -= (size_t)n;
-	}
-	return 0;
+	int rc = rio_pwrite_all(fd, p, len, *at);
+	if (rc == 0)
+		*at += len;
+	return rc;
 }
 
 /* Writes the checkpoint into the existing directory dir; *bytes_out (may be
@@ -126,8 +122,8 @@ static inline int synth_checkpoint_write(const char *dir, const struct synth_sha
 		snprintf(err, errlen, "%.*s: %s", (int)plen, path, strerror(errno));
 		goto out;
 	}
-	uint64_t hl = hlen;
-	if ((rc = synth_put_all(fd, &hl, 8)) || (rc = synth_put_all(fd, h, hlen)))
+	uint64_t hl = hlen, at = 0;
+	if ((rc = synth_put_all(fd, &hl, 8, &at)) || (rc = synth_put_all(fd, h, hlen, &at)))
 		goto io;
 	uint16_t table[64];
 	for (int i = 0; i < 64; i++)
@@ -139,7 +135,7 @@ static inline int synth_checkpoint_write(const char *dir, const struct synth_sha
 				size_t c = left < chunk ? left : chunk;
 				for (size_t i = 0; i < c / 8; i++)
 					buf[i] = synth_rnd64();
-				if ((rc = synth_put_all(fd, buf, c)))
+				if ((rc = synth_put_all(fd, buf, c, &at)))
 					goto io;
 				left -= c;
 			}
@@ -148,14 +144,14 @@ static inline int synth_checkpoint_write(const char *dir, const struct synth_sha
 				uint16_t *p = (uint16_t *)buf;
 				for (size_t i = 0; i < c / 2; i++)
 					p[i] = table[synth_rnd64() & 63];
-				if ((rc = synth_put_all(fd, buf, c)))
+				if ((rc = synth_put_all(fd, buf, c, &at)))
 					goto io;
 				left -= c;
 			}
 			for (uint64_t left = k / 128 * (n / 8) * 4; left;) {
 				size_t c = left < chunk ? left : chunk;
 				memset(buf, 0x77, c);
-				if ((rc = synth_put_all(fd, buf, c)))
+				if ((rc = synth_put_all(fd, buf, c, &at)))
 					goto io;
 				left -= c;
 			}
