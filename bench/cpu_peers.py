@@ -46,17 +46,31 @@ def time_us(fn, budget=0.5, least=3, most=200):
     return statistics.median(ts) * 1e6
 
 
-def numpy_peers(rows):
+def cases(rows, max_m=None):
+    """{shape: {(threads, m), ...}} of the bench rows (m <= max_m if given)."""
     want = {}
     for r in rows:
-        want.setdefault(r["shape"], set()).add((int(r["threads"]), int(r["m"])))
+        if max_m is None or int(r["m"]) <= max_m:
+            want.setdefault(r["shape"], set()).add((int(r["threads"]), int(r["m"])))
+    return want
+
+
+def dequant_weights(n, k):
+    """W [n, k] float32 = (c - 8) * 0.01 for random int4 codes c, the same
+    codes for a shape in every peer (seeded by the shape)."""
+    w = np.random.default_rng([n, k]).integers(0, 16, size=(n, k), dtype=np.int8)
+    w = w.astype(np.float32)
+    w -= 8.0
+    w *= 0.01
+    return w
+
+
+def numpy_peers(rows):
     rng = np.random.default_rng(1)
     out, arch = {}, "?"
-    for shape, tm in want.items():
+    for shape, tm in cases(rows).items():
         n, k = map(int, shape.split("x"))
-        w = rng.integers(0, 16, size=(n, k), dtype=np.int8).astype(np.float32)
-        w -= 8.0
-        w *= 0.01
+        w = dequant_weights(n, k)
         maxm = max(m for _, m in tm)
         x = rng.standard_normal((maxm, k), dtype=np.float32)
         for threads, m in sorted(tm):
@@ -73,23 +87,20 @@ def numpy_peers(rows):
 
 def torch_peers(rows):
     """(threads, shape, m) -> {"fp32": us, "bf16": us}: torch's CPU linear
-    (F.linear, x[m, k] @ W.T) on the same shapes and thread counts, W random
-    (dequantized int4 values, as numpy_peers), in fp32 and (M <= 16) bf16; and
+    (F.linear, x[m, k] @ W.T) on the same shapes and thread counts, W
+    dequant_weights() (as numpy_peers), in fp32 and (M <= 16) bf16; and
     torch's name for its BLAS. Empty where torch is not installed."""
     if importlib.util.find_spec("torch") is None:
         return {}, "not installed"
     import torch
     import torch.nn.functional as F
 
-    want = {}
-    for r in rows:
-        want.setdefault(r["shape"], set()).add((int(r["threads"]), int(r["m"])))
     g = torch.Generator().manual_seed(1)
     out = {}
     with torch.inference_mode():
-        for shape, tm in want.items():
+        for shape, tm in cases(rows).items():
             n, k = map(int, shape.split("x"))
-            w = (torch.randint(0, 16, (n, k), generator=g, dtype=torch.int8).float() - 8) * 0.01
+            w = torch.from_numpy(dequant_weights(n, k))
             wb = w.bfloat16()
             x = torch.randn(max(m for _, m in tm), k, generator=g)
             xb = x.bfloat16()
@@ -107,8 +118,8 @@ def torch_peers(rows):
 
 def ggml_peers(rows):
     """(threads, shape, m) -> us of ggml's int4 matmul (ggml-python's
-    bindings, PyPI): W quantized to Q4_0 (blocks of 32, one fp16 scale; the
-    same random codes as numpy_peers), x fp32, which ggml quantizes to Q8_0
+    bindings, PyPI): dequant_weights() quantized to Q4_0 (blocks of 32, one
+    fp16 scale), x fp32, which ggml quantizes to Q8_0
     for its integer dot products: the peer closest to W4A8 in kind. Up to
     M=64 (beyond that a 27B shape takes seconds a call). Empty where
     ggml-python does not import."""
@@ -119,17 +130,11 @@ def ggml_peers(rows):
     import ggml
     import ggml.utils
 
-    want = {}
-    for r in rows:
-        if int(r["m"]) <= 64:
-            want.setdefault(r["shape"], set()).add((int(r["threads"]), int(r["m"])))
     rng = np.random.default_rng(1)
     out = {}
-    for shape, tm in want.items():
+    for shape, tm in cases(rows, max_m=64).items():
         n, k = map(int, shape.split("x"))
-        wf = rng.integers(0, 16, size=(n, k), dtype=np.int8).astype(np.float32)
-        wf -= 8.0
-        wf *= 0.01
+        wf = dequant_weights(n, k)
         for threads, m in sorted(tm):
             need = n * k // 2 + n * k // 32 * 2 + (k + n) * m * 4 + (64 << 20)
             ctx = ggml.ggml_init(ggml.ggml_init_params(mem_size=need, mem_buffer=None,
