@@ -285,7 +285,7 @@ static int load_model(struct radiance *r, const char *dir, const struct radiance
 		size_t len;
 		char *real = NULL;
 		const char *last = rcheckpoint_dir_name(dir, &len);
-		if ((len == 1 && last[0] == '.') || (len == 2 && !memcmp(last, "..", 2))) {
+		if (rcheckpoint_dot_name(last, len)) {
 			if ((real = realpath(dir, NULL)))
 				last = rcheckpoint_dir_name(real, &len);
 		}

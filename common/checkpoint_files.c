@@ -45,6 +45,11 @@ const char *rcheckpoint_dir_name(const char *dir, size_t *len)
 	return dir + start;
 }
 
+int rcheckpoint_dot_name(const char *s, size_t len)
+{
+	return (len == 1 && s[0] == '.') || (len == 2 && s[0] == '.' && s[1] == '.');
+}
+
 int rcheckpoint_read_json(int fd, const char *fname, json_t **out, char *err,
 				  size_t errlen)
 {

@@ -45,6 +45,11 @@ int rcheckpoint_single_beside_index(const json_t *weight_map, const char *where,
  * loads, and radiance_checkpoint_load_dir after realpath(). */
 const char *rcheckpoint_dir_name(const char *dir, size_t *len);
 
+/* Whether the len bytes at s (a component rcheckpoint_dir_name gave) are
+ * "." or "..": a relative path, which names no model (the directory it
+ * stands for, or nothing, does). */
+int rcheckpoint_dot_name(const char *s, size_t len);
+
 /* Reads the small JSON file on fd (fname for messages) whole with pread
  * into private memory, so a file that changes under us is read once, and
  * parses it: a JSON object, no duplicate keys, at most

@@ -22,24 +22,17 @@
 #include "checkpoint_private.h"
 
 /* The last component of config.json's _name_or_path ("org/name/" ->
- * "name"), or "model" where it has none: missing, empty, all slashes, or a
- * relative path such as "./" or "..", which transformers writes for a model
- * saved from the current directory and which is no model name. */
+ * "name", as rcheckpoint_dir_name cuts a directory), or "model" where it has
+ * none: missing, empty, all slashes, or "." or ".." (transformers writes
+ * "./" for a model saved from the current directory). */
 static char *default_name(const json_t *config)
 {
 	const json_t *v = config ? json_object_get(config, "_name_or_path") : NULL;
 	if (json_is_string(v)) {
-		const char *s = json_string_value(v);
-		size_t len = strlen(s);
-		while (len && s[len - 1] == '/')
-			len--;
-		size_t start = len;
-		while (start && s[start - 1] != '/')
-			start--;
-		size_t n = len - start;
-		int dots = (n == 1 && s[start] == '.') || (n == 2 && s[start] == '.' && s[start + 1] == '.');
-		if (n && !dots)
-			return strndup(s + start, n);
+		size_t len;
+		const char *last = rcheckpoint_dir_name(json_string_value(v), &len);
+		if (len && !rcheckpoint_dot_name(last, len))
+			return strndup(last, len);
 	}
 	return strdup("model");
 }
