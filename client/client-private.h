@@ -19,7 +19,15 @@
 #include "shm.h"
 #include "transport.h"
 
+/* A wait's spin when the caller asked for the default (spin_us 0), by the
+ * daemon's backend (its Welcome): a CPU-backend daemon's compute threads
+ * need the cores a spinning client would take, and its requests take
+ * hundreds of microseconds or more, so waits sleep soon; a GPU daemon's
+ * decode round trips take 25-110 us on the H200 (bench/results/serve-*),
+ * past 30 us most of them, and a sleeping wait then pays the doorbell's
+ * wake-up (about 13 us there) on each. */
 #define RADIANCE__DEFAULT_SPIN_US 30
+#define RADIANCE__DEFAULT_SPIN_US_GPU 200
 #define RADIANCE__ARENA_ALIGN 64u   /* a cache line: no false sharing between buffers */
 
 /* --- arena.c: first-fit allocator over the shared arena ------------------ */
@@ -82,7 +90,8 @@ struct radiance {
 	int log_priority;              /* syslog priority */
 	uint32_t want_sq, want_cq;
 	uint64_t want_arena;
-	int32_t spin_us;
+	int32_t spin_us;               /* what waits spin: spin_opt resolved at the Welcome */
+	int32_t spin_opt;              /* radiance_options.spin_us as given */
 	int timeout_ms;                   /* -1: forever */
 	int connect_timeout_ms;           /* -1: one attempt; else > 0 */
 

@@ -511,6 +511,8 @@ static int handshake(struct radiance *r)
 		goto out;
 	}
 	r->welcomed = true;
+	if (r->spin_opt == 0)
+		r->spin_us = strcmp(r->backend, "cpu") == 0 ? RADIANCE__DEFAULT_SPIN_US : RADIANCE__DEFAULT_SPIN_US_GPU;
 	r->server = (struct radiance_server_info){
 		.protocol_version = w->protocol_version,
 		.server_version = r->server_version,
@@ -522,9 +524,9 @@ static int handshake(struct radiance *r)
 		.tensors_version = w->tensors_version,
 		.max_request_layers = w->max_request_layers,
 	};
-	radiance__client_log(r, LOG_DEBUG, "session %llu: radianced %s, backend %s (%s), max_rows %u",
+	radiance__client_log(r, LOG_DEBUG, "session %llu: radianced %s, backend %s (%s), max_rows %u, waits spin %d us",
 		      (unsigned long long)w->session_id, r->server_version, r->backend, r->device,
-		      w->max_rows);
+		      w->max_rows, (int)r->spin_us);
 out:
 	rdw__server_message__free_unpacked(reply, NULL);
 	return rc;
@@ -702,6 +704,7 @@ struct radiance *radiance_connect(const char *socket_path, const struct radiance
 	r->want_sq = o.sq_entries;
 	r->want_cq = o.cq_entries;
 	r->want_arena = o.arena_bytes;
+	r->spin_opt = o.spin_us;
 	r->spin_us = o.spin_us == 0 ? RADIANCE__DEFAULT_SPIN_US : (o.spin_us < 0 ? 0 : o.spin_us);
 	r->timeout_ms = o.timeout_ms > 0 ? o.timeout_ms : -1;
 	r->next_tag = 1;

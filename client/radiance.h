@@ -150,8 +150,11 @@ struct radiance_options {
 	uint32_t cq_entries;        /* power of two, >= sq_entries */
 	uint64_t arena_bytes;       /* bytes of shared arena for x and y buffers */
 	/* How long a wait spins on the completion queue before it sleeps on
-	 * the doorbell, in microseconds. 0 = default 30; -1 = never spin;
-	 * below -1: EINVAL. */
+	 * the doorbell, in microseconds. 0 = the default for the daemon's
+	 * backend (its Welcome): 30 on "cpu" (its compute threads need the
+	 * cores), 200 on a GPU (decode round trips of 25-110 us would
+	 * otherwise each pay a doorbell wake-up); -1 = never spin; below -1:
+	 * EINVAL. */
 	int32_t spin_us;
 	/* Longest wait for one control reply (or one load progress step), in
 	 * milliseconds. 0 = wait forever (the default); negative: EINVAL. */

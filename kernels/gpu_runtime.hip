@@ -4,6 +4,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "numerics_gpu.h"
 #include "w4a8_gpu.h"
@@ -221,6 +222,59 @@ extern "C" int radiance__gpu_host_register(void *base, size_t len, void **dev_pt
 extern "C" int radiance__gpu_host_unregister(void *base)
 {
 	CHECK("host unregister", hipHostUnregister(base));
+	return 0;
+}
+
+/* Between two pieces: the driver holds one lock for a registration, and
+ * the executor's launches and copies wait on it; sleeping here hands it
+ * over to them before the next piece takes it again. */
+static void piece_gap(void)
+{
+	struct timespec ts = { 0, 50000 };   /* 50 us */
+	nanosleep(&ts, NULL);
+}
+
+extern "C" int radiance__gpu_host_unregister_pieces(void *base, size_t len, size_t piece)
+{
+	int rc = 0;
+	for (size_t off = 0; off < len; off += piece) {
+		if (off)
+			piece_gap();
+		hipError_t e = hipHostUnregister((char *)base + off);
+		if (e != hipSuccess && rc == 0)
+			rc = fail("host unregister (piece)", e);
+	}
+	return rc;
+}
+
+extern "C" int radiance__gpu_host_register_pieces(void *base, size_t len, size_t piece, void **dev_ptr)
+{
+	char *b = (char *)base;
+	void *d0 = NULL;
+	size_t off;
+	for (off = 0; off < len; off += piece) {
+		size_t n = len - off < piece ? len - off : piece;
+		if (off)
+			piece_gap();
+		hipError_t e = hipHostRegister(b + off, n, hipHostRegisterMapped | hipHostRegisterPortable);
+		if (e != hipSuccess) {
+			radiance__gpu_host_unregister_pieces(base, off, piece);
+			return fail("host register (piece)", e);
+		}
+		void *d = NULL;
+		e = hipHostGetDevicePointer(&d, b + off, 0);
+		if (e == hipSuccess && off == 0)
+			d0 = d;
+		/* the pieces must read as one range on the device too */
+		if (e != hipSuccess || (char *)d != (char *)d0 + off) {
+			radiance__gpu_host_unregister_pieces(base, off + piece, piece);
+			if (e != hipSuccess)
+				return fail("host device pointer (piece)", e);
+			return radiance__gpu_fail_text(-EXDEV, "host register: piece %zu of a range maps to "
+						       "%p, not %p", off / piece, d, (void *)((char *)d0 + off));
+		}
+	}
+	*dev_ptr = d0;
 	return 0;
 }
 

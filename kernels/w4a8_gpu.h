@@ -45,6 +45,16 @@ int radiance__gpu_d2d_async(void *dst, const void *src, size_t bytes, void *stre
  * device's address of base (it can differ from base on HIP). */
 int radiance__gpu_host_register(void *base, size_t len, void **dev_ptr);
 int radiance__gpu_host_unregister(void *base);
+/* The same in pieces of `piece` bytes (a multiple of the page size), with
+ * a short sleep between two, so that no single driver call holds the
+ * driver's lock for long (a 64 MiB registration took 25-43 ms on the
+ * H200, and every launch of the process waited meanwhile). The pieces must
+ * map to one contiguous device range (*dev_ptr, as for a whole-range
+ * registration): where they do not, nothing stays registered and the
+ * return is -EXDEV (register the whole range instead). Unregister with
+ * radiance__gpu_host_unregister_pieces and the same len and piece. */
+int radiance__gpu_host_register_pieces(void *base, size_t len, size_t piece, void **dev_ptr);
+int radiance__gpu_host_unregister_pieces(void *base, size_t len, size_t piece);
 int radiance__gpu_event_create(void **ev);
 void radiance__gpu_event_destroy(void *ev);
 int radiance__gpu_event_record(void *ev, void *stream);
