@@ -48,7 +48,12 @@ size_t reap(struct radiance_executor *e)
 		if ((p->bulk ? bulk_blocked : decode_blocked))
 			continue;
 		char err[192] = "";
+		const uint64_t t0 = rclock_ns();
 		int rc = radiance_backend_linear_done(e->backend, p->ticket, err, sizeof err);
+		const uint64_t looked = rclock_ns() - t0;
+		if (looked > EXEC_QUEUE_SLOW_NS)
+			log_warn("executor: asking the device whether a launch is done took %llu.%03llu ms",
+				 (unsigned long long)(looked / 1000000u), (unsigned long long)(looked / 1000u % 1000u));
 		if (rc == 0) {
 			/* the later ones of its kind are not done either */
 			*(p->bulk ? &bulk_blocked : &decode_blocked) = 1;
@@ -127,6 +132,13 @@ void launch_same(struct radiance_executor *e, struct sched_req **v, size_t live)
 		uint64_t ticket = 0;
 		rc = radiance_backend_linear_start(e->backend, ls[0], hs[0], e->rows, live, &ticket, err,
 						   sizeof err);
+		/* queueing takes microseconds; longer, the driver kept the
+		 * executor waiting (its lock, held by another thread) */
+		const uint64_t queued = rclock_ns() - start;
+		if (queued > EXEC_QUEUE_SLOW_NS)
+			log_warn("executor: queueing a launch of %s on the device took %llu.%03llu ms; every session "
+				 "waited for it", ls[0]->name, (unsigned long long)(queued / 1000000u),
+				 (unsigned long long)(queued / 1000u % 1000u));
 		if (rc == 0) {
 			stats_launch(e->opt.global_stats);
 			struct exec_pending *p = &e->pend[e->pend_n++];
@@ -152,6 +164,7 @@ void launch_same(struct radiance_executor *e, struct sched_req **v, size_t live)
 							     sizeof err);
 	}
 	uint64_t end = rclock_ns();
+	e->round_sync_ns += end - start;
 	stats_launch(e->opt.global_stats);
 	if (rc < 0)
 		log_warn("model %u layer %u (%s)%s: launch of %zu requests failed: %s", m->id,

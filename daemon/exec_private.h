@@ -35,6 +35,12 @@ struct job_list {
  * unlocked an arena; that runs on a libuv worker now, executor_pin). */
 #define JOB_BUDGET_NS 2000000ull
 
+/* A device call of the executor that should take microseconds (queueing a
+ * launch, asking whether one is done, uploading one layer) and took longer
+ * than this is logged: another thread held the driver's lock meanwhile
+ * (arena registrations on the H200: docs/daemon.md "Chaos test"). */
+#define EXEC_QUEUE_SLOW_NS 10000000ull
+
 /* One asynchronous launch of the round in flight: its pieces are
  * pend_v[first .. first + n). */
 struct exec_pending {
@@ -83,6 +89,7 @@ struct radiance_executor {
 	struct radiance_rows *rows;           /* max_rows */
 	/* asynchronous launches (executor.h): the rounds in flight */
 	int sync_only;                        /* the backend has none */
+	uint64_t round_sync_ns;               /* this round's synchronous launches (executor_main) */
 	struct exec_pending *pend;            /* pend_cap, in start order */
 	size_t pend_n, pend_cap;
 	size_t pend_decode;                   /* of them not bulk */

@@ -21,6 +21,15 @@
 #include "proto_util.h"
 #include "request.h"
 
+/* How long a decode launch in flight is polled spinning (executor_main);
+ * the longest decode launch on the 27B shapes (M=64 on 34816x5120) takes
+ * about 0.3 ms on the H200. */
+#define EXEC_DECODE_SPIN_NS 2000000u
+
+/* A round (jobs, a pass over the rings, an upload step) of an asynchronous
+ * backend that took longer than this is logged (executor_main). */
+#define EXEC_ROUND_SLOW_NS 10000000u
+
 /* A session counts as busy for the gather window this long after its SQ
  * last gave a request. */
 #define GATHER_RECENT_NS 2000000u
@@ -551,23 +560,45 @@ static void *executor_main(void *arg)
 	prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
 	uint64_t last_work = rclock_ns();
 	while (!atomic_load(&e->stop)) {
+		const uint64_t t0 = rclock_ns();
+		e->round_sync_ns = 0;
 		size_t n = run_jobs(e, JOB_BUDGET_NS);
+		const uint64_t t1 = rclock_ns();
 		n += serve_pass(e, NULL);
+		const uint64_t t2 = rclock_ns();
 		if (e->uploading) {
 			upload_step(e);
+			const uint64_t took = rclock_ns() - t2;
+			if (took > EXEC_QUEUE_SLOW_NS)
+				log_warn("executor: one step of a model upload took %llu ms; every session waited for it",
+					 (unsigned long long)(took / 1000000u));
 			n++;
 		}
 		progress_bump(e);
 		uint64_t t = rclock_ns();
+		/* a round of an asynchronous backend takes microseconds besides
+		 * the launches it ran synchronously (several layers in one
+		 * request); one that took long kept every session's new requests
+		 * unseen */
+		if (!e->sync_only && t - t0 - e->round_sync_ns > EXEC_ROUND_SLOW_NS) {
+			log_warn("executor: a round took %llu.%03llu ms (jobs %llu.%03llu, requests %llu.%03llu); "
+				 "no session's new requests were seen meanwhile",
+				 (unsigned long long)((t - t0) / 1000000u), (unsigned long long)((t - t0) / 1000u % 1000u),
+				 (unsigned long long)((t1 - t0) / 1000000u), (unsigned long long)((t1 - t0) / 1000u % 1000u),
+				 (unsigned long long)((t2 - t1) / 1000000u), (unsigned long long)((t2 - t1) / 1000u % 1000u));
+		}
 		if (n) {
 			last_work = t;
 			continue;
 		}
 		if (e->pend_n) {
-			/* a launch in flight: poll its completion word, spinning
-			 * at first, then in short sleeps (a long prefill piece
-			 * need not hold a core) */
-			if (t - last_work < spin_ns)
+			/* a launch in flight: poll its completion word. A decode
+			 * launch (tens of microseconds; its client spins for the
+			 * result) is polled spinning, up to EXEC_DECODE_SPIN_NS:
+			 * a 20 us sleep would add up to that to every decode
+			 * result. Prefill pieces alone: spinning at first, then
+			 * in short sleeps (a long piece need not hold a core). */
+			if (t - last_work < (e->pend_decode ? EXEC_DECODE_SPIN_NS : spin_ns))
 				rring_cpu_relax();
 			else
 				nanosleep(&(struct timespec){ .tv_nsec = 20000 }, NULL);

@@ -70,7 +70,9 @@
  * 10 ms timeout to look at that CQ again (reaping rings no doorbell),
  * rather than polling it in a loop. While launches
  * are in flight and nothing else happens the thread polls their
- * completion: spinning for spin_us, then in 20 us sleeps.
+ * completion: spinning while a decode launch is among them (up to 2 ms,
+ * executor.c EXEC_DECODE_SPIN_NS), else spinning for spin_us, then in
+ * 20 us sleeps.
  *
  * A ring that violates the protocol (corrupted head/tail, undecodable slot)
  * is no longer served; its queued requests are dropped and the executor
