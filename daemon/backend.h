@@ -68,6 +68,10 @@ struct radiance_backend_options {
 	                            through their device mapping, no copies; larger
 	                            ones copy (0: always copy). docs/gpu.md has
 	                            the crossover. */
+	uint32_t pin_piece_kib;  /* GPU: arenas are page-locked in pieces of this
+	                            many KiB (0: each as one range), so that no
+	                            registration holds the driver's lock, which
+	                            every launch takes, for long */
 };
 
 /* One request's rows inside a (possibly merged) launch. x and y point into a

@@ -48,6 +48,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "log.h"
 #include "numerics_bound.h"
@@ -60,11 +61,6 @@ struct registered {
 	void *dev;
 	size_t piece;   /* registered in pieces of this many bytes; 0: as one range */
 };
-
-/* Arenas are page-locked in pieces of this size (see
- * radiance__gpu_host_register_pieces): about 2 ms of the driver's lock
- * each on the H200 instead of 25-43 ms for a whole 64 MiB arena. */
-#define REGISTER_PIECE (4u << 20)
 
 static void unregister_range(const struct registered *r)
 {
@@ -114,6 +110,7 @@ struct gpu_state {
 	struct registered *regs;
 	size_t n_regs, cap_regs;
 	uint32_t zero_copy_rows;
+	size_t pin_piece;   /* arenas page-locked in pieces of this many bytes (0: whole) */
 	volatile uint32_t *done_host;   /* the lanes' completion words (a registered page) */
 	void *done_dev;                 /* its device address */
 	uint32_t polls;                 /* unfinished looks since the last stream query */
@@ -235,6 +232,10 @@ static int gpu_create(const struct radiance_backend_options *opt, void **state, 
 	g->max_k = opt->max_k ? opt->max_k : 4096;
 	g->gate = opt->numerics_gate != 0;
 	g->zero_copy_rows = opt->zero_copy_rows;
+	{
+		const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+		g->pin_piece = (size_t)opt->pin_piece_kib * 1024u / page * page;
+	}
 
 	g->lanes[LANE_DECODE].rows = g->max_rows < DECODE_LANE_ROWS ? g->max_rows : DECODE_LANE_ROWS;
 	g->lanes[LANE_BULK].rows = g->max_rows;
@@ -479,7 +480,7 @@ static int gpu_register_host(void *state, void *base, size_t len, char *err, siz
 	struct gpu_state *g = state;
 	void *dev = NULL;
 	/* the device is the calling thread's own setting: a worker's is 0 */
-	struct registered reg = { base, len, NULL, len > REGISTER_PIECE ? REGISTER_PIECE : 0 };
+	struct registered reg = { base, len, NULL, g->pin_piece && len > g->pin_piece ? g->pin_piece : 0 };
 	int rc = radiance__gpu_set_device(g->dev.ordinal);
 	if (rc == 0 && reg.piece) {
 		rc = radiance__gpu_host_register_pieces(base, len, reg.piece, &dev);
@@ -655,6 +656,36 @@ static int run_launch(struct gpu_state *g, struct lane *ln, struct radiance_back
 #define ZC_X_IN_PLACE (16u << 10)
 #define ZC_Y_IN_PLACE (64u << 10)
 
+/* An async copy between a staging buffer and host memory at host, split
+ * where host crosses from one registered piece into the next: the driver
+ * refuses one copy over two registrations (cudaMemcpyAsync: invalid
+ * argument, seen on the H200 by bench/register_pieces_probe.cu). */
+static int copy_host(struct gpu_state *g, void *dev, void *host, size_t bytes, int to_host, void *stream)
+{
+	size_t piece = 0, off = 0;
+	pthread_mutex_lock(&g->regs_lock);
+	for (size_t i = 0; i < g->n_regs; i++) {
+		const uint8_t *base = g->regs[i].base, *q = host;
+		if (q >= base && (size_t)(q - base) < g->regs[i].len) {
+			piece = g->regs[i].piece;
+			off = (size_t)(q - base);
+			break;
+		}
+	}
+	pthread_mutex_unlock(&g->regs_lock);
+	for (size_t done = 0; done < bytes;) {
+		size_t n = bytes - done;
+		if (piece && n > piece - (off + done) % piece)
+			n = piece - (off + done) % piece;
+		int rc = to_host ? radiance__gpu_d2h_async((uint8_t *)host + done, (const uint8_t *)dev + done, n, stream)
+				 : radiance__gpu_h2d_async((uint8_t *)dev + done, (const uint8_t *)host + done, n, stream);
+		if (rc)
+			return rc;
+		done += n;
+	}
+	return 0;
+}
+
 /* The device address of host memory p inside a registered range, or NULL.
  * The caller holds regs_lock. */
 static void *mapped(const struct gpu_state *g, const void *p, size_t bytes)
@@ -757,8 +788,8 @@ static int gpu_linear_start(void *state, const struct radiance_layer *l, struct 
 		} else {
 			uint32_t off = 0;
 			for (size_t i = i0; i < i1; i++) {
-				if (rows[i].m && (rc = radiance__gpu_h2d_async((uint8_t *)ln->x + (size_t)off * xrow,
-									       rows[i].x, rows[i].m * xrow, ln->stream)))
+				if (rows[i].m && (rc = copy_host(g, (uint8_t *)ln->x + (size_t)off * xrow,
+								 (void *)rows[i].x, rows[i].m * xrow, 0, ln->stream)))
 					goto io;
 				off += rows[i].m;
 			}
@@ -766,8 +797,8 @@ static int gpu_linear_start(void *state, const struct radiance_layer *l, struct 
 				goto io;
 			off = 0;
 			for (size_t i = i0; i < i1; i++) {
-				if (rows[i].m && (rc = radiance__gpu_d2h_async(rows[i].y, (uint8_t *)ln->y + (size_t)off * yrow,
-									      rows[i].m * yrow, ln->stream)))
+				if (rows[i].m && (rc = copy_host(g, (uint8_t *)ln->y + (size_t)off * yrow, rows[i].y,
+								 rows[i].m * yrow, 1, ln->stream)))
 					goto io;
 				off += rows[i].m;
 			}

@@ -89,6 +89,10 @@ static const struct setting settings[] = {
 	  "GPU: launches of at most this many rows read x from and write y into "
 	  "the session arenas through their device mapping instead of copying "
 	  "(docs/gpu.md has the crossover); 0: always copy (64)" },
+	{ "pin_piece_kib", 273, "KIB", V_U32, OFF(pin_piece_kib), 0, 1u << 22,
+	  "GPU: page-lock each session arena in pieces of this many KiB, a multiple "
+	  "of 4, so that no registration holds the driver's lock (which every launch "
+	  "waits for) for long; 0: each arena as one range (1024)" },
 	{ "fake_share", 271, "0|1", V_U32, OFF(fake_share), 0, 1,
 	  "tests only: the cpu backend exports a sealed memfd of the host arrays for "
 	  "MapModel (0; also RADIANCE_FAKE_SHARE=0|1)" },
@@ -249,6 +253,7 @@ int config_init(struct radiance_config *cfg)
 	cfg->sched_session_rows = 1024;
 	cfg->sched_gather_us = 20;
 	cfg->zero_copy_rows = 64;
+	cfg->pin_piece_kib = 1024;
 	cfg->device = -1;   /* not given: the GPU backend takes 0, the CPU one does not warn */
 	cfg->log_level = RADIANCE_LOG_INFO;
 	cfg->socket_gid = (gid_t)-1;
@@ -1172,6 +1177,11 @@ int config_load(struct radiance_config *cfg, int argc, char **argv, char *err, s
 	if (cfg->max_k % 128) {
 		snprintf(err, errlen, "%s: max_k %u is not a multiple of 128", origin(o, "max_k"),
 			 cfg->max_k);
+		goto out;
+	}
+	if (cfg->pin_piece_kib % 4) {
+		snprintf(err, errlen, "%s: pin_piece_kib %u is not a multiple of 4 (pages of 4 KiB)",
+			 origin(o, "pin_piece_kib"), cfg->pin_piece_kib);
 		goto out;
 	}
 	rc = resolve_limits(cfg, o, err, errlen);

@@ -60,6 +60,7 @@ struct radiance_config {
 	                                              owned; NULL: none */
 	size_t n_uid_weights;
 	uint32_t zero_copy_rows;    /* GPU: launches up to this many rows map the arenas */
+	uint32_t pin_piece_kib;     /* GPU: arenas page-locked in pieces of this size (0: whole) */
 	char *share;                /* GPU backend: auto, vmm, ipc or none; NULL: auto */
 	uint32_t fake_share;        /* 1: CPU backend exports the test memfd (tests only) */
 	uint32_t test_pin_delay_us; /* CPU backend: sleep per arena (un)registration (tests only) */

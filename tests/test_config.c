@@ -170,6 +170,8 @@ static void test_bad_command_line(void **state)
 	expect_error(-EINVAL, "--max-sq-entries", "'100'", "--no-config", "--max-sq-entries", "100",
 		     NULL);
 	expect_error(-EINVAL, "--arena-bytes", "'12Q'", "--no-config", "--arena-bytes", "12Q", NULL);
+	expect_error(-EINVAL, "--pin-piece-kib", "pin_piece_kib 6 is not a multiple of 4", "--no-config",
+		     "--pin-piece-kib", "6", NULL);
 	expect_error(-EINVAL, "unknown option", "--frobnicate", "--no-config", "--frobnicate", NULL);
 	expect_error(-EINVAL, "needs a value", "--socket", "--no-config", "--socket", NULL);
 	expect_error(-EINVAL, "unexpected argument", "stray", "--no-config", "stray", NULL);

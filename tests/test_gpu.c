@@ -439,9 +439,11 @@ static void test_w4a8_wide(void **state)
 
 /* ---------------------------------------------------------- backend */
 
-static void test_backend_ops(void **state)
+/* pin_piece_kib: the arena registered as one range (0) or in pieces of
+ * that many KiB, which zero-copy kernels read across and copies are split
+ * at (backend_gpu.c copy_host) */
+static void backend_ops(uint32_t pin_piece_kib)
 {
-	(void)state;
 	NEED_GPU();
 	const uint32_t n = 200, k = 640, nb = 136, kb = 300;
 	struct layer_data L;
@@ -459,7 +461,7 @@ static void test_backend_ops(void **state)
 
 	struct radiance_backend_options opt = {.kind = "gpu", .device = 0, .max_rows = 160,
 					       .max_decode_rows = 64, .max_n = 256, .max_k = 1024,
-					       .zero_copy_rows = 64};
+					       .zero_copy_rows = 64, .pin_piece_kib = pin_piece_kib};
 	struct radiance_backend *be = NULL;
 	char err[256] = "";
 	int rc = radiance_backend_create(&opt, &be, err, sizeof err);
@@ -540,6 +542,19 @@ static void test_backend_ops(void **state)
 	free(wb);
 	free(bb);
 	layer_drop(&L);
+}
+
+static void test_backend_ops(void **state)
+{
+	(void)state;
+	backend_ops(0);
+}
+
+/* 16 KiB pieces: every request's rows cross several */
+static void test_backend_ops_pieces(void **state)
+{
+	(void)state;
+	backend_ops(16);
 }
 
 /* ------------------------------------------------------- checkpoint */
@@ -657,6 +672,7 @@ static void test_w4a8_narrow(void **state) { (void)state; skip(); }
 static void test_w4a8_splitk(void **state) { (void)state; skip(); }
 static void test_w4a8_wide(void **state) { (void)state; skip(); }
 static void test_backend_ops(void **state) { (void)state; skip(); }
+static void test_backend_ops_pieces(void **state) { (void)state; skip(); }
 static void test_checkpoint_layers(void **state) { (void)state; skip(); }
 
 #endif
@@ -669,6 +685,7 @@ int main(void)
 		cmocka_unit_test(test_w4a8_splitk),
 		cmocka_unit_test(test_w4a8_wide),
 		cmocka_unit_test(test_backend_ops),
+		cmocka_unit_test(test_backend_ops_pieces),
 		cmocka_unit_test(test_checkpoint_layers),
 	};
 	return cmocka_run_group_tests_name("test_gpu", tests, setup, teardown);
