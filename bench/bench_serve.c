@@ -43,7 +43,8 @@
  * (1,4,16,64,256,2048), --step-reps N (15), --iters N (lockstep iterations,
  * 2000), --decode-calls N (2000), --prefill-m M (2048), --cases abcd,
  * --label TEXT (appended to every case name, e.g. "copies"), --note TEXT
- * (a line in OUT.md: how the daemon was started).
+ * (a line in OUT.md: how the daemon was started), --spin-us US (every
+ * client's radiance_options.spin_us: 0 the library's default, -1 never).
  *
  * Exit: 0, 1 when a result was wrong or a call failed, 2 for usage.
  */
@@ -121,6 +122,7 @@ struct client {
 	struct radiance *r;
 	uint32_t id;
 	uint16_t *x, *y;          /* arena */
+	uint64_t queue_ns, exec_ns;   /* the daemon's account of the last call (its completion) */
 };
 
 struct bench {
@@ -146,6 +148,7 @@ struct bench {
 #endif
 	struct client main;
 	int failures;
+	int32_t spin_us;          /* every client's radiance_options.spin_us (0: the library's default) */
 };
 
 static uint32_t layer_index(const struct bench *B, uint32_t b, int s)
@@ -203,6 +206,8 @@ static void daemon_call(struct client *c, uint32_t li, uint32_t m)
 	if (rc != 1 || cp.status)
 		DIE("wait layer %u m %u: %d/%d %s", li, m, rc, cp.status,
 		    rc == 1 && cp.error ? cp.error : radiance_error_message(c->r));
+	c->queue_ns = cp.queue_ns;
+	c->exec_ns = cp.exec_ns;
 }
 
 static void stats_now(struct client *c, uint64_t *requests, uint64_t *launches)
@@ -224,6 +229,7 @@ static void client_open(struct bench *B, struct client *c, const char *socket, c
 	o.timeout_ms = 600000;
 	o.arena_bytes = arena + (1u << 20);
 	o.client_name = name;
+	o.spin_us = B->spin_us;
 	c->r = radiance_connect(socket, &o);
 	if (!c->r)
 		DIE("connect %s: %s", socket, strerror(errno));
@@ -291,6 +297,7 @@ struct row {
 	char kase[64], shape[48];
 	uint32_t m, clients;
 	double inproc, p50, p99, rps, lpr;   /* NAN: empty */
+	double queue50, exec50;              /* the daemon's queue and execution p50, us (completions) */
 	double inproc_p99;                   /* md only */
 };
 
@@ -304,7 +311,7 @@ static struct row *add_row(const char *kase, const char *shape, uint32_t m, uint
 		DIE("too many rows");
 	struct row *r = &rows[nrows++];
 	*r = (struct row){.m = m, .clients = clients, .inproc = NAN, .p50 = NAN, .p99 = NAN, .rps = NAN, .lpr = NAN,
-			  .inproc_p99 = NAN};
+			  .inproc_p99 = NAN, .queue50 = NAN, .exec50 = NAN};
 	snprintf(r->kase, sizeof r->kase, "%s%s%s", kase, label[0] ? " " : "", label);
 	snprintf(r->shape, sizeof r->shape, "%s", shape);
 	return r;
@@ -353,7 +360,7 @@ static void write_out(struct bench *B, const char *out, const char *note)
 	if (!csv || !md)
 		DIE("%s: %s", path, strerror(errno));
 	fprintf(csv, "date,gpu,case,shape,m,clients,inproc_us,daemon_p50_us,daemon_p99_us,requests_per_s,"
-		     "launches_per_request\n");
+		     "launches_per_request,daemon_queue_p50_us,daemon_exec_p50_us\n");
 	fprintf(md, "# Service benchmark, %s\n\n", date);
 	fprintf(md, "bench/bench_serve.c, shape set %s (%u blocks), in-process on %s, device: %s.\n", B->S->name,
 		B->blocks, B->gpu ? "the GPU (device activations, quant + GEMM + synchronize)" : "the cpu backend",
@@ -361,7 +368,8 @@ static void write_out(struct bench *B, const char *out, const char *note)
 	if (note && note[0])
 		fprintf(md, "%s\n", note);
 	fprintf(md, "\n| case | shape | m | clients | in-process p50 us | in-process p99 us | daemon p50 us | "
-		    "daemon p99 us | requests/s | launches/request |\n|---|---|---|---|---|---|---|---|---|---|\n");
+		    "daemon p99 us | requests/s | launches/request | daemon queue p50 us | daemon exec p50 us |\n"
+		    "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
 	for (size_t i = 0; i < nrows; i++) {
 		const struct row *r = &rows[i];
 		/* the gpu field: no commas in it */
@@ -380,10 +388,14 @@ static void write_out(struct bench *B, const char *out, const char *note)
 		put_num(csv, r->rps, "%.1f");
 		fputc(',', csv);
 		put_num(csv, r->lpr, "%.3f");
+		fputc(',', csv);
+		put_num(csv, r->queue50, "%.2f");
+		fputc(',', csv);
+		put_num(csv, r->exec50, "%.2f");
 		fputc('\n', csv);
 		fprintf(md, "| %s | %s | %u | %u | ", r->kase, r->shape, r->m, r->clients);
-		const double v[6] = {r->inproc, r->inproc_p99, r->p50, r->p99, r->rps, r->lpr};
-		for (int j = 0; j < 6; j++) {
+		const double v[8] = {r->inproc, r->inproc_p99, r->p50, r->p99, r->rps, r->lpr, r->queue50, r->exec50};
+		for (int j = 0; j < 8; j++) {
 			if (isnan(v[j]))
 				fprintf(md, "- | ");
 			else
@@ -437,6 +449,7 @@ static void case_a(struct bench *B)
 {
 	const uint32_t total = opt.warm + opt.calls;
 	double *ti = malloc(total * sizeof *ti), *td = malloc(total * sizeof *td);
+	double *tq = malloc(total * sizeof *tq), *te = malloc(total * sizeof *te);
 	for (size_t s = 0; s < B->S->n; s++)
 		for (size_t mi = 0; mi < opt.nms; mi++) {
 			const uint32_t m = opt.ms[mi], n = B->S->s[s].n, k = B->S->s[s].k;
@@ -466,6 +479,8 @@ static void case_a(struct bench *B)
 					daemon_call(&B->main, layer_index(B, c % B->blocks, (int)s), m);
 					const double t1 = now_us();
 					if (c >= opt.warm / 2) {
+						tq[nd] = B->main.queue_ns / 1e3;
+						te[nd] = B->main.exec_ns / 1e3;
 						td[nd++] = t1 - t0;
 						busy += t1 - t0;
 					}
@@ -483,12 +498,16 @@ static void case_a(struct bench *B)
 			r->rps = busy > 0 ? nd / busy * 1e6 : NAN;
 			/* r1 - r0 holds the calls of both halves (warm-up included) */
 			r->lpr = r1 > r0 ? (double)(l1 - l0) / (double)(r1 - r0) : NAN;
+			r->queue50 = summarize(tq, nd).p50;
+			r->exec50 = summarize(te, nd).p50;
 			printf("a %-12s m=%-5u in-process p50 %9.2f p99 %9.2f | daemon p50 %9.2f p99 %9.2f (+%.2f us)\n",
 			       shape, m, a.p50, a.p99, d.p50, d.p99, d.p50 - a.p50);
 			fflush(stdout);
 		}
 	free(ti);
 	free(td);
+	free(tq);
+	free(te);
 }
 
 static void case_b(struct bench *B)
@@ -554,7 +573,7 @@ struct lock_arg {
 	struct client *c;
 	struct spin_barrier *bar;
 	uint32_t li, iters, m;
-	double *lat;
+	double *lat, *lq, *le;   /* per iteration: round trip, the daemon's queue and execution, us */
 	double t_end;
 };
 
@@ -566,6 +585,8 @@ static void *lockstep_main(void *p)
 		const double t0 = now_us();
 		daemon_call(a->c, a->li, a->m);
 		a->lat[i] = now_us() - t0;
+		a->lq[i] = a->c->queue_ns / 1e3;
+		a->le[i] = a->c->exec_ns / 1e3;
 	}
 	spin_wait(a->bar);
 	a->t_end = now_us();
@@ -589,6 +610,7 @@ static void case_c(struct bench *B, const char *socket, const char *dir)
 	snprintf(shape, sizeof shape, "%ux%u", n, k);
 	ra = find_row("a", shape, 1, 1);
 	double *lat = malloc((size_t)8 * opt.iters * sizeof *lat);
+	double *lq = malloc((size_t)8 * opt.iters * sizeof *lq), *le = malloc((size_t)8 * opt.iters * sizeof *le);
 	for (int ci = 0; ci < 4; ci++) {
 		const uint32_t nc = counts[ci];
 		struct spin_barrier bar = {.n = nc + 1};
@@ -597,7 +619,8 @@ static void case_c(struct bench *B, const char *socket, const char *dir)
 		uint64_t r0, l0, r1, l1;
 		/* warm-up: a few lockstep rounds */
 		for (uint32_t i = 0; i < nc; i++) {
-			args[i] = (struct lock_arg){&cl[i], &bar, li, opt.iters / 10 + 1, 1, lat + (size_t)i * opt.iters, 0};
+			args[i] = (struct lock_arg){&cl[i], &bar, li, opt.iters / 10 + 1, 1, lat + (size_t)i * opt.iters,
+						    lq + (size_t)i * opt.iters, le + (size_t)i * opt.iters, 0};
 			pthread_create(&th[i], NULL, lockstep_main, &args[i]);
 		}
 		for (uint32_t it = 0; it < opt.iters / 10 + 2; it++)
@@ -631,11 +654,15 @@ static void case_c(struct bench *B, const char *socket, const char *dir)
 		r->p99 = d.p99;
 		r->rps = (double)nc * opt.iters / (t1 - t0) * 1e6;
 		r->lpr = r1 > r0 ? (double)(l1 - l0) / (double)(r1 - r0) : NAN;
+		r->queue50 = summarize(lq, (size_t)nc * opt.iters).p50;
+		r->exec50 = summarize(le, (size_t)nc * opt.iters).p50;
 		printf("c %u clients lockstep m=1 %s: %.0f requests/s, p50 %.2f p99 %.2f us, %.3f launches/request\n", nc,
 		       shape, r->rps, d.p50, d.p99, r->lpr);
 		fflush(stdout);
 	}
 	free(lat);
+	free(lq);
+	free(le);
 	for (int i = 0; i < 8; i++)
 		client_close(&cl[i]);
 }
@@ -870,6 +897,12 @@ static int run(int argc, char **argv)
 			label = v;
 		} else if (strcmp(o, "--note") == 0) {
 			note = v;
+		} else if (strcmp(o, "--spin-us") == 0) {
+			char *end;
+			long sp = strtol(v, &end, 10);
+			if (*end || end == v || sp < -1 || sp > 1000000)
+				DIE("--spin-us: -1 (never spin), 0 (the library's default) or microseconds, not '%s'", v);
+			B.spin_us = (int32_t)sp;
 		} else if (strcmp(o, "--ms") == 0) {
 			opt.nms = 0;
 			char buf[256];
@@ -964,6 +997,6 @@ int main(int argc, char **argv)
 	fprintf(stderr, "usage: bench_serve gen DIR 27b|minilm [BLOCKS]\n"
 			"       bench_serve run SOCKET DIR 27b|minilm OUT [--inproc cpu|gpu] [--calls N] [--warm N]\n"
 			"           [--ms 1,4,16,64,256,2048] [--step-reps N] [--iters N] [--decode-calls N]\n"
-			"           [--prefill-m M] [--cases abcd] [--label TEXT] [--note TEXT]\n");
+			"           [--prefill-m M] [--cases abcd] [--label TEXT] [--note TEXT] [--spin-us US]\n");
 	return 2;
 }

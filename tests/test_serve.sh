@@ -19,15 +19,20 @@ show "$tmp/log"
 if [ $rc = 0 ]; then ok "bench_serve ran every case, results correct"; else bad "bench_serve exit $rc"; fi
 
 csv=$tmp/serve.csv
-hdr='date,gpu,case,shape,m,clients,inproc_us,daemon_p50_us,daemon_p99_us,requests_per_s,launches_per_request'
+hdr='date,gpu,case,shape,m,clients,inproc_us,daemon_p50_us,daemon_p99_us,requests_per_s,launches_per_request,daemon_queue_p50_us,daemon_exec_p50_us'
 if [ -f "$csv" ] && [ "$(head -n 1 "$csv")" = "$hdr" ]; then ok "CSV header"; else bad "CSV header: $(head -n 1 "$csv" 2>&1)"; fi
 [ -s "$csv" ] || bad "no CSV at $csv"
-# 11 fields a row; m and clients whole numbers; the five figures empty or numbers
+# 13 fields a row; m and clients whole numbers; the seven figures empty or numbers
 badrows=$(tail -n +2 "$csv" 2>/dev/null | awk -F, '
-	NF != 11 { print NR ": " NF " fields"; next }
+	NF != 13 { print NR ": " NF " fields"; next }
 	$5 !~ /^[0-9]+$/ || $6 !~ /^[0-9]+$/ { print NR ": m/clients"; next }
-	{ for (i = 7; i <= 11; i++) if ($i != "" && $i !~ /^-?[0-9]+(\.[0-9]+)?$/) { print NR ": field " i " = " $i; next } }')
+	{ for (i = 7; i <= 13; i++) if ($i != "" && $i !~ /^-?[0-9]+(\.[0-9]+)?$/) { print NR ": field " i " = " $i; next } }')
 if [ -z "$badrows" ]; then ok "CSV rows well-formed"; else bad "CSV rows: $badrows"; fi
+# the daemon's own account (queue, execution) is filled for cases a and c;
+# each part of every call is within its round trip, so each median is
+# within the round trip's median
+qe=$(tail -n +2 "$csv" 2>/dev/null | awk -F, '($3 == "a" || $3 == "c") && ($12 == "" || $13 == "" || $12 > $8 + 0.01 || $13 > $8 + 0.01) { print NR }')
+if [ -z "$qe" ]; then ok "queue and execution p50 each within the round trip p50"; else bad "queue/exec columns, rows: $qe"; fi
 # case a: 3 shapes x 4 M; b: 1; c: 1, 2, 4, 8 clients; d: 4 rows
 for want in "a:12" "b:1" "c:4" "d:4"; do
 	c=${want%%:*} n=${want#*:}
