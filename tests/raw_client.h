@@ -352,8 +352,9 @@ static inline uint32_t raw_load_dir(struct raw *w, const char *dir)
  * one Hello with a Welcome (server_version "0.1.0-old") that has none of
  * map_layout_version, tensors_version and max_request_layers, then reads
  * until EOF. Exits 0 when nothing but the Hello came, 3 when another
- * message did (a real old daemon would have ended the session over it). */
-static inline pid_t raw_old_daemon(const char *path)
+ * message did (a real old daemon would have ended the session over it).
+ * Its Welcome names `backend` ("cuda" for raw_old_daemon). */
+static inline pid_t raw_old_daemon_backend(const char *path, const char *backend)
 {
 	int ls = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	assert_true(ls >= 0);
@@ -386,7 +387,7 @@ static inline pid_t raw_old_daemon(const char *path)
 				Rdw__ServerMessage sm = RDW__SERVER_MESSAGE__INIT;
 				w.protocol_version = RADIANCE_PROTOCOL_VERSION;
 				w.server_version = "0.1.0-old";
-				w.backend = "cuda";
+				w.backend = (char *)backend;
 				w.device = "an old one";
 				w.max_rows = 16;
 				sm.tag = m->tag;
@@ -407,6 +408,11 @@ static inline pid_t raw_old_daemon(const char *path)
 	_exit(other ? 3 : 0);
 }
 
+static inline pid_t raw_old_daemon(const char *path)
+{
+	return raw_old_daemon_backend(path, "cuda");
+}
+
 /* raw_old_daemon on a socket in a fresh mkdtemp directory. */
 struct raw_old {
 	char dir[32];
@@ -414,12 +420,17 @@ struct raw_old {
 	pid_t pid;
 };
 
-static inline void raw_old_start(struct raw_old *o)
+static inline void raw_old_start_backend(struct raw_old *o, const char *backend)
 {
 	snprintf(o->dir, sizeof o->dir, "/tmp/radiance-old-XXXXXX");
 	assert_non_null(mkdtemp(o->dir));
 	snprintf(o->path, sizeof o->path, "%s/old.sock", o->dir);
-	o->pid = raw_old_daemon(o->path);
+	o->pid = raw_old_daemon_backend(o->path, backend);
+}
+
+static inline void raw_old_start(struct raw_old *o)
+{
+	raw_old_start_backend(o, "cuda");
 }
 
 /* After the client has disconnected: the fake daemon must have exited 0

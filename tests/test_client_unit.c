@@ -27,6 +27,7 @@
 #include "client-private.h"
 #include "proto_util.h"
 #include "radiance.h"
+#include "raw_client.h"
 #include "wire.h"
 
 /* --- arena ---------------------------------------------------------------- */
@@ -302,6 +303,34 @@ static void log_keep(void *user, int priority, const char *msg)
 static void log_collect(void *user, int priority, const char *msg)
 {
 	(*(int *)user)++;
+}
+
+/* The spin a wait gets (struct radiance's spin_us, resolved at the
+ * Welcome): the default follows the daemon's backend, an explicit one is
+ * kept, -1 never spins. */
+static int spin_after_welcome(const char *backend, int32_t spin_opt)
+{
+	struct raw_old d;
+	raw_old_start_backend(&d, backend);
+	struct radiance_options o = RADIANCE_OPTIONS_INIT;
+	o.spin_us = spin_opt;
+	struct radiance *r = radiance_connect(d.path, &o);
+	assert_non_null(r);
+	assert_string_equal(radiance_get_server_info(r)->backend, backend);
+	const int spin = r->spin_us;
+	radiance_disconnect(r);
+	raw_old_reap(&d);
+	return spin;
+}
+
+static void default_spin_follows_backend(void **state)
+{
+	assert_int_equal(spin_after_welcome("cpu", 0), RADIANCE__DEFAULT_SPIN_US);
+	assert_int_equal(spin_after_welcome("cuda", 0), RADIANCE__DEFAULT_SPIN_US_GPU);
+	assert_int_equal(spin_after_welcome("hip", 0), RADIANCE__DEFAULT_SPIN_US_GPU);
+	assert_int_equal(spin_after_welcome("cuda", 7), 7);
+	assert_int_equal(spin_after_welcome("cpu", 500), 500);
+	assert_int_equal(spin_after_welcome("cuda", -1), 0);
 }
 
 static void connect_failures(void **state)
@@ -708,6 +737,7 @@ int main(void)
 		cmocka_unit_test(connect_failures),
 		cmocka_unit_test(connect_not_a_socket),
 		cmocka_unit_test(connect_refused_by_daemon),
+		cmocka_unit_test(default_spin_follows_backend),
 		cmocka_unit_test(connect_timeout_never_answers),
 		cmocka_unit_test(connect_waits_for_socket),
 		cmocka_unit_test(session_ended_by_daemon),
