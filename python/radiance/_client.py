@@ -141,6 +141,43 @@ def _cstr(ffi, p) -> str:
     return ffi.string(p).decode("utf-8", "replace") if p != ffi.NULL else ""
 
 
+class _ClientLock:
+    """A Client's lock: reentrant (the package's calls nest on one thread),
+    but a call from inside a callback the client is running (load()'s
+    progress, a logging handler fed by libradiance's log) is refused with
+    EDEADLK: it would run inside libradiance's call on the same handle
+    (which refuses that too), and a close() there would take the session
+    away from under the call that runs the callback."""
+    __slots__ = ("_lock", "callback")
+
+    def __init__(self):
+        self._lock = threading.RLock()
+        # (thread ident, what) while that thread runs a callback, else None
+        self.callback: Optional[Tuple[int, str]] = None
+
+    def __enter__(self) -> "_ClientLock":
+        cb = self.callback
+        if cb is not None and cb[0] == threading.get_ident():
+            raise RadianceError(errno.EDEADLK, f"the client was called from inside its own "
+                                f"{cb[1]}, which runs within one of its calls: call it once "
+                                f"that call has returned")
+        self._lock.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._lock.release()
+
+    def running(self, what: str, fn: Callable[..., Any], *args) -> Any:
+        """fn(*args) as the callback `what`: calls into the client from it
+        are refused."""
+        outer = self.callback
+        self.callback = (threading.get_ident(), what)
+        try:
+            return fn(*args)
+        finally:
+            self.callback = outer
+
+
 # --------------------------------------------------------------------------
 # one libradiance handle = one daemon session
 # --------------------------------------------------------------------------
@@ -216,7 +253,9 @@ class Client(ClosedWhenCollected):
     thread-safe); the lock is released during waits for asynchronous
     results in slices of 50 ms, and the GIL is released inside every C call.
     For parallel requests from many threads, one Client per thread avoids the
-    lock.
+    lock. load()'s progress callback and logging handlers fed by
+    libradiance run inside the client's call: a call into the same client
+    from them raises RadianceError(EDEADLK).
 
     Fork: a child process that uses an inherited Client gets a fresh session
     on its first call (the parent's session is never touched; the child's copy
@@ -262,7 +301,7 @@ class Client(ClosedWhenCollected):
         self._name = name if name is not None else \
             f"python:{os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else 'python'}"
         self._sizes = (arena_bytes, sq_entries, cq_entries, spin_us)
-        self._lock = threading.RLock()
+        self._lock = _ClientLock()
         self._session: Optional[_Session] = None
         self._models: Dict[str, "Model"] = {}
         self._closed = False
@@ -285,7 +324,7 @@ class Client(ClosedWhenCollected):
             if held["records"] is not None and priority <= _LOG_WARNING:
                 held["records"].append((level, text))
             else:
-                log.log(level, "%s", text)
+                self._lock.running("logging handler", log.log, level, "%s", text)
 
         cb = ffi.callback("radiance_log_fn", on_log)
         opt = ffi.new("struct radiance_options *")
@@ -487,7 +526,8 @@ class Client(ClosedWhenCollected):
         progress: called as progress(done_bytes, total_bytes) while the
             daemon reads; an exception it raises is re-raised once the load
             has finished (the load itself cannot be interrupted), and the
-            model is released.
+            model is released. It runs inside this call: a call into this
+            client from it raises RadianceError(EDEADLK).
 
         Raises RadianceError: ENOENT (directory or a file missing), EACCES,
         EINVAL (malformed checkpoint, with the daemon's reason), EEXIST
@@ -503,7 +543,8 @@ class Client(ClosedWhenCollected):
             def on_progress(user, done, total):
                 if not raised:
                     try:
-                        progress(int(done), int(total))
+                        self._lock.running("load progress callback", progress, int(done),
+                                           int(total))
                     except BaseException as e:   # noqa: B902 - re-raised below
                         raised.append(e)
             cb = ffi.callback("radiance_load_progress_fn", on_progress)
@@ -1208,7 +1249,7 @@ def _after_fork_child() -> None:
     # child: a fresh one. The session itself is replaced on first use (the
     # pid check in _sess()).
     for c in list(_CLIENTS):
-        c._lock = threading.RLock()
+        c._lock = _ClientLock()
 
 
 if hasattr(os, "register_at_fork"):

@@ -261,6 +261,56 @@ def test_progress_exception_is_reraised_after_the_load(client):
     assert client.load(CKPT).linear(0, rand((2, 384))).shape == (2, 384)
 
 
+def test_calls_from_the_clients_own_callbacks_are_refused(own_daemon):
+    # A progress callback or a logging handler runs inside one of the
+    # client's calls: a call back into the client is EDEADLK, and the call
+    # running the callback goes on. (It used to nest into libradiance's
+    # call: the attach broke the session with EPROTO, and a close() there
+    # freed the handle under the load: a crash.)
+    seen = []
+
+    def try_calls(where):
+        for what, call in (("attach", lambda: client.attach("minilm-w4g128")),
+                           ("models", client.resident_models), ("close", client.close)):
+            try:
+                call()
+                seen.append((where, what, "returned"))
+            except radiance.RadianceError as e:
+                seen.append((where, what, e.code))
+                assert f"called from inside its own {where}" in e.message, e.message
+
+    def progress(done, total):
+        if not seen:
+            try_calls("load progress callback")
+
+    class Reenter(logging.Handler):
+        def emit(self, record):
+            if "no-such-model" in record.getMessage() and len(seen) == 3:
+                try_calls("logging handler")
+
+    handler = Reenter()
+    logger = logging.getLogger("radiance")
+    logger.addHandler(handler)
+    old_level = logger.level
+    logger.setLevel(logging.DEBUG)   # the client asks libradiance for everything
+    try:
+        client = radiance.Client(socket=own_daemon.socket, timeout=30)
+        m = client.load(CKPT, progress=progress)
+        assert seen == [("load progress callback", w, "EDEADLK")
+                        for w in ("attach", "models", "close")]
+        with pytest.raises(radiance.RadianceError) as ei:
+            client.attach("no-such-model")   # logged by libradiance as it fails
+        assert ei.value.errno == errno.ENOENT
+        assert seen[3:] == [("logging handler", w, "EDEADLK")
+                            for w in ("attach", "models", "close")]
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
+    # the client was not closed under the load, nor broken by the calls
+    assert m.linear(Q, rand((2, 384))).shape == (2, 384)
+    client.close()
+
+
 # -- argument checks ----------------------------------------------------------------
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int16, np.uint16,
                                    ml_dtypes.float8_e4m3fn])
