@@ -137,6 +137,24 @@ def _is_torch(x: Any) -> bool:
     return t is not None and isinstance(x, t.Tensor)
 
 
+def _c_text(what: str, value: Any, path: bool = False) -> bytes:
+    """value as the C string libradiance takes: a str (a path also bytes or
+    os.PathLike), encoded as UTF-8 (a path as the file system encodes it).
+    A NUL in it would end the C string early, naming another socket, model
+    or directory than the caller's: EINVAL, as a wrong type is."""
+    if path and isinstance(value, (str, bytes, os.PathLike)):
+        b = os.fsencode(value)
+    elif isinstance(value, str):
+        b = value.encode()
+    else:
+        raise RadianceError(errno.EINVAL, f"{what} must be a str, not {value!r}")
+    i = b.find(b"\0")
+    if i >= 0:
+        raise RadianceError(errno.EINVAL, f"{what} {os.fsdecode(b)!r} has a NUL at byte {i}; "
+                                          f"a C string would end there")
+    return b
+
+
 def _cstr(ffi, p) -> str:
     return ffi.string(p).decode("utf-8", "replace") if p != ffi.NULL else ""
 
@@ -228,7 +246,8 @@ class Client(ClosedWhenCollected):
     """A connection to radianced (one session), shared by the Models it opens.
 
     Args:
-        socket: the daemon's Unix socket; None: libradiance's default
+        socket: the daemon's Unix socket (str, bytes or os.PathLike; a NUL
+            in it is EINVAL, as in the names); None: libradiance's default
             ($RADIANCE_SOCKET, else /run/radiance/radiance.sock for root, else
             $XDG_RUNTIME_DIR/radiance.sock if it exists, else the system one).
         timeout: longest wait for one control reply (connect, load progress
@@ -239,8 +258,9 @@ class Client(ClosedWhenCollected):
             daemon's or library's default).
 
     Connects at once (raises RadianceError: ENOENT/ECONNREFUSED no daemon
-    there, ENOTSOCK not a socket, EACCES the socket keeps this uid out (the
-    message names the daemon's --group / SocketGroup= that lets a user in),
+    there, EINVAL a bad argument, ENOTSOCK not a socket, EACCES the socket
+    keeps this uid out (the message names the daemon's --group /
+    SocketGroup= that lets a user in),
     EBUSY the daemon's session limit, EPROTO another protocol, ETIMEDOUT).
 
     Logging: libradiance's messages go to the ``radiance`` logger (which
@@ -295,11 +315,12 @@ class Client(ClosedWhenCollected):
                 raise RadianceError(-rc, "the default socket path ($RADIANCE_SOCKET) is too long")
             self._socket = self._ffi.string(buf).decode()
         else:
-            self._socket = os.fspath(socket)
+            self._socket = os.fsdecode(_c_text("socket", socket, path=True))
             if not self._socket:
                 raise RadianceError(errno.EINVAL, "socket is an empty path")
         self._name = name if name is not None else \
             f"python:{os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else 'python'}"
+        _c_text("name", self._name)
         self._sizes = (arena_bytes, sq_entries, cq_entries, spin_us)
         self._lock = _ClientLock()
         self._session: Optional[_Session] = None
@@ -329,7 +350,7 @@ class Client(ClosedWhenCollected):
         cb = ffi.callback("radiance_log_fn", on_log)
         opt = ffi.new("struct radiance_options *")
         opt.size = ffi.sizeof("struct radiance_options")
-        cname = ffi.new("char[]", self._name.encode())
+        cname = ffi.new("char[]", _c_text("name", self._name))
         opt.client_name = cname
         opt.log = cb
         opt.log_priority = _LOG_DEBUG if log.isEnabledFor(logging.DEBUG) else _LOG_WARNING
@@ -338,7 +359,7 @@ class Client(ClosedWhenCollected):
         # one attempt: the caller's next call is the retry (see reconnecting
         # above), and "no daemon" is said at once rather than after 30 s
         opt.connect_timeout_ms = -1
-        h = lib.radiance_connect(self._socket.encode(), opt)
+        h = lib.radiance_connect(os.fsencode(self._socket), opt)
         e = ffi.errno
         records, held["records"] = held["records"], None
         for level, text in records:
@@ -486,12 +507,13 @@ class Client(ClosedWhenCollected):
         opt.size = ffi.sizeof("struct radiance_load_options")
         keep = []
         if name:
-            cname = ffi.new("char[]", name.encode())
+            cname = ffi.new("char[]", _c_text("name", name))
             keep.append(cname)
             opt.name = cname
         if progress is not None:
             opt.progress = progress
-        return self._lib.radiance_load_model(s.h, os.fsencode(directory), opt, out)
+        return self._lib.radiance_load_model(s.h, _c_text("directory", directory, path=True),
+                                             opt, out)
 
     # -- public ---------------------------------------------------------------
     @property
@@ -532,6 +554,9 @@ class Client(ClosedWhenCollected):
         Raises RadianceError: ENOENT (directory or a file missing), EACCES,
         EINVAL (malformed checkpoint, with the daemon's reason), EEXIST
         (another checkpoint holds that name), ENOMEM, ETIMEDOUT."""
+        _c_text("directory", directory, path=True)
+        if name is not None:
+            _c_text("name", name)
         directory = os.path.abspath(os.fspath(directory))
         ffi = self._ffi
         raised: List[BaseException] = []
@@ -567,13 +592,14 @@ class Client(ClosedWhenCollected):
         name)."""
         if not isinstance(name, str) or not name:
             raise RadianceError(errno.EINVAL, f"model name must be a non-empty str, not {name!r}")
+        _c_text("model name", name)
         with self._lock:
             m = self._models.get(name)
             if m is not None:
                 return m
             s = self._sess()
             out = self._ffi.new("uint32_t *")
-            rc = self._lib.radiance_attach_model(s.h, name.encode(), out)
+            rc = self._lib.radiance_attach_model(s.h, _c_text("model name", name), out)
             if rc < 0:
                 raise self._fail(s, rc, f"attaching model '{name}'")
             return self._open(s, int(out[0]), None)

@@ -104,6 +104,35 @@ def test_connect_failures_name_the_socket(tmp_path):
     assert ei.value.errno == errno.EINVAL and "timeout" in ei.value.message
 
 
+def test_strings_with_a_nul_are_refused_not_cut(daemon, client):
+    # libradiance takes C strings: a NUL would end one early, and the call
+    # would name another socket, model, directory (it used to: attach("m\0x")
+    # attached m, load(dir + "\0x") loaded dir)
+    m = client.load(CKPT)
+    calls = [
+        ("socket", lambda: radiance.Client(daemon.socket + "\0x")),
+        ("socket", lambda: radiance.Client(os.fsencode(daemon.socket) + b"\0x")),
+        ("name", lambda: radiance.Client(daemon.socket, name="engine\0x")),
+        ("model name", lambda: client.attach(m.name + "\0x")),
+        ("directory", lambda: client.load(str(CKPT) + "\0x")),
+        ("name", lambda: client.load(CKPT, name="other\0x")),
+    ]
+    for what, call in calls:
+        with pytest.raises(radiance.RadianceError) as ei:
+            call()
+        assert ei.value.errno == errno.EINVAL, (what, ei.value)
+        assert f"{what} " in ei.value.message and "NUL" in ei.value.message, ei.value.message
+    assert [r.name for r in client.resident_models()] == [m.name]
+    # the socket may be bytes (os.fspath's other kind); names are str
+    with radiance.Client(os.fsencode(daemon.socket)) as c:
+        assert c.attach(m.name).layers == m.layers
+    for call in (lambda: radiance.Client(daemon.socket, name=5),
+                 lambda: client.load(CKPT, name=5)):
+        with pytest.raises(radiance.RadianceError) as ei:
+            call()
+        assert ei.value.errno == errno.EINVAL and "must be a str" in ei.value.message
+
+
 def _client_in_a_child(code, as_nobody=False):
     """Runs `code` (radiance imported, no logging configured) in a fresh
     interpreter, as uid 65534 through setpriv when as_nobody."""
