@@ -41,6 +41,7 @@ _KIND = {1: "w4a8", 2: "bf16"}
 # fresh session: the daemon went away (restart; ESHUTDOWN: it said it stops);
 # linear is a pure function, nothing was delivered
 _LOST = (errno.ECONNRESET, errno.EPIPE, errno.ENOTCONN, errno.ESHUTDOWN)
+_INT32_MAX = 2**31 - 1
 # one wait holds the client's lock at most this long, so threads sharing the
 # client get their turn while a request is slow
 _WAIT_SLICE_MS = 50
@@ -296,18 +297,24 @@ class Client(ClosedWhenCollected):
                  spin_us: int = 0):
         self._ffi, self._lib = _lib.load()
         if timeout is not None:
-            if not (isinstance(timeout, (int, float)) and math.isfinite(timeout) and timeout > 0):
-                raise RadianceError(errno.EINVAL, f"timeout must be a positive number of seconds "
-                                                  f"or None, not {timeout!r}")
+            # radiance_options.timeout_ms is an int32_t
+            if not (isinstance(timeout, (int, float)) and math.isfinite(timeout) and
+                    0 < timeout <= _INT32_MAX / 1000):
+                raise RadianceError(errno.EINVAL, f"timeout must be a number of seconds in "
+                                                  f"(0, {_INT32_MAX // 1000}] or None, not "
+                                                  f"{timeout!r}")
             self._timeout_ms = max(1, int(round(timeout * 1000)))
         else:
             self._timeout_ms = 0
-        for k, v in (("arena_bytes", arena_bytes), ("sq_entries", sq_entries),
-                     ("cq_entries", cq_entries)):
-            if not isinstance(v, int) or v < 0:
-                raise RadianceError(errno.EINVAL, f"{k} must be an int >= 0, not {v!r}")
-        if not isinstance(spin_us, int) or spin_us < -1:
-            raise RadianceError(errno.EINVAL, f"spin_us must be an int >= -1, not {spin_us!r}")
+        # the C fields' ranges: a larger value would be cffi's OverflowError
+        for k, v, hi in (("arena_bytes", arena_bytes, 2**64 - 1),
+                         ("sq_entries", sq_entries, 2**32 - 1),
+                         ("cq_entries", cq_entries, 2**32 - 1)):
+            if not isinstance(v, int) or not 0 <= v <= hi:
+                raise RadianceError(errno.EINVAL, f"{k} must be an int in 0..{hi}, not {v!r}")
+        if not isinstance(spin_us, int) or not -1 <= spin_us <= _INT32_MAX:
+            raise RadianceError(errno.EINVAL, f"spin_us must be an int in -1..{_INT32_MAX}, "
+                                              f"not {spin_us!r}")
         if socket is None:
             buf = self._ffi.new("char[]", 4096)
             rc = self._lib.radiance_default_socket_path(buf, 4096)

@@ -133,6 +133,19 @@ def test_strings_with_a_nul_are_refused_not_cut(daemon, client):
         assert ei.value.errno == errno.EINVAL and "must be a str" in ei.value.message
 
 
+@pytest.mark.parametrize("kw", [dict(sq_entries=2**32), dict(cq_entries=2**40),
+                                dict(arena_bytes=2**64), dict(spin_us=2**31),
+                                dict(spin_us=-2), dict(timeout=1e12), dict(timeout=0)])
+def test_client_sizes_beyond_the_c_fields_are_einval(tmp_path, kw):
+    # each is checked against its radiance_options field before anything is
+    # sent (it used to be cffi's OverflowError, naming the C type only)
+    (k, v), = kw.items()
+    with pytest.raises(radiance.RadianceError) as ei:
+        radiance.Client(tmp_path / "none.sock", **kw)
+    assert ei.value.errno == errno.EINVAL
+    assert ei.value.message.startswith(f"{k} must be") and repr(v) in ei.value.message
+
+
 def _client_in_a_child(code, as_nobody=False):
     """Runs `code` (radiance imported, no logging configured) in a fresh
     interpreter, as uid 65534 through setpriv when as_nobody."""
