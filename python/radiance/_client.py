@@ -845,14 +845,24 @@ class Model(Closing):
         Returns [y_0, ..., y_{n-1}], y_j [..., N_j] bf16 (numpy
         ml_dtypes.bfloat16, or torch.bfloat16 tensors when x is one).
 
-        Raises RadianceError: EINVAL (no layers, more than the daemon takes,
+        Raises RadianceError: EINVAL (layers not a list (one str, Layer or
+        index alone), out not a list, no layers, more than the daemon takes,
         a layer named twice, layers of different K: the message names them
         and their K; x and out as linear()), ENOENT (a layer: no such name,
         index out of range), ENOTSUP (the daemon predates several-layer
         requests: "not supported by this daemon"), EBADF, the daemon's
         status for a refused request, a connection error."""
-        ls = [self.layer(l) for l in layers]
         where = f"model '{self.name}'"
+        # one layer given alone: a str would be iterated letter by letter,
+        # a Layer (a tuple) field by field
+        if isinstance(layers, (str, bytes, int, Layer)) or not hasattr(layers, "__iter__"):
+            raise RadianceError(errno.EINVAL, f"{where}: layers must be a list of layers (names, "
+                                f"indexes or Layers), not {type(layers).__name__} {layers!r} "
+                                f"(linear() takes one layer)")
+        if out is not None and (isinstance(out, np.ndarray) or _is_torch(out)):
+            raise RadianceError(errno.EINVAL, f"{where}: out must be a list of one output (or "
+                                f"None) per layer, not {type(out).__name__}")
+        ls = [self.layer(l) for l in layers]
         if not ls:
             raise RadianceError(errno.EINVAL, f"{where}: linear_multi needs at least one layer")
         for j, l in enumerate(ls):
@@ -1196,16 +1206,23 @@ class Request:
             return all(sl.done or sl.session is not s for sl in self._slots)
 
     def result(self, timeout: Optional[float] = None) -> Array:
-        """Waits (up to `timeout` seconds; None: no limit) and returns y
-        [..., N] bf16 (an ndarray, a tensor for tensor inputs, or the `out`
-        given to submit). May be called again: returns the same object.
+        """Waits (up to `timeout` seconds; 0 or less: only looks; None: no
+        limit) and returns y [..., N] bf16 (an ndarray, a tensor for tensor
+        inputs, or the `out` given to submit). May be called again: returns
+        the same object.
 
-        Raises RadianceError: ETIMEDOUT (not complete in time; the request
+        Raises RadianceError: EINVAL (timeout neither None nor a number, or
+        NaN), ETIMEDOUT (not complete in time; the request
         stays valid, call again), the daemon's status with its text for a
         refused request, ECONNRESET (or the connection's error) when the
         connection was lost while it was in flight, ECHILD in a forked child
         for a request of the parent, EBADF when the client was closed."""
         c = self.model._client
+        if timeout is not None and (isinstance(timeout, bool) or
+                                    not isinstance(timeout, (int, float)) or
+                                    math.isnan(timeout)):
+            raise RadianceError(errno.EINVAL, f"timeout must be a number of seconds or None, "
+                                f"not {timeout!r}")
         deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
         if self._read:
             return self._p.result

@@ -146,6 +146,18 @@ def test_client_sizes_beyond_the_c_fields_are_einval(tmp_path, kw):
     assert ei.value.message.startswith(f"{k} must be") and repr(v) in ei.value.message
 
 
+def test_result_timeout_must_be_a_number(model):
+    r = model.submit(Q, rand((2, 384)))
+    for bad in (float("nan"), "1", [1]):
+        with pytest.raises(radiance.RadianceError) as ei:
+            r.result(timeout=bad)
+        assert ei.value.errno == errno.EINVAL
+        assert ei.value.message == f"timeout must be a number of seconds or None, not {bad!r}"
+    # the request is still there; a negative timeout is 0: a poll
+    y = r.result(timeout=30)
+    assert r.result(timeout=-1) is y
+
+
 def _client_in_a_child(code, as_nobody=False):
     """Runs `code` (radiance imported, no logging configured) in a fresh
     interpreter, as uid 65534 through setpriv when as_nobody."""
