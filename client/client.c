@@ -97,10 +97,10 @@ static void vlog(struct radiance *r, int level, const char *fmt, va_list ap)
 	char buf[1024];
 	vsnprintf(buf, sizeof buf, fmt, ap);
 	/* Only the thread inside a call on r marks it: another thread logs
-	 * here when r refused it, and must not write r. */
+	 * here when r refused it, and must not touch the field. */
 	bool mine = atomic_load_explicit(&r->owner, memory_order_relaxed) ==
 		    (uintptr_t)&thread_token;
-	const char *outer = r->in_callback;
+	const char *outer = mine ? r->in_callback : NULL;
 	if (mine)
 		r->in_callback = "log";
 	r->log(r->log_user, level, buf);
