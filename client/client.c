@@ -698,6 +698,22 @@ struct radiance *radiance_connect(const char *socket_path, const struct radiance
 	}
 	if (!socket_path) {
 		if ((rc = radiance_default_socket_path(path, sizeof path)) < 0) {
+			/* no handle to ask why: the log callback is the only place
+			 * the reason can go (a caller would otherwise say "cannot
+			 * connect to : Invalid argument") */
+			if (o.log) {
+				char why[300];
+				const char *dev = getenv("RADIANCE_DEVICE");
+				if (rc == -EINVAL && dev)
+					snprintf(why, sizeof why, "cannot connect: $RADIANCE_DEVICE is "
+						 "'%.64s', not a GPU ordinal (0 to 1024, in decimal "
+						 "without leading zeros), so there is no default socket",
+						 dev);
+				else
+					snprintf(why, sizeof why, "cannot connect: the default socket "
+						 "path ($RADIANCE_SOCKET) is too long for a Unix socket");
+				o.log(o.log_user, LOG_WARNING, why);
+			}
 			errno = -rc;
 			return NULL;
 		}

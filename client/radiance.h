@@ -240,7 +240,8 @@ int radiance_default_socket_path(char *buf, size_t size);
  * There is no handle to ask radiance_error_message() then: the reason (the
  * daemon's text for a refusal, e.g. "too many sessions (the limit is 64)")
  * goes to opt->log at LOG_WARNING, as one message "cannot connect to PATH:
- * REASON". */
+ * REASON" (with no default path: "cannot connect: $RADIANCE_DEVICE is 'X',
+ * not a GPU ordinal ..." or "... ($RADIANCE_SOCKET) is too long ..."). */
 struct radiance *radiance_connect(const char *socket_path, const struct radiance_options *opt);
 
 /* Closes the connection: the daemon drops every model reference and the

@@ -316,11 +316,7 @@ class Client(ClosedWhenCollected):
             raise RadianceError(errno.EINVAL, f"spin_us must be an int in -1..{_INT32_MAX}, "
                                               f"not {spin_us!r}")
         if socket is None:
-            buf = self._ffi.new("char[]", 4096)
-            rc = self._lib.radiance_default_socket_path(buf, 4096)
-            if rc < 0:
-                raise RadianceError(-rc, "the default socket path ($RADIANCE_SOCKET) is too long")
-            self._socket = self._ffi.string(buf).decode()
+            self._socket = default_socket_path()
         else:
             self._socket = os.fsdecode(_c_text("socket", socket, path=True))
             if not self._socket:
@@ -1307,13 +1303,20 @@ if hasattr(os, "register_at_fork"):
 
 
 def default_socket_path() -> str:
-    """The socket Client(socket=None) connects to (radiance_default_socket_path)."""
+    """The socket Client(socket=None) connects to (radiance_default_socket_path).
+
+    Raises RadianceError: EINVAL ($RADIANCE_DEVICE is set but not a GPU
+    ordinal), ENAMETOOLONG ($RADIANCE_SOCKET is too long)."""
     ffi, lib = _lib.load()
     buf = ffi.new("char[]", 4096)
     rc = lib.radiance_default_socket_path(buf, 4096)
+    if rc == -errno.EINVAL:
+        raise RadianceError(-rc, f"$RADIANCE_DEVICE is {os.environ.get('RADIANCE_DEVICE')!r}, "
+                                 f"not a GPU ordinal (0 to 1024, in decimal without leading "
+                                 f"zeros), so there is no default socket")
     if rc < 0:
         raise RadianceError(-rc, "the default socket path ($RADIANCE_SOCKET) is too long")
-    return ffi.string(buf).decode()
+    return os.fsdecode(ffi.string(buf))
 
 
 def library_version() -> str:

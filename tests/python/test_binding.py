@@ -226,6 +226,18 @@ def test_library_warnings_reach_the_radiance_logger(client, tmp_path, caplog):
 def test_default_socket_follows_env(monkeypatch, tmp_path):
     monkeypatch.setenv("RADIANCE_SOCKET", str(tmp_path / "x.sock"))
     assert radiance.default_socket_path() == str(tmp_path / "x.sock")
+    # a $RADIANCE_DEVICE that is no GPU ordinal names no socket: said so
+    # (it used to be "the default socket path ($RADIANCE_SOCKET) is too long")
+    monkeypatch.delenv("RADIANCE_SOCKET")
+    monkeypatch.setenv("RADIANCE_DEVICE", "x1")
+    for call in (radiance.default_socket_path, radiance.Client):
+        with pytest.raises(radiance.RadianceError) as ei:
+            call()
+        assert ei.value.errno == errno.EINVAL
+        assert ei.value.message.startswith("$RADIANCE_DEVICE is 'x1', not a GPU ordinal"), \
+            ei.value.message
+    monkeypatch.setenv("RADIANCE_DEVICE", "3")
+    assert radiance.default_socket_path() == "/run/radiance/radiance-3.sock"
 
 
 # -- models ---------------------------------------------------------------------
