@@ -75,6 +75,10 @@ struct radiance__client_stashed {
 struct radiance {
 	_Atomic(uintptr_t) owner;         /* the thread inside a call on it, 0: none */
 	unsigned depth;                   /* calls nested on that thread */
+	const char *in_callback;          /* "log" or "load progress" while that
+	                                     thread runs the caller's callback
+	                                     (inside a call), else NULL: calls
+	                                     from it are refused (-EDEADLK) */
 	struct rconn conn;
 	int error;                        /* sticky; 0 or -errno */
 	unsigned fork_generation;         /* radiance__fork_generation at connect */
@@ -139,9 +143,11 @@ int radiance__client_usable(struct radiance *r);
 /* One thread at a time (radiance.h, "Thread safety"): every public call
  * that uses a handle brackets its work with these. enter returns 0 when
  * the calling thread holds r now (calls on one thread nest), -EBUSY when
- * another thread is inside a call on r (then nothing of r but the owner
- * word was touched, and this thread's radiance_error_message(r) states the
- * rule, prefixed with func), or -EBADFD when r is used in a forked child.
+ * another thread is inside a call on r, -EDEADLK when the call comes from
+ * a callback r is running (then, in both, nothing of r but the owner word
+ * was touched, and this thread's radiance_error_message(r) states the
+ * rule, prefixed with func, until its outermost call on r ends), or
+ * -EBADFD when r is used in a forked child.
  * leave only after enter returned 0. The owner word's acquire/release also
  * orders the handle's state between threads that take turns properly. */
 int radiance__client_enter(struct radiance *r, const char *func);

@@ -70,6 +70,9 @@ const char *radiance_strerror(int err)
 	case EBUSY:
 		return "busy: another thread is inside a call on this handle, requests are in "
 		       "flight, or the daemon is at a session limit (the message says which)";
+	case EDEADLK:
+		return "called from inside a callback (log, load progress) of a call on the same "
+		       "handle";
 	}
 	const char *s = strerrordesc_np(err);
 	return s ? s : "unknown error";
@@ -84,7 +87,7 @@ static _Thread_local char thread_token;
  * radiance_error_message() on this thread reads this instead of the
  * handle, which the other thread is using. */
 static _Thread_local const struct radiance *busy_handle;
-static _Thread_local char busy_message[192];
+static _Thread_local char busy_message[256];
 
 
 static void vlog(struct radiance *r, int level, const char *fmt, va_list ap)
@@ -93,7 +96,16 @@ static void vlog(struct radiance *r, int level, const char *fmt, va_list ap)
 		return;
 	char buf[1024];
 	vsnprintf(buf, sizeof buf, fmt, ap);
+	/* Only the thread inside a call on r marks it: another thread logs
+	 * here when r refused it, and must not touch the field. */
+	bool mine = atomic_load_explicit(&r->owner, memory_order_relaxed) ==
+		    (uintptr_t)&thread_token;
+	const char *outer = mine ? r->in_callback : NULL;
+	if (mine)
+		r->in_callback = "log";
 	r->log(r->log_user, level, buf);
+	if (mine)
+		r->in_callback = outer;
 }
 
 void radiance__client_log(struct radiance *r, int level, const char *fmt, ...)
@@ -178,6 +190,14 @@ int radiance__client_enter(struct radiance *r, const char *func)
 	if (atomic_compare_exchange_strong_explicit(&r->owner, &seen, me, memory_order_acquire,
 						    memory_order_relaxed)) {
 		r->depth = 1;
+	} else if (seen == me && r->in_callback) {
+		/* the caller's callback, inside one of our calls: nesting would
+		 * run a second exchange in the middle of the first one's */
+		busy_handle = r;
+		snprintf(busy_message, sizeof busy_message, "%s: called from inside the %s "
+			 "callback of a call on this handle: a callback must not call into the "
+			 "handle that runs it", func, r->in_callback);
+		return -EDEADLK;
 	} else if (seen == me) {
 		r->depth++;   /* a call inside a call, on the same thread */
 	} else {
@@ -193,8 +213,13 @@ int radiance__client_enter(struct radiance *r, const char *func)
 
 void radiance__client_leave(struct radiance *r)
 {
-	if (--r->depth == 0)
+	if (--r->depth == 0) {
+		/* a refusal in a callback was for the callback: the message
+		 * is the call's own again */
+		if (busy_handle == r)
+			busy_handle = NULL;
 		atomic_store_explicit(&r->owner, 0, memory_order_release);
+	}
 }
 
 /* --- socket path ---------------------------------------------------------- */
@@ -431,9 +456,12 @@ int radiance__client_request(struct radiance *r, Rdw__ClientMessage *msg, const 
 		}
 		switch (m->msg_case) {
 		case RDW__SERVER_MESSAGE__MSG_LOAD_PROGRESS:
-			if (progress)
+			if (progress) {
+				r->in_callback = "load progress";
 				progress(progress_user, m->load_progress->done_bytes,
 					 m->load_progress->total_bytes);
+				r->in_callback = NULL;
+			}
 			rdw__server_message__free_unpacked(m, NULL);
 			continue;
 		case RDW__SERVER_MESSAGE__MSG_ERROR:
@@ -672,6 +700,22 @@ struct radiance *radiance_connect(const char *socket_path, const struct radiance
 	}
 	if (!socket_path) {
 		if ((rc = radiance_default_socket_path(path, sizeof path)) < 0) {
+			/* no handle to ask why: the log callback is the only place
+			 * the reason can go (a caller would otherwise say "cannot
+			 * connect to : Invalid argument") */
+			if (o.log) {
+				char why[300];
+				const char *dev = getenv("RADIANCE_DEVICE");
+				if (rc == -EINVAL && dev)
+					snprintf(why, sizeof why, "cannot connect: $RADIANCE_DEVICE is "
+						 "'%.64s', not a GPU ordinal (0 to 1024, in decimal "
+						 "without leading zeros), so there is no default socket",
+						 dev);
+				else
+					snprintf(why, sizeof why, "cannot connect: the default socket "
+						 "path ($RADIANCE_SOCKET) is too long for a Unix socket");
+				o.log(o.log_user, LOG_WARNING, why);
+			}
 			errno = -rc;
 			return NULL;
 		}

@@ -78,7 +78,12 @@
  * not checked: call them from the thread that uses the handle, or under
  * your lock. radiance_get_server_info() does not change after connect and
  * may be called from any thread. Callbacks (log, load progress) run inside
- * the call, on its thread, and must not call into the same handle.
+ * the call, on its thread, and must not call into the same handle: such a
+ * call fails at once with -EDEADLK (radiance_arena_alloc: NULL, errno
+ * EDEADLK), touches nothing, is not sticky, and radiance_error_message()
+ * in the callback says "<function>: called from inside the <log|load
+ * progress> callback of a call on this handle: ..."; radiance_disconnect()
+ * there is refused and logged, and the handle stays the caller's.
  * Different handles are independent and may be used concurrently from
  * different threads. Functions that take no handle (radiance_strerror,
  * radiance_default_socket_path, radiance_find_layer, the *_free functions on
@@ -238,7 +243,8 @@ int radiance_default_socket_path(char *buf, size_t size);
  * There is no handle to ask radiance_error_message() then: the reason (the
  * daemon's text for a refusal, e.g. "too many sessions (the limit is 64)")
  * goes to opt->log at LOG_WARNING, as one message "cannot connect to PATH:
- * REASON". */
+ * REASON" (with no default path: "cannot connect: $RADIANCE_DEVICE is 'X',
+ * not a GPU ordinal ..." or "... ($RADIANCE_SOCKET) is too long ..."). */
 struct radiance *radiance_connect(const char *socket_path, const struct radiance_options *opt);
 
 /* Closes the connection: the daemon drops every model reference and the

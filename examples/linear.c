@@ -97,7 +97,12 @@ int main(int argc, char **argv)
 	}
 
 	char path[108];
-	if (radiance_default_socket_path(path, sizeof path) < 0) {
+	int prc = radiance_default_socket_path(path, sizeof path);
+	if (prc == -EINVAL) {
+		fprintf(stderr, "%s: $RADIANCE_DEVICE is '%s', not a GPU ordinal (0 to 1024)\n", prog,
+			getenv("RADIANCE_DEVICE"));
+		return 1;
+	} else if (prc < 0) {
 		fprintf(stderr, "%s: $RADIANCE_SOCKET is too long for a socket path\n", prog);
 		return 1;
 	}

@@ -4,7 +4,8 @@
  * captured activations; the async API's contract; GetStats' counts;
  * radiance_get_fd() in a caller's poll() loop; what a client sees when the
  * daemon dies or restarts (waits end, radiance_reconnect); one handle used
- * by two threads. The library without a daemon is test_client_unit.
+ * by two threads; a callback calling into its own handle. The library
+ * without a daemon is test_client_unit.
  *
  * These are transport tests. The results are compared bit for bit with the
  * CPU kernel (kernels/w4a8_cpu.c, tests/reference.h) run here on the
@@ -32,6 +33,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <syslog.h>
 #include <unistd.h>
 
 #include "daemon_fixture.h"
@@ -726,6 +728,99 @@ static void two_threads_hammer_one_handle(void **state)
 	alarm(0);
 }
 
+#define CALLBACK_RULE "a callback must not call into the handle that runs it"
+
+struct reentry {
+	struct radiance *r;   /* set once connected: the log callback tries only then */
+	int progress_calls, log_tries;
+	int attach_rc, list_rc, alloc_errno, log_list_rc;
+	char attach_msg[256], log_msg[256];
+};
+
+/* A load progress callback that calls into the handle running it: each
+ * call must be refused (-EDEADLK) without touching the handle; a
+ * radiance_disconnect() from there must not free it under the load. */
+static void progress_reenters(void *user, uint64_t done, uint64_t total)
+{
+	struct reentry *u = user;
+	if (u->progress_calls++)
+		return;
+	uint32_t id;
+	u->attach_rc = radiance_attach_model(u->r, ref.model_name, &id);
+	snprintf(u->attach_msg, sizeof u->attach_msg, "%s", radiance_error_message(u->r));
+	struct radiance_model_list *l = NULL;
+	u->list_rc = radiance_list_models(u->r, &l);
+	radiance_model_list_free(l);
+	errno = 0;
+	if (!radiance_arena_alloc(u->r, 64))
+		u->alloc_errno = errno;
+	radiance_disconnect(u->r);
+}
+
+static void log_reenters(void *user, int priority, const char *message)
+{
+	struct reentry *u = user;
+	if (!u->r || u->log_tries++)
+		return;
+	struct radiance_model_list *l = NULL;
+	u->log_list_rc = radiance_list_models(u->r, &l);
+	snprintf(u->log_msg, sizeof u->log_msg, "%s", radiance_error_message(u->r));
+	radiance_model_list_free(l);
+}
+
+/* radiance.h: callbacks run inside a call and must not call into the
+ * same handle. Such a call is refused at once with -EDEADLK, not sticky;
+ * the outer call completes as if nothing had happened. (It used to nest:
+ * the attach read the load's reply, the session broke with EPROTO, and a
+ * disconnect from the callback freed the handle under the load.) */
+static void callback_reentry_is_edeadlk(void **state)
+{
+	bound_test(120);
+	struct reentry u = { 0 };
+	struct radiance_options o = RADIANCE_OPTIONS_INIT;
+	o.client_name = "reentry";
+	o.timeout_ms = 30000;
+	o.log = log_reenters;
+	o.log_user = &u;
+	o.log_priority = LOG_DEBUG;
+	struct radiance *r = radiance_connect(daemon_.socket, &o);
+	assert_non_null(r);
+	u.r = r;
+	struct radiance_load_options lo = RADIANCE_LOAD_OPTIONS_INIT;
+	lo.progress = progress_reenters;
+	lo.progress_user = &u;
+	uint32_t id;
+	int rc = radiance_load_model(r, ckpt, &lo, &id);
+	assert_int_equal(rc, 0);
+	assert_true(u.progress_calls > 0);
+	assert_int_equal(u.attach_rc, -EDEADLK);
+	if (!strstr(u.attach_msg, "radiance_attach_model: ") ||
+	    !strstr(u.attach_msg, CALLBACK_RULE))
+		fail_msg("message: %s", u.attach_msg);
+	assert_int_equal(u.list_rc, -EDEADLK);
+	assert_int_equal(u.alloc_errno, EDEADLK);
+	/* the log callback: a call that logs (this failing attach logs its
+	 * message at LOG_INFO) runs it inside the call */
+	u.log_tries = 0;
+	assert_int_equal(radiance_attach_model(r, "no-such-model", &id), -ENOENT);
+	assert_true(u.log_tries > 0);
+	assert_int_equal(u.log_list_rc, -EDEADLK);
+	if (!strstr(u.log_msg, "radiance_list_models: ") || !strstr(u.log_msg, CALLBACK_RULE))
+		fail_msg("message: %s", u.log_msg);
+	/* after the callback, the outer call's own message again */
+	if (!strstr(radiance_error_message(r), "no-such-model"))
+		fail_msg("message after the call: %s", radiance_error_message(r));
+	u.r = NULL;
+	assert_int_equal(radiance_get_error(r), 0);
+	uint32_t mid;
+	assert_int_equal(radiance_attach_model(r, ref.model_name, &mid), 0);
+	assert_int_equal(mid, id);
+	const struct h_layer *hl = h_ref_find(&ref, "encoder.layer.0.attention.self.query");
+	assert_int_equal(h_check_layer(r, id, hl, RADIANCE_BF16, NULL), 0);
+	radiance_disconnect(r);
+	alarm(0);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -737,6 +832,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(event_loop_integration, start, stop_after_sigterm),
 		cmocka_unit_test_setup_teardown(handle_in_use_is_ebusy, start, stop),
 		cmocka_unit_test_setup_teardown(two_threads_hammer_one_handle, start, stop),
+		cmocka_unit_test_setup_teardown(callback_reentry_is_edeadlk, start, stop),
 	};
 	return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

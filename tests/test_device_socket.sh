@@ -73,6 +73,19 @@ out=$("$RADIANCECTL" --device x1 status 2>&1)
 rc=$?
 [ $rc = 2 ] && echo "$out" | grep -q "\-\-device 'x1': not a GPU ordinal" &&
 	ok "--device x1: exit 2: $(echo "$out" | head -n 1)" || bad "--device x1: exit $rc: $out"
+# a $RADIANCE_DEVICE that is no ordinal: no default socket, and each client
+# says why (they said "cannot connect to : Invalid argument" and "$RADIANCE_SOCKET
+# is too long")
+out=$(env -u RADIANCE_SOCKET RADIANCE_DEVICE=x1 "$RADIANCECTL" status 2>&1)
+rc=$?
+[ $rc = 3 ] && echo "$out" | grep -q "RADIANCE_DEVICE is 'x1', not a GPU ordinal (0 to 1024" &&
+	ok "RADIANCE_DEVICE=x1 radiancectl: exit 3: $(echo "$out" | head -n 1)" ||
+	bad "RADIANCE_DEVICE=x1 radiancectl: exit $rc: $out"
+out=$(env -u RADIANCE_SOCKET RADIANCE_DEVICE=x1 "$BUILD/examples/linear" tests/data/minilm-w4g128 2>&1)
+rc=$?
+[ $rc = 1 ] && echo "$out" | grep -q "RADIANCE_DEVICE is 'x1', not a GPU ordinal" &&
+	ok "RADIANCE_DEVICE=x1 examples/linear: exit 1: $out" ||
+	bad "RADIANCE_DEVICE=x1 examples/linear: exit $rc: $out"
 out=$("$RADIANCECTL" --device 1 --socket "$tmp/s" status 2>&1)
 rc=$?
 [ $rc = 2 ] && echo "$out" | grep -q "pick one" && ok "--device with --socket: exit 2" ||

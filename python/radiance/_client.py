@@ -41,6 +41,7 @@ _KIND = {1: "w4a8", 2: "bf16"}
 # fresh session: the daemon went away (restart; ESHUTDOWN: it said it stops);
 # linear is a pure function, nothing was delivered
 _LOST = (errno.ECONNRESET, errno.EPIPE, errno.ENOTCONN, errno.ESHUTDOWN)
+_INT32_MAX = 2**31 - 1
 # one wait holds the client's lock at most this long, so threads sharing the
 # client get their turn while a request is slow
 _WAIT_SLICE_MS = 50
@@ -137,8 +138,63 @@ def _is_torch(x: Any) -> bool:
     return t is not None and isinstance(x, t.Tensor)
 
 
+def _c_text(what: str, value: Any, path: bool = False) -> bytes:
+    """value as the C string libradiance takes: a str (a path also bytes or
+    os.PathLike), encoded as UTF-8 (a path as the file system encodes it).
+    A NUL in it would end the C string early, naming another socket, model
+    or directory than the caller's: EINVAL, as a wrong type is."""
+    if path and isinstance(value, (str, bytes, os.PathLike)):
+        b = os.fsencode(value)
+    elif isinstance(value, str):
+        b = value.encode()
+    else:
+        raise RadianceError(errno.EINVAL, f"{what} must be a str, not {value!r}")
+    i = b.find(b"\0")
+    if i >= 0:
+        raise RadianceError(errno.EINVAL, f"{what} {os.fsdecode(b)!r} has a NUL at byte {i}; "
+                                          f"a C string would end there")
+    return b
+
+
 def _cstr(ffi, p) -> str:
     return ffi.string(p).decode("utf-8", "replace") if p != ffi.NULL else ""
+
+
+class _ClientLock:
+    """A Client's lock: reentrant (the package's calls nest on one thread),
+    but a call from inside a callback the client is running (load()'s
+    progress, a logging handler fed by libradiance's log) is refused with
+    EDEADLK: it would run inside libradiance's call on the same handle
+    (which refuses that too), and a close() there would take the session
+    away from under the call that runs the callback."""
+    __slots__ = ("_lock", "callback")
+
+    def __init__(self):
+        self._lock = threading.RLock()
+        # (thread ident, what) while that thread runs a callback, else None
+        self.callback: Optional[Tuple[int, str]] = None
+
+    def __enter__(self) -> "_ClientLock":
+        cb = self.callback
+        if cb is not None and cb[0] == threading.get_ident():
+            raise RadianceError(errno.EDEADLK, f"the client was called from inside its own "
+                                f"{cb[1]}, which runs within one of its calls: call it once "
+                                f"that call has returned")
+        self._lock.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._lock.release()
+
+    def running(self, what: str, fn: Callable[..., Any], *args) -> Any:
+        """fn(*args) as the callback `what`: calls into the client from it
+        are refused."""
+        outer = self.callback
+        self.callback = (threading.get_ident(), what)
+        try:
+            return fn(*args)
+        finally:
+            self.callback = outer
 
 
 # --------------------------------------------------------------------------
@@ -191,7 +247,8 @@ class Client(ClosedWhenCollected):
     """A connection to radianced (one session), shared by the Models it opens.
 
     Args:
-        socket: the daemon's Unix socket; None: libradiance's default
+        socket: the daemon's Unix socket (str, bytes or os.PathLike; a NUL
+            in it is EINVAL, as in the names); None: libradiance's default
             ($RADIANCE_SOCKET, else /run/radiance/radiance.sock for root, else
             $XDG_RUNTIME_DIR/radiance.sock if it exists, else the system one).
         timeout: longest wait for one control reply (connect, load progress
@@ -202,8 +259,9 @@ class Client(ClosedWhenCollected):
             daemon's or library's default).
 
     Connects at once (raises RadianceError: ENOENT/ECONNREFUSED no daemon
-    there, ENOTSOCK not a socket, EACCES the socket keeps this uid out (the
-    message names the daemon's --group / SocketGroup= that lets a user in),
+    there, EINVAL a bad argument, ENOTSOCK not a socket, EACCES the socket
+    keeps this uid out (the message names the daemon's --group /
+    SocketGroup= that lets a user in),
     EBUSY the daemon's session limit, EPROTO another protocol, ETIMEDOUT).
 
     Logging: libradiance's messages go to the ``radiance`` logger (which
@@ -216,7 +274,9 @@ class Client(ClosedWhenCollected):
     thread-safe); the lock is released during waits for asynchronous
     results in slices of 50 ms, and the GIL is released inside every C call.
     For parallel requests from many threads, one Client per thread avoids the
-    lock.
+    lock. load()'s progress callback and logging handlers fed by
+    libradiance run inside the client's call: a call into the same client
+    from them raises RadianceError(EDEADLK).
 
     Fork: a child process that uses an inherited Client gets a fresh session
     on its first call (the parent's session is never touched; the child's copy
@@ -237,32 +297,35 @@ class Client(ClosedWhenCollected):
                  spin_us: int = 0):
         self._ffi, self._lib = _lib.load()
         if timeout is not None:
-            if not (isinstance(timeout, (int, float)) and math.isfinite(timeout) and timeout > 0):
-                raise RadianceError(errno.EINVAL, f"timeout must be a positive number of seconds "
-                                                  f"or None, not {timeout!r}")
+            # radiance_options.timeout_ms is an int32_t
+            if not (isinstance(timeout, (int, float)) and math.isfinite(timeout) and
+                    0 < timeout <= _INT32_MAX / 1000):
+                raise RadianceError(errno.EINVAL, f"timeout must be a number of seconds in "
+                                                  f"(0, {_INT32_MAX // 1000}] or None, not "
+                                                  f"{timeout!r}")
             self._timeout_ms = max(1, int(round(timeout * 1000)))
         else:
             self._timeout_ms = 0
-        for k, v in (("arena_bytes", arena_bytes), ("sq_entries", sq_entries),
-                     ("cq_entries", cq_entries)):
-            if not isinstance(v, int) or v < 0:
-                raise RadianceError(errno.EINVAL, f"{k} must be an int >= 0, not {v!r}")
-        if not isinstance(spin_us, int) or spin_us < -1:
-            raise RadianceError(errno.EINVAL, f"spin_us must be an int >= -1, not {spin_us!r}")
+        # the C fields' ranges: a larger value would be cffi's OverflowError
+        for k, v, hi in (("arena_bytes", arena_bytes, 2**64 - 1),
+                         ("sq_entries", sq_entries, 2**32 - 1),
+                         ("cq_entries", cq_entries, 2**32 - 1)):
+            if not isinstance(v, int) or not 0 <= v <= hi:
+                raise RadianceError(errno.EINVAL, f"{k} must be an int in 0..{hi}, not {v!r}")
+        if not isinstance(spin_us, int) or not -1 <= spin_us <= _INT32_MAX:
+            raise RadianceError(errno.EINVAL, f"spin_us must be an int in -1..{_INT32_MAX}, "
+                                              f"not {spin_us!r}")
         if socket is None:
-            buf = self._ffi.new("char[]", 4096)
-            rc = self._lib.radiance_default_socket_path(buf, 4096)
-            if rc < 0:
-                raise RadianceError(-rc, "the default socket path ($RADIANCE_SOCKET) is too long")
-            self._socket = self._ffi.string(buf).decode()
+            self._socket = default_socket_path()
         else:
-            self._socket = os.fspath(socket)
+            self._socket = os.fsdecode(_c_text("socket", socket, path=True))
             if not self._socket:
                 raise RadianceError(errno.EINVAL, "socket is an empty path")
         self._name = name if name is not None else \
             f"python:{os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else 'python'}"
+        _c_text("name", self._name)
         self._sizes = (arena_bytes, sq_entries, cq_entries, spin_us)
-        self._lock = threading.RLock()
+        self._lock = _ClientLock()
         self._session: Optional[_Session] = None
         self._models: Dict[str, "Model"] = {}
         self._closed = False
@@ -285,12 +348,12 @@ class Client(ClosedWhenCollected):
             if held["records"] is not None and priority <= _LOG_WARNING:
                 held["records"].append((level, text))
             else:
-                log.log(level, "%s", text)
+                self._lock.running("logging handler", log.log, level, "%s", text)
 
         cb = ffi.callback("radiance_log_fn", on_log)
         opt = ffi.new("struct radiance_options *")
         opt.size = ffi.sizeof("struct radiance_options")
-        cname = ffi.new("char[]", self._name.encode())
+        cname = ffi.new("char[]", _c_text("name", self._name))
         opt.client_name = cname
         opt.log = cb
         opt.log_priority = _LOG_DEBUG if log.isEnabledFor(logging.DEBUG) else _LOG_WARNING
@@ -299,7 +362,7 @@ class Client(ClosedWhenCollected):
         # one attempt: the caller's next call is the retry (see reconnecting
         # above), and "no daemon" is said at once rather than after 30 s
         opt.connect_timeout_ms = -1
-        h = lib.radiance_connect(self._socket.encode(), opt)
+        h = lib.radiance_connect(os.fsencode(self._socket), opt)
         e = ffi.errno
         records, held["records"] = held["records"], None
         for level, text in records:
@@ -447,12 +510,13 @@ class Client(ClosedWhenCollected):
         opt.size = ffi.sizeof("struct radiance_load_options")
         keep = []
         if name:
-            cname = ffi.new("char[]", name.encode())
+            cname = ffi.new("char[]", _c_text("name", name))
             keep.append(cname)
             opt.name = cname
         if progress is not None:
             opt.progress = progress
-        return self._lib.radiance_load_model(s.h, os.fsencode(directory), opt, out)
+        return self._lib.radiance_load_model(s.h, _c_text("directory", directory, path=True),
+                                             opt, out)
 
     # -- public ---------------------------------------------------------------
     @property
@@ -487,11 +551,15 @@ class Client(ClosedWhenCollected):
         progress: called as progress(done_bytes, total_bytes) while the
             daemon reads; an exception it raises is re-raised once the load
             has finished (the load itself cannot be interrupted), and the
-            model is released.
+            model is released. It runs inside this call: a call into this
+            client from it raises RadianceError(EDEADLK).
 
         Raises RadianceError: ENOENT (directory or a file missing), EACCES,
         EINVAL (malformed checkpoint, with the daemon's reason), EEXIST
         (another checkpoint holds that name), ENOMEM, ETIMEDOUT."""
+        _c_text("directory", directory, path=True)
+        if name is not None:
+            _c_text("name", name)
         directory = os.path.abspath(os.fspath(directory))
         ffi = self._ffi
         raised: List[BaseException] = []
@@ -503,7 +571,8 @@ class Client(ClosedWhenCollected):
             def on_progress(user, done, total):
                 if not raised:
                     try:
-                        progress(int(done), int(total))
+                        self._lock.running("load progress callback", progress, int(done),
+                                           int(total))
                     except BaseException as e:   # noqa: B902 - re-raised below
                         raised.append(e)
             cb = ffi.callback("radiance_load_progress_fn", on_progress)
@@ -526,13 +595,14 @@ class Client(ClosedWhenCollected):
         name)."""
         if not isinstance(name, str) or not name:
             raise RadianceError(errno.EINVAL, f"model name must be a non-empty str, not {name!r}")
+        _c_text("model name", name)
         with self._lock:
             m = self._models.get(name)
             if m is not None:
                 return m
             s = self._sess()
             out = self._ffi.new("uint32_t *")
-            rc = self._lib.radiance_attach_model(s.h, name.encode(), out)
+            rc = self._lib.radiance_attach_model(s.h, _c_text("model name", name), out)
             if rc < 0:
                 raise self._fail(s, rc, f"attaching model '{name}'")
             return self._open(s, int(out[0]), None)
@@ -771,14 +841,24 @@ class Model(Closing):
         Returns [y_0, ..., y_{n-1}], y_j [..., N_j] bf16 (numpy
         ml_dtypes.bfloat16, or torch.bfloat16 tensors when x is one).
 
-        Raises RadianceError: EINVAL (no layers, more than the daemon takes,
+        Raises RadianceError: EINVAL (layers not a list (one str, Layer or
+        index alone), out not a list, no layers, more than the daemon takes,
         a layer named twice, layers of different K: the message names them
         and their K; x and out as linear()), ENOENT (a layer: no such name,
         index out of range), ENOTSUP (the daemon predates several-layer
         requests: "not supported by this daemon"), EBADF, the daemon's
         status for a refused request, a connection error."""
-        ls = [self.layer(l) for l in layers]
         where = f"model '{self.name}'"
+        # one layer given alone: a str would be iterated letter by letter,
+        # a Layer (a tuple) field by field
+        if isinstance(layers, (str, bytes, int, Layer)) or not hasattr(layers, "__iter__"):
+            raise RadianceError(errno.EINVAL, f"{where}: layers must be a list of layers (names, "
+                                f"indexes or Layers), not {type(layers).__name__} {layers!r} "
+                                f"(linear() takes one layer)")
+        if out is not None and (isinstance(out, np.ndarray) or _is_torch(out)):
+            raise RadianceError(errno.EINVAL, f"{where}: out must be a list of one output (or "
+                                f"None) per layer, not {type(out).__name__}")
+        ls = [self.layer(l) for l in layers]
         if not ls:
             raise RadianceError(errno.EINVAL, f"{where}: linear_multi needs at least one layer")
         for j, l in enumerate(ls):
@@ -1122,16 +1202,23 @@ class Request:
             return all(sl.done or sl.session is not s for sl in self._slots)
 
     def result(self, timeout: Optional[float] = None) -> Array:
-        """Waits (up to `timeout` seconds; None: no limit) and returns y
-        [..., N] bf16 (an ndarray, a tensor for tensor inputs, or the `out`
-        given to submit). May be called again: returns the same object.
+        """Waits (up to `timeout` seconds; 0 or less: only looks; None: no
+        limit) and returns y [..., N] bf16 (an ndarray, a tensor for tensor
+        inputs, or the `out` given to submit). May be called again: returns
+        the same object.
 
-        Raises RadianceError: ETIMEDOUT (not complete in time; the request
+        Raises RadianceError: EINVAL (timeout neither None nor a number, or
+        NaN), ETIMEDOUT (not complete in time; the request
         stays valid, call again), the daemon's status with its text for a
         refused request, ECONNRESET (or the connection's error) when the
         connection was lost while it was in flight, ECHILD in a forked child
         for a request of the parent, EBADF when the client was closed."""
         c = self.model._client
+        if timeout is not None and (isinstance(timeout, bool) or
+                                    not isinstance(timeout, (int, float)) or
+                                    math.isnan(timeout)):
+            raise RadianceError(errno.EINVAL, f"timeout must be a number of seconds or None, "
+                                f"not {timeout!r}")
         deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
         if self._read:
             return self._p.result
@@ -1208,7 +1295,7 @@ def _after_fork_child() -> None:
     # child: a fresh one. The session itself is replaced on first use (the
     # pid check in _sess()).
     for c in list(_CLIENTS):
-        c._lock = threading.RLock()
+        c._lock = _ClientLock()
 
 
 if hasattr(os, "register_at_fork"):
@@ -1216,13 +1303,20 @@ if hasattr(os, "register_at_fork"):
 
 
 def default_socket_path() -> str:
-    """The socket Client(socket=None) connects to (radiance_default_socket_path)."""
+    """The socket Client(socket=None) connects to (radiance_default_socket_path).
+
+    Raises RadianceError: EINVAL ($RADIANCE_DEVICE is set but not a GPU
+    ordinal), ENAMETOOLONG ($RADIANCE_SOCKET is too long)."""
     ffi, lib = _lib.load()
     buf = ffi.new("char[]", 4096)
     rc = lib.radiance_default_socket_path(buf, 4096)
+    if rc == -errno.EINVAL:
+        raise RadianceError(-rc, f"$RADIANCE_DEVICE is {os.environ.get('RADIANCE_DEVICE')!r}, "
+                                 f"not a GPU ordinal (0 to 1024, in decimal without leading "
+                                 f"zeros), so there is no default socket")
     if rc < 0:
         raise RadianceError(-rc, "the default socket path ($RADIANCE_SOCKET) is too long")
-    return ffi.string(buf).decode()
+    return os.fsdecode(ffi.string(buf))
 
 
 def library_version() -> str:

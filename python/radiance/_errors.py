@@ -5,6 +5,11 @@ import errno as _errno
 import os
 
 
+# where errno.errorcode keeps an alias of the name C code uses (35 is
+# EDEADLOCK there, EDEADLK in glibc's and libradiance's words)
+_CODES = {_errno.EDEADLK: "EDEADLK"}
+
+
 class RadianceError(Exception):
     """Every failure of the package: a refused argument (checked in Python
     before anything reaches the daemon), a libradiance return code, or a
@@ -23,7 +28,7 @@ class RadianceError(Exception):
         errno = abs(int(errno))
         super().__init__(errno, message)
         self.errno = errno
-        self.code = _errno.errorcode.get(errno, str(errno))
+        self.code = _CODES.get(errno) or _errno.errorcode.get(errno, str(errno))
         self.message = message
 
     def __str__(self) -> str:

@@ -104,6 +104,60 @@ def test_connect_failures_name_the_socket(tmp_path):
     assert ei.value.errno == errno.EINVAL and "timeout" in ei.value.message
 
 
+def test_strings_with_a_nul_are_refused_not_cut(daemon, client):
+    # libradiance takes C strings: a NUL would end one early, and the call
+    # would name another socket, model, directory (it used to: attach("m\0x")
+    # attached m, load(dir + "\0x") loaded dir)
+    m = client.load(CKPT)
+    calls = [
+        ("socket", lambda: radiance.Client(daemon.socket + "\0x")),
+        ("socket", lambda: radiance.Client(os.fsencode(daemon.socket) + b"\0x")),
+        ("name", lambda: radiance.Client(daemon.socket, name="engine\0x")),
+        ("model name", lambda: client.attach(m.name + "\0x")),
+        ("directory", lambda: client.load(str(CKPT) + "\0x")),
+        ("name", lambda: client.load(CKPT, name="other\0x")),
+    ]
+    for what, call in calls:
+        with pytest.raises(radiance.RadianceError) as ei:
+            call()
+        assert ei.value.errno == errno.EINVAL, (what, ei.value)
+        assert f"{what} " in ei.value.message and "NUL" in ei.value.message, ei.value.message
+    assert [r.name for r in client.resident_models()] == [m.name]
+    # the socket may be bytes (os.fspath's other kind); names are str
+    with radiance.Client(os.fsencode(daemon.socket)) as c:
+        assert c.attach(m.name).layers == m.layers
+    for call in (lambda: radiance.Client(daemon.socket, name=5),
+                 lambda: client.load(CKPT, name=5)):
+        with pytest.raises(radiance.RadianceError) as ei:
+            call()
+        assert ei.value.errno == errno.EINVAL and "must be a str" in ei.value.message
+
+
+@pytest.mark.parametrize("kw", [dict(sq_entries=2**32), dict(cq_entries=2**40),
+                                dict(arena_bytes=2**64), dict(spin_us=2**31),
+                                dict(spin_us=-2), dict(timeout=1e12), dict(timeout=0)])
+def test_client_sizes_beyond_the_c_fields_are_einval(tmp_path, kw):
+    # each is checked against its radiance_options field before anything is
+    # sent (it used to be cffi's OverflowError, naming the C type only)
+    (k, v), = kw.items()
+    with pytest.raises(radiance.RadianceError) as ei:
+        radiance.Client(tmp_path / "none.sock", **kw)
+    assert ei.value.errno == errno.EINVAL
+    assert ei.value.message.startswith(f"{k} must be") and repr(v) in ei.value.message
+
+
+def test_result_timeout_must_be_a_number(model):
+    r = model.submit(Q, rand((2, 384)))
+    for bad in (float("nan"), "1", [1]):
+        with pytest.raises(radiance.RadianceError) as ei:
+            r.result(timeout=bad)
+        assert ei.value.errno == errno.EINVAL
+        assert ei.value.message == f"timeout must be a number of seconds or None, not {bad!r}"
+    # the request is still there; a negative timeout is 0: a poll
+    y = r.result(timeout=30)
+    assert r.result(timeout=-1) is y
+
+
 def _client_in_a_child(code, as_nobody=False):
     """Runs `code` (radiance imported, no logging configured) in a fresh
     interpreter, as uid 65534 through setpriv when as_nobody."""
@@ -172,6 +226,18 @@ def test_library_warnings_reach_the_radiance_logger(client, tmp_path, caplog):
 def test_default_socket_follows_env(monkeypatch, tmp_path):
     monkeypatch.setenv("RADIANCE_SOCKET", str(tmp_path / "x.sock"))
     assert radiance.default_socket_path() == str(tmp_path / "x.sock")
+    # a $RADIANCE_DEVICE that is no GPU ordinal names no socket: said so
+    # (it used to be "the default socket path ($RADIANCE_SOCKET) is too long")
+    monkeypatch.delenv("RADIANCE_SOCKET")
+    monkeypatch.setenv("RADIANCE_DEVICE", "x1")
+    for call in (radiance.default_socket_path, radiance.Client):
+        with pytest.raises(radiance.RadianceError) as ei:
+            call()
+        assert ei.value.errno == errno.EINVAL
+        assert ei.value.message.startswith("$RADIANCE_DEVICE is 'x1', not a GPU ordinal"), \
+            ei.value.message
+    monkeypatch.setenv("RADIANCE_DEVICE", "3")
+    assert radiance.default_socket_path() == "/run/radiance/radiance-3.sock"
 
 
 # -- models ---------------------------------------------------------------------
@@ -259,6 +325,56 @@ def test_progress_exception_is_reraised_after_the_load(client):
     # the model was released, the client still works
     assert "minilm-w4g128" not in [m.name for m in client.resident_models() if m.users]
     assert client.load(CKPT).linear(0, rand((2, 384))).shape == (2, 384)
+
+
+def test_calls_from_the_clients_own_callbacks_are_refused(own_daemon):
+    # A progress callback or a logging handler runs inside one of the
+    # client's calls: a call back into the client is EDEADLK, and the call
+    # running the callback goes on. (It used to nest into libradiance's
+    # call: the attach broke the session with EPROTO, and a close() there
+    # freed the handle under the load: a crash.)
+    seen = []
+
+    def try_calls(where):
+        for what, call in (("attach", lambda: client.attach("minilm-w4g128")),
+                           ("models", client.resident_models), ("close", client.close)):
+            try:
+                call()
+                seen.append((where, what, "returned"))
+            except radiance.RadianceError as e:
+                seen.append((where, what, e.code))
+                assert f"called from inside its own {where}" in e.message, e.message
+
+    def progress(done, total):
+        if not seen:
+            try_calls("load progress callback")
+
+    class Reenter(logging.Handler):
+        def emit(self, record):
+            if "no-such-model" in record.getMessage() and len(seen) == 3:
+                try_calls("logging handler")
+
+    handler = Reenter()
+    logger = logging.getLogger("radiance")
+    logger.addHandler(handler)
+    old_level = logger.level
+    logger.setLevel(logging.DEBUG)   # the client asks libradiance for everything
+    try:
+        client = radiance.Client(socket=own_daemon.socket, timeout=30)
+        m = client.load(CKPT, progress=progress)
+        assert seen == [("load progress callback", w, "EDEADLK")
+                        for w in ("attach", "models", "close")]
+        with pytest.raises(radiance.RadianceError) as ei:
+            client.attach("no-such-model")   # logged by libradiance as it fails
+        assert ei.value.errno == errno.ENOENT
+        assert seen[3:] == [("logging handler", w, "EDEADLK")
+                            for w in ("attach", "models", "close")]
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
+    # the client was not closed under the load, nor broken by the calls
+    assert m.linear(Q, rand((2, 384))).shape == (2, 384)
+    client.close()
 
 
 # -- argument checks ----------------------------------------------------------------

@@ -94,6 +94,13 @@ def test_refused(model):
            [Q, DOWN], x)
     expect(errno.EINVAL, f"layers[2] ('{Q}') repeats layers[0]", lm, [Q, K, Q], x)
     expect(errno.EINVAL, "at least one layer", lm, [], x)
+    # one layer where a list of them goes: a str would be taken letter by
+    # letter ("no layer 'e'"), a Layer field by field, an int not at all
+    for one in (Q, model.layer(Q), 0):
+        expect(errno.EINVAL, f"layers must be a list of layers (names, indexes or Layers), "
+               f"not {type(one).__name__}", lm, one, x)
+    expect(errno.EINVAL, "out must be a list of one output (or None) per layer, not ndarray",
+           lm, [Q, K], x, out=np.empty((2, 384), BF16))
     expect(errno.ENOENT, "has no layer 'nope'", lm, [Q, "nope"], x)
     expect(errno.EINVAL, "the layer takes K=384", lm, [Q, K], rand((2, 100)))
     expect(errno.EINVAL, "out has 1 entries for 2 layers", lm, [Q, K], x, out=[None])
