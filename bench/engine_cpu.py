@@ -34,6 +34,11 @@ each alike; each row also carries the load average when it ran. Accuracy
 columns are cosines with the reference embeddings (fp32, from
 sentence-transformers) of the reference file.
 
+Every kind's process runs with the glibc malloc settings that
+examples/engine/run.py gives its workers (MALLOC_TRIM_THRESHOLD_,
+MALLOC_MMAP_THRESHOLD_: freed memory kept for the next batch instead of
+faulted in again), unless the environment sets them.
+
 Writes OUT.csv (one row per kind and round) and OUT.md (medians).
 """
 import argparse
@@ -188,6 +193,11 @@ def main():
     lib = os.path.join(os.path.dirname(os.path.abspath(a.radianced)), "libradiance.so.0")
     if "RADIANCE_LIBRARY" not in os.environ and os.path.exists(lib):
         os.environ["RADIANCE_LIBRARY"] = lib
+    # every kind's process with the glibc malloc settings examples/engine/run.py
+    # gives its workers (freed memory kept for the next batch), alike
+    kind_env = dict(os.environ)
+    for v, n in (("MALLOC_TRIM_THRESHOLD_", 256 << 20), ("MALLOC_MMAP_THRESHOLD_", 32 << 20)):
+        kind_env.setdefault(v, str(n))
     tmp = tempfile.mkdtemp(prefix="radiance-engine-bench-")
     sock = os.path.join(tmp, "radiance.sock")
     log = open(os.path.join(tmp, "radianced.log"), "w")
@@ -200,7 +210,8 @@ def main():
             for kind in kinds:
                 load1 = os.getloadavg()[0]
                 res = subprocess.run([sys.executable, __file__, "--one", kind, "--socket", sock,
-                                      "--passes", str(a.passes)], capture_output=True, text=True)
+                                      "--passes", str(a.passes)], capture_output=True, text=True,
+                                     env=kind_env)
                 if res.returncode != 0:
                     sys.stderr.write(res.stdout + res.stderr)
                     raise SystemExit(f"{kind}: exit {res.returncode}")

@@ -368,30 +368,38 @@ class MiniLM:
         """Scaled dot-product attention of each sentence over its own
         tokens: q, k, v [T, hidden] float32, the sentences' rows one after
         the other (lengths[b] rows each, sum T); returns the context [T,
-        hidden]. Heads are strided views ([heads, n, head_dim] of the rows,
-        no copy: numpy's matmul hands such strides to BLAS), and the scores
-        are made a few heads at a time, about _BLOCK of them, so that they
-        stay in the cache through the scale, softmax and the product with v.
-        The same as padding every sentence to the longest with masked keys,
-        as transformers' BERT does (a masked key's weight is exactly 0
-        there), up to float32 rounding."""
+        hidden]. The same as padding every sentence to the longest with
+        masked keys, as transformers' BERT does (a masked key's weight is
+        exactly 0 there), up to float32 rounding.
+
+        Sentences of one length that follow each other (a batch is sorted
+        by length) go together; heads are strided views ([g, heads, n,
+        head_dim] of the rows, no copy: numpy's matmul hands such strides to
+        BLAS); and the scores are made for about _BLOCK of them at a time,
+        so that they stay in the cache through the scale, the softmax and
+        the product with v."""
         nh = self.heads
         hd = self.hidden // nh
         scale = np.float32(1.0 / math.sqrt(hd))
         q, k, v = (np.ascontiguousarray(y, np.float32) for y in (q, k, v))
         ctx = np.empty(q.shape, np.float32)
-        off = 0
-        for n in lengths:
-            n = int(n)
-            qh, kh, vh, ch = (y[off:off + n].reshape(n, nh, hd).transpose(1, 0, 2)
+        off, b = 0, 0
+        while b < len(lengths):
+            n, g = int(lengths[b]), 1
+            while b + g < len(lengths) and lengths[b + g] == n:
+                g += 1
+            qh, kh, vh, ch = (y[off:off + g * n].reshape(g, n, nh, hd).transpose(0, 2, 1, 3)
                               for y in (q, k, v, ctx))
-            step = max(1, _BLOCK // (n * n))
-            for j in range(0, nh, step):
-                hs = slice(j, j + step)
-                scores = np.matmul(qh[hs], kh[hs].transpose(0, 2, 1))
-                scores *= scale
-                np.matmul(softmax_(scores), vh[hs], out=ch[hs])
-            off += n
+            fit = max(1, _BLOCK // (n * n))         # heads whose scores fit the block
+            hstep, sstep = min(nh, fit), max(1, fit // nh)
+            for i in range(0, g, sstep):
+                for j in range(0, nh, hstep):
+                    at = (slice(i, i + sstep), slice(j, j + hstep))
+                    scores = np.matmul(qh[at], kh[at].swapaxes(-1, -2))
+                    scores *= scale
+                    np.matmul(softmax_(scores), vh[at], out=ch[at])
+            off += g * n
+            b += g
         return ctx
 
     def _ln(self, name: str):

@@ -115,7 +115,7 @@ def test_attention_is_padded_masked_attention():
     class Cfg:
         heads, hidden = 12, 384
     rng = np.random.default_rng(4)
-    lengths = [9, 1, 300, 4]
+    lengths = [9, 9, 9, 1, 300, 4, 4]
     T, L, hd = sum(lengths), max(lengths), 32
     q, k, v = ((rng.standard_normal((T, 384)) * 2).astype(np.float32) for _ in range(3))
     got = minilm.MiniLM.attention(Cfg, q, k, v, lengths)
