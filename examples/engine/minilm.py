@@ -141,11 +141,20 @@ Linear = Callable[[str, np.ndarray], np.ndarray]   # (layer name, x [rows, K] f3
 LinearMulti = Callable[[Sequence[str], np.ndarray], List[np.ndarray]]
 
 
+def widen(y: np.ndarray) -> np.ndarray:
+    """bf16 (ml_dtypes.bfloat16) array to a new float32 array, exactly: a
+    bf16 is the top half of the float32 of the same value, so its 16 bits
+    shifted up are that float32 (NaN and Inf included). One vectorized numpy
+    pass, where y.astype(np.float32) goes through ml_dtypes' element-by-element
+    cast (about 2x the CPU time here)."""
+    return np.left_shift(y.view(np.uint16), 16, dtype=np.uint32).view(np.float32)
+
+
 def daemon_linear(model) -> Linear:
     """Linear layers served by radianced: x rounded to bf16 (as the daemon
     takes it), y bf16 widened back to float32."""
     def linear(name: str, x: np.ndarray) -> np.ndarray:
-        return model.linear(name, x.astype(ml_dtypes.bfloat16)).astype(np.float32)
+        return widen(model.linear(name, x.astype(ml_dtypes.bfloat16)))
     return linear
 
 
@@ -160,7 +169,7 @@ def daemon_linear_multi(model) -> Optional[LinearMulti]:
 
     def linear_multi(names: Sequence[str], x: np.ndarray) -> List[np.ndarray]:
         ys = model.linear_multi(list(names), x.astype(ml_dtypes.bfloat16))
-        return [y.astype(np.float32) for y in ys]
+        return [widen(y) for y in ys]
     return linear_multi
 
 

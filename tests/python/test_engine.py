@@ -92,6 +92,16 @@ def test_forward_ignores_padding():
     assert not both[0, 4:].any()   # padding positions hold zeros
 
 
+def test_widen_is_the_exact_bf16_value():
+    # every bf16 bit pattern (NaNs, infinities, subnormals, -0 included)
+    # against ml_dtypes' own cast: the same float32 bits
+    b = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(ml_dtypes.bfloat16)
+    got = minilm.widen(b.reshape(256, 256))
+    assert got.dtype == np.float32 and got.shape == (256, 256)
+    want = b.astype(np.float32).reshape(256, 256)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
 def test_gelu_is_the_erf_form_in_place():
     # float64 math.erf against the float32 polynomial, over rows of 1536 (the
     # FFN) and of 7 (blocks of many rows), 41 rows: several row blocks and a
