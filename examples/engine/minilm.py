@@ -211,7 +211,7 @@ def gelu(x: np.ndarray) -> np.ndarray:
     of the engine's numpy time, and blocked it takes about 2.5x less CPU
     time here (the same float32 operations, so the same bits)."""
     f = np.float32
-    rows = max(1, _BLOCK // x.shape[-1])
+    rows = max(1, _BLOCK // max(1, x.shape[-1]))
     z, a, t, poly = (np.empty((rows, x.shape[-1]), f) for _ in range(4))
     for i in range(0, x.shape[0], rows):
         xb = x[i:i + rows]
@@ -397,6 +397,9 @@ class MiniLM:
             n, g = int(lengths[b]), 1
             while b + g < len(lengths) and lengths[b + g] == n:
                 g += 1
+            if n == 0:                              # a mask row without tokens
+                b += g
+                continue
             qh, kh, vh, ch = (y[off:off + g * n].reshape(g, n, nh, hd).transpose(0, 2, 1, 3)
                               for y in (q, k, v, ctx))
             fit = max(1, _BLOCK // (n * n))         # heads whose scores fit the block

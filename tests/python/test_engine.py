@@ -125,12 +125,13 @@ def test_attention_is_padded_masked_attention():
     class Cfg:
         heads, hidden = 12, 384
     rng = np.random.default_rng(4)
-    lengths = [9, 9, 9, 1, 300, 4, 4]
+    lengths = [9, 9, 9, 1, 300, 0, 4, 4]   # runs of one length, one of no tokens
     T, L, hd = sum(lengths), max(lengths), 32
     q, k, v = ((rng.standard_normal((T, 384)) * 2).astype(np.float32) for _ in range(3))
     got = minilm.MiniLM.attention(Cfg, q, k, v, lengths)
+    assert got.shape == (T, 384)
     off = 0
-    for n in lengths:
+    for n in (n for n in lengths if n):   # no rows for the empty one
         pad = lambda y: np.pad(y[off:off + n].astype(np.float64), ((0, L - n), (0, 0)))  # noqa: E731
         qh, kh, vh = (pad(y).reshape(L, 12, hd).transpose(1, 0, 2) for y in (q, k, v))
         s = qh @ kh.transpose(0, 2, 1) / math.sqrt(hd)
