@@ -34,6 +34,16 @@ each alike; each row also carries the load average when it ran. Accuracy
 columns are cosines with the reference embeddings (fp32, from
 sentence-transformers) of the reference file.
 
+Each row also has the CPU time of the kind's own process over the timed
+passes and, for the kinds on the daemon, the daemon's (all its threads),
+read from /proc around the same passes: on a machine shared with other
+jobs, CPU time moves much less than wall time.
+
+Every kind's process runs with the glibc malloc settings that
+examples/engine/run.py gives its workers (MALLOC_TRIM_THRESHOLD_,
+MALLOC_MMAP_THRESHOLD_: freed memory kept for the next batch instead of
+faulted in again), unless the environment sets them.
+
 Writes OUT.csv (one row per kind and round) and OUT.md (medians).
 """
 import argparse
@@ -56,7 +66,8 @@ CKPT = os.path.join(REPO, "tests", "data", "minilm-w4g128")
 REF = os.path.join(REPO, "tests", "data", "minilm-sentences.json")
 KINDS = ["numpy", "torch-radiance", "torch-fp32", "torch-fp32-2t"]
 COLS = ["date", "cpu", "kind", "round", "worker_threads", "daemon_threads", "sentences",
-        "passes", "seconds", "sent_per_s", "cos_min", "cos_mean", "load1"]
+        "passes", "seconds", "sent_per_s", "cos_min", "cos_mean", "load1",
+        "worker_cpu_s", "daemon_cpu_s"]
 
 
 def cpu_name():
@@ -108,7 +119,14 @@ def torch_encoder(kind, socket):
     return encode, threads
 
 
-def one(kind, socket, passes):
+def proc_cpu_s(pid):
+    """User + system CPU seconds of process pid so far (all its threads)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def one(kind, socket, passes, daemon_pid):
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     import minilm
 
@@ -122,13 +140,15 @@ def one(kind, socket, passes):
     else:
         encode, threads = torch_encoder(kind, socket)
     encode(sentences[:8])   # warm-up
-    t0 = time.perf_counter()
+    t0, c0, d0 = time.perf_counter(), time.process_time(), proc_cpu_s(daemon_pid)
     for _ in range(passes):
         emb = encode(sentences)
     dt = time.perf_counter() - t0
+    cpu, dcpu = time.process_time() - c0, proc_cpu_s(daemon_pid) - d0
     r = minilm.compare(emb, ref)
     print(json.dumps({"kind": kind, "worker_threads": threads, "sentences": len(sentences),
-                      "passes": passes, "seconds": dt,
+                      "passes": passes, "seconds": dt, "worker_cpu_s": cpu,
+                      "daemon_cpu_s": dcpu if kind in ("numpy", "torch-radiance") else 0.0,
                       "sent_per_s": passes * len(sentences) / dt,
                       "cos_min": r["cos_min"], "cos_mean": r["cos_mean"]}))
 
@@ -175,9 +195,10 @@ def main():
     ap.add_argument("--kinds", default=",".join(KINDS))
     ap.add_argument("--one", help=argparse.SUPPRESS)
     ap.add_argument("--socket", help=argparse.SUPPRESS)
+    ap.add_argument("--daemon-pid", type=int, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.one:
-        return one(a.one, a.socket, a.passes)
+        return one(a.one, a.socket, a.passes, a.daemon_pid)
     if not a.out:
         ap.error("--out is required")
     kinds = a.kinds.split(",")
@@ -188,6 +209,11 @@ def main():
     lib = os.path.join(os.path.dirname(os.path.abspath(a.radianced)), "libradiance.so.0")
     if "RADIANCE_LIBRARY" not in os.environ and os.path.exists(lib):
         os.environ["RADIANCE_LIBRARY"] = lib
+    # every kind's process with the glibc malloc settings examples/engine/run.py
+    # gives its workers (freed memory kept for the next batch), alike
+    kind_env = dict(os.environ)
+    for v, n in (("MALLOC_TRIM_THRESHOLD_", 256 << 20), ("MALLOC_MMAP_THRESHOLD_", 32 << 20)):
+        kind_env.setdefault(v, str(n))
     tmp = tempfile.mkdtemp(prefix="radiance-engine-bench-")
     sock = os.path.join(tmp, "radiance.sock")
     log = open(os.path.join(tmp, "radianced.log"), "w")
@@ -200,7 +226,9 @@ def main():
             for kind in kinds:
                 load1 = os.getloadavg()[0]
                 res = subprocess.run([sys.executable, __file__, "--one", kind, "--socket", sock,
-                                      "--passes", str(a.passes)], capture_output=True, text=True)
+                                      "--daemon-pid", str(daemon.pid),
+                                      "--passes", str(a.passes)], capture_output=True, text=True,
+                                     env=kind_env)
                 if res.returncode != 0:
                     sys.stderr.write(res.stdout + res.stderr)
                     raise SystemExit(f"{kind}: exit {res.returncode}")
@@ -229,14 +257,19 @@ def main():
                 f"{dthreads}. Command: `python3 bench/engine_cpu.py --rounds {a.rounds} "
                 f"--passes {a.passes}" + (f" --cpu-threads {a.cpu_threads}" if a.cpu_threads else "")
                 + "`. CSV: " + os.path.basename(a.out) + ".csv.\n\n")
-        f.write("| kind | sentences/s (median) | each round | cos min | cos mean | load1 |\n")
-        f.write("|---|---|---|---|---|---|\n")
+        f.write("| kind | sentences/s (median) | each round | cos min | cos mean | load1 | "
+                "worker CPU ms/pass | daemon CPU ms/pass |\n")
+        f.write("|---|---|---|---|---|---|---|---|\n")
         for k in kinds:
             rs = [r for r in rows if r["kind"] == k]
             each = ", ".join("%.1f" % r["sent_per_s"] for r in rs)
             loads = ", ".join(str(r["load1"]) for r in rs)
+            per_pass = lambda key: statistics.median(  # noqa: E731
+                1e3 * r[key] / r["passes"] for r in rs)
+            dcpu = f"{per_pass('daemon_cpu_s'):.0f}" if k in ("numpy", "torch-radiance") else "-"
             f.write(f"| {k} | {med[k]:.1f} | {each} | {rs[0]['cos_min']:.4f} | "
-                    f"{rs[0]['cos_mean']:.4f} | {loads} |\n")
+                    f"{rs[0]['cos_mean']:.4f} | {loads} | {per_pass('worker_cpu_s'):.0f} | "
+                    f"{dcpu} |\n")
         if "torch-fp32" in med:
             f.write("\nAgainst plain fp32 PyTorch on one thread (the target: >= 1.0):\n\n")
             for k in kinds:

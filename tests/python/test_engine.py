@@ -12,6 +12,7 @@ Three separate claims, so a failure says which part is wrong:
      derives, both workers' embeddings bit-identical, one resident model.
 """
 import json
+import math
 import os
 import subprocess
 import sys
@@ -89,6 +90,57 @@ def test_forward_ignores_padding():
     alone = enc.forward(tok[:1, :4], mask[:1, :4])
     assert np.allclose(both[0, :4], alone[0], atol=1e-5)
     assert not both[0, 4:].any()   # padding positions hold zeros
+
+
+def test_widen_is_the_exact_bf16_value():
+    # every bf16 bit pattern (NaNs, infinities, subnormals, -0 included)
+    # against ml_dtypes' own cast: the same float32 bits
+    b = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(ml_dtypes.bfloat16)
+    got = minilm.widen(b.reshape(256, 256))
+    assert got.dtype == np.float32 and got.shape == (256, 256)
+    want = b.astype(np.float32).reshape(256, 256)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+def test_gelu_is_the_erf_form_in_place():
+    # float64 math.erf against the float32 polynomial, over rows of 1536 (the
+    # FFN) and of 7 (blocks of many rows), 41 rows: several row blocks and a
+    # partial last one
+    rng = np.random.default_rng(3)
+    for n in (1536, 7):
+        x = (rng.standard_normal((41, n)) * 4).astype(np.float32)
+        x[0, :4] = [0, -0.0, 30, -30]
+        want = np.vectorize(lambda v: 0.5 * v * (1 + math.erf(v / math.sqrt(2))))(x.astype(np.float64))
+        x0 = x.copy()
+        got = minilm.gelu(x)
+        assert got is x and got.dtype == np.float32
+        # erf to ~3e-7 absolute in float32 (times |x| / 2; seen: 2.6e-7 |x|
+        # at most), plus the rounding of the result
+        assert np.all(np.abs(got - want) <= 3e-7 * np.abs(x0) + 1.2e-7 * np.abs(want))
+
+
+def test_attention_is_padded_masked_attention():
+    # per-sentence attention on the real tokens against the padded form
+    # (every sentence padded to the longest, padding keys masked), in float64
+    class Cfg:
+        heads, hidden = 12, 384
+    rng = np.random.default_rng(4)
+    lengths = [9, 9, 9, 1, 300, 0, 4, 4]   # runs of one length, one of no tokens
+    T, L, hd = sum(lengths), max(lengths), 32
+    q, k, v = ((rng.standard_normal((T, 384)) * 2).astype(np.float32) for _ in range(3))
+    got = minilm.MiniLM.attention(Cfg, q, k, v, lengths)
+    assert got.shape == (T, 384)
+    off = 0
+    for n in (n for n in lengths if n):   # no rows for the empty one
+        pad = lambda y: np.pad(y[off:off + n].astype(np.float64), ((0, L - n), (0, 0)))  # noqa: E731
+        qh, kh, vh = (pad(y).reshape(L, 12, hd).transpose(1, 0, 2) for y in (q, k, v))
+        s = qh @ kh.transpose(0, 2, 1) / math.sqrt(hd)
+        s[:, :, n:] = -np.inf                       # padding keys
+        p = np.exp(s - s.max(axis=-1, keepdims=True))
+        p /= p.sum(axis=-1, keepdims=True)
+        want = (p @ vh).transpose(1, 0, 2).reshape(L, 384)[:n]
+        assert np.allclose(got[off:off + n], want, rtol=1e-5, atol=1e-5), n
+        off += n
 
 
 @pytest.mark.skipif(SANITIZED, reason="numpy only (no radiance code), and slow under a sanitizer")
