@@ -10,7 +10,7 @@
  * calls on one backend come from that one executor thread; a backend is not
  * thread-safe, except register_host and unregister_host, which any thread
  * may call at any time, beside the executor's calls (the daemon pins
- * arenas on libuv worker threads: executor.h, Pinning), though never two
+ * arenas on the executor's pin thread: executor.h, executor_pin), though never two
  * at once for the same range.
  *
  * Errors: functions return 0 or a negative errno; `err` (may be NULL) gets a

@@ -96,7 +96,7 @@ static const struct setting settings[] = {
 	{ "fake_share", 271, "0|1", V_U32, OFF(fake_share), 0, 1,
 	  "tests only: the cpu backend exports a sealed memfd of the host arrays for "
 	  "MapModel (0; also RADIANCE_FAKE_SHARE=0|1)" },
-	{ "test_pin_delay_us", 600, "US", V_U32, OFF(test_pin_delay_us), 0, 1000000,
+	{ "test_pin_delay_us", 600, "US", V_U32, OFF(test_pin_delay_us), 0, 10000000,
 	  "tests only: the cpu backend sleeps this long in each arena registration and "
 	  "unregistration, as a GPU's page-locking does (0; also RADIANCE_TEST_PIN_DELAY_US)" },
 	{ "map_allow", 269, "WHO", V_MAPALLOW, OFF(map_allow), 0, 0,

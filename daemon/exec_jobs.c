@@ -75,6 +75,17 @@ void on_async(uv_async_t *h)
 		job->done(job);
 		job = next;
 	}
+	if (!e->pin_running)
+		return;
+	pthread_mutex_lock(&e->pin_lock);
+	struct exec_pin *p = e->pin_done;
+	e->pin_done = e->pin_done_tail = NULL;
+	pthread_mutex_unlock(&e->pin_lock);
+	while (p) {
+		struct exec_pin *next = p->next;   /* done may free p */
+		p->done(p);
+		p = next;
+	}
 }
 
 /* ---- jobs ---- */
@@ -114,16 +125,16 @@ void ring_unpin(struct radiance_executor *e, struct exec_ring *r)
 	pin_log(r, "unregistering", t0, rclock_ns());
 }
 
-/* libuv worker thread */
-/* One registration or unregistration at a time, process-wide (the daemon
- * drives one device). The H200 chaos run (2026-12-01) showed the CUDA driver
- * serializing them anyway, 25-43 ms per 64 MiB arena, while the executor's
- * launches wait behind them for the same driver lock: with four libuv
- * workers queued on it the executor lost the lock for up to 0.9 s. Holding
- * them to one here leaves the executor contending with a single
- * registration at a time (the other workers wait on this mutex, not in the
- * driver). */
-static pthread_mutex_t pin_serial = PTHREAD_MUTEX_INITIALIZER;
+/* ---- the pin thread ---- */
+
+/* Registrations and unregistrations run one at a time, on a thread of
+ * their own. The H200 chaos run (2026-12-01) showed the CUDA driver
+ * serializing them anyway, 25-48 ms per 64 MiB arena, while the executor's
+ * launches waited behind them for the same driver lock: with four libuv
+ * workers queued on it the executor lost the lock for up to 0.9 s. They
+ * ran on libuv's threadpool before, where they also waited behind
+ * checkpoint loads (a new session's first request 12 s behind four), and
+ * held workers that loads wanted. */
 
 /* After a registration, before the next: until the executor has gone once
  * round its loop (its progress counter moved twice: the iteration that was
@@ -144,35 +155,82 @@ static void pin_let_executor_run(struct radiance_executor *e, uint_fast64_t befo
 	}
 }
 
-static void pin_work(uv_work_t *w)
+static void *pin_main(void *arg)
 {
-	struct exec_pin *p = w->data;
-	struct radiance_executor *e = p->e;
-	pthread_mutex_lock(&pin_serial);
-	uint_fast64_t before = atomic_load_explicit(&e->progress, memory_order_relaxed);
-	if (p->unpin)
-		ring_unpin(e, p->ring);
-	else
-		p->status = ring_pin(e, p->ring, p->err, sizeof p->err);
-	if (!e->is_inline)
+	struct radiance_executor *e = arg;
+	pthread_mutex_lock(&e->pin_lock);
+	for (;;) {
+		while (!e->pin_head && !e->pin_stop)
+			pthread_cond_wait(&e->pin_cond, &e->pin_lock);
+		struct exec_pin *p = e->pin_head;
+		if (!p)
+			break;   /* stopping, and nothing queued */
+		e->pin_head = p->next;
+		if (!e->pin_head)
+			e->pin_tail = NULL;
+		p->next = NULL;
+		pthread_mutex_unlock(&e->pin_lock);
+
+		uint_fast64_t before = atomic_load_explicit(&e->progress, memory_order_relaxed);
+		if (p->unpin)
+			ring_unpin(e, p->ring);
+		else
+			p->status = ring_pin(e, p->ring, p->err, sizeof p->err);
 		pin_let_executor_run(e, before);
-	pthread_mutex_unlock(&pin_serial);
+
+		pthread_mutex_lock(&e->pin_lock);
+		if (e->pin_done_tail)
+			e->pin_done_tail->next = p;
+		else
+			e->pin_done = p;
+		e->pin_done_tail = p;
+		pthread_mutex_unlock(&e->pin_lock);
+		uv_async_send(&e->async);
+		pthread_mutex_lock(&e->pin_lock);
+	}
+	pthread_mutex_unlock(&e->pin_lock);
+	return NULL;
 }
 
-static void pin_after(uv_work_t *w, int status)
+int pin_thread_start(struct radiance_executor *e)
 {
-	struct exec_pin *p = w->data;
-	if (status == UV_ECANCELED)
-		p->status = -ECANCELED;
-	p->done(p);
+	pthread_mutex_init(&e->pin_lock, NULL);
+	pthread_cond_init(&e->pin_cond, NULL);
+	int rc = -pthread_create(&e->pin_thread, NULL, pin_main, e);
+	if (rc < 0) {
+		pthread_cond_destroy(&e->pin_cond);
+		pthread_mutex_destroy(&e->pin_lock);
+		return rc;
+	}
+	pthread_setname_np(e->pin_thread, "radiance-pin");
+	e->pin_running = 1;
+	return 0;
+}
+
+void pin_thread_stop(struct radiance_executor *e)
+{
+	if (!e->pin_running)
+		return;
+	pthread_mutex_lock(&e->pin_lock);
+	e->pin_stop = 1;
+	pthread_cond_signal(&e->pin_cond);
+	pthread_mutex_unlock(&e->pin_lock);
+	pthread_join(e->pin_thread, NULL);
 }
 
 static int pin_queue(struct radiance_executor *e, struct exec_pin *p, struct exec_ring *r, int unpin,
 		     void (*done)(struct exec_pin *), void *user)
 {
 	*p = (struct exec_pin){ .e = e, .ring = r, .unpin = unpin, .done = done, .user = user };
-	p->work.data = p;
-	return uv_queue_work(e->loop, &p->work, pin_work, pin_after);
+	pthread_mutex_lock(&e->pin_lock);
+	if (e->pin_tail)
+		e->pin_tail->next = p;
+	else
+		e->pin_head = p;
+	e->pin_tail = p;
+	pthread_cond_signal(&e->pin_cond);
+	pthread_mutex_unlock(&e->pin_lock);
+	return 0;
 }
 
 int executor_pin(struct radiance_executor *e, struct exec_pin *p, struct exec_ring *r,
@@ -183,20 +241,37 @@ int executor_pin(struct radiance_executor *e, struct exec_pin *p, struct exec_ri
 
 int executor_pin_cancel(struct exec_pin *p)
 {
-	return uv_cancel((uv_req_t *)&p->work) == 0 ? 0 : -EBUSY;
+	struct radiance_executor *e = p->e;
+	int rc = -EBUSY;
+	pthread_mutex_lock(&e->pin_lock);
+	/* still queued (the pin thread has not taken it): out of the queue
+	 * and into the finished ones, unregistered */
+	for (struct exec_pin **q = &e->pin_head, *prev = NULL; *q; prev = *q, q = &(*q)->next) {
+		if (*q != p)
+			continue;
+		*q = p->next;
+		if (e->pin_tail == p)
+			e->pin_tail = prev;
+		p->next = NULL;
+		p->status = -ECANCELED;
+		if (e->pin_done_tail)
+			e->pin_done_tail->next = p;
+		else
+			e->pin_done = p;
+		e->pin_done_tail = p;
+		rc = 0;
+		break;
+	}
+	pthread_mutex_unlock(&e->pin_lock);
+	if (rc == 0)
+		uv_async_send(&e->async);
+	return rc;
 }
 
 void executor_unpin(struct radiance_executor *e, struct exec_pin *p, struct exec_ring *r,
 		    void (*done)(struct exec_pin *), void *user)
 {
-	int rc = pin_queue(e, p, r, 1, done, user);
-	if (rc < 0) {
-		log_warn("session %llu: cannot hand the arena's unregistration to a worker (%s): "
-			 "unregistering it on the loop thread", (unsigned long long)r->session_id,
-			 uv_strerror(rc));
-		ring_unpin(e, r);
-		done(p);
-	}
+	pin_queue(e, p, r, 1, done, user);
 }
 
 /* Starts serving r, whose arena is pinned: 0, or -errno with err set. */

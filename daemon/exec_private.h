@@ -32,7 +32,7 @@ struct job_list {
  * must not hold every other session's requests until the whole queue of
  * them is done (issue 8: three checked clients waited 3.1 s behind the ring
  * jobs of 1000 killed ones on the H200, when each job page-locked or
- * unlocked an arena; that runs on a libuv worker now, executor_pin). */
+ * unlocked an arena; that runs on the pin thread now, executor_pin). */
 #define JOB_BUDGET_NS 2000000ull
 
 /* A device call of the executor that should take microseconds (queueing a
@@ -55,6 +55,17 @@ struct radiance_executor {
 	uv_loop_t *loop;
 	uv_async_t async;
 	pthread_t thread;
+
+	/* the pin thread (exec_jobs.c, executor_pin): arena registrations and
+	 * unregistrations, one at a time in queue order; finished ones come
+	 * back through async */
+	pthread_t pin_thread;
+	int pin_running;           /* created (never in inline mode) */
+	pthread_mutex_t pin_lock;  /* guards the fields below */
+	pthread_cond_t pin_cond;
+	int pin_stop;              /* run what is queued, then end */
+	struct exec_pin *pin_head, *pin_tail;   /* queued, not begun */
+	struct exec_pin *pin_done, *pin_done_tail;   /* over; their done not run yet */
 	struct executor_options opt;
 	struct radiance_backend *backend;
 	struct radiance_backend_info info;
@@ -141,8 +152,14 @@ void launch_same(struct radiance_executor *e, struct sched_req **v, size_t live)
 struct exec_job *job_list_take(struct job_list *l);
 /* Hands job back to the loop (its done runs there, in order). */
 void post_done(struct radiance_executor *e, struct exec_job *job);
-/* The uv_async: runs the done of every job handed back. Loop thread. */
+/* The uv_async: runs the done of every job and pin handed back. Loop
+ * thread. */
 void on_async(uv_async_t *h);
+/* Starts the pin thread (executor_create): 0 or -errno. */
+int pin_thread_start(struct radiance_executor *e);
+/* Runs what the pin thread has queued, ends it and frees its lock
+ * (executor_destroy, before the backend goes). */
+void pin_thread_stop(struct radiance_executor *e);
 /* The uv_async's close callback: frees the executor (its data). */
 void on_async_closed(uv_handle_t *h);
 /* Registers r's arena with the backend, or unregisters it; any thread. */

@@ -635,6 +635,11 @@ static void executor_free_arrays(struct radiance_executor *e)
  * async handle, which frees e when libuv lets go of it. */
 static void executor_release(struct radiance_executor *e)
 {
+	if (e->pin_running) {
+		pthread_cond_destroy(&e->pin_cond);
+		pthread_mutex_destroy(&e->pin_lock);
+		e->pin_running = 0;
+	}
 	pthread_cond_destroy(&e->cond);
 	pthread_mutex_destroy(&e->lock);
 	close(e->ctl_efd);
@@ -723,6 +728,14 @@ int executor_create(uv_loop_t *loop, const struct executor_options *opt,
 		goto fail_async;
 	}
 	pthread_setname_np(e->thread, "radiance-exec");
+	rc = pin_thread_start(e);
+	if (rc < 0) {
+		snprintf(err, errlen, "executor: pthread_create (pin thread): %s", strerror(-rc));
+		atomic_store(&e->stop, 1);
+		rdoorbell_ring(e->ctl_efd);
+		pthread_join(e->thread, NULL);
+		goto fail_async;
+	}
 	*out = e;
 	return 0;
 
@@ -773,6 +786,9 @@ int exec_watch_alive(struct exec_watch *w, const struct exec_liveness *l, uint64
 
 void executor_destroy(struct radiance_executor *e)
 {
+	/* what the pin thread has queued runs first, while the backend is
+	 * there: an arena still registered must not be unmapped */
+	pin_thread_stop(e);
 	atomic_store(&e->stop, 1);
 	rdoorbell_ring(e->ctl_efd);
 	pthread_join(e->thread, NULL);

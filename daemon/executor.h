@@ -238,7 +238,7 @@ struct executor_options {
  * worker thread (executor.h, Pinning). Embedded in the session; the loop
  * fills nothing: executor_pin and executor_unpin set it up. */
 struct exec_pin {
-	uv_work_t work;
+	struct exec_pin *next;                /* the pin thread's queue (exec_jobs.c) */
 	struct radiance_executor *e;
 	struct exec_ring *ring;
 	int unpin;
@@ -249,13 +249,15 @@ struct exec_pin {
 };
 
 /* Queues the registration of r's arena (GPU: page-lock and map, the CPU
- * backend: nothing but test_pin_delay_us) on a libuv worker. Loop thread;
+ * backend: nothing but test_pin_delay_us) on the executor's pin thread,
+ * which runs registrations and unregistrations one at a time in the order
+ * queued: not on libuv's threadpool, whose workers checkpoint loads take
+ * (a ring set-up queued there waited seconds behind them). Loop thread;
  * r's arena and arena_bytes are set and stay until it is unpinned. Then
  * p->done runs on the loop thread with p->status 0 (registered: submit
  * RING_ADD, and executor_unpin it once it is no longer served), the
  * backend's -errno with p->err set, or -ECANCELED when executor_pin_cancel
- * took it back before it began (nothing registered). Returns 0, or libuv's
- * -errno when it could not be queued (then done never runs). */
+ * took it back before it began (nothing registered). Returns 0. */
 int executor_pin(struct radiance_executor *e, struct exec_pin *p, struct exec_ring *r,
 		 void (*done)(struct exec_pin *), void *user);
 
@@ -266,11 +268,10 @@ int executor_pin_cancel(struct exec_pin *p);
 
 /* Queues the unregistration of r's arena, registered by executor_pin and
  * served by no ring (never added, or its RING_REMOVE job is done: no launch
- * uses it any more); p->done runs on the loop thread once the backend
- * forgot the range, status 0: from then on the arena may be unmapped. Never
- * cancelled: an arena still registered must not be unmapped. When it cannot
- * be queued, it runs on the calling thread and done runs before this
- * returns. Loop thread. */
+ * uses it any more), on the pin thread; p->done runs on the loop thread
+ * once the backend forgot the range, status 0: from then on the arena may
+ * be unmapped. Never cancelled: an arena still registered must not be
+ * unmapped. Loop thread. */
 void executor_unpin(struct radiance_executor *e, struct exec_pin *p, struct exec_ring *r,
 		    void (*done)(struct exec_pin *), void *user);
 

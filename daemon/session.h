@@ -13,7 +13,7 @@
  * OpenRing, an attach): it then reads no further frames, so replies stay in
  * request order, but still notices a hang-up.
  *
- * Rings: OpenRing pins the arena (executor_pin, on a libuv worker), then
+ * Rings: OpenRing pins the arena (executor_pin, on the pin thread), then
  * hands the ring to the executor (EXEC_JOB_RING_ADD) and replies RingReady
  * when that is done.
  *
@@ -52,7 +52,7 @@ enum session_state {
 
 enum session_ring_state {
 	SESSION_RING_NONE,
-	SESSION_RING_PINNING,    /* executor_pin in flight (a libuv worker) */
+	SESSION_RING_PINNING,    /* executor_pin in flight (the pin thread) */
 	SESSION_RING_ADDING,     /* RING_ADD job in flight */
 	SESSION_RING_ACTIVE,
 	SESSION_RING_REMOVING,   /* RING_REMOVE job in flight */

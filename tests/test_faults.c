@@ -1467,8 +1467,8 @@ static void checkpoint_shrinks_while_loading(void **state)
 #define PIN_DELAY_US "300000"
 
 /* A daemon whose every arena registration and unregistration sleeps 300 ms
- * (test_pin_delay_us): the libuv threadpool's 4 workers are busy with the
- * first ones while later set-ups queue behind them. */
+ * (test_pin_delay_us): the pin thread is busy with the first one while
+ * later set-ups queue behind it. */
 static int start_slow_pins(void **state)
 {
 	const char *const args[] = { "--test-pin-delay-us", PIN_DELAY_US, NULL };
@@ -1487,9 +1487,9 @@ static void raw_send_open_ring(struct raw *w)
 	raw_send(w, &m, NULL, 0);
 }
 
-/* 8 clients ask for a ring and hang up 100 ms later, while the first pins
- * sleep on the workers: the queued pins are taken back (uv_cancel), the running
- * ones finish and are undone, and every segment and descriptor goes
+/* 8 clients ask for a ring and hang up 100 ms later, while the first pin
+ * sleeps on the pin thread: the queued pins are taken back
+ * (executor_pin_cancel), the running one finishes and is undone, and every segment and descriptor goes
  * (check_and_stop: fds back, a good client served, exit 0; under ASan, no
  * leak). */
 static void hang_up_while_pinning(void **state)

@@ -56,8 +56,9 @@ class Daemon:
     """One radianced on a private socket. start() waits until it accepts
     connections; stop() sends SIGTERM and returns the exit status."""
 
-    def __init__(self, directory, *args, backend=None):
+    def __init__(self, directory, *args, backend=None, env=None):
         self.dir = Path(directory)
+        self.env = None if env is None else {**os.environ, **env}   # more variables for radianced
         self.backend = backend or BACKEND
         self.socket = str(self.dir / "radiance.sock")
         self.args = list(args)
@@ -75,7 +76,7 @@ class Daemon:
                     for o in (opt, v)]
         self.proc = subprocess.Popen(
             [str(RADIANCED), "--no-config", "--socket", self.socket, *defaults, *self.args],
-            stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+            stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent, env=self.env)
         log.close()
         deadline = time.monotonic() + timeout
         while True:

@@ -3,6 +3,7 @@ restart."""
 import errno
 import os
 import re
+import shutil
 import signal
 import threading
 import time
@@ -382,12 +383,58 @@ def test_ring_setups_do_not_hold_other_sessions(tmp_path):
         th.join(60)
         a.close()
         assert errors == []
-        # the set-ups did sleep: on the libuv threadpool's workers now,
-        # several at once (the executor only adds the ring)
+        # the set-ups did sleep: on the executor's pin thread, one after
+        # another (the executor only adds the ring)
         assert t_storm >= delay * 0.9
         waits = [t1 - t0 for t0, t1 in done]
         jobs = max(waits) / delay
         assert jobs <= 8, (f"the steady client's longest wait ({max(waits) * 1000:.0f} ms) "
                            f"lasted {jobs:.1f} ring jobs")
+    finally:
+        d.stop()
+
+
+def test_loads_do_not_wait_for_ring_setups(tmp_path):
+    """Arena registrations run on the executor's own pin thread, not on
+    libuv's threadpool, where checkpoint loads run: with one threadpool
+    worker (UV_THREADPOOL_SIZE=1) and a registration that sleeps 3 s
+    (--test-pin-delay-us, as a GPU's page-locking of a big arena can take),
+    a load asked for while a ring set-up sleeps is answered before that
+    set-up is. On the shared pool the load waited for the registration to
+    end (and a ring set-up waited for loads: 12 s behind four 0.95 GB ones).
+    An order of events, not a time: the sleep is a floor the machine's load
+    cannot shorten, the load of this small checkpoint takes well under it."""
+    from conftest import Daemon
+
+    copy = tmp_path / "copy"
+    shutil.copytree(CKPT, copy)
+    d = Daemon(tmp_path, "--test-pin-delay-us", "3000000",
+               env={"UV_THREADPOOL_SIZE": "1"}).start()
+    try:
+        events, errors = [], []
+        a = radiance.Client(d.socket, timeout=120, name="ring")
+        m = a.load(str(CKPT))
+        x = rand((1, 384), seed=9)
+
+        def ring_client():
+            try:
+                m.linear(Q, x)            # the ring's set-up: a 3 s registration
+                events.append("ring set up")
+            except Exception as e:
+                errors.append(repr(e))
+
+        t = threading.Thread(target=ring_client)
+        t.start()
+        # let its OpenRing reach the daemon and the registration begin (if
+        # the load got there first, it runs first either way: the order
+        # below holds then too, the check just sees nothing)
+        time.sleep(0.5)
+        with radiance.Client(d.socket, timeout=120, name="loader") as b:
+            b.load(str(copy), name="second")    # other files: a load, not the same model again
+            events.append("loaded")
+        t.join(60)
+        assert errors == []
+        assert events == ["loaded", "ring set up"], (events, d.log())
+        a.close()
     finally:
         d.stop()
