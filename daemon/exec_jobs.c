@@ -78,8 +78,8 @@ void on_async(uv_async_t *h)
 	if (!e->pin_running)
 		return;
 	pthread_mutex_lock(&e->pin_lock);
-	struct exec_pin *p = e->pin_done;
-	e->pin_done = e->pin_done_tail = NULL;
+	struct exec_pin *p = e->pin_done.head;
+	e->pin_done.head = e->pin_done.tail = NULL;
 	pthread_mutex_unlock(&e->pin_lock);
 	while (p) {
 		struct exec_pin *next = p->next;   /* done may free p */
@@ -155,20 +155,30 @@ static void pin_let_executor_run(struct radiance_executor *e, uint_fast64_t befo
 	}
 }
 
+/* The caller holds e->pin_lock. */
+static void pin_list_push(struct pin_list *l, struct exec_pin *p)
+{
+	p->next = NULL;
+	if (l->tail)
+		l->tail->next = p;
+	else
+		l->head = p;
+	l->tail = p;
+}
+
 static void *pin_main(void *arg)
 {
 	struct radiance_executor *e = arg;
 	pthread_mutex_lock(&e->pin_lock);
 	for (;;) {
-		while (!e->pin_head && !e->pin_stop)
+		while (!e->pin_queued.head && !e->pin_stop)
 			pthread_cond_wait(&e->pin_cond, &e->pin_lock);
-		struct exec_pin *p = e->pin_head;
+		struct exec_pin *p = e->pin_queued.head;
 		if (!p)
 			break;   /* stopping, and nothing queued */
-		e->pin_head = p->next;
-		if (!e->pin_head)
-			e->pin_tail = NULL;
-		p->next = NULL;
+		e->pin_queued.head = p->next;
+		if (!e->pin_queued.head)
+			e->pin_queued.tail = NULL;
 		pthread_mutex_unlock(&e->pin_lock);
 
 		uint_fast64_t before = atomic_load_explicit(&e->progress, memory_order_relaxed);
@@ -179,11 +189,7 @@ static void *pin_main(void *arg)
 		pin_let_executor_run(e, before);
 
 		pthread_mutex_lock(&e->pin_lock);
-		if (e->pin_done_tail)
-			e->pin_done_tail->next = p;
-		else
-			e->pin_done = p;
-		e->pin_done_tail = p;
+		pin_list_push(&e->pin_done, p);
 		pthread_mutex_unlock(&e->pin_lock);
 		uv_async_send(&e->async);
 		pthread_mutex_lock(&e->pin_lock);
@@ -223,11 +229,7 @@ static int pin_queue(struct radiance_executor *e, struct exec_pin *p, struct exe
 {
 	*p = (struct exec_pin){ .e = e, .ring = r, .unpin = unpin, .done = done, .user = user };
 	pthread_mutex_lock(&e->pin_lock);
-	if (e->pin_tail)
-		e->pin_tail->next = p;
-	else
-		e->pin_head = p;
-	e->pin_tail = p;
+	pin_list_push(&e->pin_queued, p);
 	pthread_cond_signal(&e->pin_cond);
 	pthread_mutex_unlock(&e->pin_lock);
 	return 0;
@@ -246,19 +248,14 @@ int executor_pin_cancel(struct exec_pin *p)
 	pthread_mutex_lock(&e->pin_lock);
 	/* still queued (the pin thread has not taken it): out of the queue
 	 * and into the finished ones, unregistered */
-	for (struct exec_pin **q = &e->pin_head, *prev = NULL; *q; prev = *q, q = &(*q)->next) {
+	for (struct exec_pin **q = &e->pin_queued.head, *prev = NULL; *q; prev = *q, q = &(*q)->next) {
 		if (*q != p)
 			continue;
 		*q = p->next;
-		if (e->pin_tail == p)
-			e->pin_tail = prev;
-		p->next = NULL;
+		if (e->pin_queued.tail == p)
+			e->pin_queued.tail = prev;
 		p->status = -ECANCELED;
-		if (e->pin_done_tail)
-			e->pin_done_tail->next = p;
-		else
-			e->pin_done = p;
-		e->pin_done_tail = p;
+		pin_list_push(&e->pin_done, p);
 		rc = 0;
 		break;
 	}

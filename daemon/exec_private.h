@@ -27,6 +27,11 @@ struct job_list {
 	struct exec_job *head, *tail;
 };
 
+/* A FIFO of arena pins (executor_pin), under the executor's pin_lock. */
+struct pin_list {
+	struct exec_pin *head, *tail;
+};
+
 /* Jobs (ring set-up and teardown, model frees) run between two passes for
  * at most this long, at least one: a storm of connecting and dying clients
  * must not hold every other session's requests until the whole queue of
@@ -64,8 +69,8 @@ struct radiance_executor {
 	pthread_mutex_t pin_lock;  /* guards the fields below */
 	pthread_cond_t pin_cond;
 	int pin_stop;              /* run what is queued, then end */
-	struct exec_pin *pin_head, *pin_tail;   /* queued, not begun */
-	struct exec_pin *pin_done, *pin_done_tail;   /* over; their done not run yet */
+	struct pin_list pin_queued;   /* not begun */
+	struct pin_list pin_done;     /* over; their done not run yet */
 	struct executor_options opt;
 	struct radiance_backend *backend;
 	struct radiance_backend_info info;
