@@ -656,6 +656,19 @@ static int run_launch(struct gpu_state *g, struct lane *ln, struct radiance_back
 #define ZC_X_IN_PLACE (16u << 10)
 #define ZC_Y_IN_PLACE (64u << 10)
 
+/* The registered range that holds [p, p + bytes), or NULL. The caller
+ * holds regs_lock. */
+static const struct registered *registered_at(const struct gpu_state *g, const void *p, size_t bytes)
+{
+	const uint8_t *q = p;
+	for (size_t i = 0; i < g->n_regs; i++) {
+		const uint8_t *base = g->regs[i].base;
+		if (q >= base && bytes <= g->regs[i].len && (size_t)(q - base) <= g->regs[i].len - bytes)
+			return &g->regs[i];
+	}
+	return NULL;
+}
+
 /* An async copy between a staging buffer and host memory at host, split
  * where host crosses from one registered piece into the next: the driver
  * refuses one copy over two registrations (cudaMemcpyAsync: invalid
@@ -664,13 +677,10 @@ static int copy_host(struct gpu_state *g, void *dev, void *host, size_t bytes, i
 {
 	size_t piece = 0, off = 0;
 	pthread_mutex_lock(&g->regs_lock);
-	for (size_t i = 0; i < g->n_regs; i++) {
-		const uint8_t *base = g->regs[i].base, *q = host;
-		if (q >= base && (size_t)(q - base) < g->regs[i].len) {
-			piece = g->regs[i].piece;
-			off = (size_t)(q - base);
-			break;
-		}
+	const struct registered *r = registered_at(g, host, bytes);
+	if (r) {
+		piece = r->piece;
+		off = (size_t)((const uint8_t *)host - (const uint8_t *)r->base);
 	}
 	pthread_mutex_unlock(&g->regs_lock);
 	for (size_t done = 0; done < bytes;) {
@@ -690,13 +700,8 @@ static int copy_host(struct gpu_state *g, void *dev, void *host, size_t bytes, i
  * The caller holds regs_lock. */
 static void *mapped(const struct gpu_state *g, const void *p, size_t bytes)
 {
-	const uint8_t *q = p;
-	for (size_t i = 0; i < g->n_regs; i++) {
-		const uint8_t *base = g->regs[i].base;
-		if (q >= base && bytes <= g->regs[i].len && (size_t)(q - base) <= g->regs[i].len - bytes)
-			return (uint8_t *)g->regs[i].dev + (q - base);
-	}
-	return NULL;
+	const struct registered *r = registered_at(g, p, bytes);
+	return r ? (uint8_t *)r->dev + ((const uint8_t *)p - (const uint8_t *)r->base) : NULL;
 }
 
 /* Rows [i0, i1) of one dtype, m rows in all, in place through the arenas'

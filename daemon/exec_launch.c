@@ -52,8 +52,7 @@ size_t reap(struct radiance_executor *e)
 		int rc = radiance_backend_linear_done(e->backend, p->ticket, err, sizeof err);
 		const uint64_t looked = rclock_ns() - t0;
 		if (looked > EXEC_QUEUE_SLOW_NS)
-			log_warn("executor: asking the device whether a launch is done took %llu.%03llu ms",
-				 (unsigned long long)(looked / 1000000u), (unsigned long long)(looked / 1000u % 1000u));
+			log_warn("executor: asking the device whether a launch is done took %.3f ms", looked / 1e6);
 		if (rc == 0) {
 			/* the later ones of its kind are not done either */
 			*(p->bulk ? &bulk_blocked : &decode_blocked) = 1;
@@ -136,9 +135,8 @@ void launch_same(struct radiance_executor *e, struct sched_req **v, size_t live)
 		 * executor waiting (its lock, held by another thread) */
 		const uint64_t queued = rclock_ns() - start;
 		if (queued > EXEC_QUEUE_SLOW_NS)
-			log_warn("executor: queueing a launch of %s on the device took %llu.%03llu ms; every session "
-				 "waited for it", ls[0]->name, (unsigned long long)(queued / 1000000u),
-				 (unsigned long long)(queued / 1000u % 1000u));
+			log_warn("executor: queueing a launch of %s on the device took %.3f ms; every session "
+				 "waited for it", ls[0]->name, queued / 1e6);
 		if (rc == 0) {
 			stats_launch(e->opt.global_stats);
 			struct exec_pending *p = &e->pend[e->pend_n++];

@@ -581,11 +581,9 @@ static void *executor_main(void *arg)
 		 * request); one that took long kept every session's new requests
 		 * unseen */
 		if (!e->sync_only && t - t0 - e->round_sync_ns > EXEC_ROUND_SLOW_NS) {
-			log_warn("executor: a round took %llu.%03llu ms (jobs %llu.%03llu, requests %llu.%03llu); "
+			log_warn("executor: a round took %.3f ms (jobs %.3f, requests %.3f); "
 				 "no session's new requests were seen meanwhile",
-				 (unsigned long long)((t - t0) / 1000000u), (unsigned long long)((t - t0) / 1000u % 1000u),
-				 (unsigned long long)((t1 - t0) / 1000000u), (unsigned long long)((t1 - t0) / 1000u % 1000u),
-				 (unsigned long long)((t2 - t1) / 1000000u), (unsigned long long)((t2 - t1) / 1000u % 1000u));
+				 (t - t0) / 1e6, (t1 - t0) / 1e6, (t2 - t1) / 1e6);
 		}
 		if (n) {
 			last_work = t;
