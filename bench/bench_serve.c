@@ -129,6 +129,7 @@ struct bench {
 	const struct shape_set *S;
 	uint32_t blocks;
 	int gpu;                  /* in-process on the GPU */
+	int prefill_fast;         /* in-process prefill is the fp8 wgmma kernel */
 	char device[128];
 	uint32_t max_m, max_n, max_k;
 	uint32_t *li;             /* [blocks * nshapes] layer index in the model */
@@ -363,7 +364,11 @@ static void write_out(struct bench *B, const char *out, const char *note)
 		     "launches_per_request,daemon_queue_p50_us,daemon_exec_p50_us\n");
 	fprintf(md, "# Service benchmark, %s\n\n", date);
 	fprintf(md, "bench/bench_serve.c, shape set %s (%u blocks), in-process on %s, device: %s.\n", B->S->name,
-		B->blocks, B->gpu ? "the GPU (device activations, quant + GEMM + synchronize)" : "the cpu backend",
+		B->blocks,
+		!B->gpu ? "the cpu backend"
+		: B->prefill_fast
+			? "the GPU (device activations, quant + GEMM + synchronize; prefill fast, the daemon's default here)"
+			: "the GPU (device activations, quant + GEMM + synchronize; prefill exact, the daemon's default here)",
 		B->device);
 	if (note && note[0])
 		fprintf(md, "%s\n", note);
@@ -795,6 +800,9 @@ static void inproc_setup(struct bench *B, const char *dir)
 			B->own[B->li[i]] = (struct radiance__gpu_layer){.n = ml->n, .k = ml->k, .w = w, .sc = sc};
 		}
 		GCHECK(radiance__gpu_scratch_create(&B->scratch, B->max_m, 64, B->max_n, B->max_k, 0, B->stream));
+		/* the daemon's default prefill (`prefill = auto`): fast where wgmma runs */
+		B->scratch.settings.prefill = B->dev.wgmma ? RADIANCE_PREFILL_FAST : RADIANCE_PREFILL_EXACT;
+		B->prefill_fast = B->dev.wgmma != 0;
 		GCHECK(radiance__gpu_malloc((void **)&B->dx, (size_t)B->max_m * B->max_k * 2));
 		GCHECK(radiance__gpu_malloc((void **)&B->dy, (size_t)B->max_m * B->max_n * 2));
 		GCHECK(radiance__gpu_h2d_async(B->dx, B->hx, (size_t)B->max_m * B->max_k * 2, B->stream));

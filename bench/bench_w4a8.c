@@ -507,9 +507,10 @@ int main(int argc, char **argv)
 		    "`bench/peers.py` in a separate process of the same run%s. Weights rotate over enough copies for\n"
 		    "a working set of >= 4x the %.0f MB L2. Time: median of %d batches of %d launches.\n"
 		    "us = GEMM kernel alone on pre-quantized activations; quant+gemm adds the per-token quant kernel\n"
-		    "(the GEMM launched to overlap it, as the backend does). Prefill (M > 64) runs the default, fp32-\n"
-		    "accumulating f16 HMMA kernel; the fp8 wgmma kernel (option prefill = fast) accumulates with\n"
-		    "~14-bit precision on Hopper and is shown in its own columns.\n"
+		    "(the GEMM launched to overlap it, as the backend does). Prefill (M > 64): `us` is the exact,\n"
+		    "fp32-accumulating f16 HMMA kernel (option prefill = exact); the fp8 wgmma kernel (prefill =\n"
+		    "fast, the daemon's default on sm_90a) accumulates with ~14-bit precision on Hopper and is\n"
+		    "shown in its own columns.\n"
 		    "GB/s and the probe fraction count weight + scale bytes; ratios are peer time / our time (> 1: we are faster).\n\n",
 		strcmp(dev.vendor, "cuda") == 0 ? "cuBLAS" : "hipBLAS", npeers ? "" : " (not available in this run)",
 		l2 / 1e6, REPS, BATCH);

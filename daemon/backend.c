@@ -45,9 +45,10 @@ static void backend_log_choice(const char *kind, const struct radiance_backend_o
 	if (opt->numerics_gate)
 		log_warn("numerics_gate has no effect: the backend is cpu (the gate checks GPU "
 			 "launches against the CPU reference)");
-	if (opt->prefill)
-		log_warn("prefill = fast has no effect: the backend is cpu (it chooses the GPU's "
-			 "prefill kernel; the CPU computes the definition exactly)");
+	if (opt->prefill != RADIANCE_BACKEND_PREFILL_AUTO)
+		log_warn("prefill = %s has no effect: the backend is cpu (it chooses the GPU's "
+			 "prefill kernel; the CPU computes the definition exactly)",
+			 opt->prefill == RADIANCE_BACKEND_PREFILL_FAST ? "fast" : "exact");
 	if (opt->wgmma_tile)
 		log_warn("wgmma_tile %u has no effect: the backend is cpu", opt->wgmma_tile);
 }

@@ -27,6 +27,16 @@
 struct radiance_backend;
 struct radiance_backend_layer;   /* a layer resident on the backend's device */
 
+/* The W4A8 kernel for launches above the decode band (GPU backend; the
+ * config option `prefill`, in this order). */
+enum radiance_backend_prefill {
+	RADIANCE_BACKEND_PREFILL_AUTO = 0,   /* FAST where the sm_90a wgmma kernel runs, else EXACT */
+	RADIANCE_BACKEND_PREFILL_EXACT = 1,  /* f16 tensor cores, fp32 accumulation: one bf16 step */
+	RADIANCE_BACKEND_PREFILL_FAST = 2,   /* fp8 wgmma, Hopper's ~14-bit accumulation: the fp8
+	                                        bound of docs/numerics.md "Contract"; EXACT (and a
+	                                        warning) where no wgmma kernel runs */
+};
+
 struct radiance_backend_options {
 	const char *kind;        /* "auto", "cpu", "gpu"; NULL means "auto" */
 	int device;              /* GPU ordinal; below 0: not chosen, the GPU backend
@@ -59,9 +69,8 @@ struct radiance_backend_options {
 	                            (the reference kernels), 2 avx2; create fails
 	                            (-ENOTSUP, the text says why) when the CPU lacks
 	                            the level asked for */
-	int prefill;             /* GPU: enum radiance__w4a8_prefill (kernels/w4a8_plan.h):
-	                            0 exact (f16 tensor cores), 1 fast (fp8 wgmma
-	                            where built); the CPU backend warns for 1 */
+	int prefill;             /* GPU: enum radiance_backend_prefill; the CPU
+	                            backend warns for any but AUTO */
 	uint32_t wgmma_tile;     /* GPU, prefill fast: 0 the policy, 128 or 96 tokens */
 	uint32_t zero_copy_rows; /* GPU: launches of at most this many rows read x
 	                            from and write y into the registered arenas

@@ -237,6 +237,8 @@ static int gpu_create(const struct radiance_backend_options *opt, void **state, 
 		g->pin_piece = (size_t)opt->pin_piece_kib * 1024u / page * page;
 	}
 
+	const int fast = opt->prefill == RADIANCE_BACKEND_PREFILL_FAST ||
+			 (opt->prefill == RADIANCE_BACKEND_PREFILL_AUTO && g->dev.wgmma);
 	g->lanes[LANE_DECODE].rows = g->max_rows < DECODE_LANE_ROWS ? g->max_rows : DECODE_LANE_ROWS;
 	g->lanes[LANE_BULK].rows = g->max_rows;
 	for (int i = 0; i < 2; i++) {
@@ -252,7 +254,7 @@ static int gpu_create(const struct radiance_backend_options *opt, void **state, 
 						       g->max_k, 1, ln->stream)))
 			goto fail;
 		g->scratch_bytes += ln->scratch.bytes;
-		ln->scratch.settings.prefill = opt->prefill ? RADIANCE_PREFILL_FAST : RADIANCE_PREFILL_EXACT;
+		ln->scratch.settings.prefill = fast ? RADIANCE_PREFILL_FAST : RADIANCE_PREFILL_EXACT;
 		ln->scratch.settings.wgmma_tile = opt->wgmma_tile;
 	}
 	g->stream = g->lanes[LANE_BULK].stream;
@@ -268,9 +270,12 @@ static int gpu_create(const struct radiance_backend_options *opt, void **state, 
 		g->done_dev = NULL;
 		goto fail;
 	}
-	if (opt->prefill && !g->dev.wgmma)
+	if (opt->prefill == RADIANCE_BACKEND_PREFILL_FAST && !g->dev.wgmma)
 		log_warn("gpu backend: prefill = fast, but %s has no sm_90a wgmma kernel: prefill "
 			 "runs exact (f16 tensor cores)", g->dev.name);
+	log_info("gpu backend: prefill (W4A8 launches above the decode band): %s",
+		 fast && g->dev.wgmma ? "fast (sm_90a fp8 wgmma: the fp8 bound of docs/numerics.md)"
+				      : "exact (f16 tensor cores, fp32 accumulation)");
 	share_choose(g, opt->share);
 	*state = g;
 	return 0;

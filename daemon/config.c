@@ -115,9 +115,10 @@ static const struct setting settings[] = {
 	  "fails start-up (auto)" },
 	{ "prefill", 501, "HOW", V_CHOICE, OFF(prefill), 0, 0,
 	  "GPU: W4A8 launches above decode_rows: exact (f16 tensor cores, fp32 "
-	  "accumulation, within one bf16 step of the definition) or fast (sm_90a fp8 "
+	  "accumulation, within one bf16 step of the definition), fast (sm_90a fp8 "
 	  "wgmma, Hopper's ~14-bit accumulation: within the bound of docs/numerics.md; "
-	  "exact where there is no wgmma) (exact)" },
+	  "exact where there is no wgmma) or auto (fast where the wgmma kernel runs, "
+	  "else exact) (auto)" },
 	{ "wgmma_tile", 502, "TOKENS", V_CHOICE, OFF(wgmma_tile), 0, 0,
 	  "GPU, prefill = fast: tokens per wgmma block: auto (96 where 128 leaves SMs "
 	  "idle, else 128), 128 or 96 (auto)" },
@@ -161,7 +162,7 @@ static const struct setting settings[] = {
 
 /* The values of each V_CHOICE setting, in the order of their indices. */
 static const char *const cpu_simd_choices[] = { "auto", "scalar", "avx2", "avx2-int16", NULL };
-static const char *const prefill_choices[] = { "exact", "fast", NULL };
+static const char *const prefill_choices[] = { "auto", "exact", "fast", NULL };
 static const char *const wgmma_tile_choices[] = { "auto", "128", "96", NULL };
 static const struct {
 	size_t offset;

@@ -67,7 +67,7 @@ struct radiance_config {
 	uint32_t cpu_threads;       /* CPU backend compute threads; 0: all usable (auto) */
 	/* kernel settings: indices of the option's values (config.c) */
 	uint32_t cpu_simd;          /* 0 auto, 1 scalar, 2 avx2 */
-	uint32_t prefill;           /* 0 exact, 1 fast (enum radiance__w4a8_prefill) */
+	uint32_t prefill;           /* enum radiance_backend_prefill: 0 auto, 1 exact, 2 fast */
 	uint32_t wgmma_tile;        /* 0 auto, 1 128 tokens, 2 96 tokens */
 	enum radiance_map_allow map_allow;   /* who may map models' device memory */
 	/* Limits (docs/daemon.md "Limits"); 0: none. config_load resolves

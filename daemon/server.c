@@ -663,7 +663,7 @@ int server_run(const struct radiance_config *cfg)
 			.pin_piece_kib = cfg->pin_piece_kib,
 			.cpu_threads = cfg->cpu_threads,
 			.cpu_simd = (int)cfg->cpu_simd,         /* auto, scalar, avx2 */
-			.prefill = (int)cfg->prefill,           /* exact, fast */
+			.prefill = (int)cfg->prefill,           /* enum radiance_backend_prefill */
 			.wgmma_tile = cfg->wgmma_tile == 1 ? 128u : cfg->wgmma_tile == 2 ? 96u : 0u,
 			.max_n = cfg->max_n,
 			.max_k = cfg->max_k,

@@ -17,6 +17,7 @@
 
 #include <cmocka.h>
 
+#include "backend.h"
 #include "config.h"
 #include "limit.h"
 #include "log.h"
@@ -681,35 +682,35 @@ static void test_kernel_settings(void **state)
 	setenv("XDG_RUNTIME_DIR", "/run/user/1234", 1);
 	assert_int_equal(load(&cfg, err, sizeof err, "--no-config", NULL), 0);
 	assert_int_equal(cfg.cpu_simd, 0);
-	assert_int_equal(cfg.prefill, 0);
+	assert_int_equal(cfg.prefill, RADIANCE_BACKEND_PREFILL_AUTO);
 	assert_int_equal(cfg.wgmma_tile, 0);
 	config_finish(&cfg);
 
 	assert_int_equal(load(&cfg, err, sizeof err, "--no-config", "--cpu-simd", "scalar", NULL), 0);
 	assert_int_equal(cfg.cpu_simd, 1);
-	assert_int_equal(cfg.prefill, 0);
+	assert_int_equal(cfg.prefill, RADIANCE_BACKEND_PREFILL_AUTO);
 	config_finish(&cfg);
 	assert_int_equal(load(&cfg, err, sizeof err, "--no-config", "--cpu-simd", "avx2", "--prefill", "fast",
 			      "--wgmma-tile", "96", NULL), 0);
 	assert_int_equal(cfg.cpu_simd, 2);
-	assert_int_equal(cfg.prefill, 1);
+	assert_int_equal(cfg.prefill, RADIANCE_BACKEND_PREFILL_FAST);
 	assert_int_equal(cfg.wgmma_tile, 2);
 	config_finish(&cfg);
 
 	const char *path = write_file("kernels.conf", "prefill = fast\nwgmma_tile = 128\ncpu_simd = auto\n");
 	assert_int_equal(load(&cfg, err, sizeof err, "--config", path, NULL), 0);
-	assert_int_equal(cfg.prefill, 1);
+	assert_int_equal(cfg.prefill, RADIANCE_BACKEND_PREFILL_FAST);
 	assert_int_equal(cfg.wgmma_tile, 1);
 	assert_int_equal(cfg.cpu_simd, 0);
 	config_finish(&cfg);
 	/* the command line overrides the file */
 	assert_int_equal(load(&cfg, err, sizeof err, "--config", path, "--prefill", "exact", NULL), 0);
-	assert_int_equal(cfg.prefill, 0);
+	assert_int_equal(cfg.prefill, RADIANCE_BACKEND_PREFILL_EXACT);
 	assert_int_equal(cfg.wgmma_tile, 1);
 	config_finish(&cfg);
 
 	assert_int_equal(load(&cfg, err, sizeof err, "--no-config", "--prefill", "wgmma", NULL), -EINVAL);
-	assert_string_equal(err, "--prefill: 'wgmma' is not a prefill value (expected exact or fast)");
+	assert_string_equal(err, "--prefill: 'wgmma' is not a prefill value (expected auto, exact or fast)");
 	config_finish(&cfg);
 	assert_int_equal(load(&cfg, err, sizeof err, "--no-config", "--cpu-simd", "sse9", NULL), -EINVAL);
 	assert_string_equal(err, "--cpu-simd: 'sse9' is not a cpu_simd value (expected auto, scalar, avx2 or avx2-int16)");

@@ -482,11 +482,12 @@ static void backend_ops(uint32_t pin_piece_kib)
 	memset(arena, 0xA5, arena_len);
 	assert_int_equal(radiance_backend_register_host(be, arena, arena_len, err, sizeof err), 0);
 
-	/* the last group is all bf16: one run of four requests, which the
-	 * backend gathers from and scatters back to the arena in one kernel
-	 * each (zero_copy_rows); the others alternate dtypes */
+	/* the last two groups are all bf16: one run of four requests, which
+	 * the backend gathers from and scatters back to the arena in one kernel
+	 * each (zero_copy_rows), and one launch of 120 rows (the prefill
+	 * kernel); the others alternate dtypes, a launch per request */
 	static const uint32_t groups[][4] = {{1, 5, 17, 0}, {64, 0, 0, 0}, {40, 60, 50, 0}, {3, 2, 1, 7},
-					     {2, 9, 1, 4}};
+					     {2, 9, 1, 4}, {70, 30, 20, 0}};
 	for (size_t gi = 0; gi < sizeof groups / sizeof groups[0]; gi++) {
 		for (int layer = 0; layer < 2; layer++) {
 			const struct radiance_layer *l = layer ? &lb : &lw;
@@ -510,6 +511,18 @@ static void backend_ops(uint32_t pin_piece_kib)
 				printf("# linear: %s\n", err);
 			assert_int_equal(rc, 0);
 			for (size_t j = 0; j < nrows; j++) {
+				/* the rows of request j's launch (a run of one
+				 * dtype): past the decode band, a W4A8 launch is
+				 * the default prefill, fast (fp8 wgmma) where it runs */
+				size_t j0 = j, j1 = j + 1;
+				while (j0 > 0 && rows[j0 - 1].dtype == rows[j].dtype)
+					j0--;
+				while (j1 < nrows && rows[j1].dtype == rows[j].dtype)
+					j1++;
+				uint32_t launch_m = 0;
+				for (size_t q = j0; q < j1; q++)
+					launch_m += rows[q].m;
+				const int fp8 = !layer && launch_m > 64 && dev.wgmma;
 				const struct radiance_rows *r = &rows[j];
 				uint16_t *ref = malloc((size_t)r->m * l->n * 2);
 				if (layer) {
@@ -522,7 +535,20 @@ static void backend_ops(uint32_t pin_piece_kib)
 				char what[128];
 				snprintf(what, sizeof what, "backend %s request %zu of %zu (m=%u, %s)", l->name, j, nrows,
 					 r->m, r->dtype == RADIANCE_DTYPE_FP16 ? "fp16" : "bf16");
-				assert_int_equal(compare(what, r->y, ref, r->m, l->n, 0), 0);
+				if (fp8) {
+					uint8_t *codes = malloc((size_t)r->m * k);
+					float *s = malloc(r->m * sizeof *s);
+					for (uint32_t q = 0; q < r->m; q++)
+						s[q] = radiance_quant_row_e4m3((const uint16_t *)r->x + (size_t)q * k, r->dtype, k,
+									       codes + (size_t)q * k);
+					assert_int_equal(check_bound(what, codes, s, L.qweight, L.scales, L.bias, r->m,
+								     n, k, RADIANCE_ACC_FP8_SM90, r->y, ref),
+							 0);
+					free(codes);
+					free(s);
+				} else {
+					assert_int_equal(compare(what, r->y, ref, r->m, l->n, 0), 0);
+				}
 				for (uint32_t i = 0; i < l->n; i++)
 					assert_int_equal(r->y[(size_t)r->m * l->n + i], 0x7FC1);
 				free(ref);
@@ -591,14 +617,17 @@ static void test_checkpoint_layers(void **state)
 		if (t && t->ndim == 2 && t->shape[0] > max_m)
 			max_m = (uint32_t)t->shape[0];
 	}
-	/* pass 0: the defaults (decode for these m <= 64, exact prefill);
-	 * pass 1 where wgmma runs: prefill = fast with the decode band cut to
-	 * 16 rows, so every layer's launch is the fp8 wgmma kernel */
+	/* pass 0: the defaults (decode for these m <= 64);
+	 * pass 1 where wgmma runs: prefill = fast (what auto picks there) with
+	 * the decode band cut to 16 rows, so every layer's launch is the fp8
+	 * wgmma kernel */
 	size_t checked = 0, failed = 0;
 	for (int pass = 0; pass < (dev.wgmma ? 2 : 1); pass++) {
 		struct radiance_backend_options opt = {.kind = "gpu", .max_rows = max_m,
 						       .max_decode_rows = pass ? 16 : 64, .max_n = max_n,
-						       .max_k = max_k, .prefill = pass};
+						       .max_k = max_k,
+						       .prefill = pass ? RADIANCE_BACKEND_PREFILL_FAST
+								       : RADIANCE_BACKEND_PREFILL_AUTO};
 		struct radiance_backend *be = NULL;
 		assert_int_equal(radiance_backend_create(&opt, &be, err, sizeof err), 0);
 		for (size_t i = 0; i < model->n_layers; i++) {
