@@ -62,12 +62,26 @@ struct registered {
 	size_t piece;   /* registered in pieces of this many bytes; 0: as one range */
 };
 
+/* One piece's driver calls past this are logged: launches of every other
+ * thread can wait for them (the driver's lock). */
+#define PIECE_SLOW_NS (5u * 1000000u)
+
+static void piece_slow(const char *what, const struct registered *r, uint64_t slowest)
+{
+	if (slowest > PIECE_SLOW_NS)
+		log_warn("gpu backend: %s a host range (%zu bytes in %zu KiB pieces): one piece took %.3f ms "
+			 "in the driver, and launches may have waited for it", what, r->len, r->piece >> 10,
+			 slowest / 1e6);
+}
+
 static void unregister_range(const struct registered *r)
 {
-	int rc = r->piece ? radiance__gpu_host_unregister_pieces(r->base, r->len, r->piece)
+	uint64_t slowest = 0;
+	int rc = r->piece ? radiance__gpu_host_unregister_pieces(r->base, r->len, r->piece, &slowest)
 			  : radiance__gpu_host_unregister(r->base);
 	if (rc)
 		log_warn("gpu backend: unregistering a host range: %s", radiance__gpu_last_error());
+	piece_slow("unregistering", r, slowest);
 }
 
 struct gate_seen {
@@ -488,7 +502,10 @@ static int gpu_register_host(void *state, void *base, size_t len, char *err, siz
 	struct registered reg = { base, len, NULL, g->pin_piece && len > g->pin_piece ? g->pin_piece : 0 };
 	int rc = radiance__gpu_set_device(g->dev.ordinal);
 	if (rc == 0 && reg.piece) {
-		rc = radiance__gpu_host_register_pieces(base, len, reg.piece, &dev);
+		uint64_t slowest = 0;
+		rc = radiance__gpu_host_register_pieces(base, len, reg.piece, &dev, &slowest);
+		if (rc == 0)
+			piece_slow("registering", &reg, slowest);
 		if (rc == -EXDEV) {   /* the device maps the pieces apart: one range, then */
 			log_info("gpu backend: %s; registering %zu bytes as one range",
 				 radiance__gpu_last_error(), len);

@@ -234,40 +234,64 @@ static void piece_gap(void)
 	nanosleep(&ts, NULL);
 }
 
-extern "C" int radiance__gpu_host_unregister_pieces(void *base, size_t len, size_t piece)
+static uint64_t mono_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* *slowest = max(*slowest, now - t0), when slowest is not NULL */
+static void piece_took(uint64_t *slowest, uint64_t t0)
+{
+	const uint64_t d = mono_ns() - t0;
+	if (slowest && d > *slowest)
+		*slowest = d;
+}
+
+extern "C" int radiance__gpu_host_unregister_pieces(void *base, size_t len, size_t piece, uint64_t *slowest_ns)
 {
 	int rc = 0;
+	if (slowest_ns)
+		*slowest_ns = 0;
 	for (size_t off = 0; off < len; off += piece) {
 		if (off)
 			piece_gap();
+		const uint64_t t0 = mono_ns();
 		hipError_t e = hipHostUnregister((char *)base + off);
+		piece_took(slowest_ns, t0);
 		if (e != hipSuccess && rc == 0)
 			rc = fail("host unregister (piece)", e);
 	}
 	return rc;
 }
 
-extern "C" int radiance__gpu_host_register_pieces(void *base, size_t len, size_t piece, void **dev_ptr)
+extern "C" int radiance__gpu_host_register_pieces(void *base, size_t len, size_t piece, void **dev_ptr,
+						  uint64_t *slowest_ns)
 {
 	char *b = (char *)base;
 	void *d0 = NULL;
 	size_t off;
+	if (slowest_ns)
+		*slowest_ns = 0;
 	for (off = 0; off < len; off += piece) {
 		size_t n = len - off < piece ? len - off : piece;
 		if (off)
 			piece_gap();
+		const uint64_t t0 = mono_ns();
 		hipError_t e = hipHostRegister(b + off, n, hipHostRegisterMapped | hipHostRegisterPortable);
 		if (e != hipSuccess) {
-			radiance__gpu_host_unregister_pieces(base, off, piece);
+			radiance__gpu_host_unregister_pieces(base, off, piece, NULL);
 			return fail("host register (piece)", e);
 		}
 		void *d = NULL;
 		e = hipHostGetDevicePointer(&d, b + off, 0);
+		piece_took(slowest_ns, t0);
 		if (e == hipSuccess && off == 0)
 			d0 = d;
 		/* the pieces must read as one range on the device too */
 		if (e != hipSuccess || (char *)d != (char *)d0 + off) {
-			radiance__gpu_host_unregister_pieces(base, off + piece, piece);
+			radiance__gpu_host_unregister_pieces(base, off + piece, piece, NULL);
 			if (e != hipSuccess)
 				return fail("host device pointer (piece)", e);
 			return radiance__gpu_fail_text(-EXDEV, "host register: piece %zu of a range maps to "

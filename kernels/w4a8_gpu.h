@@ -52,9 +52,12 @@ int radiance__gpu_host_unregister(void *base);
  * map to one contiguous device range (*dev_ptr, as for a whole-range
  * registration): where they do not, nothing stays registered and the
  * return is -EXDEV (register the whole range instead). Unregister with
- * radiance__gpu_host_unregister_pieces and the same len and piece. */
-int radiance__gpu_host_register_pieces(void *base, size_t len, size_t piece, void **dev_ptr);
-int radiance__gpu_host_unregister_pieces(void *base, size_t len, size_t piece);
+ * radiance__gpu_host_unregister_pieces and the same len and piece.
+ * *slowest_ns (when not NULL) gets the longest one piece's driver calls
+ * took, in nanoseconds: what a launch of another thread may have waited. */
+int radiance__gpu_host_register_pieces(void *base, size_t len, size_t piece, void **dev_ptr,
+				       uint64_t *slowest_ns);
+int radiance__gpu_host_unregister_pieces(void *base, size_t len, size_t piece, uint64_t *slowest_ns);
 int radiance__gpu_event_create(void **ev);
 void radiance__gpu_event_destroy(void *ev);
 int radiance__gpu_event_record(void *ev, void *stream);
