@@ -90,8 +90,8 @@ struct gate_seen {
 };
 
 /* A queue of launches with its own staging and scratch: lane 0 (decode,
- * the stream of greatest priority) and lane 1 (bulk, least priority; also
- * uploads). The device's block scheduler starts a lane-0 kernel's blocks
+ * the stream of greatest priority) and lane 1 (bulk, least priority;
+ * uploads have a stream of their own, gpu_state.stream). The device's block scheduler starts a lane-0 kernel's blocks
  * ahead of the waiting blocks of lane 1, so a decode token runs beside a
  * prefill piece instead of after it. */
 #define LANE_DECODE 0
@@ -109,7 +109,15 @@ struct lane {
 
 struct gpu_state {
 	struct radiance__gpu_device dev;
-	void *stream;              /* lanes[LANE_BULK].stream: uploads and frees */
+	/* Uploads: a stream of their own (least priority), so that an upload's
+	 * synchronize waits for its own copies, not for the prefill pieces
+	 * queued on the bulk lane; and the canonical qweight/scales
+	 * temporaries the repack reads, kept and grown to the largest layer
+	 * seen (a cudaFree per layer synchronized the whole device). Used by
+	 * one upload at a time (the executor's thread). */
+	void *stream;
+	void *up_q, *up_s;
+	size_t up_q_bytes, up_s_bytes;
 	uint32_t max_rows, max_n, max_k;
 	struct lane lanes[2];
 	uint64_t scratch_bytes;
@@ -162,6 +170,12 @@ static void gpu_destroy(void *state)
 		radiance__gpu_free(ln->x);
 		radiance__gpu_stream_destroy(ln->stream);
 	}
+	if (g->stream) {
+		radiance__gpu_stream_sync(g->stream);
+		radiance__gpu_stream_destroy(g->stream);
+	}
+	radiance__gpu_free(g->up_q);
+	radiance__gpu_free(g->up_s);
 	if (g->done_dev)
 		radiance__gpu_host_unregister((void *)g->done_host);
 	free((void *)g->done_host);
@@ -271,7 +285,8 @@ static int gpu_create(const struct radiance_backend_options *opt, void **state, 
 		ln->scratch.settings.prefill = fast ? RADIANCE_PREFILL_FAST : RADIANCE_PREFILL_EXACT;
 		ln->scratch.settings.wgmma_tile = opt->wgmma_tile;
 	}
-	g->stream = g->lanes[LANE_BULK].stream;
+	if ((rc = radiance__gpu_stream_create_priority(&g->stream, 0)))
+		goto fail;
 	/* the completion word: a page of host memory the device writes into */
 	void *page = NULL;
 	if (posix_memalign(&page, 4096, 4096) != 0) {
@@ -344,12 +359,29 @@ static int layer_place(struct radiance_backend_layer *h, const struct radiance_l
 	return radiance__gpu_malloc(&h->w, (size_t)l->n * l->k * 2);
 }
 
+/* *p holds at least bytes of device memory (grown, never shrunk; *have
+ * is its size). The old one is freed only after the upload stream is idle. */
+static int upload_tmp(struct gpu_state *g, void **p, size_t *have, size_t bytes)
+{
+	if (*have >= bytes)
+		return 0;
+	int rc = radiance__gpu_stream_sync(g->stream);
+	if (rc)
+		return rc;
+	radiance__gpu_free(*p);
+	*p = NULL;
+	*have = 0;
+	if ((rc = radiance__gpu_malloc(p, bytes)))
+		return rc;
+	*have = bytes;
+	return 0;
+}
+
 static int layer_upload(struct gpu_state *g, const struct radiance_layer *l, const struct radiance__gpu_share *sh,
 			const struct radiance_share_layer *sl, struct radiance_backend_layer **out, char *err,
 			size_t errlen)
 {
 	struct radiance_backend_layer *h = NULL;
-	void *tq = NULL, *ts = NULL;
 	int rc;
 
 	if (l->k > g->max_k || l->n > g->max_n) {
@@ -381,25 +413,22 @@ static int layer_upload(struct gpu_state *g, const struct radiance_layer *l, con
 		const size_t qbytes = (size_t)l->n * (l->k / 8) * 4, sbytes = (size_t)l->n * (l->k / 128) * 2;
 		/* canonical arrays go up once into temporaries and are repacked on
 		 * the device into the layout the kernels stream */
-		if ((rc = radiance__gpu_malloc(&tq, qbytes)) || (rc = radiance__gpu_malloc(&ts, sbytes)) ||
-		    (rc = radiance__gpu_h2d_async(tq, l->qweight, qbytes, g->stream)) ||
-		    (rc = radiance__gpu_h2d_async(ts, l->scales, sbytes, g->stream)) ||
-		    (rc = radiance__w4a8_repack(tq, ts, l->n, l->k, h->w, h->sc, g->stream)))
+		if ((rc = upload_tmp(g, &g->up_q, &g->up_q_bytes, qbytes)) ||
+		    (rc = upload_tmp(g, &g->up_s, &g->up_s_bytes, sbytes)) ||
+		    (rc = radiance__gpu_h2d_async(g->up_q, l->qweight, qbytes, g->stream)) ||
+		    (rc = radiance__gpu_h2d_async(g->up_s, l->scales, sbytes, g->stream)) ||
+		    (rc = radiance__w4a8_repack(g->up_q, g->up_s, l->n, l->k, h->w, h->sc, g->stream)))
 			goto fail;
 	} else if ((rc = radiance__gpu_h2d_async(h->w, l->weight, (size_t)l->n * l->k * 2, g->stream))) {
 		goto fail;
 	}
 	if ((rc = radiance__gpu_stream_sync(g->stream)))
 		goto fail;
-	radiance__gpu_free(tq);
-	radiance__gpu_free(ts);
 	*out = h;
 	return 0;
 fail:
 	gpu_err(err, errlen, rc, l->name);
 	radiance__gpu_stream_sync(g->stream);
-	radiance__gpu_free(tq);
-	radiance__gpu_free(ts);
 	layer_release(h);
 	return rc;
 }
