@@ -68,7 +68,7 @@ static inline int synth_checkpoint_write(const char *dir, const struct synth_sha
 				 shapes[s].module, shapes[s].n, shapes[s].k);
 			return -EINVAL;
 		}
-	snprintf(path, sizeof path, "%s/config.json", dir);
+	rio_path_join(path, sizeof path, dir, "config.json");
 	FILE *f = fopen(path, "w");
 	if (!f) {
 		rc = -errno;
@@ -115,7 +115,7 @@ static inline int synth_checkpoint_write(const char *dir, const struct synth_sha
 	hlen += (size_t)snprintf(h + hlen, hcap - hlen, "}");
 	while (hlen % 8)
 		h[hlen++] = ' ';
-	snprintf(path, sizeof path, "%s/model.safetensors", dir);
+	rio_path_join(path, sizeof path, dir, "model.safetensors");
 	fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
 	if (fd < 0) {
 		rc = -errno;

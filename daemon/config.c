@@ -6,6 +6,7 @@
 #include <getopt.h>
 #include <grp.h>
 #include <ini.h>
+#include <limits.h>
 #include <pwd.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +15,7 @@
 #include <unistd.h>
 
 #include "checkpoint.h"
+#include "io.h"
 #include "limit.h"
 #include "log.h"
 #include "scheduler.h"
@@ -848,8 +850,13 @@ static int default_socket(struct radiance_config *cfg, char *err, size_t errlen)
 				 "pass --socket PATH");
 			return -EINVAL;
 		}
-		if (asprintf(&cfg->socket_path, "%s/radiance.sock", xdg) < 0)
-			cfg->socket_path = NULL;
+		char path[PATH_MAX];
+		if (rio_path_join(path, sizeof path, xdg, "radiance.sock") < 0) {
+			snprintf(err, errlen, "XDG_RUNTIME_DIR is longer than %zu bytes: pass --socket "
+				 "PATH", sizeof path - 16);
+			return -ENAMETOOLONG;
+		}
+		cfg->socket_path = strdup(path);
 	}
 	return cfg->socket_path ? 0 : -ENOMEM;
 }
