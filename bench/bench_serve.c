@@ -6,7 +6,8 @@
  *
  *   bench_serve gen DIR SET [BLOCKS]
  *       write a synthetic AutoRound checkpoint (bench/synth_checkpoint.h)
- *       of BLOCKS blocks of the shapes of SET into the existing DIR:
+ *       of BLOCKS blocks of the shapes of SET into DIR (made, with its
+ *       parents, mode 0755, when it does not exist):
  *       27b     the 27B hybrid's layers 16384x5120, 14336x5120, 5120x6144,
  *               34816x5120, 5120x17408 (BLOCKS 16: 3.8 GB, so rotating
  *               through the blocks reads every shape from DRAM)

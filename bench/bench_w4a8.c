@@ -23,6 +23,7 @@
 #include <math.h>
 
 #include "bench_stats.h"
+#include "io.h"
 #include "numerics.h"
 #include "radiance_gpu.h"
 #include "w4a8_gpu.h"
@@ -300,7 +301,7 @@ int main(int argc, char **argv)
 		load_peers(peers_path);
 	if (sweep) {
 		char sp[512];
-		snprintf(sp, sizeof sp, "%s/sweep.csv", outdir);
+		rio_path_join(sp, sizeof sp, outdir, "sweep.csv");
 		sweep_csv = fopen(sp, "w");
 		if (!sweep_csv) {
 			fprintf(stderr, "bench: cannot write %s: %s\n", sp, strerror(errno));
@@ -490,9 +491,12 @@ int main(int argc, char **argv)
 	char date[32], path[512];
 	time_t now = time(NULL);
 	strftime(date, sizeof date, "%Y-%m-%d", gmtime(&now));
-	snprintf(path, sizeof path, "%s/w4a8-%s.csv", outdir, date);
+	char name[64];
+	snprintf(name, sizeof name, "w4a8-%s.csv", date);
+	rio_path_join(path, sizeof path, outdir, name);
 	FILE *csv = fopen(path, "w");
-	snprintf(path, sizeof path, "%s/w4a8-%s.md", outdir, date);
+	snprintf(name, sizeof name, "w4a8-%s.md", date);
+	rio_path_join(path, sizeof path, outdir, name);
 	FILE *md = fopen(path, "w");
 	if (!csv || !md) {
 		fprintf(stderr, "bench: cannot write results under %s: %s\n", outdir, strerror(errno));

@@ -24,9 +24,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "io.h"
+#include "log.h"
 
 struct synth_shape {
 	uint32_t n, k;           /* k % 128 == 0, n % 8 == 0 */
@@ -51,9 +53,52 @@ static inline int synth_put_all(int fd, const void *p, size_t len, uint64_t *at)
 	return rc;
 }
 
-/* Writes the checkpoint into the existing directory dir; *bytes_out (may be
- * NULL) gets the tensor bytes. 0, -EINVAL (a shape the format cannot hold),
- * -ENOMEM, or -errno of the file calls, with err set. */
+/* mkdir -p dir: dir and each missing parent, mode 0755 (less the umask); a
+ * directory already there is fine. 0, or -errno with err naming the path
+ * that could not be made (-ENOTDIR: a component is a file). */
+static inline int synth_mkdir_p(const char *dir, char *err, size_t errlen)
+{
+	char path[4096];
+	struct stat st;
+	if (!*dir) {
+		rlog_errf(err, errlen, "no directory given (an empty path)");
+		return -EINVAL;
+	}
+	if (snprintf(path, sizeof path, "%s", dir) >= (int)sizeof path) {
+		rlog_errf(err, errlen, "%.64s...: path longer than %zu bytes", dir, sizeof path - 1);
+		return -ENAMETOOLONG;
+	}
+	/* each prefix ending before a '/', then the whole path */
+	for (char *p = path + 1;; p++) {
+		if (*p && *p != '/')
+			continue;
+		char c = *p;
+		*p = 0;
+		if (mkdir(path, 0755) < 0 && errno != EEXIST) {
+			int e = errno;
+			rlog_errf(err, errlen, "cannot create the directory %s: %s", path, strerror(e));
+			return -e;
+		}
+		/* EEXIST is also what a file there gives */
+		if (stat(path, &st) < 0) {
+			int e = errno;
+			rlog_errf(err, errlen, "cannot create the directory %s: %s", path, strerror(e));
+			return -e;
+		}
+		if (!S_ISDIR(st.st_mode)) {
+			rlog_errf(err, errlen, "cannot create the directory %s: %s exists and is not a "
+				  "directory", dir, path);
+			return -ENOTDIR;
+		}
+		if (!(*p = c))
+			return 0;
+	}
+}
+
+/* Writes the checkpoint into dir, made first (with its parents) when it
+ * does not exist; *bytes_out (may be NULL) gets the tensor bytes. 0,
+ * -EINVAL (a shape the format cannot hold), -ENOMEM, or -errno of the
+ * directory and file calls, with err set. */
 static inline int synth_checkpoint_write(const char *dir, const struct synth_shape *shapes, size_t nshapes,
 					 uint32_t blocks, uint64_t *bytes_out, char *err, size_t errlen)
 {
@@ -68,7 +113,9 @@ static inline int synth_checkpoint_write(const char *dir, const struct synth_sha
 				 shapes[s].module, shapes[s].n, shapes[s].k);
 			return -EINVAL;
 		}
-	snprintf(path, sizeof path, "%s/config.json", dir);
+	if ((rc = synth_mkdir_p(dir, err, errlen)) < 0)
+		return rc;
+	rio_path_join(path, sizeof path, dir, "config.json");
 	FILE *f = fopen(path, "w");
 	if (!f) {
 		rc = -errno;
@@ -115,7 +162,7 @@ static inline int synth_checkpoint_write(const char *dir, const struct synth_sha
 	hlen += (size_t)snprintf(h + hlen, hcap - hlen, "}");
 	while (hlen % 8)
 		h[hlen++] = ' ';
-	snprintf(path, sizeof path, "%s/model.safetensors", dir);
+	rio_path_join(path, sizeof path, dir, "model.safetensors");
 	fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
 	if (fd < 0) {
 		rc = -errno;

@@ -24,6 +24,7 @@
 #include "clock.h"
 #include "client-private.h"
 #include "proto_util.h"
+#include "text.h"
 #include "wire.h"
 
 #ifndef RADIANCE_VERSION
@@ -406,6 +407,74 @@ static int read_message(struct radiance *r, int timeout_ms, Rdw__ServerMessage *
 	}
 }
 
+/* What msg asks for, in the terms of the API and of radiancectl ("unload
+ * model 3 \"minilm\"", "load \"minilm\""), for the front of the daemon's
+ * Error: the wire's message names (release_model) are not the caller's. */
+static void request_what(const struct radiance *r, const Rdw__ClientMessage *m, char *out,
+			 size_t outlen)
+{
+	char shown[RTEXT_NAME_MAX + 8];
+	uint32_t id = 0;
+	const char *verb = NULL;
+	switch (m->msg_case) {
+	case RDW__CLIENT_MESSAGE__MSG_HELLO:
+		snprintf(out, outlen, "handshake");
+		return;
+	case RDW__CLIENT_MESSAGE__MSG_LOAD_MODEL:
+	case RDW__CLIENT_MESSAGE__MSG_ATTACH_MODEL: {
+		const char *name = m->msg_case == RDW__CLIENT_MESSAGE__MSG_LOAD_MODEL
+					   ? m->load_model->name : m->attach_model->name;
+		verb = m->msg_case == RDW__CLIENT_MESSAGE__MSG_LOAD_MODEL ? "load" : "attach";
+		if (!name || !*name) {
+			snprintf(out, outlen, "%s", verb);
+			return;
+		}
+		rtext_escape(name, shown, sizeof shown);
+		snprintf(out, outlen, "%s \"%s\"", verb, shown);
+		return;
+	}
+	case RDW__CLIENT_MESSAGE__MSG_RELEASE_MODEL:
+		verb = m->release_model->drop_preload ? "unload model" : "release model";
+		id = m->release_model->model_id;
+		break;
+	case RDW__CLIENT_MESSAGE__MSG_GET_MODEL:
+		verb = "get model", id = m->get_model->model_id;
+		break;
+	case RDW__CLIENT_MESSAGE__MSG_MAP_MODEL:
+		verb = "map model", id = m->map_model->model_id;
+		break;
+	case RDW__CLIENT_MESSAGE__MSG_UNMAP_MODEL:
+		verb = "unmap model", id = m->unmap_model->model_id;
+		break;
+	case RDW__CLIENT_MESSAGE__MSG_LIST_TENSORS:
+		verb = "list the tensors of model", id = m->list_tensors->model_id;
+		break;
+	case RDW__CLIENT_MESSAGE__MSG_MAP_TENSORS:
+		verb = "map the tensors of model", id = m->map_tensors->model_id;
+		break;
+	case RDW__CLIENT_MESSAGE__MSG_LIST_MODELS:
+		snprintf(out, outlen, "list models");
+		return;
+	case RDW__CLIENT_MESSAGE__MSG_OPEN_RING:
+		snprintf(out, outlen, "open the rings");
+		return;
+	case RDW__CLIENT_MESSAGE__MSG_GET_STATS:
+		snprintf(out, outlen, "get stats");
+		return;
+	default:
+		snprintf(out, outlen, "request");
+		return;
+	}
+	/* a model this session holds has a name it knows */
+	const struct radiance__client_held *h = radiance__client_find_held(r, id);
+	if (!h) {
+		snprintf(out, outlen, "%s %u", verb, id);
+		return;
+	}
+	rtext_escape(h->info->name, shown, sizeof shown);
+	snprintf(out, outlen, "%s %u \"%s\"", verb, id, shown);
+}
+
 int radiance__client_request(struct radiance *r, Rdw__ClientMessage *msg, const int *fds,
 		      size_t nfds, radiance_load_progress_fn progress, void *progress_user,
 		      Rdw__ServerMessage **reply)
@@ -471,8 +540,9 @@ int radiance__client_request(struct radiance *r, Rdw__ClientMessage *msg, const 
 				rdw__server_message__free_unpacked(m, NULL);
 				return rc;
 			}
-			rc = radiance__client_fail(r, error_code(m->error), "%s: %s",
-					    rproto_client_name(msg),
+			char what[RTEXT_NAME_MAX + 64];
+			request_what(r, msg, what, sizeof what);
+			rc = radiance__client_fail(r, error_code(m->error), "%s: %s", what,
 					    m->error->message && *m->error->message
 						    ? m->error->message
 						    : radiance_strerror(error_code(m->error)));

@@ -6,6 +6,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +15,7 @@
 
 #include "checkpoint_files.h"
 #include "client-private.h"
+#include "io.h"
 #include "proto_util.h"
 #include "wire.h"
 
@@ -257,8 +259,12 @@ static int load_model(struct radiance *r, const char *dir, const struct radiance
 	int fds[RADIANCE_MAX_FDS];
 	size_t nfds = 0;
 	for (; nfds < n; nfds++) {
-		char path[4096];
-		snprintf(path, sizeof path, "%s/%s", dir, names[nfds]);
+		char path[PATH_MAX];
+		if (rio_path_join(path, sizeof path, dir, names[nfds]) < 0) {
+			rc = radiance__client_fail(r, -ENAMETOOLONG, "%s: path longer than %zu bytes",
+						   path, sizeof path - 1);
+			goto out_fds;
+		}
 		/* O_NONBLOCK: a FIFO put there since the check above must not
 		 * hang the open; it is refused just below. */
 		fds[nfds] = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);

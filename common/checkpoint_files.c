@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -115,17 +116,20 @@ static int stat_regular(int dfd, const char *dir, const char *name, bool require
 			size_t errlen)
 {
 	struct stat st;
+	char path[PATH_MAX];
 	if (fstatat(dfd, name, &st, 0) < 0) {
 		int e = errno;
 		if (e == ENOENT && !required)
 			return 0;
-		rlog_errf(err, errlen, "%s/%s: %s", dir, name,
+		rio_path_join(path, sizeof path, dir, name);
+		rlog_errf(err, errlen, "%s: %s", path,
 			       e == ENOENT ? "not found, expected it in a checkpoint directory"
 					   : strerror(e));
 		return -e;
 	}
 	if (!S_ISREG(st.st_mode)) {
-		rlog_errf(err, errlen, "%s/%s is not a regular file", dir, name);
+		rio_path_join(path, sizeof path, dir, name);
+		rlog_errf(err, errlen, "%s is not a regular file", path);
 		return -EINVAL;
 	}
 	return 1;
@@ -168,12 +172,15 @@ static int add_shards(int dfd, const char *dir, bool single, char ***list, size_
 	json_t *idx = NULL, *v;
 	const char *key;
 	size_t first_shard = *n;
+	char index[PATH_MAX];   /* the index's path, for messages */
 	int rc;
+
+	rio_path_join(index, sizeof index, dir, RADIANCE_CHECKPOINT_INDEX);
 
 	int ifd = openat(dfd, RADIANCE_CHECKPOINT_INDEX, O_RDONLY | O_CLOEXEC);
 	if (ifd < 0) {
 		rc = -errno;
-		rlog_errf(err, errlen, "%s/%s: %s", dir, RADIANCE_CHECKPOINT_INDEX, strerror(-rc));
+		rlog_errf(err, errlen, "%s: %s", index, strerror(-rc));
 		return rc;
 	}
 	rc = rcheckpoint_read_json(ifd, RADIANCE_CHECKPOINT_INDEX, &idx, err, errlen);
@@ -182,14 +189,14 @@ static int add_shards(int dfd, const char *dir, bool single, char ***list, size_
 		return rc;
 	json_t *wm = json_object_get(idx, "weight_map");
 	if (!json_is_object(wm)) {
-		rlog_errf(err, errlen, "%s/%s: \"weight_map\" is missing or not an object, "
-			       "expected tensor name -> shard file", dir, RADIANCE_CHECKPOINT_INDEX);
+		rlog_errf(err, errlen, "%s: \"weight_map\" is missing or not an object, "
+			       "expected tensor name -> shard file", index);
 		rc = -EINVAL;
 		goto out;
 	}
 	if (json_object_size(wm) == 0) {
-		rlog_errf(err, errlen, "%s/%s: empty weight_map, expected tensor name -> shard "
-			       "file", dir, RADIANCE_CHECKPOINT_INDEX);
+		rlog_errf(err, errlen, "%s: empty weight_map, expected tensor name -> shard "
+			       "file", index);
 		rc = -EINVAL;
 		goto out;
 	}
@@ -197,9 +204,8 @@ static int add_shards(int dfd, const char *dir, bool single, char ***list, size_
 		goto out;
 	json_object_foreach(wm, key, v) {
 		if (!json_is_string(v) || !rcheckpoint_shard_name_ok(json_string_value(v))) {
-			rlog_errf(err, errlen, "%s/%s: weight_map[\"%s\"] is not a shard file "
-				       "name, expected a plain basename", dir, RADIANCE_CHECKPOINT_INDEX,
-				       key);
+			rlog_errf(err, errlen, "%s: weight_map[\"%s\"] is not a shard file "
+				       "name, expected a plain basename", index, key);
 			rc = -EINVAL;
 			goto out;
 		}

@@ -2,6 +2,8 @@
 #include "io.h"
 
 #include <errno.h>
+#include <stdio.h>
+#include <string.h>
 #include <unistd.h>
 
 ssize_t rio_pread(int fd, void *buf, size_t len, uint64_t off)
@@ -34,4 +36,15 @@ int rio_pwrite_all(int fd, const void *buf, size_t len, uint64_t off)
 		off += (uint64_t)n;
 	}
 	return 0;
+}
+
+int rio_path_join(char *out, size_t outlen, const char *dir, const char *name)
+{
+	size_t len = strlen(dir);
+	while (len && dir[len - 1] == '/')
+		len--;
+	/* "" stays relative; "/" (len 0 now) is the root, so keeps its '/' */
+	const char *sep = dir[0] ? "/" : "";
+	int n = snprintf(out, outlen, "%.*s%s%s", (int)len, dir, sep, name);
+	return n < 0 || (size_t)n >= outlen ? -ENAMETOOLONG : 0;
 }

@@ -1,11 +1,14 @@
 /* Loading a checkpoint directory from its path; which files it sends is
  * common/checkpoint_files.c's. */
 #include <fcntl.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "checkpoint_private.h"
+#include "io.h"
+#include "log.h"
 
 static char *dir_basename(const char *dir)
 {
@@ -48,8 +51,9 @@ int radiance_checkpoint_load_dir(const char *dir, const char *name, radiance_pro
 		files[i].fd = openat(dfd, names[i], O_RDONLY | O_CLOEXEC);
 		if (files[i].fd < 0) {
 			rc = -errno;
-			if (err && errlen)
-				snprintf(err, errlen, "%s/%s: %s", dir, names[i], strerror(-rc));
+			char path[PATH_MAX];
+			rio_path_join(path, sizeof path, dir, names[i]);
+			rlog_errf(err, errlen, "%s: %s", path, strerror(-rc));
 			goto out;
 		}
 	}

@@ -6,6 +6,7 @@
 #include <getopt.h>
 #include <grp.h>
 #include <ini.h>
+#include <limits.h>
 #include <pwd.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,11 +15,19 @@
 #include <unistd.h>
 
 #include "checkpoint.h"
+#include "io.h"
 #include "limit.h"
 #include "log.h"
 #include "scheduler.h"
 #include "shm_layout.h"
+#include "text.h"
 #include "wire.h"
+
+/* Room for a value, key, option or path as a message shows it: through
+ * rtext_escape, which writes a control character (a newline, ESC) as \xNN
+ * so that a value cannot forge a log line or drive a terminal, and cuts a
+ * longer one with "...". */
+#define CONFIG_SHOWN_MAX 512
 
 enum value_type {
 	V_STRING, V_BACKEND, V_BOOL, V_INT, V_U32, V_POW2, V_BYTES, V_LOGLEVEL, V_PRELOAD,
@@ -347,27 +356,30 @@ static int parse_uid_weights(struct radiance_config *cfg, const char *value, con
 		char item[160], *colon;
 		snprintf(item, sizeof item, "%.*s", (int)(len < sizeof item ? len : sizeof item - 1), p);
 		p += len;
+		char shown[CONFIG_SHOWN_MAX];
+		rtext_escape(item, shown, sizeof shown);
 		uint64_t w, id;
 		colon = strrchr(item, ':');
 		if (!colon || colon == item || parse_u64(colon + 1, 0, &w) < 0 || w < 1 ||
 		    w > SCHED_MAX_WEIGHT) {
 			snprintf(err, errlen, "%s: '%s' is not USER:WEIGHT (a user name or uid, a "
-				 "weight 1..%u)", where, item, SCHED_MAX_WEIGHT);
+				 "weight 1..%u)", where, shown, SCHED_MAX_WEIGHT);
 			goto fail;
 		}
 		*colon = 0;
+		rtext_escape(item, shown, sizeof shown);   /* the user alone now */
 		errno = 0;
 		struct passwd *pw = getpwnam(item);
 		if (pw) {
 			id = pw->pw_uid;
 		} else if (parse_u64(item, 0, &id) < 0 || id >= (uid_t)-1) {
-			snprintf(err, errlen, "%s: '%s' is neither a user nor a uid", where, item);
+			snprintf(err, errlen, "%s: '%s' is neither a user nor a uid", where, shown);
 			goto fail;
 		}
 		for (size_t i = 0; i < n; i++)
 			if (v[i].uid == (uid_t)id) {
 				snprintf(err, errlen, "%s: uid %llu ('%s') is given twice", where,
-					 (unsigned long long)id, item);
+					 (unsigned long long)id, shown);
 				goto fail;
 			}
 		struct radiance_uid_weight *nv = realloc(v, (n + 1) * sizeof *v);
@@ -407,12 +419,16 @@ static int apply(struct radiance_config *cfg, const struct setting *st, const ch
 	void *field = (char *)cfg + st->offset;
 	uint64_t v;
 	int lvl;
+	/* the value as messages show it: a newline or an escape sequence in it
+	 * would forge a line of the log or drive the terminal */
+	char shown[CONFIG_SHOWN_MAX];
+	rtext_escape(value ? value : "", shown, sizeof shown);
 
 	switch (st->type) {
 	case V_BACKEND:
 		if (strcmp(value, "auto") && strcmp(value, "cpu") && strcmp(value, "gpu")) {
 			snprintf(err, errlen, "%s: '%s' is not a backend (expected auto, cpu or gpu)",
-				 where, value);
+				 where, shown);
 			return -EINVAL;
 		}
 		goto string;
@@ -420,7 +436,7 @@ static int apply(struct radiance_config *cfg, const struct setting *st, const ch
 		if (strcmp(value, "auto") && strcmp(value, "vmm") && strcmp(value, "ipc") &&
 		    strcmp(value, "none")) {
 			snprintf(err, errlen, "%s: '%s' is not a share mode (expected auto, vmm, ipc or "
-				 "none)", where, value);
+				 "none)", where, shown);
 			return -EINVAL;
 		}
 		goto string;
@@ -448,7 +464,7 @@ static int apply(struct radiance_config *cfg, const struct setting *st, const ch
 			cfg->map_allow = RADIANCE_MAP_ALLOW_NONE;
 		else {
 			snprintf(err, errlen, "%s: '%s' is not a map_allow value (expected owner, all "
-				 "or none)", where, value);
+				 "or none)", where, shown);
 			return -EINVAL;
 		}
 		return 0;
@@ -463,7 +479,7 @@ static int apply(struct radiance_config *cfg, const struct setting *st, const ch
 			snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s",
 				 i == 0 ? "" : values[i + 1] ? ", " : " or ", values[i]);
 		}
-		snprintf(err, errlen, "%s: '%s' is not a %s value (expected %s)", where, value, st->key,
+		snprintf(err, errlen, "%s: '%s' is not a %s value (expected %s)", where, shown, st->key,
 			 list);
 		return -EINVAL;
 	}
@@ -475,7 +491,7 @@ static int apply(struct radiance_config *cfg, const struct setting *st, const ch
 			*(uint32_t *)field = 0;
 		} else {
 			snprintf(err, errlen, "%s: '%s' is not yes or no (also true/false, 1/0)",
-				 where, value);
+				 where, shown);
 			return -EINVAL;
 		}
 		return 0;
@@ -483,7 +499,7 @@ static int apply(struct radiance_config *cfg, const struct setting *st, const ch
 		lvl = rlog_level_parse(value);
 		if (lvl < 0) {
 			snprintf(err, errlen, "%s: '%s' is not a log level (expected silent, error, "
-				 "warn, info or debug)", where, value);
+				 "warn, info or debug)", where, shown);
 			return -EINVAL;
 		}
 		cfg->log_level = lvl;
@@ -512,7 +528,7 @@ static int apply(struct radiance_config *cfg, const struct setting *st, const ch
 		}
 		if (parse_u64(value, st->type == V_LIMIT_BYTES, &v) < 0 || v > st->max) {
 			snprintf(err, errlen, "%s: '%s' is not auto or %s in 0..%llu (0: no limit)",
-				 where, value, st->type == V_LIMIT_BYTES ?
+				 where, shown, st->type == V_LIMIT_BYTES ?
 				 "a byte count (K, M, G, T: powers of 1024)" : "a number",
 				 (unsigned long long)st->max);
 			return -EINVAL;
@@ -525,7 +541,7 @@ static int apply(struct radiance_config *cfg, const struct setting *st, const ch
 	case V_BYTES:
 		if (parse_u64(value, st->type == V_BYTES, &v) < 0 || v < st->min || v > st->max ||
 		    (st->type == V_POW2 && (v & (v - 1)))) {
-			snprintf(err, errlen, "%s: '%s' is not %s in %llu..%llu", where, value,
+			snprintf(err, errlen, "%s: '%s' is not %s in %llu..%llu", where, shown,
 				 st->type == V_POW2 ? "a power of two" :
 				 st->type == V_BYTES ? "a byte count (K, M, G, T: powers of 1024)" :
 						       "a number",
@@ -606,13 +622,14 @@ static int config_ini_line(void *user, const char *section, const char *name, co
 )
 {
 	struct file_ctx *ctx = user;
-	char where[512];
+	char where[512], shown[CONFIG_SHOWN_MAX];
 	if (ctx->rc)
 		return 0;
 	snprintf(where, sizeof where, "%s:%d: %s", ctx->path, ctx->line, name);
 	if (*section && strcmp(section, "radianced") != 0) {
+		rtext_escape(section, shown, sizeof shown);
 		snprintf(ctx->err, ctx->errlen, "%s:%d: unknown section [%s] (expected none or "
-			 "[radianced])", ctx->path, ctx->line, section);
+			 "[radianced])", ctx->path, ctx->line, shown);
 		ctx->rc = -EINVAL;
 		return 0;
 	}
@@ -624,7 +641,8 @@ static int config_ini_line(void *user, const char *section, const char *name, co
 			*p = '_';
 	size_t i = setting_index(key);
 	if (i == NSETTINGS) {
-		snprintf(ctx->err, ctx->errlen, "%s:%d: unknown key '%s'", ctx->path, ctx->line, name);
+		rtext_escape(name, shown, sizeof shown);
+		snprintf(ctx->err, ctx->errlen, "%s:%d: unknown key '%s'", ctx->path, ctx->line, shown);
 		ctx->rc = -EINVAL;
 		return 0;
 	}
@@ -661,15 +679,18 @@ static int config_ini_line(void *user, const char *section, const char *name, co
 	return 1;
 }
 
-static int parse_file(struct radiance_config *cfg, struct origins *origins, const char *path,
+static int parse_file(struct radiance_config *cfg, struct origins *origins, const char *file,
 		      char *err, size_t errlen)
 {
+	/* every message and origin names the file as shown, escaped */
+	char path[CONFIG_SHOWN_MAX];
+	rtext_escape(file, path, sizeof path);
 	/* O_NONBLOCK: opening a FIFO for reading waits for a writer, forever
 	 * before anything is printed; this way the open returns and the type
 	 * check below refuses it. open() also takes a directory, which libinih
 	 * would read as an empty file. Checking the descriptor, not the path,
 	 * leaves no window for the path to change in between. */
-	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+	int fd = open(file, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
 	if (fd < 0) {
 		int e = errno;
 		snprintf(err, errlen, "config file %s: %s", path, strerror(e));
@@ -849,8 +870,13 @@ static int default_socket(struct radiance_config *cfg, char *err, size_t errlen)
 				 "pass --socket PATH");
 			return -EINVAL;
 		}
-		if (asprintf(&cfg->socket_path, "%s/radiance.sock", xdg) < 0)
-			cfg->socket_path = NULL;
+		char path[PATH_MAX];
+		if (rio_path_join(path, sizeof path, xdg, "radiance.sock") < 0) {
+			snprintf(err, errlen, "XDG_RUNTIME_DIR is longer than %zu bytes: pass --socket "
+				 "PATH", sizeof path - 16);
+			return -ENAMETOOLONG;
+		}
+		cfg->socket_path = strdup(path);
 	}
 	return cfg->socket_path ? 0 : -ENOMEM;
 }
@@ -906,13 +932,18 @@ static int preload_check(struct radiance_config *cfg, struct origins *o, char *e
 		for (size_t j = 0; j < i && real[i] && !rc; j++) {
 			if (!real[j] || !preload_same_name(cfg->preload[i], cfg->preload[j]))
 				continue;
+			char a[CONFIG_SHOWN_MAX], b[CONFIG_SHOWN_MAX], name[CONFIG_SHOWN_MAX];
 			size_t len;
-			const char *name = rcheckpoint_dir_name(cfg->preload[i], &len);
+			const char *base = rcheckpoint_dir_name(cfg->preload[i], &len);
+			char *dup = strndup(base, len);
+			rtext_escape(dup ? dup : "", name, sizeof name);
+			free(dup);
+			rtext_escape(cfg->preload[j], a, sizeof a);
+			rtext_escape(cfg->preload[i], b, sizeof b);
 			snprintf(err, errlen, "preload %s (%s) and preload %s (%s) are different "
-				 "directories with the same name '%.*s': a preload's model name is "
+				 "directories with the same name '%s': a preload's model name is "
 				 "its directory's basename; rename one of the directories",
-				 cfg->preload[j], o->preload_from[j], cfg->preload[i],
-				 o->preload_from[i], (int)len, name);
+				 a, o->preload_from[j], b, o->preload_from[i], name);
 			rc = -EINVAL;
 		}
 	}
@@ -989,11 +1020,12 @@ static int resolve_group(struct radiance_config *cfg, const struct origins *o, c
 		return 0;
 	}
 	const char *where = origin(o, "group");
+	char shown[CONFIG_SHOWN_MAX];
+	rtext_escape(cfg->socket_group, shown, sizeof shown);
 	if (e && e != ENOENT && e != ESRCH && e != EBADF && e != EPERM)
-		snprintf(err, errlen, "%s: looking up group '%s': %s", where, cfg->socket_group,
-			 strerror(e));
+		snprintf(err, errlen, "%s: looking up group '%s': %s", where, shown, strerror(e));
 	else
-		snprintf(err, errlen, "%s: group '%s' does not exist", where, cfg->socket_group);
+		snprintf(err, errlen, "%s: group '%s' does not exist", where, shown);
 	return -EINVAL;
 }
 
@@ -1029,6 +1061,7 @@ int config_load(struct radiance_config *cfg, int argc, char **argv, char *err, s
 {
 	struct opt_table t;
 	const char *config_path = NULL;
+	char shown[CONFIG_SHOWN_MAX];
 	int no_config = 0, rc, c;
 
 	rc = config_init(cfg);
@@ -1065,10 +1098,12 @@ int config_load(struct radiance_config *cfg, int argc, char **argv, char *err, s
 				char shortopt[8] = "";
 				if (st->opt < 256)
 					snprintf(shortopt, sizeof shortopt, "-%c/", st->opt);
+				char first[CONFIG_SHOWN_MAX], then[CONFIG_SHOWN_MAX];
+				rtext_escape(given[i] ? given[i] : "(no value)", first, sizeof first);
+				rtext_escape(optarg ? optarg : "(no value)", then, sizeof then);
 				snprintf(err, errlen, "%s--%s is given twice ('%s', then '%s'); give each "
 					 "option once (only -p/--preload may repeat, its values add up)",
-					 shortopt, t.names[i], given[i] ? given[i] : "(no value)",
-					 optarg ? optarg : "(no value)");
+					 shortopt, t.names[i], first, then);
 				rc = -EINVAL;
 				goto out;
 			}
@@ -1078,8 +1113,11 @@ int config_load(struct radiance_config *cfg, int argc, char **argv, char *err, s
 		switch (c) {
 		case OPT_CONFIG:
 			if (config_path) {
+				char first[CONFIG_SHOWN_MAX], then[CONFIG_SHOWN_MAX];
+				rtext_escape(config_path, first, sizeof first);
+				rtext_escape(optarg, then, sizeof then);
 				snprintf(err, errlen, "--config is given twice ('%s', then '%s'); give "
-					 "one config file", config_path, optarg);
+					 "one config file", first, then);
 				rc = -EINVAL;
 				goto out;
 			}
@@ -1097,23 +1135,27 @@ int config_load(struct radiance_config *cfg, int argc, char **argv, char *err, s
 			rc = 1;
 			goto out;
 		case ':':
-			snprintf(err, errlen, "option '%s' needs a value (see --help)", argv[optind - 1]);
+			rtext_escape(argv[optind - 1], shown, sizeof shown);
+			snprintf(err, errlen, "option '%s' needs a value (see --help)", shown);
 			rc = -EINVAL;
 			goto out;
 		case '?':
-			snprintf(err, errlen, "unknown option '%s' (see --help)", argv[optind - 1]);
+			rtext_escape(argv[optind - 1], shown, sizeof shown);
+			snprintf(err, errlen, "unknown option '%s' (see --help)", shown);
 			rc = -EINVAL;
 			goto out;
 		}
 	}
 	if (optind < argc) {
-		snprintf(err, errlen, "unexpected argument '%s' (see --help)", argv[optind]);
+		rtext_escape(argv[optind], shown, sizeof shown);
+		snprintf(err, errlen, "unexpected argument '%s' (see --help)", shown);
 		rc = -EINVAL;
 		goto out;
 	}
 	if (no_config && config_path) {
+		rtext_escape(config_path, shown, sizeof shown);
 		snprintf(err, errlen, "--config %s and --no-config contradict each other (see --help)",
-			 config_path);
+			 shown);
 		rc = -EINVAL;
 		goto out;
 	}

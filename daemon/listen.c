@@ -11,6 +11,7 @@
 
 #include "log.h"
 #include "notify.h"
+#include "text.h"
 
 /* connect()s to addr: 0 when something listens there, connect's errno
  * (ECONNREFUSED: nobody listens), or -errno when no probe socket. */
@@ -46,7 +47,9 @@ int listener_check_free(const struct radiance_config *cfg, char *err, size_t err
 	strcpy(addr.sun_path, cfg->socket_path);
 	if (!socket_listened(socket_probe(&addr)))
 		return 0;
-	snprintf(err, errlen, "another daemon is listening on %s", cfg->socket_path);
+	char shown[512];
+	rtext_escape(cfg->socket_path, shown, sizeof shown);
+	snprintf(err, errlen, "another daemon is listening on %s", shown);
 	return -EADDRINUSE;
 }
 
@@ -139,9 +142,12 @@ int listener_open(struct radiance_listener *l, const struct radiance_config *cfg
 		return 0;
 	}
 
+	/* the path and its directory as messages show them (a config value) */
+	char shown[512], shown_dir[512] = "";
+	rtext_escape(cfg->socket_path, shown, sizeof shown);
 	struct sockaddr_un addr = { .sun_family = AF_UNIX };
 	if (strlen(cfg->socket_path) >= sizeof addr.sun_path) {
-		snprintf(err, errlen, "socket path '%s' is longer than %zu bytes", cfg->socket_path,
+		snprintf(err, errlen, "socket path '%s' is longer than %zu bytes", shown,
 			 sizeof addr.sun_path - 1);
 		return -ENAMETOOLONG;
 	}
@@ -159,8 +165,9 @@ int listener_open(struct radiance_listener *l, const struct radiance_config *cfg
 	char *slash = strrchr(dir, '/');
 	if (slash && slash != dir) {
 		*slash = 0;
+		rtext_escape(dir, shown_dir, sizeof shown_dir);
 		if (mkdir(dir, 0755) == 0)
-			log_info("created %s for the socket (it stays after exit)", dir);
+			log_info("created %s for the socket (it stays after exit)", shown_dir);
 		else if (errno != EEXIST)
 			mkdir_err = errno;
 	}
@@ -194,14 +201,15 @@ int listener_open(struct radiance_listener *l, const struct radiance_config *cfg
 				snprintf(dir, sizeof dir, "/");
 			else
 				snprintf(dir, sizeof dir, ".");
+			rtext_escape(dir, shown_dir, sizeof shown_dir);
 			snprintf(err, errlen, "bind %s: the directory %s does not exist; the daemon "
 				 "creates only the socket's own directory, not its parents (create %s "
-				 "first, or choose another --socket)", cfg->socket_path, dir, dir);
+				 "first, or choose another --socket)", shown, shown_dir, shown_dir);
 		} else if ((e == ENOENT || e == ENOTDIR) && mkdir_err) {
 			snprintf(err, errlen, "bind %s: cannot create its directory %s: %s",
-				 cfg->socket_path, dir, strerror(mkdir_err));
+				 shown, shown_dir, strerror(mkdir_err));
 		} else {
-			snprintf(err, errlen, "bind %s: %s", cfg->socket_path, strerror(e));
+			snprintf(err, errlen, "bind %s: %s", shown, strerror(e));
 		}
 		return -e;
 	}
@@ -212,23 +220,25 @@ int listener_open(struct radiance_listener *l, const struct radiance_config *cfg
 		l->dev = st.st_dev;
 		l->ino = st.st_ino;
 	} else {
-		log_warn("lstat %s after bind: %s (it will not be removed at exit)", cfg->socket_path,
+		log_warn("lstat %s after bind: %s (it will not be removed at exit)", shown,
 			 strerror(errno));
 	}
 	if (gid != (gid_t)-1) {
 		if (chown(cfg->socket_path, (uid_t)-1, gid) < 0 || chmod(cfg->socket_path, 0660) < 0) {
 			int e = errno;
-			snprintf(err, errlen, "socket %s: chgrp %s / chmod 0660: %s", cfg->socket_path,
-				 cfg->socket_group, strerror(e));
+			char group[256];
+			rtext_escape(cfg->socket_group, group, sizeof group);
+			snprintf(err, errlen, "socket %s: chgrp %s / chmod 0660: %s", shown, group,
+				 strerror(e));
 			return -e;
 		}
 	}
 	if (listen(fd, 128) < 0) {
 		int e = errno;
-		snprintf(err, errlen, "listen %s: %s", cfg->socket_path, strerror(e));
+		snprintf(err, errlen, "listen %s: %s", shown, strerror(e));
 		return -e;
 	}
-	log_info("listening on %s (mode %s)", cfg->socket_path, gid != (gid_t)-1 ? "0660" : "0600");
+	log_info("listening on %s (mode %s)", shown, gid != (gid_t)-1 ? "0660" : "0600");
 	return 0;
 }
 

@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +13,7 @@
 #include <unistd.h>
 
 #include "clock.h"
+#include "io.h"
 #include "limit.h"
 #include "log.h"
 #include "text.h"
@@ -404,8 +406,9 @@ static void load_work(uv_work_t *work)
 			res->files[i].fd = openat(dfd, res->files[i].name, O_RDONLY | O_CLOEXEC);
 			if (res->files[i].fd < 0) {
 				rc = -errno;
-				snprintf(res->err, sizeof res->err, "%s/%s: %s", res->dir,
-					 res->files[i].name, strerror(errno));
+				char path[PATH_MAX];
+				rio_path_join(path, sizeof path, res->dir, res->files[i].name);
+				rlog_errf(res->err, sizeof res->err, "%s: %s", path, strerror(-rc));
 				close(dfd);
 				goto out;
 			}

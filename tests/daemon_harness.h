@@ -29,6 +29,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/types.h>
+#include <sys/prctl.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -77,6 +78,20 @@ static inline void h_daemon_dump_log(const struct h_daemon *d)
 		fputs(line, stderr);
 	fprintf(stderr, "---- end of log ----\n");
 	fclose(f);
+}
+
+/* In a child the harness forks to exec a daemon, right after fork(): the
+ * kernel SIGKILLs it when the test process (parent, the process that forked)
+ * ends, however it ends: a failed assertion's exit with no teardown run, a
+ * crash, a SIGKILL from a timeout. execve keeps the setting (radianced is
+ * not set-uid). The parent may have died between fork() and prctl(): then
+ * getppid() is no longer it and the child goes at once. parent: getpid()
+ * before the fork. Forks must come from the test's main thread: the signal
+ * comes when the forking thread ends. */
+static inline void h_die_with_parent(pid_t parent)
+{
+	if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0 || getppid() != parent)
+		_exit(127);
 }
 
 /* Removes the daemon's mkdtemp directory and whatever a test left in it. */
@@ -134,12 +149,14 @@ static inline int h_daemon_start_argv(struct h_daemon *d, const char *const *ext
 	argv[argc] = NULL;
 
 	fflush(NULL);
+	pid_t self = getpid();
 	d->pid = fork();
 	if (d->pid < 0) {
 		perror("fork");
 		return -1;
 	}
 	if (d->pid == 0) {
+		h_die_with_parent(self);
 		int fd = open(d->log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
 		if (fd >= 0) {
 			dup2(fd, 1);
@@ -240,8 +257,10 @@ static inline pid_t h_spawn_logged(const char *log, const char *const *args)
 		argv[argc++] = args[i];
 	argv[argc] = NULL;
 	fflush(NULL);
+	pid_t self = getpid();
 	pid_t pid = fork();
 	if (pid == 0) {
+		h_die_with_parent(self);
 		int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
 		if (fd >= 0) {
 			dup2(fd, 1);

@@ -25,6 +25,7 @@
 
 #include "checkpoint.h"
 #include "client-private.h"
+#include "io.h"
 #include "proto_util.h"
 #include "radiance.h"
 #include "raw_client.h"
@@ -228,6 +229,50 @@ static void checkpoint_files_missing(void **state)
 							   sizeof err),
 			 -ENOENT);
 	rm_dir(dir);
+}
+
+/* A directory given with a trailing '/' (or "/" itself: `radiancectl load
+ * /`) is named with one '/' before the file in every message, and
+ * rio_path_join, which every join site uses, puts exactly one there. */
+static void checkpoint_files_trailing_slash(void **state)
+{
+	static const struct {
+		const char *dir, *name, *want;
+	} cases[] = {
+		{ "/", "config.json", "/config.json" },
+		{ "//", "config.json", "/config.json" },
+		{ "ckpt/", "config.json", "ckpt/config.json" },
+		{ "/m/ckpt///", "a", "/m/ckpt/a" },
+		{ "/m/ckpt", "a", "/m/ckpt/a" },
+		{ "", "a", "a" },
+	};
+	char got[64];
+	for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+		assert_int_equal(rio_path_join(got, sizeof got, cases[i].dir, cases[i].name), 0);
+		assert_string_equal(got, cases[i].want);
+	}
+	assert_int_equal(rio_path_join(got, 8, "/models", "config.json"), -ENAMETOOLONG);
+	assert_string_equal(got, "/models");
+
+	char dir[] = "/tmp/radiance-ckpt-XXXXXX", slashed[64], want[96], **names, err[512];
+	assert_non_null(mkdtemp(dir));
+	snprintf(slashed, sizeof slashed, "%s//", dir);
+	snprintf(want, sizeof want, "%s/config.json: not found", dir);
+	assert_int_equal(rcheckpoint_list_files(slashed, &names, err, sizeof err), -ENOENT);
+	assert_int_equal(strncmp(err, want, strlen(want)), 0);
+	assert_null(strstr(err, "//"));
+	/* the index's messages too */
+	write_file(dir, "config.json", "{}");
+	write_file(dir, "model.safetensors.index.json", "{\"weight_map\": {}}");
+	assert_int_equal(rcheckpoint_list_files(slashed, &names, err, sizeof err), -EINVAL);
+	snprintf(want, sizeof want, "%s/model.safetensors.index.json: empty weight_map", dir);
+	assert_non_null(strstr(err, want));
+	assert_null(strstr(err, "//"));
+	rm_dir(dir);
+
+	/* the root, as `radiancectl load /` gives it */
+	assert_int_equal(rcheckpoint_list_files("/", &names, err, sizeof err), -ENOENT);
+	assert_int_equal(strncmp(err, "/config.json: not found", 23), 0);
 }
 
 /* Something that is not a regular file where a checkpoint file should be
@@ -731,6 +776,7 @@ int main(void)
 		cmocka_unit_test(checkpoint_dir_name),
 		cmocka_unit_test(checkpoint_files_sharded),
 		cmocka_unit_test(checkpoint_files_missing),
+		cmocka_unit_test(checkpoint_files_trailing_slash),
 		cmocka_unit_test(checkpoint_files_not_regular),
 		cmocka_unit_test(default_socket_path),
 		cmocka_unit_test(strerror_texts),

@@ -143,6 +143,16 @@ static void test_help_and_version(void **state)
 }
 
 /* Each bad input fails with -EINVAL and a message containing every needle. */
+/* Whether err holds a control character (C0 or DEL): a config value echoed
+ * raw, which could forge a log line or drive the terminal. */
+static int has_control(const char *err)
+{
+	for (const unsigned char *p = (const unsigned char *)err; *p; p++)
+		if (*p < 0x20 || *p == 0x7f)
+			return 1;
+	return 0;
+}
+
 static void expect_error(int want, const char *needle1, const char *needle2, ...)
 {
 	struct radiance_config cfg;
@@ -156,9 +166,41 @@ static void expect_error(int want, const char *needle1, const char *needle2, ...
 	va_end(ap);
 	int rc = config_load(&cfg, argc, argv, err, sizeof err);
 	config_finish(&cfg);
-	if (rc != want || !strstr(err, needle1) || (needle2 && !strstr(err, needle2)))
-		fail_msg("got %d '%s', wanted %d with '%s' and '%s'", rc, err, want, needle1,
-			 needle2 ? needle2 : "");
+	if (rc != want || !strstr(err, needle1) || (needle2 && !strstr(err, needle2)) ||
+	    has_control(err))
+		fail_msg("got %d '%s', wanted %d with '%s' and '%s' (and no control character)", rc,
+			 err, want, needle1, needle2 ? needle2 : "");
+}
+
+/* A value, key, option or path with a newline or an ESC in it is shown
+ * escaped (\xNN) in the error, never raw: it went to the terminal and the
+ * journal as it was. */
+static void test_control_characters_escaped(void **state)
+{
+	expect_error(-EINVAL, "--backend", "'cpu\\x0a[error] forged\\x1b[31m' is not a backend",
+		     "--no-config", "--backend", "cpu\n[error] forged\x1b[31m", NULL);
+	expect_error(-EINVAL, "--max-rows", "'1\\x0d2'", "--no-config", "--max-rows", "1\r2", NULL);
+	expect_error(-EINVAL, "--sched-uid-weights", "'ro\\x1bot:2x' is not USER:WEIGHT",
+		     "--no-config", "--sched-uid-weights", "ro\x1bot:2x", NULL);
+	expect_error(-EINVAL, "--sched-uid-weights", "'no\\x0auser' is neither a user nor a uid",
+		     "--no-config", "--sched-uid-weights", "no\nuser:2", NULL);
+	expect_error(-EINVAL, "group 'no\\x1bsuch' does not exist", NULL, "--no-config",
+		     "--group", "no\x1bsuch", "--socket", "/tmp/radiance-test.sock", NULL);
+	expect_error(-EINVAL, "unknown option '--bo\\x1bgus'", NULL, "--no-config", "--bo\x1bgus",
+		     NULL);
+	expect_error(-EINVAL, "unexpected argument 'a\\x0ab'", NULL, "--no-config", "a\nb", NULL);
+	expect_error(-EINVAL, "given twice ('x\\x0a', then 'y\\x1b')", NULL, "--no-config", "-s",
+		     "x\n", "-s", "y\x1b", NULL);
+	/* a config file: its value, its key, its section, its name */
+	const char *p = write_file("esc1.conf", "backend = gpu\x1b[2J\n");
+	expect_error(-EINVAL, ":1: backend: 'gpu\\x1b[2J' is not a backend", NULL, "--config", p,
+		     NULL);
+	p = write_file("esc2.conf", "max_r\x1bows = 1\n");
+	expect_error(-EINVAL, ":1: unknown key 'max_r\\x1bows'", NULL, "--config", p, NULL);
+	p = write_file("esc3.conf", "[radi\x07" "anced]\nmax_rows = 1\n");
+	expect_error(-EINVAL, "unknown section [radi\\x07anced]", NULL, "--config", p, NULL);
+	p = write_file("esc\nname.conf", "max_rows = many\n");
+	expect_error(-EINVAL, "esc\\x0aname.conf:1: max_rows: 'many'", NULL, "--config", p, NULL);
 }
 
 static void test_bad_command_line(void **state)
@@ -781,6 +823,7 @@ int main(void)
 		cmocka_unit_test(test_help_and_version),
 		cmocka_unit_test(test_bad_command_line),
 		cmocka_unit_test(test_bad_file),
+		cmocka_unit_test(test_control_characters_escaped),
 		cmocka_unit_test(test_inline_comments),
 		cmocka_unit_test(test_config_file_kinds),
 		cmocka_unit_test(test_combined_errors_name_sources),

@@ -152,4 +152,20 @@ else
 	show "$tmp/bad.log"
 fi
 
+# --- 3. a config value with an ESC in it is logged escaped -----------------
+# (the socket's directory here: the daemon makes it, and names it twice)
+escdir=$tmp/$(printf 'x\033[31my')
+"$RADIANCED" --no-config --backend cpu --socket "$escdir/r.sock" >"$tmp/esc.log" 2>&1 &
+first=$!
+if wait_up "$escdir/r.sock"; then ok "daemon on a socket under $tmp/x<ESC>[31my"; else bad "daemon under the ESC directory did not come up"; fi
+stop_first
+if grep -qF "listening on $tmp/x\x1b[31my/r.sock" "$tmp/esc.log" &&
+	grep -qF "created $tmp/x\x1b[31my for the socket" "$tmp/esc.log" &&
+	! grep -q "$(printf '\033')" "$tmp/esc.log"; then
+	ok "the socket path logged escaped (\\x1b), no raw ESC in the log"
+else
+	bad "the socket path with an ESC in the log:"
+	show "$tmp/esc.log"
+fi
+
 script_done test_daemon_ops

@@ -218,8 +218,10 @@ static void stale_socket_replaced_live_one_kept(void **state)
 
 	/* the harness waits for its own socket name: start by hand instead */
 	fflush(NULL);
+	pid_t self = getpid();
 	pid_t pid = fork();
 	if (pid == 0) {
+		h_die_with_parent(self);
 		int lfd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
 		dup2(lfd, 1);
 		dup2(lfd, 2);
@@ -642,8 +644,10 @@ static void systemd_socket_activation(void **state)
 	assert_int_equal(bind(lfd, (struct sockaddr *)&sa, sizeof sa), 0);
 	assert_int_equal(listen(lfd, 16), 0);
 	fflush(NULL);
+	pid_t self = getpid();
 	pid_t pid = fork();
 	if (pid == 0) {
+		h_die_with_parent(self);
 		int out = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
 		dup2(out, 1);
 		dup2(out, 2);

@@ -208,6 +208,51 @@ static void socket_directory(void **state)
 	assert_int_equal(system(want), 0);
 }
 
+/* A test process that dies without its teardown (a failed assertion
+ * outside cmocka's reach, a crash, a timeout's SIGKILL) takes its daemon
+ * with it (h_die_with_parent): a stand-in test process starts one through
+ * the harness and is SIGKILLed. This process is a subreaper meanwhile, so
+ * the orphaned daemon becomes its child and how it ended can be read. */
+static void daemon_dies_with_its_test(void **state)
+{
+	int p[2];
+	assert_int_equal(pipe(p), 0);
+	assert_int_equal(prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
+	fflush(NULL);
+	pid_t harness = fork();
+	assert_true(harness >= 0);
+	if (harness == 0) {
+		close(p[0]);
+		struct h_daemon hd;
+		if (h_daemon_start(&hd) < 0 || write(p[1], &hd, sizeof hd) != sizeof hd)
+			_exit(1);
+		for (;;)
+			pause();
+	}
+	close(p[1]);
+	struct h_daemon d;
+	ssize_t n = read(p[0], &d, sizeof d);
+	close(p[0]);
+	int up = n == sizeof d && d.pid > 0 && kill(d.pid, 0) == 0;
+	kill(harness, SIGKILL);
+	int hst;
+	waitpid(harness, &hst, 0);
+	/* gone within a few seconds (the kernel's SIGKILL is immediate);
+	 * h_wait_exit kills and reaps it at the deadline, so a daemon that
+	 * outlived its test fails here and is not left behind either */
+	int st = up ? h_wait_exit(d.pid, 5.0) : -1;
+	prctl(PR_SET_CHILD_SUBREAPER, 0);
+	if (n == sizeof d)
+		h_daemon_cleanup(&d);
+	assert_true(up);
+	assert_true(WIFSIGNALED(hst) && WTERMSIG(hst) == SIGKILL);
+	if (st == -1)
+		fail_msg("radianced (pid %d) still ran 5 s after its test process was SIGKILLed",
+			 (int)d.pid);
+	assert_true(WIFSIGNALED(st));
+	assert_int_equal(WTERMSIG(st), SIGKILL);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -216,6 +261,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(sigterm_delivers_drained_results, start,
 						stop_after_sigterm),
 		cmocka_unit_test(socket_directory),
+		cmocka_unit_test(daemon_dies_with_its_test),
 	};
 	return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -218,12 +218,26 @@ static void preloaded_model(void **state)
 	assert_int_equal(radiance_attach_model(r, ref.model_name, &id), 0);
 	assert_int_equal(radiance_release_model(r, id), 0);
 	assert_int_equal(radiance_release_model(r, id), -ENOENT);
+	/* errors say what was asked in the API's terms, not the wire's
+	 * message name (they said "release_model: ...") */
+	char want[160];
+	snprintf(want, sizeof want, "release model %u: model_id %u is not loaded by this session",
+		 id, id);
+	assert_string_equal(radiance_error_message(r), want);
 	wait_models(r, 1, 0);
 	/* the explicit unload drops it (the tests run as root) ... */
 	assert_int_equal(radiance_unload_preloaded(r, id), 0);
 	wait_models(r, 0, 0);
 	/* ... and there is nothing left to unload */
 	assert_int_equal(radiance_unload_preloaded(r, id), -ENOENT);
+	snprintf(want, sizeof want, "unload model %u: model_id %u is not a preloaded model", id, id);
+	assert_string_equal(radiance_error_message(r), want);
+	/* a load or an attach is named by the model name it asks for */
+	assert_int_equal(radiance_attach_model(r, "no-such-model", &id2), -ENOENT);
+	static const char attach_want[] = "attach \"no-such-model\": ";
+	if (strncmp(radiance_error_message(r), attach_want, strlen(attach_want)))
+		fail_msg("attach error \"%s\", expected it to start with \"%s\"",
+			 radiance_error_message(r), attach_want);
 	radiance_disconnect(r);
 }
 

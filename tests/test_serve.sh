@@ -44,4 +44,24 @@ done
 lpr=$(awk -F, '$3 == "a" && $5 == 1 { print $11 }' "$csv" 2>/dev/null | sort -n | tail -n 1)
 if [ -n "$lpr" ] && awk -v v="$lpr" 'BEGIN { exit !(v > 0 && v <= 1) }'; then ok "launches/request $lpr"; else bad "launches/request '$lpr'"; fi
 if grep -q '^| c 8 clients lockstep' "$tmp/serve.md" 2>/dev/null; then ok "targets table"; else bad "targets table"; fi
+
+# gen makes DIR and its missing parents (mkdir -p, 0755 less the umask) and
+# writes the checkpoint there; a file in the way is refused, named
+gd=$tmp/gen/a/b/ckpt
+if (umask 022 && "$BUILD/bench/bench_serve" gen "$gd" minilm 1) >"$tmp/gen.log" 2>&1 &&
+	[ -s "$gd/config.json" ] && [ -s "$gd/model.safetensors" ]; then
+	ok "gen into a directory that did not exist"
+else
+	bad "gen into a new directory: $(cat "$tmp/gen.log")"
+fi
+modes=$(stat -c %a "$tmp/gen" "$tmp/gen/a" "$tmp/gen/a/b" "$gd" 2>&1 | tr '\n' ' ')
+if [ "$modes" = "755 755 755 755 " ]; then ok "gen's directories 0755"; else bad "gen's directories: $modes"; fi
+: >"$tmp/file"
+"$BUILD/bench/bench_serve" gen "$tmp/file/ckpt" minilm 1 >"$tmp/gen.log" 2>&1
+rc=$?
+if [ $rc = 1 ] && grep -q "cannot create the directory $tmp/file/ckpt: $tmp/file exists and is not a directory" "$tmp/gen.log"; then
+	ok "gen under a file: refused, named"
+else
+	bad "gen under a file: exit $rc, $(cat "$tmp/gen.log")"
+fi
 script_done test_serve
