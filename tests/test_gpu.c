@@ -136,49 +136,72 @@ static void fill_x(uint16_t *x, uint32_t m, uint32_t k, enum radiance_dtype dt, 
 	}
 }
 
-static void check_quant(enum radiance_dtype dt, uint32_t m, uint32_t k)
+/* The quant of rows stacked from nsrc sources (ms[i] rows each, in their
+ * own device allocations; radiance__gpu_quant for one source,
+ * radiance__gpu_quant_rows for more) against the CPU, bit for bit: codes
+ * in both orders and scales. */
+static void check_quant_src(enum radiance_dtype dt, uint32_t k, const uint32_t *ms, size_t nsrc)
 {
+	uint32_t m = 0;
+	for (size_t i = 0; i < nsrc; i++)
+		m += ms[i];
 	uint16_t *x = malloc((size_t)m * k * 2);
 	uint8_t *codes = malloc((size_t)m * k), *ref = malloc((size_t)m * k);
 	float *s = malloc(m * 4), *sref = malloc(m * 4);
 	assert_non_null(x);
 	fill_x(x, m, k, dt, 1);
-	void *dx = dalloc((size_t)m * k * 2), *dc = dalloc((size_t)m * k), *ds = dalloc(m * 4);
-	h2d(dx, x, (size_t)m * k * 2);
-	assert_int_equal(radiance__gpu_quant(dx, dt, m, k, RADIANCE_CODES_NATURAL, dc, ds, stream), 0);
-	d2h(codes, dc, (size_t)m * k);
-	d2h(s, ds, m * 4);
+	struct radiance__gpu_quant_src src = {.n = (uint32_t)nsrc};
+	void *dx[RADIANCE__GPU_QUANT_SRC_MAX] = {0};
+	assert_true(nsrc >= 1 && nsrc <= RADIANCE__GPU_QUANT_SRC_MAX);
+	for (size_t i = 0, r0 = 0; i < nsrc; r0 += ms[i++]) {
+		dx[i] = dalloc((size_t)(ms[i] ? ms[i] : 1) * k * 2);
+		if (ms[i])
+			h2d(dx[i], x + r0 * k, (size_t)ms[i] * k * 2);
+		src.x[i] = dx[i];
+		src.m[i] = ms[i];
+	}
+	void *dc = dalloc((size_t)m * k), *ds = dalloc(m * 4);
+	const enum radiance__codes_order orders[] = {RADIANCE_CODES_NATURAL, RADIANCE_CODES_WGMMA};
 	size_t bad = 0;
-	for (uint32_t r = 0; r < m; r++) {
+	for (uint32_t r = 0; r < m; r++)
 		sref[r] = radiance_quant_row_e4m3(x + (size_t)r * k, dt, k, ref + (size_t)r * k);
-		uint32_t a, b;
-		memcpy(&a, &s[r], 4);
-		memcpy(&b, &sref[r], 4);
-		if (!(isnan(s[r]) && isnan(sref[r])) && a != b) {
-			printf("# quant dtype %d row %u: scale %a, CPU %a\n", dt, r, s[r], sref[r]);
-			bad++;
-		}
-	}
-	for (size_t i = 0; i < (size_t)m * k; i++)
-		if (codes[i] != ref[i]) {
-			if (bad < 8)
-				printf("# quant dtype %d row %zu col %zu: code 0x%02x, CPU 0x%02x (x=0x%04x)\n", dt,
-				       i / k, i % k, codes[i], ref[i], x[i]);
-			bad++;
-		}
 	/* the wgmma order: the same codes, 4-byte words permuted per group */
-	if (k % 128 == 0) {
-		assert_int_equal(radiance__gpu_quant(dx, dt, m, k, RADIANCE_CODES_WGMMA, dc, ds, stream), 0);
+	for (int oi = 0; oi < (k % 128 == 0 ? 2 : 1); oi++) {
+		const enum radiance__codes_order order = orders[oi];
+		assert_int_equal(radiance__gpu_memset_async(dc, 0x5A, (size_t)m * k, stream), 0);
+		assert_int_equal(radiance__gpu_memset_async(ds, 0x5A, m * 4, stream), 0);
+		if (nsrc == 1)
+			assert_int_equal(radiance__gpu_quant(dx[0], dt, m, k, order, dc, ds, stream), 0);
+		else
+			assert_int_equal(radiance__gpu_quant_rows(&src, dt, k, order, dc, ds, stream), 0);
 		d2h(codes, dc, (size_t)m * k);
+		d2h(s, ds, m * 4);
+		for (uint32_t r = 0; r < m; r++) {
+			uint32_t a, b;
+			memcpy(&a, &s[r], 4);
+			memcpy(&b, &sref[r], 4);
+			if (!(isnan(s[r]) && isnan(sref[r])) && a != b && bad++ < 8)
+				printf("# quant dtype %d k %u order %d row %u: scale %a, CPU %a\n", dt, k, (int)order, r,
+				       s[r], sref[r]);
+		}
 		for (size_t i = 0; i < (size_t)m * k / 4; i++) {
-			const size_t grp = i / 32, w = i % 32, t = w / 8, j = (w % 8) / 2, r = w % 2;
-			const size_t stored = grp * 32 + j * 8 + r * 4 + t;
+			size_t stored = i;
+			if (order == RADIANCE_CODES_WGMMA) {
+				const size_t grp = i / 32, w = i % 32, t = w / 8, j = (w % 8) / 2, r = w % 2;
+				stored = grp * 32 + j * 8 + r * 4 + t;
+			}
 			if (memcmp(codes + stored * 4, ref + i * 4, 4) != 0 && bad++ < 8)
-				printf("# quant dtype %d wgmma order: word %zu misplaced\n", dt, i);
+				printf("# quant dtype %d k %u order %d row %zu word %zu: codes %02x%02x%02x%02x, CPU "
+				       "%02x%02x%02x%02x\n", dt, k, (int)order, i * 4 / k, i % (k / 4), codes[stored * 4],
+				       codes[stored * 4 + 1], codes[stored * 4 + 2], codes[stored * 4 + 3], ref[i * 4],
+				       ref[i * 4 + 1], ref[i * 4 + 2], ref[i * 4 + 3]);
 		}
 	}
+	if (bad)
+		printf("# quant dtype %d k %u, %zu sources, %u rows: %zu mismatches\n", dt, k, nsrc, m, bad);
 	assert_int_equal(bad, 0);
-	radiance__gpu_free(dx);
+	for (size_t i = 0; i < nsrc; i++)
+		radiance__gpu_free(dx[i]);
 	radiance__gpu_free(dc);
 	radiance__gpu_free(ds);
 	free(x);
@@ -186,6 +209,11 @@ static void check_quant(enum radiance_dtype dt, uint32_t m, uint32_t k)
 	free(ref);
 	free(s);
 	free(sref);
+}
+
+static void check_quant(enum radiance_dtype dt, uint32_t m, uint32_t k)
+{
+	check_quant_src(dt, k, &m, 1);
 }
 
 static void test_quant_codes(void **state)
@@ -196,6 +224,53 @@ static void test_quant_codes(void **state)
 	check_quant(RADIANCE_DTYPE_FP16, 37, 1152);
 	check_quant(RADIANCE_DTYPE_BF16, 64, 5120);
 	check_quant(RADIANCE_DTYPE_FP16, 3, 17408);
+	check_quant(RADIANCE_DTYPE_BF16, 5, 1000);   /* k % 128 != 0: the natural order only */
+}
+
+/* Rows read once into registers (w4a8_quant.hip: up to 48 KiB a row, in
+ * three block shapes) and the two-pass rows past that: k on both sides of
+ * each limit, few rows (1024 threads a row for k >= 4096) and many (256 or
+ * 512), both dtypes, both orders. */
+static void test_quant_rows_once(void **state)
+{
+	(void)state;
+	NEED_GPU();
+	static const uint32_t ks[] = {128, 4096, 8192, 8320, 17408, 24576, 24704};
+	static const uint32_t ms[] = {1, 3, 64, 70};
+	for (int f = 0; f < 2; f++)
+		for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++)
+			for (size_t mi = 0; mi < sizeof ms / sizeof ms[0]; mi++)
+				check_quant(f ? RADIANCE_DTYPE_FP16 : RADIANCE_DTYPE_BF16, ms[mi], ks[ki]);
+}
+
+/* One launch over rows of several sources (radiance__gpu_quant_rows), an
+ * empty one among them, and the list's refusals. */
+static void test_quant_sources(void **state)
+{
+	(void)state;
+	NEED_GPU();
+	static const uint32_t ms[] = {1, 2, 0, 5, 1, 1, 9, 1};
+	static const uint32_t ks[] = {640, 5120, 17408, 24704};
+	for (int f = 0; f < 2; f++)
+		for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++)
+			check_quant_src(f ? RADIANCE_DTYPE_FP16 : RADIANCE_DTYPE_BF16, ks[ki], ms,
+					sizeof ms / sizeof ms[0]);
+	uint32_t many[RADIANCE__GPU_QUANT_SRC_MAX];
+	for (size_t i = 0; i < RADIANCE__GPU_QUANT_SRC_MAX; i++)
+		many[i] = 1 + (uint32_t)(i % 3);   /* 64 rows: 1024 threads a row */
+	check_quant_src(RADIANCE_DTYPE_BF16, 4096, many, RADIANCE__GPU_QUANT_SRC_MAX);
+
+	void *dx = dalloc(4096), *dc = dalloc(2048), *ds = dalloc(64);
+	struct radiance__gpu_quant_src src = {.n = 1, .x = {(uint8_t *)dx + 8}, .m = {1}};
+	assert_int_equal(radiance__gpu_quant_rows(&src, RADIANCE_DTYPE_BF16, 128, RADIANCE_CODES_NATURAL, dc, ds,
+						  stream), -EINVAL);
+	src.x[0] = dx;
+	src.n = RADIANCE__GPU_QUANT_SRC_MAX + 1;
+	assert_int_equal(radiance__gpu_quant_rows(&src, RADIANCE_DTYPE_BF16, 128, RADIANCE_CODES_NATURAL, dc, ds,
+						  stream), -EINVAL);
+	radiance__gpu_free(dx);
+	radiance__gpu_free(dc);
+	radiance__gpu_free(ds);
 }
 
 /* ------------------------------------------------------------- GEMM */
@@ -668,6 +743,8 @@ static int setup(void **state)
 
 static int teardown(void **state) { (void)state; return 0; }
 static void test_quant_codes(void **state) { (void)state; skip(); }
+static void test_quant_rows_once(void **state) { (void)state; skip(); }
+static void test_quant_sources(void **state) { (void)state; skip(); }
 static void test_w4a8_narrow(void **state) { (void)state; skip(); }
 static void test_w4a8_splitk(void **state) { (void)state; skip(); }
 static void test_w4a8_wide(void **state) { (void)state; skip(); }
@@ -681,6 +758,8 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_quant_codes),
+		cmocka_unit_test(test_quant_rows_once),
+		cmocka_unit_test(test_quant_sources),
 		cmocka_unit_test(test_w4a8_narrow),
 		cmocka_unit_test(test_w4a8_splitk),
 		cmocka_unit_test(test_w4a8_wide),
