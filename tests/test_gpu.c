@@ -632,6 +632,112 @@ static void test_backend_ops_pieces(void **state)
 	backend_ops(16);
 }
 
+/* Zero-copy launches of several requests (run_mapped), each request in an
+ * arena of its own, registered apart: with x limits that read every
+ * request's x in place (radiance__gpu_quant_rows over the arenas'
+ * mappings), that gather it first because one request is above the limit,
+ * and 0 (always gather, always scatter); one request alone (y in place);
+ * mixed dtypes (one launch per run); a launch above zero_copy_rows (the
+ * copy engine). Rows of 10 KiB (k = 5120) and 34 KiB (k = 17408). Every
+ * request against the CPU reference, and the guard row after each y. */
+static void test_backend_zero_copy_requests(void **state)
+{
+	(void)state;
+	NEED_GPU();
+	enum { ARENAS = 8 };
+	static const uint32_t shapes[][2] = {{320, 5120}, {256, 17408}};   /* n, k */
+	static const uint32_t limits[][2] = {{40, 64}, {16, 64}, {0, 0}};   /* x KiB, y KiB */
+	static const uint32_t groups[][ARENAS] = {
+		{1, 1, 1, 1, 1, 1, 1, 1},   /* lockstep clients at M=1 */
+		{1, 3, 1, 2, 0, 0, 0, 0},   /* 3 rows of k = 17408: 102 KiB, above every limit */
+		{5, 0, 0, 0, 0, 0, 0, 0},   /* one request: y in place */
+		{1, 2, 1, 1, 0, 0, 0, 0},   /* alternating dtypes: four launches */
+		{4, 60, 0, 0, 0, 0, 0, 0},  /* 64 rows: still zero-copy */
+		{40, 30, 0, 0, 0, 0, 0, 0}, /* 70 rows: copies */
+	};
+	struct layer_data L[2];
+	struct radiance_layer lw[2];
+	for (int si = 0; si < 2; si++) {
+		layer_make(&L[si], shapes[si][0], shapes[si][1], si == 0);
+		lw[si] = (struct radiance_layer){.name = si ? "zc.k17408" : "zc.k5120", .kind = RADIANCE_LAYER_W4A8,
+						 .n = shapes[si][0], .k = shapes[si][1], .qweight = L[si].qweight,
+						 .scales = L[si].scales, .bias = L[si].bias};
+	}
+	const size_t arena_len = 4u << 20;
+	uint8_t *arena[ARENAS];
+	for (int a = 0; a < ARENAS; a++) {
+		arena[a] = aligned_alloc(4096, arena_len);
+		assert_non_null(arena[a]);
+	}
+	char err[256] = "";
+	for (size_t li = 0; li < sizeof limits / sizeof limits[0]; li++) {
+		struct radiance_backend_options opt = {.kind = "gpu", .device = 0, .max_rows = 128,
+						       .max_decode_rows = 64, .max_n = 512, .max_k = 17408,
+						       .zero_copy_rows = 64, .zero_copy_x_kib = limits[li][0],
+						       .zero_copy_y_kib = limits[li][1], .pin_piece_kib = li == 1 ? 64 : 0};
+		struct radiance_backend *be = NULL;
+		int rc = radiance_backend_create(&opt, &be, err, sizeof err);
+		if (rc)
+			printf("# backend create: %s\n", err);
+		assert_int_equal(rc, 0);
+		struct radiance_backend_layer *h[2];
+		for (int si = 0; si < 2; si++)
+			assert_int_equal(radiance_backend_layer_upload(be, &lw[si], &h[si], err, sizeof err), 0);
+		for (int a = 0; a < ARENAS; a++) {
+			memset(arena[a], 0xA5, arena_len);
+			assert_int_equal(radiance_backend_register_host(be, arena[a], arena_len, err, sizeof err), 0);
+		}
+		for (size_t gi = 0; gi < sizeof groups / sizeof groups[0]; gi++) {
+			for (int si = 0; si < 2; si++) {
+				const struct radiance_layer *l = &lw[si];
+				struct radiance_rows rows[ARENAS];
+				size_t nrows = 0;
+				for (size_t j = 0; j < ARENAS && groups[gi][j]; j++) {
+					const uint32_t m = groups[gi][j];
+					const enum radiance_dtype dt = (gi == 3 && (j & 1)) || (gi == 1 && j == 2)
+									       ? RADIANCE_DTYPE_FP16 : RADIANCE_DTYPE_BF16;
+					/* x at a 16-byte offset that is no multiple of 64 */
+					uint16_t *x = (uint16_t *)(arena[j] + 16 * (1 + j));
+					uint16_t *y = (uint16_t *)(arena[j] + (2u << 20));
+					fill_x(x, m, l->k, dt, j == 0);
+					for (size_t i = 0; i < (size_t)(m + 1) * l->n; i++)
+						y[i] = 0x7FC1;
+					rows[nrows++] = (struct radiance_rows){.x = x, .y = y, .m = m, .dtype = dt};
+				}
+				rc = radiance_backend_linear(be, l, h[si], rows, nrows, err, sizeof err);
+				if (rc)
+					printf("# linear: %s\n", err);
+				assert_int_equal(rc, 0);
+				for (size_t j = 0; j < nrows; j++) {
+					const struct radiance_rows *r = &rows[j];
+					uint16_t *ref = malloc((size_t)r->m * l->n * 2);
+					void *scr = aligned_alloc(64, (radiance_cpu_w4a8_scratch_bytes(r->m, l->k) + 63) & ~63ul);
+					radiance_cpu_w4a8(r->x, r->dtype, r->m, l->qweight, l->scales, l->bias, l->n, l->k, ref,
+							  scr);
+					char what[160];
+					snprintf(what, sizeof what, "zero-copy x %u KiB y %u KiB, %s, group %zu request %zu of %zu "
+						 "(m=%u, %s)", limits[li][0], limits[li][1], l->name, gi, j, nrows, r->m,
+						 r->dtype == RADIANCE_DTYPE_FP16 ? "fp16" : "bf16");
+					assert_int_equal(compare(what, r->y, ref, r->m, l->n, 0), 0);
+					for (uint32_t i = 0; i < l->n; i++)
+						assert_int_equal(r->y[(size_t)r->m * l->n + i], 0x7FC1);
+					free(scr);
+					free(ref);
+				}
+			}
+		}
+		for (int a = 0; a < ARENAS; a++)
+			radiance_backend_unregister_host(be, arena[a]);
+		for (int si = 0; si < 2; si++)
+			radiance_backend_layer_free(be, h[si]);
+		radiance_backend_destroy(be);
+	}
+	for (int a = 0; a < ARENAS; a++)
+		free(arena[a]);
+	for (int si = 0; si < 2; si++)
+		layer_drop(&L[si]);
+}
+
 /* ------------------------------------------------------- checkpoint */
 
 static void test_checkpoint_layers(void **state)
@@ -750,6 +856,7 @@ static void test_w4a8_splitk(void **state) { (void)state; skip(); }
 static void test_w4a8_wide(void **state) { (void)state; skip(); }
 static void test_backend_ops(void **state) { (void)state; skip(); }
 static void test_backend_ops_pieces(void **state) { (void)state; skip(); }
+static void test_backend_zero_copy_requests(void **state) { (void)state; skip(); }
 static void test_checkpoint_layers(void **state) { (void)state; skip(); }
 
 #endif
@@ -765,6 +872,7 @@ int main(void)
 		cmocka_unit_test(test_w4a8_wide),
 		cmocka_unit_test(test_backend_ops),
 		cmocka_unit_test(test_backend_ops_pieces),
+		cmocka_unit_test(test_backend_zero_copy_requests),
 		cmocka_unit_test(test_checkpoint_layers),
 	};
 	return cmocka_run_group_tests_name("test_gpu", tests, setup, teardown);
