@@ -674,9 +674,6 @@ static void test_limits(void **state)
 		     "1M", NULL);
 }
 
-/* The kernel settings (cpu_simd, prefill, wgmma_tile): defaults, each from
- * the command line and the file without touching the others, and a value
- * outside the list named with the list. */
 /* The zero-copy limits: defaults, file, command line over the file, range. */
 static void test_zero_copy_limits(void **state)
 {
@@ -705,6 +702,9 @@ static void test_zero_copy_limits(void **state)
 		     NULL);
 }
 
+/* The kernel settings (cpu_simd, prefill, wgmma_tile): defaults, each from
+ * the command line and the file without touching the others, and a value
+ * outside the list named with the list. */
 static void test_kernel_settings(void **state)
 {
 	struct radiance_config cfg;
