@@ -19,12 +19,15 @@
  *
  * Moving rows (docs/gpu.md has the measurements): a W4A8 launch of at most
  * zero_copy_rows rows whose rows all lie in registered arenas moves none of
- * them with the copy engine: one request alone is read (quant) and written
- * (GEMM) in place through the arena's device mapping; several requests are
- * gathered into the staging buffer and scattered back by one kernel each
- * (radiance__gpu_rows_copy), not one copy call per request. Bigger
- * launches, bf16 layers and rows outside registered memory take async
- * copies into and out of the staging buffers.
+ * them with the copy engine: the quant kernel reads every request's x in
+ * place through the arenas' device mappings, all requests in one launch
+ * (radiance__gpu_quant_rows), when none is above zero_copy_x_kib, else the
+ * row-copy kernel (radiance__gpu_rows_copy) gathers x into the staging
+ * buffer first; the GEMM writes the y of one request in place up to
+ * zero_copy_y_kib, and several requests' y (or a bigger one) is scattered
+ * from the staging buffer by one row-copy kernel, not one copy call per
+ * request. Bigger launches, bf16 layers and rows outside registered memory
+ * take async copies into and out of the staging buffers.
  *
  * Numerics gate (opt-in, numerics_gate = 1): the first launch of each
  * (layer, M) is recomputed by the CPU reference; the relative error and, for
@@ -132,6 +135,7 @@ struct gpu_state {
 	struct registered *regs;
 	size_t n_regs, cap_regs;
 	uint32_t zero_copy_rows;
+	size_t zc_x_bytes, zc_y_bytes;   /* zero_copy_x_kib, zero_copy_y_kib (run_mapped) */
 	size_t pin_piece;   /* arenas page-locked in pieces of this many bytes (0: whole) */
 	volatile uint32_t *done_host;   /* the lanes' completion words (a registered page) */
 	void *done_dev;                 /* its device address */
@@ -260,6 +264,8 @@ static int gpu_create(const struct radiance_backend_options *opt, void **state, 
 	g->max_k = opt->max_k ? opt->max_k : 4096;
 	g->gate = opt->numerics_gate != 0;
 	g->zero_copy_rows = opt->zero_copy_rows;
+	g->zc_x_bytes = (size_t)opt->zero_copy_x_kib << 10;
+	g->zc_y_bytes = (size_t)opt->zero_copy_y_kib << 10;
 	{
 		const size_t page = (size_t)sysconf(_SC_PAGESIZE);
 		g->pin_piece = (size_t)opt->pin_piece_kib * 1024u / page * page;
@@ -701,12 +707,6 @@ static int run_launch(struct gpu_state *g, struct lane *ln, struct radiance_back
 				       RADIANCE_W4A8_AUTO, path);
 }
 
-/* Zero-copy launches of one request: at most this many bytes of x are read
- * and of y written in place, through the arena's mapping; more move by the
- * row-copy kernel (run_mapped). */
-#define ZC_X_IN_PLACE (16u << 10)
-#define ZC_Y_IN_PLACE (64u << 10)
-
 /* The registered range that holds [p, p + bytes), or NULL. The caller
  * holds regs_lock. */
 static const struct registered *registered_at(const struct gpu_state *g, const void *p, size_t bytes)
@@ -763,8 +763,11 @@ static int run_mapped(struct gpu_state *g, struct lane *ln, struct radiance_back
 	const size_t xrow = (size_t)h->k * 2, yrow = (size_t)h->n * 2;
 	if (h->kind != RADIANCE_LAYER_W4A8 || m > g->zero_copy_rows || i1 - i0 > RADIANCE__GPU_ROWS_MAX)
 		return 0;
+	struct radiance__gpu_quant_src src = {0};
 	struct radiance__gpu_rows_list in = {0}, out = {0};
 	uint32_t off = 0;
+	size_t x_most = 0;
+	int x_aligned = 1;
 	/* a range these rows lie in stays registered while they are served
 	 * (their ring is not removed before the launch is done): the
 	 * addresses stay good once the lock is let go */
@@ -778,6 +781,8 @@ static int run_mapped(struct gpu_state *g, struct lane *ln, struct radiance_back
 			pthread_mutex_unlock(&g->regs_lock);
 			return 0;
 		}
+		src.x[src.n] = x;
+		src.m[src.n++] = rows[i].m;
 		in.src[in.n] = x;
 		in.dst[in.n] = (uint8_t *)ln->x + (size_t)off * xrow;
 		in.bytes[in.n++] = rows[i].m * xrow;
@@ -785,24 +790,35 @@ static int run_mapped(struct gpu_state *g, struct lane *ln, struct radiance_back
 		out.dst[out.n] = y;
 		out.bytes[out.n++] = rows[i].m * yrow;
 		off += rows[i].m;
+		x_most = rows[i].m * xrow > x_most ? rows[i].m * xrow : x_most;
+		x_aligned &= ((uintptr_t)x & 15) == 0;   /* the quant's 16-byte loads */
 	}
 	pthread_mutex_unlock(&g->regs_lock);
 	const struct radiance__gpu_layer l = {
 		.n = h->n, .k = h->k, .w = h->w, .sc = h->sc, .bias = h->bias,
 	};
-	/* One request: the quant reads a small x in place (its one block per
-	 * row reads a big one in several PCIe round trips; the row-copy kernel
-	 * spreads it over many blocks), and the GEMM writes a small y in
-	 * place; a big one goes through the staging buffer and one scatter of
-	 * 16-byte stores (the decode GEMM's own stores of 2-byte outputs over
-	 * PCIe cost 55-100 us more than that on 34816x5120 at M=4..16). */
-	const int x_in_place = in.n == 1 && in.bytes[0] <= ZC_X_IN_PLACE;
-	const int y_in_place = in.n == 1 && out.bytes[0] <= ZC_Y_IN_PLACE;
-	if (!x_in_place && (*rc = radiance__gpu_rows_copy(&in, 0, ln->stream)))
-		return 1;
-	if ((*rc = radiance__gpu_layer_run(&g->dev, &ln->scratch, &l, x_in_place ? in.src[0] : ln->x, rows[i0].dtype,
-					   m, y_in_place ? (uint16_t *)out.dst[0] : ln->y, ln->stream,
-					   RADIANCE_W4A8_AUTO, path)))
+	/* x: the quant reads each row once, every request's rows at once, so
+	 * the largest request's x sets what in place costs; above the limit
+	 * the row-copy kernel, which spreads each request over many blocks,
+	 * gathers all of them (the quant then reads device memory).
+	 * y: one request's y is written in place up to its limit; a bigger one,
+	 * and several requests' y, go through the staging buffer and one
+	 * scatter of 16-byte stores (the decode GEMM's own stores of 2-byte
+	 * outputs over PCIe cost 55-100 us more than that on 34816x5120 at
+	 * M=4..16). docs/gpu.md "Moving rows" has the measurements. */
+	const int x_in_place = x_aligned && x_most <= g->zc_x_bytes;
+	const int y_in_place = out.n == 1 && out.bytes[0] <= g->zc_y_bytes;
+	if (!x_in_place) {
+		if ((*rc = radiance__gpu_rows_copy(&in, 0, ln->stream)))
+			return 1;
+		memset(&src, 0, sizeof src);
+		src.n = 1;
+		src.x[0] = ln->x;
+		src.m[0] = m;
+	}
+	if ((*rc = radiance__gpu_layer_run_rows(&g->dev, &ln->scratch, &l, &src, rows[i0].dtype,
+						y_in_place ? (uint16_t *)out.dst[0] : ln->y, ln->stream,
+						RADIANCE_W4A8_AUTO, path)))
 		return 1;
 	if (!y_in_place)
 		*rc = radiance__gpu_rows_copy(&out, 1, ln->stream);

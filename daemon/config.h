@@ -60,6 +60,8 @@ struct radiance_config {
 	                                              owned; NULL: none */
 	size_t n_uid_weights;
 	uint32_t zero_copy_rows;    /* GPU: launches up to this many rows map the arenas */
+	uint32_t zero_copy_x_kib;   /* GPU, zero-copy: x read in place up to this per request */
+	uint32_t zero_copy_y_kib;   /* GPU, zero-copy: y written in place up to this (one request) */
 	uint32_t pin_piece_kib;     /* GPU: arenas page-locked in pieces of this size (0: whole) */
 	char *share;                /* GPU backend: auto, vmm, ipc or none; NULL: auto */
 	uint32_t fake_share;        /* 1: CPU backend exports the test memfd (tests only) */

@@ -660,6 +660,8 @@ int server_run(const struct radiance_config *cfg)
 			.fake_share = cfg->fake_share != 0,
 			.test_pin_delay_us = cfg->test_pin_delay_us,
 			.zero_copy_rows = cfg->zero_copy_rows,
+			.zero_copy_x_kib = cfg->zero_copy_x_kib,
+			.zero_copy_y_kib = cfg->zero_copy_y_kib,
 			.pin_piece_kib = cfg->pin_piece_kib,
 			.cpu_threads = cfg->cpu_threads,
 			.cpu_simd = (int)cfg->cpu_simd,         /* auto, scalar, avx2 */

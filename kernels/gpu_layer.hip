@@ -90,6 +90,73 @@ static const char *path_name(enum radiance__w4a8_path p)
 	}
 }
 
+/* The checks every layer call starts with (0, or -E2BIG / -EINVAL). */
+static int layer_check(const struct radiance__gpu_scratch *s, const struct radiance__gpu_layer *l,
+		       enum radiance_dtype dtype, uint64_t m)
+{
+	if (m > s->max_rows || l->n > s->max_n || l->k > s->max_k)
+		return radiance__gpu_fail_text(-E2BIG, "%llu rows of a %ux%u layer exceed the scratch (%u rows, %ux%u)",
+					       (unsigned long long)m, l->n, l->k, s->max_rows, s->max_n, s->max_k);
+	if (dtype != RADIANCE_DTYPE_BF16 && dtype != RADIANCE_DTYPE_FP16)
+		return radiance__gpu_fail_text(-EINVAL, "activation dtype %d is not bf16 or fp16", (int)dtype);
+	return 0;
+}
+
+/* Quant of the sources' rows + W4A8 GEMM (m > 0 rows in all). */
+static int layer_run_w4a8(const struct radiance__gpu_device *dev, struct radiance__gpu_scratch *s,
+			  const struct radiance__gpu_layer *l, const struct radiance__gpu_quant_src *src,
+			  enum radiance_dtype dtype, uint32_t m, uint16_t *y, void *stream,
+			  enum radiance__w4a8_path force, const char **path)
+{
+	struct radiance__w4a8_args a = {};
+	a.codes = s->codes;
+	a.s = s->s;
+	a.m = m;
+	a.n = l->n;
+	a.k = l->k;
+	a.w = l->w;
+	a.sc = l->sc;
+	a.bias = l->bias;
+	a.y = y;
+	a.partials = s->f32;
+	a.partials_bytes = s->f32_bytes;
+	a.counters = s->counters;
+	a.counters_n = s->counters_n;
+	a.path = force;
+	a.max_decode_rows = s->max_decode_rows;
+	a.pdl = 1;
+	a.settings = &s->settings;
+	struct radiance__w4a8_plan plan;
+	radiance__w4a8_plan(dev, &a, &plan);
+	*path = path_name(plan.path);
+	int rc = radiance__gpu_quant_rows(src, dtype, l->k, plan.order, s->codes, s->s, stream);
+	return rc ? rc : radiance__w4a8_gemm(dev, &a, stream);
+}
+
+extern "C" int radiance__gpu_layer_run_rows(const struct radiance__gpu_device *dev, struct radiance__gpu_scratch *s,
+					    const struct radiance__gpu_layer *l,
+					    const struct radiance__gpu_quant_src *src, enum radiance_dtype dtype,
+					    uint16_t *y, void *stream, enum radiance__w4a8_path force,
+					    const char **path)
+{
+	const char *unused;
+	if (!path)
+		path = &unused;
+	*path = "";
+	if (l->bf16)
+		return radiance__gpu_fail_text(-EINVAL, "a bf16 layer's rows from a source list (W4A8 layers only)");
+	if (src->n > RADIANCE__GPU_QUANT_SRC_MAX)
+		return radiance__gpu_fail_text(-EINVAL, "%u row sources (at most %u)", src->n,
+					       RADIANCE__GPU_QUANT_SRC_MAX);
+	uint64_t m = 0;
+	for (uint32_t i = 0; i < src->n; i++)
+		m += src->m[i];
+	int rc = layer_check(s, l, dtype, m);
+	if (rc || m == 0)
+		return rc;
+	return layer_run_w4a8(dev, s, l, src, dtype, (uint32_t)m, y, stream, force, path);
+}
+
 extern "C" int radiance__gpu_layer_run(const struct radiance__gpu_device *dev, struct radiance__gpu_scratch *s,
 				       const struct radiance__gpu_layer *l, const void *x, enum radiance_dtype dtype,
 				       uint32_t m, uint16_t *y, void *stream, enum radiance__w4a8_path force,
@@ -100,38 +167,16 @@ extern "C" int radiance__gpu_layer_run(const struct radiance__gpu_device *dev, s
 	if (!path)
 		path = &unused;
 	*path = "";
-	if (m > s->max_rows || l->n > s->max_n || l->k > s->max_k)
-		return radiance__gpu_fail_text(-E2BIG, "%u rows of a %ux%u layer exceed the scratch (%u rows, %ux%u)",
-					       m, l->n, l->k, s->max_rows, s->max_n, s->max_k);
-	if (dtype != RADIANCE_DTYPE_BF16 && dtype != RADIANCE_DTYPE_FP16)
-		return radiance__gpu_fail_text(-EINVAL, "activation dtype %d is not bf16 or fp16", (int)dtype);
+	if ((rc = layer_check(s, l, dtype, m)))
+		return rc;
 	if (m == 0)
 		return 0;
 	if (!l->bf16) {
-		struct radiance__w4a8_args a = {};
-		a.codes = s->codes;
-		a.s = s->s;
-		a.m = m;
-		a.n = l->n;
-		a.k = l->k;
-		a.w = l->w;
-		a.sc = l->sc;
-		a.bias = l->bias;
-		a.y = y;
-		a.partials = s->f32;
-		a.partials_bytes = s->f32_bytes;
-		a.counters = s->counters;
-		a.counters_n = s->counters_n;
-		a.path = force;
-		a.max_decode_rows = s->max_decode_rows;
-		a.pdl = 1;
-		a.settings = &s->settings;
-		struct radiance__w4a8_plan plan;
-		radiance__w4a8_plan(dev, &a, &plan);
-		*path = path_name(plan.path);
-		if ((rc = radiance__gpu_quant(x, dtype, m, l->k, plan.order, s->codes, s->s, stream)))
-			return rc;
-		return radiance__w4a8_gemm(dev, &a, stream);
+		struct radiance__gpu_quant_src src = {};
+		src.n = 1;
+		src.x[0] = x;
+		src.m[0] = m;
+		return layer_run_w4a8(dev, s, l, &src, dtype, m, y, stream, force, path);
 	}
 	const uint16_t *xb = (const uint16_t *)x;
 	if (!s->blas) {

@@ -190,6 +190,22 @@ void radiance__gpu_share_unimport(struct radiance__gpu_import *imp);
 int radiance__gpu_quant(const void *x, enum radiance_dtype dtype, uint32_t m, uint32_t k,
 			enum radiance__codes_order order, uint8_t *codes, float *s, void *stream);
 
+/* The same for rows stacked from several sources in one launch: source i
+ * holds m[i] rows of k (device memory or the device address of registered
+ * host memory, 16-byte aligned; read in place), and codes/s get the
+ * sources' rows one after the other (row sum(m[0..i)) + r is source i's
+ * row r). Up to RADIANCE__GPU_QUANT_SRC_MAX sources; -EINVAL for more, for
+ * an unaligned source, or for k, dtype or order as above. Rows of up to
+ * 48 KiB (k <= 24576) are read once (kernels/w4a8_quant.hip). */
+#define RADIANCE__GPU_QUANT_SRC_MAX RADIANCE__GPU_ROWS_MAX
+struct radiance__gpu_quant_src {
+	uint32_t n;
+	const void *x[RADIANCE__GPU_QUANT_SRC_MAX];
+	uint32_t m[RADIANCE__GPU_QUANT_SRC_MAX];
+};
+int radiance__gpu_quant_rows(const struct radiance__gpu_quant_src *src, enum radiance_dtype dtype, uint32_t k,
+			     enum radiance__codes_order order, uint8_t *codes, float *s, void *stream);
+
 /* ---------------------------------------------------------- W4A8 weights */
 
 /* Repack the canonical host layout (daemon/model.h), already copied to the
@@ -279,6 +295,16 @@ void radiance__gpu_scratch_destroy(struct radiance__gpu_scratch *s);
 int radiance__gpu_layer_run(const struct radiance__gpu_device *dev, struct radiance__gpu_scratch *s,
 			    const struct radiance__gpu_layer *l, const void *x, enum radiance_dtype dtype,
 			    uint32_t m, uint16_t *y, void *stream, enum radiance__w4a8_path force, const char **path);
+
+/* A W4A8 layer on rows stacked from several sources, each read in place
+ * (radiance__gpu_quant_rows: device memory or the device address of
+ * registered host memory, 16-byte aligned): y [sum m][n] bf16 as
+ * radiance__gpu_layer_run, in one quant launch and the GEMM. -EINVAL for a
+ * bf16 layer or too many sources, -E2BIG as radiance__gpu_layer_run. */
+int radiance__gpu_layer_run_rows(const struct radiance__gpu_device *dev, struct radiance__gpu_scratch *s,
+				 const struct radiance__gpu_layer *l, const struct radiance__gpu_quant_src *src,
+				 enum radiance_dtype dtype, uint16_t *y, void *stream, enum radiance__w4a8_path force,
+				 const char **path);
 
 /* ----------------------------------------------------------------- bench */
 

@@ -7,16 +7,39 @@
  * 1/s are correctly rounded divisions, x * (1/s) is one correctly rounded
  * multiply (never fused), and the e4m3 conversion is integer code
  * (rad_e4m3_from_f32). A row holding Inf or NaN gets s = NaN and codes 0x7F.
+ *
+ * A row of at most QUANT_ONCE_BYTES is read once: every thread issues all of
+ * its 16-byte loads at once into registers, takes its amax from them and,
+ * once the block knows the scale, quantizes the same registers (each thread
+ * codes exactly the pieces it loaded, so the row needs no shared-memory
+ * staging). Rows read in place from registered host memory (the daemon's
+ * zero-copy launches) cost one PCIe round trip this way, not one per
+ * unrolled step of an amax pass and again of a quantize pass. Longer rows
+ * take two passes over x (the second mostly from L2).
+ *
+ * The rows come from a list of sources (radiance__gpu_quant_rows): block r
+ * finds the source holding stacked row r, so one launch reads several
+ * requests' rows where they lie.
  */
 #include <errno.h>
 
 #include "numerics_gpu.h"
 #include "w4a8_gpu.h"
 
+extern "C" int radiance__gpu_fail_text(int rc, const char *fmt, ...);   /* gpu_runtime.hip */
+
 /* threads per row: 256, or 1024 for a few long rows (decode): one block per
  * row is then latency-bound on its loads (~10 us for k = 17408 at 256) */
 #define QUANT_THREADS 256
 #define QUANT_THREADS_WIDE 1024
+/* rows of up to this many bytes (k <= 24576) are read once: 3 pieces of 16
+ * bytes a thread at 1024 threads; many rows (prefill) take 256 threads of
+ * 4 pieces up to k = 8192 and 512 threads of 6 above (12 pieces at 256
+ * spilled in the fp16 build for sm_90a) */
+#define QUANT_ONCE_BYTES (48u << 10)
+#define QUANT_ONCE_PIECES(T) (QUANT_ONCE_BYTES / 16 / (T))
+#define QUANT_THREADS_MID 512
+#define QUANT_SHORT_PIECES 4
 
 template <int FP16>
 __device__ __forceinline__ float quant_load(uint32_t bits16)
@@ -24,42 +47,82 @@ __device__ __forceinline__ float quant_load(uint32_t bits16)
 	return FP16 ? rad_f16_to_f32(bits16) : rad_bf16_to_f32(bits16);
 }
 
-template <int FP16, int ORDER, int QUANT_THREADS_T>
-__global__ void __launch_bounds__(QUANT_THREADS_T)
-rad_quant_rows(const uint16_t *x, uint32_t k, uint8_t *codes, float *s)
+/* The source of stacked row `row`: sources are taken in order, m[i] rows
+ * each. Unrolled with constant indices so the list stays in the kernel's
+ * parameter space (a computed index would copy it to the stack). */
+__device__ __forceinline__ const uint16_t *quant_row_src(const struct radiance__gpu_quant_src &S, uint32_t row,
+							  uint32_t k)
 {
-	RAD_NO_CONTRACT
-	/* the GEMM that follows may start now and prefetch its weights; it
-	 * waits for this grid to finish before it reads a code */
-	rad_grid_launch();
-	__shared__ uint32_t red_max[QUANT_THREADS_T];
-	__shared__ uint32_t red_bad[QUANT_THREADS_T];
-	__shared__ float row_inv;
-	const uint32_t tid = RAD_TID();
-	const uint32_t row = RAD_BID_X();
-	const uint16_t *xr = x + (size_t)row * k;
-	uint8_t *cr = codes + (size_t)row * k;
-
-	uint32_t amax = 0, bad = 0;
-#pragma unroll 4
-	for (uint32_t i = tid * 8; i < k; i += QUANT_THREADS_T * 8) {
-		rad_u4 v = rad_ld16(xr + i);
-		uint32_t w[4] = {v.x, v.y, v.z, v.w};
+	const void *p = S.x[0];
+	uint32_t r = row;
+	bool found = r < S.m[0];
 #pragma unroll
-		for (int j = 0; j < 4; j++) {
-#pragma unroll
-			for (int h = 0; h < 2; h++) {
-				uint32_t a = rad_f32_bits(quant_load<FP16>((w[j] >> (16 * h)) & 0xFFFFu)) &
-					     0x7FFFFFFFu;
-				bad |= a >= 0x7F800000u;
-				amax = a > amax ? a : amax;
-			}
+	for (int i = 1; i < RADIANCE__GPU_QUANT_SRC_MAX; i++) {
+		if (!found) {
+			r -= S.m[i - 1];
+			p = S.x[i];
+			found = r < S.m[i];
 		}
 	}
+	return (const uint16_t *)p + (size_t)r * k;
+}
+
+template <int FP16>
+__device__ __forceinline__ void quant_amax(rad_u4 v, uint32_t &amax, uint32_t &bad)
+{
+	uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+	for (int j = 0; j < 4; j++) {
+#pragma unroll
+		for (int h = 0; h < 2; h++) {
+			uint32_t a = rad_f32_bits(quant_load<FP16>((w[j] >> (16 * h)) & 0xFFFFu)) & 0x7FFFFFFFu;
+			bad |= a >= 0x7F800000u;
+			amax = a > amax ? a : amax;
+		}
+	}
+}
+
+/* Codes of the 8 elements at k = i..i+7 of row cr, in ORDER. */
+template <int FP16, int ORDER>
+__device__ __forceinline__ void quant_store(rad_u4 v, float inv, bool nan_row, uint32_t i, uint8_t *cr)
+{
+	RAD_NO_CONTRACT
+	uint32_t w[4] = {v.x, v.y, v.z, v.w};
+	uint32_t out[2] = {0, 0};
+#pragma unroll
+	for (int j = 0; j < 4; j++) {
+#pragma unroll
+		for (int h = 0; h < 2; h++) {
+			float f = quant_load<FP16>((w[j] >> (16 * h)) & 0xFFFFu);
+			uint32_t c = nan_row ? RAD_E4M3_NAN : rad_e4m3_from_f32(RAD_FMUL(f, inv));
+			out[j >> 1] |= c << (8 * ((j & 1) * 2 + h));
+		}
+	}
+	if (ORDER == RADIANCE_CODES_WGMMA) {
+		/* natural words 8t+2j and 8t+2j+1 of the group -> 8j+t, 8j+4+t */
+		const uint32_t q = (i % RAD_GROUP) / 8, t = q >> 2, j = q & 3u;
+		uint32_t *gw = (uint32_t *)(cr + (i - i % RAD_GROUP));
+		gw[j * 8 + t] = out[0];
+		gw[j * 8 + 4 + t] = out[1];
+	} else {
+		*(uint2 *)(cr + i) = make_uint2(out[0], out[1]);
+	}
+}
+
+/* The block's amax and bad flags reduced; thread 0 stores the row's scale.
+ * Every thread gets 1/s and whether the row holds Inf or NaN. */
+template <int T>
+__device__ __forceinline__ float quant_scale(uint32_t amax, uint32_t bad, float *s, uint32_t row, bool &nan_row)
+{
+	RAD_NO_CONTRACT
+	__shared__ uint32_t red_max[T];
+	__shared__ uint32_t red_bad[T];
+	__shared__ float row_inv;
+	const uint32_t tid = RAD_TID();
 	red_max[tid] = amax;
 	red_bad[tid] = bad;
 	RAD_SYNC();
-	for (uint32_t n = QUANT_THREADS_T / 2; n > 0; n >>= 1) {
+	for (uint32_t n = T / 2; n > 0; n >>= 1) {
 		if (tid < n) {
 			uint32_t o = red_max[tid + n];
 			red_max[tid] = o > red_max[tid] ? o : red_max[tid];
@@ -81,63 +144,128 @@ rad_quant_rows(const uint16_t *x, uint32_t k, uint8_t *codes, float *s)
 		row_inv = inv;
 	}
 	RAD_SYNC();
-	const float inv = row_inv;
-	const bool nan_row = red_bad[0] != 0;
+	nan_row = red_bad[0] != 0;
+	return row_inv;
+}
+
+/* U > 0: rows of at most U * T pieces of 16 bytes, read once into
+ * registers. U == 0: any k, two passes over x. */
+template <int FP16, int ORDER, int T, int U>
+__global__ void __launch_bounds__(T)
+rad_quant_rows(struct radiance__gpu_quant_src S, uint32_t k, uint8_t *codes, float *s)
+{
+	/* the GEMM that follows may start now and prefetch its weights; it
+	 * waits for this grid to finish before it reads a code */
+	rad_grid_launch();
+	const uint32_t tid = RAD_TID();
+	const uint32_t row = RAD_BID_X();
+	const uint16_t *xr = quant_row_src(S, row, k);
+	uint8_t *cr = codes + (size_t)row * k;
+	const uint32_t pieces = k / 8;
+	uint32_t amax = 0, bad = 0;
+	bool nan_row;
+
+	if constexpr (U > 0) {
+		rad_u4 v[U];
+		/* every load of the row in flight before the first is used */
+#pragma unroll
+		for (int u = 0; u < U; u++) {
+			const uint32_t p = tid + (uint32_t)u * T;
+			v[u] = p < pieces ? rad_ld16(xr + (size_t)p * 8) : rad_u4{0, 0, 0, 0};
+		}
+#pragma unroll
+		for (int u = 0; u < U; u++)
+			quant_amax<FP16>(v[u], amax, bad);   /* zero padding leaves amax and bad alone */
+		const float inv = quant_scale<T>(amax, bad, s, row, nan_row);
+#pragma unroll
+		for (int u = 0; u < U; u++) {
+			const uint32_t p = tid + (uint32_t)u * T;
+			if (p < pieces)
+				quant_store<FP16, ORDER>(v[u], inv, nan_row, p * 8, cr);
+		}
+	} else {
+#pragma unroll 4
+		for (uint32_t p = tid; p < pieces; p += T)
+			quant_amax<FP16>(rad_ld16(xr + (size_t)p * 8), amax, bad);
+		const float inv = quant_scale<T>(amax, bad, s, row, nan_row);
 #pragma unroll 2
-	for (uint32_t i = tid * 8; i < k; i += QUANT_THREADS_T * 8) {
-		rad_u4 v = rad_ld16(xr + i);
-		uint32_t w[4] = {v.x, v.y, v.z, v.w};
-		uint32_t out[2] = {0, 0};
-#pragma unroll
-		for (int j = 0; j < 4; j++) {
-#pragma unroll
-			for (int h = 0; h < 2; h++) {
-				float f = quant_load<FP16>((w[j] >> (16 * h)) & 0xFFFFu);
-				uint32_t c = nan_row ? RAD_E4M3_NAN : rad_e4m3_from_f32(RAD_FMUL(f, inv));
-				out[j >> 1] |= c << (8 * ((j & 1) * 2 + h));
-			}
-		}
-		if (ORDER == RADIANCE_CODES_WGMMA) {
-			/* natural words 8t+2j and 8t+2j+1 of the group -> 8j+t, 8j+4+t */
-			const uint32_t q = (i % RAD_GROUP) / 8, t = q >> 2, j = q & 3u;
-			uint32_t *gw = (uint32_t *)(cr + (i - i % RAD_GROUP));
-			gw[j * 8 + t] = out[0];
-			gw[j * 8 + 4 + t] = out[1];
-		} else {
-			*(uint2 *)(cr + i) = make_uint2(out[0], out[1]);
-		}
+		for (uint32_t p = tid; p < pieces; p += T)
+			quant_store<FP16, ORDER>(rad_ld16(xr + (size_t)p * 8), inv, nan_row, p * 8, cr);
 	}
+}
+
+template <int F, int O, int T, int U>
+static void quant_launch1(const struct radiance__gpu_quant_src &S, uint32_t m, uint32_t k, uint8_t *codes, float *s,
+			  hipStream_t st)
+{
+	hipLaunchKernelGGL((rad_quant_rows<F, O, T, U>), dim3(m), dim3(T), 0, st, S, k, codes, s);
+}
+
+template <int F, int O>
+static void quant_launch(const struct radiance__gpu_quant_src &S, uint32_t m, uint32_t k, uint8_t *codes, float *s,
+			 hipStream_t st)
+{
+	const uint32_t pieces = k / 8;
+	if (m <= 64 && k >= 4096) {
+		if (pieces <= QUANT_ONCE_PIECES(QUANT_THREADS_WIDE) * QUANT_THREADS_WIDE)
+			quant_launch1<F, O, QUANT_THREADS_WIDE, QUANT_ONCE_PIECES(QUANT_THREADS_WIDE)>(S, m, k, codes, s, st);
+		else
+			quant_launch1<F, O, QUANT_THREADS_WIDE, 0>(S, m, k, codes, s, st);
+	} else if (pieces <= QUANT_SHORT_PIECES * QUANT_THREADS) {
+		quant_launch1<F, O, QUANT_THREADS, QUANT_SHORT_PIECES>(S, m, k, codes, s, st);
+	} else if (pieces <= QUANT_ONCE_PIECES(QUANT_THREADS_MID) * QUANT_THREADS_MID) {
+		quant_launch1<F, O, QUANT_THREADS_MID, QUANT_ONCE_PIECES(QUANT_THREADS_MID)>(S, m, k, codes, s, st);
+	} else {
+		quant_launch1<F, O, QUANT_THREADS, 0>(S, m, k, codes, s, st);
+	}
+}
+
+extern "C" int radiance__gpu_quant_rows(const struct radiance__gpu_quant_src *src, enum radiance_dtype dtype,
+					uint32_t k, enum radiance__codes_order order, uint8_t *codes, float *s,
+					void *stream)
+{
+	if (k % 8 || (dtype != RADIANCE_DTYPE_BF16 && dtype != RADIANCE_DTYPE_FP16) ||
+	    (order == RADIANCE_CODES_WGMMA && k % RAD_GROUP))
+		return radiance__gpu_fail_text(-EINVAL, "quant: k %u, dtype %d, order %d (k %% 8, bf16/fp16, "
+					       "k %% 128 for the wgmma order)", k, (int)dtype, (int)order);
+	if (src->n > RADIANCE__GPU_QUANT_SRC_MAX)
+		return radiance__gpu_fail_text(-EINVAL, "quant: %u sources (at most %u)", src->n,
+					       RADIANCE__GPU_QUANT_SRC_MAX);
+	/* the kernel walks the list up to the source of its row: unused
+	 * entries hold 0 rows, so a row past the sum cannot be reached */
+	struct radiance__gpu_quant_src S = {};
+	uint64_t m = 0;
+	for (uint32_t i = 0; i < src->n; i++) {
+		if ((uintptr_t)src->x[i] & 15)
+			return radiance__gpu_fail_text(-EINVAL, "quant: source %u at %p is not 16-byte aligned", i,
+						       src->x[i]);
+		S.x[i] = src->x[i];
+		S.m[i] = src->m[i];
+		m += src->m[i];
+	}
+	S.n = src->n;
+	if (m == 0)
+		return 0;
+	if (m > 0x7FFFFFFFu)
+		return radiance__gpu_fail_text(-EINVAL, "quant: %llu rows in one launch", (unsigned long long)m);
+	hipStream_t st = (hipStream_t)stream;
+	const int fp16 = dtype == RADIANCE_DTYPE_FP16;
+	if (order == RADIANCE_CODES_WGMMA) {
+		if (fp16) quant_launch<1, 1>(S, (uint32_t)m, k, codes, s, st);
+		else quant_launch<0, 1>(S, (uint32_t)m, k, codes, s, st);
+	} else {
+		if (fp16) quant_launch<1, 0>(S, (uint32_t)m, k, codes, s, st);
+		else quant_launch<0, 0>(S, (uint32_t)m, k, codes, s, st);
+	}
+	return radiance__gpu_check_launch("quant kernel");
 }
 
 extern "C" int radiance__gpu_quant(const void *x, enum radiance_dtype dtype, uint32_t m, uint32_t k,
 				   enum radiance__codes_order order, uint8_t *codes, float *s, void *stream)
 {
-	if (k % 8 || (dtype != RADIANCE_DTYPE_BF16 && dtype != RADIANCE_DTYPE_FP16) ||
-	    (order == RADIANCE_CODES_WGMMA && k % RAD_GROUP))
-		return -EINVAL;
-	if (m == 0)
-		return 0;
-	const uint16_t *xs = (const uint16_t *)x;
-	hipStream_t st = (hipStream_t)stream;
-	const int fp16 = dtype == RADIANCE_DTYPE_FP16;
-	const int wide = m <= 64 && k >= 4096;
-#define QUANT_LAUNCH(F, O)                                                                               \
-	do {                                                                                             \
-		if (wide)                                                                                \
-			hipLaunchKernelGGL((rad_quant_rows<F, O, QUANT_THREADS_WIDE>), dim3(m),                 \
-					   dim3(QUANT_THREADS_WIDE), 0, st, xs, k, codes, s);                   \
-		else                                                                                     \
-			hipLaunchKernelGGL((rad_quant_rows<F, O, QUANT_THREADS>), dim3(m), dim3(QUANT_THREADS), \
-					   0, st, xs, k, codes, s);                                             \
-	} while (0)
-	switch (order) {
-	case RADIANCE_CODES_WGMMA:
-		if (fp16) QUANT_LAUNCH(1, 1); else QUANT_LAUNCH(0, 1);
-		break;
-	default:
-		if (fp16) QUANT_LAUNCH(1, 0); else QUANT_LAUNCH(0, 0);
-		break;
-	}
-#undef QUANT_LAUNCH
-	return radiance__gpu_check_launch("quant kernel");
+	struct radiance__gpu_quant_src src = {};
+	src.n = 1;
+	src.x[0] = x;
+	src.m[0] = m;
+	return radiance__gpu_quant_rows(&src, dtype, k, order, codes, s, stream);
 }

@@ -454,6 +454,9 @@ static void test_shipped_config(void **state)
 	assert_int_equal(cfg.max_k, def.max_k);
 	assert_int_equal(cfg.max_n, def.max_n);
 	assert_int_equal(cfg.hello_timeout_ms, def.hello_timeout_ms);
+	assert_int_equal(cfg.zero_copy_rows, def.zero_copy_rows);
+	assert_int_equal(cfg.zero_copy_x_kib, def.zero_copy_x_kib);
+	assert_int_equal(cfg.zero_copy_y_kib, def.zero_copy_y_kib);
 	assert_int_equal(cfg.log_level, def.log_level);
 	assert_string_equal(cfg.backend, def.backend);
 	assert_string_equal(cfg.socket_path, RADIANCE_DEFAULT_ROOT_SOCKET);
@@ -714,6 +717,34 @@ static void test_limits(void **state)
 		     "1M", NULL);
 }
 
+/* The zero-copy limits: defaults, file, command line over the file, range. */
+static void test_zero_copy_limits(void **state)
+{
+	struct radiance_config cfg;
+	char err[512];
+	setenv("XDG_RUNTIME_DIR", "/run/user/1234", 1);
+	assert_int_equal(load(&cfg, err, sizeof err, "--no-config", NULL), 0);
+	assert_int_equal(cfg.zero_copy_rows, 64);
+	assert_int_equal(cfg.zero_copy_x_kib, 16);
+	assert_int_equal(cfg.zero_copy_y_kib, 64);
+	config_finish(&cfg);
+
+	const char *path = write_file("zc.conf", "zero_copy_x_kib = 40\nzero_copy_y_kib = 0\n");
+	assert_int_equal(load(&cfg, err, sizeof err, "--config", path, NULL), 0);
+	assert_int_equal(cfg.zero_copy_x_kib, 40);
+	assert_int_equal(cfg.zero_copy_y_kib, 0);
+	config_finish(&cfg);
+	assert_int_equal(load(&cfg, err, sizeof err, "--config", path, "--zero-copy-x-kib", "0",
+			      "--zero-copy-y-kib", "256", NULL), 0);
+	assert_int_equal(cfg.zero_copy_x_kib, 0);
+	assert_int_equal(cfg.zero_copy_y_kib, 256);
+	config_finish(&cfg);
+
+	expect_error(-EINVAL, "--zero-copy-x-kib", "'-3'", "--no-config", "--zero-copy-x-kib", "-3", NULL);
+	expect_error(-EINVAL, "--zero-copy-y-kib", "'2000000'", "--no-config", "--zero-copy-y-kib", "2000000",
+		     NULL);
+}
+
 /* The kernel settings (cpu_simd, prefill, wgmma_tile): defaults, each from
  * the command line and the file without touching the others, and a value
  * outside the list named with the list. */
@@ -841,6 +872,7 @@ int main(void)
 		cmocka_unit_test(test_limits),
 		cmocka_unit_test(test_env_fallbacks),
 		cmocka_unit_test(test_kernel_settings),
+		cmocka_unit_test(test_zero_copy_limits),
 	};
 	return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
