@@ -102,12 +102,12 @@ static const struct setting settings[] = {
 	  "GPU: a zero-copy launch's quant reads x in place through the arenas' "
 	  "device mapping when no request's x is larger than this many KiB (the "
 	  "requests' rows are read at once); else the row-copy kernel gathers x "
-	  "into device memory first; 0: always gather (16)" },
+	  "into device memory first; 0: always gather (1024)" },
 	{ "zero_copy_y_kib", 275, "KIB", V_U32, OFF(zero_copy_y_kib), 0, 1u << 20,
 	  "GPU: a zero-copy launch of one request writes its y of at most this "
 	  "many KiB in place through the arena's device mapping; a larger y, and "
 	  "the y of a launch of several requests, is scattered from device memory "
-	  "by the row-copy kernel; 0: always scatter (64)" },
+	  "by the row-copy kernel; 0: always scatter (1024)" },
 	{ "pin_piece_kib", 273, "KIB", V_U32, OFF(pin_piece_kib), 0, 1u << 22,
 	  "GPU: page-lock each session arena in pieces of this many KiB, a multiple "
 	  "of 4, so that no registration holds the driver's lock (which every launch "
@@ -273,8 +273,8 @@ int config_init(struct radiance_config *cfg)
 	cfg->sched_session_rows = 1024;
 	cfg->sched_gather_us = 20;
 	cfg->zero_copy_rows = 64;
-	cfg->zero_copy_x_kib = 16;
-	cfg->zero_copy_y_kib = 64;
+	cfg->zero_copy_x_kib = 1024;   /* the H200 crossover, docs/gpu.md "Moving rows" */
+	cfg->zero_copy_y_kib = 1024;
 	cfg->pin_piece_kib = 1024;
 	cfg->device = -1;   /* not given: the GPU backend takes 0, the CPU one does not warn */
 	cfg->log_level = RADIANCE_LOG_INFO;

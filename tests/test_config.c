@@ -725,8 +725,8 @@ static void test_zero_copy_limits(void **state)
 	setenv("XDG_RUNTIME_DIR", "/run/user/1234", 1);
 	assert_int_equal(load(&cfg, err, sizeof err, "--no-config", NULL), 0);
 	assert_int_equal(cfg.zero_copy_rows, 64);
-	assert_int_equal(cfg.zero_copy_x_kib, 16);
-	assert_int_equal(cfg.zero_copy_y_kib, 64);
+	assert_int_equal(cfg.zero_copy_x_kib, 1024);
+	assert_int_equal(cfg.zero_copy_y_kib, 1024);
 	config_finish(&cfg);
 
 	const char *path = write_file("zc.conf", "zero_copy_x_kib = 40\nzero_copy_y_kib = 0\n");
