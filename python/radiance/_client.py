@@ -296,6 +296,12 @@ class Client(ClosedWhenCollected):
                  arena_bytes: int = 0, sq_entries: int = 0, cq_entries: int = 0,
                  spin_us: int = 0):
         self._ffi, self._lib = _lib.load()
+        # the C types of the per-call buffers, looked up once (not parsed
+        # from their text on every call)
+        self._u16_array = self._ffi.typeof("uint16_t[]")
+        self._u32_array = self._ffi.typeof("uint32_t[]")
+        self._ptr_array = self._ffi.typeof("void *[]")
+        self._void_ptr = self._ffi.typeof("void *")
         if timeout is not None:
             # radiance_options.timeout_ms is an int32_t
             if not (isinstance(timeout, (int, float)) and math.isfinite(timeout) and
@@ -685,6 +691,7 @@ class _Prepared(NamedTuple):
     lead: Tuple[int, ...]  # leading shape of x
     y: np.ndarray          # [rows, N] uint16 view of the output
     result: Array          # what the call returns (ndarray or torch.Tensor)
+    torch: bool            # x is a torch tensor (y is made one)
 
 
 class Model(Closing):
@@ -736,49 +743,82 @@ class Model(Closing):
                                           f"not {type(layer).__name__}")
 
     # -- argument checks: everything before it reaches the daemon ------------
-    def _prepare(self, l: Layer, x: Array, out: Optional[Array]) -> _Prepared:
-        where = f"layer '{l.name}' of model '{self.name}'"
-        if _is_torch(x):
+    def _where(self, l: Layer) -> str:
+        """What the error messages of a call on layer l name. Formatted only
+        when a message is: most calls raise nothing."""
+        return f"layer '{l.name}' of model '{self.name}'"
+
+    def _prepare(self, l: Layer, x: Array, out: Optional[Array],
+                 px: Optional[_Prepared] = None) -> _Prepared:
+        """x and out of a call on layer l, checked, as the C call takes them.
+        px: the _Prepared of the same x for another layer of the same K (a
+        linear_multi request), whose x part is taken as it is.
+
+        Every call of linear(), linear_multi() and submit() comes through
+        here, a few hundred a pass in an engine: the messages are formatted
+        only when raised, and the common case (a C-contiguous native array
+        of the right shape) takes no copy, reshape or numpy reduction."""
+        if px is None:
+            xn, elem, lead, torch_x = self._prepare_x(l, x)
+        else:
+            xn, elem, lead, torch_x = px.x, px.elem, px.lead, px.torch
+        return self._prepare_y(l, xn, elem, lead, torch_x, out)
+
+    def _prepare_x(self, l: Layer, x: Array) -> Tuple[np.ndarray, int, Tuple[int, ...], bool]:
+        """(x as [rows, K] uint16, its elem, its leading shape, whether it is
+        a torch tensor), or the RadianceError for an x layer l does not take."""
+        torch_x = _is_torch(x)
+        if torch_x:
             t = sys.modules["torch"]
             if x.device.type != "cpu":
-                raise RadianceError(errno.EOPNOTSUPP, f"{where}: x is on {x.device}: linear() "
-                                    f"serves CPU tensors through the rings; for CUDA tensors map "
-                                    f"the model (Model.map().linear, or radiance.torch."
+                raise RadianceError(errno.EOPNOTSUPP, f"{self._where(l)}: x is on {x.device}: "
+                                    f"linear() serves CPU tensors through the rings; for CUDA "
+                                    f"tensors map the model (Model.map().linear, or radiance.torch."
                                     f"RadianceLinear)")
-            elem = _lib.torch_elem(t, x, where)
+            elem = _lib.torch_elem(t, x, self._where(l))
             shape = tuple(x.shape)
             xn = x.detach().contiguous().view(t.int16).numpy().view(np.uint16)
         elif isinstance(x, np.ndarray):
-            if x.dtype == bfloat16:
+            dt = x.dtype
+            if dt == bfloat16:
                 elem = _BF16
-            elif x.dtype.kind == "f" and x.dtype.itemsize == 2:   # float16, either byte order
+            elif dt.kind == "f" and dt.itemsize == 2:   # float16, either byte order
                 elem = _FP16
-                if not x.dtype.isnative:
+                if not dt.isnative:
                     x = x.astype(float16)
             else:
-                raise RadianceError(errno.EINVAL, f"{where}: x has dtype {x.dtype}; the layer "
-                                    f"takes bfloat16 (ml_dtypes.bfloat16) or float16 (convert "
-                                    f"explicitly, e.g. x.astype(ml_dtypes.bfloat16))")
+                raise RadianceError(errno.EINVAL, f"{self._where(l)}: x has dtype {x.dtype}; the "
+                                    f"layer takes bfloat16 (ml_dtypes.bfloat16) or float16 "
+                                    f"(convert explicitly, e.g. x.astype(ml_dtypes.bfloat16))")
             shape = x.shape
             # non-contiguous inputs (slices, transposes, broadcasts) are copied
-            xn = np.ascontiguousarray(x).view(np.uint16)
+            xn = (x if x.flags.c_contiguous and type(x) is np.ndarray else
+                  np.ascontiguousarray(x)).view(np.uint16)
         else:
-            raise RadianceError(errno.EINVAL, f"{where}: x must be a numpy.ndarray or a "
+            raise RadianceError(errno.EINVAL, f"{self._where(l)}: x must be a numpy.ndarray or a "
                                               f"torch.Tensor, not {type(x).__name__}")
         if len(shape) == 0:
-            raise RadianceError(errno.EINVAL, f"{where}: x is a scalar; it needs a last "
+            raise RadianceError(errno.EINVAL, f"{self._where(l)}: x is a scalar; it needs a last "
                                               f"dimension of K={l.K}")
         if shape[-1] != l.K:
-            raise RadianceError(errno.EINVAL, f"{where}: x has shape {shape}: its last dimension "
-                                f"is {shape[-1]}, the layer takes K={l.K} (N={l.N})")
-        lead = tuple(int(d) for d in shape[:-1])
-        rows = int(np.prod(lead, dtype=np.int64)) if lead else 1
+            raise RadianceError(errno.EINVAL, f"{self._where(l)}: x has shape {shape}: its last "
+                                f"dimension is {shape[-1]}, the layer takes K={l.K} (N={l.N})")
+        lead = shape[:-1]   # a tuple of ints (numpy's shape, or torch's made one)
+        rows = math.prod(lead)
         if rows >= 1 << 32:
-            raise RadianceError(errno.EINVAL, f"{where}: {rows} rows, more than 2^32-1")
-        xn = xn.reshape(rows, l.K)
+            raise RadianceError(errno.EINVAL, f"{self._where(l)}: {rows} rows, more than 2^32-1")
+        if len(shape) != 2:
+            xn = xn.reshape(rows, l.K)
+        return xn, elem, lead, torch_x
+
+    def _prepare_y(self, l: Layer, xn: np.ndarray, elem: int, lead: Tuple[int, ...],
+                   torch_x: bool, out: Optional[Array]) -> _Prepared:
+        """The _Prepared of a call on layer l: x's part as _prepare_x gave it,
+        y (a new array, or out checked)."""
+        rows = xn.shape[0]
         yshape = lead + (l.N,)
         if out is None:
-            if _is_torch(x):
+            if torch_x:
                 t = sys.modules["torch"]
                 result = t.empty(yshape, dtype=t.bfloat16)
                 y = result.view(t.int16).numpy().view(np.uint16)
@@ -788,11 +828,11 @@ class Model(Closing):
         elif _is_torch(out):
             t = sys.modules["torch"]
             if out.device.type != "cpu":
-                raise RadianceError(errno.EOPNOTSUPP, f"{where}: out is on {out.device}: linear() "
-                                    f"serves CPU tensors through the rings; for CUDA tensors map "
-                                    f"the model (Model.map().linear)")
+                raise RadianceError(errno.EOPNOTSUPP, f"{self._where(l)}: out is on {out.device}: "
+                                    f"linear() serves CPU tensors through the rings; for CUDA "
+                                    f"tensors map the model (Model.map().linear)")
             if out.dtype != t.bfloat16 or tuple(out.shape) != yshape or not out.is_contiguous():
-                raise RadianceError(errno.EINVAL, f"{where}: out must be a contiguous "
+                raise RadianceError(errno.EINVAL, f"{self._where(l)}: out must be a contiguous "
                                     f"torch.bfloat16 tensor of shape {yshape}, not "
                                     f"{out.dtype} {tuple(out.shape)}"
                                     f"{'' if out.is_contiguous() else ' (non-contiguous)'}")
@@ -809,18 +849,19 @@ class Model(Closing):
             if not out.flags.writeable:
                 problems.append("read-only")
             if problems:
-                raise RadianceError(errno.EINVAL, f"{where}: out must be a C-contiguous, writable "
-                                    f"bfloat16 array of shape {yshape}; it is "
+                raise RadianceError(errno.EINVAL, f"{self._where(l)}: out must be a C-contiguous, "
+                                    f"writable bfloat16 array of shape {yshape}; it is "
                                     f"{', '.join(problems)} (out= is never copied)")
             result = out
             y = out.view(np.uint16)
         else:
-            raise RadianceError(errno.EINVAL, f"{where}: out must be a numpy.ndarray or a "
-                                              f"torch.Tensor, not {type(out).__name__}")
-        y = y.reshape(rows, l.N)
+            raise RadianceError(errno.EINVAL, f"{self._where(l)}: out must be a numpy.ndarray or "
+                                              f"a torch.Tensor, not {type(out).__name__}")
+        if len(yshape) != 2:
+            y = y.reshape(rows, l.N)
         if out is not None and np.may_share_memory(y, xn):
-            raise RadianceError(errno.EINVAL, f"{where}: out overlaps x")
-        return _Prepared(xn, elem, lead, y, result)
+            raise RadianceError(errno.EINVAL, f"{self._where(l)}: out overlaps x")
+        return _Prepared(xn, elem, lead, y, result, torch_x)
 
     # -- calls ----------------------------------------------------------------
     def linear_multi(self, layers: Sequence[Union[int, str, Layer]], x: Array,
@@ -874,7 +915,8 @@ class Model(Closing):
         if len(outs) != len(ls):
             raise RadianceError(errno.EINVAL, f"{where}: out has {len(outs)} entries for "
                                 f"{len(ls)} layers")
-        ps = [self._prepare(l, x, o) for l, o in zip(ls, outs)]
+        ps = [self._prepare(ls[0], x, outs[0])]   # x checked (and copied) once for all
+        ps += [self._prepare(l, x, o, ps[0]) for l, o in zip(ls[1:], outs[1:])]
         for j in range(len(ps)):
             for i in range(j):
                 if outs[i] is not None and outs[j] is not None and \
@@ -885,12 +927,12 @@ class Model(Closing):
             return [p.result for p in ps]
         c = self._client
         ffi, lib = c._ffi, c._lib
-        xp = ffi.from_buffer("uint16_t[]", ps[0].x)
-        ybufs = [ffi.from_buffer("uint16_t[]", p.y, require_writable=True) for p in ps]
-        yp = ffi.new("void *[]", [ffi.cast("void *", b) for b in ybufs])
-        idx = ffi.new("uint32_t[]", [l.index for l in ls])
-        names = ", ".join(f"'{l.name}'" for l in ls)
-        self._call(f"layers {names} of model '{self.name}'",
+        xp = ffi.from_buffer(c._u16_array, ps[0].x)
+        ybufs = [ffi.from_buffer(c._u16_array, p.y, require_writable=True) for p in ps]
+        yp = ffi.new(c._ptr_array, [ffi.cast(c._void_ptr, b) for b in ybufs])
+        idx = ffi.new(c._u32_array, [l.index for l in ls])
+        self._call(lambda: "layers " + ", ".join(f"'{l.name}'" for l in ls) +
+                   f" of model '{self.name}'",
                    lambda h, mid: lib.radiance_linear_multi(h, mid, idx, len(ls), rows,
                                                             ps[0].elem, xp, yp))
         return [p.result for p in ps]
@@ -919,17 +961,17 @@ class Model(Closing):
             return p.result
         c = self._client
         ffi, lib = c._ffi, c._lib
-        xp = ffi.from_buffer("uint16_t[]", p.x)
-        yp = ffi.from_buffer("uint16_t[]", p.y, require_writable=True)
-        self._call(f"layer '{l.name}' of model '{self.name}'",
+        xp = ffi.from_buffer(c._u16_array, p.x)
+        yp = ffi.from_buffer(c._u16_array, p.y, require_writable=True)
+        self._call(lambda: self._where(l),
                    lambda h, mid: lib.radiance_linear(h, mid, l.index, rows, p.elem, xp, yp))
         return p.result
 
-    def _call(self, what: str, call: Callable[[Any, int], int]) -> None:
+    def _call(self, what: Callable[[], str], call: Callable[[Any, int], int]) -> None:
         """call(session handle, model id) under the client's lock: 0 is
         done; a lost connection is retried once on a fresh session (the
         reconnect re-attaches the model); any other failure raises its
-        RadianceError, `what` saying what was asked."""
+        RadianceError, what() saying what was asked (formatted only then)."""
         c = self._client
         with c._lock:
             for attempt in (0, 1):
@@ -937,7 +979,7 @@ class Model(Closing):
                 rc = call(s.h, c._model_id(s, self))
                 if rc == 0:
                     return
-                err = c._fail(s, rc, what)
+                err = c._fail(s, rc, what())
                 if attempt == 0 and s.dead is not None and s.dead.errno in _LOST:
                     log.info("connection lost (%s): reconnecting once", err.message)
                     continue

@@ -429,6 +429,24 @@ def test_noncontiguous_and_transposed_inputs_are_copied(model):
     assert np.array_equal(bits(model.linear(Q, np.asfortranarray(base))), want)
 
 
+def test_contiguous_inputs_are_sent_as_they_are_and_subclasses_as_arrays(model, tmp_path):
+    # a C-contiguous [rows, K] array is what the C call gets, without a copy
+    # (the per-call fast path); an ndarray subclass (a memmap here) is taken
+    # as the plain array of its data, as np.ascontiguousarray gives it
+    x = rand((5, 384), seed=11)
+    layer = model.layer(Q)
+    p = model._prepare(layer, x, None)
+    assert p.x.shape == (5, 384) and np.shares_memory(p.x, x)
+    assert p.y.shape == (5, layer.N) and p.result.shape == (5, layer.N)
+    x3 = rand((2, 3, 384), seed=12)
+    p3 = model._prepare(layer, x3, None)
+    assert p3.x.shape == (6, 384) and np.shares_memory(p3.x, x3) and p3.result.shape == (2, 3, 384)
+    mm = np.memmap(tmp_path / "x.bin", dtype=BF16, mode="w+", shape=(5, 384))
+    mm[...] = x
+    assert np.array_equal(bits(model.linear(Q, mm)), bits(model.linear(Q, x)))
+    assert type(model._prepare(layer, mm, None).x) is np.ndarray
+
+
 def test_byteswapped_fp16_is_converted(model):
     x = rand((4, 384), seed=6, dtype=np.float16)
     want = bits(model.linear(Q, x))
