@@ -52,7 +52,18 @@ struct radiance_gpu_options {
 	uint32_t size;           /* sizeof(struct radiance_gpu_options) */
 	uint32_t max_rows;       /* largest rows of one radiance_gpu_linear call;
 	                            sizes the scratch; 0 = 64 */
+	uint32_t prefill;        /* the W4A8 kernel above the decode band (more than
+	                            64 rows), as the daemon's `prefill` option
+	                            (docs/daemon.md): RADIANCE_GPU_PREFILL_AUTO (0,
+	                            the daemon's default: fp8 wgmma where it runs,
+	                            sm_90a; f16 tensor cores elsewhere), _EXACT, _FAST.
+	                            Results equal the daemon's bit for bit when both
+	                            use the same kernel. Fields past `size` read 0. */
 };
+
+#define RADIANCE_GPU_PREFILL_AUTO 0u
+#define RADIANCE_GPU_PREFILL_EXACT 1u
+#define RADIANCE_GPU_PREFILL_FAST 2u
 
 #define RADIANCE_GPU_OPTIONS_INIT { .size = sizeof(struct radiance_gpu_options) }
 
@@ -77,6 +88,7 @@ struct radiance_gpu_options {
  * for IPC handles the vendors do not say), but it is outside the daemon's
  * accounting: unmap before disconnecting.
  * Returns 0 and *out, or:
+ *   -EINVAL   opt->size too small, opt->prefill not one of RADIANCE_GPU_PREFILL_*;
  *   -ENOTSUP  the daemon cannot map the model (cpu backend, no VMM/IPC, an
  *             older daemon, another layout version), or the mapping is for
  *             another vendor's kernels, or a test handle;

@@ -12,6 +12,7 @@
  */
 #include <errno.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -126,6 +127,11 @@ int radiance_gpu_map(struct radiance *r, uint32_t model_id, const struct radianc
 		if (opt->size < sizeof o.size + sizeof o.max_rows)
 			return fail(-EINVAL, "radiance_gpu_options.size %u is too small", opt->size);
 		memcpy(&o, opt, opt->size < sizeof o ? opt->size : sizeof o);
+		if (opt->size < offsetof(struct radiance_gpu_options, prefill) + sizeof o.prefill)
+			o.prefill = RADIANCE_GPU_PREFILL_AUTO;
+		if (o.prefill > RADIANCE_GPU_PREFILL_FAST)
+			return fail(-EINVAL, "radiance_gpu_options.prefill %u is not AUTO (0), EXACT (1) or "
+				    "FAST (2)", o.prefill);
 	}
 	if ((rc = radiance_map_model(r, model_id, RADIANCE_MAP_LAYOUT_VERSION, &m)) < 0)
 		return fail(rc, "%s", radiance_error_message(r));
@@ -160,6 +166,10 @@ int radiance_gpu_map(struct radiance *r, uint32_t model_id, const struct radianc
 		radiance__gpu_set_device(prev);
 	if (rc)
 		goto free_model;
+	/* the daemon's policy for the same value (daemon/backend_gpu.c) */
+	g->scratch.settings.prefill = o.prefill == RADIANCE_GPU_PREFILL_FAST ||
+					      (o.prefill == RADIANCE_GPU_PREFILL_AUTO && g->dev.wgmma)
+				      ? RADIANCE_PREFILL_FAST : RADIANCE_PREFILL_EXACT;
 	radiance_mapping_free(m);   /* closes the fd: the import holds the memory */
 	*out = g;
 	return 0;
