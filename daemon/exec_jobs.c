@@ -372,9 +372,12 @@ void upload_step(struct radiance_executor *e)
 	struct exec_job *job = e->uploading;
 	struct exec_model *m = job->model;
 	char err[200];
+	e->upload_alloc_ns = 0;
 	if (m->uploaded == 0 && !m->share) {
 		/* one exportable allocation for the whole model, before its first layer */
+		const uint64_t t0 = rclock_ns();
 		int rc = radiance_backend_share_create(e->backend, m->model, &m->share, err, sizeof err);
+		e->upload_alloc_ns = rclock_ns() - t0;
 		if (rc < 0) {
 			job->status = rc;
 			snprintf(job->err, sizeof job->err, "allocating the model: %s", err);

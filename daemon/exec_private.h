@@ -99,6 +99,8 @@ struct radiance_executor {
 	size_t nrings;
 	size_t rr;                            /* round-robin start */
 	struct exec_job *uploading;           /* UPLOAD jobs in progress, FIFO */
+	uint64_t upload_alloc_ns;             /* the last upload step's model allocation
+	                                         (its first layer's), 0 on other steps */
 	struct sched_flow **flows;            /* max_rings: this round's */
 	struct sched_flow **flow_scratch;     /* max_rings: sched_round's */
 	struct sched_req **batch;             /* max_rings * EXEC_BATCH: this round's pieces */

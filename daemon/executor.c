@@ -570,8 +570,9 @@ static void *executor_main(void *arg)
 			upload_step(e);
 			const uint64_t took = rclock_ns() - t2;
 			if (took > EXEC_QUEUE_SLOW_NS)
-				log_warn("executor: one step of a model upload took %llu ms; every session waited for it",
-					 (unsigned long long)(took / 1000000u));
+				log_warn("executor: one step of a model upload took %.3f ms (allocating the model "
+					 "%.3f ms of it); every session waited for it", took / 1e6,
+					 e->upload_alloc_ns / 1e6);
 			n++;
 		}
 		progress_bump(e);
