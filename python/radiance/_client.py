@@ -1147,23 +1147,27 @@ class Model(Closing):
                 if slot.session is s and slot.done:
                     yield slot
 
-    def map(self, max_rows: int = DEFAULT_MAX_ROWS) -> "MappedModel":
+    def map(self, max_rows: int = DEFAULT_MAX_ROWS, prefill: str = "auto") -> "MappedModel":
         """Maps the model into this process's GPU (libradiance-gpu,
         docs/mapped.md): a MappedModel whose linear() runs the daemon's W4A8
         kernels on torch CUDA tensors, on the caller's stream, on the
         daemon's one copy of the weights. max_rows sizes its scratch, once
         (longer inputs are split into launches of max_rows rows).
+        prefill ("auto", "exact" or "fast", as the daemon's option of that
+        name) picks the kernel for launches of more than 64 rows; "auto" is
+        the daemon's default (fast on sm_90a), and a mapping gives the
+        daemon's bits when both use the same one.
         Each call makes a new mapping (close() it, or Model.close() closes
         them all); radiance.torch keeps one per model for its modules.
 
-        Raises RadianceError: ENOENT (libradiance-gpu not found: built by
-        make GPU=cuda), EOPNOTSUPP (the daemon cannot map: the cpu
+        Raises RadianceError: EINVAL (max_rows or prefill), ENOENT
+        (libradiance-gpu not found: built by make GPU=cuda), EOPNOTSUPP (the daemon cannot map: the cpu
         backend, an older daemon, share = none; with its reason), EPERM
         (the daemon's map_allow), ENODEV (the model's GPU is not visible
         here), EIO (the driver refused the import), EBADF (released)."""
         from ._gpu import MappedModel
 
-        return MappedModel(self, max_rows)
+        return MappedModel(self, max_rows, prefill)
 
     def close(self) -> None:
         """Releases this client's reference to the model (the daemon unloads

@@ -92,6 +92,11 @@ def _torch():
     return t
 
 
+# radiance_gpu_options.prefill (RADIANCE_GPU_PREFILL_*), as the daemon's
+# `prefill` option names them
+_PREFILL = {"auto": 0, "exact": 1, "fast": 2}
+
+
 class MappedModel(ClosedWhenCollected):
     """A model of the daemon mapped into this process's GPU
     (``radiance_gpu_map``): Model.map() makes one.
@@ -124,11 +129,14 @@ class MappedModel(ClosedWhenCollected):
     Not inherited across fork (CUDA is not); a child maps its own.
     """
 
-    def __init__(self, model: "Model", max_rows: int = DEFAULT_MAX_ROWS):
+    def __init__(self, model: "Model", max_rows: int = DEFAULT_MAX_ROWS, prefill: str = "auto"):
         if not isinstance(max_rows, int) or isinstance(max_rows, bool) or not \
                 1 <= max_rows < 1 << 32:
             raise RadianceError(errno.EINVAL, f"max_rows must be an int in 1..2^32-1, not "
                                               f"{max_rows!r}")
+        if not isinstance(prefill, str) or prefill not in _PREFILL:
+            raise RadianceError(errno.EINVAL, f"prefill must be one of "
+                                              f"{', '.join(_PREFILL)}, not {prefill!r}")
         ffi, glib = load()
         self._ffi, self._glib = ffi, glib
         self.model = model
@@ -142,6 +150,7 @@ class MappedModel(ClosedWhenCollected):
             opt = ffi.new("struct radiance_gpu_options *")
             opt.size = ffi.sizeof("struct radiance_gpu_options")
             opt.max_rows = max_rows
+            opt.prefill = _PREFILL[prefill]
             pp = ffi.new("struct radiance_gpu_model **")
             rc = glib.radiance_gpu_map(s.h, mid, opt, pp)
             if rc < 0:

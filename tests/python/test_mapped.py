@@ -59,6 +59,14 @@ def test_map_checks_max_rows(model):
         assert ei.value.errno == errno.EINVAL and "max_rows" in ei.value.message
 
 
+def test_map_checks_prefill(model):
+    for bad in ("wgmma", "", None, 2, "FAST"):
+        with pytest.raises(radiance.RadianceError) as ei:
+            model.map(prefill=bad)
+        assert ei.value.errno == errno.EINVAL, ei.value
+        assert ei.value.message == f"prefill must be one of auto, exact, fast, not {bad!r}"
+
+
 def test_map_names_the_missing_library(model):
     """On a CPU build (no libradiance-gpu beside libradiance) Model.map()
     says what to build; the session is unaffected."""
