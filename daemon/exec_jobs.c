@@ -13,6 +13,7 @@
 #include "clock.h"
 #include "exec_private.h"
 #include "log.h"
+#include "thread.h"
 
 static void job_list_push(struct job_list *l, struct exec_job *job)
 {
@@ -202,7 +203,7 @@ int pin_thread_start(struct radiance_executor *e)
 {
 	pthread_mutex_init(&e->pin_lock, NULL);
 	pthread_cond_init(&e->pin_cond, NULL);
-	int rc = -pthread_create(&e->pin_thread, NULL, pin_main, e);
+	int rc = -rthread_create(&e->pin_thread, pin_main, e);
 	if (rc < 0) {
 		pthread_cond_destroy(&e->pin_cond);
 		pthread_mutex_destroy(&e->pin_lock);

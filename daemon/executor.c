@@ -20,6 +20,7 @@
 #include "exec_private.h"
 #include "proto_util.h"
 #include "request.h"
+#include "thread.h"
 
 /* How long a decode launch in flight is polled spinning (executor_main);
  * the longest decode launch on the 27B shapes (M=64 on 34816x5120) takes
@@ -711,7 +712,7 @@ int executor_create(uv_loop_t *loop, const struct executor_options *opt,
 		goto fail_sync;
 	}
 	e->async.data = e;
-	rc = -pthread_create(&e->thread, NULL, executor_main, e);
+	rc = -rthread_create(&e->thread, executor_main, e);
 	if (rc < 0) {
 		snprintf(err, errlen, "executor: pthread_create: %s", strerror(-rc));
 		goto fail_async;

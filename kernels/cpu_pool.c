@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "clock.h"
+#include "thread.h"
 
 /* How long a worker spins for the next job before it sleeps: long enough to
  * span the gap between two layers of one decode step, short enough not to
@@ -156,7 +157,7 @@ int radiance_cpu_pool_create(unsigned threads, struct radiance_cpu_pool **out)
 		}
 		wa->p = p;
 		wa->index = started;
-		rc = -pthread_create(&p->tids[started], NULL, worker_main, wa);
+		rc = -rthread_create(&p->tids[started], worker_main, wa);
 		if (rc < 0) {
 			free(wa);
 			goto fail_workers;
