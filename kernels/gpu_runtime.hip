@@ -6,6 +6,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "../common/clock.h"
 #include "numerics_gpu.h"
 #include "w4a8_gpu.h"
 
@@ -234,17 +235,10 @@ static void piece_gap(void)
 	nanosleep(&ts, NULL);
 }
 
-static uint64_t mono_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 /* *slowest = max(*slowest, now - t0), when slowest is not NULL */
 static void piece_took(uint64_t *slowest, uint64_t t0)
 {
-	const uint64_t d = mono_ns() - t0;
+	const uint64_t d = rclock_ns() - t0;
 	if (slowest && d > *slowest)
 		*slowest = d;
 }
@@ -257,7 +251,7 @@ extern "C" int radiance__gpu_host_unregister_pieces(void *base, size_t len, size
 	for (size_t off = 0; off < len; off += piece) {
 		if (off)
 			piece_gap();
-		const uint64_t t0 = mono_ns();
+		const uint64_t t0 = rclock_ns();
 		hipError_t e = hipHostUnregister((char *)base + off);
 		piece_took(slowest_ns, t0);
 		if (e != hipSuccess && rc == 0)
@@ -278,7 +272,7 @@ extern "C" int radiance__gpu_host_register_pieces(void *base, size_t len, size_t
 		size_t n = len - off < piece ? len - off : piece;
 		if (off)
 			piece_gap();
-		const uint64_t t0 = mono_ns();
+		const uint64_t t0 = rclock_ns();
 		hipError_t e = hipHostRegister(b + off, n, hipHostRegisterMapped | hipHostRegisterPortable);
 		if (e != hipSuccess) {
 			radiance__gpu_host_unregister_pieces(base, off, piece, NULL);
