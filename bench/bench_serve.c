@@ -802,8 +802,8 @@ static void inproc_setup(struct bench *B, const char *dir)
 		}
 		GCHECK(radiance__gpu_scratch_create(&B->scratch, B->max_m, 64, B->max_n, B->max_k, 0, B->stream));
 		/* the daemon's default prefill (`prefill = auto`): fast where wgmma runs */
-		B->scratch.settings.prefill = B->dev.wgmma ? RADIANCE_PREFILL_FAST : RADIANCE_PREFILL_EXACT;
-		B->prefill_fast = B->dev.wgmma != 0;
+		B->scratch.settings.prefill = radiance__w4a8_prefill_choose(&B->dev, 0);
+		B->prefill_fast = B->scratch.settings.prefill == RADIANCE_PREFILL_FAST;
 		GCHECK(radiance__gpu_malloc((void **)&B->dx, (size_t)B->max_m * B->max_k * 2));
 		GCHECK(radiance__gpu_malloc((void **)&B->dy, (size_t)B->max_m * B->max_n * 2));
 		GCHECK(radiance__gpu_h2d_async(B->dx, B->hx, (size_t)B->max_m * B->max_k * 2, B->stream));

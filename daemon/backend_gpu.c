@@ -94,9 +94,10 @@ struct gate_seen {
 
 /* A queue of launches with its own staging and scratch: lane 0 (decode,
  * the stream of greatest priority) and lane 1 (bulk, least priority;
- * uploads have a stream of their own, gpu_state.stream). The device's block scheduler starts a lane-0 kernel's blocks
- * ahead of the waiting blocks of lane 1, so a decode token runs beside a
- * prefill piece instead of after it. */
+ * uploads have a stream of their own, gpu_state.stream). The device's
+ * block scheduler starts a lane-0 kernel's blocks ahead of the waiting
+ * blocks of lane 1, so a decode token runs beside a prefill piece instead
+ * of after it. */
 #define LANE_DECODE 0
 #define LANE_BULK 1
 #define DECODE_LANE_ROWS 64u       /* most rows of a lane-0 launch */
@@ -271,8 +272,7 @@ static int gpu_create(const struct radiance_backend_options *opt, void **state, 
 		g->pin_piece = (size_t)opt->pin_piece_kib * 1024u / page * page;
 	}
 
-	const int fast = opt->prefill == RADIANCE_BACKEND_PREFILL_FAST ||
-			 (opt->prefill == RADIANCE_BACKEND_PREFILL_AUTO && g->dev.wgmma);
+	const enum radiance__w4a8_prefill prefill = radiance__w4a8_prefill_choose(&g->dev, (unsigned)opt->prefill);
 	g->lanes[LANE_DECODE].rows = g->max_rows < DECODE_LANE_ROWS ? g->max_rows : DECODE_LANE_ROWS;
 	g->lanes[LANE_BULK].rows = g->max_rows;
 	for (int i = 0; i < 2; i++) {
@@ -288,7 +288,7 @@ static int gpu_create(const struct radiance_backend_options *opt, void **state, 
 						       g->max_k, 1, ln->stream)))
 			goto fail;
 		g->scratch_bytes += ln->scratch.bytes;
-		ln->scratch.settings.prefill = fast ? RADIANCE_PREFILL_FAST : RADIANCE_PREFILL_EXACT;
+		ln->scratch.settings.prefill = prefill;
 		ln->scratch.settings.wgmma_tile = opt->wgmma_tile;
 	}
 	if ((rc = radiance__gpu_stream_create_priority(&g->stream, 0)))
@@ -309,8 +309,8 @@ static int gpu_create(const struct radiance_backend_options *opt, void **state, 
 		log_warn("gpu backend: prefill = fast, but %s has no sm_90a wgmma kernel: prefill "
 			 "runs exact (f16 tensor cores)", g->dev.name);
 	log_info("gpu backend: prefill (W4A8 launches above the decode band): %s",
-		 fast && g->dev.wgmma ? "fast (sm_90a fp8 wgmma: the fp8 bound of docs/numerics.md)"
-				      : "exact (f16 tensor cores, fp32 accumulation)");
+		 prefill == RADIANCE_PREFILL_FAST ? "fast (sm_90a fp8 wgmma: the fp8 bound of docs/numerics.md)"
+						  : "exact (f16 tensor cores, fp32 accumulation)");
 	share_choose(g, opt->share);
 	*state = g;
 	return 0;

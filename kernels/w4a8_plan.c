@@ -197,6 +197,12 @@ static void plan_gemv(const struct radiance__gpu_device *dev, const struct radia
 	plan->split = S;
 }
 
+enum radiance__w4a8_prefill radiance__w4a8_prefill_choose(const struct radiance__gpu_device *dev,
+							    unsigned asked)
+{
+	return dev->wgmma && (asked == 0 || asked == 2) ? RADIANCE_PREFILL_FAST : RADIANCE_PREFILL_EXACT;
+}
+
 /* wgmma token tile: 96 when 128-token tiles leave SMs idle (narrow layers at
  * a few hundred tokens: 5120 x K at M = 256 ran 25% faster on the H200),
  * 128 otherwise (less unpack and L2 traffic per FLOP) */

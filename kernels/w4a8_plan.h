@@ -131,6 +131,15 @@ struct radiance__w4a8_args {
 int radiance__w4a8_plan(const struct radiance__gpu_device *dev,
 			 const struct radiance__w4a8_args *a, struct radiance__w4a8_plan *plan);
 
+/* The prefill kernel a request for `asked` gets on dev: 0 auto, 1 exact,
+ * 2 fast, in the order of the daemon's `prefill` option (enum
+ * radiance_backend_prefill) and radiance_gpu_options.prefill. FAST where
+ * auto or fast is asked and the sm_90a wgmma kernel runs on dev, else EXACT
+ * (the planner runs exact there anyway). One policy for the daemon, the
+ * mapping library and the bench, so that they give the same bits. */
+enum radiance__w4a8_prefill radiance__w4a8_prefill_choose(const struct radiance__gpu_device *dev,
+							    unsigned asked);
+
 /* Bytes of the device weight and scale arrays of an n x k layer (k % 128 == 0). */
 size_t radiance__w4a8_weight_bytes(uint32_t n, uint32_t k);
 size_t radiance__w4a8_scale_bytes(uint32_t n, uint32_t k);

@@ -195,6 +195,20 @@ static void h200_fast_prefill(void **state)
 	expect(&nowg, &a, "tiled t64 wk1 s1");
 }
 
+/* auto and fast get the wgmma kernel where it runs, exact elsewhere and
+ * whenever exact is asked */
+static void prefill_choice(void **state)
+{
+	(void)state;
+	struct radiance__gpu_device d = h200();
+	assert_int_equal(radiance__w4a8_prefill_choose(&d, 0), RADIANCE_PREFILL_FAST);
+	assert_int_equal(radiance__w4a8_prefill_choose(&d, 1), RADIANCE_PREFILL_EXACT);
+	assert_int_equal(radiance__w4a8_prefill_choose(&d, 2), RADIANCE_PREFILL_FAST);
+	d.wgmma = 0;
+	for (unsigned asked = 0; asked < 3; asked++)
+		assert_int_equal(radiance__w4a8_prefill_choose(&d, asked), RADIANCE_PREFILL_EXACT);
+}
+
 /*
  * MiniLM-L6 (hidden 384, intermediate 1536), by the policy's rules:
  *   M=1 384x384: 24 n-tiles, 3 groups; the t8 n1 c2 q2 instance fits 7
@@ -415,6 +429,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(h200_27b_shapes),
 		cmocka_unit_test(h200_fast_prefill),
+		cmocka_unit_test(prefill_choice),
 		cmocka_unit_test(h200_minilm),
 		cmocka_unit_test(other_devices),
 		cmocka_unit_test(overrides),

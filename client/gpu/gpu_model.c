@@ -166,10 +166,8 @@ int radiance_gpu_map(struct radiance *r, uint32_t model_id, const struct radianc
 		radiance__gpu_set_device(prev);
 	if (rc)
 		goto free_model;
-	/* the daemon's policy for the same value (daemon/backend_gpu.c) */
-	g->scratch.settings.prefill = o.prefill == RADIANCE_GPU_PREFILL_FAST ||
-					      (o.prefill == RADIANCE_GPU_PREFILL_AUTO && g->dev.wgmma)
-				      ? RADIANCE_PREFILL_FAST : RADIANCE_PREFILL_EXACT;
+	/* the daemon's policy for the same value */
+	g->scratch.settings.prefill = radiance__w4a8_prefill_choose(&g->dev, o.prefill);
 	radiance_mapping_free(m);   /* closes the fd: the import holds the memory */
 	*out = g;
 	return 0;
