@@ -149,6 +149,157 @@ static void run_quant_gemm(void *p, uint32_t i)
 	GCHECK(radiance__w4a8_gemm(&dev, &a, stream));
 }
 
+/* copies of one random n x k layer in the device layout: weights and scales
+ * of a copy in one buffer (w[i], sc[i] inside it), so the probe reads
+ * exactly the kernel's bytes in one launch */
+static void make_weights(uint32_t n, uint32_t k, uint32_t copies, void ***w, void ***sc)
+{
+	const size_t qbytes = (size_t)n * k / 2, sbytes = (size_t)n * (k / 128) * 2;
+	const size_t wbytes = radiance__w4a8_weight_bytes(n, k), dsbytes = radiance__w4a8_scale_bytes(n, k);
+	uint32_t *q = malloc(qbytes);
+	uint16_t *s = malloc(sbytes);
+	for (size_t i = 0; i < qbytes / 4; i++)
+		q[i] = rnd() ^ (rnd() << 16);
+	for (size_t i = 0; i < sbytes / 2; i++)
+		s[i] = (uint16_t)(0x1C00 + rnd() % 0x800);   /* fp16 ~0.004..0.008 */
+	void *tq, *ts;
+	GCHECK(radiance__gpu_malloc(&tq, qbytes));
+	GCHECK(radiance__gpu_malloc(&ts, sbytes));
+	GCHECK(radiance__gpu_h2d_async(tq, q, qbytes, stream));
+	GCHECK(radiance__gpu_h2d_async(ts, s, sbytes, stream));
+	*w = calloc(copies, sizeof **w);
+	*sc = calloc(copies, sizeof **sc);
+	for (uint32_t i = 0; i < copies; i++) {
+		GCHECK(radiance__gpu_malloc(&(*w)[i], wbytes + dsbytes));
+		(*sc)[i] = (uint8_t *)(*w)[i] + wbytes;
+		GCHECK(radiance__w4a8_repack(tq, ts, n, k, (*w)[i], (*sc)[i], stream));
+	}
+	GCHECK(radiance__gpu_stream_sync(stream));
+	radiance__gpu_free(tq);
+	radiance__gpu_free(ts);
+	free(q);
+	free(s);
+}
+
+/* The 27B decode step run as an engine runs it: the 256 layers of the 64
+ * blocks in model order (3 linear-attention blocks, then a full-attention
+ * one; each block its qkv, out, gate_up and down projections), quant + GEMM
+ * per layer at M = 1, all queued back to back on one stream, timed as a
+ * whole (median of REPS steps). Each shape has two copies of its weights,
+ * used alternately, so a layer's weights were last read two blocks (>= 400
+ * MB) ago: DRAM-resident like a real step. quant = 0: the GEMMs alone, on
+ * the codes left by the last quant (what the quant launches cost). */
+struct step_seq {
+	void **w[NSHAPES], **sc[NSHAPES];
+	uint16_t *x, *y;
+	uint8_t *codes;
+	float *s, *partials;
+	size_t partials_bytes;
+	uint32_t *counters;
+	size_t counters_n;
+};
+
+static void step_once(struct step_seq *q, int quant)
+{
+	for (uint32_t b = 0; b < 64; b++) {
+		static const size_t order[2][4] = {{0, 2, 3, 4}, {1, 2, 3, 4}};
+		for (int j = 0; j < 4; j++) {
+			const size_t si = order[b % 4 == 3][j];
+			const struct shape *sh = &shapes[si];
+			struct radiance__w4a8_args a = {
+				.codes = q->codes, .s = q->s, .m = 1, .n = sh->n, .k = sh->k,
+				.w = q->w[si][(b / 4) % 2], .sc = q->sc[si][(b / 4) % 2], .y = q->y,
+				.partials = q->partials, .partials_bytes = q->partials_bytes,
+				.counters = q->counters, .counters_n = q->counters_n, .max_decode_rows = 64,
+				.pdl = 1,
+			};
+			struct radiance__w4a8_plan plan;
+			radiance__w4a8_plan(&dev, &a, &plan);
+			if (quant)
+				GCHECK(radiance__gpu_quant(q->x, RADIANCE_DTYPE_BF16, 1, sh->k, plan.order, q->codes,
+							  q->s, stream));
+			GCHECK(radiance__w4a8_gemm(&dev, &a, stream));
+		}
+	}
+}
+
+static double step_ms(struct step_seq *q, int quant)
+{
+	double t[REPS];
+	step_once(q, quant);
+	for (int r = 0; r < REPS; r++) {
+		GCHECK(radiance__gpu_event_record(ev0, stream));
+		step_once(q, quant);
+		GCHECK(radiance__gpu_event_record(ev1, stream));
+		float ms_ = 0;
+		GCHECK(radiance__gpu_event_elapsed(ev0, ev1, &ms_));
+		t[r] = ms_;
+	}
+	qsort(t, REPS, sizeof t[0], cmp_double);
+	return t[REPS / 2];
+}
+
+/* The step both ways, and the read rate of the probe over one 1 GiB buffer
+ * (the stream-rate floor of the step's bytes). */
+static void run_step(double *seq_ms, double *gemm_ms, double *stream_gbps)
+{
+	struct step_seq q = {0};
+	uint32_t max_n = 0, max_k = 0;
+	for (size_t si = 0; si < NSHAPES; si++) {
+		make_weights(shapes[si].n, shapes[si].k, 2, &q.w[si], &q.sc[si]);
+		max_n = shapes[si].n > max_n ? shapes[si].n : max_n;
+		max_k = shapes[si].k > max_k ? shapes[si].k : max_k;
+	}
+	uint16_t *x = malloc((size_t)max_k * 2);
+	for (uint32_t i = 0; i < max_k; i++)
+		x[i] = radiance_bf16_from_f32(((float)(rnd() % 2001) - 1000.0f) / 500.0f);
+	GCHECK(radiance__gpu_malloc((void **)&q.x, (size_t)max_k * 2));
+	GCHECK(radiance__gpu_h2d_async(q.x, x, (size_t)max_k * 2, stream));
+	GCHECK(radiance__gpu_malloc((void **)&q.codes, max_k));
+	GCHECK(radiance__gpu_malloc((void **)&q.s, 4));
+	GCHECK(radiance__gpu_malloc((void **)&q.y, (size_t)max_n * 2));
+	q.partials_bytes = radiance__w4a8_partials_bytes(64, max_n);
+	GCHECK(radiance__gpu_malloc((void **)&q.partials, q.partials_bytes));
+	q.counters_n = radiance__w4a8_counters_needed(max_n);
+	GCHECK(radiance__gpu_malloc((void **)&q.counters, q.counters_n * 4));
+	GCHECK(radiance__gpu_memset_async(q.counters, 0, q.counters_n * 4, stream));
+	GCHECK(radiance__gpu_stream_sync(stream));
+	free(x);
+	/* interleaved, so that clock drift hits both alike */
+	const double a1 = step_ms(&q, 1), g1 = step_ms(&q, 0), a2 = step_ms(&q, 1), g2 = step_ms(&q, 0);
+	*seq_ms = a1 < a2 ? a1 : a2;
+	*gemm_ms = g1 < g2 ? g1 : g2;
+	for (size_t si = 0; si < NSHAPES; si++) {
+		for (int i = 0; i < 2; i++)
+			radiance__gpu_free(q.w[si][i]);
+		free(q.w[si]);
+		free(q.sc[si]);
+	}
+	radiance__gpu_free(q.x);
+	radiance__gpu_free(q.codes);
+	radiance__gpu_free(q.s);
+	radiance__gpu_free(q.y);
+	radiance__gpu_free(q.partials);
+	radiance__gpu_free(q.counters);
+
+	const size_t big = (size_t)1 << 30;
+	void *buf;
+	GCHECK(radiance__gpu_malloc(&buf, big));
+	GCHECK(radiance__gpu_memset_async(buf, 0, big, stream));
+	double t[REPS];
+	for (int r = 0; r < REPS; r++) {
+		GCHECK(radiance__gpu_event_record(ev0, stream));
+		GCHECK(radiance__gpu_read_probe(buf, big, sink, stream));
+		GCHECK(radiance__gpu_event_record(ev1, stream));
+		float ms_ = 0;
+		GCHECK(radiance__gpu_event_elapsed(ev0, ev1, &ms_));
+		t[r] = ms_;
+	}
+	qsort(t, REPS, sizeof t[0], cmp_double);
+	*stream_gbps = (double)big / (t[REPS / 2] * 1e6);
+	radiance__gpu_free(buf);
+}
+
 static void run_probe(void *p, uint32_t i)
 {
 	struct ctx *c = p;
@@ -338,38 +489,13 @@ int main(int argc, char **argv)
 		c.bcopies = (uint32_t)ceil(4.0 * l2 / (double)wb_bytes);
 		if (c.bcopies < 2)
 			c.bcopies = 2;
-		/* random canonical weights, repacked into every copy */
-		const size_t qbytes = (size_t)sh->n * sh->k / 2, sbytes = (size_t)sh->n * (sh->k / 128) * 2;
-		uint32_t *q = malloc(qbytes);
-		uint16_t *s = malloc(sbytes);
-		for (size_t i = 0; i < qbytes / 4; i++)
-			q[i] = rnd() ^ (rnd() << 16);
-		for (size_t i = 0; i < sbytes / 2; i++)
-			s[i] = (uint16_t)(0x1C00 + rnd() % 0x800);   /* fp16 ~0.004..0.008 */
-		void *tq, *ts;
-		GCHECK(radiance__gpu_malloc(&tq, qbytes));
-		GCHECK(radiance__gpu_malloc(&ts, sbytes));
-		GCHECK(radiance__gpu_h2d_async(tq, q, qbytes, stream));
-		GCHECK(radiance__gpu_h2d_async(ts, s, sbytes, stream));
-		c.w = calloc(c.copies, sizeof *c.w);
-		c.sc = calloc(c.copies, sizeof *c.sc);
-		/* weights and scales of a copy in one buffer, so the probe reads
-		 * exactly the kernel's bytes in one launch */
-		for (uint32_t i = 0; i < c.copies; i++) {
-			GCHECK(radiance__gpu_malloc(&c.w[i], c.wbytes + c.sbytes));
-			c.sc[i] = (uint8_t *)c.w[i] + c.wbytes;
-			GCHECK(radiance__w4a8_repack(tq, ts, sh->n, sh->k, c.w[i], c.sc[i], stream));
-		}
+		make_weights(sh->n, sh->k, c.copies, &c.w, &c.sc);
 		c.wb = calloc(c.bcopies, sizeof *c.wb);
 		for (uint32_t i = 0; i < c.bcopies; i++) {
 			GCHECK(radiance__gpu_malloc((void **)&c.wb[i], wb_bytes));
 			GCHECK(radiance__w4a8_dequant_bf16(c.w[0], c.sc[0], sh->n, sh->k, c.wb[i], stream));
 		}
 		GCHECK(radiance__gpu_stream_sync(stream));
-		radiance__gpu_free(tq);
-		radiance__gpu_free(ts);
-		free(q);
-		free(s);
 		/* activations: random bf16, same for every peer */
 		const size_t xcount = (size_t)max_m * sh->k;
 		uint16_t *x = malloc(xcount * 2);
@@ -488,6 +614,16 @@ int main(int argc, char **argv)
 			}
 	}
 
+	/* the step as an engine queues it (needs every shape's M = 1) */
+	double seq_ms = 0, seq_gemm_ms = 0, stream_gbps = 0;
+	const int do_step = !only_n && (!only_m || only_m == 1) && step_bytes > 0;
+	if (do_step) {
+		run_step(&seq_ms, &seq_gemm_ms, &stream_gbps);
+		printf("27B decode step in sequence (M=1): %.3f ms quant+gemm, %.3f ms the GEMMs alone; "
+		       "1 GiB stream %.0f GB/s (floor %.3f ms)\n", seq_ms, seq_gemm_ms, stream_gbps,
+		       step_bytes / stream_gbps / 1e6);
+	}
+
 	char date[32], path[512];
 	time_t now = time(NULL);
 	strftime(date, sizeof date, "%Y-%m-%d", gmtime(&now));
@@ -558,6 +694,23 @@ int main(int argc, char **argv)
 	fprintf(csv, "%s,%s,27b-decode-step,1,sum,%.3f,,%.1f,,%.3f,%.4f,%.3f,%.4f,%.3f,,%.3f,\n", date, dev.name, step_us,
 		step_bytes / step_us / 1e3, step_probe, step_probe / step_us, step_blas, step_blas / step_us,
 		have_int4 ? step_int4 : 0.0, have_fp8 ? step_fp8 : 0.0);
+	if (do_step) {
+		const double floor_ms = step_bytes / stream_gbps / 1e6;
+		fprintf(md, "\nThe same step queued as an engine runs it: quant + GEMM per layer, the 256 layers in model\n"
+			    "order, back to back on one stream, timed as a whole (median of %d steps); and the GEMMs of\n"
+			    "that sequence alone, on codes already made (the difference is what the quant launches cost).\n"
+			    "The floor is the step's bytes at the read rate of the probe over one 1 GiB buffer (%.0f GB/s).\n\n",
+			REPS, stream_gbps);
+		fprintf(md, "| | ms | GB/s |\n|---|---:|---:|\n");
+		fprintf(md, "| in sequence, quant + GEMM | %.3f | %.0f |\n", seq_ms, step_bytes / seq_ms / 1e6);
+		fprintf(md, "| in sequence, GEMMs alone | %.3f | %.0f |\n", seq_gemm_ms, step_bytes / seq_gemm_ms / 1e6);
+		fprintf(md, "| stream floor (1 GiB probe rate) | %.3f | %.0f |\n", floor_ms, stream_gbps);
+		/* us and us_quant_gemm: the sequence without and with its quant
+		 * launches; probe_us: the floor */
+		fprintf(csv, "%s,%s,27b-decode-step,1,sequence,%.3f,%.3f,%.1f,,%.3f,%.4f,,,,,,,\n", date, dev.name,
+			seq_gemm_ms * 1e3, seq_ms * 1e3, step_bytes / seq_gemm_ms / 1e6, floor_ms * 1e3,
+			floor_ms / seq_gemm_ms);
+	}
 	fclose(md);
 	fclose(csv);
 	printf("27B decode step (M=1): ours %.3f ms, probe %.3f ms, bf16 blas %.3f ms, torch int4 %.3f ms\n",
