@@ -64,7 +64,7 @@ static size_t npeers;
 struct result {
 	uint32_t n, k, m;
 	char plan[48];
-	double us, us_quant, us_probe, us_blas, us_wgmma, bytes, flops;
+	double us, us_quant, us_quant_unfused, us_probe, us_blas, us_wgmma, bytes, flops;
 };
 
 static struct radiance__gpu_device dev;
@@ -137,16 +137,31 @@ static void run_gemm(void *p, uint32_t i)
 	GCHECK(radiance__w4a8_gemm(&dev, &a, stream));
 }
 
-/* what the backend runs: quant, then the GEMM launched to overlap it */
+/* what the backend runs (radiance__gpu_layer_run): quant, then the GEMM
+ * launched to overlap it; or, where the plan fuses them, the GEMV alone */
 static void run_quant_gemm(void *p, uint32_t i)
 {
 	struct ctx *c = p;
 	struct radiance__w4a8_args a = args_for(c, i);
+	a.x = c->x;
+	a.x_dtype = RADIANCE_DTYPE_BF16;
 	struct radiance__w4a8_plan plan;
 	radiance__w4a8_plan(&dev, &a, &plan);
-	GCHECK(radiance__gpu_quant(c->x, RADIANCE_DTYPE_BF16, c->m, c->k, plan.order, c->codes, c->s, stream));
+	if (!plan.fused)
+		GCHECK(radiance__gpu_quant(c->x, RADIANCE_DTYPE_BF16, c->m, c->k, plan.order, c->codes, c->s,
+					  stream));
 	a.pdl = 1;
 	GCHECK(radiance__w4a8_gemm(&dev, &a, stream));
+}
+
+/* the same with the quant always its own launch */
+static void run_quant_gemm_unfused(void *p, uint32_t i)
+{
+	struct ctx *c = p;
+	const int was = c->set.decode_fuse_rows;
+	c->set.decode_fuse_rows = -1;
+	run_quant_gemm(p, i);
+	c->set.decode_fuse_rows = was;
 }
 
 /* copies of one random n x k layer in the device layout: weights and scales
@@ -187,8 +202,9 @@ static void make_weights(uint32_t n, uint32_t k, uint32_t copies, void ***w, voi
  * per layer at M = 1, all queued back to back on one stream, timed as a
  * whole (median of REPS steps). Each shape has two copies of its weights,
  * used alternately, so a layer's weights were last read two blocks (>= 400
- * MB) ago: DRAM-resident like a real step. quant = 0: the GEMMs alone, on
- * the codes left by the last quant (what the quant launches cost). */
+ * MB) ago: DRAM-resident like a real step. step_once's modes: the GEMMs
+ * alone on the codes left by the last quant (what quantizing costs), as
+ * the backend runs them, and with every quant its own launch. */
 struct step_seq {
 	void **w[NSHAPES], **sc[NSHAPES];
 	uint16_t *x, *y;
@@ -199,8 +215,11 @@ struct step_seq {
 	size_t counters_n;
 };
 
-static void step_once(struct step_seq *q, int quant)
+/* mode 0: the GEMMs alone; 1: quant + GEMM as radiance__gpu_layer_run
+ * runs them (fused where the plan says); 2: the quant always its own launch */
+static void step_once(struct step_seq *q, int mode)
 {
+	const struct radiance__w4a8_settings set = {.decode_fuse_rows = mode == 2 ? -1 : 0};
 	for (uint32_t b = 0; b < 64; b++) {
 		static const size_t order[2][4] = {{0, 2, 3, 4}, {1, 2, 3, 4}};
 		for (int j = 0; j < 4; j++) {
@@ -211,11 +230,11 @@ static void step_once(struct step_seq *q, int quant)
 				.w = q->w[si][(b / 4) % 2], .sc = q->sc[si][(b / 4) % 2], .y = q->y,
 				.partials = q->partials, .partials_bytes = q->partials_bytes,
 				.counters = q->counters, .counters_n = q->counters_n, .max_decode_rows = 64,
-				.pdl = 1,
+				.pdl = 1, .settings = &set, .x = mode ? q->x : NULL, .x_dtype = RADIANCE_DTYPE_BF16,
 			};
 			struct radiance__w4a8_plan plan;
 			radiance__w4a8_plan(&dev, &a, &plan);
-			if (quant)
+			if (mode && !plan.fused)
 				GCHECK(radiance__gpu_quant(q->x, RADIANCE_DTYPE_BF16, 1, sh->k, plan.order, q->codes,
 							  q->s, stream));
 			GCHECK(radiance__w4a8_gemm(&dev, &a, stream));
@@ -223,13 +242,13 @@ static void step_once(struct step_seq *q, int quant)
 	}
 }
 
-static double step_ms(struct step_seq *q, int quant)
+static double step_ms(struct step_seq *q, int mode)
 {
 	double t[REPS];
-	step_once(q, quant);
+	step_once(q, mode);
 	for (int r = 0; r < REPS; r++) {
 		GCHECK(radiance__gpu_event_record(ev0, stream));
-		step_once(q, quant);
+		step_once(q, mode);
 		GCHECK(radiance__gpu_event_record(ev1, stream));
 		float ms_ = 0;
 		GCHECK(radiance__gpu_event_elapsed(ev0, ev1, &ms_));
@@ -241,7 +260,7 @@ static double step_ms(struct step_seq *q, int quant)
 
 /* The step both ways, and the read rate of the probe over one 1 GiB buffer
  * (the stream-rate floor of the step's bytes). */
-static void run_step(double *seq_ms, double *gemm_ms, double *stream_gbps)
+static void run_step(double *seq_ms, double *gemm_ms, double *unfused_ms, double *stream_gbps)
 {
 	struct step_seq q = {0};
 	uint32_t max_n = 0, max_k = 0;
@@ -266,9 +285,11 @@ static void run_step(double *seq_ms, double *gemm_ms, double *stream_gbps)
 	GCHECK(radiance__gpu_stream_sync(stream));
 	free(x);
 	/* interleaved, so that clock drift hits both alike */
-	const double a1 = step_ms(&q, 1), g1 = step_ms(&q, 0), a2 = step_ms(&q, 1), g2 = step_ms(&q, 0);
+	const double a1 = step_ms(&q, 1), g1 = step_ms(&q, 0), u1 = step_ms(&q, 2);
+	const double a2 = step_ms(&q, 1), g2 = step_ms(&q, 0), u2 = step_ms(&q, 2);
 	*seq_ms = a1 < a2 ? a1 : a2;
 	*gemm_ms = g1 < g2 ? g1 : g2;
+	*unfused_ms = u1 < u2 ? u1 : u2;
 	for (size_t si = 0; si < NSHAPES; si++) {
 		for (int i = 0; i < 2; i++)
 			radiance__gpu_free(q.w[si][i]);
@@ -480,6 +501,9 @@ int main(int argc, char **argv)
 		if (only_n && sh->n != only_n)
 			continue;
 		struct ctx c = {.n = sh->n, .k = sh->k};
+		/* BENCH_FUSE_ROWS: fuse the quant up to this many rows (measurement) */
+		if (getenv("BENCH_FUSE_ROWS"))
+			c.set.decode_fuse_rows = atoi(getenv("BENCH_FUSE_ROWS"));
 		c.wbytes = radiance__w4a8_weight_bytes(sh->n, sh->k);
 		c.sbytes = radiance__w4a8_scale_bytes(sh->n, sh->k);
 		c.copies = (uint32_t)ceil(4.0 * l2 / (double)(c.wbytes + c.sbytes));
@@ -543,6 +567,7 @@ int main(int argc, char **argv)
 			double p2 = time_us(run_probe, &c);
 			r->us_probe = p1 < p2 ? p1 : p2;
 			r->us_quant = time_us(run_quant_gemm, &c);
+			r->us_quant_unfused = c.m <= 16 ? time_us(run_quant_gemm_unfused, &c) : r->us_quant;
 			r->us_blas = time_us(run_blas, &c);
 			/* prefill: the opt-in fp8 wgmma kernel too (its own code order) */
 			if (c.m > 64 && dev.wgmma) {
@@ -563,9 +588,9 @@ int main(int argc, char **argv)
 			}
 			r->bytes = (double)(c.wbytes + c.sbytes);
 			r->flops = 2.0 * c.m * sh->n * sh->k;
-			printf("%6ux%-6u M=%-5u %-22s %9.2f us %7.0f GB/s  probe %6.3f  quant+gemm %9.2f us  bf16 blas %9.2f us (%.2fx)\n",
+			printf("%6ux%-6u M=%-5u %-22s %9.2f us %7.0f GB/s  probe %6.3f  quant+gemm %9.2f us (unfused %.2f)  bf16 blas %9.2f us (%.2fx)\n",
 			       sh->n, sh->k, c.m, r->plan, r->us, r->bytes / r->us / 1e3, r->us_probe / r->us,
-			       r->us_quant, r->us_blas, r->us_blas / r->us);
+			       r->us_quant, r->us_quant_unfused, r->us_blas, r->us_blas / r->us);
 			fflush(stdout);
 		}
 		for (uint32_t i = 0; i < c.copies; i++)
@@ -615,12 +640,13 @@ int main(int argc, char **argv)
 	}
 
 	/* the step as an engine queues it (needs every shape's M = 1) */
-	double seq_ms = 0, seq_gemm_ms = 0, stream_gbps = 0;
+	double seq_ms = 0, seq_gemm_ms = 0, seq_unfused_ms = 0, stream_gbps = 0;
 	const int do_step = !only_n && (!only_m || only_m == 1) && step_bytes > 0;
 	if (do_step) {
-		run_step(&seq_ms, &seq_gemm_ms, &stream_gbps);
-		printf("27B decode step in sequence (M=1): %.3f ms quant+gemm, %.3f ms the GEMMs alone; "
-		       "1 GiB stream %.0f GB/s (floor %.3f ms)\n", seq_ms, seq_gemm_ms, stream_gbps,
+		run_step(&seq_ms, &seq_gemm_ms, &seq_unfused_ms, &stream_gbps);
+		printf("27B decode step in sequence (M=1): %.3f ms quant+gemm (%.3f with the quant its own "
+		       "launch), %.3f ms the GEMMs alone; 1 GiB stream %.0f GB/s (floor %.3f ms)\n", seq_ms,
+		       seq_unfused_ms, seq_gemm_ms, stream_gbps,
 		       step_bytes / stream_gbps / 1e6);
 	}
 
@@ -640,22 +666,23 @@ int main(int argc, char **argv)
 	}
 	fprintf(csv, "date,gpu,shape,m,plan,us,us_quant_gemm,gbps,tflops,probe_us,fraction_of_probe,"
 		     "bf16_blas_us,ratio_vs_bf16_blas,torch_int4_us,ratio_vs_torch_int4,torch_fp8_us,ratio_vs_torch_fp8,"
-		     "wgmma_fp8_us\n");
+		     "wgmma_fp8_us,us_quant_launch_gemm\n");
 	fprintf(md, "# W4A8 benchmark, %s, %s\n\n", date, dev.name);
 	fprintf(md, "Measured by `bench/bench_w4a8` (one process: our kernels, the streaming-read probe over the same\n"
 		    "weight buffers, and %s bf16 GEMM on the dequantized weights). Torch peers were measured by\n"
 		    "`bench/peers.py` in a separate process of the same run%s. Weights rotate over enough copies for\n"
 		    "a working set of >= 4x the %.0f MB L2. Time: median of %d batches of %d launches.\n"
-		    "us = GEMM kernel alone on pre-quantized activations; quant+gemm adds the per-token quant kernel\n"
-		    "(the GEMM launched to overlap it, as the backend does). Prefill (M > 64): `us` is the exact,\n"
+		    "us = GEMM kernel alone on pre-quantized activations; quant+gemm is what the backend runs: the\n"
+		    "per-token quant kernel and the GEMM launched to overlap it, or at M = %d on sm_90 the GEMV\n"
+		    "quantizing x itself (fused); quant launch + gemm is always the two launches. Prefill (M > 64): `us` is the exact,\n"
 		    "fp32-accumulating f16 HMMA kernel (option prefill = exact); the fp8 wgmma kernel (prefill =\n"
 		    "fast, the daemon's default on sm_90a) accumulates with ~14-bit precision on Hopper and is\n"
 		    "shown in its own columns.\n"
 		    "GB/s and the probe fraction count weight + scale bytes; ratios are peer time / our time (> 1: we are faster).\n\n",
 		strcmp(dev.vendor, "cuda") == 0 ? "cuBLAS" : "hipBLAS", npeers ? "" : " (not available in this run)",
-		l2 / 1e6, REPS, BATCH);
-	fprintf(md, "| shape (N x K) | M | plan | us | quant+gemm us | GB/s | TFLOP/s | of probe | vs bf16 BLAS | vs torch int4 | vs torch fp8 | fp8 wgmma us (opt-in) | wgmma vs bf16 BLAS |\n");
-	fprintf(md, "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+		l2 / 1e6, REPS, BATCH, RADIANCE_W4A8_FUSE_ROWS);
+	fprintf(md, "| shape (N x K) | M | plan | us | quant+gemm us | quant launch + gemm us | GB/s | TFLOP/s | of probe | vs bf16 BLAS | vs torch int4 | vs torch fp8 | fp8 wgmma us (opt-in) | wgmma vs bf16 BLAS |\n");
+	fprintf(md, "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
 	for (size_t i = 0; i < nres; i++) {
 		const struct result *r = &res[i];
 		const struct peer *p4 = peer_find(r->n, r->k, r->m, "torch_int4");
@@ -668,14 +695,14 @@ int main(int argc, char **argv)
 			snprintf(wg, sizeof wg, "%.2f", r->us_wgmma);
 			snprintf(wgr, sizeof wgr, "%.2fx", r->us_blas / r->us_wgmma);
 		}
-		fprintf(md, "| %ux%u | %u | %s | %.2f | %.2f | %.0f | %.1f | %.3f | %.2fx | %s | %s | %s | %s |\n", r->n, r->k,
-			r->m, r->plan, r->us, r->us_quant, r->bytes / r->us / 1e3, r->flops / r->us / 1e6,
+		fprintf(md, "| %ux%u | %u | %s | %.2f | %.2f | %.2f | %.0f | %.1f | %.3f | %.2fx | %s | %s | %s | %s |\n", r->n,
+			r->k, r->m, r->plan, r->us, r->us_quant, r->us_quant_unfused, r->bytes / r->us / 1e3, r->flops / r->us / 1e6,
 			r->us_probe / r->us, r->us_blas / r->us, r4, r8, wg, wgr);
-		fprintf(csv, "%s,%s,%ux%u,%u,%s,%.3f,%.3f,%.1f,%.2f,%.3f,%.4f,%.3f,%.4f,%.3f,%.4f,%.3f,%.4f,%.3f\n", date,
+		fprintf(csv, "%s,%s,%ux%u,%u,%s,%.3f,%.3f,%.1f,%.2f,%.3f,%.4f,%.3f,%.4f,%.3f,%.4f,%.3f,%.4f,%.3f,%.3f\n", date,
 			dev.name, r->n, r->k, r->m, r->plan, r->us, r->us_quant, r->bytes / r->us / 1e3,
 			r->flops / r->us / 1e6, r->us_probe, r->us_probe / r->us, r->us_blas, r->us_blas / r->us,
 			p4 ? p4->us : 0.0, p4 ? p4->us / r->us : 0.0, p8 ? p8->us : 0.0, p8 ? p8->us / r->us : 0.0,
-			r->us_wgmma);
+			r->us_wgmma, r->us_quant_unfused);
 	}
 	fprintf(md, "\n## One decode step of a 27B hybrid model, M = 1\n\n"
 		    "Assumption (Qwen3.6-27B-like hybrid): 64 layers, d_model 5120; every layer has gate_up 34816x5120,\n"
@@ -691,25 +718,28 @@ int main(int argc, char **argv)
 		fprintf(md, "| torch _weight_int4pack_mm | %.3f | |\n", step_int4 / 1e3);
 	if (have_fp8 && npeers)
 		fprintf(md, "| torch _scaled_mm fp8 | %.3f | |\n", step_fp8 / 1e3);
-	fprintf(csv, "%s,%s,27b-decode-step,1,sum,%.3f,,%.1f,,%.3f,%.4f,%.3f,%.4f,%.3f,,%.3f,\n", date, dev.name, step_us,
+	fprintf(csv, "%s,%s,27b-decode-step,1,sum,%.3f,,%.1f,,%.3f,%.4f,%.3f,%.4f,%.3f,,%.3f,,,\n", date, dev.name, step_us,
 		step_bytes / step_us / 1e3, step_probe, step_probe / step_us, step_blas, step_blas / step_us,
 		have_int4 ? step_int4 : 0.0, have_fp8 ? step_fp8 : 0.0);
 	if (do_step) {
 		const double floor_ms = step_bytes / stream_gbps / 1e6;
-		fprintf(md, "\nThe same step queued as an engine runs it: quant + GEMM per layer, the 256 layers in model\n"
-			    "order, back to back on one stream, timed as a whole (median of %d steps); and the GEMMs of\n"
-			    "that sequence alone, on codes already made (the difference is what the quant launches cost).\n"
+		fprintf(md, "\nThe same step queued as an engine runs it: quant + GEMM per layer (as the backend runs them:\n"
+			    "fused at M = 1; and with the quant always its own launch), the 256 layers in model order, back\n"
+			    "to back on one stream, timed as a whole (median of %d steps); and the GEMMs of that sequence\n"
+			    "alone, on codes already made (the difference is what quantizing costs).\n"
 			    "The floor is the step's bytes at the read rate of the probe over one 1 GiB buffer (%.0f GB/s).\n\n",
 			REPS, stream_gbps);
 		fprintf(md, "| | ms | GB/s |\n|---|---:|---:|\n");
 		fprintf(md, "| in sequence, quant + GEMM | %.3f | %.0f |\n", seq_ms, step_bytes / seq_ms / 1e6);
+		fprintf(md, "| in sequence, quant launch + GEMM | %.3f | %.0f |\n", seq_unfused_ms,
+			step_bytes / seq_unfused_ms / 1e6);
 		fprintf(md, "| in sequence, GEMMs alone | %.3f | %.0f |\n", seq_gemm_ms, step_bytes / seq_gemm_ms / 1e6);
 		fprintf(md, "| stream floor (1 GiB probe rate) | %.3f | %.0f |\n", floor_ms, stream_gbps);
 		/* us and us_quant_gemm: the sequence without and with its quant
 		 * launches; probe_us: the floor */
-		fprintf(csv, "%s,%s,27b-decode-step,1,sequence,%.3f,%.3f,%.1f,,%.3f,%.4f,,,,,,,\n", date, dev.name,
+		fprintf(csv, "%s,%s,27b-decode-step,1,sequence,%.3f,%.3f,%.1f,,%.3f,%.4f,,,,,,,,%.3f\n", date, dev.name,
 			seq_gemm_ms * 1e3, seq_ms * 1e3, step_bytes / seq_gemm_ms / 1e6, floor_ms * 1e3,
-			floor_ms / seq_gemm_ms);
+			floor_ms / seq_gemm_ms, seq_unfused_ms * 1e3);
 	}
 	fclose(md);
 	fclose(csv);

@@ -240,6 +240,12 @@ __device__ __forceinline__ void rad_grid_launch(void)
 #endif
 }
 __device__ __forceinline__ uint32_t rad_atomic_inc(uint32_t *p) { return atomicAdd((unsigned int *)p, 1u); }
+/* Barrier `id` (1..15; 0 is __syncthreads) over the first `threads` threads
+ * of the block (a multiple of 32): the warps that take part in a phase. */
+__device__ __forceinline__ void rad_bar_sync(uint32_t id, uint32_t threads)
+{
+	asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
 
 /* Bulk copies (sm_90 TMA, 1-D: no tensor map) into shared memory, completing
  * on an mbarrier's transaction count. Addresses are shared-window u32s. A

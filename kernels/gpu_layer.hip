@@ -102,11 +102,14 @@ static int layer_check(const struct radiance__gpu_scratch *s, const struct radia
 	return 0;
 }
 
-/* Quant of the sources' rows + W4A8 GEMM (m > 0 rows in all). */
+/* Quant of the sources' rows + W4A8 GEMM (m > 0 rows in all). fuse: the
+ * one source is device memory, so the streaming GEMV may quantize it itself
+ * where the planner says (plan.fused: no quant launch); sources read in
+ * place from host memory are quantized once, by the quant kernel. */
 static int layer_run_w4a8(const struct radiance__gpu_device *dev, struct radiance__gpu_scratch *s,
 			  const struct radiance__gpu_layer *l, const struct radiance__gpu_quant_src *src,
 			  enum radiance_dtype dtype, uint32_t m, uint16_t *y, void *stream,
-			  enum radiance__w4a8_path force, const char **path)
+			  enum radiance__w4a8_path force, int fuse, const char **path)
 {
 	struct radiance__w4a8_args a = {};
 	a.codes = s->codes;
@@ -126,10 +129,14 @@ static int layer_run_w4a8(const struct radiance__gpu_device *dev, struct radianc
 	a.max_decode_rows = s->max_decode_rows;
 	a.pdl = 1;
 	a.settings = &s->settings;
+	if (fuse && src->n == 1) {
+		a.x = src->x[0];
+		a.x_dtype = dtype;
+	}
 	struct radiance__w4a8_plan plan;
 	radiance__w4a8_plan(dev, &a, &plan);
 	*path = path_name(plan.path);
-	int rc = radiance__gpu_quant_rows(src, dtype, l->k, plan.order, s->codes, s->s, stream);
+	int rc = plan.fused ? 0 : radiance__gpu_quant_rows(src, dtype, l->k, plan.order, s->codes, s->s, stream);
 	return rc ? rc : radiance__w4a8_gemm(dev, &a, stream);
 }
 
@@ -154,7 +161,7 @@ extern "C" int radiance__gpu_layer_run_rows(const struct radiance__gpu_device *d
 	int rc = layer_check(s, l, dtype, m);
 	if (rc || m == 0)
 		return rc;
-	return layer_run_w4a8(dev, s, l, src, dtype, (uint32_t)m, y, stream, force, path);
+	return layer_run_w4a8(dev, s, l, src, dtype, (uint32_t)m, y, stream, force, 0, path);
 }
 
 extern "C" int radiance__gpu_layer_run(const struct radiance__gpu_device *dev, struct radiance__gpu_scratch *s,
@@ -176,7 +183,7 @@ extern "C" int radiance__gpu_layer_run(const struct radiance__gpu_device *dev, s
 		src.n = 1;
 		src.x[0] = x;
 		src.m[0] = m;
-		return layer_run_w4a8(dev, s, l, &src, dtype, m, y, stream, force, path);
+		return layer_run_w4a8(dev, s, l, &src, dtype, m, y, stream, force, 1, path);
 	}
 	const uint16_t *xb = (const uint16_t *)x;
 	if (!s->blas) {

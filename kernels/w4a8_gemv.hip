@@ -8,6 +8,7 @@
 #include <errno.h>
 
 #include "w4a8_mma.h"
+#include "w4a8_quant.h"
 
 #ifdef RAD_HAVE_BULK
 /*
@@ -35,7 +36,68 @@
 #define GV_SLOT(NTW, CG) ((uint32_t)(NTW) * (CG) * (RAD_TILE_BYTES + RAD_SCALE_BYTES))
 #define GV_MINB(TOK, NTW) ((TOK) / 8 * (NTW) >= 4 ? 3 : 4)
 
-template <int TOK, int NTW, int CG>
+#define GV_FQ_ROWS RADIANCE_W4A8_FUSE_MAX_ROWS
+
+/* Fused quant (FQ instances, plan.fused): the block's first nt threads (its
+ * active warps) quantize x's m rows themselves, exactly as rad_quant_rows
+ * does: each row's amax over all of k (every block reads the whole row,
+ * from L2 after the first), then the codes of the block's K range [g0, g0 +
+ * L) groups into shared memory, fc + t * fstride, in the natural order; s
+ * and 1/s into fs, finv. The weights are in flight meanwhile. */
+template <int FP16>
+__device__ __forceinline__ void gv_quant(const gemm_params &P, uint32_t g0, uint32_t L, uint8_t *fc,
+					 uint32_t fstride, uint32_t nt, float *fs, float *finv, uint32_t *fnan,
+					 uint32_t (*red)[GV_FQ_ROWS][2])
+{
+	const uint32_t tid = RAD_TID(), lane = tid & 31u, warp = tid >> 5;
+	const uint16_t *x = (const uint16_t *)P.x;
+	const uint32_t pieces = P.k / 8;
+	uint32_t amax[GV_FQ_ROWS], bad[GV_FQ_ROWS];
+#pragma unroll
+	for (int t = 0; t < GV_FQ_ROWS; t++) {
+		amax[t] = 0;
+		bad[t] = 0;
+		if ((uint32_t)t < P.m) {
+			const uint16_t *xr = x + (size_t)t * P.k;
+#pragma unroll 4
+			for (uint32_t p = tid; p < pieces; p += nt)
+				quant_amax<FP16>(rad_ld16(xr + (size_t)p * 8), amax[t], bad[t]);
+		}
+	}
+#pragma unroll
+	for (int t = 0; t < GV_FQ_ROWS; t++) {
+		const uint32_t a = __reduce_max_sync(0xFFFFFFFFu, amax[t]);
+		const uint32_t b = __reduce_or_sync(0xFFFFFFFFu, bad[t]);
+		if (lane == 0) {
+			red[warp][t][0] = a;
+			red[warp][t][1] = b;
+		}
+	}
+	rad_bar_sync(1, nt);
+	if (tid < P.m) {
+		uint32_t a = 0, b = 0;
+		for (uint32_t w = 0; w < nt / 32; w++) {
+			a = red[w][tid][0] > a ? red[w][tid][0] : a;
+			b |= red[w][tid][1];
+		}
+		quant_row_scale(a, b, fs[tid], finv[tid]);
+		fnan[tid] = b != 0;
+	}
+	rad_bar_sync(1, nt);
+	const uint32_t lp = L * (RAD_GROUP / 8);
+	for (uint32_t t = 0; t < P.m; t++) {
+		const uint16_t *xr = x + (size_t)t * P.k + (size_t)g0 * RAD_GROUP;
+		const float inv = finv[t];
+		const bool nan_row = fnan[t] != 0;
+#pragma unroll 2
+		for (uint32_t p = tid; p < lp; p += nt)
+			quant_store<FP16, RADIANCE_CODES_NATURAL>(rad_ld16(xr + (size_t)p * 8), inv, nan_row, p * 8,
+								 fc + (size_t)t * fstride);
+	}
+	rad_bar_sync(1, nt);
+}
+
+template <int TOK, int NTW, int CG, int FQ>
 __global__ void __launch_bounds__(GV_THREADS, GV_MINB(TOK, NTW)) rad_w4a8_gemv(gemm_params P, uint32_t stages)
 {
 	constexpr int NT = TOK / 8;                 /* 8-token tiles */
@@ -44,6 +106,9 @@ __global__ void __launch_bounds__(GV_THREADS, GV_MINB(TOK, NTW)) rad_w4a8_gemv(g
 	constexpr int CH = NT * NTW >= 4 ? 1 : 2;    /* MMA chains per (tile, token tile) */
 	extern __shared__ __align__(16) uint8_t dsmem[];
 	__shared__ uint32_t last_block;
+	/* fused quant: the rows' scales, 1/s, NaN flags, per-warp reductions */
+	__shared__ float fq_s[FQ ? GV_FQ_ROWS : 1], fq_inv[FQ ? GV_FQ_ROWS : 1];
+	__shared__ uint32_t fq_nan[FQ ? GV_FQ_ROWS : 1], fq_red[FQ ? GV_WARPS : 1][GV_FQ_ROWS][2];
 	const uint32_t tid = RAD_TID(), lane = tid & 31u, warp = tid >> 5;
 	const uint32_t tile0 = (RAD_BID_X() * GV_WARPS + warp) * NTW;
 	const uint32_t split = RAD_BID_Y(), nsplit = RAD_NBLK_Y();
@@ -98,12 +163,26 @@ __global__ void __launch_bounds__(GV_THREADS, GV_MINB(TOK, NTW)) rad_w4a8_gemv(g
 		 * are in flight before we wait for its codes */
 		rad_grid_wait();
 
+		/* fused: the codes of our K range, in shared memory after the
+		 * rings, made by this block's active warps (all with our K range) */
+		uint8_t *fcodes = dsmem + GV_BAR_BYTES + GV_WARPS * stages * SLOT;
+		const uint32_t fstride = L * RAD_GROUP + 16u;   /* +16: rows on other banks */
+		if constexpr (FQ != 0) {
+			const uint32_t left = P.ntiles - RAD_BID_X() * GV_WARPS * NTW;
+			const uint32_t nact = left >= GV_WARPS * NTW ? GV_WARPS : (left + NTW - 1) / NTW;
+			if (P.x_fp16)
+				gv_quant<1>(P, g0, L, fcodes, fstride, nact * 32u, fq_s, fq_inv, fq_nan, fq_red);
+			else
+				gv_quant<0>(P, g0, L, fcodes, fstride, nact * 32u, fq_s, fq_inv, fq_nan, fq_red);
+		}
+
 		const uint8_t *abase[NT];
 #pragma unroll
 		for (int it = 0; it < NT; it++) {
 			uint32_t t = (uint32_t)it * 8u + (lane >> 2);
 			t = t < P.m ? t : P.m - 1;      /* rows past m: a valid row, output dropped */
-			abase[it] = P.codes + (size_t)t * P.k + (lane & 3u) * 32u + (size_t)g0 * RAD_GROUP;
+			abase[it] = FQ ? fcodes + (size_t)t * fstride + (lane & 3u) * 32u
+				       : P.codes + (size_t)t * P.k + (lane & 3u) * 32u + (size_t)g0 * RAD_GROUP;
 		}
 		/* activations of group gi (clamped to the range), two named
 		 * sets: the next group's load is in flight while one computes */
@@ -111,8 +190,15 @@ __global__ void __launch_bounds__(GV_THREADS, GV_MINB(TOK, NTW)) rad_w4a8_gemv(g
 		auto aload = [&](afrag (&a)[NT], uint32_t gi) {
 			gi = gi < L ? gi : L - 1;
 #pragma unroll
-			for (int it = 0; it < NT; it++)
-				afrag_load(a[it], abase[it] + (size_t)gi * RAD_GROUP);
+			for (int it = 0; it < NT; it++) {
+				const uint8_t *ap = abase[it] + (size_t)gi * RAD_GROUP;
+				if constexpr (FQ != 0) {
+					a[it].lo = *(const rad_u4 *)ap;        /* shared memory */
+					a[it].hi = *(const rad_u4 *)(ap + 16);
+				} else {
+					afrag_load(a[it], ap);
+				}
+			}
 		};
 		/* one group: weights of its NTW tiles and their scales from the slot */
 		auto group = [&](const uint8_t *sw, const uint8_t *ss, const afrag (&a)[NT]) {
@@ -233,7 +319,8 @@ __global__ void __launch_bounds__(GV_THREADS, GV_MINB(TOK, NTW)) rad_w4a8_gemv(g
 						acc_coord(it * 4 + q, lane, r, t);
 						const uint32_t n = (tile0 + j) * RAD_TILE_N + r;
 						if (n < P.n && t < P.m)
-							P.y[(size_t)t * P.n + n] = out_bf16(acc[j][it][q], P.s[t], P.bias, n);
+							P.y[(size_t)t * P.n + n] =
+								out_bf16(acc[j][it][q], FQ ? fq_s[t] : P.s[t], P.bias, n);
 					}
 		return;
 	}
@@ -269,7 +356,7 @@ __global__ void __launch_bounds__(GV_THREADS, GV_MINB(TOK, NTW)) rad_w4a8_gemv(g
 		float v = 0.f;
 		for (uint32_t sp = 0; sp < nsplit; sp++)
 			v += rad_ld_cg(P.partials + ((size_t)sp * P.m + t) * P.n + n);
-		P.y[(size_t)t * P.n + n] = out_bf16(v, P.s[t], P.bias, n);
+		P.y[(size_t)t * P.n + n] = out_bf16(v, FQ ? fq_s[t] : P.s[t], P.bias, n);
 	}
 	if (tid == 0)
 		P.counters[RAD_BID_X()] = 0;
@@ -281,25 +368,27 @@ static size_t gemv_smem(uint32_t ntw, uint32_t cg, uint32_t stages)
 	return GV_BAR_BYTES + (size_t)GV_WARPS * stages * GV_SLOT(ntw, cg);
 }
 
-template <int TOK, int NTW, int CG>
+template <int TOK, int NTW, int CG, int FQ>
 static void gemv_attr(void)
 {
 	static int set;
 	if (!set) {
-		cudaFuncSetAttribute(rad_w4a8_gemv<TOK, NTW, CG>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-				     (int)gemv_smem(NTW, CG, GV_MAX_STAGES));
-		cudaFuncSetAttribute(rad_w4a8_gemv<TOK, NTW, CG>, cudaFuncAttributePreferredSharedMemoryCarveout, 100);
+		cudaFuncSetAttribute(rad_w4a8_gemv<TOK, NTW, CG, FQ>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+				     (int)(gemv_smem(NTW, CG, GV_MAX_STAGES) + (FQ ? RADIANCE_W4A8_FUSE_SMEM : 0)));
+		cudaFuncSetAttribute(rad_w4a8_gemv<TOK, NTW, CG, FQ>, cudaFuncAttributePreferredSharedMemoryCarveout,
+				     100);
 		set = 1;
 	}
 }
 
-/* resident blocks per SM of an instance at a ring depth (0: none fit) */
+/* resident blocks per SM of an instance at a ring depth (0: none fit); the
+ * planner uses the unfused kernel's */
 template <int TOK, int NTW, int CG>
 static int gemv_occ(uint32_t stages)
 {
-	gemv_attr<TOK, NTW, CG>();
+	gemv_attr<TOK, NTW, CG, 0>();
 	int nb = 0;
-	if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, rad_w4a8_gemv<TOK, NTW, CG>, GV_THREADS,
+	if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, rad_w4a8_gemv<TOK, NTW, CG, 0>, GV_THREADS,
 							  gemv_smem(NTW, CG, stages)) != cudaSuccess) {
 		(void)cudaGetLastError();
 		nb = 0;
@@ -307,30 +396,48 @@ static int gemv_occ(uint32_t stages)
 	return nb;
 }
 
-template <int TOK, int NTW, int CG>
+template <int TOK, int NTW, int CG, int FQ>
 static void gemv_launch(const gemm_params &p, dim3 grid, uint32_t stages, hipStream_t st, int pdl)
 {
-	gemv_attr<TOK, NTW, CG>();
+	gemv_attr<TOK, NTW, CG, FQ>();
 	cudaLaunchConfig_t cfg = {};
 	cudaLaunchAttribute attr[1];
 	attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
 	attr[0].val.programmaticStreamSerializationAllowed = 1;
 	cfg.gridDim = grid;
 	cfg.blockDim = dim3(GV_THREADS);
-	cfg.dynamicSmemBytes = gemv_smem(NTW, CG, stages);
+	/* fused: the codes of a block's K range after the rings */
+	size_t smem = gemv_smem(NTW, CG, stages);
+	if (FQ) {
+		const uint32_t L = ceil_div(p.groups, grid.y);
+		smem += (size_t)p.m * (L * RAD_GROUP + 16);
+	}
+	cfg.dynamicSmemBytes = smem;
 	cfg.stream = st;
 	cfg.attrs = attr;
 	cfg.numAttrs = pdl ? 1 : 0;
-	cudaLaunchKernelEx(&cfg, rad_w4a8_gemv<TOK, NTW, CG>, p, stages);
+	cudaLaunchKernelEx(&cfg, rad_w4a8_gemv<TOK, NTW, CG, FQ>, p, stages);
+}
+
+typedef void (*gemv_launch_fn)(const gemm_params &p, dim3 grid, uint32_t stages, hipStream_t st, int pdl);
+
+/* the fused-quant launcher of an instance: 8-token tiles only */
+template <int TOK, int NTW, int CG>
+static constexpr gemv_launch_fn gemv_fused_fn(void)
+{
+	if constexpr (TOK == 8)
+		return gemv_launch<TOK, NTW, CG, 1>;
+	else
+		return nullptr;
 }
 
 /* the instances of RADIANCE_W4A8_GEMV_INSTANCES, in its order */
 struct gemv_inst {
 	uint32_t tok, ntw, cg;
 	int (*occ)(uint32_t stages);
-	void (*launch)(const gemm_params &p, dim3 grid, uint32_t stages, hipStream_t st, int pdl);
+	gemv_launch_fn launch, launch_fused;
 };
-#define GV_INST(T, N, C) {T, N, C, gemv_occ<T, N, C>, gemv_launch<T, N, C>},
+#define GV_INST(T, N, C) {T, N, C, gemv_occ<T, N, C>, gemv_launch<T, N, C, 0>, gemv_fused_fn<T, N, C>()},
 static const struct gemv_inst gemv_insts[] = {RADIANCE_W4A8_GEMV_INSTANCES(GV_INST)};
 #undef GV_INST
 #define GV_NINST (sizeof gemv_insts / sizeof gemv_insts[0])
@@ -360,10 +467,10 @@ int radiance__w4a8_gemv_launch(const gemm_params &p, const struct radiance__w4a8
 			       int pdl)
 {
 	const int i = gemv_find(plan.tok, plan.ntw, plan.cg);
-	if (i < 0 || plan.stages < 1 || plan.stages > GV_MAX_STAGES)
+	if (i < 0 || plan.stages < 1 || plan.stages > GV_MAX_STAGES || (plan.fused && !gemv_insts[i].launch_fused))
 		return -EINVAL;
-	gemv_insts[i].launch(p, dim3(ceil_div(p.ntiles, GV_WARPS * plan.ntw), plan.split, 1), plan.stages,
-			     (hipStream_t)stream, pdl);
+	(plan.fused ? gemv_insts[i].launch_fused : gemv_insts[i].launch)(
+		p, dim3(ceil_div(p.ntiles, GV_WARPS * plan.ntw), plan.split, 1), plan.stages, (hipStream_t)stream, pdl);
 	return radiance__gpu_check_launch("w4a8 gemv kernel");
 }
 

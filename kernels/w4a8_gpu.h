@@ -286,8 +286,10 @@ int radiance__gpu_scratch_create(struct radiance__gpu_scratch *s, uint32_t max_r
 void radiance__gpu_scratch_destroy(struct radiance__gpu_scratch *s);
 
 /* y [m][n] bf16 = l(x [m][k] of dtype): per-token quant + W4A8 GEMM (the
- * policy's path, PDL), or BLAS bf16 GEMM + bias, on `stream`; x and y are
- * device pointers. m <= s->max_rows, l->n <= s->max_n, l->k <= s->max_k
+ * policy's path, PDL; for a few rows on sm_90 one launch, the GEMV
+ * quantizing x itself: plan.fused), or BLAS bf16 GEMM + bias, on `stream`;
+ * x and y are device pointers (x 16-byte aligned for the fused path, else it
+ * takes the quant launch). m <= s->max_rows, l->n <= s->max_n, l->k <= s->max_k
  * (-E2BIG otherwise), dtype bf16 or fp16 (-EINVAL). Allocates nothing and
  * never synchronizes, so a CUDA graph can capture it. *path (may be NULL)
  * names what ran: "decode", "tiled", "wgmma", "portable", "bf16-blas",

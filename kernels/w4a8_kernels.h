@@ -25,6 +25,8 @@ struct gemm_params {
 	float *partials;
 	uint32_t *counters;
 	uint32_t m, n, k, groups, ntiles, wn, wk;
+	const void *x;            /* fused quant (plan.fused): args.x, and whether fp16 */
+	uint32_t x_fp16;
 };
 
 static inline uint32_t ceil_div(uint64_t a, uint64_t b) { return (uint32_t)((a + b - 1) / b); }

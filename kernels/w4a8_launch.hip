@@ -47,6 +47,8 @@ extern "C" int radiance__w4a8_gemm(const struct radiance__gpu_device *dev, const
 	p.ntiles = ceil_div(a->n, RAD_TILE_N);
 	p.wk = plan.wk;
 	p.wn = GEMM_WARPS / plan.wk;
+	p.x = plan.fused ? a->x : NULL;
+	p.x_fp16 = a->x_dtype == RADIANCE_DTYPE_FP16;
 
 	switch (plan.path) {
 	case RADIANCE_W4A8_PORTABLE:

@@ -197,6 +197,30 @@ static void plan_gemv(const struct radiance__gpu_device *dev, const struct radia
 	plan->split = S;
 }
 
+/* Whether the streaming kernel of `plan` quantizes a->x itself: 8-token
+ * instances only, m within the settings' rows, x given (bf16/fp16, 16-byte
+ * aligned), every split a non-empty K range (each block makes the scales
+ * its epilogue uses) whose codes fit RADIANCE_W4A8_FUSE_SMEM. The policy
+ * (settings 0) also wants k <= RADIANCE_W4A8_FUSE_K and a K split: every
+ * block reads the whole row for its amax and quantizes its K range before
+ * its first MMA, which cost more than the quant launch it saves on the
+ * H200 for 34816x5120 (split 1) and 5120x17408 at M = 1, and on every 27B
+ * shape at M = 4 (docs/gpu.md "Fused quant"). */
+static uint32_t gemv_fuse(const struct radiance__w4a8_args *a, const struct radiance__w4a8_settings *st,
+			  const struct radiance__w4a8_plan *plan)
+{
+	int rows = st->decode_fuse_rows ? st->decode_fuse_rows : RADIANCE_W4A8_FUSE_ROWS;
+	rows = rows > RADIANCE_W4A8_FUSE_MAX_ROWS ? RADIANCE_W4A8_FUSE_MAX_ROWS : rows;
+	if (!a->x || rows < 0 || a->m > (uint32_t)rows || plan->tok != 8 || ((uintptr_t)a->x & 15u) ||
+	    (a->x_dtype != RADIANCE_DTYPE_BF16 && a->x_dtype != RADIANCE_DTYPE_FP16))
+		return 0;
+	const uint32_t G = a->k / GROUP;
+	if (plan->split > G || (!st->decode_fuse_rows && (a->k > RADIANCE_W4A8_FUSE_K || plan->split < 2)))
+		return 0;
+	const uint32_t L = ceil_div(G, plan->split);
+	return (size_t)a->m * (L * GROUP + 16) <= RADIANCE_W4A8_FUSE_SMEM;
+}
+
 enum radiance__w4a8_prefill radiance__w4a8_prefill_choose(const struct radiance__gpu_device *dev,
 							    unsigned asked)
 {
@@ -254,12 +278,14 @@ int radiance__w4a8_plan(const struct radiance__gpu_device *dev, const struct rad
 	plan->ntw = 0;
 	plan->stages = 0;
 	plan->cg = 0;
+	plan->fused = 0;
 	if (path == RADIANCE_W4A8_WGMMA)
 		plan->tok = wgmma_tile(dev, a->m, a->n, st);
 	if (path != RADIANCE_W4A8_DECODE && path != RADIANCE_W4A8_TILED)
 		return 0;
 	if (path == RADIANCE_W4A8_DECODE && gemv_usable(dev, a, st)) {
 		plan_gemv(dev, a, st, plan);
+		plan->fused = gemv_fuse(a, st, plan);
 		return 0;
 	}
 	/* the smallest token tile that holds m (decode, and tiled m <= 64);

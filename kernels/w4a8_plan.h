@@ -17,6 +17,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "numerics.h"   /* enum radiance_dtype */
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -86,7 +88,22 @@ struct radiance__w4a8_settings {
 	 * and decode_stages slots (each 0: the policy's) */
 	int decode_kernel;
 	uint32_t decode_ntw, decode_cg, decode_stages;
+	/* the streaming kernel quantizes args.x itself for m <= this many rows
+	 * (0: the policy's RADIANCE_W4A8_FUSE_ROWS; -1: never; at most
+	 * RADIANCE_W4A8_FUSE_MAX_ROWS) */
+	int decode_fuse_rows;
 };
+
+/* Fused quant (docs/gpu.md "Fused quant"): the streaming decode kernel
+ * quantizes its own activations, every block the whole row for the amax and
+ * its K range for the codes, in shared memory; never for more than MAX rows,
+ * only while the codes of a block's K range fit RADIANCE_W4A8_FUSE_SMEM
+ * bytes, and by default (the policy, measured on the H200) for at most
+ * RADIANCE_W4A8_FUSE_ROWS rows, k <= RADIANCE_W4A8_FUSE_K, K split. */
+#define RADIANCE_W4A8_FUSE_ROWS 1
+#define RADIANCE_W4A8_FUSE_K 8192u
+#define RADIANCE_W4A8_FUSE_MAX_ROWS 4
+#define RADIANCE_W4A8_FUSE_SMEM 8192u
 
 /* The launch shape the policy picks (exposed for tests, bench and docs). */
 struct radiance__w4a8_plan {
@@ -99,11 +116,18 @@ struct radiance__w4a8_plan {
 	                              bulk-copy streaming kernel with ntw n-tiles per warp */
 	uint32_t stages;           /* streaming kernel: ring slots per warp */
 	uint32_t cg;               /* streaming kernel: groups per ring slot */
+	uint32_t fused;            /* streaming kernel: it quantizes args.x itself (the
+	                              caller runs no quant; codes and s untouched) */
 };
 
 struct radiance__w4a8_args {
 	const uint8_t *codes;      /* [m][k] in the plan's order (radiance__gpu_quant) */
 	const float *s;            /* [m] per-token scales */
+	const void *x;             /* NULL, or the activations the codes come from:
+	                              [m][k] x_dtype (bf16/fp16) in device memory,
+	                              16-byte aligned; where the plan says fused the
+	                              GEMM reads these instead of codes and s */
+	enum radiance_dtype x_dtype;
 	uint32_t m, n, k;
 	const void *w, *sc;        /* device layout from radiance__w4a8_repack */
 	const float *bias;         /* [n] fp32 or NULL */

@@ -23,8 +23,7 @@
  */
 #include <errno.h>
 
-#include "numerics_gpu.h"
-#include "w4a8_gpu.h"
+#include "w4a8_quant.h"
 
 extern "C" int radiance__gpu_fail_text(int rc, const char *fmt, ...);   /* gpu_runtime.hip */
 
@@ -40,12 +39,6 @@ extern "C" int radiance__gpu_fail_text(int rc, const char *fmt, ...);   /* gpu_r
 #define QUANT_ONCE_PIECES(T) (QUANT_ONCE_BYTES / 16 / (T))
 #define QUANT_THREADS_MID 512
 #define QUANT_SHORT_PIECES 4
-
-template <int FP16>
-__device__ __forceinline__ float quant_load(uint32_t bits16)
-{
-	return FP16 ? rad_f16_to_f32(bits16) : rad_bf16_to_f32(bits16);
-}
 
 /* The source of stacked row `row`: sources are taken in order, m[i] rows
  * each. Unrolled with constant indices so the list stays in the kernel's
@@ -65,48 +58,6 @@ __device__ __forceinline__ const uint16_t *quant_row_src(const struct radiance__
 		}
 	}
 	return (const uint16_t *)p + (size_t)r * k;
-}
-
-template <int FP16>
-__device__ __forceinline__ void quant_amax(rad_u4 v, uint32_t &amax, uint32_t &bad)
-{
-	uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-	for (int j = 0; j < 4; j++) {
-#pragma unroll
-		for (int h = 0; h < 2; h++) {
-			uint32_t a = rad_f32_bits(quant_load<FP16>((w[j] >> (16 * h)) & 0xFFFFu)) & 0x7FFFFFFFu;
-			bad |= a >= 0x7F800000u;
-			amax = a > amax ? a : amax;
-		}
-	}
-}
-
-/* Codes of the 8 elements at k = i..i+7 of row cr, in ORDER. */
-template <int FP16, int ORDER>
-__device__ __forceinline__ void quant_store(rad_u4 v, float inv, bool nan_row, uint32_t i, uint8_t *cr)
-{
-	RAD_NO_CONTRACT
-	uint32_t w[4] = {v.x, v.y, v.z, v.w};
-	uint32_t out[2] = {0, 0};
-#pragma unroll
-	for (int j = 0; j < 4; j++) {
-#pragma unroll
-		for (int h = 0; h < 2; h++) {
-			float f = quant_load<FP16>((w[j] >> (16 * h)) & 0xFFFFu);
-			uint32_t c = nan_row ? RAD_E4M3_NAN : rad_e4m3_from_f32(RAD_FMUL(f, inv));
-			out[j >> 1] |= c << (8 * ((j & 1) * 2 + h));
-		}
-	}
-	if (ORDER == RADIANCE_CODES_WGMMA) {
-		/* natural words 8t+2j and 8t+2j+1 of the group -> 8j+t, 8j+4+t */
-		const uint32_t q = (i % RAD_GROUP) / 8, t = q >> 2, j = q & 3u;
-		uint32_t *gw = (uint32_t *)(cr + (i - i % RAD_GROUP));
-		gw[j * 8 + t] = out[0];
-		gw[j * 8 + 4 + t] = out[1];
-	} else {
-		*(uint2 *)(cr + i) = make_uint2(out[0], out[1]);
-	}
 }
 
 /* The block's amax and bad flags reduced; thread 0 stores the row's scale.
@@ -132,14 +83,7 @@ __device__ __forceinline__ float quant_scale(uint32_t amax, uint32_t bad, float 
 	}
 	if (tid == 0) {
 		float sc, inv;
-		if (red_bad[0]) {
-			sc = rad_bits_f32(0x7FC00000u);
-			inv = sc;
-		} else {
-			sc = RAD_FDIV(rad_bits_f32(red_max[0]), 448.0f);
-			sc = sc > RAD_MIN_SCALE ? sc : RAD_MIN_SCALE;
-			inv = RAD_FDIV(1.0f, sc);
-		}
+		quant_row_scale(red_max[0], red_bad[0], sc, inv);
 		s[row] = sc;
 		row_inv = inv;
 	}

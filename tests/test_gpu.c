@@ -512,14 +512,121 @@ static void test_w4a8_wide(void **state)
 	assert_int_equal(run_shape(1000, 1152, ms, sizeof ms / sizeof ms[0], 1), 0);
 }
 
-/* Layer overlap (docs/gpu.md): a chain of layers queued back to back, each
- * layer's y the next one's x, quant + GEMM per layer as an engine queues
- * them, with no synchronize in between; the streaming GEMV lets the next
- * layer's quant in as it starts. Every layer's y must equal the CPU's
- * result on the x that layer really got (the GPU's y of the layer before):
- * a quant that read its x, or overwrote the codes, before the GEMV before it
- * had finished, or a GEMV that raced the one before on the shared split-K
- * partials and counters, gives other values (the y buffers start as NaN). */
+/* Fused quant (plan.fused): the streaming GEMV quantizing x itself must give
+ * the same y, bit for bit, as the quant kernel + the same GEMV launch, for
+ * m = 1..4 rows (windows of the special rows: zero, NaN, -Inf, denormals,
+ * e4m3 ties, one huge value), both dtypes, with and without split-K and a
+ * partial last block column; codes and s are poisoned first (the fused
+ * kernel must not read them), and y is checked against the CPU too. */
+static void test_fused_quant(void **state)
+{
+	(void)state;
+	NEED_GPU();
+	if (!dev.gemv_blocks || !dev.fp8_mma) {
+		printf("# no streaming decode kernel on this device: nothing to fuse\n");
+		return;
+	}
+	static const uint32_t shapes[][2] = {{4096, 5120}, {72, 4096}, {200, 640}, {5120, 17408}, {1000, 1152}};
+	int failures = 0, fused_runs = 0;
+	for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+		const uint32_t n = shapes[si][0], k = shapes[si][1];
+		struct layer_data L;
+		layer_make(&L, n, k, si % 2 == 0);
+		const size_t part_bytes = radiance__w4a8_partials_bytes(64, n);
+		float *partials = dalloc(part_bytes);
+		const size_t ncnt = radiance__w4a8_counters_needed(n);
+		uint32_t *counters = dalloc(ncnt * 4);
+		assert_int_equal(radiance__gpu_memset_async(counters, 0, ncnt * 4, stream), 0);
+		uint16_t *x = malloc((size_t)6 * k * 2), *ref = malloc((size_t)4 * n * 2);
+		uint16_t *y0 = malloc((size_t)4 * n * 2), *y1 = malloc((size_t)4 * n * 2);
+		void *dx = dalloc((size_t)6 * k * 2), *dy = dalloc((size_t)4 * n * 2);
+		uint8_t *dc = dalloc((size_t)4 * k);
+		float *ds = dalloc(4 * 4);
+		void *scratch = aligned_alloc(64, (radiance_cpu_w4a8_scratch_bytes(4, k) + 63) & ~(size_t)63);
+		assert_non_null(scratch);
+		for (int d = 0; d < 2; d++) {
+			const enum radiance_dtype dt = d ? RADIANCE_DTYPE_FP16 : RADIANCE_DTYPE_BF16;
+			fill_x(x, 6, k, dt, 1);
+			h2d(dx, x, (size_t)6 * k * 2);
+			for (uint32_t m = 1; m <= 4; m++)
+				for (uint32_t r0 = 0; r0 <= 2; r0 += 2) {
+					const uint16_t *xr = x + (size_t)r0 * k;
+					const void *dxr = (const uint8_t *)dx + (size_t)r0 * k * 2;
+					radiance_cpu_w4a8(xr, dt, m, L.qweight, L.scales, L.bias, n, k, ref, scratch);
+					/* the policy's split, then a forced 3-way split */
+					for (uint32_t force = 0; force <= 3; force += 3) {
+						struct radiance__w4a8_settings set = {.decode_fuse_rows = -1};
+						struct radiance__w4a8_args a = {
+							.codes = dc, .s = ds, .m = m, .n = n, .k = k, .w = L.dw, .sc = L.ds,
+							.bias = L.dbias, .y = dy, .partials = partials,
+							.partials_bytes = part_bytes, .counters = counters, .counters_n = ncnt,
+							.path = RADIANCE_W4A8_DECODE, .max_decode_rows = 64, .split = force,
+							.pdl = 1, .settings = &set, .x = dxr, .x_dtype = dt,
+						};
+						struct radiance__w4a8_plan p0, p1;
+						assert_int_equal(radiance__w4a8_plan(&dev, &a, &p0), 0);
+						assert_int_equal(p0.fused, 0);
+						assert_int_equal(radiance__gpu_quant(dxr, dt, m, k, p0.order, dc, ds, stream), 0);
+						assert_int_equal(radiance__w4a8_gemm(&dev, &a, stream), 0);
+						d2h(y0, dy, (size_t)m * n * 2);
+						set.decode_fuse_rows = 4;
+						assert_int_equal(radiance__w4a8_plan(&dev, &a, &p1), 0);
+						char what[128];
+						snprintf(what, sizeof what, "fused n=%u k=%u m=%u rows %u.. %s ntw=%u split=%u", n,
+							 k, m, r0, d ? "fp16" : "bf16", p1.ntw, p1.split);
+						if (!p1.fused) {
+							printf("# %s: not fused (split > groups or codes past %u bytes)\n", what,
+							       RADIANCE_W4A8_FUSE_SMEM);
+							continue;
+						}
+						assert_int_equal(p1.split, p0.split);
+						assert_int_equal(radiance__gpu_memset_async(dc, 0x55, (size_t)4 * k, stream), 0);
+						assert_int_equal(radiance__gpu_memset_async(ds, 0xFF, 16, stream), 0);
+						assert_int_equal(radiance__gpu_memset_async(dy, 0xFF, (size_t)4 * n * 2, stream),
+								 0);
+						assert_int_equal(radiance__w4a8_gemm(&dev, &a, stream), 0);
+						assert_int_equal(radiance__gpu_stream_sync(stream), 0);
+						d2h(y1, dy, (size_t)m * n * 2);
+						fused_runs++;
+						if (memcmp(y0, y1, (size_t)m * n * 2) != 0) {
+							size_t i = 0;
+							while (y0[i] == y1[i])
+								i++;
+							printf("# %s: differs from quant + GEMV at [%zu][%zu]: 0x%04x, not "
+							       "0x%04x  <-- FAIL\n", what, i / n, i % n, y1[i], y0[i]);
+							failures++;
+						}
+						failures += compare(what, y1, ref, m, n, 0) != 0;
+					}
+				}
+		}
+		free(scratch);
+		free(x);
+		free(ref);
+		free(y0);
+		free(y1);
+		radiance__gpu_free(dx);
+		radiance__gpu_free(dy);
+		radiance__gpu_free(dc);
+		radiance__gpu_free(ds);
+		radiance__gpu_free(partials);
+		radiance__gpu_free(counters);
+		layer_drop(&L);
+	}
+	printf("# fused quant: %d launches compared\n", fused_runs);
+	assert_true(fused_runs > 0);
+	assert_int_equal(failures, 0);
+}
+
+/* A chain of layers queued back to back (docs/gpu.md "A decode step as an
+ * engine queues it"), each layer's y the next one's x, quant + GEMM per
+ * layer (at m = 1 the GEMV quantizing x itself), no synchronize in between,
+ * every GEMM a programmatic dependent of the launch before it. Every
+ * layer's y must equal the CPU's result on the x that layer really got (the
+ * GPU's y of the layer before): a quant or fused GEMV that read its x, or a
+ * quant that overwrote the codes, before the GEMV before it had finished,
+ * or a GEMV that raced the one before on the shared split-K partials and
+ * counters, gives other values (the y buffers start as NaN). */
 static void test_layer_chain(void **state)
 {
 	(void)state;
@@ -556,11 +663,14 @@ static void test_layer_chain(void **state)
 				.codes = dc, .s = ds, .m = m, .n = L->n, .k = L->k, .w = L->dw, .sc = L->ds,
 				.bias = L->dbias, .y = dbuf[i + 1], .partials = partials, .partials_bytes = part_bytes,
 				.counters = counters, .counters_n = ncnt, .max_decode_rows = 64, .pdl = 1,
+				.x = dbuf[i], .x_dtype = RADIANCE_DTYPE_BF16,
 			};
 			struct radiance__w4a8_plan plan;
 			assert_int_equal(radiance__w4a8_plan(&dev, &a, &plan), 0);
-			assert_int_equal(radiance__gpu_quant(dbuf[i], RADIANCE_DTYPE_BF16, m, L->k, plan.order, dc, ds,
-							    stream), 0);
+			/* m = 1: the GEMV quantizes the y before it itself */
+			if (!plan.fused)
+				assert_int_equal(radiance__gpu_quant(dbuf[i], RADIANCE_DTYPE_BF16, m, L->k, plan.order, dc,
+								    ds, stream), 0);
 			assert_int_equal(radiance__w4a8_gemm(&dev, &a, stream), 0);
 		}
 		assert_int_equal(radiance__gpu_stream_sync(stream), 0);
@@ -984,6 +1094,7 @@ static void test_w4a8_narrow(void **state) { (void)state; skip(); }
 static void test_w4a8_splitk(void **state) { (void)state; skip(); }
 static void test_w4a8_wide(void **state) { (void)state; skip(); }
 static void test_layer_chain(void **state) { (void)state; skip(); }
+static void test_fused_quant(void **state) { (void)state; skip(); }
 static void test_backend_ops(void **state) { (void)state; skip(); }
 static void test_backend_ops_pieces(void **state) { (void)state; skip(); }
 static void test_backend_zero_copy_requests(void **state) { (void)state; skip(); }
@@ -1001,6 +1112,7 @@ int main(void)
 		cmocka_unit_test(test_w4a8_splitk),
 		cmocka_unit_test(test_w4a8_wide),
 		cmocka_unit_test(test_layer_chain),
+		cmocka_unit_test(test_fused_quant),
 		cmocka_unit_test(test_backend_ops),
 		cmocka_unit_test(test_backend_ops_pieces),
 		cmocka_unit_test(test_backend_zero_copy_requests),

@@ -209,6 +209,82 @@ static void prefill_choice(void **state)
 		assert_int_equal(radiance__w4a8_prefill_choose(&d, asked), RADIANCE_PREFILL_EXACT);
 }
 
+/* Fused quant (plan.fused) on the H200's 27B shapes, by the policy's rules:
+ * M = 1, k <= RADIANCE_W4A8_FUSE_K and a K split (16384x5120 s3, 14336x5120
+ * s4, 5120x6144 s8 fused; 34816x5120 is split 1 and 5120x17408 too deep);
+ * never without x, for unaligned x, another dtype or M = 2 under the
+ * policy; an explicit decode_fuse_rows lifts the k and split rules but not
+ * the rows' limit of 4, the 8-token tile or the shared-memory budget; -1 is
+ * never. The plan's launch shape is the same fused or not. */
+static void fused_quant(void **state)
+{
+	(void)state;
+	const struct radiance__gpu_device d = h200();
+	static uint16_t xbuf[64] __attribute__((aligned(16)));
+	static const struct {
+		uint32_t n, k;
+		uint32_t fused;
+	} want[] = {{16384, 5120, 1}, {14336, 5120, 1}, {5120, 6144, 1}, {34816, 5120, 0}, {5120, 17408, 0}};
+	for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+		struct radiance__w4a8_args a = args(1, want[i].n, want[i].k);
+		struct radiance__w4a8_plan p0, p1;
+		assert_int_equal(radiance__w4a8_plan(&d, &a, &p0), 0);
+		assert_int_equal(p0.fused, 0);                 /* no x */
+		a.x = xbuf;
+		a.x_dtype = RADIANCE_DTYPE_BF16;
+		assert_int_equal(radiance__w4a8_plan(&d, &a, &p1), 0);
+		assert_int_equal(p1.fused, want[i].fused);
+		assert_int_equal(p1.split, p0.split);
+		assert_int_equal(p1.ntw, p0.ntw);
+		a.x_dtype = RADIANCE_DTYPE_FP16;
+		assert_int_equal(radiance__w4a8_plan(&d, &a, &p1), 0);
+		assert_int_equal(p1.fused, want[i].fused);
+		a.x_dtype = (enum radiance_dtype)99;
+		assert_int_equal(radiance__w4a8_plan(&d, &a, &p1), 0);
+		assert_int_equal(p1.fused, 0);
+		a.x_dtype = RADIANCE_DTYPE_BF16;
+		a.x = (const uint8_t *)xbuf + 2;
+		assert_int_equal(radiance__w4a8_plan(&d, &a, &p1), 0);
+		assert_int_equal(p1.fused, 0);
+		a.x = xbuf;
+		a.m = 2;
+		assert_int_equal(radiance__w4a8_plan(&d, &a, &p1), 0);
+		assert_int_equal(p1.fused, 0);
+	}
+	struct radiance__w4a8_settings set = {.decode_fuse_rows = 4};
+	struct radiance__w4a8_args a = args(4, 34816, 5120);
+	a.x = xbuf;
+	a.x_dtype = RADIANCE_DTYPE_BF16;
+	a.settings = &set;
+	struct radiance__w4a8_plan p;
+	/* split 1: 4 rows x (40 groups x 128 + 16) bytes > 8192 */
+	assert_int_equal(radiance__w4a8_plan(&d, &a, &p), 0);
+	assert_int_equal(p.split, 1);
+	assert_int_equal(p.fused, 0);
+	a.m = 1;                                       /* 5136 bytes fit */
+	assert_int_equal(radiance__w4a8_plan(&d, &a, &p), 0);
+	assert_int_equal(p.fused, 1);
+	a = args(4, 16384, 5120);
+	a.x = xbuf;
+	a.x_dtype = RADIANCE_DTYPE_BF16;
+	a.settings = &set;
+	assert_int_equal(radiance__w4a8_plan(&d, &a, &p), 0);   /* s3: 4 x 1808 bytes */
+	assert_int_equal(p.fused, 1);
+	set.decode_fuse_rows = 8;                      /* cut to the MAX, 4 */
+	a.m = 5;
+	assert_int_equal(radiance__w4a8_plan(&d, &a, &p), 0);
+	assert_int_equal(p.fused, 0);
+	set.decode_fuse_rows = -1;
+	a.m = 1;
+	assert_int_equal(radiance__w4a8_plan(&d, &a, &p), 0);
+	assert_int_equal(p.fused, 0);
+	/* the matrix-core kernel (m = 32) and prefill never fuse */
+	set.decode_fuse_rows = 4;
+	a.m = 32;
+	assert_int_equal(radiance__w4a8_plan(&d, &a, &p), 0);
+	assert_int_equal(p.fused, 0);
+}
+
 /*
  * MiniLM-L6 (hidden 384, intermediate 1536), by the policy's rules:
  *   M=1 384x384: 24 n-tiles, 3 groups; the t8 n1 c2 q2 instance fits 7
@@ -430,6 +506,7 @@ int main(void)
 		cmocka_unit_test(h200_27b_shapes),
 		cmocka_unit_test(h200_fast_prefill),
 		cmocka_unit_test(prefill_choice),
+		cmocka_unit_test(fused_quant),
 		cmocka_unit_test(h200_minilm),
 		cmocka_unit_test(other_devices),
 		cmocka_unit_test(overrides),
