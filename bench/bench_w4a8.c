@@ -501,9 +501,12 @@ int main(int argc, char **argv)
 		if (only_n && sh->n != only_n)
 			continue;
 		struct ctx c = {.n = sh->n, .k = sh->k};
-		/* BENCH_FUSE_ROWS: fuse the quant up to this many rows (measurement) */
+		/* measurement: BENCH_FUSE_ROWS fuses the quant up to this many
+		 * rows, BENCH_STAGES sets the streaming kernel's ring slots */
 		if (getenv("BENCH_FUSE_ROWS"))
 			c.set.decode_fuse_rows = atoi(getenv("BENCH_FUSE_ROWS"));
+		if (getenv("BENCH_STAGES"))
+			c.set.decode_stages = (uint32_t)atoi(getenv("BENCH_STAGES"));
 		c.wbytes = radiance__w4a8_weight_bytes(sh->n, sh->k);
 		c.sbytes = radiance__w4a8_scale_bytes(sh->n, sh->k);
 		c.copies = (uint32_t)ceil(4.0 * l2 / (double)(c.wbytes + c.sbytes));
