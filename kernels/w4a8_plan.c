@@ -201,11 +201,12 @@ static void plan_gemv(const struct radiance__gpu_device *dev, const struct radia
  * instances only, m within the settings' rows, x given (bf16/fp16, 16-byte
  * aligned), every split a non-empty K range (each block makes the scales
  * its epilogue uses) whose codes fit RADIANCE_W4A8_FUSE_SMEM. The policy
- * (settings 0) also wants k <= RADIANCE_W4A8_FUSE_K and a K split: every
- * block reads the whole row for its amax and quantizes its K range before
- * its first MMA, which cost more than the quant launch it saves on the
- * H200 for 34816x5120 (split 1) and 5120x17408 at M = 1, and on every 27B
- * shape at M = 4 (docs/gpu.md "Fused quant"). */
+ * (settings 0) also wants k <= RADIANCE_W4A8_FUSE_K and a block K range of
+ * at most RADIANCE_W4A8_FUSE_GROUPS groups: every block reads the whole
+ * row for its amax and quantizes its K range before its first MMA, and on
+ * the H200 only 5120x6144 (split 8: 6 groups a block) gained in every run;
+ * the other 27B shapes at M = 1 gained or lost up to 5 us from run to run,
+ * and every one lost at M = 4 (docs/gpu.md "Fused quant"). */
 static uint32_t gemv_fuse(const struct radiance__w4a8_args *a, const struct radiance__w4a8_settings *st,
 			  const struct radiance__w4a8_plan *plan)
 {
@@ -215,9 +216,9 @@ static uint32_t gemv_fuse(const struct radiance__w4a8_args *a, const struct radi
 	    (a->x_dtype != RADIANCE_DTYPE_BF16 && a->x_dtype != RADIANCE_DTYPE_FP16))
 		return 0;
 	const uint32_t G = a->k / GROUP;
-	if (plan->split > G || (!st->decode_fuse_rows && (a->k > RADIANCE_W4A8_FUSE_K || plan->split < 2)))
+	const uint32_t L = plan->split <= G ? ceil_div(G, plan->split) : 0;
+	if (!L || (!st->decode_fuse_rows && (a->k > RADIANCE_W4A8_FUSE_K || L > RADIANCE_W4A8_FUSE_GROUPS)))
 		return 0;
-	const uint32_t L = ceil_div(G, plan->split);
 	return (size_t)a->m * (L * GROUP + 16) <= RADIANCE_W4A8_FUSE_SMEM;
 }
 

@@ -99,9 +99,11 @@ struct radiance__w4a8_settings {
  * its K range for the codes, in shared memory; never for more than MAX rows,
  * only while the codes of a block's K range fit RADIANCE_W4A8_FUSE_SMEM
  * bytes, and by default (the policy, measured on the H200) for at most
- * RADIANCE_W4A8_FUSE_ROWS rows, k <= RADIANCE_W4A8_FUSE_K, K split. */
+ * RADIANCE_W4A8_FUSE_ROWS rows, k <= RADIANCE_W4A8_FUSE_K and blocks of at
+ * most RADIANCE_W4A8_FUSE_GROUPS groups of K. */
 #define RADIANCE_W4A8_FUSE_ROWS 1
 #define RADIANCE_W4A8_FUSE_K 8192u
+#define RADIANCE_W4A8_FUSE_GROUPS 8u
 #define RADIANCE_W4A8_FUSE_MAX_ROWS 4
 #define RADIANCE_W4A8_FUSE_SMEM 8192u
 

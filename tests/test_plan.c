@@ -210,8 +210,9 @@ static void prefill_choice(void **state)
 }
 
 /* Fused quant (plan.fused) on the H200's 27B shapes, by the policy's rules:
- * M = 1, k <= RADIANCE_W4A8_FUSE_K and a K split (16384x5120 s3, 14336x5120
- * s4, 5120x6144 s8 fused; 34816x5120 is split 1 and 5120x17408 too deep);
+ * M = 1, k <= RADIANCE_W4A8_FUSE_K and at most RADIANCE_W4A8_FUSE_GROUPS
+ * groups a block (5120x6144 s8: 6 fused; 16384x5120 s3: 14 and 14336x5120
+ * s4: 10 groups, 34816x5120 s1: 40, not; 5120x17408 too deep);
  * never without x, for unaligned x, another dtype or M = 2 under the
  * policy; an explicit decode_fuse_rows lifts the k and split rules but not
  * the rows' limit of 4, the 8-token tile or the shared-memory budget; -1 is
@@ -224,7 +225,7 @@ static void fused_quant(void **state)
 	static const struct {
 		uint32_t n, k;
 		uint32_t fused;
-	} want[] = {{16384, 5120, 1}, {14336, 5120, 1}, {5120, 6144, 1}, {34816, 5120, 0}, {5120, 17408, 0}};
+	} want[] = {{16384, 5120, 0}, {14336, 5120, 0}, {5120, 6144, 1}, {34816, 5120, 0}, {5120, 17408, 0}};
 	for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
 		struct radiance__w4a8_args a = args(1, want[i].n, want[i].k);
 		struct radiance__w4a8_plan p0, p1;
