@@ -887,174 +887,86 @@ static void test_backend_ops_pieces(void **state)
 	backend_ops(16);
 }
 
-/* Zero-copy launches of several requests (run_mapped), each request in an
- * arena of its own, registered apart: with x limits that read every
- * request's x in place (radiance__gpu_quant_rows over the arenas'
- * mappings), that gather it first because one request is above the limit,
- * and 0 (always gather, always scatter); one request alone (y in place);
- * mixed dtypes (one launch per run); 64 rows, the most zero_copy_rows
- * allows (every launch stays in the decode band, whatever the prefill
- * setting). Rows of 10 KiB (k = 5120) and 34 KiB (k = 17408). Every
- * request against the CPU reference, and the guard row after each y. */
-static void test_backend_zero_copy_requests(void **state)
-{
-	(void)state;
-	NEED_GPU();
-	enum { ARENAS = 8 };
-	static const uint32_t shapes[][2] = {{320, 5120}, {256, 17408}};   /* n, k */
-	static const uint32_t limits[][2] = {{40, 64}, {16, 64}, {0, 0}};   /* x KiB, y KiB */
-	static const uint32_t groups[][ARENAS] = {
-		{1, 1, 1, 1, 1, 1, 1, 1},   /* lockstep clients at M=1 */
-		{1, 3, 1, 2, 0, 0, 0, 0},   /* 3 rows of k = 17408: 102 KiB, above every limit */
-		{5, 0, 0, 0, 0, 0, 0, 0},   /* one request: y in place */
-		{1, 2, 1, 1, 0, 0, 0, 0},   /* alternating dtypes: four launches */
-		{4, 60, 0, 0, 0, 0, 0, 0},  /* 64 rows: still zero-copy */
-	};
+/* Zero-copy launches (run_mapped), each request of a group in an arena of
+ * its own, registered apart. */
+enum { ZC_ARENAS = 8 };
+
+/* Where request j of group gi (m rows) lies in its arena, its dtype, and
+ * whether its first rows are the special ones of fill_x. */
+struct zc_place {
+	size_t x_off, y_off;   /* bytes into the arena; a guard row before y and one after */
+	enum radiance_dtype dt;
+	int special;
+};
+typedef struct zc_place (*zc_place_fn)(size_t gi, size_t j, uint32_t m);
+
+/* Two W4A8 layers (the first with a bias) and the arenas. */
+struct zc_fixture {
 	struct layer_data L[2];
 	struct radiance_layer lw[2];
+	uint8_t *arena[ZC_ARENAS];
+	size_t arena_len;
+};
+
+static void zc_setup(struct zc_fixture *f, const uint32_t (*shapes)[2], char *const *names, size_t arena_len)
+{
 	for (int si = 0; si < 2; si++) {
-		layer_make(&L[si], shapes[si][0], shapes[si][1], si == 0);
-		lw[si] = (struct radiance_layer){.name = si ? "zc.k17408" : "zc.k5120", .kind = RADIANCE_LAYER_W4A8,
-						 .n = shapes[si][0], .k = shapes[si][1], .qweight = L[si].qweight,
-						 .scales = L[si].scales, .bias = L[si].bias};
+		layer_make(&f->L[si], shapes[si][0], shapes[si][1], si == 0);
+		f->lw[si] = (struct radiance_layer){.name = names[si], .kind = RADIANCE_LAYER_W4A8, .n = shapes[si][0],
+						    .k = shapes[si][1], .qweight = f->L[si].qweight,
+						    .scales = f->L[si].scales, .bias = f->L[si].bias};
 	}
-	const size_t arena_len = 4u << 20;
-	uint8_t *arena[ARENAS];
-	for (int a = 0; a < ARENAS; a++) {
-		arena[a] = aligned_alloc(4096, arena_len);
-		assert_non_null(arena[a]);
+	f->arena_len = arena_len;
+	for (int a = 0; a < ZC_ARENAS; a++) {
+		f->arena[a] = aligned_alloc(4096, arena_len);
+		assert_non_null(f->arena[a]);
 	}
-	char err[256] = "";
-	for (size_t li = 0; li < sizeof limits / sizeof limits[0]; li++) {
-		struct radiance_backend_options opt = {.kind = "gpu", .device = 0, .max_rows = 128,
-						       .max_decode_rows = 64, .max_n = 512, .max_k = 17408,
-						       .zero_copy_rows = 64, .zero_copy_x_kib = limits[li][0],
-						       .zero_copy_y_kib = limits[li][1], .pin_piece_kib = li == 1 ? 64 : 0};
-		struct radiance_backend *be = NULL;
-		int rc = radiance_backend_create(&opt, &be, err, sizeof err);
-		if (rc)
-			printf("# backend create: %s\n", err);
-		assert_int_equal(rc, 0);
-		struct radiance_backend_layer *h[2];
-		for (int si = 0; si < 2; si++)
-			assert_int_equal(radiance_backend_layer_upload(be, &lw[si], &h[si], err, sizeof err), 0);
-		for (int a = 0; a < ARENAS; a++) {
-			memset(arena[a], 0xA5, arena_len);
-			assert_int_equal(radiance_backend_register_host(be, arena[a], arena_len, err, sizeof err), 0);
-		}
-		for (size_t gi = 0; gi < sizeof groups / sizeof groups[0]; gi++) {
-			for (int si = 0; si < 2; si++) {
-				const struct radiance_layer *l = &lw[si];
-				struct radiance_rows rows[ARENAS];
-				size_t nrows = 0;
-				for (size_t j = 0; j < ARENAS && groups[gi][j]; j++) {
-					const uint32_t m = groups[gi][j];
-					const enum radiance_dtype dt = (gi == 3 && (j & 1)) || (gi == 1 && j == 2)
-									       ? RADIANCE_DTYPE_FP16 : RADIANCE_DTYPE_BF16;
-					/* x at a 16-byte offset that is no multiple of 64 */
-					uint16_t *x = (uint16_t *)(arena[j] + 16 * (1 + j));
-					uint16_t *y = (uint16_t *)(arena[j] + (2u << 20));
-					/* the first request of up to 5 rows: zero, NaN, -Inf,
-					 * denormal and tie rows (no huge row, whose outputs
-					 * would set the tolerance of the others) */
-					rows[nrows++] = request_make(x, y, m, l, dt, j == 0 && m <= 5);
-				}
-				linear_ok(be, l, h[si], rows, nrows);
-				for (size_t j = 0; j < nrows; j++) {
-					const struct radiance_rows *r = &rows[j];
-					uint16_t *ref = malloc((size_t)r->m * l->n * 2);
-					void *scr = aligned_alloc(64, (radiance_cpu_w4a8_scratch_bytes(r->m, l->k) + 63) & ~63ul);
-					radiance_cpu_w4a8(r->x, r->dtype, r->m, l->qweight, l->scales, l->bias, l->n, l->k, ref,
-							  scr);
-					char what[160];
-					snprintf(what, sizeof what, "zero-copy x %u KiB y %u KiB, %s, group %zu request %zu of %zu "
-						 "(m=%u, %s)", limits[li][0], limits[li][1], l->name, gi, j, nrows, r->m,
-						 r->dtype == RADIANCE_DTYPE_FP16 ? "fp16" : "bf16");
-					assert_int_equal(compare(what, r->y, ref, r->m, l->n, 0), 0);
-					guard_check(r, l);
-					free(scr);
-					free(ref);
-				}
-			}
-		}
-		for (int a = 0; a < ARENAS; a++)
-			radiance_backend_unregister_host(be, arena[a]);
-		for (int si = 0; si < 2; si++)
-			radiance_backend_layer_free(be, h[si]);
-		radiance_backend_destroy(be);
-	}
-	for (int a = 0; a < ARENAS; a++)
-		free(arena[a]);
-	for (int si = 0; si < 2; si++)
-		layer_drop(&L[si]);
 }
 
-/* Several requests' y written in place by the GEMM (run_mapped with per-row
- * destinations), each request in an arena of its own: y at 16-byte offsets
- * that are no multiple of 64 and, in one group, one request's y only
- * 2-byte aligned (that launch's 2-byte stores); n = 200 (a half tile) and
- * n = 100 (n % 8 != 0: 2-byte stores). max_decode_rows 16: a launch of 20
- * rows is out of the decode band and takes the staging buffer and the
- * scatter, 16 rows stay in place; the y limit of 2 KiB sends a request of
- * 9 rows of n = 200 (3.5 KiB) to the staging buffer too. Every request
- * against the CPU reference, and the rows before and after each y
- * untouched. */
-static void test_backend_zero_copy_y_in_place(void **state)
+static void zc_drop(struct zc_fixture *f)
 {
-	(void)state;
-	NEED_GPU();
-	enum { ARENAS = 8 };
-	static const uint32_t shapes[][2] = {{200, 640}, {100, 1152}};   /* n, k */
-	static const uint32_t groups[][ARENAS] = {
-		{1, 1, 1, 1, 1, 1, 1, 1},   /* lockstep clients at M=1 */
-		{3, 1, 2, 5, 1, 0, 0, 0},   /* y of request 3 only 2-byte aligned */
-		{8, 8, 0, 0, 0, 0, 0, 0},   /* 16 rows: the decode band's last */
-		{10, 10, 0, 0, 0, 0, 0, 0}, /* 20 rows: past it, staged */
-		{1, 9, 2, 0, 0, 0, 0, 0},   /* 9 rows of n = 200 above the y limit: staged */
-	};
-	struct layer_data L[2];
-	struct radiance_layer lw[2];
-	for (int si = 0; si < 2; si++) {
-		layer_make(&L[si], shapes[si][0], shapes[si][1], si == 0);
-		lw[si] = (struct radiance_layer){.name = si ? "yp.n100" : "yp.n200", .kind = RADIANCE_LAYER_W4A8,
-						 .n = shapes[si][0], .k = shapes[si][1], .qweight = L[si].qweight,
-						 .scales = L[si].scales, .bias = L[si].bias};
-	}
-	const size_t arena_len = 1u << 20;
-	uint8_t *arena[ARENAS];
+	for (int a = 0; a < ZC_ARENAS; a++)
+		free(f->arena[a]);
+	for (int si = 0; si < 2; si++)
+		layer_drop(&f->L[si]);
+}
+
+/* A backend with opt; each group of requests through both layers in one
+ * linear call, every request against the CPU reference and the rows
+ * before and after each y untouched. */
+static void zero_copy_groups(const struct radiance_backend_options *opt, struct zc_fixture *f,
+			     const uint32_t (*groups)[ZC_ARENAS], size_t ngroups, zc_place_fn place, const char *label)
+{
+	const struct radiance_layer *lw = f->lw;
+	uint8_t **arena = f->arena;
+	const size_t arena_len = f->arena_len;
+	const int nl = 2;
 	char err[256] = "";
-	struct radiance_backend_options opt = {.kind = "gpu", .device = 0, .max_rows = 64, .max_decode_rows = 16,
-					       .max_n = 256, .max_k = 1152, .zero_copy_rows = 64,
-					       .zero_copy_x_kib = 64, .zero_copy_y_kib = 2};
 	struct radiance_backend *be = NULL;
-	int rc = radiance_backend_create(&opt, &be, err, sizeof err);
+	int rc = radiance_backend_create(opt, &be, err, sizeof err);
 	if (rc)
 		printf("# backend create: %s\n", err);
 	assert_int_equal(rc, 0);
 	struct radiance_backend_layer *h[2];
-	for (int si = 0; si < 2; si++)
+	for (int si = 0; si < nl; si++)
 		assert_int_equal(radiance_backend_layer_upload(be, &lw[si], &h[si], err, sizeof err), 0);
-	for (int a = 0; a < ARENAS; a++) {
-		arena[a] = aligned_alloc(4096, arena_len);
-		assert_non_null(arena[a]);
+	for (int a = 0; a < ZC_ARENAS; a++) {
 		memset(arena[a], 0xA5, arena_len);
 		assert_int_equal(radiance_backend_register_host(be, arena[a], arena_len, err, sizeof err), 0);
 	}
-	for (size_t gi = 0; gi < sizeof groups / sizeof groups[0]; gi++) {
-		for (int si = 0; si < 2; si++) {
+	for (size_t gi = 0; gi < ngroups; gi++) {
+		for (int si = 0; si < nl; si++) {
 			const struct radiance_layer *l = &lw[si];
-			struct radiance_rows rows[ARENAS];
+			struct radiance_rows rows[ZC_ARENAS];
 			size_t nrows = 0;
-			for (size_t j = 0; j < ARENAS && groups[gi][j]; j++) {
+			for (size_t j = 0; j < ZC_ARENAS && groups[gi][j]; j++) {
 				const uint32_t m = groups[gi][j];
-				uint16_t *x = (uint16_t *)(arena[j] + 64);
-				/* a guard row before y, y at 16 (1 + 2j) bytes past a
-				 * multiple of 64 (+2 for request 3 of group 1) */
-				const size_t yoff = (512u << 10) + 16 * (1 + 2 * j) + (gi == 1 && j == 3 ? 2 : 0);
-				uint16_t *y = (uint16_t *)(arena[j] + yoff + (size_t)l->n * 2);
+				const struct zc_place pl = place(gi, j, m);
+				uint16_t *x = (uint16_t *)(arena[j] + pl.x_off);
+				uint16_t *y = (uint16_t *)(arena[j] + pl.y_off + (size_t)l->n * 2);
 				for (uint32_t i = 0; i < l->n; i++)
-					y[i - l->n] = 0x7FC1;
-				rows[nrows++] = request_make(x, y, m, l, RADIANCE_DTYPE_BF16, 0);
+					(y - l->n)[i] = 0x7FC1;   /* the guard row before y */
+				rows[nrows++] = request_make(x, y, m, l, pl.dt, pl.special);
 			}
 			linear_ok(be, l, h[si], rows, nrows);
 			for (size_t j = 0; j < nrows; j++) {
@@ -1062,27 +974,106 @@ static void test_backend_zero_copy_y_in_place(void **state)
 				uint16_t *ref = malloc((size_t)r->m * l->n * 2);
 				void *scr = aligned_alloc(64, (radiance_cpu_w4a8_scratch_bytes(r->m, l->k) + 63) & ~63ul);
 				radiance_cpu_w4a8(r->x, r->dtype, r->m, l->qweight, l->scales, l->bias, l->n, l->k, ref, scr);
-				char what[160];
-				snprintf(what, sizeof what, "y in place: %s, group %zu request %zu of %zu (m=%u)", l->name, gi,
-					 j, nrows, r->m);
+				char what[192];
+				snprintf(what, sizeof what, "%s, %s, group %zu request %zu of %zu (m=%u, %s)", label, l->name,
+					 gi, j, nrows, r->m, r->dtype == RADIANCE_DTYPE_FP16 ? "fp16" : "bf16");
 				assert_int_equal(compare(what, r->y, ref, r->m, l->n, 0), 0);
 				guard_check(r, l);
 				for (uint32_t i = 0; i < l->n; i++)
-					assert_int_equal(r->y[(ptrdiff_t)i - (ptrdiff_t)l->n], 0x7FC1);
+					assert_int_equal((r->y - l->n)[i], 0x7FC1);
 				free(scr);
 				free(ref);
 			}
 		}
 	}
-	for (int a = 0; a < ARENAS; a++) {
+	for (int a = 0; a < ZC_ARENAS; a++)
 		radiance_backend_unregister_host(be, arena[a]);
-		free(arena[a]);
-	}
-	for (int si = 0; si < 2; si++)
+	for (int si = 0; si < nl; si++)
 		radiance_backend_layer_free(be, h[si]);
 	radiance_backend_destroy(be);
-	for (int si = 0; si < 2; si++)
-		layer_drop(&L[si]);
+}
+
+/* x at a 16-byte offset that is no multiple of 64, y at 2 MiB; group 3
+ * alternates dtypes, request 2 of group 1 is fp16; the first request of
+ * up to 5 rows: zero, NaN, -Inf, denormal and tie rows (no huge row, whose
+ * outputs would set the tolerance of the others) */
+static struct zc_place zc_place_requests(size_t gi, size_t j, uint32_t m)
+{
+	const int fp16 = (gi == 3 && (j & 1)) || (gi == 1 && j == 2);
+	return (struct zc_place){.x_off = 16 * (1 + j), .y_off = (2u << 20) - 1024,
+				 .dt = fp16 ? RADIANCE_DTYPE_FP16 : RADIANCE_DTYPE_BF16, .special = j == 0 && m <= 5};
+}
+
+/* Zero-copy launches of several requests: with x limits that read every
+ * request's x in place (radiance__gpu_quant_rows over the arenas'
+ * mappings), that gather it first because one request is above the limit,
+ * and 0 (always gather, always scatter); one request alone (y in place);
+ * mixed dtypes (one launch per run); 64 rows, the most zero_copy_rows
+ * allows (every launch stays in the decode band, whatever the prefill
+ * setting). Rows of 10 KiB (k = 5120) and 34 KiB (k = 17408). */
+static void test_backend_zero_copy_requests(void **state)
+{
+	(void)state;
+	NEED_GPU();
+	static const uint32_t shapes[][2] = {{320, 5120}, {256, 17408}};   /* n, k */
+	static char *const names[] = {"zc.k5120", "zc.k17408"};
+	static const uint32_t limits[][2] = {{40, 64}, {16, 64}, {0, 0}};   /* x KiB, y KiB */
+	static const uint32_t groups[][ZC_ARENAS] = {
+		{1, 1, 1, 1, 1, 1, 1, 1},   /* lockstep clients at M=1 */
+		{1, 3, 1, 2, 0, 0, 0, 0},   /* 3 rows of k = 17408: 102 KiB, above every limit */
+		{5, 0, 0, 0, 0, 0, 0, 0},   /* one request: y in place */
+		{1, 2, 1, 1, 0, 0, 0, 0},   /* alternating dtypes: four launches */
+		{4, 60, 0, 0, 0, 0, 0, 0},  /* 64 rows: still zero-copy */
+	};
+	struct zc_fixture f;
+	zc_setup(&f, shapes, names, 4u << 20);
+	for (size_t li = 0; li < sizeof limits / sizeof limits[0]; li++) {
+		const struct radiance_backend_options opt = {
+			.kind = "gpu", .device = 0, .max_rows = 128, .max_decode_rows = 64, .max_n = 512,
+			.max_k = 17408, .zero_copy_rows = 64, .zero_copy_x_kib = limits[li][0],
+			.zero_copy_y_kib = limits[li][1], .pin_piece_kib = li == 1 ? 64 : 0};
+		char label[64];
+		snprintf(label, sizeof label, "zero-copy x %u KiB y %u KiB", limits[li][0], limits[li][1]);
+		zero_copy_groups(&opt, &f, groups, sizeof groups / sizeof groups[0], zc_place_requests, label);
+	}
+	zc_drop(&f);
+}
+
+/* y at 16 (1 + 2j) bytes past a multiple of 64, 2 more for request 3 of
+ * group 1 (only 2-byte aligned: that launch's 2-byte stores); bf16 */
+static struct zc_place zc_place_y(size_t gi, size_t j, uint32_t m)
+{
+	(void)m;
+	return (struct zc_place){.x_off = 64, .y_off = (512u << 10) + 16 * (1 + 2 * j) + (gi == 1 && j == 3 ? 2 : 0),
+				 .dt = RADIANCE_DTYPE_BF16};
+}
+
+/* Several requests' y written in place by the GEMM (run_mapped with per-row
+ * destinations): y at odd placements (zc_place_y); n = 200 (a half tile)
+ * and n = 100 (n % 8 != 0: 2-byte stores). max_decode_rows 16: a launch of
+ * 20 rows is out of the decode band and takes the staging buffer and the
+ * scatter, 16 rows stay in place; the y limit of 2 KiB sends a request of
+ * 9 rows of n = 200 (3.5 KiB) to the staging buffer too. */
+static void test_backend_zero_copy_y_in_place(void **state)
+{
+	(void)state;
+	NEED_GPU();
+	static const uint32_t shapes[][2] = {{200, 640}, {100, 1152}};   /* n, k */
+	static char *const names[] = {"yp.n200", "yp.n100"};
+	static const uint32_t groups[][ZC_ARENAS] = {
+		{1, 1, 1, 1, 1, 1, 1, 1},   /* lockstep clients at M=1 */
+		{3, 1, 2, 5, 1, 0, 0, 0},   /* y of request 3 only 2-byte aligned */
+		{8, 8, 0, 0, 0, 0, 0, 0},   /* 16 rows: the decode band's last */
+		{10, 10, 0, 0, 0, 0, 0, 0}, /* 20 rows: past it, staged */
+		{1, 9, 2, 0, 0, 0, 0, 0},   /* 9 rows of n = 200 above the y limit: staged */
+	};
+	struct zc_fixture f;
+	zc_setup(&f, shapes, names, 1u << 20);
+	const struct radiance_backend_options opt = {
+		.kind = "gpu", .device = 0, .max_rows = 64, .max_decode_rows = 16, .max_n = 256, .max_k = 1152,
+		.zero_copy_rows = 64, .zero_copy_x_kib = 64, .zero_copy_y_kib = 2};
+	zero_copy_groups(&opt, &f, groups, sizeof groups / sizeof groups[0], zc_place_y, "y in place");
+	zc_drop(&f);
 }
 
 /* ------------------------------------------------------- checkpoint */
