@@ -81,10 +81,11 @@ struct radiance_backend_options {
 	                            place when no request's x exceeds this many
 	                            KiB, else the row-copy kernel gathers it first
 	                            (0: always gather) */
-	uint32_t zero_copy_y_kib;   /* GPU, zero-copy launches of one request: y of
-	                            at most this many KiB is written in place, more
-	                            (and several requests' y) scattered by the
-	                            row-copy kernel (0: always scatter) */
+	uint32_t zero_copy_y_kib;   /* GPU, zero-copy launches: the GEMM writes y in
+	                            place when no request's y exceeds this many
+	                            KiB (several requests: in the decode band,
+	                            max_decode_rows), else the row-copy kernel
+	                            scatters it (0: always scatter) */
 	uint32_t pin_piece_kib;  /* GPU: arenas are page-locked in pieces of this
 	                            many KiB (0: each as one range), so that no
 	                            registration holds the driver's lock, which

@@ -23,10 +23,11 @@
  * place through the arenas' device mappings, all requests in one launch
  * (radiance__gpu_quant_rows), when none is above zero_copy_x_kib, else the
  * row-copy kernel (radiance__gpu_rows_copy) gathers x into the staging
- * buffer first; the GEMM writes the y of one request in place up to
- * zero_copy_y_kib, and several requests' y (or a bigger one) is scattered
- * from the staging buffer by one row-copy kernel, not one copy call per
- * request. Bigger launches, bf16 layers and rows outside registered memory
+ * buffer first; the GEMM writes every request's y in place (16-byte
+ * stores of whole row pieces) when none is above zero_copy_y_kib, several
+ * requests' only in the decode band, else y is scattered from the staging
+ * buffer by one row-copy kernel, not one copy call per request. Bigger
+ * launches, bf16 layers and rows outside registered memory
  * take async copies into and out of the staging buffers.
  *
  * Numerics gate (opt-in, numerics_gate = 1): the first launch of each
@@ -765,6 +766,7 @@ static int run_mapped(struct gpu_state *g, struct lane *ln, struct radiance_back
 		return 0;
 	struct radiance__gpu_quant_src src = {0};
 	struct radiance__gpu_rows_list in = {0}, out = {0};
+	struct radiance__gpu_y_dst ydst = {0};
 	uint32_t off = 0;
 	size_t x_most = 0;
 	int x_aligned = 1;
@@ -789,6 +791,8 @@ static int run_mapped(struct gpu_state *g, struct lane *ln, struct radiance_back
 		out.src[out.n] = (uint8_t *)ln->y + (size_t)off * yrow;
 		out.dst[out.n] = y;
 		out.bytes[out.n++] = rows[i].m * yrow;
+		ydst.y[ydst.n] = y;
+		ydst.m[ydst.n++] = rows[i].m;
 		off += rows[i].m;
 		x_most = rows[i].m * xrow > x_most ? rows[i].m * xrow : x_most;
 		x_aligned &= ((uintptr_t)x & 15) == 0;   /* the quant's 16-byte loads */
@@ -801,13 +805,18 @@ static int run_mapped(struct gpu_state *g, struct lane *ln, struct radiance_back
 	 * the largest request's x sets what in place costs; above the limit
 	 * the row-copy kernel, which spreads each request over many blocks,
 	 * gathers all of them (the quant then reads device memory).
-	 * y: one request's y is written in place up to its limit; a bigger one,
-	 * and several requests' y, go through the staging buffer and one
-	 * scatter of 16-byte stores (the decode GEMM's own stores of 2-byte
-	 * outputs over PCIe cost 55-100 us more than that on 34816x5120 at
-	 * M=4..16). docs/gpu.md "Moving rows" has the measurements. */
+	 * y: the GEMM writes every request's y in place when none is above
+	 * the limit, with whole 16-byte stores of each row (its epilogue
+	 * stages the outputs in shared memory: its former 2-byte stores over
+	 * PCIe cost 55-100 us more than a scatter of 16-byte stores on
+	 * 34816x5120 at M=4..16); several requests only in the decode band,
+	 * where the GEMM takes per-row destinations (the wgmma prefill does
+	 * not). Else y goes through the staging buffer and one scatter.
+	 * docs/gpu.md "Moving rows" has the measurements. */
 	const int x_in_place = x_aligned && x_most <= g->zc_x_bytes;
-	const int y_in_place = out.n == 1 && out.bytes[0] <= g->zc_y_bytes;
+	int y_in_place = ydst.n == 1 || m <= ln->scratch.max_decode_rows;
+	for (uint32_t i = 0; i < out.n; i++)
+		y_in_place &= out.bytes[i] <= g->zc_y_bytes;
 	if (!x_in_place) {
 		if ((*rc = radiance__gpu_rows_copy(&in, 0, ln->stream)))
 			return 1;
@@ -816,8 +825,10 @@ static int run_mapped(struct gpu_state *g, struct lane *ln, struct radiance_back
 		src.x[0] = ln->x;
 		src.m[0] = m;
 	}
+	/* one request in place: its y as the plain [m][n] output (any path) */
 	if ((*rc = radiance__gpu_layer_run_rows(&g->dev, &ln->scratch, &l, &src, rows[i0].dtype,
-						y_in_place ? (uint16_t *)out.dst[0] : ln->y, ln->stream,
+						y_in_place && ydst.n == 1 ? ydst.y[0] : ln->y,
+						y_in_place && ydst.n > 1 ? &ydst : NULL, ln->stream,
 						RADIANCE_W4A8_AUTO, path)))
 		return 1;
 	if (!y_in_place)

@@ -104,10 +104,11 @@ static const struct setting settings[] = {
 	  "requests' rows are read at once); else the row-copy kernel gathers x "
 	  "into device memory first; 0: always gather (1024)" },
 	{ "zero_copy_y_kib", 275, "KIB", V_U32, OFF(zero_copy_y_kib), 0, 1u << 20,
-	  "GPU: a zero-copy launch of one request writes its y of at most this "
-	  "many KiB in place through the arena's device mapping; a larger y, and "
-	  "the y of a launch of several requests, is scattered from device memory "
-	  "by the row-copy kernel; 0: always scatter (1024)" },
+	  "GPU: a zero-copy launch's GEMM writes y in place through the arenas' "
+	  "device mapping when no request's y is larger than this many KiB (a "
+	  "launch of several requests: when it is in the decode band, "
+	  "decode_rows); else y is scattered from device memory by the row-copy "
+	  "kernel; 0: always scatter (1024)" },
 	{ "pin_piece_kib", 273, "KIB", V_U32, OFF(pin_piece_kib), 0, 1u << 22,
 	  "GPU: page-lock each session arena in pieces of this many KiB, a multiple "
 	  "of 4, so that no registration holds the driver's lock (which every launch "

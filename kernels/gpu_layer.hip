@@ -108,7 +108,7 @@ static int layer_check(const struct radiance__gpu_scratch *s, const struct radia
  * place from host memory are quantized once, by the quant kernel. */
 static int layer_run_w4a8(const struct radiance__gpu_device *dev, struct radiance__gpu_scratch *s,
 			  const struct radiance__gpu_layer *l, const struct radiance__gpu_quant_src *src,
-			  enum radiance_dtype dtype, uint32_t m, uint16_t *y, void *stream,
+			  enum radiance_dtype dtype, uint32_t m, uint16_t *y, uint16_t *const *y_rows, void *stream,
 			  enum radiance__w4a8_path force, int fuse, const char **path)
 {
 	struct radiance__w4a8_args a = {};
@@ -121,6 +121,7 @@ static int layer_run_w4a8(const struct radiance__gpu_device *dev, struct radianc
 	a.sc = l->sc;
 	a.bias = l->bias;
 	a.y = y;
+	a.y_rows = y_rows;
 	a.partials = s->f32;
 	a.partials_bytes = s->f32_bytes;
 	a.counters = s->counters;
@@ -143,8 +144,8 @@ static int layer_run_w4a8(const struct radiance__gpu_device *dev, struct radianc
 extern "C" int radiance__gpu_layer_run_rows(const struct radiance__gpu_device *dev, struct radiance__gpu_scratch *s,
 					    const struct radiance__gpu_layer *l,
 					    const struct radiance__gpu_quant_src *src, enum radiance_dtype dtype,
-					    uint16_t *y, void *stream, enum radiance__w4a8_path force,
-					    const char **path)
+					    uint16_t *y, const struct radiance__gpu_y_dst *ydst, void *stream,
+					    enum radiance__w4a8_path force, const char **path)
 {
 	const char *unused;
 	if (!path)
@@ -161,7 +162,24 @@ extern "C" int radiance__gpu_layer_run_rows(const struct radiance__gpu_device *d
 	int rc = layer_check(s, l, dtype, m);
 	if (rc || m == 0)
 		return rc;
-	return layer_run_w4a8(dev, s, l, src, dtype, (uint32_t)m, y, stream, force, 0, path);
+	if (!ydst)
+		return layer_run_w4a8(dev, s, l, src, dtype, (uint32_t)m, y, NULL, stream, force, 0, path);
+	/* the destinations' rows, one pointer each (the GEMM's y_rows) */
+	uint16_t *rowp[RADIANCE_W4A8_Y_ROWS_MAX];
+	uint64_t my = 0;
+	if (ydst->n > RADIANCE__GPU_ROWS_MAX)
+		return radiance__gpu_fail_text(-EINVAL, "%u y destinations (at most %u)", ydst->n,
+					       RADIANCE__GPU_ROWS_MAX);
+	for (uint32_t i = 0; i < ydst->n; i++)
+		my += ydst->m[i];
+	if (my != m || m > RADIANCE_W4A8_Y_ROWS_MAX)
+		return radiance__gpu_fail_text(-EINVAL, "y destinations of %llu rows for %llu rows of x (at most %u)",
+					       (unsigned long long)my, (unsigned long long)m, RADIANCE_W4A8_Y_ROWS_MAX);
+	uint32_t t = 0;
+	for (uint32_t i = 0; i < ydst->n; i++)
+		for (uint32_t r = 0; r < ydst->m[i]; r++)
+			rowp[t++] = ydst->y[i] + (size_t)r * l->n;
+	return layer_run_w4a8(dev, s, l, src, dtype, (uint32_t)m, NULL, rowp, stream, force, 0, path);
 }
 
 extern "C" int radiance__gpu_layer_run(const struct radiance__gpu_device *dev, struct radiance__gpu_scratch *s,
@@ -183,7 +201,7 @@ extern "C" int radiance__gpu_layer_run(const struct radiance__gpu_device *dev, s
 		src.n = 1;
 		src.x[0] = x;
 		src.m[0] = m;
-		return layer_run_w4a8(dev, s, l, &src, dtype, m, y, stream, force, 1, path);
+		return layer_run_w4a8(dev, s, l, &src, dtype, m, y, NULL, stream, force, 1, path);
 	}
 	const uint16_t *xb = (const uint16_t *)x;
 	if (!s->blas) {

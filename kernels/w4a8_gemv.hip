@@ -308,6 +308,12 @@ __global__ void __launch_bounds__(GV_THREADS, GV_MINB(TOK, NTW)) rad_w4a8_gemv(g
 	}
 
 	if (nsplit == 1) {
+		/* y through shared memory: each warp puts its bf16 outputs,
+		 * [token][NTW x 16 n], in its own ring (every copy into it has
+		 * landed), then the block stores whole 16-byte pieces of each
+		 * row, consecutive threads along n (y_store8) */
+		constexpr uint32_t WN = NTW * RAD_TILE_N;           /* n of a warp */
+		uint16_t *stg = (uint16_t *)(dsmem + GV_BAR_BYTES + warp * stages * SLOT);
 		if (active)
 #pragma unroll
 			for (int j = 0; j < NTW; j++)
@@ -319,9 +325,20 @@ __global__ void __launch_bounds__(GV_THREADS, GV_MINB(TOK, NTW)) rad_w4a8_gemv(g
 						acc_coord(it * 4 + q, lane, r, t);
 						const uint32_t n = (tile0 + j) * RAD_TILE_N + r;
 						if (n < P.n && t < P.m)
-							P.y[(size_t)t * P.n + n] =
+							stg[t * WN + j * RAD_TILE_N + r] =
 								out_bf16(acc[j][it][q], FQ ? fq_s[t] : P.s[t], P.bias, n);
 					}
+		RAD_SYNC();
+		constexpr uint32_t PW = WN / 8, PB = GV_WARPS * PW;   /* pieces of a row: warp, block */
+		const uint32_t n0 = RAD_BID_X() * GV_WARPS * WN, mt = P.m < (uint32_t)TOK ? P.m : (uint32_t)TOK;
+		for (uint32_t idx = tid; idx < mt * PB; idx += GV_THREADS) {
+			const uint32_t t = idx / PB, c = idx % PB, nb = n0 + c * 8;
+			if (nb >= P.n)
+				continue;
+			const uint8_t *src = dsmem + GV_BAR_BYTES + (c / PW) * stages * SLOT +
+					     (t * WN + c % PW * 8) * sizeof(uint16_t);
+			y_store8(P, t, nb, *(const rad_u4 *)src);
+		}
 		return;
 	}
 
@@ -348,16 +365,8 @@ __global__ void __launch_bounds__(GV_THREADS, GV_MINB(TOK, NTW)) rad_w4a8_gemv(g
 	if (!last_block)
 		return;
 	RAD_FENCE_DEVICE();
-	const uint32_t bn = GV_WARPS * NTW * RAD_TILE_N, n0 = RAD_BID_X() * bn;
-	for (uint32_t idx = tid; idx < bn * P.m; idx += GV_THREADS) {
-		const uint32_t n = n0 + idx % bn, t = idx / bn;
-		if (n >= P.n)
-			continue;
-		float v = 0.f;
-		for (uint32_t sp = 0; sp < nsplit; sp++)
-			v += rad_ld_cg(P.partials + ((size_t)sp * P.m + t) * P.n + n);
-		P.y[(size_t)t * P.n + n] = out_bf16(v, FQ ? fq_s[t] : P.s[t], P.bias, n);
-	}
+	const uint32_t bn = GV_WARPS * NTW * RAD_TILE_N;
+	splitk_fixup(P, RAD_BID_X() * bn, bn, nsplit, tid, GV_THREADS, FQ ? fq_s : P.s);
 	if (tid == 0)
 		P.counters[RAD_BID_X()] = 0;
 }

@@ -298,15 +298,31 @@ int radiance__gpu_layer_run(const struct radiance__gpu_device *dev, struct radia
 			    const struct radiance__gpu_layer *l, const void *x, enum radiance_dtype dtype,
 			    uint32_t m, uint16_t *y, void *stream, enum radiance__w4a8_path force, const char **path);
 
+/* Where a launch's stacked y rows go instead of one [m][n] buffer:
+ * destination i gets the next m[i] rows, [m[i]][n] bf16 at y[i] (device
+ * memory or the device address of registered host memory), in the order
+ * of the rows of x. A destination 16 bytes aligned, with n % 8 == 0, gets
+ * whole 16-byte stores. */
+struct radiance__gpu_y_dst {
+	uint32_t n;
+	uint16_t *y[RADIANCE__GPU_ROWS_MAX];
+	uint32_t m[RADIANCE__GPU_ROWS_MAX];
+};
+
 /* A W4A8 layer on rows stacked from several sources, each read in place
  * (radiance__gpu_quant_rows: device memory or the device address of
  * registered host memory, 16-byte aligned): y [sum m][n] bf16 as
- * radiance__gpu_layer_run, in one quant launch and the GEMM. -EINVAL for a
- * bf16 layer or too many sources, -E2BIG as radiance__gpu_layer_run. */
+ * radiance__gpu_layer_run, in one quant launch and the GEMM. With ydst
+ * (NULL: y), the GEMM writes each destination's rows in place and y is
+ * unused: sum of ydst->m equal to the rows of x, at most
+ * RADIANCE_W4A8_Y_ROWS_MAX of them, and a path other than wgmma (the
+ * decode band of radiance__w4a8_plan, or forced). -EINVAL for a bf16
+ * layer, too many sources or destinations, destinations that do not add
+ * up, or a wgmma launch with ydst; -E2BIG as radiance__gpu_layer_run. */
 int radiance__gpu_layer_run_rows(const struct radiance__gpu_device *dev, struct radiance__gpu_scratch *s,
 				 const struct radiance__gpu_layer *l, const struct radiance__gpu_quant_src *src,
-				 enum radiance_dtype dtype, uint16_t *y, void *stream, enum radiance__w4a8_path force,
-				 const char **path);
+				 enum radiance_dtype dtype, uint16_t *y, const struct radiance__gpu_y_dst *ydst,
+				 void *stream, enum radiance__w4a8_path force, const char **path);
 
 /* ----------------------------------------------------------------- bench */
 

@@ -22,6 +22,8 @@
 
 #include "w4a8_kernels.h"
 
+extern "C" int radiance__gpu_fail_text(int rc, const char *fmt, ...);   /* gpu_runtime.hip */
+
 extern "C" int radiance__w4a8_gemm(const struct radiance__gpu_device *dev, const struct radiance__w4a8_args *a,
 				   void *stream)
 {
@@ -49,6 +51,23 @@ extern "C" int radiance__w4a8_gemm(const struct radiance__gpu_device *dev, const
 	p.wn = GEMM_WARPS / plan.wk;
 	p.x = plan.fused ? a->x : NULL;
 	p.x_fp16 = a->x_dtype == RADIANCE_DTYPE_FP16;
+	/* whole 16-byte pieces of y where every row starts aligned */
+	p.y_rows = a->y_rows != NULL;
+	p.y16 = a->n % 8 == 0;
+	if (a->y_rows) {
+		if (a->m > RADIANCE_W4A8_Y_ROWS_MAX)
+			return radiance__gpu_fail_text(-EINVAL, "per-row y destinations for %u rows (at most %u)",
+						       a->m, RADIANCE_W4A8_Y_ROWS_MAX);
+		if (plan.path == RADIANCE_W4A8_WGMMA)
+			return radiance__gpu_fail_text(-EINVAL, "per-row y destinations on the wgmma path "
+						       "(%u rows of a %ux%u layer)", a->m, a->n, a->k);
+		for (uint32_t t = 0; t < a->m; t++) {
+			p.yrow[t] = a->y_rows[t];
+			p.y16 &= ((uintptr_t)a->y_rows[t] & 15) == 0;
+		}
+	} else {
+		p.y16 &= ((uintptr_t)a->y & 15) == 0;
+	}
 
 	switch (plan.path) {
 	case RADIANCE_W4A8_PORTABLE:

@@ -209,6 +209,13 @@ __global__ void __launch_bounds__(GEMM_THREADS, MMA_MIN_BLOCKS(TOK)) rad_w4a8_mm
 
 	const uint32_t nbase = ntile * RAD_TILE_N;
 	if (nsplit == 1) {
+#ifdef RAD_NVIDIA
+		/* y through shared memory: each K-slice-0 warp puts its tile's
+		 * bf16 outputs, [token][16 n], in its own ring (its copies have
+		 * landed; the reduction above reads only the other slices'
+		 * regions), then the block stores whole 16-byte pieces of each
+		 * row, consecutive threads along n (y_store8) */
+		uint16_t *stg = (uint16_t *)(dsmem + (size_t)warp * RING_WARP);
 		if (wk == 0 && active)
 #pragma unroll
 			for (int i = 0; i < NACC; i++) {
@@ -216,8 +223,37 @@ __global__ void __launch_bounds__(GEMM_THREADS, MMA_MIN_BLOCKS(TOK)) rad_w4a8_mm
 				acc_coord(i, lane, r, t);
 				const uint32_t n = nbase + r, tk = tok0 + t;
 				if (n < P.n && tk < P.m)
-					P.y[(size_t)tk * P.n + n] = out_bf16(acc[i], P.s[tk], P.bias, n);
+					stg[t * RAD_TILE_N + r] = out_bf16(acc[i], P.s[tk], P.bias, n);
 			}
+		RAD_SYNC();
+		const uint32_t pb = P.wn * (RAD_TILE_N / 8), n0 = RAD_BID_X() * P.wn * RAD_TILE_N;
+		const uint32_t mt = P.m - tok0 < (uint32_t)TOK ? P.m - tok0 : (uint32_t)TOK;
+		for (uint32_t idx = tid; idx < mt * pb; idx += GEMM_THREADS) {
+			const uint32_t t = idx / pb, c = idx % pb, nb = n0 + c * 8;
+			if (nb >= P.n)
+				continue;
+			/* piece c: warp c / 2 (K slice 0), its half c % 2 */
+			const uint8_t *src = dsmem + (size_t)(c / 2) * RING_WARP +
+					     (t * RAD_TILE_N + c % 2 * 8) * sizeof(uint16_t);
+			y_store8(P, tok0 + t, nb, *(const rad_u4 *)src);
+		}
+#else
+		/* a lane's accumulators it*8 + e are rows 8(lane/16) + e of one
+		 * token: a whole 16-byte piece in registers */
+		if (wk == 0 && active)
+#pragma unroll
+			for (int it = 0; it < NT; it++) {
+				const uint32_t tk = tok0 + (uint32_t)it * 16u + (lane & 15u);
+				const uint32_t nb = nbase + 8u * (lane >> 4);
+				if (tk >= P.m || nb >= P.n)
+					continue;
+				float v[8];
+#pragma unroll
+				for (int e = 0; e < 8; e++)
+					v[e] = acc[it * 8 + e];
+				y_store8(P, tk, nb, out_bf16x8(P, v, tk, nb, P.s));
+			}
+#endif
 		return;
 	}
 
@@ -240,16 +276,8 @@ __global__ void __launch_bounds__(GEMM_THREADS, MMA_MIN_BLOCKS(TOK)) rad_w4a8_mm
 	if (!last_block)
 		return;
 	RAD_FENCE_DEVICE();
-	const uint32_t bn = P.wn * RAD_TILE_N, n0 = RAD_BID_X() * bn;
-	for (uint32_t idx = tid; idx < bn * P.m; idx += GEMM_THREADS) {
-		const uint32_t n = n0 + idx % bn, t = idx / bn;
-		if (n >= P.n)
-			continue;
-		float v = 0.f;
-		for (uint32_t sp = 0; sp < nsplit; sp++)
-			v += rad_ld_cg(P.partials + ((size_t)sp * P.m + t) * P.n + n);
-		P.y[(size_t)t * P.n + n] = out_bf16(v, P.s[t], P.bias, n);
-	}
+	const uint32_t bn = P.wn * RAD_TILE_N;
+	splitk_fixup(P, RAD_BID_X() * bn, bn, nsplit, tid, GEMM_THREADS, P.s);
 	if (tid == 0)
 		P.counters[RAD_BID_X()] = 0;
 }

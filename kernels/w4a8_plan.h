@@ -134,6 +134,10 @@ struct radiance__w4a8_args {
 	const void *w, *sc;        /* device layout from radiance__w4a8_repack */
 	const float *bias;         /* [n] fp32 or NULL */
 	uint16_t *y;               /* [m][n] bf16 out; rows >= m never touched */
+	uint16_t *const *y_rows;   /* NULL: row t of y at y + t*n. Else m (at most
+	                              RADIANCE_W4A8_Y_ROWS_MAX) device addresses, host
+	                              array read at the call: row t (n bf16) at y_rows[t],
+	                              y unused; not for the WGMMA path (-EINVAL) */
 	float *partials;           /* split-K scratch (NULL: no global split) */
 	size_t partials_bytes;
 	uint32_t *counters;        /* zeroed once at allocation; left zeroed */
@@ -147,6 +151,10 @@ struct radiance__w4a8_args {
 	                              launch, sm_90; ignored elsewhere) */
 	const struct radiance__w4a8_settings *settings;   /* NULL: the defaults */
 };
+
+/* Rows a launch with per-row y destinations (radiance__w4a8_args.y_rows)
+ * may have: the decode band's largest M. */
+#define RADIANCE_W4A8_Y_ROWS_MAX 64u
 
 /* The plan radiance__w4a8_gemm uses for these args on `dev`. A path that
  * cannot run them (wgmma where it is not built, decode for m > 64, matrix

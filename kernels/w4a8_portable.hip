@@ -37,7 +37,7 @@ __global__ void __launch_bounds__(256) rad_w4a8_portable(gemm_params P)
 		float sc = rad_scale_of_row(P.sc + ((size_t)tile * G + g) * RAD_SCALE_BYTES, row);
 		acc = RAD_FADD(acc, RAD_FMUL(p, sc));
 	}
-	P.y[(size_t)t * P.n + n] = out_bf16(acc, P.s[t], P.bias, n);
+	y_row(P, t)[n] = out_bf16(acc, P.s[t], P.bias, n);
 }
 
 int radiance__w4a8_portable_launch(const gemm_params &p, void *stream)
