@@ -1418,5 +1418,9 @@ int main(void)
 		cmocka_unit_test(test_backend_zero_copy_y_in_place),
 		cmocka_unit_test(test_checkpoint_layers),
 	};
+	/* RADIANCE_TEST_FILTER: run only the tests whose names match (cmocka's
+	 * pattern: * and ?), e.g. on a device whose time is short */
+	if (getenv("RADIANCE_TEST_FILTER"))
+		cmocka_set_test_filter(getenv("RADIANCE_TEST_FILTER"));
 	return cmocka_run_group_tests_name("test_gpu", tests, setup, teardown);
 }
