@@ -8,13 +8,13 @@
  * split-K partials (and bf16-layer GEMM results), the split-K counters and
  * the BLAS workspace. Serving never allocates device memory.
  *
- * A launch (linear_start) is queued on the backend's one stream and returns
- * at once: per run of requests of one activation dtype, the stacked rows'
+ * A launch (linear_start) is queued on its lane (below) and returns at
+ * once: per run of requests of one activation dtype, the stacked rows'
  * quant and GEMM, then a completion word: the stream writes the launch's
  * ticket into a word of registered host memory (radiance__gpu_signal,
  * cuStreamWriteValue32 on CUDA) after everything before it, and
  * linear_done() only reads that word (and, every 4096th unfinished look,
- * asks the stream whether the device faulted). linear() is linear_start
+ * asks the lane's streams whether the device faulted). linear() is linear_start
  * plus a spin on the word.
  *
  * Moving rows (docs/gpu.md has the measurements): a W4A8 launch of at most

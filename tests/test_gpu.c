@@ -847,11 +847,14 @@ static void done_wait(struct radiance_backend *be, uint64_t ticket)
  * 1024 rows and wrap; pieces of 200 wrap with a gap at the end; one piece
  * as big as the buffer; a last piece of 40 rows, which runs zero-copy
  * (run_mapped) in the arena and as copies out of unregistered memory),
- * W4A8 and bf16 layers, bf16 and fp16 activations. Every piece against
- * the CPU reference and the guard row after every request's y. */
-static void test_backend_pipeline_prefill(void **state)
+ * W4A8 and bf16 layers, bf16 and fp16 activations. The zero-copy piece
+ * with x gathered and y scattered through its own staging rows (limits 0),
+ * and with both in place (the daemon's default limits: the GEMM's stores
+ * to host memory on the lane's stream, the completion word on copy-out).
+ * Every piece against the CPU reference and the guard row after every
+ * request's y. */
+static void pipeline_prefill(uint32_t zero_copy_kib)
 {
-	(void)state;
 	NEED_GPU();
 	const uint32_t n = 512, k = 1024, nb = 136, kb = 320;
 	struct layer_data L;
@@ -868,7 +871,8 @@ static void test_backend_pipeline_prefill(void **state)
 		{.name = "pipe.bf16", .kind = RADIANCE_LAYER_BF16, .n = nb, .k = kb, .weight = wb, .bias = bb},
 	};
 	struct radiance_backend_options opt = {.kind = "gpu", .device = 0, .max_rows = 1024, .max_decode_rows = 64,
-					       .max_n = 512, .max_k = 1024, .zero_copy_rows = 64};
+					       .max_n = 512, .max_k = 1024, .zero_copy_rows = 64,
+					       .zero_copy_x_kib = zero_copy_kib, .zero_copy_y_kib = zero_copy_kib};
 	struct radiance_backend *be = NULL;
 	char err[256] = "";
 	int rc = radiance_backend_create(&opt, &be, err, sizeof err);
@@ -925,7 +929,8 @@ static void test_backend_pipeline_prefill(void **state)
 		}
 		for (size_t r = 0; r < NREQ; r++)
 			guard_check(&q[r].whole, l);
-		printf("# %s: %zu pieces of %d requests queued at once, all as the CPU\n", l->name, np, (int)NREQ);
+		printf("# %s, zero-copy limits %u KiB: %zu pieces of %d requests queued at once, all as the CPU\n",
+		       l->name, zero_copy_kib, np, (int)NREQ);
 	}
 	radiance_backend_unregister_host(be, arena);
 	for (int li = 0; li < 2; li++)
@@ -936,6 +941,13 @@ static void test_backend_pipeline_prefill(void **state)
 	free(wb);
 	free(bb);
 	layer_drop(&L);
+}
+
+static void test_backend_pipeline_prefill(void **state)
+{
+	(void)state;
+	pipeline_prefill(0);
+	pipeline_prefill(1024);
 }
 
 /* Decode-lane launches (zero-copy in the arena, and copies from
