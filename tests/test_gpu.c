@@ -528,6 +528,44 @@ static struct radiance_rows request_make(uint16_t *x, uint16_t *y, uint32_t m, c
 	return (struct radiance_rows){.x = x, .y = y, .m = m, .dtype = dt};
 }
 
+/* request_make for a request laid out at *off in buf (len bytes): x, then
+ * y and its guard row, each at a multiple of 64 bytes; *off moves past. */
+static struct radiance_rows request_at(uint8_t *buf, size_t len, size_t *off, uint32_t m,
+				       const struct radiance_layer *l, enum radiance_dtype dt, int special)
+{
+	uint16_t *x = (uint16_t *)(buf + *off);
+	*off += ((size_t)m * l->k * 2 + 63) & ~(size_t)63;
+	uint16_t *y = (uint16_t *)(buf + *off);
+	*off += ((size_t)(m + 1) * l->n * 2 + 63) & ~(size_t)63;   /* + a guard row */
+	assert_true(*off <= len);
+	return request_make(x, y, m, l, dt, special);
+}
+
+/* A gpu backend with opt, or the test fails saying why. */
+static struct radiance_backend *backend_ok(const struct radiance_backend_options *opt)
+{
+	struct radiance_backend *be = NULL;
+	char err[256] = "";
+	const int rc = radiance_backend_create(opt, &be, err, sizeof err);
+	if (rc)
+		printf("# backend create: %s\n", err);
+	assert_int_equal(rc, 0);
+	return be;
+}
+
+/* Random bf16 weights [n][k] (small) and a bias [n], malloc'ed. */
+static void bf16_make(uint32_t n, uint32_t k, uint16_t **w, float **bias)
+{
+	*w = malloc((size_t)n * k * 2);
+	*bias = malloc(n * 4);
+	assert_non_null(*w);
+	assert_non_null(*bias);
+	for (size_t i = 0; i < (size_t)n * k; i++)
+		(*w)[i] = radiance_bf16_from_f32(nrand() * 0.05f);
+	for (uint32_t i = 0; i < n; i++)
+		(*bias)[i] = nrand();
+}
+
 static void linear_ok(struct radiance_backend *be, const struct radiance_layer *l, struct radiance_backend_layer *h,
 		      const struct radiance_rows *rows, size_t nrows)
 {
@@ -590,24 +628,17 @@ static void backend_ops(uint32_t pin_piece_kib)
 	layer_make(&L, n, k, 1);
 	struct radiance_layer lw = {.name = "test.w4a8", .kind = RADIANCE_LAYER_W4A8, .n = n, .k = k,
 				    .qweight = L.qweight, .scales = L.scales, .bias = L.bias};
-	uint16_t *wb = malloc((size_t)nb * kb * 2);
-	float *bb = malloc(nb * 4);
-	for (size_t i = 0; i < (size_t)nb * kb; i++)
-		wb[i] = radiance_bf16_from_f32(nrand() * 0.05f);
-	for (uint32_t i = 0; i < nb; i++)
-		bb[i] = nrand();
+	uint16_t *wb;
+	float *bb;
+	bf16_make(nb, kb, &wb, &bb);
 	struct radiance_layer lb = {.name = "test.bf16", .kind = RADIANCE_LAYER_BF16, .n = nb, .k = kb,
 				    .weight = wb, .bias = bb};
 
 	struct radiance_backend_options opt = {.kind = "gpu", .device = 0, .max_rows = 160,
 					       .max_decode_rows = 64, .max_n = 256, .max_k = 1024,
 					       .zero_copy_rows = 64, .pin_piece_kib = pin_piece_kib};
-	struct radiance_backend *be = NULL;
+	struct radiance_backend *be = backend_ok(&opt);
 	char err[256] = "";
-	int rc = radiance_backend_create(&opt, &be, err, sizeof err);
-	if (rc)
-		printf("# backend create: %s\n", err);
-	assert_int_equal(rc, 0);
 	struct radiance_backend_info info;
 	radiance_backend_info(be, &info);
 	printf("# backend %s on %s, %.1f MiB scratch\n", info.name, info.device, info.scratch_bytes / 1048576.0);
@@ -637,11 +668,7 @@ static void backend_ops(uint32_t pin_piece_kib)
 				const uint32_t m = groups[gi][j];
 				const enum radiance_dtype dt = gi < 4 && ((gi + j) & 1) ? RADIANCE_DTYPE_FP16
 										  : RADIANCE_DTYPE_BF16;
-				uint16_t *x = (uint16_t *)(arena + off);
-				off += ((size_t)m * l->k * 2 + 63) & ~(size_t)63;
-				uint16_t *y = (uint16_t *)(arena + off);
-				off += ((size_t)(m + 1) * l->n * 2 + 63) & ~(size_t)63;   /* + a guard row */
-				rows[nrows++] = request_make(x, y, m, l, dt, 0);
+				rows[nrows++] = request_at(arena, arena_len, &off, m, l, dt, 0);
 			}
 			linear_ok(be, l, layer ? hb : hw, rows, nrows);
 			for (size_t j = 0; j < nrows; j++) {
@@ -736,11 +763,7 @@ static void test_backend_zero_copy_requests(void **state)
 						       .max_decode_rows = 64, .max_n = 512, .max_k = 17408,
 						       .zero_copy_rows = 64, .zero_copy_x_kib = limits[li][0],
 						       .zero_copy_y_kib = limits[li][1], .pin_piece_kib = li == 1 ? 64 : 0};
-		struct radiance_backend *be = NULL;
-		int rc = radiance_backend_create(&opt, &be, err, sizeof err);
-		if (rc)
-			printf("# backend create: %s\n", err);
-		assert_int_equal(rc, 0);
+		struct radiance_backend *be = backend_ok(&opt);
 		struct radiance_backend_layer *h[2];
 		for (int si = 0; si < 2; si++)
 			assert_int_equal(radiance_backend_layer_upload(be, &lw[si], &h[si], err, sizeof err), 0);
@@ -859,12 +882,9 @@ static void pipeline_prefill(uint32_t zero_copy_kib)
 	const uint32_t n = 512, k = 1024, nb = 136, kb = 320;
 	struct layer_data L;
 	layer_make(&L, n, k, 1);
-	uint16_t *wb = malloc((size_t)nb * kb * 2);
-	float *bb = malloc(nb * 4);
-	for (size_t i = 0; i < (size_t)nb * kb; i++)
-		wb[i] = radiance_bf16_from_f32(nrand() * 0.05f);
-	for (uint32_t i = 0; i < nb; i++)
-		bb[i] = nrand();
+	uint16_t *wb;
+	float *bb;
+	bf16_make(nb, kb, &wb, &bb);
 	const struct radiance_layer layers[2] = {
 		{.name = "pipe.w4a8", .kind = RADIANCE_LAYER_W4A8, .n = n, .k = k, .qweight = L.qweight,
 		 .scales = L.scales, .bias = L.bias},
@@ -873,18 +893,15 @@ static void pipeline_prefill(uint32_t zero_copy_kib)
 	struct radiance_backend_options opt = {.kind = "gpu", .device = 0, .max_rows = 1024, .max_decode_rows = 64,
 					       .max_n = 512, .max_k = 1024, .zero_copy_rows = 64,
 					       .zero_copy_x_kib = zero_copy_kib, .zero_copy_y_kib = zero_copy_kib};
-	struct radiance_backend *be = NULL;
+	struct radiance_backend *be = backend_ok(&opt);
 	char err[256] = "";
-	int rc = radiance_backend_create(&opt, &be, err, sizeof err);
-	if (rc)
-		printf("# backend create: %s\n", err);
-	assert_int_equal(rc, 0);
 	struct radiance_backend_layer *h[2];
 	for (int li = 0; li < 2; li++)
 		assert_int_equal(radiance_backend_layer_upload(be, &layers[li], &h[li], err, sizeof err), 0);
 	const size_t arena_len = 32u << 20;
 	uint8_t *arena = aligned_alloc(4096, arena_len);
-	uint8_t *plain = aligned_alloc(4096, 8u << 20);   /* never registered */
+	const size_t plain_len = 8u << 20;
+	uint8_t *plain = aligned_alloc(4096, plain_len);   /* never registered */
 	assert_non_null(arena);
 	assert_non_null(plain);
 	memset(arena, 0xA5, arena_len);
@@ -902,15 +919,10 @@ static void pipeline_prefill(uint32_t zero_copy_kib)
 		size_t np = 0, off = 0, poff = 0;
 		for (size_t r = 0; r < NREQ; r++) {
 			const uint32_t m = reqs[r][0];
-			uint8_t *base = reqs[r][2] ? plain : arena;
-			size_t *o = reqs[r][2] ? &poff : &off;
-			uint16_t *x = (uint16_t *)(base + *o);
-			*o += ((size_t)m * l->k * 2 + 63) & ~(size_t)63;
-			uint16_t *y = (uint16_t *)(base + *o);
-			*o += ((size_t)(m + 1) * l->n * 2 + 63) & ~(size_t)63;   /* + a guard row */
-			assert_true(*o <= (reqs[r][2] ? 8u << 20 : arena_len));
+			const enum radiance_dtype dt = (r & 1) ? RADIANCE_DTYPE_FP16 : RADIANCE_DTYPE_BF16;
 			q[r] = (struct piece_req){
-				.whole = request_make(x, y, m, l, (r & 1) ? RADIANCE_DTYPE_FP16 : RADIANCE_DTYPE_BF16, 0),
+				.whole = reqs[r][2] ? request_at(plain, plain_len, &poff, m, l, dt, 0)
+						    : request_at(arena, arena_len, &off, m, l, dt, 0),
 				.piece = reqs[r][1],
 			};
 			np += pieces_of(&q[r], pieces + np, l);
@@ -966,17 +978,14 @@ static void test_backend_pipeline_decode_mix(void **state)
 					 .qweight = L.qweight, .scales = L.scales, .bias = L.bias};
 	struct radiance_backend_options opt = {.kind = "gpu", .device = 0, .max_rows = 1024, .max_decode_rows = 64,
 					       .max_n = 1024, .max_k = 2048, .zero_copy_rows = 64};
-	struct radiance_backend *be = NULL;
+	struct radiance_backend *be = backend_ok(&opt);
 	char err[256] = "";
-	int rc = radiance_backend_create(&opt, &be, err, sizeof err);
-	if (rc)
-		printf("# backend create: %s\n", err);
-	assert_int_equal(rc, 0);
 	struct radiance_backend_layer *h = NULL;
 	assert_int_equal(radiance_backend_layer_upload(be, &l, &h, err, sizeof err), 0);
 	const size_t arena_len = 32u << 20;
 	uint8_t *arena = aligned_alloc(4096, arena_len);
-	uint8_t *plain = aligned_alloc(4096, 4u << 20);
+	const size_t plain_len = 4u << 20;
+	uint8_t *plain = aligned_alloc(4096, plain_len);
 	assert_non_null(arena);
 	assert_non_null(plain);
 	memset(arena, 0xA5, arena_len);
@@ -987,13 +996,9 @@ static void test_backend_pipeline_decode_mix(void **state)
 	struct radiance_rows pieces[PIPE_MAX_PIECES];
 	size_t np = 0;
 	for (int r = 0; r < 2; r++) {
-		const uint32_t m = r ? 1000 : 1280;
-		uint16_t *x = (uint16_t *)(arena + off);
-		off += ((size_t)m * k * 2 + 63) & ~(size_t)63;
-		uint16_t *y = (uint16_t *)(arena + off);
-		off += ((size_t)(m + 1) * n * 2 + 63) & ~(size_t)63;
 		q[r] = (struct piece_req){
-			.whole = request_make(x, y, m, &l, r ? RADIANCE_DTYPE_FP16 : RADIANCE_DTYPE_BF16, 0),
+			.whole = request_at(arena, arena_len, &off, r ? 1000 : 1280, &l,
+					    r ? RADIANCE_DTYPE_FP16 : RADIANCE_DTYPE_BF16, 0),
 			.piece = 256,
 		};
 		np += pieces_of(&q[r], pieces + np, &l);
@@ -1003,14 +1008,9 @@ static void test_backend_pipeline_decode_mix(void **state)
 	enum { NDEC = sizeof dec / sizeof dec[0] };
 	struct radiance_rows d[NDEC];
 	for (size_t i = 0; i < NDEC; i++) {
-		uint8_t *base = dec[i][1] ? plain : arena;
-		size_t *o = dec[i][1] ? &poff : &off;
-		uint16_t *x = (uint16_t *)(base + *o);
-		*o += ((size_t)dec[i][0] * k * 2 + 63) & ~(size_t)63;
-		uint16_t *y = (uint16_t *)(base + *o);
-		*o += ((size_t)(dec[i][0] + 1) * n * 2 + 63) & ~(size_t)63;
-		assert_true(*o <= (dec[i][1] ? 4u << 20 : arena_len));
-		d[i] = request_make(x, y, dec[i][0], &l, (i & 1) ? RADIANCE_DTYPE_FP16 : RADIANCE_DTYPE_BF16, i == 0);
+		const enum radiance_dtype dt = (i & 1) ? RADIANCE_DTYPE_FP16 : RADIANCE_DTYPE_BF16;
+		d[i] = dec[i][1] ? request_at(plain, plain_len, &poff, dec[i][0], &l, dt, i == 0)
+				 : request_at(arena, arena_len, &off, dec[i][0], &l, dt, i == 0);
 	}
 	/* interleaved: a decode launch after every piece, until they run out */
 	uint64_t pt[PIPE_MAX_PIECES], dt[NDEC];
