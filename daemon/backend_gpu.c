@@ -907,7 +907,10 @@ static int launch_copied(struct gpu_state *g, struct lane *ln, struct radiance_b
 			 uint32_t y_row, void *in, void *out, const char **path)
 {
 	const size_t xrow = (size_t)h->k * 2, yrow = (size_t)h->n * 2;
-	uint16_t *x = ln->x + (size_t)x_row * h->k, *y = ln->y + (size_t)y_row * h->n;
+	/* a staging row is max_k (x) or max_n (y) wide: ranges taken in rows
+	 * stay apart in memory whatever layer each one's launch is for (the
+	 * rows of one launch are packed at its own k and n inside its range) */
+	uint16_t *x = ln->x + (size_t)x_row * g->max_k, *y = ln->y + (size_t)y_row * g->max_n;
 	uint32_t off = 0;
 	int rc;
 	for (size_t i = i0; i < i1; i++) {
@@ -964,11 +967,17 @@ static int launch_piped(struct gpu_state *g, struct lane *ln, struct radiance_ba
 		return rc;
 	if (yt.wait >= 0 && (rc = radiance__gpu_stream_wait_event(ln->stream, ln->y_guard[yt.wait])))
 		return rc;
+	/* copy-in waits for the x rows' last reader whichever way this launch
+	 * runs: taking the rows retired the older x records too, and a later
+	 * copy on copy-in into their rows relies on this wait (a zero-copy
+	 * launch's own gather on the lane's stream would not need it) */
+	if (xt.wait >= 0 && (rc = radiance__gpu_stream_wait_event(ln->in, ln->x_guard[xt.wait])))
+		return rc;
 	/* run_mapped stages from the lane's x and y: this launch's rows for
 	 * the call (one thread, the executor's, uses a lane) */
 	uint16_t *const x0 = ln->x, *const y0 = ln->y;
-	ln->x += (size_t)xt.first * h->k;
-	ln->y += (size_t)yt.first * h->n;
+	ln->x += (size_t)xt.first * g->max_k;   /* rows as in launch_copied */
+	ln->y += (size_t)yt.first * g->max_n;
 	const int mapped = run_mapped(g, ln, h, rows, i0, i1, m, path, &rc);
 	ln->x = x0;
 	ln->y = y0;
@@ -977,8 +986,7 @@ static int launch_piped(struct gpu_state *g, struct lane *ln, struct radiance_ba
 		if (rc || (rc = stage_handoff_out(ln)))
 			return rc;
 	} else {
-		if ((xt.wait >= 0 && (rc = radiance__gpu_stream_wait_event(ln->in, ln->x_guard[xt.wait]))) ||
-		    (rc = launch_copied(g, ln, h, rows, i0, i1, m, xt.first, yt.first, ln->in, ln->out, path)))
+		if ((rc = launch_copied(g, ln, h, rows, i0, i1, m, xt.first, yt.first, ln->in, ln->out, path)))
 			return rc;
 	}
 	if ((rc = radiance__gpu_event_record(ln->x_guard[xt.slot], ln->stream)))
