@@ -8,13 +8,13 @@
  * split-K partials (and bf16-layer GEMM results), the split-K counters and
  * the BLAS workspace. Serving never allocates device memory.
  *
- * A launch (linear_start) is queued on the backend's one stream and returns
- * at once: per run of requests of one activation dtype, the stacked rows'
+ * A launch (linear_start) is queued on its lane (below) and returns at
+ * once: per run of requests of one activation dtype, the stacked rows'
  * quant and GEMM, then a completion word: the stream writes the launch's
  * ticket into a word of registered host memory (radiance__gpu_signal,
  * cuStreamWriteValue32 on CUDA) after everything before it, and
  * linear_done() only reads that word (and, every 4096th unfinished look,
- * asks the stream whether the device faulted). linear() is linear_start
+ * asks the lane's streams whether the device faulted). linear() is linear_start
  * plus a spin on the word.
  *
  * Moving rows (docs/gpu.md has the measurements): a W4A8 launch of at most
@@ -56,6 +56,7 @@
 
 #include "log.h"
 #include "numerics_bound.h"
+#include "stage_ring.h"
 #include "w4a8_cpu.h"
 #include "w4a8_gpu.h"
 
@@ -103,6 +104,19 @@ struct gate_seen {
 #define LANE_BULK 1
 #define DECODE_LANE_ROWS 64u       /* most rows of a lane-0 launch */
 
+/* The bulk lane is a pipeline of three streams (docs/gpu.md "Moving
+ * rows"): copy-in (x, host to staging), the lane's stream (quant and GEMM:
+ * everything that touches the scratch stays on it, in order) and copy-out
+ * (y, staging to host, then the completion word, so that a ticket's word
+ * follows its own y and the words of the lane come in ticket order). A
+ * piece takes the next free rows of each staging buffer (stage_ring.h):
+ * x rows are free again once the launch that read them ran on the lane's
+ * stream (x_guard, recorded there), y rows once their copy-out ran
+ * (y_guard, recorded on copy-out). So piece i+1's x copy and piece i-1's
+ * y copy run beside piece i's GEMM. */
+#define STAGE_ALIGN 64u            /* rows: x is padded to 64 rows, and every
+				      range starts 128-byte aligned */
+
 struct lane {
 	void *stream;
 	uint32_t rows;             /* staging rows */
@@ -110,6 +124,12 @@ struct lane {
 	uint16_t *y;               /* [rows][max_n] bf16 staging */
 	struct radiance__gpu_scratch scratch;   /* codes, scales, split-K, BLAS */
 	uint32_t seq;              /* the last ticket handed out */
+	/* the bulk lane's pipeline (NULL on the decode lane, which runs
+	 * everything on its one stream from row 0) */
+	void *in, *out;            /* copy-in and copy-out streams */
+	void *x_ready, *y_ready;   /* in -> stream, stream -> out hand-offs */
+	void *x_guard[STAGE_RING_SLOTS], *y_guard[STAGE_RING_SLOTS];
+	struct stage_ring xs, ys;  /* which staging rows are whose */
 };
 
 struct gpu_state {
@@ -162,6 +182,21 @@ static int gpu_err(char *err, size_t errlen, int rc, const char *what)
 	return rc;
 }
 
+/* Waits for everything queued on a lane's streams; the first error (0,
+ * -EIO). Its staging rows are all free after. */
+static int lane_sync(struct lane *ln)
+{
+	int rc = 0;
+	void *const st[3] = { ln->in, ln->stream, ln->out };
+	for (int i = 0; i < 3; i++) {
+		int r = st[i] ? radiance__gpu_stream_sync(st[i]) : 0;
+		rc = rc ? rc : r;
+	}
+	stage_ring_reset(&ln->xs);
+	stage_ring_reset(&ln->ys);
+	return rc;
+}
+
 static void gpu_destroy(void *state)
 {
 	struct gpu_state *g = state;
@@ -169,11 +204,18 @@ static void gpu_destroy(void *state)
 		return;
 	for (int i = 0; i < 2; i++) {
 		struct lane *ln = &g->lanes[i];
-		if (ln->stream)
-			radiance__gpu_stream_sync(ln->stream);
+		lane_sync(ln);
 		radiance__gpu_scratch_destroy(&ln->scratch);
 		radiance__gpu_free(ln->y);
 		radiance__gpu_free(ln->x);
+		for (unsigned j = 0; j < STAGE_RING_SLOTS; j++) {
+			radiance__gpu_event_destroy(ln->x_guard[j]);
+			radiance__gpu_event_destroy(ln->y_guard[j]);
+		}
+		radiance__gpu_event_destroy(ln->x_ready);
+		radiance__gpu_event_destroy(ln->y_ready);
+		radiance__gpu_stream_destroy(ln->out);
+		radiance__gpu_stream_destroy(ln->in);
 		radiance__gpu_stream_destroy(ln->stream);
 	}
 	if (g->stream) {
@@ -197,8 +239,7 @@ static void gpu_destroy(void *state)
 static void sync_lanes(struct gpu_state *g)
 {
 	for (int i = 0; i < 2; i++)
-		if (g->lanes[i].stream)
-			radiance__gpu_stream_sync(g->lanes[i].stream);
+		lane_sync(&g->lanes[i]);
 }
 
 static int alloc_dev(struct gpu_state *g, void **p, size_t bytes)
@@ -243,6 +284,27 @@ static void share_choose(struct gpu_state *g, const char *want)
 	else
 		log_warn("gpu backend: models are not mappable (%s): MapModel is refused",
 			 g->share_why);
+}
+
+/* The bulk lane's copy streams, hand-off events and staging rings (no
+ * device memory: the staging buffers are shared out by rows). */
+static int lane_pipeline_create(struct lane *ln, size_t rows_pad)
+{
+	int rc;
+	if ((rc = radiance__gpu_stream_create_priority(&ln->in, 0)) ||
+	    (rc = radiance__gpu_stream_create_priority(&ln->out, 0)) ||
+	    (rc = radiance__gpu_event_create_sync(&ln->x_ready)) ||
+	    (rc = radiance__gpu_event_create_sync(&ln->y_ready)))
+		return rc;
+	for (unsigned j = 0; j < STAGE_RING_SLOTS; j++)
+		if ((rc = radiance__gpu_event_create_sync(&ln->x_guard[j])) ||
+		    (rc = radiance__gpu_event_create_sync(&ln->y_guard[j])))
+			return rc;
+	/* x has rows_pad rows: a range at a multiple of 64 rows keeps the
+	 * padding a kernel may read inside the buffer */
+	stage_ring_init(&ln->xs, (uint32_t)rows_pad, STAGE_ALIGN);
+	stage_ring_init(&ln->ys, ln->rows, STAGE_ALIGN);
+	return 0;
 }
 
 static int gpu_create(const struct radiance_backend_options *opt, void **state, char *err, size_t errlen)
@@ -291,6 +353,8 @@ static int gpu_create(const struct radiance_backend_options *opt, void **state, 
 		g->scratch_bytes += ln->scratch.bytes;
 		ln->scratch.settings.prefill = prefill;
 		ln->scratch.settings.wgmma_tile = opt->wgmma_tile;
+		if (i == LANE_BULK && (rc = lane_pipeline_create(ln, rows_pad)))
+			goto fail;
 	}
 	if ((rc = radiance__gpu_stream_create_priority(&g->stream, 0)))
 		goto fail;
@@ -696,15 +760,16 @@ static void gate_check(struct gpu_state *g, const struct radiance_layer *l, cons
 
 /* --------------------------------------------------------------- linear */
 
-/* Rows [0, m) of ln->x hold the stacked activations; results to ln->y. */
+/* Staging x [m][k] holds the stacked activations; results to staging y,
+ * on the lane's stream. */
 static int run_launch(struct gpu_state *g, struct lane *ln, struct radiance_backend_layer *h,
-		      enum radiance_dtype dtype, uint32_t m, const char **path)
+		      enum radiance_dtype dtype, uint32_t m, const uint16_t *x, uint16_t *y, const char **path)
 {
 	const struct radiance__gpu_layer l = {
 		.bf16 = h->kind == RADIANCE_LAYER_BF16, .n = h->n, .k = h->k, .w = h->w, .sc = h->sc,
 		.bias = h->bias,
 	};
-	return radiance__gpu_layer_run(&g->dev, &ln->scratch, &l, ln->x, dtype, m, ln->y, ln->stream,
+	return radiance__gpu_layer_run(&g->dev, &ln->scratch, &l, x, dtype, m, y, ln->stream,
 				       RADIANCE_W4A8_AUTO, path);
 }
 
@@ -836,6 +901,110 @@ static int run_mapped(struct gpu_state *g, struct lane *ln, struct radiance_back
 	return 1;
 }
 
+/* What the lane's stream queued so far comes before what copy-out queues next. */
+static int stage_handoff_out(struct lane *ln)
+{
+	int rc = radiance__gpu_event_record(ln->y_ready, ln->stream);
+	return rc ? rc : radiance__gpu_stream_wait_event(ln->out, ln->y_ready);
+}
+
+/* Rows [i0, i1) of one dtype, m rows in all, through the staging
+ * buffers: each request's x copied in on `in` to staging rows from x_row,
+ * the launch on the lane's stream, each y copied out on `out` from staging
+ * rows from y_row. On the decode lane all three are its one stream and
+ * both rows 0; on the bulk lane the caller orders the streams. */
+static int launch_copied(struct gpu_state *g, struct lane *ln, struct radiance_backend_layer *h,
+			 const struct radiance_rows *rows, size_t i0, size_t i1, uint32_t m, uint32_t x_row,
+			 uint32_t y_row, void *in, void *out, const char **path)
+{
+	const size_t xrow = (size_t)h->k * 2, yrow = (size_t)h->n * 2;
+	/* a staging row is max_k (x) or max_n (y) wide: ranges taken in rows
+	 * stay apart in memory whatever layer each one's launch is for (the
+	 * rows of one launch are packed at its own k and n inside its range) */
+	uint16_t *x = ln->x + (size_t)x_row * g->max_k, *y = ln->y + (size_t)y_row * g->max_n;
+	uint32_t off = 0;
+	int rc;
+	for (size_t i = i0; i < i1; i++) {
+		if (rows[i].m && (rc = copy_host(g, (uint8_t *)x + (size_t)off * xrow, (void *)rows[i].x,
+						 rows[i].m * xrow, 0, in)))
+			return rc;
+		off += rows[i].m;
+	}
+	if (in != ln->stream &&
+	    ((rc = radiance__gpu_event_record(ln->x_ready, in)) ||
+	     (rc = radiance__gpu_stream_wait_event(ln->stream, ln->x_ready))))
+		return rc;
+	if ((rc = run_launch(g, ln, h, rows[i0].dtype, m, x, y, path)))
+		return rc;
+	if (out != ln->stream && (rc = stage_handoff_out(ln)))
+		return rc;
+	off = 0;
+	for (size_t i = i0; i < i1; i++) {
+		if (rows[i].m && (rc = copy_host(g, (uint8_t *)y + (size_t)off * yrow, rows[i].y,
+						 rows[i].m * yrow, 1, out)))
+			return rc;
+		off += rows[i].m;
+	}
+	return 0;
+}
+
+/* Reserves m staging rows of a ring (stage_ring.h) and commits them;
+ * t->wait is the slot whose guard must be waited for before they are
+ * written. */
+static int lane_stage_take(struct stage_ring *r, uint32_t m, struct stage_take *t)
+{
+	int rc = stage_ring_reserve(r, m, STAGE_RING_NEXT, t);
+	if (rc)   /* backend.c keeps launches within max_rows: not seen */
+		return radiance__gpu_fail_text(rc, "%u rows do not fit the bulk lane's %u staging rows", m,
+					       r->rows);
+	stage_ring_commit(r, t);
+	return 0;
+}
+
+/* The bulk lane's launch of rows [i0, i1) of one dtype, m rows, in staging
+ * rows of its own, x and y (stage_ring). The lane's stream waits for the
+ * copy-out that last read its y rows before anything writes them; then
+ * either run_mapped (zero-copy; its gather and scatter use this launch's
+ * rows), or: the x copy on copy-in, after the launch that last read those
+ * x rows; the launch after the copy; the y copy on copy-out after the
+ * launch. Each range's guard is recorded once its last user is queued:
+ * x's on the lane's stream, y's on copy-out. */
+static int launch_piped(struct gpu_state *g, struct lane *ln, struct radiance_backend_layer *h,
+			const struct radiance_rows *rows, size_t i0, size_t i1, uint32_t m, const char **path)
+{
+	struct stage_take xt, yt;
+	int rc = 0;
+	if ((rc = lane_stage_take(&ln->xs, m, &xt)) || (rc = lane_stage_take(&ln->ys, m, &yt)))
+		return rc;
+	if (yt.wait >= 0 && (rc = radiance__gpu_stream_wait_event(ln->stream, ln->y_guard[yt.wait])))
+		return rc;
+	/* copy-in waits for the x rows' last reader whichever way this launch
+	 * runs: taking the rows retired the older x records too, and a later
+	 * copy on copy-in into their rows relies on this wait (a zero-copy
+	 * launch's own gather on the lane's stream would not need it) */
+	if (xt.wait >= 0 && (rc = radiance__gpu_stream_wait_event(ln->in, ln->x_guard[xt.wait])))
+		return rc;
+	/* run_mapped stages from the lane's x and y: this launch's rows for
+	 * the call (one thread, the executor's, uses a lane) */
+	uint16_t *const x0 = ln->x, *const y0 = ln->y;
+	ln->x += (size_t)xt.first * g->max_k;   /* rows as in launch_copied */
+	ln->y += (size_t)yt.first * g->max_n;
+	const int mapped = run_mapped(g, ln, h, rows, i0, i1, m, path, &rc);
+	ln->x = x0;
+	ln->y = y0;
+	if (mapped) {
+		/* the x rows' earlier readers ran on the lane's stream before it */
+		if (rc || (rc = stage_handoff_out(ln)))
+			return rc;
+	} else {
+		if ((rc = launch_copied(g, ln, h, rows, i0, i1, m, xt.first, yt.first, ln->in, ln->out, path)))
+			return rc;
+	}
+	if ((rc = radiance__gpu_event_record(ln->x_guard[xt.slot], ln->stream)))
+		return rc;
+	return radiance__gpu_event_record(ln->y_guard[yt.slot], ln->out);
+}
+
 static int gpu_linear_start(void *state, const struct radiance_layer *l, struct radiance_backend_layer *h,
 			    const struct radiance_rows *rows, size_t nrows, uint64_t *ticket, char *err,
 			    size_t errlen)
@@ -847,7 +1016,6 @@ static int gpu_linear_start(void *state, const struct radiance_layer *l, struct 
 		snprintf(err, errlen, "layer %s: handle does not match the layer", l->name);
 		return -EINVAL;
 	}
-	const size_t xrow = (size_t)l->k * 2, yrow = (size_t)l->n * 2;
 	uint32_t total = 0;
 	for (size_t i = 0; i < nrows; i++)
 		total += rows[i].m;
@@ -865,42 +1033,29 @@ static int gpu_linear_start(void *state, const struct radiance_layer *l, struct 
 			i0 = i1;
 			continue;
 		}
-		if (run_mapped(g, ln, h, rows, i0, i1, m, &path, &rc)) {
-			if (rc)
-				goto io;
-		} else {
-			uint32_t off = 0;
-			for (size_t i = i0; i < i1; i++) {
-				if (rows[i].m && (rc = copy_host(g, (uint8_t *)ln->x + (size_t)off * xrow,
-								 (void *)rows[i].x, rows[i].m * xrow, 0, ln->stream)))
-					goto io;
-				off += rows[i].m;
-			}
-			if ((rc = run_launch(g, ln, h, rows[i0].dtype, m, &path)))
-				goto io;
-			off = 0;
-			for (size_t i = i0; i < i1; i++) {
-				if (rows[i].m && (rc = copy_host(g, (uint8_t *)ln->y + (size_t)off * yrow, rows[i].y,
-								 rows[i].m * yrow, 1, ln->stream)))
-					goto io;
-				off += rows[i].m;
-			}
-		}
+		if (ln->in)
+			rc = launch_piped(g, ln, h, rows, i0, i1, m, &path);
+		else if (!run_mapped(g, ln, h, rows, i0, i1, m, &path, &rc))
+			rc = launch_copied(g, ln, h, rows, i0, i1, m, 0, 0, ln->stream, ln->stream, &path);
+		if (rc)
+			goto io;
 		if (g->gate && gate_first(g, l, m)) {
 			/* the first launch of (layer, M): checked here, synchronously */
-			if ((rc = radiance__gpu_stream_sync(ln->stream)))
+			if ((rc = lane_sync(ln)))
 				goto io;
 			gate_check(g, l, rows + i0, i1 - i0, m, path);
 		}
 		i0 = i1;
 	}
-	if ((rc = radiance__gpu_signal((uint32_t *)g->done_dev + lane, ++ln->seq, ln->stream)))
+	/* after the last y copy of the launch, in ticket order: the copy-out
+	 * stream on the bulk lane */
+	if ((rc = radiance__gpu_signal((uint32_t *)g->done_dev + lane, ++ln->seq, ln->out ? ln->out : ln->stream)))
 		goto io;
 	*ticket = (uint64_t)lane << 32 | ln->seq;
 	return 0;
 io:
 	snprintf(err, errlen, "gpu backend: layer %s: %s", l->name, radiance__gpu_last_error());
-	radiance__gpu_stream_sync(ln->stream);
+	lane_sync(ln);
 	return rc == -EINVAL ? rc : -EIO;
 }
 
@@ -914,9 +1069,16 @@ static int gpu_linear_done(void *state, uint64_t ticket, char *err, size_t errle
 		g->polls = 0;
 		return 1;
 	}
-	if (++g->polls % 4096 == 0 && radiance__gpu_stream_query(g->lanes[lane].stream) < 0) {
-		snprintf(err, errlen, "gpu backend: %s", radiance__gpu_last_error());
-		return -EIO;
+	if (++g->polls % 4096 == 0) {
+		/* any of the lane's streams can hold the fault (a copy on copy-in
+		 * or copy-out, a kernel on its own) */
+		const struct lane *ln = &g->lanes[lane];
+		void *const st[3] = { ln->stream, ln->in, ln->out };
+		for (int i = 0; i < 3; i++)
+			if (st[i] && radiance__gpu_stream_query(st[i]) < 0) {
+				snprintf(err, errlen, "gpu backend: %s", radiance__gpu_last_error());
+				return -EIO;
+			}
 	}
 	return 0;
 }

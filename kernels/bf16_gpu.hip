@@ -23,10 +23,16 @@ __global__ void rad_split_f16(const uint16_t *x, size_t count, uint16_t *hilo)
 	if (i >= count)
 		return;
 	const float f = rad_f16_to_f32(x[i]);
-	const uint32_t hb = rad_f32_bits(f) & 0xFFFF0000u;
+	uint32_t hb = rad_f32_bits(f) & 0xFFFF0000u;
 	uint32_t lo = 0;
 	if ((rad_f32_bits(f) & 0x7F800000u) != 0x7F800000u)   /* Inf/NaN: all in hi */
 		lo = rad_f32_bits(RAD_FADD(f, -rad_bits_f32(hb))) >> 16;
+	else if (rad_f32_bits(f) & 0x007FFFFFu)
+		/* NaN: an fp16 NaN whose payload is only in its low 3 bits
+		 * (0x7C01..0x7C07) has all of it in the truncated half, and hi
+		 * alone would be Inf; keep it a NaN, quiet, as numerics.h
+		 * radiance_bf16_from_f32 does */
+		hb |= 0x00400000u;
 	hilo[i] = (uint16_t)(hb >> 16);
 	hilo[count + i] = (uint16_t)lo;
 }

@@ -30,6 +30,8 @@ extern "C" {
  * -ENODEV when there is no such device (or no driver). */
 int radiance__gpu_init(int ordinal, struct radiance__gpu_device *dev);
 const char *radiance__gpu_last_error(void);
+/* Sets the calling thread's last-error text (printf format); returns rc. */
+int radiance__gpu_fail_text(int rc, const char *fmt, ...);
 
 int radiance__gpu_malloc(void **p, size_t bytes);
 void radiance__gpu_free(void *p);
@@ -61,6 +63,15 @@ int radiance__gpu_host_unregister_pieces(void *base, size_t len, size_t piece, u
 int radiance__gpu_event_create(void **ev);
 void radiance__gpu_event_destroy(void *ev);
 int radiance__gpu_event_record(void *ev, void *stream);
+/* An event for ordering streams only (no timing: cheaper to record and
+ * wait for; radiance__gpu_event_elapsed refuses it). Destroy it with
+ * radiance__gpu_event_destroy. */
+int radiance__gpu_event_create_sync(void **ev);
+/* Work queued on `stream` after this call waits until the device has
+ * passed `ev` as last recorded before this call (a later record of ev
+ * does not change what it waits for; an event never recorded is passed
+ * already). Nothing waits on the host. 0 or -EIO. */
+int radiance__gpu_stream_wait_event(void *stream, void *ev);
 /* Milliseconds between two recorded events (waits for `end`). */
 int radiance__gpu_event_elapsed(void *start, void *end, float *ms);
 /* Stream capture into a graph (tests and bench: a layer call must be
