@@ -676,15 +676,15 @@ int main(int argc, char **argv)
 		    "`bench/peers.py` in a separate process of the same run%s. Weights rotate over enough copies for\n"
 		    "a working set of >= 4x the %.0f MB L2. Time: median of %d batches of %d launches.\n"
 		    "us = GEMM kernel alone on pre-quantized activations; quant+gemm is what the backend runs: the\n"
-		    "per-token quant kernel and the GEMM launched to overlap it, or where the plan fuses them (M <= %d,\n"
-		    "some shapes: docs/gpu.md \"Fused quant\") the GEMV quantizing x itself; quant launch + gemm is\n"
-		    "always the two launches. Prefill (M > 64): `us` is the exact,\n"
+		    "per-token quant kernel and the GEMM launched to overlap it, or where the plan fuses them (off\n"
+		    "by default; fused up to %d rows in this run, BENCH_FUSE_ROWS: docs/gpu.md \"Fused quant\") the GEMV\n"
+		    "quantizing x itself; quant launch + gemm is always the two launches. Prefill (M > 64): `us` is the exact,\n"
 		    "fp32-accumulating f16 HMMA kernel (option prefill = exact); the fp8 wgmma kernel (prefill =\n"
 		    "fast, the daemon's default on sm_90a) accumulates with ~14-bit precision on Hopper and is\n"
 		    "shown in its own columns.\n"
 		    "GB/s and the probe fraction count weight + scale bytes; ratios are peer time / our time (> 1: we are faster).\n\n",
 		strcmp(dev.vendor, "cuda") == 0 ? "cuBLAS" : "hipBLAS", npeers ? "" : " (not available in this run)",
-		l2 / 1e6, REPS, BATCH, RADIANCE_W4A8_FUSE_ROWS);
+		l2 / 1e6, REPS, BATCH, getenv("BENCH_FUSE_ROWS") ? atoi(getenv("BENCH_FUSE_ROWS")) : RADIANCE_W4A8_FUSE_ROWS);
 	fprintf(md, "| shape (N x K) | M | plan | us | quant+gemm us | quant launch + gemm us | GB/s | TFLOP/s | of probe | vs bf16 BLAS | vs torch int4 | vs torch fp8 | fp8 wgmma us (opt-in) | wgmma vs bf16 BLAS |\n");
 	fprintf(md, "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
 	for (size_t i = 0; i < nres; i++) {
@@ -728,7 +728,7 @@ int main(int argc, char **argv)
 	if (do_step) {
 		const double floor_ms = step_bytes / stream_gbps / 1e6;
 		fprintf(md, "\nThe same step queued as an engine runs it: quant + GEMM per layer (as the backend runs them:\n"
-			    "fused at M = 1; and with the quant always its own launch), the 256 layers in model order, back\n"
+			    "fused where the plan fuses; and with the quant always its own launch), the 256 layers in model order, back\n"
 			    "to back on one stream, timed as a whole (median of %d steps); and the GEMMs of that sequence\n"
 			    "alone, on codes already made (the difference is what quantizing costs).\n"
 			    "The floor is the step's bytes at the read rate of the probe over one 1 GiB buffer (%.0f GB/s).\n\n",

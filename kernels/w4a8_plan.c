@@ -198,27 +198,27 @@ static void plan_gemv(const struct radiance__gpu_device *dev, const struct radia
 }
 
 /* Whether the streaming kernel of `plan` quantizes a->x itself: 8-token
- * instances only, m within the settings' rows, x given (bf16/fp16, 16-byte
- * aligned), every split a non-empty K range (each block makes the scales
- * its epilogue uses) whose codes fit RADIANCE_W4A8_FUSE_SMEM. The policy
- * (settings 0) also wants k <= RADIANCE_W4A8_FUSE_K and a block K range of
- * at most RADIANCE_W4A8_FUSE_GROUPS groups: every block reads the whole
- * row for its amax and quantizes its K range before its first MMA, and on
- * the H200 only 5120x6144 (split 8: 6 groups a block) gained in every run;
- * the other 27B shapes at M = 1 gained or lost up to 5 us from run to run,
- * and every one lost at M = 4 (docs/gpu.md "Fused quant"). */
+ * instances only, m within the settings' rows (the policy's are
+ * RADIANCE_W4A8_FUSE_ROWS, 0: never), x given (bf16/fp16, 16-byte aligned),
+ * every split a non-empty K range (each block makes the scales its epilogue
+ * uses) whose codes fit RADIANCE_W4A8_FUSE_SMEM. The policy is off because
+ * on the H200 no rule over the shapes gained in the decode step: every
+ * block reads the whole row for its amax and quantizes its K range before
+ * its first MMA; the layer alone gained only on 5120x6144 in every run, and
+ * the step queued in sequence with just those layers fused ran 6.81 ms
+ * against 6.39 (docs/gpu.md "Fused quant"). */
 static uint32_t gemv_fuse(const struct radiance__w4a8_args *a, const struct radiance__w4a8_settings *st,
 			  const struct radiance__w4a8_plan *plan)
 {
 	int rows = st->decode_fuse_rows ? st->decode_fuse_rows : RADIANCE_W4A8_FUSE_ROWS;
 	rows = rows > RADIANCE_W4A8_FUSE_MAX_ROWS ? RADIANCE_W4A8_FUSE_MAX_ROWS : rows;
-	if (!a->x || rows < 0 || a->m > (uint32_t)rows || plan->tok != 8 || ((uintptr_t)a->x & 15u) ||
+	if (!a->x || rows <= 0 || a->m > (uint32_t)rows || plan->tok != 8 || ((uintptr_t)a->x & 15u) ||
 	    (a->x_dtype != RADIANCE_DTYPE_BF16 && a->x_dtype != RADIANCE_DTYPE_FP16))
 		return 0;
 	const uint32_t G = a->k / GROUP;
-	const uint32_t L = plan->split <= G ? ceil_div(G, plan->split) : 0;
-	if (!L || (!st->decode_fuse_rows && (a->k > RADIANCE_W4A8_FUSE_K || L > RADIANCE_W4A8_FUSE_GROUPS)))
+	if (plan->split > G)
 		return 0;
+	const uint32_t L = ceil_div(G, plan->split);
 	return (size_t)a->m * (L * GROUP + 16) <= RADIANCE_W4A8_FUSE_SMEM;
 }
 

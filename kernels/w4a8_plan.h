@@ -89,21 +89,18 @@ struct radiance__w4a8_settings {
 	int decode_kernel;
 	uint32_t decode_ntw, decode_cg, decode_stages;
 	/* the streaming kernel quantizes args.x itself for m <= this many rows
-	 * (0: the policy's RADIANCE_W4A8_FUSE_ROWS; -1: never; at most
-	 * RADIANCE_W4A8_FUSE_MAX_ROWS) */
+	 * (0: the policy's RADIANCE_W4A8_FUSE_ROWS, which is off; -1: never; at
+	 * most RADIANCE_W4A8_FUSE_MAX_ROWS) */
 	int decode_fuse_rows;
 };
 
 /* Fused quant (docs/gpu.md "Fused quant"): the streaming decode kernel
  * quantizes its own activations, every block the whole row for the amax and
- * its K range for the codes, in shared memory; never for more than MAX rows,
- * only while the codes of a block's K range fit RADIANCE_W4A8_FUSE_SMEM
- * bytes, and by default (the policy, measured on the H200) for at most
- * RADIANCE_W4A8_FUSE_ROWS rows, k <= RADIANCE_W4A8_FUSE_K and blocks of at
- * most RADIANCE_W4A8_FUSE_GROUPS groups of K. */
-#define RADIANCE_W4A8_FUSE_ROWS 1
-#define RADIANCE_W4A8_FUSE_K 8192u
-#define RADIANCE_W4A8_FUSE_GROUPS 8u
+ * its K range for the codes, in shared memory; never for more than MAX rows
+ * and only while the codes of a block's K range fit RADIANCE_W4A8_FUSE_SMEM
+ * bytes. Off by default (ROWS 0: it made the H200's decode step slower);
+ * settings.decode_fuse_rows turns it on. */
+#define RADIANCE_W4A8_FUSE_ROWS 0
 #define RADIANCE_W4A8_FUSE_MAX_ROWS 4
 #define RADIANCE_W4A8_FUSE_SMEM 8192u
 

@@ -209,37 +209,38 @@ static void prefill_choice(void **state)
 		assert_int_equal(radiance__w4a8_prefill_choose(&d, asked), RADIANCE_PREFILL_EXACT);
 }
 
-/* Fused quant (plan.fused) on the H200's 27B shapes, by the policy's rules:
- * M = 1, k <= RADIANCE_W4A8_FUSE_K and at most RADIANCE_W4A8_FUSE_GROUPS
- * groups a block (5120x6144 s8: 6 fused; 16384x5120 s3: 14 and 14336x5120
- * s4: 10 groups, 34816x5120 s1: 40, not; 5120x17408 too deep);
- * never without x, for unaligned x, another dtype or M = 2 under the
- * policy; an explicit decode_fuse_rows lifts the k and split rules but not
- * the rows' limit of 4, the 8-token tile or the shared-memory budget; -1 is
- * never. The plan's launch shape is the same fused or not. */
+/* Fused quant (plan.fused): off under the policy (RADIANCE_W4A8_FUSE_ROWS
+ * is 0) on every 27B shape; with decode_fuse_rows = 1 on for M = 1 wherever
+ * a block's codes fit the shared-memory budget (all five shapes at one
+ * row), never without x, for unaligned x, another dtype or M = 2; a larger
+ * value is cut to the rows' limit of 4 and still bound by the budget and
+ * the 8-token tile; -1 is never. The launch shape is the same fused or not. */
 static void fused_quant(void **state)
 {
 	(void)state;
 	const struct radiance__gpu_device d = h200();
 	static uint16_t xbuf[64] __attribute__((aligned(16)));
-	static const struct {
-		uint32_t n, k;
-		uint32_t fused;
-	} want[] = {{16384, 5120, 0}, {14336, 5120, 0}, {5120, 6144, 1}, {34816, 5120, 0}, {5120, 17408, 0}};
-	for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
-		struct radiance__w4a8_args a = args(1, want[i].n, want[i].k);
+	static const uint32_t shapes[][2] = {{16384, 5120}, {14336, 5120}, {5120, 6144}, {34816, 5120}, {5120, 17408}};
+	const struct radiance__w4a8_settings one = {.decode_fuse_rows = 1};
+	for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+		struct radiance__w4a8_args a = args(1, shapes[i][0], shapes[i][1]);
 		struct radiance__w4a8_plan p0, p1;
-		assert_int_equal(radiance__w4a8_plan(&d, &a, &p0), 0);
-		assert_int_equal(p0.fused, 0);                 /* no x */
 		a.x = xbuf;
 		a.x_dtype = RADIANCE_DTYPE_BF16;
+		assert_int_equal(radiance__w4a8_plan(&d, &a, &p0), 0);
+		assert_int_equal(p0.fused, 0);                 /* the policy: off */
+		a.settings = &one;
 		assert_int_equal(radiance__w4a8_plan(&d, &a, &p1), 0);
-		assert_int_equal(p1.fused, want[i].fused);
+		assert_int_equal(p1.fused, 1);
 		assert_int_equal(p1.split, p0.split);
 		assert_int_equal(p1.ntw, p0.ntw);
+		a.x = NULL;
+		assert_int_equal(radiance__w4a8_plan(&d, &a, &p1), 0);
+		assert_int_equal(p1.fused, 0);                 /* no x */
+		a.x = xbuf;
 		a.x_dtype = RADIANCE_DTYPE_FP16;
 		assert_int_equal(radiance__w4a8_plan(&d, &a, &p1), 0);
-		assert_int_equal(p1.fused, want[i].fused);
+		assert_int_equal(p1.fused, 1);
 		a.x_dtype = (enum radiance_dtype)99;
 		assert_int_equal(radiance__w4a8_plan(&d, &a, &p1), 0);
 		assert_int_equal(p1.fused, 0);
@@ -279,7 +280,7 @@ static void fused_quant(void **state)
 	a.m = 1;
 	assert_int_equal(radiance__w4a8_plan(&d, &a, &p), 0);
 	assert_int_equal(p.fused, 0);
-	/* the matrix-core kernel (m = 32) and prefill never fuse */
+	/* the matrix-core kernel (m = 32) never fuses */
 	set.decode_fuse_rows = 4;
 	a.m = 32;
 	assert_int_equal(radiance__w4a8_plan(&d, &a, &p), 0);
