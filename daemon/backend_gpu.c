@@ -821,12 +821,30 @@ static void *mapped(const struct gpu_state *g, const void *p, size_t bytes)
 	return r ? (uint8_t *)r->dev + ((const uint8_t *)p - (const uint8_t *)r->base) : NULL;
 }
 
+/* Staging row `row` of a lane's x and y. A staging row is max_k (x) or
+ * max_n (y) wide: ranges taken in rows (stage_ring) stay apart in memory
+ * whatever layer each one's launch is for; the rows of one launch are
+ * packed at its own k and n inside its range. */
+static uint16_t *stage_x(const struct gpu_state *g, const struct lane *ln, uint32_t row)
+{
+	return ln->x + (size_t)row * g->max_k;
+}
+
+static uint16_t *stage_y(const struct gpu_state *g, const struct lane *ln, uint32_t row)
+{
+	return ln->y + (size_t)row * g->max_n;
+}
+
 /* Rows [i0, i1) of one dtype, m rows in all, in place through the arenas'
- * mappings (1 when it ran that way, 0 when they must be copied). */
+ * mappings (1 when it ran that way, 0 when they must be copied); what must
+ * be gathered or scattered goes through the staging rows from x_row and
+ * y_row. */
 static int run_mapped(struct gpu_state *g, struct lane *ln, struct radiance_backend_layer *h,
-		      const struct radiance_rows *rows, size_t i0, size_t i1, uint32_t m, const char **path, int *rc)
+		      const struct radiance_rows *rows, size_t i0, size_t i1, uint32_t m, uint32_t x_row,
+		      uint32_t y_row, const char **path, int *rc)
 {
 	const size_t xrow = (size_t)h->k * 2, yrow = (size_t)h->n * 2;
+	uint16_t *const xs = stage_x(g, ln, x_row), *const ys = stage_y(g, ln, y_row);
 	if (h->kind != RADIANCE_LAYER_W4A8 || m > g->zero_copy_rows || i1 - i0 > RADIANCE__GPU_ROWS_MAX)
 		return 0;
 	struct radiance__gpu_quant_src src = {0};
@@ -851,9 +869,9 @@ static int run_mapped(struct gpu_state *g, struct lane *ln, struct radiance_back
 		src.x[src.n] = x;
 		src.m[src.n++] = rows[i].m;
 		in.src[in.n] = x;
-		in.dst[in.n] = (uint8_t *)ln->x + (size_t)off * xrow;
+		in.dst[in.n] = (uint8_t *)xs + (size_t)off * xrow;
 		in.bytes[in.n++] = rows[i].m * xrow;
-		out.src[out.n] = (uint8_t *)ln->y + (size_t)off * yrow;
+		out.src[out.n] = (uint8_t *)ys + (size_t)off * yrow;
 		out.dst[out.n] = y;
 		out.bytes[out.n++] = rows[i].m * yrow;
 		ydst.y[ydst.n] = y;
@@ -887,12 +905,12 @@ static int run_mapped(struct gpu_state *g, struct lane *ln, struct radiance_back
 			return 1;
 		memset(&src, 0, sizeof src);
 		src.n = 1;
-		src.x[0] = ln->x;
+		src.x[0] = xs;
 		src.m[0] = m;
 	}
 	/* one request in place: its y as the plain [m][n] output (any path) */
 	if ((*rc = radiance__gpu_layer_run_rows(&g->dev, &ln->scratch, &l, &src, rows[i0].dtype,
-						y_in_place && ydst.n == 1 ? ydst.y[0] : ln->y,
+						y_in_place && ydst.n == 1 ? ydst.y[0] : ys,
 						y_in_place && ydst.n > 1 ? &ydst : NULL, ln->stream,
 						RADIANCE_W4A8_AUTO, path)))
 		return 1;
@@ -918,10 +936,7 @@ static int launch_copied(struct gpu_state *g, struct lane *ln, struct radiance_b
 			 uint32_t y_row, void *in, void *out, const char **path)
 {
 	const size_t xrow = (size_t)h->k * 2, yrow = (size_t)h->n * 2;
-	/* a staging row is max_k (x) or max_n (y) wide: ranges taken in rows
-	 * stay apart in memory whatever layer each one's launch is for (the
-	 * rows of one launch are packed at its own k and n inside its range) */
-	uint16_t *x = ln->x + (size_t)x_row * g->max_k, *y = ln->y + (size_t)y_row * g->max_n;
+	uint16_t *x = stage_x(g, ln, x_row), *y = stage_y(g, ln, y_row);
 	uint32_t off = 0;
 	int rc;
 	for (size_t i = i0; i < i1; i++) {
@@ -964,7 +979,7 @@ static int lane_stage_take(struct stage_ring *r, uint32_t m, struct stage_take *
 /* The bulk lane's launch of rows [i0, i1) of one dtype, m rows, in staging
  * rows of its own, x and y (stage_ring). The lane's stream waits for the
  * copy-out that last read its y rows before anything writes them; then
- * either run_mapped (zero-copy; its gather and scatter use this launch's
+ * either run_mapped (zero-copy; a gather or scatter uses this launch's
  * rows), or: the x copy on copy-in, after the launch that last read those
  * x rows; the launch after the copy; the y copy on copy-out after the
  * launch. Each range's guard is recorded once its last user is queued:
@@ -984,15 +999,7 @@ static int launch_piped(struct gpu_state *g, struct lane *ln, struct radiance_ba
 	 * launch's own gather on the lane's stream would not need it) */
 	if (xt.wait >= 0 && (rc = radiance__gpu_stream_wait_event(ln->in, ln->x_guard[xt.wait])))
 		return rc;
-	/* run_mapped stages from the lane's x and y: this launch's rows for
-	 * the call (one thread, the executor's, uses a lane) */
-	uint16_t *const x0 = ln->x, *const y0 = ln->y;
-	ln->x += (size_t)xt.first * g->max_k;   /* rows as in launch_copied */
-	ln->y += (size_t)yt.first * g->max_n;
-	const int mapped = run_mapped(g, ln, h, rows, i0, i1, m, path, &rc);
-	ln->x = x0;
-	ln->y = y0;
-	if (mapped) {
+	if (run_mapped(g, ln, h, rows, i0, i1, m, xt.first, yt.first, path, &rc)) {
 		/* the x rows' earlier readers ran on the lane's stream before it */
 		if (rc || (rc = stage_handoff_out(ln)))
 			return rc;
@@ -1035,7 +1042,7 @@ static int gpu_linear_start(void *state, const struct radiance_layer *l, struct 
 		}
 		if (ln->in)
 			rc = launch_piped(g, ln, h, rows, i0, i1, m, &path);
-		else if (!run_mapped(g, ln, h, rows, i0, i1, m, &path, &rc))
+		else if (!run_mapped(g, ln, h, rows, i0, i1, m, 0, 0, &path, &rc))
 			rc = launch_copied(g, ln, h, rows, i0, i1, m, 0, 0, ln->stream, ln->stream, &path);
 		if (rc)
 			goto io;
