@@ -90,6 +90,12 @@ struct radiance_backend_options {
 	                            many KiB (0: each as one range), so that no
 	                            registration holds the driver's lock, which
 	                            every launch takes, for long */
+	/* GPU: runs between two pieces of a registration or unregistration, on
+	 * the thread doing it (register_host's caller), with pin_pace_arg; the
+	 * executor waits there until it has had a round of its own, so that
+	 * each of its rounds waits for at most one piece. NULL: a 50 us sleep. */
+	void (*pin_pace)(void *arg);
+	void *pin_pace_arg;
 };
 
 /* One request's rows inside a (possibly merged) launch. x and y point into a

@@ -79,10 +79,11 @@ static void piece_slow(const char *what, const struct registered *r, uint64_t sl
 			 slowest / 1e6);
 }
 
-static void unregister_range(const struct registered *r)
+/* pace runs between two pieces (backend.h, pin_pace) */
+static void unregister_range(const struct registered *r, void (*pace)(void *), void *pace_arg)
 {
 	uint64_t slowest = 0;
-	int rc = r->piece ? radiance__gpu_host_unregister_pieces(r->base, r->len, r->piece, &slowest)
+	int rc = r->piece ? radiance__gpu_host_unregister_pieces(r->base, r->len, r->piece, &slowest, pace, pace_arg)
 			  : radiance__gpu_host_unregister(r->base);
 	if (rc)
 		log_warn("gpu backend: unregistering a host range: %s", radiance__gpu_last_error());
@@ -159,6 +160,8 @@ struct gpu_state {
 	uint32_t zero_copy_rows;
 	size_t zc_x_bytes, zc_y_bytes;   /* zero_copy_x_kib, zero_copy_y_kib (run_mapped) */
 	size_t pin_piece;   /* arenas page-locked in pieces of this many bytes (0: whole) */
+	void (*pin_pace)(void *);   /* between two pieces (backend.h) */
+	void *pin_pace_arg;
 	volatile uint32_t *done_host;   /* the lanes' completion words (a registered page) */
 	void *done_dev;                 /* its device address */
 	uint32_t polls;                 /* unfinished looks since the last stream query */
@@ -228,7 +231,7 @@ static void gpu_destroy(void *state)
 		radiance__gpu_host_unregister((void *)g->done_host);
 	free((void *)g->done_host);
 	for (size_t i = 0; i < g->n_regs; i++)
-		unregister_range(&g->regs[i]);
+		unregister_range(&g->regs[i], g->pin_pace, g->pin_pace_arg);
 	free(g->regs);
 	pthread_mutex_destroy(&g->regs_lock);
 	free(g->seen);
@@ -334,6 +337,8 @@ static int gpu_create(const struct radiance_backend_options *opt, void **state, 
 		const size_t page = (size_t)sysconf(_SC_PAGESIZE);
 		g->pin_piece = (size_t)opt->pin_piece_kib * 1024u / page * page;
 	}
+	g->pin_pace = opt->pin_pace;
+	g->pin_pace_arg = opt->pin_pace_arg;
 
 	const enum radiance__w4a8_prefill prefill = radiance__w4a8_prefill_choose(&g->dev, (unsigned)opt->prefill);
 	g->lanes[LANE_DECODE].rows = g->max_rows < DECODE_LANE_ROWS ? g->max_rows : DECODE_LANE_ROWS;
@@ -603,7 +608,8 @@ static int gpu_register_host(void *state, void *base, size_t len, char *err, siz
 	int rc = radiance__gpu_set_device(g->dev.ordinal);
 	if (rc == 0 && reg.piece) {
 		uint64_t slowest = 0;
-		rc = radiance__gpu_host_register_pieces(base, len, reg.piece, &dev, &slowest);
+		rc = radiance__gpu_host_register_pieces(base, len, reg.piece, &dev, &slowest, g->pin_pace,
+							 g->pin_pace_arg);
 		if (rc == 0)
 			piece_slow("registering", &reg, slowest);
 		if (rc == -EXDEV) {   /* the device maps the pieces apart: one range, then */
@@ -623,7 +629,7 @@ static int gpu_register_host(void *state, void *base, size_t len, char *err, siz
 		struct registered *r = realloc(g->regs, cap * sizeof *r);
 		if (!r) {
 			pthread_mutex_unlock(&g->regs_lock);
-			unregister_range(&reg);
+			unregister_range(&reg, g->pin_pace, g->pin_pace_arg);
 			snprintf(err, errlen, "gpu backend: out of memory");
 			return -ENOMEM;
 		}
@@ -659,7 +665,7 @@ static void gpu_unregister_host(void *state, void *base)
 	if (radiance__gpu_set_device(g->dev.ordinal))
 		log_warn("gpu backend: unregistering a host range: %s", radiance__gpu_last_error());
 	else
-		unregister_range(&reg);
+		unregister_range(&reg, g->pin_pace, g->pin_pace_arg);
 }
 
 /* ------------------------------------------------------- numerics gate */

@@ -145,15 +145,40 @@ void ring_unpin(struct radiance_executor *e, struct exec_ring *r)
  * waiting for several in a row (seen on the H200: waits of 0.5 s). */
 #define PIN_ROUND_WAIT_NS 20000000ull
 
-static void pin_let_executor_run(struct radiance_executor *e, uint_fast64_t before)
+/* Until the executor's progress counter moved twice since `before`, or it
+ * is idle or stopping, or `most` ns went by; polling every `poll` ns. */
+static void pin_wait_round(struct radiance_executor *e, uint_fast64_t before, uint64_t most, long poll)
 {
 	uint64_t t0 = rclock_ns();
 	while (!atomic_load(&e->idle) && !atomic_load(&e->stop) &&
 	       atomic_load_explicit(&e->progress, memory_order_relaxed) - before < 2 &&
-	       rclock_ns() - t0 < PIN_ROUND_WAIT_NS) {
-		struct timespec ts = { 0, 200000 };   /* 0.2 ms */
+	       rclock_ns() - t0 < most) {
+		struct timespec ts = { 0, poll };
 		nanosleep(&ts, NULL);
 	}
+}
+
+static void pin_let_executor_run(struct radiance_executor *e, uint_fast64_t before)
+{
+	pin_wait_round(e, before, PIN_ROUND_WAIT_NS, 200000);
+}
+
+/* Between two pieces of one registration or unregistration (backend.h,
+ * pin_pace), likewise, for at most PIN_PIECE_WAIT_NS: a 50 us sleep hands
+ * the driver's lock to the executor if it waits for it, and the rest of its
+ * round runs before the next piece takes the lock again. With the sleep
+ * alone each of the round's driver calls (launches, copies, the completion
+ * word) could wait for a piece of its own, about a millisecond each on the
+ * H200. */
+#define PIN_PIECE_WAIT_NS 2000000ull
+
+void executor_pin_pace(void *arg)
+{
+	struct radiance_executor *e = arg;
+	uint_fast64_t before = atomic_load_explicit(&e->progress, memory_order_relaxed);
+	struct timespec ts = { 0, 50000 };
+	nanosleep(&ts, NULL);
+	pin_wait_round(e, before, PIN_PIECE_WAIT_NS, 50000);
 }
 
 /* The caller holds e->pin_lock. */

@@ -162,6 +162,10 @@ void post_done(struct radiance_executor *e, struct exec_job *job);
 /* The uv_async: runs the done of every job and pin handed back. Loop
  * thread. */
 void on_async(uv_async_t *h);
+/* The backend's pin_pace (backend.h): between two pieces of an arena's
+ * registration, waits for a round of the executor e. The pin thread. */
+void executor_pin_pace(void *e);
+
 /* Starts the pin thread (executor_create): 0 or -errno. */
 int pin_thread_start(struct radiance_executor *e);
 /* Runs what the pin thread has queued, ends it and frees its lock

@@ -661,6 +661,8 @@ static struct radiance_executor *executor_alloc(const struct executor_options *o
 	if (!e)
 		return NULL;
 	e->opt = *opt;
+	e->opt.backend.pin_pace = executor_pin_pace;
+	e->opt.backend.pin_pace_arg = e;
 	e->ctl_efd = e->epfd = -1;
 	e->sched = (struct sched_params){
 		.chunk_rows = opt->chunk_rows && opt->chunk_rows != EXEC_CHUNK_AUTO ? opt->chunk_rows

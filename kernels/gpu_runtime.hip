@@ -229,8 +229,12 @@ extern "C" int radiance__gpu_host_unregister(void *base)
 /* Between two pieces: the driver holds one lock for a registration, and
  * the executor's launches and copies wait on it; sleeping here hands it
  * over to them before the next piece takes it again. */
-static void piece_gap(void)
+static void piece_gap(void (*pace)(void *), void *pace_arg)
 {
+	if (pace) {
+		pace(pace_arg);
+		return;
+	}
 	struct timespec ts = { 0, 50000 };   /* 50 us */
 	nanosleep(&ts, NULL);
 }
@@ -243,14 +247,15 @@ static void piece_took(uint64_t *slowest, uint64_t t0)
 		*slowest = d;
 }
 
-extern "C" int radiance__gpu_host_unregister_pieces(void *base, size_t len, size_t piece, uint64_t *slowest_ns)
+extern "C" int radiance__gpu_host_unregister_pieces(void *base, size_t len, size_t piece, uint64_t *slowest_ns,
+						    void (*pace)(void *), void *pace_arg)
 {
 	int rc = 0;
 	if (slowest_ns)
 		*slowest_ns = 0;
 	for (size_t off = 0; off < len; off += piece) {
 		if (off)
-			piece_gap();
+			piece_gap(pace, pace_arg);
 		const uint64_t t0 = rclock_ns();
 		hipError_t e = hipHostUnregister((char *)base + off);
 		piece_took(slowest_ns, t0);
@@ -261,7 +266,7 @@ extern "C" int radiance__gpu_host_unregister_pieces(void *base, size_t len, size
 }
 
 extern "C" int radiance__gpu_host_register_pieces(void *base, size_t len, size_t piece, void **dev_ptr,
-						  uint64_t *slowest_ns)
+						  uint64_t *slowest_ns, void (*pace)(void *), void *pace_arg)
 {
 	char *b = (char *)base;
 	void *d0 = NULL;
@@ -271,11 +276,11 @@ extern "C" int radiance__gpu_host_register_pieces(void *base, size_t len, size_t
 	for (off = 0; off < len; off += piece) {
 		size_t n = len - off < piece ? len - off : piece;
 		if (off)
-			piece_gap();
+			piece_gap(pace, pace_arg);
 		const uint64_t t0 = rclock_ns();
 		hipError_t e = hipHostRegister(b + off, n, hipHostRegisterMapped | hipHostRegisterPortable);
 		if (e != hipSuccess) {
-			radiance__gpu_host_unregister_pieces(base, off, piece, NULL);
+			radiance__gpu_host_unregister_pieces(base, off, piece, NULL, NULL, NULL);
 			return fail("host register (piece)", e);
 		}
 		void *d = NULL;
@@ -285,7 +290,7 @@ extern "C" int radiance__gpu_host_register_pieces(void *base, size_t len, size_t
 			d0 = d;
 		/* the pieces must read as one range on the device too */
 		if (e != hipSuccess || (char *)d != (char *)d0 + off) {
-			radiance__gpu_host_unregister_pieces(base, off + piece, piece, NULL);
+			radiance__gpu_host_unregister_pieces(base, off + piece, piece, NULL, NULL, NULL);
 			if (e != hipSuccess)
 				return fail("host device pointer (piece)", e);
 			return radiance__gpu_fail_text(-EXDEV, "host register: piece %zu of a range maps to "

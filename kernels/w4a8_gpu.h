@@ -56,10 +56,14 @@ int radiance__gpu_host_unregister(void *base);
  * return is -EXDEV (register the whole range instead). Unregister with
  * radiance__gpu_host_unregister_pieces and the same len and piece.
  * *slowest_ns (when not NULL) gets the longest one piece's driver calls
- * took, in nanoseconds: what a launch of another thread may have waited. */
+ * took, in nanoseconds: what a launch of another thread may have waited.
+ * pace (when not NULL) runs between two pieces instead of the sleep, on the
+ * calling thread, with pace_arg: the daemon's executor waits there until it
+ * has had a round of its own (daemon/exec_jobs.c, pin_pace). */
 int radiance__gpu_host_register_pieces(void *base, size_t len, size_t piece, void **dev_ptr,
-				       uint64_t *slowest_ns);
-int radiance__gpu_host_unregister_pieces(void *base, size_t len, size_t piece, uint64_t *slowest_ns);
+				       uint64_t *slowest_ns, void (*pace)(void *), void *pace_arg);
+int radiance__gpu_host_unregister_pieces(void *base, size_t len, size_t piece, uint64_t *slowest_ns,
+					 void (*pace)(void *), void *pace_arg);
 int radiance__gpu_event_create(void **ev);
 void radiance__gpu_event_destroy(void *ev);
 int radiance__gpu_event_record(void *ev, void *stream);
