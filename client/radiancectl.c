@@ -44,6 +44,7 @@ struct ctl {
 	bool prometheus;      /* stats --prometheus */
 	const char *output;   /* stats --prometheus --output FILE */
 	bool verbose;
+	double timeout_s;     /* --timeout; < 0: not given */
 	char connect_error[512];   /* libradiance's reason when connect fails */
 	struct radiance *r;
 	/* progress */
@@ -99,6 +100,11 @@ static void usage(FILE *f)
 		"  -n, --name NAME     (load) model name: printable, no '/', not . or ..,\n"
 		"                      no space at either end\n"
 		"      --hold          (load) keep the model loaded until interrupted\n"
+		"  -t, --timeout SEC   longest wait for the daemon's answer (its Welcome,\n"
+		"                      each reply, each load progress step), in seconds;\n"
+		"                      0: no limit. Default 10, load: no limit (a load may\n"
+		"                      wait for others'). A stopped or wedged daemon then\n"
+		"                      fails with exit status 3 (and radiance_up 0)\n"
 		"  -v, --verbose       log what libradiance does to stderr\n"
 		"  -h, --help          this text\n"
 		"  -V, --version       print versions (radiancectl, libradiance, protocol)\n"
@@ -151,6 +157,13 @@ static json_t *json_text(const char *s)
 	free(copy);
 	return j;
 }
+
+/* What to try when the daemon accepted the connection but did not answer
+ * within --timeout. */
+#define NOT_ANSWERING_HINT                                                                  \
+	"the daemon accepts connections but does not answer: stopped (SIGSTOP), wedged, or "  \
+	"still starting (socket activation with big preloads); --timeout SEC waits longer, " \
+	"0 without limit"
 
 /* Every failure after the options are read goes through here: "radiancectl:
  * MESSAGE" on stderr, then HINT (what to try) on a line of its own if there
@@ -207,6 +220,9 @@ static int fail_hint(struct ctl *c, int rc, const char *what, const char *hint)
 	if (sticky == -ESHUTDOWN)
 		return report(c, EXIT_CONNECT, ESHUTDOWN, NULL, "%s: the daemon stopped (%s)", what,
 			      msg);
+	if (rc == -ETIMEDOUT)
+		return report(c, EXIT_CONNECT, ETIMEDOUT, NOT_ANSWERING_HINT, "%s: %s", what,
+			      *msg ? msg : radiance_strerror(rc));
 	return report(c, sticky ? EXIT_CONNECT : EXIT_FAILED, rc, hint, "%s: %s", what,
 		      *msg ? msg : radiance_strerror(rc));
 }
@@ -872,6 +888,12 @@ static int cmd_stats_prometheus(struct ctl *c)
 	struct radiance_stats_reply *st;
 	struct radiance_model_list *ml;
 	int ret = get_stats_models(c, &st, &ml);
+	if (ret == EXIT_CONNECT && c->output) {
+		/* reached, then lost (or it stopped answering): the collector's
+		 * file must not keep the last figures either */
+		prom_emit(c, NULL, NULL, NULL);
+		return ret;
+	}
 	if (ret != EXIT_OK)
 		return ret;
 	ret = prom_emit(c, radiance_get_server_info(c->r), st, ml);
@@ -946,7 +968,7 @@ static int bad_option(int o, const char *arg, const struct option *opts)
 
 int main(int argc, char **argv)
 {
-	struct ctl c = { 0 };
+	struct ctl c = { .timeout_s = -1 };
 	const char *device = NULL;
 	enum { OPT_HOLD = 256, OPT_PROMETHEUS, OPT_OUTPUT };
 	static const struct option opts[] = {
@@ -957,6 +979,7 @@ int main(int argc, char **argv)
 		{ "json", no_argument, NULL, 'j' },
 		{ "name", required_argument, NULL, 'n' },
 		{ "hold", no_argument, NULL, OPT_HOLD },
+		{ "timeout", required_argument, NULL, 't' },
 		{ "verbose", no_argument, NULL, 'v' },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, 'V' },
@@ -964,7 +987,7 @@ int main(int argc, char **argv)
 	};
 	int o;
 	opterr = 0;   /* our own one-line messages, without argv[0]'s path */
-	while ((o = getopt_long(argc, argv, ":s:d:jn:vhV", opts, NULL)) != -1) {
+	while ((o = getopt_long(argc, argv, ":s:d:jn:t:vhV", opts, NULL)) != -1) {
 		switch (o) {
 		case 's':
 			if (!*optarg)
@@ -998,6 +1021,17 @@ int main(int argc, char **argv)
 		case OPT_HOLD:
 			c.hold = true;
 			break;
+		case 't': {
+			char *end;
+			errno = 0;
+			double t = strtod(optarg, &end);
+			/* at most a day: the library takes int milliseconds */
+			if (errno || end == optarg || *end || !(t >= 0 && t <= 86400))
+				return usage_error("--timeout '%s' is not a number of seconds in 0..86400 "
+						   "(0: no limit)", optarg);
+			c.timeout_s = t;
+			break;
+		}
 		case 'v':
 			c.verbose = true;
 			break;
@@ -1069,6 +1103,13 @@ int main(int argc, char **argv)
 	 * a stale one is the answer, not something to wait out (the library
 	 * default would retry for 30 s) */
 	ro.connect_timeout_ms = -1;
+	/* ... and a daemon that accepts but does not answer (SIGSTOPped,
+	 * wedged) is one too: without a limit radiancectl waited for ever, and
+	 * radiance-metrics.service (a oneshot, no start timeout) with it, the
+	 * collector's file keeping its last radiance_up 1. A load may wait its
+	 * turn behind others' loads, without progress: no limit unless asked. */
+	double timeout_s = c.timeout_s >= 0 ? c.timeout_s : strcmp(cmd, "load") ? 10 : 0;
+	ro.timeout_ms = timeout_s > 0 && timeout_s * 1000 < 1 ? 1 : (int32_t)(timeout_s * 1000);
 	c.r = radiance_connect(c.socket, &ro);
 	if (!c.r && c.output) {
 		/* the collector's file must say the daemon is down, not keep the
@@ -1090,7 +1131,8 @@ int main(int argc, char **argv)
 		const char *hint = e == ENOENT || e == ECONNREFUSED
 					   ? "is radianced running? --socket PATH or $RADIANCE_SOCKET "
 					     "names another socket"
-					   : NULL;
+				   : e == ETIMEDOUT ? NOT_ANSWERING_HINT
+						    : NULL;
 		/* the library's reason names the path and, for a refusal, gives
 		 * the daemon's text (e.g. "too many sessions (the limit is 64)");
 		 * for EACCES it says who may connect */

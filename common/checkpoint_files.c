@@ -12,6 +12,7 @@
 
 #include "io.h"
 #include "log.h"
+#include "text.h"
 
 bool rcheckpoint_shard_name_ok(const char *s)
 {
@@ -119,6 +120,20 @@ static int stat_regular(int dfd, const char *dir, const char *name, bool require
 	char path[PATH_MAX];
 	if (fstatat(dfd, name, &st, 0) < 0) {
 		int e = errno;
+		/* A symlink to nothing (a Hugging Face cache snapshot whose blob is
+		 * gone or was never downloaded) is there as far as `ls` shows: say
+		 * so, with its target, rather than "not found" or "no weights". */
+		char target[PATH_MAX];
+		ssize_t tn = e == ENOENT ? readlinkat(dfd, name, target, sizeof target - 1) : -1;
+		if (tn >= 0) {
+			target[tn] = '\0';
+			char shown[PATH_MAX * 4];   /* a link may hold any byte but NUL */
+			rtext_escape(target, shown, sizeof shown);
+			rio_path_join(path, sizeof path, dir, name);
+			rlog_errf(err, errlen, "%s is a symlink to %s, which does not exist", path,
+				  shown);
+			return -ENOENT;
+		}
 		if (e == ENOENT && !required)
 			return 0;
 		rio_path_join(path, sizeof path, dir, name);

@@ -1230,6 +1230,15 @@ int config_load(struct radiance_config *cfg, int argc, char **argv, char *err, s
 			 origin(o, "max_sq_entries"));
 		goto out;
 	}
+	/* The one fall-back require_gpu forbids is the one backend = cpu asks
+	 * for: a radianced@N instance (--require-gpu) with a configuration copied
+	 * from a CPU host would otherwise serve GPU N's clients from the CPU. */
+	if (cfg->require_gpu && cfg->backend && strcmp(cfg->backend, "cpu") == 0) {
+		snprintf(err, errlen, "require_gpu yes (%s) contradicts backend cpu (%s): a GPU is "
+			 "required but the CPU backend is asked for; set backend auto or gpu, or "
+			 "require_gpu no", origin(o, "require_gpu"), origin(o, "backend"));
+		goto out;
+	}
 	if (cfg->max_k % 128) {
 		snprintf(err, errlen, "%s: max_k %u is not a multiple of 128", origin(o, "max_k"),
 			 cfg->max_k);

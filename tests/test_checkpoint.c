@@ -1081,6 +1081,52 @@ static void test_shard_missing(void **state)
 		close(files[i].fd);
 }
 
+/* A file that is a symlink to nothing, as in a Hugging Face cache snapshot
+ * (snapshots/REV/model.safetensors -> ../../blobs/SHA) whose blob was
+ * removed or never finished downloading: `ls` shows the name, so the
+ * message names the link and its target. model.safetensors used to be
+ * reported as "no weights, expected model.safetensors or ...". */
+static void test_dangling_symlink(void **state)
+{
+	struct fixture *fx = *state;
+	char **names = (void *)1;
+	char target[PATH_MAX];
+	write_ckpt(fx);
+	static const char *const files[] = { "model.safetensors", "config.json",
+					     "quantization_config.json" };
+	for (size_t i = 0; i < 3; i++) {
+		const char *path = path_join(fx->path, sizeof fx->path, fx->dir, files[i]);
+		unlink(path);
+		assert_int_equal(symlink("../../blobs/4d7a2146e2393", path), 0);
+		names = (void *)1;
+		assert_int_equal(rcheckpoint_list_files(fx->dir, &names, fx->err, sizeof fx->err),
+				 -ENOENT);
+		assert_null(names);
+		print_message("  -> %s\n", fx->err);
+		snprintf(target, sizeof target, "%s/%s is a symlink to ../../blobs/4d7a2146e2393, "
+			 "which does not exist", fx->dir, files[i]);
+		if (!strstr(fx->err, target))
+			fail_msg("got '%s', wanted '%s'", fx->err, target);
+		assert_null(strstr(fx->err, "no weights"));
+		unlink(path_join(fx->path, sizeof fx->path, fx->dir, files[i]));
+		write_ckpt(fx);   /* restores the file (quantization_config.json: none) */
+	}
+	assert_int_equal(rcheckpoint_list_files(fx->dir, &names, fx->err, sizeof fx->err), 2);
+	rcheckpoint_files_free(names);
+
+	/* a shard of an index, likewise */
+	unlink(path_join(fx->path, sizeof fx->path, fx->dir, "model.safetensors"));
+	write_sharded(fx, 5);
+	const char *shard = path_join(fx->path, sizeof fx->path, fx->dir,
+				"model-00002-of-00002.safetensors");
+	unlink(shard);
+	assert_int_equal(symlink("/nonexistent/blob", shard), 0);
+	assert_int_equal(rcheckpoint_list_files(fx->dir, &names, fx->err, sizeof fx->err),
+			 -ENOENT);
+	assert_non_null(strstr(fx->err, "model-00002-of-00002.safetensors is a symlink to "
+				       "/nonexistent/blob, which does not exist"));
+}
+
 static void test_index_lists_absent_tensor(void **state)
 {
 	struct fixture *fx = *state;
@@ -1283,6 +1329,7 @@ int main(void)
 		T(test_valid_fds),
 		T(test_valid_sharded),
 		T(test_single_beside_index),
+		T(test_dangling_symlink),
 		T(test_valid_quant_config_file),
 		T(test_valid_block_list),
 		T(test_quant_config_files_disagree),

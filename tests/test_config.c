@@ -325,6 +325,35 @@ static void test_combined_errors_name_sources(void **state)
 		     "max_arena_bytes 1073741824 (default)", "--no-config", "--arena-bytes", "2G", NULL);
 }
 
+/* require_gpu asks for no CPU fall-back; backend = cpu asks for the CPU. A
+ * radianced@N instance (--require-gpu) whose radianced-N.conf was copied from
+ * a CPU host's (backend = cpu) used to serve from the CPU without a word.
+ * Both places are named; backend gpu or auto with require_gpu stays legal,
+ * as does backend cpu with require_gpu = no. */
+static void test_require_gpu_with_cpu_backend(void **state)
+{
+	const char *path = write_file("reqgpu.conf", "# copied from a CPU host\nbackend = cpu\n");
+	expect_error(-EINVAL, "require_gpu yes (--require-gpu) contradicts backend cpu (",
+		     "reqgpu.conf:2)", "--config", path, "--require-gpu", NULL);
+	expect_error(-EINVAL, "require_gpu yes (--require-gpu) contradicts backend cpu "
+		     "(-b/--backend)", NULL, "--no-config", "-b", "cpu", "--require-gpu=yes", NULL);
+	path = write_file("reqgpu2.conf", "require_gpu = yes\nbackend = cpu\n");
+	expect_error(-EINVAL, "reqgpu2.conf:1) contradicts backend cpu (", "reqgpu2.conf:2)",
+		     "--config", path, NULL);
+
+	struct radiance_config cfg;
+	char err[512];
+	assert_int_equal(load(&cfg, err, sizeof err, "--config", path, "--backend", "auto", NULL), 0);
+	assert_int_equal(cfg.require_gpu, 1);
+	config_finish(&cfg);
+	assert_int_equal(load(&cfg, err, sizeof err, "--no-config", "-b", "gpu", "--require-gpu",
+			      NULL), 0);
+	config_finish(&cfg);
+	assert_int_equal(load(&cfg, err, sizeof err, "--config", path, "--require-gpu=no", NULL), 0);
+	assert_string_equal(cfg.backend, "cpu");
+	config_finish(&cfg);
+}
+
 /* The socket group is resolved while the configuration is read, so a typo
  * is a usage error (exit 2), not a failure after the backend started. */
 static void test_group_resolved(void **state)
@@ -858,6 +887,7 @@ int main(void)
 		cmocka_unit_test(test_inline_comments),
 		cmocka_unit_test(test_config_file_kinds),
 		cmocka_unit_test(test_combined_errors_name_sources),
+		cmocka_unit_test(test_require_gpu_with_cpu_backend),
 		cmocka_unit_test(test_group_resolved),
 		cmocka_unit_test(test_hello_timeout_option),
 		cmocka_unit_test(test_uid_weights),

@@ -152,6 +152,19 @@ else
 	show "$tmp/bad.log"
 fi
 
+# require_gpu with backend = cpu contradict each other: exit 2, both named,
+# no socket (a radianced@N whose file says backend = cpu served from the CPU)
+printf 'backend = cpu\n' >"$tmp/cpu.conf"
+"$RADIANCED" --config "$tmp/cpu.conf" --require-gpu --socket "$tmp/cpu.sock" >"$tmp/cpu.log" 2>&1
+rc=$?
+if [ $rc = 2 ] && grep -q "require_gpu yes (--require-gpu) contradicts backend cpu (.*cpu.conf:1)" "$tmp/cpu.log" &&
+	[ ! -e "$tmp/cpu.sock" ]; then
+	ok "--require-gpu with backend = cpu: exit 2: $(cat "$tmp/cpu.log")"
+else
+	bad "--require-gpu with backend = cpu: exit $rc, expected 2 naming both"
+	show "$tmp/cpu.log"
+fi
+
 # --- 3. a config value with an ESC in it is logged escaped -----------------
 # (the socket's directory here: the daemon makes it, and names it twice)
 escdir=$tmp/$(printf 'x\033[31my')

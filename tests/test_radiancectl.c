@@ -51,7 +51,8 @@ static int ctl(const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(args, sizeof args, fmt, ap);
 	va_end(ap);
-	snprintf(cmd, sizeof cmd, "%s %s >%s 2>%s </dev/null", h_env("RADIANCECTL", "build/radiancectl"),
+	snprintf(cmd, sizeof cmd, "timeout 60 %s %s >%s 2>%s </dev/null",
+		 h_env("RADIANCECTL", "build/radiancectl"),
 		 args, out_path, err_path);
 	int st = system(cmd);
 	slurp(out_path, out, sizeof out);
@@ -250,6 +251,57 @@ static void connect_errors(void **state)
 	unlink(file);
 	unlink(sock);
 	assert_int_equal(rmdir(dir), 0);
+}
+
+/* A daemon that accepts connections but does not answer (SIGSTOPped here;
+ * wedged, or a listener that is no daemon): radiancectl gives up after
+ * --timeout (10 s by default) with exit status 3, the limit and a hint, and
+ * stats --prometheus --output writes radiance_up 0. It used to wait for
+ * ever: a wedged daemon hung radiance-metrics.service (a oneshot, no start
+ * timeout) and the collector's file kept its last radiance_up 1. The
+ * commands run under timeout(1) so that a hang fails the test (124). */
+static void daemon_not_answering(void **state)
+{
+	char prom[160];
+	snprintf(prom, sizeof prom, "%s/metrics.prom", daemon_.dir);
+	assert_int_equal(ctl("--socket %s status", daemon_.socket), 0);
+	assert_int_equal(kill(daemon_.pid, SIGSTOP), 0);
+
+	double t0 = h_now();
+	assert_int_equal(ctl("--socket %s --timeout 1 status", daemon_.socket), 3);
+	double took = h_now() - t0;
+	assert_true(took >= 0.9 && took < 8);
+	assert_non_null(strstr(err, "no reply to hello within 1000 ms"));
+	assert_non_null(strstr(err, "accepts connections but does not answer"));
+	assert_int_equal(ctl("--json --socket %s -t 0.5 models", daemon_.socket), 3);
+	assert_json_error("ETIMEDOUT", ETIMEDOUT, "within 500 ms", "does not answer");
+
+	/* the default limit, as the metrics service runs it */
+	t0 = h_now();
+	assert_int_equal(ctl("--socket %s stats --prometheus --output %s", daemon_.socket, prom), 3);
+	took = h_now() - t0;
+	assert_true(took >= 9.5 && took < 25);
+	assert_non_null(strstr(err, "within 10000 ms"));
+	slurp(prom, out, sizeof out);
+	assert_non_null(strstr(out, "\nradiance_up 0\n"));
+
+	assert_int_equal(ctl("--socket %s --timeout x status", daemon_.socket), 2);
+	assert_non_null(strstr(err, "--timeout 'x' is not a number of seconds"));
+	assert_int_equal(ctl("--socket %s --timeout -1 status", daemon_.socket), 2);
+
+	/* the daemon itself is unharmed by the connections given up on */
+	assert_int_equal(kill(daemon_.pid, SIGCONT), 0);
+	assert_int_equal(ctl("--socket %s --timeout 0 status", daemon_.socket), 0);
+	assert_int_equal(ctl("--socket %s stats --prometheus --output %s", daemon_.socket, prom), 0);
+	slurp(prom, out, sizeof out);
+	assert_non_null(strstr(out, "\nradiance_up 1\n"));
+	unlink(prom);
+}
+
+static int stop_continued(void **state)
+{
+	kill(daemon_.pid, SIGCONT);
+	return stop(state);
 }
 
 static void status_models_layers_stats(void **state)
@@ -816,6 +868,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(usage_and_exit_codes),
 		cmocka_unit_test(connect_errors),
+		cmocka_unit_test_setup_teardown(daemon_not_answering, start, stop_continued),
 		cmocka_unit_test_setup_teardown(status_models_layers_stats, start_preload, stop),
 		cmocka_unit_test_setup_teardown(load_and_unload, start, stop),
 		cmocka_unit_test_setup_teardown(unload_preloaded, start_preload, stop),
