@@ -689,26 +689,6 @@ def make_pool(path, rng, n=24):
     np.savez(path, **arrs)
 
 
-def warm_kernels(m, max_rows):
-    """Every kernel the run can launch, once, before the baseline: the CUDA
-    driver loads a kernel's module at its first launch (lazy loading) and
-    keeps the device memory it took, so a variant first met in the run (an M
-    of a merged launch, a dtype) showed as 2 MiB more device memory in use
-    at the end (H200, 2026-12-02: 1085 -> 1087 MiB in 2 of 8 runs), which is
-    not a leak. Each W4A8 shape at every M of the decode band and of the
-    prefill pieces' sizes, in both input dtypes."""
-    seen = set()
-    ms = list(range(1, min(max_rows, 128) + 1)) + list(range(144, max_rows + 1, 16))
-    for l in m.layers:
-        if l.kind != "w4a8" or (l.N, l.K) in seen:
-            continue
-        seen.add((l.N, l.K))
-        for dt in (BF16, np.float16):
-            x = np.ones((max(ms), l.K), dt)
-            for rows in ms:
-                m.linear(l.index, x[:rows])
-
-
 def timed(f, reps=5):
     ts = []
     for _ in range(reps):
@@ -840,8 +820,6 @@ def main():
             big = max((l for l in m.layers if l.kind == "w4a8"), key=lambda l: l.N * l.K)
             xs = np.ones((CHUNK_ROWS, big.K), BF16)
             m.linear(big.index, xs)   # warm-up
-            if a.backend == "gpu":
-                warm_kernels(m, c.server_info["max_rows"])
             piece = timed(lambda: m.linear(big.index, xs), reps=9)
             own = timed(lambda: m.linear(big.index, xs[:8]), reps=9)
             load_s = timed(lambda: c.load(copy, name="chaos-copy").close(), reps=3)
