@@ -11,7 +11,9 @@
  * thread-safe, except register_host and unregister_host, which any thread
  * may call at any time, beside the executor's calls (the daemon pins
  * arenas on the executor's pin thread: executor.h, executor_pin), though never two
- * at once for the same range.
+ * at once for the same range, and share_create, which one other thread (the
+ * pin thread, one model at a time) may call beside the executor's calls:
+ * it reads nothing they change.
  *
  * Errors: functions return 0 or a negative errno; `err` (may be NULL) gets a
  * one-line human message naming what failed.
@@ -170,7 +172,7 @@ struct radiance_share_layer {
 	uint64_t bias_offset, bias_bytes;       /* 0 bytes: no bias */
 };
 
-/* Made by radiance_backend_share_create (executor thread), filled by the
+/* Made by radiance_backend_share_create (the executor's pin thread), filled by the
  * uploads, immutable once the model is READY, so the loop thread may read
  * it from then on; freed by radiance_backend_share_destroy after every
  * layer handle is freed. */

@@ -151,6 +151,8 @@ static void cpu_share_destroy(void *state, struct radiance_backend_share *sh)
 	free(sh);
 }
 
+static void pin_delay(const struct cpu_state *s);
+
 static int cpu_share_create(void *state, const struct radiance_model *m,
 			    struct radiance_backend_share **out, char *err, size_t errlen)
 {
@@ -158,6 +160,7 @@ static int cpu_share_create(void *state, const struct radiance_model *m,
 	uint64_t total;
 	if (!s->fake_share)
 		return 0;
+	pin_delay(s);   /* as a GPU's allocation of a model, beside registrations, can take */
 	struct radiance_backend_share *sh = calloc(1, sizeof *sh);
 	if (!sh || radiance__backend_share_layout(sh, m, canonical_sizes, &total) < 0) {
 		free(sh);
@@ -209,8 +212,8 @@ static int cpu_layer_upload_into(void *state, struct radiance_backend_share *sh,
 }
 
 /* Nothing to pin on the CPU; test_pin_delay_us stands in for the time a
- * GPU's page-locking takes, so tests can see what a slow one does to the
- * executor. */
+ * GPU's page-locking takes (and, with fake_share, a model's allocation),
+ * so tests can see what a slow one does to the executor. */
 static void pin_delay(const struct cpu_state *s)
 {
 	struct timespec ts = { s->pin_delay_us / 1000000u, (long)(s->pin_delay_us % 1000000u) * 1000 };

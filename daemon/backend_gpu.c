@@ -554,7 +554,10 @@ static int gpu_share_create(void *state, const struct radiance_model *m, struct 
 	}
 	s->fd = -1;
 	sh->fd = -1;
-	int rc = radiance__gpu_share_alloc(g->dev.ordinal, g->share, total, sh);
+	/* the executor's pin thread calls this (backend.h): its device is its own setting */
+	int rc = radiance__gpu_set_device(g->dev.ordinal);
+	if (rc == 0)
+		rc = radiance__gpu_share_alloc(g->dev.ordinal, g->share, total, sh);
 	if (rc) {
 		snprintf(err, errlen, "gpu backend: the model's %llu bytes of weights (%s): %s",
 			 (unsigned long long)total, g->share == RADIANCE_SHARE_VMM ? "vmm" : "ipc",

@@ -118,7 +118,8 @@ static const struct setting settings[] = {
 	  "MapModel (0; also RADIANCE_FAKE_SHARE=0|1)" },
 	{ "test_pin_delay_us", 600, "US", V_U32, OFF(test_pin_delay_us), 0, 10000000,
 	  "tests only: the cpu backend sleeps this long in each arena registration and "
-	  "unregistration, as a GPU's page-locking does (0; also RADIANCE_TEST_PIN_DELAY_US)" },
+	  "unregistration, as a GPU's page-locking does, and with fake_share in each "
+	  "model's allocation (0; also RADIANCE_TEST_PIN_DELAY_US)" },
 	{ "map_allow", 269, "WHO", V_MAPALLOW, OFF(map_allow), 0, 0,
 	  "who may map models' device memory into their own process (MapModel, "
 	  "docs/mapped.md): owner (root and the daemon's user), all, or none (owner); "

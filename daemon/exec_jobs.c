@@ -197,8 +197,24 @@ static void *pin_main(void *arg)
 	struct radiance_executor *e = arg;
 	pthread_mutex_lock(&e->pin_lock);
 	for (;;) {
-		while (!e->pin_queued.head && !e->pin_stop)
+		while (!e->pin_queued.head && !e->alloc_head && !e->pin_stop)
 			pthread_cond_wait(&e->pin_cond, &e->pin_lock);
+		struct exec_model *m = e->alloc_head;
+		if (m) {
+			/* a model's allocation first: a load waits for it */
+			e->alloc_head = m->alloc_next;
+			if (!e->alloc_head)
+				e->alloc_tail = NULL;
+			pthread_mutex_unlock(&e->pin_lock);
+			const uint64_t t0 = rclock_ns();
+			m->alloc_rc = radiance_backend_share_create(e->backend, m->model, &m->alloc_share,
+								    m->alloc_err, sizeof m->alloc_err);
+			m->alloc_ns = rclock_ns() - t0;
+			atomic_store_explicit(&m->alloc_state, EXEC_ALLOC_DONE, memory_order_release);
+			rdoorbell_ring(e->ctl_efd);   /* upload_step goes on */
+			pthread_mutex_lock(&e->pin_lock);
+			continue;
+		}
 		struct exec_pin *p = e->pin_queued.head;
 		if (!p)
 			break;   /* stopping, and nothing queued */
@@ -391,25 +407,66 @@ static void model_free(struct radiance_executor *e, struct exec_model *m)
 	m->uploaded = 0;
 }
 
+/* Asks the pin thread for m's allocation. */
+static void alloc_queue(struct radiance_executor *e, struct exec_model *m)
+{
+	atomic_store_explicit(&m->alloc_state, EXEC_ALLOC_ASKED, memory_order_relaxed);
+	m->alloc_next = NULL;
+	pthread_mutex_lock(&e->pin_lock);
+	if (e->alloc_tail)
+		e->alloc_tail->alloc_next = m;
+	else
+		e->alloc_head = m;
+	e->alloc_tail = m;
+	pthread_cond_signal(&e->pin_cond);
+	pthread_mutex_unlock(&e->pin_lock);
+}
+
 /* Uploads one layer of the oldest UPLOAD job; finishes the job when done.
- * One layer per step keeps other sessions served while a model loads. */
-void upload_step(struct radiance_executor *e)
+ * One layer per step keeps other sessions served while a model loads.
+ * The model's one exportable allocation, before its first layer, is made
+ * on the pin thread (inline mode: here): on the executor a VMM allocation
+ * took 31.6 ms of one step beside an arena registration on the H200, every
+ * session waiting (docs/daemon.md, Chaos test). Returns 1 when it did
+ * something, 0 while that allocation is under way (the pin thread rings
+ * the executor's doorbell when it is done). */
+int upload_step(struct radiance_executor *e)
 {
 	struct exec_job *job = e->uploading;
 	struct exec_model *m = job->model;
 	char err[200];
 	e->upload_alloc_ns = 0;
 	if (m->uploaded == 0 && !m->share) {
-		/* one exportable allocation for the whole model, before its first layer */
-		const uint64_t t0 = rclock_ns();
-		int rc = radiance_backend_share_create(e->backend, m->model, &m->share, err, sizeof err);
-		e->upload_alloc_ns = rclock_ns() - t0;
+		int rc;
+		switch (atomic_load_explicit(&m->alloc_state, memory_order_acquire)) {
+		case EXEC_ALLOC_NONE:
+			if (e->pin_running) {
+				alloc_queue(e, m);
+				return 0;
+			}
+			const uint64_t t0 = rclock_ns();
+			rc = radiance_backend_share_create(e->backend, m->model, &m->share, err, sizeof err);
+			e->upload_alloc_ns = rclock_ns() - t0;
+			break;
+		case EXEC_ALLOC_ASKED:
+			return 0;
+		default:
+			atomic_store_explicit(&m->alloc_state, EXEC_ALLOC_NONE, memory_order_relaxed);
+			rc = m->alloc_rc;
+			m->share = m->alloc_share;
+			m->alloc_share = NULL;
+			snprintf(err, sizeof err, "%s", m->alloc_err);
+			if (m->alloc_ns > EXEC_QUEUE_SLOW_NS)
+				log_info("executor: allocating model %u took %.3f ms on the pin thread "
+					 "(the executor served meanwhile)", m->id, m->alloc_ns / 1e6);
+			break;
+		}
 		if (rc < 0) {
 			job->status = rc;
 			snprintf(job->err, sizeof job->err, "allocating the model: %s", err);
 			e->uploading = job->next;
 			post_done(e, job);
-			return;
+			return 1;
 		}
 	}
 	if (m->uploaded < m->model->n_layers) {
@@ -424,11 +481,12 @@ void upload_step(struct radiance_executor *e)
 		} else {
 			m->uploaded++;
 			if (m->uploaded < m->model->n_layers)
-				return;
+				return 1;
 		}
 	}
 	e->uploading = job->next;
 	post_done(e, job);
+	return 1;
 }
 
 static const char *job_kind_name(enum exec_job_kind k)

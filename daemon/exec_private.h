@@ -71,6 +71,7 @@ struct radiance_executor {
 	int pin_stop;              /* run what is queued, then end */
 	struct pin_list pin_queued;   /* not begun */
 	struct pin_list pin_done;     /* over; their done not run yet */
+	struct exec_model *alloc_head, *alloc_tail;   /* model allocations not begun (upload_step) */
 	struct executor_options opt;
 	struct radiance_backend *backend;
 	struct radiance_backend_info info;
@@ -181,7 +182,7 @@ int ring_attach(struct radiance_executor *e, struct exec_ring *r, char *err, siz
 /* Stops serving ring i, dropping what it has queued. */
 void ring_detach(struct radiance_executor *e, size_t i);
 /* One layer of the oldest model upload. */
-void upload_step(struct radiance_executor *e);
+int upload_step(struct radiance_executor *e);
 /* Runs queued jobs for up to budget_ns (at least one); how many ran. */
 size_t run_jobs(struct radiance_executor *e, uint64_t budget_ns);
 

@@ -567,8 +567,7 @@ static void *executor_main(void *arg)
 		const uint64_t t1 = rclock_ns();
 		n += serve_pass(e, NULL);
 		const uint64_t t2 = rclock_ns();
-		if (e->uploading) {
-			upload_step(e);
+		if (e->uploading && upload_step(e)) {
 			const uint64_t took = rclock_ns() - t2;
 			if (took > EXEC_QUEUE_SLOW_NS)
 				log_warn("executor: one step of a model upload took %.3f ms (allocating the model "

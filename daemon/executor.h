@@ -97,6 +97,7 @@
 #define RADIANCE_EXECUTOR_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <uv.h>
@@ -131,6 +132,22 @@ struct exec_model {
 	 * first layer, freed by FREE; the loop reads it only while the model is
 	 * READY, once the UPLOAD job's done has run. */
 	struct radiance_backend_share *share;
+	/* The allocation is made on the pin thread (exec_jobs.c, upload_step):
+	 * next to arena registrations, never two driver-heavy calls at once,
+	 * and the executor serves meanwhile. alloc_state EXEC_ALLOC_DONE
+	 * (release) publishes alloc_rc, alloc_share, alloc_err, alloc_ns. */
+	struct exec_model *alloc_next;             /* the pin thread's queue */
+	atomic_int alloc_state;                    /* enum exec_alloc_state */
+	int alloc_rc;
+	struct radiance_backend_share *alloc_share;
+	uint64_t alloc_ns;
+	char alloc_err[200];
+};
+
+enum exec_alloc_state {
+	EXEC_ALLOC_NONE,    /* not asked (or taken by upload_step) */
+	EXEC_ALLOC_ASKED,   /* queued or running on the pin thread */
+	EXEC_ALLOC_DONE,
 };
 
 /* A session's model references: model_id -> exec_model. The loop adds and

@@ -394,6 +394,51 @@ def test_ring_setups_do_not_hold_other_sessions(tmp_path):
         d.stop()
 
 
+def test_model_allocation_runs_beside_other_sessions(tmp_path):
+    """A model's one shared allocation (MapModel's) is made on the
+    executor's pin thread, not on the executor: with each allocation
+    sleeping 1 s in the daemon (--test-pin-delay-us with --fake-share 1, as
+    a VMM allocation beside an arena registration took 31.6 ms of the
+    executor on the H200), a client already serving keeps getting answers
+    while another session's load allocates. On the executor the load's
+    first upload step held every session for the whole second. The sleep is
+    a floor the machine's load cannot shorten; the steady client's longest
+    wait is held to half of it."""
+    from conftest import Daemon
+
+    delay = 1.0
+    copy = tmp_path / "copy"
+    shutil.copytree(CKPT, copy)
+    d = Daemon(tmp_path, "--preload", str(CKPT), "--fake-share", "1",
+               "--test-pin-delay-us", str(int(delay * 1e6))).start()
+    try:
+        a = radiance.Client(d.socket, timeout=60, name="steady")
+        m = a.attach(CKPT.name)
+        x = rand((1, 384), seed=11)
+        want = bits(m.linear(Q, x))        # its ring is set up (a 1 s registration) first
+        done, stop, errors = [], threading.Event(), []
+        th = steady_client(m, x, want, stop, done, errors)
+        th.start()
+        try:
+            time.sleep(0.1)
+            t0 = time.monotonic()
+            with radiance.Client(d.socket, timeout=60, name="loader") as b:
+                b.load(str(copy), name="second").close()
+            t_load = time.monotonic() - t0
+        finally:
+            stop.set()
+            th.join(60)
+        a.close()
+        assert errors == []
+        assert t_load >= delay * 0.9, t_load      # the allocation did sleep
+        during = [t1 - s0 for s0, t1 in done if s0 >= t0 and t1 <= t0 + t_load]
+        assert len(during) > 0
+        assert max(during) < delay / 2, (f"the steady client waited {max(during) * 1e3:.0f} ms "
+                                         f"during a load whose allocation slept {delay * 1e3:.0f} ms")
+    finally:
+        d.stop()
+
+
 def test_loads_do_not_wait_for_ring_setups(tmp_path):
     """Arena registrations run on the executor's own pin thread, not on
     libuv's threadpool, where checkpoint loads run: with one threadpool
