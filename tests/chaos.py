@@ -694,7 +694,7 @@ def gpu_env(a):
     each kernel at its first launch and keeps the device memory its module
     took; a kernel variant that only a launch merging several sessions'
     requests uses was first met in the middle of the run, and device memory
-    in use ended 2 MiB above the baseline in 11 of 25 H200 runs of
+    in use ended 2 MiB above the baseline in 13 of 33 H200 runs of
     2026-12-02 (the same 2 MiB after 3000 killers as after 1000; none of 3
     with eager loading, and the kernel warm-up of one client did not reach
     it). With CUDA_MODULE_LOADING=EAGER every module is loaded at start, so
