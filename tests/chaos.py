@@ -692,12 +692,12 @@ def make_pool(path, rng, n=24):
 def gpu_env(a):
     """The daemon's environment. On the gpu backend the CUDA driver loads
     each kernel at its first launch and keeps the device memory its module
-    took; a kernel variant that only a launch merging several sessions'
-    requests uses was first met in the middle of the run, and device memory
-    in use ended 2 MiB above the baseline in 13 of 33 H200 runs of
-    2026-12-02 (the same 2 MiB after 3000 killers as after 1000; none of 3
-    with eager loading, and the kernel warm-up of one client did not reach
-    it). With CUDA_MODULE_LOADING=EAGER every module is loaded at start, so
+    took. Device memory in use ended 2 MiB above the baseline in 13 of 33
+    H200 runs of 2026-12-02 (the same 2 MiB after 3000 killers as after
+    1000) and in none of 15 with eager loading; a warm-up by one client over
+    every M and dtype did not take it in, so it is most likely a kernel
+    variant that only launches merging several sessions' requests use (not
+    identified). With CUDA_MODULE_LOADING=EAGER every module is loaded at start, so
     the end-of-run check measures what the run leaves, not code the driver
     loaded (about 394 MiB more in use from the start)."""
     if a.backend != "gpu" or a.lazy_modules:
