@@ -12,6 +12,7 @@
 
 #include <jansson.h>
 
+#include "checkpoint_files.h"
 #include "io.h"
 #include "log.h"
 
@@ -354,51 +355,6 @@ out:
 	return rc;
 }
 
-#define LFS_VERSION "version https://git-lfs.github.com/spec/v1"
-
-/* The value of the pointer line "key value", copied up to its end of line
- * (at most len - 1 bytes, only the characters an oid or a size holds), or
- * "?" when the line is missing. */
-static const char *lfs_field(const char *p, size_t n, const char *key, char *out, size_t len)
-{
-	size_t klen = strlen(key);
-	snprintf(out, len, "?");
-	for (size_t i = 0; i + klen < n; i++) {
-		if ((i && p[i - 1] != '\n') || memcmp(p + i, key, klen) != 0)
-			continue;
-		size_t o = 0;
-		for (i += klen; i < n && o + 1 < len && p[i] && p[i] != '\n' &&
-		     strchr("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ:-_", p[i]); i++)
-			out[o++] = p[i];
-		out[o] = '\0';
-		if (!o)
-			snprintf(out, len, "?");
-		break;
-	}
-	return out;
-}
-
-/* Whether buf, the first len bytes of a file, is a Git LFS pointer: the
- * small text ("version https://git-lfs.github.com/spec/v1", "oid sha256:...",
- * "size N") a clone without LFS leaves in place of the real content. Its
- * first 8 bytes would otherwise read as a header length of 2.4e18. */
-static bool is_lfs_pointer(const void *buf, size_t len, const char *name, char *err, size_t errlen)
-{
-	char oid[80], size[24];
-	const size_t vlen = sizeof LFS_VERSION - 1;
-	if (len < vlen || memcmp(buf, LFS_VERSION, vlen) != 0)
-		return false;
-	/* the spec caps a pointer at 1024 bytes; its oid and size lines are all
-	 * the message needs */
-	if (len > 1024)
-		len = 1024;
-	lfs_field(buf, len, "oid ", oid, sizeof oid);
-	lfs_field(buf, len, "size ", size, sizeof size);
-	rlog_errf(err, errlen, "%s is a Git LFS pointer (oid %s, size %s), not the tensor data: "
-		       "run `git lfs pull` in the checkpoint's repository", name, oid, size);
-	return true;
-}
-
 /* The 8-byte header length N of a file of `size` bytes, from the first
  * `have` bytes p of it (have >= 8 unless size < 8), checked against the cap
  * and the file size. */
@@ -407,7 +363,7 @@ static int check_prefix(const struct radiance_st_file *f, const uint8_t *p, size
 {
 	uint64_t n = 0;
 
-	if (is_lfs_pointer(p, have, f->name, err, errlen))
+	if (rcheckpoint_lfs_pointer(p, have, f->name, "the tensor data", err, errlen))
 		return -EINVAL;
 	if (size < 8) {
 		rlog_errf(err, errlen, "%s: file is %" PRIu64 " bytes, too short for the 8-byte header length",
