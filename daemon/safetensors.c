@@ -191,8 +191,11 @@ static int get_uint(const json_t *j, uint64_t *v, const char *fname, const char 
 	return 0;
 }
 
+/* One header entry into t. An end past the data section is not refused
+ * here but left in *oob (the first such tensor): check_coverage decides
+ * whether the file is truncated or the offset is bad. */
 static int parse_tensor(struct radiance_st_file *f, struct radiance_st_tensor *t, const char *key,
-			json_t *e, char *err, size_t errlen)
+			json_t *e, const struct radiance_st_tensor **oob, char *err, size_t errlen)
 {
 	char sb[128];
 	json_t *dt, *sh, *off;
@@ -262,12 +265,8 @@ static int parse_tensor(struct radiance_st_file *f, struct radiance_st_tensor *t
 			       f->name, key, t->begin, t->end);
 		return -EINVAL;
 	}
-	if (t->end > f->data_len) {
-		rlog_errf(err, errlen, "%s: tensor \"%s\": data_offsets [%" PRIu64 ", %" PRIu64 "] out of bounds, "
-			       "expected end <= %" PRIu64 " (the data section's size)",
-			       f->name, key, t->begin, t->end, f->data_len);
-		return -EINVAL;
-	}
+	if (t->end > f->data_len && !*oob)
+		*oob = t;
 
 	uint64_t nbits;
 	unsigned bits = radiance_st_dtype_bits(t->dtype);
@@ -288,8 +287,16 @@ static int parse_tensor(struct radiance_st_file *f, struct radiance_st_tensor *t
 			       shape_str(t, sb, sizeof sb), dtypes[t->dtype].name);
 		return -EINVAL;
 	}
-	t->data = f->data ? f->data + t->begin : NULL;
+	t->data = f->data && t->end <= f->data_len ? f->data + t->begin : NULL;
 	return 0;
+}
+
+static void out_of_bounds(const struct radiance_st_file *f, const struct radiance_st_tensor *t,
+			  char *err, size_t errlen)
+{
+	rlog_errf(err, errlen, "%s: tensor \"%s\": data_offsets [%" PRIu64 ", %" PRIu64 "] out of bounds, "
+		  "expected end <= %" PRIu64 " (the data section's size)",
+		  f->name, t->name, t->begin, t->end, f->data_len);
 }
 
 static int cmp_offsets(const void *a, const void *b)
@@ -306,8 +313,14 @@ static int cmp_offsets(const void *a, const void *b)
 /* The reference's coverage rule: sorted by offset, each tensor starts where
  * the previous one ended and the last one ends at the end of the file. It
  * reports all of these as InvalidOffset / MetadataIncompleteBuffer; we name
- * the cause. */
-static int check_coverage(struct radiance_st_file *f, char *err, size_t errlen)
+ * the cause. oob: the first tensor that ends past the data section, if any.
+ * When the tensors line up and only run past the end, the header is whole
+ * and consistent and the file is shorter than it says: truncated (`head -c`,
+ * an interrupted copy), said as such rather than as the first tensor past
+ * the cut. Otherwise oob is a bad offset, named before a hole or overlap
+ * it may have made. */
+static int check_coverage(struct radiance_st_file *f, const struct radiance_st_tensor *oob,
+			  char *err, size_t errlen)
 {
 	const struct radiance_st_tensor **order;
 	const struct radiance_st_tensor *prev = NULL;
@@ -322,6 +335,11 @@ static int check_coverage(struct radiance_st_file *f, char *err, size_t errlen)
 	qsort(order, f->n_tensors, sizeof *order, cmp_offsets);
 	for (size_t i = 0; i < f->n_tensors; i++) {
 		const struct radiance_st_tensor *t = order[i];
+		if (t->begin != pos && oob) {
+			out_of_bounds(f, oob, err, errlen);
+			rc = -EINVAL;
+			goto out;
+		}
 		if (t->begin < pos) {
 			rlog_errf(err, errlen, "%s: tensors \"%s\" [%" PRIu64 ", %" PRIu64 ") and \"%s\" [%" PRIu64
 			       ", %" PRIu64 ") overlap, expected disjoint data_offsets",
@@ -344,7 +362,12 @@ static int check_coverage(struct radiance_st_file *f, char *err, size_t errlen)
 		pos = t->end;
 		prev = t;
 	}
-	if (pos != f->data_len) {
+	if (pos > f->data_len) {
+		rlog_errf(err, errlen, "%s: truncated: the file is %" PRIu64 " bytes, its header needs %" PRIu64
+			  " (8 + a %" PRIu64 "-byte header + %" PRIu64 " bytes of tensor data); the copy or "
+			  "download was cut short", f->name, f->size, f->data_offset + pos, f->header_len, pos);
+		rc = -EINVAL;
+	} else if (pos != f->data_len) {
 		rlog_errf(err, errlen, "%s: the data section is %" PRIu64 " bytes but the tensors cover %" PRIu64
 			       ": %" PRIu64 " trailing bytes belong to no tensor, expected the last tensor to end the file",
 			       f->name, f->data_len, pos, f->data_len - pos);
@@ -394,6 +417,7 @@ static int parse_header(struct radiance_st_file *f, const uint8_t *hdr, uint64_t
 	json_error_t jerr;
 	const char *key;
 	json_t *root, *v;
+	const struct radiance_st_tensor *oob = NULL;
 	int rc = 0;
 
 	root = json_loadb((const char *)hdr, n, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES, &jerr);
@@ -421,13 +445,13 @@ static int parse_header(struct radiance_st_file *f, const uint8_t *hdr, uint64_t
 		if (strcmp(key, "__metadata__") == 0) {
 			rc = parse_meta(f, v, err, errlen);
 		} else {
-			rc = parse_tensor(f, &f->tensors[f->n_tensors], key, v, err, errlen);
+			rc = parse_tensor(f, &f->tensors[f->n_tensors], key, v, &oob, err, errlen);
 			f->n_tensors++;
 		}
 		if (rc)
 			goto out;
 	}
-	rc = check_coverage(f, err, errlen);
+	rc = check_coverage(f, oob, err, errlen);
 	if (rc)
 		goto out;
 	qsort(f->tensors, f->n_tensors, sizeof *f->tensors, cmp_name);
