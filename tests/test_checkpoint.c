@@ -607,6 +607,40 @@ static void test_valid_quant_config_file(void **state)
 	json_decref(q);
 }
 
+/* "quantization_config": null in config.json tells an engine reading it
+ * (transformers, vLLM: a None quantization_config) that the model is not
+ * quantized, while quantization_config.json says int4: the two files
+ * disagree, and neither wins, so the load is refused naming both. With no
+ * quantization_config.json it is the missing config, said as null. */
+static void test_quant_config_null(void **state)
+{
+	struct fixture *fx = *state;
+	struct radiance_model *m = (void *)1;
+	json_t *q = json_deep_copy(qc(fx));
+
+	json_object_set_new(fx->config, "quantization_config", json_null());
+	write_ckpt(fx);
+	assert_int_equal(json_dump_file(q, path_join(fx->path, sizeof fx->path, fx->dir,
+						     "quantization_config.json"), 0), 0);
+	json_decref(q);
+	assert_int_equal(load(fx, &m), -EINVAL);
+	assert_null(m);
+	assert_string_equal(fx->err, "config.json and quantization_config.json disagree on "
+			    "quantization_config: null in config.json (an engine reading it loads the "
+			    "model unquantized), an object in quantization_config.json; expected the "
+			    "same in both (AutoRound writes one quantization config to both files): set "
+			    "config.json's \"quantization_config\" to the contents of "
+			    "quantization_config.json, or remove the key");
+
+	unlink(path_join(fx->path, sizeof fx->path, fx->dir, "quantization_config.json"));
+	m = (void *)1;
+	assert_int_equal(load(fx, &m), -ENOENT);
+	assert_null(m);
+	assert_string_equal(fx->err, "config.json: \"quantization_config\" is null and "
+			    "quantization_config.json was not given, expected the quantization config "
+			    "of an AutoRound int4 checkpoint");
+}
+
 /* config.json's quantization_config and quantization_config.json are one
  * dict written twice by AutoRound, so neither wins: a checkpoint whose two
  * files disagree on anything the loader reads is refused naming both files,
@@ -1421,6 +1455,7 @@ int main(void)
 		T(test_no_weights),
 		T(test_shard_is_lfs_pointer),
 		T(test_json_file_is_lfs_pointer),
+		T(test_quant_config_null),
 		T(test_file_shrinks_while_loading),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
