@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -52,6 +53,48 @@ int rcheckpoint_dot_name(const char *s, size_t len)
 	return (len == 1 && s[0] == '.') || (len == 2 && s[0] == '.' && s[1] == '.');
 }
 
+#define LFS_VERSION "version https://git-lfs.github.com/spec/v1"
+
+/* The value of the pointer line "key value", copied up to its end of line
+ * (at most len - 1 bytes, only the characters an oid or a size holds), or
+ * "?" when the line is missing. */
+static const char *lfs_field(const char *p, size_t n, const char *key, char *out, size_t len)
+{
+	size_t klen = strlen(key);
+	snprintf(out, len, "?");
+	for (size_t i = 0; i + klen < n; i++) {
+		if ((i && p[i - 1] != '\n') || memcmp(p + i, key, klen) != 0)
+			continue;
+		size_t o = 0;
+		for (i += klen; i < n && o + 1 < len && p[i] && p[i] != '\n' &&
+		     strchr("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ:-_", p[i]); i++)
+			out[o++] = p[i];
+		out[o] = '\0';
+		if (!o)
+			snprintf(out, len, "?");
+		break;
+	}
+	return out;
+}
+
+bool rcheckpoint_lfs_pointer(const void *buf, size_t len, const char *name, const char *what,
+			     char *err, size_t errlen)
+{
+	char oid[80], size[24];
+	const size_t vlen = sizeof LFS_VERSION - 1;
+	if (len < vlen || memcmp(buf, LFS_VERSION, vlen) != 0)
+		return false;
+	/* the spec caps a pointer at 1024 bytes; its oid and size lines are all
+	 * the message needs */
+	if (len > 1024)
+		len = 1024;
+	lfs_field(buf, len, "oid ", oid, sizeof oid);
+	lfs_field(buf, len, "size ", size, sizeof size);
+	rlog_errf(err, errlen, "%s is a Git LFS pointer (oid %s, size %s), not %s: "
+		  "run `git lfs pull` in the checkpoint's repository", name, oid, size, what);
+	return true;
+}
+
 int rcheckpoint_read_json(int fd, const char *fname, json_t **out, char *err,
 				  size_t errlen)
 {
@@ -90,6 +133,10 @@ int rcheckpoint_read_json(int fd, const char *fname, json_t **out, char *err,
 				       "%s: file shrank to %zd bytes while loading (expected %lld)", fname,
 				       r, (long long)st.st_size);
 		rc = -EIO;
+		goto out;
+	}
+	if (rcheckpoint_lfs_pointer(buf, (size_t)r, fname, "the JSON", err, errlen)) {
+		rc = -EINVAL;
 		goto out;
 	}
 	*out = json_loadb(buf, (size_t)r, JSON_REJECT_DUPLICATES, &jerr);

@@ -50,11 +50,24 @@ const char *rcheckpoint_dir_name(const char *dir, size_t *len);
  * stands for, or nothing, does). */
 int rcheckpoint_dot_name(const char *s, size_t len);
 
+/* Whether buf, the first len bytes of the checkpoint file name, is a Git
+ * LFS pointer: the small text ("version https://git-lfs.github.com/spec/v1",
+ * "oid sha256:...", "size N") a clone without LFS leaves in place of the
+ * real content. When it is, err says so: "<name> is a Git LFS pointer (oid
+ * sha256:..., size N), not <what>: run `git lfs pull` in the checkpoint's
+ * repository" (what: "the tensor data", "the JSON"). Every checkpoint file
+ * the loader reads is checked with it before it is parsed: a pointer would
+ * otherwise read as a safetensors header length of 2.4e18, or as JSON that
+ * fails at "version". */
+bool rcheckpoint_lfs_pointer(const void *buf, size_t len, const char *name, const char *what,
+			     char *err, size_t errlen);
+
 /* Reads the small JSON file on fd (fname for messages) whole with pread
  * into private memory, so a file that changes under us is read once, and
  * parses it: a JSON object, no duplicate keys, at most
  * RADIANCE_CHECKPOINT_MAX_JSON bytes. 0 with *out set (json_decref it), or
- * -EINVAL (not a regular file, too big, not JSON, not an object), -EIO (a
+ * -EINVAL (not a regular file, too big, a Git LFS pointer
+ * (rcheckpoint_lfs_pointer), not JSON, not an object), -EIO (a
  * read failed, the file shrank), -ENOMEM, with *out NULL and err set. */
 int rcheckpoint_read_json(int fd, const char *fname, json_t **out, char *err,
 				  size_t errlen);

@@ -23,16 +23,31 @@ int radiance__ck_load_quant_config(struct ck_loader *L, const struct radiance_fi
 	const struct radiance_file *qf = ck_find_file(files, n, CK_QCONFIG);
 	json_t *qjson = NULL;
 	const json_t *inner = L->config ? json_object_get(L->config, "quantization_config") : NULL;
+	bool null = inner && json_is_null(inner);
 	int rc;
 
-	if (inner && json_is_null(inner))
+	if (null)
 		inner = NULL;
 	if (qf && (rc = radiance__ck_read_json(L, qf->fd, CK_QCONFIG, &qjson)))
 		return rc;
+	/* A null is not an absent key: transformers and vLLM read a None
+	 * quantization_config as "not quantized", so config.json says the
+	 * opposite of quantization_config.json, and neither wins. */
+	if (null && qjson) {
+		ck_err(L, "%s and %s disagree on quantization_config: null in %s (an engine reading it "
+		       "loads the model unquantized), an object in %s; expected the same in both "
+		       "(AutoRound writes one quantization config to both files): set %s's "
+		       "\"quantization_config\" to the contents of %s, or remove the key", CK_CONFIG,
+		       CK_QCONFIG, CK_CONFIG, CK_QCONFIG, CK_CONFIG, CK_QCONFIG);
+		rc = -EINVAL;
+		goto out;
+	}
 	if (!inner && !qjson) {
 		if (L->config)
-			ck_err(L, "%s: no \"quantization_config\" and %s was not given, expected the "
-			       "quantization config of an AutoRound int4 checkpoint", CK_CONFIG, CK_QCONFIG);
+			ck_err(L, "%s: %s and %s was not given, expected the quantization config of an "
+			       "AutoRound int4 checkpoint", CK_CONFIG,
+			       null ? "\"quantization_config\" is null" : "no \"quantization_config\"",
+			       CK_QCONFIG);
 		else
 			ck_err(L, "neither %s nor %s was given, expected the quantization config of an "
 			       "AutoRound int4 checkpoint", CK_CONFIG, CK_QCONFIG);

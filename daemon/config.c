@@ -12,12 +12,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "checkpoint.h"
 #include "io.h"
 #include "limit.h"
 #include "log.h"
+#include "notify.h"
 #include "scheduler.h"
 #include "shm_layout.h"
 #include "text.h"
@@ -895,6 +897,29 @@ static int default_socket(struct radiance_config *cfg, char *err, size_t errlen)
 	return cfg->socket_path ? 0 : -ENOMEM;
 }
 
+/* The socket path must fit a Unix socket address (sun_path: 107 bytes and
+ * the NUL). Checked here with the other values, so that a path that cannot
+ * be bound is a usage error (exit 2) naming where it came from, not a
+ * failure once the backend has started (listen.c checks again). Under
+ * socket activation the path is not used, so it is not checked. */
+static int socket_length_check(const struct radiance_config *cfg, const struct origins *o,
+			       char *err, size_t errlen)
+{
+	struct sockaddr_un addr;
+	size_t len = strlen(cfg->socket_path);
+	if (len < sizeof addr.sun_path || notify_socket_activated())
+		return 0;
+	char shown[CONFIG_SHOWN_MAX];
+	rtext_escape(cfg->socket_path, shown, sizeof shown);
+	const char *where = origin(o, "socket");
+	bool deflt = strcmp(where, "default") == 0;
+	snprintf(err, errlen, "socket '%s' (%s) is %zu bytes, longer than the %zu a Unix socket "
+		 "address holds; %s", shown, deflt && geteuid() != 0 ?
+		 "default: $XDG_RUNTIME_DIR/radiance.sock" : where, len, sizeof addr.sun_path - 1,
+		 deflt ? "pass --socket PATH" : "choose a shorter path");
+	return -EINVAL;
+}
+
 static int preload_same_name(const char *a, const char *b)
 {
 	size_t alen, blen;
@@ -1260,6 +1285,8 @@ int config_load(struct radiance_config *cfg, int argc, char **argv, char *err, s
 	if (rc < 0)
 		goto out;
 	rc = default_socket(cfg, err, errlen);
+	if (rc == 0)
+		rc = socket_length_check(cfg, o, err, errlen);
 out:
 	origins_clear_preload(o);
 	free(o);

@@ -12,6 +12,7 @@
 
 #include <jansson.h>
 
+#include "checkpoint_files.h"
 #include "io.h"
 #include "log.h"
 
@@ -190,8 +191,11 @@ static int get_uint(const json_t *j, uint64_t *v, const char *fname, const char 
 	return 0;
 }
 
+/* One header entry into t. An end past the data section is not refused
+ * here but left in *oob (the first such tensor): check_coverage decides
+ * whether the file is truncated or the offset is bad. */
 static int parse_tensor(struct radiance_st_file *f, struct radiance_st_tensor *t, const char *key,
-			json_t *e, char *err, size_t errlen)
+			json_t *e, const struct radiance_st_tensor **oob, char *err, size_t errlen)
 {
 	char sb[128];
 	json_t *dt, *sh, *off;
@@ -261,12 +265,8 @@ static int parse_tensor(struct radiance_st_file *f, struct radiance_st_tensor *t
 			       f->name, key, t->begin, t->end);
 		return -EINVAL;
 	}
-	if (t->end > f->data_len) {
-		rlog_errf(err, errlen, "%s: tensor \"%s\": data_offsets [%" PRIu64 ", %" PRIu64 "] out of bounds, "
-			       "expected end <= %" PRIu64 " (the data section's size)",
-			       f->name, key, t->begin, t->end, f->data_len);
-		return -EINVAL;
-	}
+	if (t->end > f->data_len && !*oob)
+		*oob = t;
 
 	uint64_t nbits;
 	unsigned bits = radiance_st_dtype_bits(t->dtype);
@@ -287,8 +287,16 @@ static int parse_tensor(struct radiance_st_file *f, struct radiance_st_tensor *t
 			       shape_str(t, sb, sizeof sb), dtypes[t->dtype].name);
 		return -EINVAL;
 	}
-	t->data = f->data ? f->data + t->begin : NULL;
+	t->data = f->data && t->end <= f->data_len ? f->data + t->begin : NULL;
 	return 0;
+}
+
+static void out_of_bounds(const struct radiance_st_file *f, const struct radiance_st_tensor *t,
+			  char *err, size_t errlen)
+{
+	rlog_errf(err, errlen, "%s: tensor \"%s\": data_offsets [%" PRIu64 ", %" PRIu64 "] out of bounds, "
+		  "expected end <= %" PRIu64 " (the data section's size)",
+		  f->name, t->name, t->begin, t->end, f->data_len);
 }
 
 static int cmp_offsets(const void *a, const void *b)
@@ -305,8 +313,14 @@ static int cmp_offsets(const void *a, const void *b)
 /* The reference's coverage rule: sorted by offset, each tensor starts where
  * the previous one ended and the last one ends at the end of the file. It
  * reports all of these as InvalidOffset / MetadataIncompleteBuffer; we name
- * the cause. */
-static int check_coverage(struct radiance_st_file *f, char *err, size_t errlen)
+ * the cause. oob: the first tensor that ends past the data section, if any.
+ * When the tensors line up and only run past the end, the header is whole
+ * and consistent and the file is shorter than it says: truncated (`head -c`,
+ * an interrupted copy), said as such rather than as the first tensor past
+ * the cut. Otherwise oob is a bad offset, named before a hole or overlap
+ * it may have made. */
+static int check_coverage(struct radiance_st_file *f, const struct radiance_st_tensor *oob,
+			  char *err, size_t errlen)
 {
 	const struct radiance_st_tensor **order;
 	const struct radiance_st_tensor *prev = NULL;
@@ -321,6 +335,11 @@ static int check_coverage(struct radiance_st_file *f, char *err, size_t errlen)
 	qsort(order, f->n_tensors, sizeof *order, cmp_offsets);
 	for (size_t i = 0; i < f->n_tensors; i++) {
 		const struct radiance_st_tensor *t = order[i];
+		if (t->begin != pos && oob) {
+			out_of_bounds(f, oob, err, errlen);
+			rc = -EINVAL;
+			goto out;
+		}
 		if (t->begin < pos) {
 			rlog_errf(err, errlen, "%s: tensors \"%s\" [%" PRIu64 ", %" PRIu64 ") and \"%s\" [%" PRIu64
 			       ", %" PRIu64 ") overlap, expected disjoint data_offsets",
@@ -343,7 +362,12 @@ static int check_coverage(struct radiance_st_file *f, char *err, size_t errlen)
 		pos = t->end;
 		prev = t;
 	}
-	if (pos != f->data_len) {
+	if (pos > f->data_len) {
+		rlog_errf(err, errlen, "%s: truncated: the file is %" PRIu64 " bytes, its header needs %" PRIu64
+			  " (8 + a %" PRIu64 "-byte header + %" PRIu64 " bytes of tensor data); the copy or "
+			  "download was cut short", f->name, f->size, f->data_offset + pos, f->header_len, pos);
+		rc = -EINVAL;
+	} else if (pos != f->data_len) {
 		rlog_errf(err, errlen, "%s: the data section is %" PRIu64 " bytes but the tensors cover %" PRIu64
 			       ": %" PRIu64 " trailing bytes belong to no tensor, expected the last tensor to end the file",
 			       f->name, f->data_len, pos, f->data_len - pos);
@@ -354,51 +378,6 @@ out:
 	return rc;
 }
 
-#define LFS_VERSION "version https://git-lfs.github.com/spec/v1"
-
-/* The value of the pointer line "key value", copied up to its end of line
- * (at most len - 1 bytes, only the characters an oid or a size holds), or
- * "?" when the line is missing. */
-static const char *lfs_field(const char *p, size_t n, const char *key, char *out, size_t len)
-{
-	size_t klen = strlen(key);
-	snprintf(out, len, "?");
-	for (size_t i = 0; i + klen < n; i++) {
-		if ((i && p[i - 1] != '\n') || memcmp(p + i, key, klen) != 0)
-			continue;
-		size_t o = 0;
-		for (i += klen; i < n && o + 1 < len && p[i] && p[i] != '\n' &&
-		     strchr("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ:-_", p[i]); i++)
-			out[o++] = p[i];
-		out[o] = '\0';
-		if (!o)
-			snprintf(out, len, "?");
-		break;
-	}
-	return out;
-}
-
-/* Whether buf, the first len bytes of a file, is a Git LFS pointer: the
- * small text ("version https://git-lfs.github.com/spec/v1", "oid sha256:...",
- * "size N") a clone without LFS leaves in place of the real content. Its
- * first 8 bytes would otherwise read as a header length of 2.4e18. */
-static bool is_lfs_pointer(const void *buf, size_t len, const char *name, char *err, size_t errlen)
-{
-	char oid[80], size[24];
-	const size_t vlen = sizeof LFS_VERSION - 1;
-	if (len < vlen || memcmp(buf, LFS_VERSION, vlen) != 0)
-		return false;
-	/* the spec caps a pointer at 1024 bytes; its oid and size lines are all
-	 * the message needs */
-	if (len > 1024)
-		len = 1024;
-	lfs_field(buf, len, "oid ", oid, sizeof oid);
-	lfs_field(buf, len, "size ", size, sizeof size);
-	rlog_errf(err, errlen, "%s is a Git LFS pointer (oid %s, size %s), not the tensor data: "
-		       "run `git lfs pull` in the checkpoint's repository", name, oid, size);
-	return true;
-}
-
 /* The 8-byte header length N of a file of `size` bytes, from the first
  * `have` bytes p of it (have >= 8 unless size < 8), checked against the cap
  * and the file size. */
@@ -407,7 +386,7 @@ static int check_prefix(const struct radiance_st_file *f, const uint8_t *p, size
 {
 	uint64_t n = 0;
 
-	if (is_lfs_pointer(p, have, f->name, err, errlen))
+	if (rcheckpoint_lfs_pointer(p, have, f->name, "the tensor data", err, errlen))
 		return -EINVAL;
 	if (size < 8) {
 		rlog_errf(err, errlen, "%s: file is %" PRIu64 " bytes, too short for the 8-byte header length",
@@ -438,6 +417,7 @@ static int parse_header(struct radiance_st_file *f, const uint8_t *hdr, uint64_t
 	json_error_t jerr;
 	const char *key;
 	json_t *root, *v;
+	const struct radiance_st_tensor *oob = NULL;
 	int rc = 0;
 
 	root = json_loadb((const char *)hdr, n, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES, &jerr);
@@ -465,13 +445,13 @@ static int parse_header(struct radiance_st_file *f, const uint8_t *hdr, uint64_t
 		if (strcmp(key, "__metadata__") == 0) {
 			rc = parse_meta(f, v, err, errlen);
 		} else {
-			rc = parse_tensor(f, &f->tensors[f->n_tensors], key, v, err, errlen);
+			rc = parse_tensor(f, &f->tensors[f->n_tensors], key, v, &oob, err, errlen);
 			f->n_tensors++;
 		}
 		if (rc)
 			goto out;
 	}
-	rc = check_coverage(f, err, errlen);
+	rc = check_coverage(f, oob, err, errlen);
 	if (rc)
 		goto out;
 	qsort(f->tensors, f->n_tensors, sizeof *f->tensors, cmp_name);

@@ -19,6 +19,11 @@
  *   - sorted by offset, the tensors cover the data section exactly: no two
  *     overlap, no hole between them and no trailing bytes after the last one.
  *
+ * A file cut short whose header is whole (its tensors line up and end past
+ * the end of the file) is refused as "<file>: truncated: the file is N
+ * bytes, its header needs M (...)" rather than as the first tensor past the
+ * cut being out of bounds.
+ *
  * Stricter than the reference in one way: duplicate keys in the header JSON
  * are refused (the reference keeps one of them silently). Unknown keys inside
  * a tensor entry are ignored, as the reference does.

@@ -607,6 +607,40 @@ static void test_valid_quant_config_file(void **state)
 	json_decref(q);
 }
 
+/* "quantization_config": null in config.json tells an engine reading it
+ * (transformers, vLLM: a None quantization_config) that the model is not
+ * quantized, while quantization_config.json says int4: the two files
+ * disagree, and neither wins, so the load is refused naming both. With no
+ * quantization_config.json it is the missing config, said as null. */
+static void test_quant_config_null(void **state)
+{
+	struct fixture *fx = *state;
+	struct radiance_model *m = (void *)1;
+	json_t *q = json_deep_copy(qc(fx));
+
+	json_object_set_new(fx->config, "quantization_config", json_null());
+	write_ckpt(fx);
+	assert_int_equal(json_dump_file(q, path_join(fx->path, sizeof fx->path, fx->dir,
+						     "quantization_config.json"), 0), 0);
+	json_decref(q);
+	assert_int_equal(load(fx, &m), -EINVAL);
+	assert_null(m);
+	assert_string_equal(fx->err, "config.json and quantization_config.json disagree on "
+			    "quantization_config: null in config.json (an engine reading it loads the "
+			    "model unquantized), an object in quantization_config.json; expected the "
+			    "same in both (AutoRound writes one quantization config to both files): set "
+			    "config.json's \"quantization_config\" to the contents of "
+			    "quantization_config.json, or remove the key");
+
+	unlink(path_join(fx->path, sizeof fx->path, fx->dir, "quantization_config.json"));
+	m = (void *)1;
+	assert_int_equal(load(fx, &m), -ENOENT);
+	assert_null(m);
+	assert_string_equal(fx->err, "config.json: \"quantization_config\" is null and "
+			    "quantization_config.json was not given, expected the quantization config "
+			    "of an AutoRound int4 checkpoint");
+}
+
 /* config.json's quantization_config and quantization_config.json are one
  * dict written twice by AutoRound, so neither wins: a checkpoint whose two
  * files disagree on anything the loader reads is refused naming both files,
@@ -1181,6 +1215,62 @@ static void test_shard_is_lfs_pointer(void **state)
 		       "repository", NULL);
 }
 
+/* The same clone without Git LFS, when a JSON file is the pointer (a
+ * repository whose .gitattributes tracks *.json, or every file, with LFS):
+ * each of config.json, quantization_config.json and the index is named as an
+ * LFS pointer, not "not valid JSON: '[' or '{' expected near 'version'". */
+static void test_json_file_is_lfs_pointer(void **state)
+{
+	struct fixture *fx = *state;
+	static const char ptr[] = "version https://git-lfs.github.com/spec/v1\n"
+				  "oid sha256:2c26b46b68ffc68ff99b453c1d30413413422d706483bfa0f98a5e886266e7ae\n"
+				  "size 24815\n";
+	static const char *const names[] = { "config.json", "quantization_config.json",
+					     "model.safetensors.index.json" };
+	char want[512];
+
+	for (int i = 0; i < 3; i++) {
+		json_t *q = json_deep_copy(qc(fx));
+		if (i == 2)
+			write_sharded(fx, 5);
+		else
+			write_ckpt(fx);
+		assert_int_equal(json_dump_file(q, path_join(fx->path, sizeof fx->path, fx->dir,
+							     "quantization_config.json"), 0), 0);
+		json_decref(q);
+		assert_int_equal(write_text(path_join(fx->path, sizeof fx->path, fx->dir, names[i]), ptr),
+				 0);
+		snprintf(want, sizeof want, "%s is a Git LFS pointer (oid sha256:2c26b46b68ffc68ff99b453c1d"
+			 "30413413422d706483bfa0f98a5e886266e7ae, size 24815), not the JSON: run `git lfs "
+			 "pull` in the checkpoint's repository", names[i]);
+		expect_refused(fx, -EINVAL, want, NULL);
+		/* the fd path (LoadModel) reads the file itself, not the listing */
+		if (i < 2) {
+			struct radiance_file files[3] = {
+				{ "config.json", -1 }, { "quantization_config.json", -1 },
+				{ "model.safetensors", -1 },
+			};
+			for (int j = 0; j < 3; j++) {
+				files[j].fd = open(path_join(fx->path, sizeof fx->path, fx->dir,
+							     files[j].name), O_RDONLY | O_CLOEXEC);
+				assert_true(files[j].fd >= 0);
+			}
+			struct radiance_model *m = (void *)1;
+			fx->err[0] = '\0';
+			assert_int_equal(radiance_checkpoint_load(files, 3, NULL, NULL, NULL, &m, fx->err,
+								  sizeof fx->err), -EINVAL);
+			assert_null(m);
+			assert_string_equal(fx->err, want);
+			for (int j = 0; j < 3; j++)
+				close(files[j].fd);
+		}
+		unlink(path_join(fx->path, sizeof fx->path, fx->dir, "model.safetensors"));
+		unlink(path_join(fx->path, sizeof fx->path, fx->dir, "model.safetensors.index.json"));
+		unlink(path_join(fx->path, sizeof fx->path, fx->dir, "model-00001-of-00002.safetensors"));
+		unlink(path_join(fx->path, sizeof fx->path, fx->dir, "model-00002-of-00002.safetensors"));
+	}
+}
+
 /* ---- a weights file that shrinks while it loads --------------------------- */
 
 struct shrink {
@@ -1364,6 +1454,8 @@ int main(void)
 		T(test_shard_holds_unlisted_tensor),
 		T(test_no_weights),
 		T(test_shard_is_lfs_pointer),
+		T(test_json_file_is_lfs_pointer),
+		T(test_quant_config_null),
 		T(test_file_shrinks_while_loading),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -377,6 +377,55 @@ static void test_group_resolved(void **state)
 	config_finish(&c2);
 }
 
+/* A socket path longer than a Unix socket address holds (107 bytes and the
+ * NUL) is a bad value found with the other options: refused by config_load
+ * (exit 2) naming the option, where it was given and both lengths, not after
+ * the backend started (exit 1). 107 bytes is accepted. */
+static void test_socket_path_too_long(void **state)
+{
+	struct radiance_config cfg;
+	char err[512], longp[160], maxp[160], want[400];
+
+	snprintf(longp, sizeof longp, "/tmp/%0119d.sock", 0);      /* 129 bytes */
+	snprintf(maxp, sizeof maxp, "/tmp/%097d.sock", 0);         /* 107 bytes */
+	assert_int_equal(strlen(longp), 129);
+	assert_int_equal(strlen(maxp), 107);
+	assert_int_equal(load(&cfg, err, sizeof err, "--no-config", "-s", maxp, NULL), 0);
+	assert_string_equal(cfg.socket_path, maxp);
+	config_finish(&cfg);
+
+	snprintf(want, sizeof want, "socket '%s' (-s/--socket) is 129 bytes, longer than the 107 a "
+		 "Unix socket address holds; choose a shorter path", longp);
+	assert_int_equal(load(&cfg, err, sizeof err, "--no-config", "-s", longp, NULL), -EINVAL);
+	config_finish(&cfg);
+	assert_string_equal(err, want);
+	snprintf(maxp, sizeof maxp, "/tmp/%098d.sock", 0);         /* one byte too many */
+	assert_int_equal(strlen(maxp), 108);
+	expect_error(-EINVAL, "(-s/--socket) is 108 bytes, longer than the 107", NULL, "--no-config",
+		     "--socket", maxp, NULL);
+
+	char text[200];
+	snprintf(text, sizeof text, "# the socket\nsocket = %s\n", longp);
+	const char *path = write_file("longsock.conf", text);
+	snprintf(want, sizeof want, "socket '%s' (%s:2) is 129 bytes, longer than the 107 a Unix "
+		 "socket address holds; choose a shorter path", longp, path);
+	assert_int_equal(load(&cfg, err, sizeof err, "--config", path, NULL), -EINVAL);
+	config_finish(&cfg);
+	assert_string_equal(err, want);
+	/* the command line's short one replaces it */
+	assert_int_equal(load(&cfg, err, sizeof err, "--config", path, "-s", "/tmp/r.sock", NULL), 0);
+	config_finish(&cfg);
+
+	if (geteuid() != 0) {   /* as root the default is /run/radiance/radiance.sock */
+		char xdg[120];
+		snprintf(xdg, sizeof xdg, "/tmp/%0100d", 0);   /* + /radiance.sock: 119 bytes */
+		setenv("XDG_RUNTIME_DIR", xdg, 1);
+		expect_error(-EINVAL, "(default: $XDG_RUNTIME_DIR/radiance.sock) is 119 bytes",
+			     "pass --socket PATH", "--no-config", NULL);
+		setenv("XDG_RUNTIME_DIR", "/run/user/1234", 1);
+	}
+}
+
 static void test_hello_timeout_option(void **state)
 {
 	struct radiance_config cfg;
@@ -879,6 +928,7 @@ int main(void)
 	rlog_init(RADIANCE_LOG_ERROR);
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_defaults),
+		cmocka_unit_test(test_socket_path_too_long),
 		cmocka_unit_test(test_file_then_command_line),
 		cmocka_unit_test(test_help_and_version),
 		cmocka_unit_test(test_bad_command_line),

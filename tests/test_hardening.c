@@ -657,9 +657,12 @@ static void systemd_socket_activation(void **state)
 		setenv("LISTEN_PID", num, 1);
 		setenv("LISTEN_FDS", "1", 1);
 		const char *bin = h_env("RADIANCED", "build/radianced");
-		/* --socket names a path that must not be touched */
+		/* --socket names a path that must not be touched, and is not
+		 * checked: too long to bind (129 bytes), it is no error here */
+		char unused[160];
+		snprintf(unused, sizeof unused, "/nonexistent/%0111d.sock", 0);
 		execl(bin, bin, "--no-config", "--backend", h_env("RADIANCE_TEST_BACKEND", "cpu"),
-		      "--socket", "/nonexistent/radiance.sock", (char *)NULL);
+		      "--socket", unused, (char *)NULL);
 		_exit(127);
 	}
 	close(lfd);
@@ -698,6 +701,24 @@ static void bad_group_is_a_usage_error(void **state)
 	assert_int_equal(h_count_lines(log, "backend"), 0);
 	struct stat sb;
 	assert_int_equal(lstat(path, &sb), -1);
+}
+
+/* A socket path longer than sun_path holds is a bad value found before
+ * anything starts: exit 2 naming the option, no backend, no socket. */
+static void long_socket_path_is_a_usage_error(void **state)
+{
+	char log[128], path[200];
+	make_dir();
+	snprintf(log, sizeof log, "%s/radianced.log", dir);
+	snprintf(path, sizeof path, "/tmp/%0119d.sock", 0);   /* 129 bytes */
+	int st = run_daemon(log, 20.0, "-s", path, NULL);
+	if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 2)
+		h_show_file(log);
+	assert_true(st != -1 && WIFEXITED(st));
+	assert_int_equal(WEXITSTATUS(st), 2);
+	assert_int_equal(h_count_lines(log, "(-s/--socket) is 129 bytes, longer than the 107 a Unix "
+				       "socket address holds"), 1);
+	assert_int_equal(h_count_lines(log, "backend"), 0);
 }
 
 /* The command line refuses an option given twice, as the file a key. */
@@ -922,6 +943,7 @@ int main(void)
 		cmocka_unit_test_teardown(systemd_notify_and_watchdog, stop_daemons),
 		cmocka_unit_test_teardown(systemd_socket_activation, stop_daemons),
 		cmocka_unit_test_teardown(bad_group_is_a_usage_error, stop_daemons),
+		cmocka_unit_test_teardown(long_socket_path_is_a_usage_error, stop_daemons),
 		cmocka_unit_test_teardown(repeated_option_is_a_usage_error, stop_daemons),
 		cmocka_unit_test_teardown(failed_preload_is_one_line, stop_daemons),
 		cmocka_unit_test_teardown(help_text, stop_daemons),

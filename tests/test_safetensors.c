@@ -10,6 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 
 #include <cmocka.h>
 
@@ -255,10 +256,79 @@ static void test_offsets_reversed(void **state)
 		       "are reversed, expected begin <= end");
 }
 
+/* An end past the data section in a header whose tensors do not line up
+ * (here a hole before "w") is a bad offset, named with its tensor; when
+ * they do line up, the file is truncated (test_truncated). */
 static void test_offsets_out_of_bounds(void **state)
 {
-	expect_refused(*state, "{\"w\":{\"dtype\":\"F32\",\"shape\":[250],\"data_offsets\":[0,1000]}}", 8,
-		       "out of bounds, expected end <= 8");
+	expect_refused(*state, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+		       "\"w\":{\"dtype\":\"F32\",\"shape\":[250],\"data_offsets\":[16,1016]}}", 8,
+		       "t.safetensors: tensor \"w\": data_offsets [16, 1016] out of bounds, expected end <= 8 "
+		       "(the data section's size)");
+	expect_refused(*state, "{\"w\":{\"dtype\":\"F32\",\"shape\":[250],\"data_offsets\":[8,1008]}}", 8,
+		       "t.safetensors: tensor \"w\": data_offsets [8, 1008] out of bounds, expected end <= 8");
+}
+
+/* A file cut short (`head -c`, an interrupted copy or download) whose
+ * header is whole: its tensors line up and end past the end of the file.
+ * Said as such, with the file's size and the size its header needs, at
+ * several cuts: inside the first tensor, at a boundary between two, inside
+ * the last, one byte short; from an fd and from memory. */
+static void test_truncated(void **state)
+{
+	struct fixture *fx = *state;
+	struct stw w;
+	struct radiance_st_file *f = (void *)1;
+	uint8_t a[1000], b[24], c[4000];
+
+	for (size_t i = 0; i < sizeof c; i++)
+		c[i] = (uint8_t)(i * 7);
+	memcpy(a, c, sizeof a);
+	memcpy(b, c, sizeof b);
+	stw_init(&w);
+	stw_add(&w, "a", "U8", 2, (uint64_t[]){ 10, 100 }, a, sizeof a);
+	stw_add(&w, "b", "F32", 1, (uint64_t[]){ 6 }, b, sizeof b);
+	stw_add(&w, "c", "I16", 1, (uint64_t[]){ 2000 }, c, sizeof c);
+	assert_int_equal(stw_write(&w, fx->path), 0);
+	stw_finish(&w);
+
+	struct stat st;
+	assert_int_equal(stat(fx->path, &st), 0);
+	uint64_t size = (uint64_t)st.st_size;
+	assert_int_equal(radiance_st_open_path(fx->path, &f, fx->err, sizeof fx->err), 0);
+	uint64_t hdr = f->header_len;
+	assert_int_equal(f->data_len, 5024);
+	assert_int_equal(size, 8 + hdr + 5024);
+	radiance_st_close(f);
+
+	uint8_t *image = malloc(size);
+	assert_non_null(image);
+	int fd = open(fx->path, O_RDONLY | O_CLOEXEC);
+	assert_true(fd >= 0);
+	assert_int_equal(pread(fd, image, size, 0), (ssize_t)size);
+	close(fd);
+
+	uint64_t cuts[] = { 8 + hdr, 8 + hdr + 500, 8 + hdr + 1000, 8 + hdr + 1024 + 1, size - 1 };
+	for (size_t i = 0; i < sizeof cuts / sizeof cuts[0]; i++) {
+		char want[4400];
+		assert_int_equal(truncate(fx->path, (off_t)cuts[i]), 0);
+		snprintf(want, sizeof want, "%s: truncated: the file is %" PRIu64 " bytes, its header "
+			 "needs %" PRIu64 " (8 + a %" PRIu64 "-byte header + 5024 bytes of tensor data); "
+			 "the copy or download was cut short", fx->path, cuts[i], size, hdr);
+		f = (void *)1;
+		assert_int_equal(radiance_st_open_path(fx->path, &f, fx->err, sizeof fx->err), -EINVAL);
+		assert_null(f);
+		assert_string_equal(fx->err, want);
+		f = (void *)1;
+		assert_int_equal(radiance_st_parse(image, (size_t)cuts[i], "m.safetensors", &f, fx->err,
+						   sizeof fx->err), -EINVAL);
+		assert_null(f);
+		snprintf(want, sizeof want, "m.safetensors: truncated: the file is %" PRIu64 " bytes, its "
+			 "header needs %" PRIu64 " (8 + a %" PRIu64 "-byte header + 5024 bytes of tensor "
+			 "data); the copy or download was cut short", cuts[i], size, hdr);
+		assert_string_equal(fx->err, want);
+	}
+	free(image);
 }
 
 static void test_size_mismatch(void **state)
@@ -488,6 +558,7 @@ int main(void)
 		T(test_read_after_shrink),
 		T(test_read_part),
 		T(test_lfs_pointer),
+		T(test_truncated),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
