@@ -425,7 +425,7 @@ static void alloc_queue(struct radiance_executor *e, struct exec_model *m)
 /* Uploads one layer of the oldest UPLOAD job; finishes the job when done.
  * One layer per step keeps other sessions served while a model loads.
  * The model's one exportable allocation, before its first layer, is made
- * on the pin thread (inline mode: here): on the executor a VMM allocation
+ * on the pin thread (inline mode, or a backend that shares nothing: here): on the executor a VMM allocation
  * took 31.6 ms of one step beside an arena registration on the H200, every
  * session waiting (docs/daemon.md, Chaos test). Returns 1 when it did
  * something, 0 while that allocation is under way (the pin thread rings
@@ -440,7 +440,9 @@ int upload_step(struct radiance_executor *e)
 		int rc;
 		switch (atomic_load_explicit(&m->alloc_state, memory_order_acquire)) {
 		case EXEC_ALLOC_NONE:
-			if (e->pin_running) {
+			/* a backend that makes nothing has no call to wait for:
+			 * the load must not queue behind a registration for it */
+			if (e->pin_running && strcmp(e->info.share, "none") != 0) {
 				alloc_queue(e, m);
 				return 0;
 			}
