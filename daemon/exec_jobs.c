@@ -425,9 +425,10 @@ static void alloc_queue(struct radiance_executor *e, struct exec_model *m)
 /* Uploads one layer of the oldest UPLOAD job; finishes the job when done.
  * One layer per step keeps other sessions served while a model loads.
  * The model's one exportable allocation, before its first layer, is made
- * on the pin thread (inline mode, or a backend that shares nothing: here): on the executor a VMM allocation
- * took 31.6 ms of one step beside an arena registration on the H200, every
- * session waiting (docs/daemon.md, Chaos test). Returns 1 when it did
+ * on the pin thread (inline mode, or a backend that shares nothing: here):
+ * on the executor a VMM allocation took 31.6 ms of one step beside an arena
+ * registration on the H200, every session waiting (docs/daemon.md, Chaos
+ * test). Returns 1 when it did
  * something, 0 while that allocation is under way (the pin thread rings
  * the executor's doorbell when it is done). */
 int upload_step(struct radiance_executor *e)
