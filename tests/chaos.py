@@ -27,7 +27,11 @@ One CPU-backend daemon with the shipped checkpoint preloaded (and
                compared bit for bit with the C kernel (tools/radiance-numerics,
                which the CPU backend equals) computed before the run, each of
                those expectations first checked against the numpy
-               transcription of docs/numerics.md (tests/numerics_ref.py).
+               transcription of docs/numerics.md (tests/numerics_ref.py). On
+               the gpu backend an element may be a bf16 step off the C kernel,
+               or further where it stays within the definition's bound of the
+               exact result (another valid summation order, where outputs
+               cancel).
 
 Once only the stallers are left, the daemon must use at most 0.2 of a core
 over 2 s (an executor that polled the raw staller's SQ took 0.985), the raw
@@ -330,6 +334,7 @@ def role_wb(sock, stop, out, pool_path, seed, steps=0):
     m = c.attach(MODEL)
     rng = random.Random(seed)
     lat, start, daemon, bad, checked, submit = [], [], [], [], 0, []
+    beyond_step = 0   # elements > steps from the CPU kernel, within the bound
     while not os.path.exists(stop):
         i = rng.randrange(n)
         x, want, layer = pool[f"x{i}"].view(BF16), pool[f"y{i}"], str(pool[f"l{i}"])
@@ -345,12 +350,23 @@ def role_wb(sock, stop, out, pool_path, seed, steps=0):
         daemon.append([req.queue_ns / 1e9, req.exec_ns / 1e9])
         checked += 1
         d = bf16_steps(y.view(np.uint16), want)
-        if (d > steps).any():
-            bad.append(f"{layer} M={x.shape[0]}: {int((d > steps).sum())} elements more than "
-                       f"{steps} bf16 steps from the CPU kernel (max {int(d.max())})")
+        far = d > steps
+        if steps and far.any():
+            # another exact path may sum in another order: where the outputs
+            # cancel, that moves them more than a step from the CPU kernel's
+            # and still within the definition (docs/numerics.md), which is
+            # what both are held to
+            far &= ~ref.bf16_floor_ok(y.view(np.uint16).view(BF16), pool[f"e{i}"],
+                                      pool[f"a{i}"], x.shape[1])
+            beyond_step += int((d > steps).sum() - far.sum())
+        if far.any():
+            bad.append(f"{layer} M={x.shape[0]}: {int(far.sum())} elements more than "
+                       f"{steps} bf16 steps from the CPU kernel (max {int(d.max())})"
+                       + (" and outside the definition's bound of the exact result" if steps else ""))
     c.close()
     Path(out).write_text(json.dumps({"checked": checked, "latency": lat, "start": start, "submit": submit,
-                                     "daemon": daemon, "bad": bad}))
+                                     "daemon": daemon, "bad": bad,
+                                     "beyond_step": beyond_step}))
 
 
 CANARY_UNIT = 200_000   # loop iterations: about 5 ms of one core for CPython 3.11
@@ -686,6 +702,7 @@ def make_pool(path, rng, n=24):
         ok = ref.bf16_floor_ok(y.view(BF16), exact, absum, k)
         assert ok.all(), f"the C kernel is off the numpy reference on {name}"
         arrs[f"x{i}"], arrs[f"y{i}"], arrs[f"l{i}"] = x.view(np.uint16), y, np.array(name)
+        arrs[f"e{i}"], arrs[f"a{i}"] = exact, absum
     np.savez(path, **arrs)
 
 
@@ -745,10 +762,13 @@ def print_summary(s):
           f"{t['loaded_first']} finished before the truncation")
     print(f"chaos: flooders: {s['flood_requests']} requests, {s['flood_rows']} rows")
     w = s["wb_latency_s"]
-    print(f"chaos: well-behaved: {s['wb_checked']} results checked bit for bit, "
+    print(f"chaos: well-behaved: {s['wb_checked']} results checked (bit for bit on the cpu backend), "
           f"{s['wb_mismatches']} wrong; wait p50 {ms(w['p50'])} p99 {ms(w['p99'])} "
           f"max {ms(w['max'])}, bound {ms(s['bound_s'])} (piece {ms(s['piece_s'])}, "
           f"own M=8 {ms(s['own_m8_s'])}, max oversleep {ms(s['peak_during']['oversleep_s'])})")
+    if s.get("wb_beyond_one_step"):
+        print(f"chaos: well-behaved: {s['wb_beyond_one_step']} elements more than one bf16 step "
+              "from the CPU kernel's, all within the definition's bound of the exact result")
     w = s["wb_submit_s"]
     print(f"chaos: well-behaved submit() before the request reached the SQ (the client's own "
           f"time, not in the wait): p50 {ms(w['p50'])} p99 {ms(w['p99'])} max {ms(w['max'])}")
@@ -799,8 +819,9 @@ def main():
                     help="the daemon's sched_chunk_rows (the bound assumes pieces of "
                          f"{CHUNK_ROWS} rows: a larger value shows the test failing)")
     ap.add_argument("--backend", choices=("cpu", "gpu"), default="cpu",
-                    help="the daemon's backend; gpu compares results within one bf16 step "
-                         "of the CPU kernel (docs/numerics.md) and checks device memory")
+                    help="the daemon's backend; gpu holds results to one bf16 step of the CPU "
+                         "kernel or, past that, to the definition's bound of the exact result "
+                         "(docs/numerics.md), and checks device memory")
     ap.add_argument("--lazy-modules", action="store_true",
                     help="gpu: leave the CUDA driver's lazy module loading on in the daemon "
                          "(by default the daemon runs with CUDA_MODULE_LOADING=EAGER: gpu_env "
@@ -1019,6 +1040,7 @@ def main():
                                 "errors": {k: sum(r["errors"].get(k, 0) for r in tr)
                                            for k in {k for r in tr for k in r["errors"]}}},
             "wb_checked": checked, "wb_mismatches": len(bad),
+            "wb_beyond_one_step": sum(r.get("beyond_step", 0) for r in results.get("wb", [])),
             "wb_latency_s": {"p50": pct(lat, 50), "p99": pct(lat, 99),
                              "max": max(lat) if lat else float("nan")},
             "wb_submit_s": {"p50": pct(subm, 50), "p99": pct(subm, 99),
