@@ -43,8 +43,9 @@ def main():
     ap.add_argument("--pieces", default="1024,256")
     ap.add_argument("--n", type=int, default=20)
     ap.add_argument("--flooders", type=int, default=2)
+    ap.add_argument("--lazy-modules", action="store_true",
+                    help="gpu: leave the driver's lazy module loading on (as tests/chaos.py)")
     a = ap.parse_args()
-    a.lazy_modules = False
     for kib in a.pieces.split(","):
         tmp = tempfile.mkdtemp(prefix="radiance-setup-")
         d = conftest.Daemon(tmp, "--preload", str(conftest.CKPT), "--backend", a.backend,
