@@ -6,7 +6,7 @@
 # (the device tool brings back only a few files per call), one summary line
 # per run (and the daemon's slow-driver warnings) to stdout.
 # Env: OUT (chaos-out), CLIENTS, CHAOS_ARGS (more chaos.py options, e.g.
-# --lazy-modules), RUN_TIMEOUT (seconds per run, 120).
+# --eager-modules), RUN_TIMEOUT (seconds per run, 120).
 # Exit: 0 when every run passed, 1 otherwise.
 set -u
 cd "$(dirname "$0")/.."

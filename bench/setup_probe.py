@@ -43,8 +43,8 @@ def main():
     ap.add_argument("--pieces", default="1024,256")
     ap.add_argument("--n", type=int, default=20)
     ap.add_argument("--flooders", type=int, default=2)
-    ap.add_argument("--lazy-modules", action="store_true",
-                    help="gpu: leave the driver's lazy module loading on (as tests/chaos.py)")
+    ap.add_argument("--eager-modules", action="store_true",
+                    help="gpu: the daemon with CUDA_MODULE_LOADING=EAGER (as tests/chaos.py)")
     a = ap.parse_args()
     for kib in a.pieces.split(","):
         tmp = tempfile.mkdtemp(prefix="radiance-setup-")

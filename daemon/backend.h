@@ -98,6 +98,10 @@ struct radiance_backend_options {
 	 * each of its rounds waits for at most one piece. NULL: a 50 us sleep. */
 	void (*pin_pace)(void *arg);
 	void *pin_pace_arg;
+	int test_no_preload;     /* GPU: do not load the kernels at create, leave
+	                            them to the driver's lazy loading (tests only:
+	                            shows that tests/test_gpu.c's check of the
+	                            device memory sees a load) */
 };
 
 /* One request's rows inside a (possibly merged) launch. x and y point into a

@@ -69,6 +69,14 @@ __global__ void __launch_bounds__(256) rad_bf16_portable(const uint16_t *x, int 
 
 static unsigned blocks_for(size_t count) { return (unsigned)((count + 255) / 256); }
 
+extern "C" int radiance__gpu_bf16_preload(unsigned *count)
+{
+	RAD_PRELOAD(rad_split_f16, count);
+	RAD_PRELOAD(rad_bias_bf16, count);
+	RAD_PRELOAD(rad_bf16_portable, count);
+	return 0;
+}
+
 extern "C" int radiance__gpu_split_f16(const uint16_t *x, uint32_t m, uint32_t k, uint16_t *hilo, void *stream)
 {
 	const size_t count = (size_t)m * k;

@@ -19,6 +19,7 @@
 #ifndef RADIANCE_GPU_COMPAT_H
 #define RADIANCE_GPU_COMPAT_H
 
+#include <errno.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -67,6 +68,8 @@ typedef cudaDeviceProp hipDeviceProp_t;
 #define hipEventDisableTiming cudaEventDisableTiming
 #define hipStreamWaitEvent cudaStreamWaitEvent
 #define hipFuncSetAttribute cudaFuncSetAttribute
+#define hipFuncAttributes cudaFuncAttributes
+#define hipFuncGetAttributes cudaFuncGetAttributes
 #define hipFuncAttributeMaxDynamicSharedMemorySize cudaFuncAttributeMaxDynamicSharedMemorySize
 #define hipLaunchKernelGGL(k, g, b, sh, st, ...) k<<<(g), (b), (sh), (st)>>>(__VA_ARGS__)
 #define hipGetDevice cudaGetDevice
@@ -460,5 +463,31 @@ __device__ __forceinline__ uint32_t rad_atomic_inc(uint32_t *p)
 __device__ __forceinline__ void rad_grid_wait(void) {}
 __device__ __forceinline__ void rad_grid_launch(void) {}
 #endif
+
+/* Loads kernel `f` into the current device's context now, and counts it in
+ * *count. A driver that loads code lazily (CUDA_MODULE_LOADING=LAZY, CUDA's
+ * default since 11.7; HIP's deferred code-object loading) otherwise loads a
+ * kernel, and takes device memory for it, at its first launch: that request
+ * pays the load, and the device memory in use grows in the middle of
+ * serving. Asking for the kernel's attributes makes the runtime load it
+ * (the backend logs the device memory this took: docs/gpu.md "Kernels
+ * loaded at start"). Host code only. 0, or -EIO with the last-error text
+ * naming the kernel. */
+extern "C" int radiance__gpu_fail_text(int rc, const char *fmt, ...);
+static inline int rad_preload(const void *f, const char *name, unsigned *count)
+{
+	hipFuncAttributes a;
+	hipError_t e = hipFuncGetAttributes(&a, f);
+	if (e != hipSuccess)
+		return radiance__gpu_fail_text(-EIO, "loading kernel %s: %s", name, hipGetErrorString(e));
+	++*count;
+	return 0;
+}
+#define RAD_PRELOAD(f, count)                                                       \
+	do {                                                                        \
+		int rad_pl_rc_ = rad_preload((const void *)(f), #f, (count));       \
+		if (rad_pl_rc_)                                                     \
+			return rad_pl_rc_;                                          \
+	} while (0)
 
 #endif

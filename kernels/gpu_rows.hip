@@ -54,6 +54,13 @@ __global__ void __launch_bounds__(256) rad_rows_copy(struct radiance__gpu_rows_l
 		rad_fence_system();
 }
 
+extern "C" int radiance__gpu_rows_preload(unsigned *count)
+{
+	RAD_PRELOAD(rad_signal, count);
+	RAD_PRELOAD(rad_rows_copy, count);
+	return 0;
+}
+
 extern "C" int radiance__gpu_rows_copy(const struct radiance__gpu_rows_list *l, int fence, void *stream)
 {
 	if (l->n == 0)

@@ -440,13 +440,28 @@ static constexpr gemv_launch_fn gemv_fused_fn(void)
 		return nullptr;
 }
 
+/* loads an instance's kernels (radiance__gpu_preload), attributes set */
+template <int TOK, int NTW, int CG>
+static int gemv_preload(unsigned *count)
+{
+	gemv_attr<TOK, NTW, CG, 0>();
+	RAD_PRELOAD((rad_w4a8_gemv<TOK, NTW, CG, 0>), count);
+	if constexpr (TOK == 8) {
+		gemv_attr<TOK, NTW, CG, 1>();
+		RAD_PRELOAD((rad_w4a8_gemv<TOK, NTW, CG, 1>), count);
+	}
+	return 0;
+}
+
 /* the instances of RADIANCE_W4A8_GEMV_INSTANCES, in its order */
 struct gemv_inst {
 	uint32_t tok, ntw, cg;
 	int (*occ)(uint32_t stages);
 	gemv_launch_fn launch, launch_fused;
+	int (*preload)(unsigned *count);
 };
-#define GV_INST(T, N, C) {T, N, C, gemv_occ<T, N, C>, gemv_launch<T, N, C, 0>, gemv_fused_fn<T, N, C>()},
+#define GV_INST(T, N, C)                                                                            \
+	{T, N, C, gemv_occ<T, N, C>, gemv_launch<T, N, C, 0>, gemv_fused_fn<T, N, C>(), gemv_preload<T, N, C>},
 static const struct gemv_inst gemv_insts[] = {RADIANCE_W4A8_GEMV_INSTANCES(GV_INST)};
 #undef GV_INST
 #define GV_NINST (sizeof gemv_insts / sizeof gemv_insts[0])
@@ -470,6 +485,16 @@ extern "C" int radiance__w4a8_gemv_blocks(unsigned inst, uint32_t stages)
 			c = -1;
 	}
 	return c;
+}
+
+int radiance__w4a8_gemv_preload(unsigned *count)
+{
+	for (size_t i = 0; i < GV_NINST; i++) {
+		int rc = gemv_insts[i].preload(count);
+		if (rc)
+			return rc;
+	}
+	return 0;
 }
 
 int radiance__w4a8_gemv_launch(const gemm_params &p, const struct radiance__w4a8_plan &plan, void *stream,

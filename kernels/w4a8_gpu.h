@@ -30,6 +30,13 @@ extern "C" {
  * -ENODEV when there is no such device (or no driver). */
 int radiance__gpu_init(int ordinal, struct radiance__gpu_device *dev);
 const char *radiance__gpu_last_error(void);
+/* Loads every kernel the backend can launch on `dev` into its context, so
+ * that under lazy module loading no request pays a kernel's load and the
+ * device memory in use stops growing once the backend is up (the wgmma
+ * kernels only where dev->wgmma). cuBLAS's own kernels are not covered.
+ * *count gets how many were loaded. 0, or -EIO (the last-error text names
+ * the kernel). Call after radiance__gpu_init, on its thread. */
+int radiance__gpu_preload(const struct radiance__gpu_device *dev, unsigned *count);
 /* Sets the calling thread's last-error text (printf format); returns rc. */
 int radiance__gpu_fail_text(int rc, const char *fmt, ...);
 

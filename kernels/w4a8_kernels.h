@@ -118,6 +118,12 @@ int radiance__w4a8_gemv_launch(const gemm_params &p, const struct radiance__w4a8
 			       int pdl);
 /* w4a8_portable.hip: one thread per output, the CPU reference's order */
 int radiance__w4a8_portable_launch(const gemm_params &p, void *stream);
+/* Each file's part of radiance__gpu_preload (w4a8_gpu.h): loads the kernels
+ * its launcher can pick, with the attributes their launches set; adds how
+ * many to *count. 0 or -EIO. */
+int radiance__w4a8_mma_preload(unsigned *count);
+int radiance__w4a8_gemv_preload(unsigned *count);   /* NVIDIA (RAD_HAVE_BULK) */
+int radiance__w4a8_portable_preload(unsigned *count);
 /* w4a8_wgmma.hip: the sm_90a prefill with `tile` (128 or 96) tokens per block;
  * -ENOTSUP where it is not built */
 extern "C" int radiance__w4a8_wgmma_launch(const uint8_t *codes, const float *s, const void *w,

@@ -23,6 +23,35 @@
 #include "w4a8_kernels.h"
 
 extern "C" int radiance__gpu_fail_text(int rc, const char *fmt, ...);   /* gpu_runtime.hip */
+/* the other files' parts of radiance__gpu_preload */
+extern "C" int radiance__gpu_quant_preload(unsigned *count);    /* w4a8_quant.hip */
+extern "C" int radiance__w4a8_wgmma_preload(unsigned *count);   /* w4a8_wgmma.hip */
+extern "C" int radiance__w4a8_repack_preload(unsigned *count);  /* w4a8_repack.hip */
+extern "C" int radiance__gpu_bf16_preload(unsigned *count);     /* bf16_gpu.hip */
+extern "C" int radiance__gpu_rows_preload(unsigned *count);     /* gpu_rows.hip */
+
+extern "C" int radiance__gpu_preload(const struct radiance__gpu_device *dev, unsigned *count)
+{
+	*count = 0;
+	int rc = radiance__gpu_quant_preload(count);
+	if (!rc)
+		rc = radiance__w4a8_mma_preload(count);
+#ifdef RAD_HAVE_BULK
+	if (!rc)
+		rc = radiance__w4a8_gemv_preload(count);
+#endif
+	if (!rc)
+		rc = radiance__w4a8_portable_preload(count);
+	if (!rc && dev->wgmma)
+		rc = radiance__w4a8_wgmma_preload(count);
+	if (!rc)
+		rc = radiance__w4a8_repack_preload(count);
+	if (!rc)
+		rc = radiance__gpu_bf16_preload(count);
+	if (!rc)
+		rc = radiance__gpu_rows_preload(count);
+	return rc;
+}
 
 extern "C" int radiance__w4a8_gemm(const struct radiance__gpu_device *dev, const struct radiance__w4a8_args *a,
 				   void *stream)

@@ -283,7 +283,7 @@ __global__ void __launch_bounds__(GEMM_THREADS, MMA_MIN_BLOCKS(TOK)) rad_w4a8_mm
 }
 
 template <int TOK>
-static void launch_mma(const gemm_params &p, dim3 grid, size_t smem, hipStream_t st, int pdl)
+static void mma_attr(void)
 {
 #ifdef RAD_NVIDIA
 	static int attr_set;
@@ -292,6 +292,38 @@ static void launch_mma(const gemm_params &p, dim3 grid, size_t smem, hipStream_t
 				     GEMM_WARPS * RING_WARP);
 		attr_set = 1;
 	}
+#endif
+}
+
+template <int TOK>
+static int mma_preload(unsigned *count)
+{
+	mma_attr<TOK>();
+	RAD_PRELOAD(rad_w4a8_mma<TOK>, count);
+	return 0;
+}
+
+/* the token tiles of radiance__w4a8_mma_launch's switch */
+int radiance__w4a8_mma_preload(unsigned *count)
+{
+	int rc = 0;
+#ifdef RAD_NVIDIA
+	rc = mma_preload<8>(count);
+#endif
+	if (!rc)
+		rc = mma_preload<16>(count);
+	if (!rc)
+		rc = mma_preload<32>(count);
+	if (!rc)
+		rc = mma_preload<64>(count);
+	return rc;
+}
+
+template <int TOK>
+static void launch_mma(const gemm_params &p, dim3 grid, size_t smem, hipStream_t st, int pdl)
+{
+	mma_attr<TOK>();
+#ifdef RAD_NVIDIA
 	if (pdl) {
 		/* overlap the weight prefetch with the quant kernel before us */
 		cudaLaunchConfig_t cfg = {};

@@ -40,6 +40,12 @@ __global__ void __launch_bounds__(256) rad_w4a8_portable(gemm_params P)
 	y_row(P, t)[n] = out_bf16(acc, P.s[t], P.bias, n);
 }
 
+int radiance__w4a8_portable_preload(unsigned *count)
+{
+	RAD_PRELOAD(rad_w4a8_portable, count);
+	return 0;
+}
+
 int radiance__w4a8_portable_launch(const gemm_params &p, void *stream)
 {
 	hipLaunchKernelGGL(rad_w4a8_portable, dim3(ceil_div(p.n, 256), p.m), dim3(256), 0, (hipStream_t)stream, p);

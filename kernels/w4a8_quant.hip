@@ -164,6 +164,30 @@ static void quant_launch(const struct radiance__gpu_quant_src &S, uint32_t m, ui
 	}
 }
 
+template <int F, int O>
+static int quant_preload_order(unsigned *count)
+{
+	RAD_PRELOAD((rad_quant_rows<F, O, QUANT_THREADS_WIDE, QUANT_ONCE_PIECES(QUANT_THREADS_WIDE)>), count);
+	RAD_PRELOAD((rad_quant_rows<F, O, QUANT_THREADS_WIDE, 0>), count);
+	RAD_PRELOAD((rad_quant_rows<F, O, QUANT_THREADS, QUANT_SHORT_PIECES>), count);
+	RAD_PRELOAD((rad_quant_rows<F, O, QUANT_THREADS_MID, QUANT_ONCE_PIECES(QUANT_THREADS_MID)>), count);
+	RAD_PRELOAD((rad_quant_rows<F, O, QUANT_THREADS, 0>), count);
+	return 0;
+}
+
+/* every variant quant_launch picks from (keep the two in step) */
+extern "C" int radiance__gpu_quant_preload(unsigned *count)
+{
+	int rc = quant_preload_order<0, 0>(count);
+	if (!rc)
+		rc = quant_preload_order<1, 0>(count);
+	if (!rc)
+		rc = quant_preload_order<0, 1>(count);
+	if (!rc)
+		rc = quant_preload_order<1, 1>(count);
+	return rc;
+}
+
 extern "C" int radiance__gpu_quant_rows(const struct radiance__gpu_quant_src *src, enum radiance_dtype dtype,
 					uint32_t k, enum radiance__codes_order order, uint8_t *codes, float *s,
 					void *stream)

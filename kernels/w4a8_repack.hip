@@ -62,6 +62,14 @@ __global__ void rad_dequant_bf16(const uint32_t *w, const uint8_t *sc, uint32_t 
 	out[i] = (uint16_t)rad_bf16_from_f32(v * s);
 }
 
+extern "C" int radiance__w4a8_repack_preload(unsigned *count)
+{
+	RAD_PRELOAD(rad_repack_w, count);
+	RAD_PRELOAD(rad_repack_s, count);
+	RAD_PRELOAD(rad_dequant_bf16, count);
+	return 0;
+}
+
 extern "C" int radiance__w4a8_repack(const uint32_t *qweight, const uint16_t *scales, uint32_t n, uint32_t k,
 				     void *w_dev, void *s_dev, void *stream)
 {

@@ -335,9 +335,7 @@ extern "C" int radiance__wgmma_probe(int *usable)
 	return 0;
 }
 
-extern "C" int radiance__w4a8_wgmma_launch(const uint8_t *codes, const float *s, const void *w, const void *sc,
-					   const float *bias, uint16_t *y, uint32_t m, uint32_t n, uint32_t k,
-					   uint32_t tile, void *stream)
+static int wgmma_attr(void)
 {
 	static int attr_set;
 	if (!attr_set) {
@@ -348,6 +346,27 @@ extern "C" int radiance__w4a8_wgmma_launch(const uint8_t *codes, const float *s,
 			return radiance__gpu_check_launch("wgmma shared memory attribute");
 		attr_set = 1;
 	}
+	return 0;
+}
+
+/* only where radiance__wgmma_probe found the kernel usable */
+extern "C" int radiance__w4a8_wgmma_preload(unsigned *count)
+{
+	int rc = wgmma_attr();
+	if (rc)
+		return rc;
+	RAD_PRELOAD(rad_w4a8_wgmma<128>, count);
+	RAD_PRELOAD(rad_w4a8_wgmma<96>, count);
+	return 0;
+}
+
+extern "C" int radiance__w4a8_wgmma_launch(const uint8_t *codes, const float *s, const void *w, const void *sc,
+					   const float *bias, uint16_t *y, uint32_t m, uint32_t n, uint32_t k,
+					   uint32_t tile, void *stream)
+{
+	int arc = wgmma_attr();
+	if (arc)
+		return arc;
 	/* the token tile is the planner's (w4a8_plan.c: 96 when 128-token tiles
 	 * leave SMs idle) */
 	if (tile == 96) {
@@ -367,6 +386,12 @@ extern "C" int radiance__w4a8_wgmma_launch(const uint8_t *codes, const float *s,
 extern "C" int radiance__wgmma_probe(int *usable)
 {
 	*usable = 0;
+	return 0;
+}
+
+extern "C" int radiance__w4a8_wgmma_preload(unsigned *count)
+{
+	(void)count;
 	return 0;
 }
 

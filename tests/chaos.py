@@ -707,17 +707,15 @@ def make_pool(path, rng, n=24):
 
 
 def gpu_env(a):
-    """The daemon's environment. On the gpu backend the CUDA driver loads
-    each kernel at its first launch and keeps the device memory its module
-    took. Device memory in use ended 2 MiB above the baseline in 13 of 33
-    H200 runs of 2026-12-02 (the same 2 MiB after 3000 killers as after
-    1000) and in none of 15 with eager loading; a warm-up by one client over
-    every M and dtype did not take it in, so it is most likely a kernel
-    variant that only launches merging several sessions' requests use (not
-    identified). With CUDA_MODULE_LOADING=EAGER every module is loaded at start, so
-    the end-of-run check measures what the run leaves, not code the driver
-    loaded (about 394 MiB more in use from the start)."""
-    if a.backend != "gpu" or a.lazy_modules:
+    """The daemon's environment: the driver's default (lazy module loading)
+    unless --eager-modules. The gpu backend loads its own kernels when it
+    starts (radiance__gpu_preload), so the device memory in use no longer
+    grows when a kernel first launches in the middle of a run: before that,
+    with lazy loading, it ended 2 MiB above the baseline in 13 of 33 H200
+    runs (2026-12-02); with the kernels loaded at start, in none of 20.
+    CUDA_MODULE_LOADING=EAGER loads every module of the process at start,
+    cuBLAS's included (about 390 MiB more in use)."""
+    if a.backend != "gpu" or not a.eager_modules:
         return None
     return {"CUDA_MODULE_LOADING": "EAGER"}
 
@@ -822,10 +820,9 @@ def main():
                     help="the daemon's backend; gpu holds results to one bf16 step of the CPU "
                          "kernel or, past that, to the definition's bound of the exact result "
                          "(docs/numerics.md), and checks device memory")
-    ap.add_argument("--lazy-modules", action="store_true",
-                    help="gpu: leave the CUDA driver's lazy module loading on in the daemon "
-                         "(by default the daemon runs with CUDA_MODULE_LOADING=EAGER: gpu_env "
-                         "says why)")
+    ap.add_argument("--eager-modules", action="store_true",
+                    help="gpu: run the daemon with CUDA_MODULE_LOADING=EAGER (by default the "
+                         "driver's lazy loading, as users run it: gpu_env says why)")
     ap.add_argument("--no-canary", action="store_true",
                     help="hold waits to the quiet bound, not scaled by the CPU the run left")
     ap.add_argument("--role", help=argparse.SUPPRESS)

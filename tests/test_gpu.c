@@ -1245,6 +1245,90 @@ static struct zc_place zc_place_requests(size_t gi, size_t j, uint32_t m)
  * mixed dtypes (one launch per run); 64 rows, the most zero_copy_rows
  * allows (every launch stays in the decode band, whatever the prefill
  * setting). Rows of 10 KiB (k = 5120) and 34 KiB (k = 17408). */
+/* The kernels are loaded when the backend is created (radiance__gpu_preload),
+ * so the device memory in use does not grow while requests of every size
+ * run (the driver loads a kernel, and takes device memory for its module,
+ * at its first launch under lazy module loading, CUDA's default: a request
+ * pays it, and a chaos run's device memory ended 2 MiB above its
+ * baseline). First in the list, so that no other test has launched a
+ * kernel in this process. RADIANCE_TEST_NO_PRELOAD=1 turns the load off
+ * and expects the growth instead (that the check can see one). */
+static void test_backend_kernels_loaded(void **state)
+{
+	(void)state;
+	NEED_GPU();
+	const int no_preload = getenv("RADIANCE_TEST_NO_PRELOAD") != NULL;
+	const char *mode = getenv("CUDA_MODULE_LOADING");
+	printf("# CUDA_MODULE_LOADING=%s, kernels %s\n", mode ? mode : "(unset: lazy)",
+	       no_preload ? "left to the driver" : "loaded at create");
+	static const uint32_t shapes[][2] = {{200, 640}, {320, 5120}};   /* n, k: the short and wide quants */
+	struct layer_data L[2];
+	struct radiance_layer l[2];
+	struct radiance_backend_layer *h[2] = {NULL, NULL};
+	const struct radiance_backend_options opt = {.kind = "gpu", .device = 0, .max_rows = 160,
+						     .max_decode_rows = 64, .max_n = 512, .max_k = 5120,
+						     .zero_copy_rows = 64, .zero_copy_x_kib = 40,
+						     .zero_copy_y_kib = 1024, .test_no_preload = no_preload};
+	struct radiance_backend *be = backend_ok(&opt);
+	char err[256] = "";
+	for (int i = 0; i < 2; i++) {
+		layer_make(&L[i], shapes[i][0], shapes[i][1], i == 0);
+		l[i] = (struct radiance_layer){.name = i ? "loaded.wide" : "loaded.short",
+					       .kind = RADIANCE_LAYER_W4A8, .n = L[i].n, .k = L[i].k,
+					       .qweight = L[i].qweight, .scales = L[i].scales, .bias = L[i].bias};
+		assert_int_equal(radiance_backend_layer_upload(be, &l[i], &h[i], err, sizeof err), 0);
+	}
+	const size_t arena_len = 16u << 20;
+	uint8_t *arena = aligned_alloc(4096, arena_len);
+	assert_non_null(arena);
+	memset(arena, 0xA5, arena_len);
+	assert_int_equal(radiance_backend_register_host(be, arena, arena_len, err, sizeof err), 0);
+	assert_int_equal(radiance__gpu_device_sync(), 0);
+	size_t free0 = 0, free1 = 0, total = 0;
+	assert_int_equal(radiance__gpu_mem_info(&free0, &total), 0);
+
+	/* decode (M=1 alone and eight merged: per-row destinations), the
+	 * matrix-core band, prefill (wgmma where it runs), both dtypes; x
+	 * above 40 KiB gathered by the row-copy kernel */
+	static const uint32_t groups[][8] = {{1}, {1, 1, 1, 1, 1, 1, 1, 1}, {5}, {40}, {3, 2, 1, 7}, {64}, {120},
+					     {30, 90}};
+	for (int i = 0; i < 2; i++)
+		for (size_t gi = 0; gi < sizeof groups / sizeof groups[0]; gi++)
+			for (int fp16 = 0; fp16 < 2; fp16++) {
+				struct radiance_rows rows[8];
+				size_t nrows = 0, off = 0;
+				uint32_t launch_m = 0;
+				const enum radiance_dtype dt = fp16 ? RADIANCE_DTYPE_FP16 : RADIANCE_DTYPE_BF16;
+				for (size_t j = 0; j < 8 && groups[gi][j]; j++) {
+					rows[nrows++] = request_at(arena, arena_len, &off, groups[gi][j], &l[i], dt, 0);
+					launch_m += groups[gi][j];
+				}
+				linear_ok(be, &l[i], h[i], rows, nrows);
+				for (size_t j = 0; j < nrows; j++) {
+					char what[96];
+					snprintf(what, sizeof what, "%s group %zu request %zu (m=%u, %s)", l[i].name, gi, j,
+						 rows[j].m, fp16 ? "fp16" : "bf16");
+					rows_verify(what, &l[i], &rows[j], launch_m);
+				}
+			}
+	assert_int_equal(radiance__gpu_device_sync(), 0);
+	assert_int_equal(radiance__gpu_mem_info(&free1, &total), 0);
+	const double grew = ((double)free0 - (double)free1) / 1048576.0;
+	printf("# device memory in use grew by %.2f MiB over the requests\n", grew);
+	if (no_preload)
+		assert_true(free1 < free0);
+	else
+		assert_true(free1 == free0);
+
+	radiance_backend_unregister_host(be, arena);
+	for (int i = 0; i < 2; i++) {
+		radiance_backend_layer_free(be, h[i]);
+		layer_drop(&L[i]);
+	}
+	radiance_backend_destroy(be);
+	free(arena);
+}
+
 static void test_backend_zero_copy_requests(void **state)
 {
 	(void)state;
@@ -1791,6 +1875,7 @@ static int setup(void **state)
 
 static int teardown(void **state) { (void)state; return 0; }
 static void test_quant_codes(void **state) { (void)state; skip(); }
+static void test_backend_kernels_loaded(void **state) { (void)state; skip(); }
 static void test_quant_rows_once(void **state) { (void)state; skip(); }
 static void test_quant_sources(void **state) { (void)state; skip(); }
 static void test_w4a8_narrow(void **state) { (void)state; skip(); }
@@ -1814,6 +1899,8 @@ static void test_backend_pipeline_layers(void **state) { (void)state; skip(); }
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
+		/* first: no kernel launched in this process before it */
+		cmocka_unit_test(test_backend_kernels_loaded),
 		cmocka_unit_test(test_quant_codes),
 		cmocka_unit_test(test_quant_rows_once),
 		cmocka_unit_test(test_quant_sources),
