@@ -124,6 +124,7 @@ struct client {
 	uint32_t id;
 	uint16_t *x, *y;          /* arena */
 	uint64_t queue_ns, exec_ns;   /* the daemon's account of the last call (its completion) */
+	double t_submitted;       /* now_us() when the last call's radiance_submit returned */
 };
 
 struct bench {
@@ -204,6 +205,7 @@ static void daemon_call(struct client *c, uint32_t li, uint32_t m)
 	int rc = radiance_submit(c->r, c->id, li, m, RADIANCE_BF16, c->x, c->y, NULL);
 	if (rc < 0)
 		DIE("submit layer %u m %u: %s", li, m, radiance_error_message(c->r));
+	c->t_submitted = now_us();
 	rc = radiance_wait(c->r, &cp, 60000);
 	if (rc != 1 || cp.status)
 		DIE("wait layer %u m %u: %d/%d %s", li, m, rc, cp.status,
@@ -580,6 +582,7 @@ struct lock_arg {
 	struct spin_barrier *bar;
 	uint32_t li, iters, m;
 	double *lat, *lq, *le;   /* per iteration: round trip, the daemon's queue and execution, us */
+	double *ts, *tr;         /* per iteration: when submit returned and when the result came (now_us) */
 	double t_end;
 };
 
@@ -590,7 +593,9 @@ static void *lockstep_main(void *p)
 		spin_wait(a->bar);
 		const double t0 = now_us();
 		daemon_call(a->c, a->li, a->m);
-		a->lat[i] = now_us() - t0;
+		a->tr[i] = now_us();
+		a->ts[i] = a->c->t_submitted;
+		a->lat[i] = a->tr[i] - t0;
 		a->lq[i] = a->c->queue_ns / 1e3;
 		a->le[i] = a->c->exec_ns / 1e3;
 	}
@@ -617,6 +622,10 @@ static void case_c(struct bench *B, const char *socket, const char *dir)
 	ra = find_row("a", shape, 1, 1);
 	double *lat = malloc((size_t)8 * opt.iters * sizeof *lat);
 	double *lq = malloc((size_t)8 * opt.iters * sizeof *lq), *le = malloc((size_t)8 * opt.iters * sizeof *le);
+	double *ts = malloc((size_t)8 * opt.iters * sizeof *ts), *tr = malloc((size_t)8 * opt.iters * sizeof *tr);
+	double *part = malloc((size_t)4 * opt.iters * sizeof *part);
+	if (!lat || !lq || !le || !ts || !tr || !part)
+		DIE("out of memory");
 	for (int ci = 0; ci < 4; ci++) {
 		const uint32_t nc = counts[ci];
 		struct spin_barrier bar = {.n = nc + 1};
@@ -625,8 +634,9 @@ static void case_c(struct bench *B, const char *socket, const char *dir)
 		uint64_t r0, l0, r1, l1;
 		/* warm-up: a few lockstep rounds */
 		for (uint32_t i = 0; i < nc; i++) {
-			args[i] = (struct lock_arg){&cl[i], &bar, li, opt.iters / 10 + 1, 1, lat + (size_t)i * opt.iters,
-						    lq + (size_t)i * opt.iters, le + (size_t)i * opt.iters, 0};
+			const size_t o = (size_t)i * opt.iters;
+			args[i] = (struct lock_arg){&cl[i], &bar, li, opt.iters / 10 + 1, 1, lat + o, lq + o, le + o,
+						    ts + o, tr + o, 0};
 			pthread_create(&th[i], NULL, lockstep_main, &args[i]);
 		}
 		for (uint32_t it = 0; it < opt.iters / 10 + 2; it++)
@@ -664,11 +674,41 @@ static void case_c(struct bench *B, const char *socket, const char *dir)
 		r->exec50 = summarize(le, (size_t)nc * opt.iters).p50;
 		printf("c %u clients lockstep m=1 %s: %.0f requests/s, p50 %.2f p99 %.2f us, %.3f launches/request\n", nc,
 		       shape, r->rps, d.p50, d.p99, r->lpr);
+		if (nc > 1) {
+			/* where a round goes, medians over the rounds (not in the CSV):
+			 * the clients' submits spread, the last submit to the first
+			 * result (the daemon's gather, launch and completion), the
+			 * results spread (the completions posted one by one), the
+			 * last result to the next round's first submit (the barrier) */
+			const uint32_t R = opt.iters - 1;
+			double med[4];
+			for (int q = 0; q < 4; q++) {
+				for (uint32_t it = 0; it < R; it++) {
+					double sf = INFINITY, sl = -INFINITY, rf = INFINITY, rl = -INFINITY, nf = INFINITY;
+					for (uint32_t i = 0; i < nc; i++) {
+						const size_t o = (size_t)i * opt.iters + it;
+						sf = fmin(sf, ts[o]);
+						sl = fmax(sl, ts[o]);
+						rf = fmin(rf, tr[o]);
+						rl = fmax(rl, tr[o]);
+						nf = fmin(nf, ts[o + 1]);
+					}
+					part[it] = q == 0 ? sl - sf : q == 1 ? rf - sl : q == 2 ? rl - rf : nf - rl;
+				}
+				med[q] = summarize(part, R).p50;
+			}
+			printf("c %u clients lockstep rounds, medians: submits spread %.2f us, last submit to first "
+			       "result %.2f, results spread %.2f, last result to the next first submit %.2f\n",
+			       nc, med[0], med[1], med[2], med[3]);
+		}
 		fflush(stdout);
 	}
 	free(lat);
 	free(lq);
 	free(le);
+	free(ts);
+	free(tr);
+	free(part);
 	for (int i = 0; i < 8; i++)
 		client_close(&cl[i]);
 }

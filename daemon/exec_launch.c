@@ -12,10 +12,15 @@
 /* The pieces v[0..n) of one launch ran (rc 0) or failed: posts the results
  * of the requests whose last piece this was (last[i], or NULL: as the
  * request stands now) or that failed, and rings their doorbells at once,
- * so a decode result does not wait for the prefill pieces after it. */
+ * so a decode result does not wait for the prefill pieces after it. Every
+ * result is posted before any is counted in the stats and its slot freed:
+ * clients of a merged launch spin on their CQs, and the last one's result
+ * no longer waits for the others' bookkeeping (H200, 8 lockstep clients:
+ * docs/daemon.md "Service benchmark"). */
 static void pieces_done(struct radiance_executor *e, struct sched_req **v, const uint8_t *last, size_t n,
 			int rc, const char *err, uint64_t start, uint64_t end)
 {
+	const int status = rc < 0 ? -rc : 0;
 	for (size_t i = 0; i < n; i++) {
 		struct exec_entry *en = entry_of(v[i]);
 		if (!en->in_use)   /* its ring died meanwhile and dropped it */
@@ -28,7 +33,13 @@ static void pieces_done(struct radiance_executor *e, struct sched_req **v, const
 		 * later pieces never run (or, in flight already, fail as well:
 		 * a device fault fails every later launch) */
 		if (rc < 0 || (last ? last[i] : sched_req_last_piece(&en->s)))
-			entry_finish(e, en, rc < 0 ? -rc : 0, err, end);
+			entry_post(e, en, status, err, end);
+	}
+	/* the same requests (posting changed none of what picks them) */
+	for (size_t i = 0; i < n; i++) {
+		struct exec_entry *en = entry_of(v[i]);
+		if (en->in_use && (rc < 0 || (last ? last[i] : sched_req_last_piece(&en->s))))
+			entry_account(e, en, status, end);
 	}
 	for (size_t i = 0; i < n; i++)
 		ring_doorbell(entry_of(v[i])->ring);

@@ -137,9 +137,15 @@ static inline struct exec_entry *entry_of(struct sched_req *s)
 /* One round over every ring (or only one). Returns the requests taken plus
  * the pieces run: 0 when there was nothing to do. */
 size_t serve_pass(struct radiance_executor *e, struct exec_ring *only);
-/* Posts en's one result (all its pieces ran, or it failed) and frees its slot. */
+/* Posts en's one result (all its pieces ran, or it failed) and frees its
+ * slot: entry_post, then entry_account. A launch's results are all posted
+ * before any is accounted (pieces_done), so that the last client of a
+ * merged launch does not wait for the others' bookkeeping. */
 void entry_finish(struct radiance_executor *e, struct exec_entry *en, int status,
 		  const char *error, uint64_t end);
+void entry_post(struct radiance_executor *e, struct exec_entry *en, int status, const char *error,
+		uint64_t end);
+void entry_account(struct radiance_executor *e, struct exec_entry *en, int status, uint64_t end);
 /* Rings r's CQ doorbell when results were posted and the client sleeps. */
 void ring_doorbell(struct exec_ring *r);
 /* Forgets every queued request of r without answering it. */

@@ -260,17 +260,30 @@ void ring_drop_queue(struct exec_ring *r)
 	sched_flow_clear(&r->flow);
 }
 
-/* Posts en's one result (all its pieces ran, or it failed) and frees its slot. */
-void entry_finish(struct radiance_executor *e, struct exec_entry *en, int status,
-			 const char *error, uint64_t end)
+/* Posts en's one result (all its pieces ran, or it failed): the client
+ * can see it from here on. */
+void entry_post(struct radiance_executor *e, struct exec_entry *en, int status, const char *error,
+		uint64_t end)
+{
+	uint64_t start = en->started ? en->t_start : end;
+	post_result(e, en->ring, en->request_id, status, error, start - en->t_seen, end - start);
+}
+
+/* Counts en's posted result in the session's and the global stats and frees its slot. */
+void entry_account(struct radiance_executor *e, struct exec_entry *en, int status, uint64_t end)
 {
 	struct exec_ring *r = en->ring;
-	uint64_t start = en->started ? en->t_start : end;
-	post_result(e, r, en->request_id, status, error, start - en->t_seen, end - start);
 	stats_record(r->stats, en->rows.m, en->bytes_in, en->bytes_out, end - en->t_seen, status);
 	stats_record(e->opt.global_stats, en->rows.m, en->bytes_in, en->bytes_out, end - en->t_seen,
 		     status);
 	entry_release(r, en);
+}
+
+void entry_finish(struct radiance_executor *e, struct exec_entry *en, int status,
+			 const char *error, uint64_t end)
+{
+	entry_post(e, en, status, error, end);
+	entry_account(e, en, status, end);
 }
 
 /* One non-blocking write to our own end of the session's pipe: the client
