@@ -366,7 +366,8 @@ static int submit_layers(struct radiance *r, uint32_t model_id, const uint32_t *
 	if (rc == -EAGAIN)
 		return rc;
 	if (rc < 0)
-		return radiance__client_break(r, -EPROTO, "the daemon corrupted the SQ head");
+		return radiance__client_break(r, -EPROTO, "the SQ head in shared memory is out of range (only the daemon "
+					      "writes it: a stray write in this process, or a daemon bug)");
 	if (rring_needs_wakeup(&r->sq) && (rc = rdoorbell_ring(r->sq_doorbell)) < 0)
 		return radiance__client_break(r, rc, "SQ doorbell: %s", strerror(-rc));
 	r->in_flight++;
@@ -430,7 +431,8 @@ int radiance__client_reap_one(struct radiance *r, struct radiance__client_stashe
 	if (len == 0)
 		return 0;
 	if (len < 0)
-		return radiance__client_break(r, -EPROTO, "the daemon corrupted the CQ");
+		return radiance__client_break(r, -EPROTO, "the CQ in shared memory is corrupted (its entries and tail "
+					      "are the daemon's: a stray write in this process, or a daemon bug)");
 	struct rproto_bump bump;
 	rproto_bump_reset(&bump);
 	ProtobufCAllocator alloc = rproto_bump_allocator(&bump);

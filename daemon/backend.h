@@ -125,6 +125,10 @@ struct radiance_backend_info {
 	char share[16];          /* how models are made mappable: "vmm", "ipc",
 	                            "test-memfd", or "none" */
 	char share_why[192];     /* for "none" (or "ipc"): why not more */
+	int queues;              /* 1: linear_start queues the launch on a device
+	                            and returns at once (GPU); 0: it runs the
+	                            launch before it returns (CPU), so a slow
+	                            start is the work itself, not a wait */
 };
 
 /* Creates the backend opt->kind names. "auto" tries the GPU and falls back to

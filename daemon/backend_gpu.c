@@ -422,6 +422,7 @@ static void gpu_info(void *state, struct radiance_backend_info *info)
 	snprintf(info->share, sizeof info->share, "%s",
 		 g->share == RADIANCE_SHARE_VMM ? "vmm" : g->share == RADIANCE_SHARE_IPC ? "ipc" : "none");
 	snprintf(info->share_why, sizeof info->share_why, "%s", g->share_why);
+	info->queues = 1;
 }
 
 static void layer_release(struct radiance_backend_layer *h)

@@ -65,7 +65,7 @@ static const struct setting settings[] = {
 	  "GPU ordinal (default 0); no effect on the cpu backend" },
 	{ "preload", 'p', "DIR", V_PRELOAD, OFF(preload), 0, 0,
 	  "load this checkpoint at start and keep it resident (repeatable; the config "
-	  "key takes a space-separated list)" },
+	  "key takes a space-separated list, \"quoted\" where a directory has spaces)" },
 	{ "max_sessions", 256, "N", V_U32, OFF(max_sessions), 1, 65536,
 	  "connections at once, counting those still in the handshake (64)" },
 	{ "max_arena_bytes", 257, "BYTES", V_BYTES, OFF(max_arena_bytes), 4096, RADIANCE_SHM_MAX_ARENA_BYTES,
@@ -528,10 +528,34 @@ static int apply(struct radiance_config *cfg, const struct setting *st, const ch
 				 where);
 			return -EINVAL;
 		}
+		if (where[0] == '-') {
+			/* the command line: one argument is one directory, spaces
+			 * and all */
+			return preload_add(cfg, value, strlen(value)) < 0 ? -ENOMEM : 0;
+		}
+		/* the config key: a list separated by spaces; a directory with
+		 * a space in it is written in double quotes */
 		for (const char *p = value; *p;) {
 			p += strspn(p, " \t");
-			size_t n = strcspn(p, " \t");
-			if (n && preload_add(cfg, p, n) < 0)
+			if (!*p)
+				break;
+			size_t n;
+			if (*p == '"') {
+				const char *q = strchr(p + 1, '"');
+				if (!q) {
+					snprintf(err, errlen, "%s: '%s' has a '\"' with no closing one (a "
+						 "directory with spaces is written \"/srv/my models/m\")",
+						 where, shown);
+					return -EINVAL;
+				}
+				n = (size_t)(q - p - 1);
+				if (n && preload_add(cfg, p + 1, n) < 0)
+					return -ENOMEM;
+				p = q + 1;
+				continue;
+			}
+			n = strcspn(p, " \t");
+			if (preload_add(cfg, p, n) < 0)
 				return -ENOMEM;
 			p += n;
 		}
@@ -594,16 +618,30 @@ struct file_ctx {
 static char *config_read_line(char *str, int num, void *stream)
 {
 	struct file_ctx *ctx = stream;
+	memset(str, 0, (size_t)num);   /* so that a NUL byte read can be told from the end */
 	if (!fgets(str, num, ctx->f))
 		return NULL;
 	size_t len = strlen(str);
 	if (ctx->at_line_start)
 		ctx->line++;
+	const char *nl = memchr(str, '\n', (size_t)num - 1);
+	if (nl && (size_t)(nl - str) > len) {
+		/* fgets read past a NUL byte: the line is not text */
+		if (!ctx->rc) {
+			snprintf(ctx->err, ctx->errlen, "%s:%d: a NUL byte at column %zu (the file is "
+				 "not text)", ctx->path, ctx->line, len + 1);
+			ctx->rc = -EINVAL;
+		}
+		ctx->at_line_start = 1;
+		str[0] = 0;
+		return str;
+	}
 	ctx->at_line_start = len > 0 && str[len - 1] == '\n';
 	if (!ctx->at_line_start && !feof(ctx->f)) {
 		if (!ctx->rc) {
-			snprintf(ctx->err, ctx->errlen, "%s:%d: line longer than %d bytes", ctx->path,
-				 ctx->line, num - 3);
+			snprintf(ctx->err, ctx->errlen, "%s:%d: line longer than %d bytes (libinih's limit; "
+				 "give a longer preload path with -p/--preload, or through a shorter "
+				 "symlink)", ctx->path, ctx->line, num - 3);
 			ctx->rc = -EINVAL;
 		}
 		int c;

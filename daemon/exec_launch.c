@@ -145,7 +145,7 @@ void launch_same(struct radiance_executor *e, struct sched_req **v, size_t live)
 		/* queueing takes microseconds; longer, the driver kept the
 		 * executor waiting (its lock, held by another thread) */
 		const uint64_t queued = rclock_ns() - start;
-		if (queued > EXEC_QUEUE_SLOW_NS)
+		if (e->info.queues && queued > EXEC_QUEUE_SLOW_NS)
 			log_warn("executor: queueing a launch of %s on the device took %.3f ms; every session "
 				 "waited for it", ls[0]->name, queued / 1e6);
 		if (rc == 0) {

@@ -590,11 +590,11 @@ static void *executor_main(void *arg)
 		}
 		progress_bump(e);
 		uint64_t t = rclock_ns();
-		/* a round of an asynchronous backend takes microseconds besides
+		/* a round of a backend that queues (a GPU) takes microseconds besides
 		 * the launches it ran synchronously (several layers in one
 		 * request); one that took long kept every session's new requests
 		 * unseen */
-		if (!e->sync_only && t - t0 - e->round_sync_ns > EXEC_ROUND_SLOW_NS) {
+		if (e->info.queues && !e->sync_only && t - t0 - e->round_sync_ns > EXEC_ROUND_SLOW_NS) {
 			log_warn("executor: a round took %.3f ms (jobs %.3f, requests %.3f); "
 				 "no session's new requests were seen meanwhile",
 				 (t - t0) / 1e6, (t1 - t0) / 1e6, (t2 - t1) / 1e6);

@@ -310,6 +310,48 @@ static void test_config_file_kinds(void **state)
 	expect_error(-EINVAL, "long.conf:2", "longer than", "--config", path, NULL);
 }
 
+/* A directory with spaces: one --preload argument is one directory (it was
+ * split at its spaces into two that did not exist); in the config file it
+ * is written in double quotes. */
+static void test_preload_paths_with_spaces(void **state)
+{
+	(void)state;
+	struct radiance_config cfg;
+	char err[512];
+	assert_int_equal(load(&cfg, err, sizeof err, "--no-config", "--preload", "/m/my models/a", "-p", "/m/b",
+			      NULL),
+			 0);
+	assert_int_equal(cfg.n_preload, 2);
+	assert_string_equal(cfg.preload[0], "/m/my models/a");
+	assert_string_equal(cfg.preload[1], "/m/b");
+	config_finish(&cfg);
+
+	const char *path = write_file("quoted.conf", "preload = \"/m/my models/a\"  /m/b \"/m/c d\"\n");
+	assert_int_equal(load(&cfg, err, sizeof err, "--config", path, NULL), 0);
+	assert_int_equal(cfg.n_preload, 3);
+	assert_string_equal(cfg.preload[0], "/m/my models/a");
+	assert_string_equal(cfg.preload[1], "/m/b");
+	assert_string_equal(cfg.preload[2], "/m/c d");
+	config_finish(&cfg);
+
+	path = write_file("open-quote.conf", "preload = /m/b \"/m/my models/a\n");
+	expect_error(-EINVAL, "open-quote.conf:1", "no closing", "--config", path, NULL);
+}
+
+/* A NUL byte in the file is named as such (it read as a line too long). */
+static void test_config_nul_byte(void **state)
+{
+	(void)state;
+	char path[128];
+	snprintf(path, sizeof path, "%s/nul.conf", tmpdir);
+	FILE *f = fopen(path, "w");
+	assert_non_null(f);
+	static const char text[] = "max_rows = 8\nmax_rows2 = 5\0junk\n";
+	assert_int_equal(fwrite(text, 1, sizeof text - 1, f), sizeof text - 1);
+	fclose(f);
+	expect_error(-EINVAL, "nul.conf:2", "NUL byte at column 14", "--config", path, NULL);
+}
+
 /* Errors about two values say where each came from. */
 static void test_combined_errors_name_sources(void **state)
 {
@@ -953,6 +995,8 @@ int main(void)
 		cmocka_unit_test(test_env_fallbacks),
 		cmocka_unit_test(test_kernel_settings),
 		cmocka_unit_test(test_zero_copy_limits),
+		cmocka_unit_test(test_preload_paths_with_spaces),
+		cmocka_unit_test(test_config_nul_byte),
 	};
 	return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
