@@ -67,7 +67,8 @@ static void usage(FILE *f)
 		"                      daemon holds once in a sealed memfd for all clients\n"
 		"                      (name, dtype, shape, bytes, offset in the memfd)\n"
 		"  load DIR [--name NAME] [--hold]\n"
-		"                      load the checkpoint in DIR (progress bar on a TTY).\n"
+		"                      load the checkpoint in DIR (progress on stderr: a bar\n"
+		"                      on a TTY, else a line every 10%%).\n"
 		"                      The model stays resident only while some session\n"
 		"                      holds it: without --hold it is unloaded when\n"
 		"                      radiancectl exits unless another client uses it or it\n"
@@ -931,10 +932,23 @@ static int cmd_stats(struct ctl *c)
 	       st->global.sessions == 1 ? "" : "s");
 	printf("latency in the daemon (queue + exec), us: P50 and P99 are the upper bounds of "
 	       "histogram buckets (within 25%%), MAX is exact\n");
-	printf("%-28s %10s %6s %10s %10s %7s %11s %11s %8s %8s %9s\n", "", "UID", "WEIGHT",
+	printf("%-28s %10s %6s %10s %10s %7s %11s %11s %8s %8s %9s\n", "SESSION NAME PID", "UID", "WEIGHT",
 	       "REQUESTS", "ROWS", "ERRORS", "IN", "OUT", "P50", "P99", "MAX");
 	print_stats_row("all sessions", "-", 0, &st->global);
+	/* in session id order (the daemon lists them in its table's order) */
+	size_t *order = malloc((st->n_sessions ? st->n_sessions : 1) * sizeof *order);
+	if (!order) {
+		radiance_stats_free(st);
+		return report(c, EXIT_FAILED, ENOMEM, NULL, "out of memory");
+	}
 	for (size_t i = 0; i < st->n_sessions; i++) {
+		size_t j = i;
+		for (; j > 0 && st->sessions[order[j - 1]].session_id > st->sessions[i].session_id; j--)
+			order[j] = order[j - 1];
+		order[j] = i;
+	}
+	for (size_t oi = 0; oi < st->n_sessions; oi++) {
+		const size_t i = order[oi];
 		const struct radiance_session_stats *s = &st->sessions[i];
 		char who[64];
 		char uid[16];
@@ -943,6 +957,7 @@ static int cmd_stats(struct ctl *c)
 		snprintf(uid, sizeof uid, "%" PRIu32, s->uid);
 		print_stats_row(who, uid, st->session_weights[i], &s->stats);
 	}
+	free(order);
 	radiance_stats_free(st);
 	return EXIT_OK;
 }

@@ -433,6 +433,18 @@ static void stats_weights(void **state)
 
 	assert_int_equal(ctl("--socket %s stats", daemon_.socket), 0);
 	assert_non_null(strstr(out, "UID WEIGHT"));
+	assert_non_null(strstr(out, "\nSESSION NAME PID "));   /* every column has a header */
+	/* the session rows in id order: "weighed" connected before radiancectl */
+	const char *row = strstr(strstr(out, "all sessions"), "\n");
+	unsigned long long prev = 0, id;
+	int rows = 0;
+	while (row && sscanf(row + 1, "%llu", &id) == 1) {
+		assert_true(id > prev);
+		prev = id;
+		rows++;
+		row = strchr(row + 1, '\n');
+	}
+	assert_int_equal(rows, 2);
 	const char *line = strstr(out, " weighed pid ");
 	assert_non_null(line);
 	while (line > out && line[-1] != '\n')
