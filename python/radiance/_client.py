@@ -415,6 +415,15 @@ class Client(ClosedWhenCollected):
             s = self._connect()
         return s
 
+    def _sess_again(self, lost: RadianceError) -> _Session:
+        """_sess() after `lost` ended the session (the one retry): when no
+        new session can be had either, the error says both what ended the
+        old one (e.g. the daemon stopping) and why reconnecting failed."""
+        try:
+            return self._sess()
+        except RadianceError as e:
+            raise RadianceError(e.errno, f"{lost.message}; reconnecting: {e.message}") from None
+
     def _fail(self, s: _Session, rc: int, what: str) -> RadianceError:
         """The RadianceError for return code rc of a call on s; a sticky
         (connection) error ends the session so the next call reconnects."""
@@ -974,8 +983,9 @@ class Model(Closing):
         RadianceError, what() saying what was asked (formatted only then)."""
         c = self._client
         with c._lock:
+            err: Optional[RadianceError] = None
             for attempt in (0, 1):
-                s = c._sess()
+                s = c._sess() if err is None else c._sess_again(err)
                 rc = call(s.h, c._model_id(s, self))
                 if rc == 0:
                     return
@@ -1074,8 +1084,9 @@ class Model(Closing):
         with c._lock:
             if self._tensor_map is not None:
                 return self._tensor_map
+            err: Optional[RadianceError] = None
             for attempt in (0, 1):
-                s = c._sess()
+                s = c._sess() if err is None else c._sess_again(err)
                 mid = c._model_id(s, self)
                 pp = ffi.new("struct radiance_tensors **")
                 rc = lib.radiance_map_tensors(s.h, mid, pp)

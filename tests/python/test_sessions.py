@@ -198,6 +198,26 @@ def test_daemon_restart_reconnects_and_reattaches(own_daemon):
     c.close()
 
 
+def test_daemon_gone_says_why_the_session_ended(own_daemon):
+    """The daemon stops and does not come back: the call's one reconnect
+    fails, and the error says what ended the session as well as why no new
+    one could be had (it used to say only "cannot connect")."""
+    c = radiance.Client(own_daemon.socket, timeout=30)
+    m = c.load(CKPT)
+    x = rand((1, 384), seed=7)
+    m.linear(Q, x)
+    assert own_daemon.stop() == 0
+    with pytest.raises(radiance.RadianceError) as ei:
+        m.linear(Q, x)
+    msg = ei.value.message
+    assert ei.value.errno in (errno.ENOENT, errno.ECONNREFUSED), ei.value
+    head, sep, tail = msg.partition("; reconnecting: ")
+    assert sep, msg
+    assert tail.startswith(f"cannot connect to {own_daemon.socket}"), msg
+    assert head and "cannot connect" not in head, msg
+    c.close()
+
+
 def test_attached_model_after_restart_without_it(own_daemon):
     """A model the client only attached (no directory to load it from) and
     that the new daemon does not hold: a clear ENOENT naming it."""
