@@ -428,7 +428,8 @@ uint32_t config_uid_weight(const struct radiance_config *cfg, uid_t uid)
 }
 
 /* Applies value to the setting; `where` names it for errors ("--max-rows" or
- * "file:12: max_rows"). */
+ * "file:12: max_rows"). A `where` that begins with '-' is the command line,
+ * where a preload value is one directory (the file's is a list). */
 static int apply(struct radiance_config *cfg, const struct setting *st, const char *value,
 		 const char *where, char *err, size_t errlen)
 {

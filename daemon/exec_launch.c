@@ -17,6 +17,15 @@
  * clients of a merged launch spin on their CQs, and the last one's result
  * no longer waits for the others' bookkeeping (H200, 8 lockstep clients:
  * docs/daemon.md "Service benchmark"). */
+/* Does piece i of a launch that ended with rc finish its request? A failed
+ * piece fails its request: it is answered now, and its later pieces never
+ * run (or, in flight already, fail as well: a device fault fails every
+ * later launch). */
+static int piece_finishes(const uint8_t *last, size_t i, int rc, const struct exec_entry *en)
+{
+	return rc < 0 || (last ? last[i] : sched_req_last_piece(&en->s));
+}
+
 static void pieces_done(struct radiance_executor *e, struct sched_req **v, const uint8_t *last, size_t n,
 			int rc, const char *err, uint64_t start, uint64_t end)
 {
@@ -29,16 +38,13 @@ static void pieces_done(struct radiance_executor *e, struct sched_req **v, const
 			en->started = 1;
 			en->t_start = start;
 		}
-		/* a failed piece fails its request: it is answered now, and its
-		 * later pieces never run (or, in flight already, fail as well:
-		 * a device fault fails every later launch) */
-		if (rc < 0 || (last ? last[i] : sched_req_last_piece(&en->s)))
+		if (piece_finishes(last, i, rc, en))
 			entry_post(e, en, status, err, end);
 	}
 	/* the same requests (posting changed none of what picks them) */
 	for (size_t i = 0; i < n; i++) {
 		struct exec_entry *en = entry_of(v[i]);
-		if (en->in_use && (rc < 0 || (last ? last[i] : sched_req_last_piece(&en->s))))
+		if (en->in_use && piece_finishes(last, i, rc, en))
 			entry_account(e, en, status, end);
 	}
 	for (size_t i = 0; i < n; i++)

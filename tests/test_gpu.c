@@ -954,6 +954,21 @@ static struct radiance_backend *backend_ok(const struct radiance_backend_options
 	return be;
 }
 
+/* An arena like a session's: len bytes, page-aligned, filled with 0xA5 and
+ * registered with be (unregister and free it after). */
+static uint8_t *arena_registered(struct radiance_backend *be, size_t len)
+{
+	char err[256] = "";
+	uint8_t *arena = aligned_alloc(4096, len);
+	assert_non_null(arena);
+	memset(arena, 0xA5, len);
+	const int rc = radiance_backend_register_host(be, arena, len, err, sizeof err);
+	if (rc)
+		printf("# register_host: %s\n", err);
+	assert_int_equal(rc, 0);
+	return arena;
+}
+
 /* Random bf16 weights [n][k] (small) and a bias [n], malloc'ed. */
 static void bf16_make(uint32_t n, uint32_t k, uint16_t **w, float **bias)
 {
@@ -1049,10 +1064,7 @@ static void backend_ops(uint32_t pin_piece_kib)
 
 	/* an arena like a session's: page-aligned, registered, requests inside */
 	const size_t arena_len = 8u << 20;
-	uint8_t *arena = aligned_alloc(4096, arena_len);
-	assert_non_null(arena);
-	memset(arena, 0xA5, arena_len);
-	assert_int_equal(radiance_backend_register_host(be, arena, arena_len, err, sizeof err), 0);
+	uint8_t *arena = arena_registered(be, arena_len);
 
 	/* the last two groups are all bf16: one run of four requests, which
 	 * the backend gathers from and scatters back to the arena in one kernel
@@ -1279,10 +1291,7 @@ static void test_backend_kernels_loaded(void **state)
 		assert_int_equal(radiance_backend_layer_upload(be, &l[i], &h[i], err, sizeof err), 0);
 	}
 	const size_t arena_len = 16u << 20;
-	uint8_t *arena = aligned_alloc(4096, arena_len);
-	assert_non_null(arena);
-	memset(arena, 0xA5, arena_len);
-	assert_int_equal(radiance_backend_register_host(be, arena, arena_len, err, sizeof err), 0);
+	uint8_t *arena = arena_registered(be, arena_len);
 	assert_int_equal(radiance__gpu_device_sync(), 0);
 	size_t free0 = 0, free1 = 0, total = 0;
 	assert_int_equal(radiance__gpu_mem_info(&free0, &total), 0);
@@ -1653,10 +1662,7 @@ static void test_backend_pipeline_layers(void **state)
 	for (int li = 0; li < 2; li++)
 		assert_int_equal(radiance_backend_layer_upload(be, &layers[li], &h[li], err, sizeof err), 0);
 	const size_t arena_len = 32u << 20;
-	uint8_t *arena = aligned_alloc(4096, arena_len);
-	assert_non_null(arena);
-	memset(arena, 0xA5, arena_len);
-	assert_int_equal(radiance_backend_register_host(be, arena, arena_len, err, sizeof err), 0);
+	uint8_t *arena = arena_registered(be, arena_len);
 	size_t off = 0, np[2] = {0, 0};
 	struct piece_req q[2];
 	struct radiance_rows pieces[2][PIPE_MAX_PIECES / 2];
