@@ -572,8 +572,10 @@ int main(int argc, char **argv)
 			r->us_quant = time_us(run_quant_gemm, &c);
 			r->us_quant_unfused = c.m <= 16 ? time_us(run_quant_gemm_unfused, &c) : r->us_quant;
 			r->us_blas = time_us(run_blas, &c);
-			/* prefill: the opt-in fp8 wgmma kernel too (its own code order) */
-			if (c.m > 64 && dev.wgmma) {
+			/* the fp8 wgmma kernel too (its own code order): prefill, and
+			 * the top of the decode band (M >= 32), where it may be the
+			 * faster kernel (issue 12: the band M = 17..128) */
+			if (c.m >= 32 && dev.wgmma) {
 				c.path = RADIANCE_W4A8_WGMMA;
 				GCHECK(radiance__gpu_quant(c.x, RADIANCE_DTYPE_BF16, c.m, sh->k, RADIANCE_CODES_WGMMA, c.codes,
 							  c.s, stream));
