@@ -64,7 +64,8 @@ static size_t npeers;
 struct result {
 	uint32_t n, k, m;
 	char plan[48];
-	double us, us_quant, us_quant_unfused, us_probe, us_blas, us_wgmma, bytes, flops;
+	double us, us_quant, us_quant_unfused, us_probe, us_blas, us_wgmma, us_tiled, us_wgmma_exact, bytes, flops;
+	char plan_exact[48];
 };
 
 static struct radiance__gpu_device dev;
@@ -361,12 +362,14 @@ static void load_peers(const char *path)
 
 static void plan_str(char *buf, size_t len, const struct radiance__w4a8_plan *plan)
 {
-	static const char *pn[] = {"auto", "decode", "tiled", "wgmma", "portable"};
+	static const char *pn[] = {"auto", "decode", "tiled", "wgmma", "portable", "wgmma-exact"};
 	if (plan->path == RADIANCE_W4A8_DECODE && plan->ntw)
 		snprintf(buf, len, "gemv t%u n%u c%u q%u s%u", plan->tok, plan->ntw, plan->cg, plan->stages,
 			 plan->split);
 	else if (plan->path == RADIANCE_W4A8_DECODE || plan->path == RADIANCE_W4A8_TILED)
 		snprintf(buf, len, "%s t%u wk%u s%u", pn[plan->path], plan->tok, plan->wk, plan->split);
+	else if (plan->path == RADIANCE_W4A8_WGMMA_EXACT)
+		snprintf(buf, len, "wgmma-exact t%u s%u", plan->tok, plan->split);
 	else
 		snprintf(buf, len, "%s", pn[plan->path]);
 }
@@ -591,6 +594,29 @@ int main(int argc, char **argv)
 				}
 				c.path = RADIANCE_W4A8_AUTO;
 			}
+			/* the f16 wgmma kernel forced into the decode band (M = 32, 64),
+			 * with its own split-K */
+			if (c.m >= 32 && dev.wgmma && plan.path != RADIANCE_W4A8_WGMMA_EXACT) {
+				c.path = RADIANCE_W4A8_WGMMA_EXACT;
+				struct radiance__w4a8_args ax = args_for(&c, 0);
+				struct radiance__w4a8_plan px;
+				radiance__w4a8_plan(&dev, &ax, &px);
+				plan_str(r->plan_exact, sizeof r->plan_exact, &px);
+				GCHECK(radiance__gpu_quant(c.x, RADIANCE_DTYPE_BF16, c.m, sh->k, RADIANCE_CODES_WGMMA, c.codes,
+							  c.s, stream));
+				r->us_wgmma_exact = time_us(run_gemm, &c);
+				printf("  %s (forced): %.2f us\n", r->plan_exact, r->us_wgmma_exact);
+				c.path = RADIANCE_W4A8_AUTO;
+			}
+			/* where exact prefill is the f16 wgmma kernel, the tiled f16
+			 * HMMA kernel it replaced (natural code order) */
+			if (plan.path == RADIANCE_W4A8_WGMMA_EXACT) {
+				c.path = RADIANCE_W4A8_TILED;
+				GCHECK(radiance__gpu_quant(c.x, RADIANCE_DTYPE_BF16, c.m, sh->k, RADIANCE_CODES_NATURAL,
+							  c.codes, c.s, stream));
+				r->us_tiled = time_us(run_gemm, &c);
+				c.path = RADIANCE_W4A8_AUTO;
+			}
 			r->bytes = (double)(c.wbytes + c.sbytes);
 			r->flops = 2.0 * c.m * sh->n * sh->k;
 			printf("%6ux%-6u M=%-5u %-22s %9.2f us %7.0f GB/s  probe %6.3f  quant+gemm %9.2f us (unfused %.2f)  bf16 blas %9.2f us (%.2fx)\n",
@@ -671,7 +697,7 @@ int main(int argc, char **argv)
 	}
 	fprintf(csv, "date,gpu,shape,m,plan,us,us_quant_gemm,gbps,tflops,probe_us,fraction_of_probe,"
 		     "bf16_blas_us,ratio_vs_bf16_blas,torch_int4_us,ratio_vs_torch_int4,torch_fp8_us,ratio_vs_torch_fp8,"
-		     "wgmma_fp8_us,us_quant_launch_gemm\n");
+		     "wgmma_fp8_us,us_quant_launch_gemm,tiled_exact_us,wgmma_exact_us\n");
 	fprintf(md, "# W4A8 benchmark, %s, %s\n\n", date, dev.name);
 	fprintf(md, "Measured by `bench/bench_w4a8` (one process: our kernels, the streaming-read probe over the same\n"
 		    "weight buffers, and %s bf16 GEMM on the dequantized weights). Torch peers were measured by\n"
@@ -681,14 +707,15 @@ int main(int argc, char **argv)
 		    "per-token quant kernel and the GEMM launched to overlap it, or where the plan fuses them (off\n"
 		    "by default; fused up to %d rows in this run, BENCH_FUSE_ROWS: docs/gpu.md \"Fused quant\") the GEMV\n"
 		    "quantizing x itself; quant launch + gemm is always the two launches. Prefill (M > 64): `us` is the exact,\n"
-		    "fp32-accumulating f16 HMMA kernel (option prefill = exact); the fp8 wgmma kernel (prefill =\n"
-		    "fast, the daemon's default on sm_90a) accumulates with ~14-bit precision on Hopper and is\n"
-		    "shown in its own columns.\n"
+		    "fp32-accumulating path (option prefill = exact): the f16 wgmma kernel where it is built (plan\n"
+		    "wgmma-exact), with the tiled f16 HMMA kernel it replaced in its own column; the fp8 wgmma kernel\n"
+		    "(prefill = fast, the daemon's default on sm_90a) accumulates with ~14-bit precision on Hopper and\n"
+		    "is shown in its own columns.\n"
 		    "GB/s and the probe fraction count weight + scale bytes; ratios are peer time / our time (> 1: we are faster).\n\n",
 		strcmp(dev.vendor, "cuda") == 0 ? "cuBLAS" : "hipBLAS", npeers ? "" : " (not available in this run)",
 		l2 / 1e6, REPS, BATCH, getenv("BENCH_FUSE_ROWS") ? atoi(getenv("BENCH_FUSE_ROWS")) : RADIANCE_W4A8_FUSE_ROWS);
-	fprintf(md, "| shape (N x K) | M | plan | us | quant+gemm us | quant launch + gemm us | GB/s | TFLOP/s | of probe | vs bf16 BLAS | vs torch int4 | vs torch fp8 | fp8 wgmma us (opt-in) | wgmma vs bf16 BLAS |\n");
-	fprintf(md, "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+	fprintf(md, "| shape (N x K) | M | plan | us | quant+gemm us | quant launch + gemm us | GB/s | TFLOP/s | of probe | vs bf16 BLAS | vs torch int4 | vs torch fp8 | fp8 wgmma us (prefill = fast) | wgmma vs bf16 BLAS | tiled f16 HMMA us | f16 wgmma (forced) |\n");
+	fprintf(md, "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
 	for (size_t i = 0; i < nres; i++) {
 		const struct result *r = &res[i];
 		const struct peer *p4 = peer_find(r->n, r->k, r->m, "torch_int4");
@@ -696,19 +723,24 @@ int main(int argc, char **argv)
 		char r4[32], r8[32];
 		fmt_ratio(r4, sizeof r4, p4, r->us);
 		fmt_ratio(r8, sizeof r8, p8, r->us);
-		char wg[32] = "", wgr[32] = "";
+		char wg[32] = "", wgr[32] = "", tl[32] = "", wx[80] = "";
+		if (r->us_wgmma_exact > 0)
+			snprintf(wx, sizeof wx, "%.2f (%s)", r->us_wgmma_exact, r->plan_exact);
+		if (r->us_tiled > 0)
+			snprintf(tl, sizeof tl, "%.2f", r->us_tiled);
 		if (r->us_wgmma > 0) {
 			snprintf(wg, sizeof wg, "%.2f", r->us_wgmma);
 			snprintf(wgr, sizeof wgr, "%.2fx", r->us_blas / r->us_wgmma);
 		}
-		fprintf(md, "| %ux%u | %u | %s | %.2f | %.2f | %.2f | %.0f | %.1f | %.3f | %.2fx | %s | %s | %s | %s |\n", r->n,
+		fprintf(md, "| %ux%u | %u | %s | %.2f | %.2f | %.2f | %.0f | %.1f | %.3f | %.2fx | %s | %s | %s | %s | %s | %s |\n", r->n,
 			r->k, r->m, r->plan, r->us, r->us_quant, r->us_quant_unfused, r->bytes / r->us / 1e3, r->flops / r->us / 1e6,
-			r->us_probe / r->us, r->us_blas / r->us, r4, r8, wg, wgr);
-		fprintf(csv, "%s,%s,%ux%u,%u,%s,%.3f,%.3f,%.1f,%.2f,%.3f,%.4f,%.3f,%.4f,%.3f,%.4f,%.3f,%.4f,%.3f,%.3f\n", date,
+			r->us_probe / r->us, r->us_blas / r->us, r4, r8, wg, wgr, tl, wx);
+		fprintf(csv, "%s,%s,%ux%u,%u,%s,%.3f,%.3f,%.1f,%.2f,%.3f,%.4f,%.3f,%.4f,%.3f,%.4f,%.3f,%.4f,%.3f,%.3f,%.3f,%.3f\n", date,
 			dev.name, r->n, r->k, r->m, r->plan, r->us, r->us_quant, r->bytes / r->us / 1e3,
 			r->flops / r->us / 1e6, r->us_probe, r->us_probe / r->us, r->us_blas, r->us_blas / r->us,
 			p4 ? p4->us : 0.0, p4 ? p4->us / r->us : 0.0, p8 ? p8->us : 0.0, p8 ? p8->us / r->us : 0.0,
-			r->us_wgmma, r->us_quant_unfused);
+			r->us_wgmma, r->us_quant_unfused, r->us_tiled,
+			r->us_wgmma_exact > 0 ? r->us_wgmma_exact : strncmp(r->plan, "wgmma-exact", 11) == 0 ? r->us : 0.0);
 	}
 	fprintf(md, "\n## One decode step of a 27B hybrid model, M = 1\n\n"
 		    "Assumption (Qwen3.6-27B-like hybrid): 64 layers, d_model 5120; every layer has gate_up 34816x5120,\n"

@@ -86,6 +86,7 @@ static const char *path_name(enum radiance__w4a8_path p)
 	case RADIANCE_W4A8_TILED: return "tiled";
 	case RADIANCE_W4A8_WGMMA: return "wgmma";
 	case RADIANCE_W4A8_PORTABLE: return "portable";
+	case RADIANCE_W4A8_WGMMA_EXACT: return "wgmma-exact";
 	default: return "auto";
 	}
 }

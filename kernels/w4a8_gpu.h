@@ -314,7 +314,7 @@ void radiance__gpu_scratch_destroy(struct radiance__gpu_scratch *s);
  * takes the quant launch). m <= s->max_rows, l->n <= s->max_n, l->k <= s->max_k
  * (-E2BIG otherwise), dtype bf16 or fp16 (-EINVAL). Allocates nothing and
  * never synchronizes, so a CUDA graph can capture it. *path (may be NULL)
- * names what ran: "decode", "tiled", "wgmma", "portable", "bf16-blas",
+ * names what ran: "decode", "tiled", "wgmma", "wgmma-exact", "portable", "bf16-blas",
  * "bf16-portable". `force` is RADIANCE_W4A8_AUTO except in tests. */
 int radiance__gpu_layer_run(const struct radiance__gpu_device *dev, struct radiance__gpu_scratch *s,
 			    const struct radiance__gpu_layer *l, const void *x, enum radiance_dtype dtype,

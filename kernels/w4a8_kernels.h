@@ -124,10 +124,16 @@ int radiance__w4a8_portable_launch(const gemm_params &p, void *stream);
 int radiance__w4a8_mma_preload(unsigned *count);
 int radiance__w4a8_gemv_preload(unsigned *count);   /* NVIDIA (RAD_HAVE_BULK) */
 int radiance__w4a8_portable_preload(unsigned *count);
-/* w4a8_wgmma.hip: the sm_90a prefill with `tile` (128 or 96) tokens per block;
- * -ENOTSUP where it is not built */
+/* w4a8_wgmma.hip, the sm_90a prefill, codes in the WGMMA order; -ENOTSUP
+ * where it is not built. The fp8 wgmma kernel (prefill = fast) with `tile`
+ * (128 or 96) tokens per block: */
 extern "C" int radiance__w4a8_wgmma_launch(const uint8_t *codes, const float *s, const void *w,
 					   const void *sc, const float *bias, uint16_t *y, uint32_t m,
 					   uint32_t n, uint32_t k, uint32_t tile, void *stream);
+/* the f16 wgmma kernel with fp32 accumulation (prefill = exact), plan.tok
+ * (64 or 128) tokens per block and plan.split blocks along K (split > 1: one
+ * token block, p.partials and p.counters as the decode kernels use them);
+ * -EINVAL for another plan */
+int radiance__w4a8_wgmma_exact_launch(const gemm_params &p, const struct radiance__w4a8_plan &plan, void *stream);
 
 #endif

@@ -11,6 +11,7 @@
  *                     gfx12), split-K, tiled over tokens for prefill;
  *   w4a8_gemv.hip     DECODE on sm_90, m <= 16: the bulk-copy streaming kernel;
  *   w4a8_wgmma.hip    WGMMA: the sm_90a fp8 prefill (prefill = fast);
+ *                     WGMMA_EXACT: its f16 twin (prefill = exact);
  *   w4a8_portable.hip PORTABLE: bit-identical to the CPU reference, any GPU;
  *   w4a8_repack.hip   the weight repack and the bf16 dequantization.
  *
@@ -104,6 +105,8 @@ extern "C" int radiance__w4a8_gemm(const struct radiance__gpu_device *dev, const
 	case RADIANCE_W4A8_WGMMA:
 		return radiance__w4a8_wgmma_launch(a->codes, a->s, a->w, a->sc, a->bias, a->y, a->m, a->n, a->k,
 						   plan.tok, stream);
+	case RADIANCE_W4A8_WGMMA_EXACT:
+		return radiance__w4a8_wgmma_exact_launch(p, plan, stream);
 	default:
 		break;
 	}

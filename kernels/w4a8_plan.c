@@ -241,6 +241,31 @@ static uint32_t wgmma_tile(const struct radiance__gpu_device *dev, uint32_t m, u
 	return b128 < (uint32_t)dev->sm_count && b96 > b128 ? 96u : 128u;
 }
 
+/* The exact wgmma kernel: 64-token blocks up to m = 64, else 128; one token
+ * block may split K over S blocks (args.split, else the policy: the largest
+ * S that keeps the grid within one block per SM, at least 4 groups per
+ * split) while the partials [S][m][n] fit and the counters cover the
+ * 128-row columns. */
+static void plan_wgmma_exact(const struct radiance__gpu_device *dev, const struct radiance__w4a8_args *a,
+			     struct radiance__w4a8_plan *plan)
+{
+	const uint32_t G = a->k / GROUP, nb = ceil_div(a->n, WGMMA_BN);
+	const uint32_t sms = dev->sm_count > 0 ? (uint32_t)dev->sm_count : 1u;
+	plan->tok = a->m <= 64 ? 64u : 128u;
+	uint32_t S = 1;
+	if (a->m <= plan->tok && a->partials && a->counters && a->counters_n >= nb) {
+		S = a->split ? a->split : sms / nb;
+		if (!a->split)
+			S = S > G / 4 ? G / 4 : S;
+		S = S > G ? G : S;
+		S = S < 1 ? 1 : S;
+		if ((size_t)S * a->m * a->n * sizeof(float) > a->partials_bytes)
+			S = (uint32_t)(a->partials_bytes / ((size_t)a->m * a->n * sizeof(float)));
+		S = S < 1 ? 1 : S;
+	}
+	plan->split = S;
+}
+
 int radiance__w4a8_plan(const struct radiance__gpu_device *dev, const struct radiance__w4a8_args *a,
 			struct radiance__w4a8_plan *plan)
 {
@@ -250,29 +275,42 @@ int radiance__w4a8_plan(const struct radiance__gpu_device *dev, const struct rad
 	const struct radiance__w4a8_settings *st = a->settings ? a->settings : &defaults;
 	const uint32_t maxdec = a->max_decode_rows ? a->max_decode_rows : 64;
 	enum radiance__w4a8_path path = a->path;
-	/* Prefill is the f16 HMMA kernel tiled over tokens unless the settings
-	 * ask for fast: Hopper's fp8 tensor cores add each k32 step's products
-	 * with about 14 bits of alignment precision (truncating), not in fp32
-	 * as numerics.h defines; within the bf16 floor in norm, but up to a few
-	 * hundred bf16 steps on outputs near zero (docs/numerics.md "Contract"). */
+	/* Prefill is exact (f16 tensor cores, fp32 accumulation: f16 wgmma
+	 * where it is built, else the f16 HMMA kernel tiled over tokens) unless
+	 * the settings ask for fast: Hopper's fp8 tensor cores add each k32
+	 * step's products with about 14 bits of alignment precision
+	 * (truncating), not in fp32 as numerics.h defines; within the bf16
+	 * floor in norm, but up to a few hundred bf16 steps on outputs near zero
+	 * (docs/numerics.md "Contract"). */
+	/* Where wgmma is built, the f16 wgmma kernel also takes the top of the
+	 * band, m = 33..64, whatever prefill says (exact, and on the H200 1.3-2.6x
+	 * faster than the decode kernel's 64-token tiles at m = 64 and faster than
+	 * the fp8 wgmma kernel there; even with the 32-token tiles at m = 32,
+	 * bench/results/w4a8-2026-12-03-h200.md); fp8 wgmma only above m = 64. */
 	if (path == RADIANCE_W4A8_AUTO) {
+		const int band = a->m <= maxdec && a->m <= 64;
 		if (!dev->fp8_mma)
 			path = RADIANCE_W4A8_PORTABLE;
-		else if (a->m <= maxdec && a->m <= 64)
+		else if (dev->wgmma && a->m > 32 && (a->m <= 64 || st->prefill != RADIANCE_PREFILL_FAST))
+			path = RADIANCE_W4A8_WGMMA_EXACT;
+		else if (band)
 			path = RADIANCE_W4A8_DECODE;
 		else
-			path = dev->wgmma && st->prefill == RADIANCE_PREFILL_FAST ? RADIANCE_W4A8_WGMMA
-										: RADIANCE_W4A8_TILED;
+			path = !dev->wgmma ? RADIANCE_W4A8_TILED
+			       : st->prefill == RADIANCE_PREFILL_FAST ? RADIANCE_W4A8_WGMMA
+								       : RADIANCE_W4A8_TILED;   /* m <= 32 */
 	}
 	if (path == RADIANCE_W4A8_DECODE && a->m > 64)
 		path = RADIANCE_W4A8_TILED;
-	if (path == RADIANCE_W4A8_WGMMA && !dev->wgmma)
+	const int wg = path == RADIANCE_W4A8_WGMMA || path == RADIANCE_W4A8_WGMMA_EXACT;
+	if (wg && !dev->wgmma)
 		path = RADIANCE_W4A8_TILED;
-	if ((path == RADIANCE_W4A8_DECODE || path == RADIANCE_W4A8_TILED || path == RADIANCE_W4A8_WGMMA) &&
-	    !dev->fp8_mma)
+	if ((path == RADIANCE_W4A8_DECODE || path == RADIANCE_W4A8_TILED || path == RADIANCE_W4A8_WGMMA ||
+	     path == RADIANCE_W4A8_WGMMA_EXACT) && !dev->fp8_mma)
 		path = RADIANCE_W4A8_PORTABLE;
 	plan->path = path;
-	plan->order = path == RADIANCE_W4A8_WGMMA ? RADIANCE_CODES_WGMMA : RADIANCE_CODES_NATURAL;
+	plan->order = path == RADIANCE_W4A8_WGMMA || path == RADIANCE_W4A8_WGMMA_EXACT ? RADIANCE_CODES_WGMMA
+											 : RADIANCE_CODES_NATURAL;
 	plan->tok = 0;
 	plan->wk = 1;
 	plan->split = 1;
@@ -282,6 +320,10 @@ int radiance__w4a8_plan(const struct radiance__gpu_device *dev, const struct rad
 	plan->fused = 0;
 	if (path == RADIANCE_W4A8_WGMMA)
 		plan->tok = wgmma_tile(dev, a->m, a->n, st);
+	if (path == RADIANCE_W4A8_WGMMA_EXACT) {
+		plan_wgmma_exact(dev, a, plan);
+		return 0;
+	}
 	if (path != RADIANCE_W4A8_DECODE && path != RADIANCE_W4A8_TILED)
 		return 0;
 	if (path == RADIANCE_W4A8_DECODE && gemv_usable(dev, a, st)) {

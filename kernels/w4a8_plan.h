@@ -67,11 +67,14 @@ enum radiance__w4a8_path {
 	RADIANCE_W4A8_TILED,       /* matrix-core, the decode kernel tiled over tokens, any m */
 	RADIANCE_W4A8_WGMMA,       /* sm_90a wgmma prefill, any m */
 	RADIANCE_W4A8_PORTABLE,    /* plain fp32 dot products, any GPU, any m */
+	RADIANCE_W4A8_WGMMA_EXACT, /* sm_90a f16 wgmma, fp32 accumulation, split-K, any m: the
+	                              band m = 33..64 and exact prefill where wgmma is built */
 };
 
 /* Prefill (m above the decode band) on a device with both kernels. */
 enum radiance__w4a8_prefill {
-	RADIANCE_PREFILL_EXACT = 0,  /* f16 tensor cores, fp32 accumulation (the tiled path) */
+	RADIANCE_PREFILL_EXACT = 0,  /* f16 tensor cores, fp32 accumulation: f16 wgmma on
+	                                sm_90a, the tiled path elsewhere */
 	RADIANCE_PREFILL_FAST = 1,   /* fp8 wgmma (sm_90a), Hopper's truncating accumulation:
 	                                the bound of docs/numerics.md "Contract" */
 };
@@ -108,7 +111,8 @@ struct radiance__w4a8_settings {
 struct radiance__w4a8_plan {
 	enum radiance__w4a8_path path;
 	enum radiance__codes_order order;   /* the codes this path reads */
-	uint32_t tok;              /* tokens per warp tile (8..64); wgmma: per block (128 or 96) */
+	uint32_t tok;              /* tokens per warp tile (8..64); wgmma: per block (128 or 96;
+	                              wgmma-exact 128) */
 	uint32_t wk;               /* warps of a block splitting K (1,2,4,8) */
 	uint32_t split;            /* blocks splitting K (global split-K) */
 	uint32_t ntw;              /* decode: 0 the cp.async-ring kernel; else the
@@ -134,7 +138,8 @@ struct radiance__w4a8_args {
 	uint16_t *const *y_rows;   /* NULL: row t of y at y + t*n. Else m (at most
 	                              RADIANCE_W4A8_Y_ROWS_MAX) device addresses, host
 	                              array read at the call: row t (n bf16) at y_rows[t],
-	                              y unused; not for the WGMMA path (-EINVAL) */
+	                              y unused; not for the WGMMA path (-EINVAL; WGMMA_EXACT
+	                              takes them) */
 	float *partials;           /* split-K scratch (NULL: no global split) */
 	size_t partials_bytes;
 	uint32_t *counters;        /* zeroed once at allocation; left zeroed */
@@ -154,7 +159,7 @@ struct radiance__w4a8_args {
 #define RADIANCE_W4A8_Y_ROWS_MAX 64u
 
 /* The plan radiance__w4a8_gemm uses for these args on `dev`. A path that
- * cannot run them (wgmma where it is not built, decode for m > 64, matrix
+ * cannot run them (wgmma or wgmma-exact where it is not built: tiled; decode for m > 64, matrix
  * cores without fp8 support) falls back to one that can. 0, or -EINVAL (plan
  * untouched) for a launch no kernel takes: m, n or k zero, or k not a
  * multiple of the 128-group (radiance__w4a8_gemm returns 0 for m = 0 before

@@ -6,7 +6,8 @@
  *   - activation codes of the quant kernel equal the CPU's bit for bit, and
  *     the per-token scales too (special rows: zeros, Inf, NaN, denormals,
  *     huge, ties);
- *   - every W4A8 path (decode, tiled, wgmma where built, portable) at
+ *   - every W4A8 path (decode, tiled, wgmma and wgmma-exact where built,
+ *     portable) at
  *     M in {1,2,3,5,8,13,16,17,33,64,65,128,512,2048} on shapes whose N is no
  *     multiple of any tile and whose K spans several groups, codes random
  *     along n and k; rows of y past M poisoned with NaN beforehand and
@@ -14,7 +15,7 @@
  *     element within the bound of its path's accumulation against the exact
  *     value (kernels/numerics_bound.h: one bf16 step for the fp32 paths,
  *     the Hopper fp8 model's bound for wgmma) and the layer within the norm
- *     bound (2e-3) of the CPU reference; the non-wgmma paths also within 2%
+ *     bound (2e-3) of the CPU reference; the paths but fp8 wgmma also within 2%
  *     (+1% of the RMS) of the CPU per element, the portable path bit-exact;
  *     a NaN row of x gives a NaN row of y;
  *   - forced split-K (the last-block fixup) and the policy's own choice;
@@ -358,7 +359,7 @@ static int check_bound(const char *what, const uint8_t *codes, const float *s, c
 
 static const char *path_str(enum radiance__w4a8_path p)
 {
-	static const char *names[] = {"auto", "decode", "tiled", "wgmma", "portable"};
+	static const char *names[] = {"auto", "decode", "tiled", "wgmma", "portable", "wgmma-exact"};
 	return names[p];
 }
 
@@ -400,15 +401,15 @@ static int run_shape(uint32_t n, uint32_t k, const uint32_t *ms, size_t nms, int
 			failures++;
 		}
 		enum radiance__w4a8_path paths[] = {RADIANCE_W4A8_DECODE, RADIANCE_W4A8_TILED, RADIANCE_W4A8_WGMMA,
-						    RADIANCE_W4A8_PORTABLE, RADIANCE_W4A8_AUTO};
+						    RADIANCE_W4A8_WGMMA_EXACT, RADIANCE_W4A8_PORTABLE, RADIANCE_W4A8_AUTO};
 		for (size_t pi = 0; pi < sizeof paths / sizeof paths[0]; pi++) {
 			const enum radiance__w4a8_path path = paths[pi];
 			if (path == RADIANCE_W4A8_DECODE && m > 64)
 				continue;
-			if (path == RADIANCE_W4A8_WGMMA && !dev.wgmma)
+			if ((path == RADIANCE_W4A8_WGMMA || path == RADIANCE_W4A8_WGMMA_EXACT) && !dev.wgmma)
 				continue;
-			if ((path == RADIANCE_W4A8_DECODE || path == RADIANCE_W4A8_TILED || path == RADIANCE_W4A8_WGMMA) &&
-			    !dev.fp8_mma)
+			if ((path == RADIANCE_W4A8_DECODE || path == RADIANCE_W4A8_TILED || path == RADIANCE_W4A8_WGMMA ||
+			     path == RADIANCE_W4A8_WGMMA_EXACT) && !dev.fp8_mma)
 				continue;
 			/* the decode path: the policy's split, then a forced 3-way split,
 			 * then each decode kernel in several of its launch shapes (the
@@ -423,10 +424,15 @@ static int run_shape(uint32_t n, uint32_t k, const uint32_t *ms, size_t nms, int
 				{2, 2, 2, 1, 0}, {2, 4, 1, 3, 1}, {2, 2, 2, 8, 3}, {2, 1, 1, 5, 7},
 			};
 			const uint32_t ndec = m <= 16 ? sizeof dec / sizeof dec[0] : 4u;
-			const uint32_t reps = path == RADIANCE_W4A8_DECODE ? ndec : path == RADIANCE_W4A8_WGMMA ? 2u : 1u;
+			const uint32_t reps = path == RADIANCE_W4A8_DECODE                                    ? ndec
+					      : path == RADIANCE_W4A8_WGMMA || path == RADIANCE_W4A8_WGMMA_EXACT ? 2u
+															  : 1u;
 			for (uint32_t rep = 0; rep < reps; rep++) {
 				const int isdec = path == RADIANCE_W4A8_DECODE;
-				const uint32_t force = isdec ? dec[rep].split : 0u;
+				/* wgmma-exact: the policy's split, then a forced 3-way one
+				 * (taken where one token block holds m) */
+				const uint32_t force = isdec ? dec[rep].split
+						       : path == RADIANCE_W4A8_WGMMA_EXACT && rep ? 3u : 0u;
 				/* wgmma: 128-token tiles, then 96 */
 				const struct radiance__w4a8_settings set = {
 					.decode_kernel = isdec ? dec[rep].kernel : 0, .decode_ntw = isdec ? dec[rep].ntw : 0,
@@ -451,7 +457,8 @@ static int run_shape(uint32_t n, uint32_t k, const uint32_t *ms, size_t nms, int
 				char what[160];
 				snprintf(what, sizeof what, "n=%u k=%u m=%u %s %s tok=%u wk=%u ntw=%u cg=%u stages=%u split=%u variant=%u",
 					 n, k, m, dt == RADIANCE_DTYPE_FP16 ? "fp16" : "bf16", path_str(plan.path), plan.tok,
-					 plan.wk, plan.ntw, plan.cg, plan.stages, plan.split, path == RADIANCE_W4A8_WGMMA ? rep + 1 : 0u);
+					 plan.wk, plan.ntw, plan.cg, plan.stages, plan.split,
+					 path == RADIANCE_W4A8_WGMMA || path == RADIANCE_W4A8_WGMMA_EXACT ? rep + 1 : 0u);
 				size_t touched = 0;
 				for (size_t i = (size_t)m * n; i < (size_t)(m + pad) * n; i++)
 					touched += y[i] != 0x7FC1;
@@ -789,7 +796,8 @@ static int y_rows_run(const struct radiance__w4a8_args *plain, const uint16_t *y
  * to write several requests' y in place) on every path that takes them:
  * decode with the policy's split, a forced split (the last-block fixup),
  * the cp.async-ring kernel, the streaming kernel in several shapes (m <=
- * 16), tiled and portable. Each run bit for bit against the same plan with
+ * 16), tiled, portable and (sm_90a) the f16 wgmma kernel with the policy's
+ * split and a forced one. Each run bit for bit against the same plan with
  * plain y, whose result is against the CPU reference and the contract's
  * bound; n = 200 leaves a half tile and no 16-byte piece past the last
  * whole one, n = 100 (n % 8 != 0) takes the 2-byte stores. */
@@ -808,6 +816,7 @@ static int y_rows_shape(uint32_t n, uint32_t k)
 		{RADIANCE_W4A8_DECODE, 2, 1, 1, 1, 0}, {RADIANCE_W4A8_DECODE, 2, 2, 2, 2, 3},
 		{RADIANCE_W4A8_DECODE, 2, 4, 1, 3, 0}, {RADIANCE_W4A8_DECODE, 2, 1, 2, 2, 5},
 		{RADIANCE_W4A8_TILED, 0, 0, 0, 0, 0},  {RADIANCE_W4A8_PORTABLE, 0, 0, 0, 0, 0},
+		{RADIANCE_W4A8_WGMMA_EXACT, 0, 0, 0, 0, 0}, {RADIANCE_W4A8_WGMMA_EXACT, 0, 0, 0, 0, 3},
 	};
 	struct layer_data L;
 	int failures = 0;
@@ -839,6 +848,8 @@ static int y_rows_shape(uint32_t n, uint32_t k)
 				continue;
 			if (cfg[ci].kernel == 2 && m > 16)
 				continue;
+			if (cfg[ci].path == RADIANCE_W4A8_WGMMA_EXACT && (!dev.wgmma || k % 128))
+				continue;
 			const struct radiance__w4a8_settings set = {
 				.decode_kernel = cfg[ci].kernel, .decode_ntw = cfg[ci].ntw, .decode_cg = cfg[ci].cg,
 				.decode_stages = cfg[ci].stages,
@@ -851,7 +862,9 @@ static int y_rows_shape(uint32_t n, uint32_t k)
 			};
 			struct radiance__w4a8_plan plan;
 			assert_int_equal(radiance__w4a8_plan(&dev, &a, &plan), 0);
-			assert_int_equal(plan.order, RADIANCE_CODES_NATURAL);
+			assert_int_equal(plan.order, plan.path == RADIANCE_W4A8_WGMMA_EXACT ? RADIANCE_CODES_WGMMA
+											    : RADIANCE_CODES_NATURAL);
+			assert_int_equal(radiance__gpu_quant(dx, dt, m, k, plan.order, dc, ds, stream), 0);
 			assert_int_equal(radiance__gpu_memset_async(dy, 0xFF, (size_t)m * n * 2, stream), 0);
 			assert_int_equal(radiance__w4a8_gemm(&dev, &a, stream), 0);
 			assert_int_equal(radiance__gpu_stream_sync(stream), 0);
@@ -871,7 +884,7 @@ static int y_rows_shape(uint32_t n, uint32_t k)
 				failures += y_rows_run(&a, y, parts[mi], nparts[mi], mis, what);
 			}
 		}
-		/* refused: more rows than the table holds, and the wgmma path */
+		/* refused: more rows than the table holds, and the fp8 wgmma path */
 		uint16_t *rowp[RADIANCE_W4A8_Y_ROWS_MAX + 1];
 		for (uint32_t r = 0; r <= RADIANCE_W4A8_Y_ROWS_MAX; r++)
 			rowp[r] = dy;
@@ -1802,16 +1815,18 @@ static void test_checkpoint_layers(void **state)
 			max_m = (uint32_t)t->shape[0];
 	}
 	/* pass 0: the defaults (decode for these m <= 64);
-	 * pass 1 where wgmma runs: prefill = fast (what auto picks there) with
-	 * the decode band cut to 16 rows, so every layer's launch is the fp8
-	 * wgmma kernel */
+	 * passes 1 and 2 where wgmma runs, with the decode band cut to 16 rows:
+	 * prefill = fast (what auto picks there), so every layer's launch is
+	 * the fp8 wgmma kernel, then prefill = exact (the f16 wgmma kernel
+	 * above m = 64, the tiled one below) */
 	size_t checked = 0, failed = 0;
-	for (int pass = 0; pass < (dev.wgmma ? 2 : 1); pass++) {
+	for (int pass = 0; pass < (dev.wgmma ? 3 : 1); pass++) {
 		struct radiance_backend_options opt = {.kind = "gpu", .max_rows = max_m,
 						       .max_decode_rows = pass ? 16 : 64, .max_n = max_n,
 						       .max_k = max_k,
-						       .prefill = pass ? RADIANCE_BACKEND_PREFILL_FAST
-								       : RADIANCE_BACKEND_PREFILL_AUTO};
+						       .prefill = pass == 1   ? RADIANCE_BACKEND_PREFILL_FAST
+								  : pass == 2 ? RADIANCE_BACKEND_PREFILL_EXACT
+									      : RADIANCE_BACKEND_PREFILL_AUTO};
 		struct radiance_backend *be = NULL;
 		assert_int_equal(radiance_backend_create(&opt, &be, err, sizeof err), 0);
 		for (size_t i = 0; i < model->n_layers; i++) {
@@ -1837,15 +1852,15 @@ static void test_checkpoint_layers(void **state)
 			char what[600];
 			snprintf(what, sizeof what, "checkpoint %s (%s %ux%u, m=%u, %s)", l->name,
 				 l->kind == RADIANCE_LAYER_W4A8 ? "w4a8" : "bf16", l->n, l->k, m,
-				 pass ? "prefill fast" : "defaults");
+				 pass == 1 ? "prefill fast" : pass == 2 ? "prefill exact" : "defaults");
 			if (l->kind == RADIANCE_LAYER_W4A8) {
 				for (uint32_t q = 0; q < m; q++)
 					s[q] = radiance_quant_row_e4m3(x + (size_t)q * l->k, RADIANCE_DTYPE_BF16, l->k,
 								       codes + (size_t)q * l->k);
 				radiance_cpu_w4a8_gemm(codes, s, m, l->qweight, l->scales, l->bias, l->n, l->k, ref);
 				failed += check_bound(what, codes, s, l->qweight, l->scales, l->bias, m, l->n, l->k,
-						      pass ? RADIANCE_ACC_FP8_SM90 : RADIANCE_ACC_FP32, y, ref) != 0;
-				if (!pass)
+						      pass == 1 ? RADIANCE_ACC_FP8_SM90 : RADIANCE_ACC_FP32, y, ref) != 0;
+				if (pass != 1)
 					failed += compare(what, y, ref, m, l->n, 0) != 0;
 			} else {
 				radiance_cpu_bf16(x, RADIANCE_DTYPE_BF16, m, l->weight, l->bias, l->n, l->k, ref);

@@ -261,12 +261,15 @@ static size_t check_model(struct radiance_gpu_model *g, const struct radiance_mo
 			const enum radiance_dtype dt = ((li + mi) & 1) ? RADIANCE_DTYPE_FP16 : RADIANCE_DTYPE_BF16;
 			fill(x, (size_t)m * l->k, dt);
 			reference(l, x, dt, m, ref);
-			enum radiance__w4a8_path paths[3] = { RADIANCE_W4A8_AUTO, RADIANCE_W4A8_AUTO, RADIANCE_W4A8_AUTO };
+			enum radiance__w4a8_path paths[4] = { RADIANCE_W4A8_AUTO, RADIANCE_W4A8_AUTO, RADIANCE_W4A8_AUTO,
+							      RADIANCE_W4A8_AUTO };
 			size_t np = 1;
 			if (l->kind == RADIANCE_LAYER_W4A8 && (m == 1 || m == 65))
 				paths[np++] = RADIANCE_W4A8_PORTABLE;
-			if (l->kind == RADIANCE_LAYER_W4A8 && dev.wgmma && (m == 128 || m == 300))
+			if (l->kind == RADIANCE_LAYER_W4A8 && dev.wgmma && (m == 128 || m == 300)) {
 				paths[np++] = RADIANCE_W4A8_WGMMA;
+				paths[np++] = RADIANCE_W4A8_WGMMA_EXACT;
+			}
 			for (size_t pi = 0; pi < np; pi++) {
 				const char *path = "";
 				char what[400];

@@ -92,6 +92,8 @@ static void plan_str(char *buf, size_t len, const struct radiance__w4a8_plan *p)
 		snprintf(buf, len, "%s t%u wk%u s%u", pn[p->path], p->tok, p->wk, p->split);
 	else if (p->path == RADIANCE_W4A8_WGMMA)
 		snprintf(buf, len, "wgmma t%u", p->tok);
+	else if (p->path == RADIANCE_W4A8_WGMMA_EXACT)
+		snprintf(buf, len, "wgmma-exact t%u s%u", p->tok, p->split);
 	else
 		snprintf(buf, len, "%s", pn[p->path]);
 }
@@ -113,24 +115,24 @@ static const struct {
 } h200_plans[] = {
 	{16384, 5120, 1, "gemv t8 n1 c2 q2 s3"},   {16384, 5120, 4, "gemv t8 n1 c2 q2 s3"},
 	{16384, 5120, 8, "gemv t8 n1 c2 q2 s3"},   {16384, 5120, 16, "gemv t16 n1 c2 q2 s2"},
-	{16384, 5120, 32, "decode t32 wk1 s2"},    {16384, 5120, 64, "decode t64 wk1 s2"},
-	{16384, 5120, 256, "tiled t64 wk1 s1"},    {16384, 5120, 2048, "tiled t64 wk1 s1"},
+	{16384, 5120, 32, "decode t32 wk1 s2"},    {16384, 5120, 64, "wgmma-exact t64 s1"},
+	{16384, 5120, 256, "wgmma-exact t128 s1"},    {16384, 5120, 2048, "wgmma-exact t128 s1"},
 	{14336, 5120, 1, "gemv t8 n1 c2 q2 s4"},   {14336, 5120, 4, "gemv t8 n1 c2 q2 s4"},
 	{14336, 5120, 8, "gemv t8 n1 c2 q2 s4"},   {14336, 5120, 16, "gemv t16 n1 c2 q2 s2"},
-	{14336, 5120, 32, "decode t32 wk1 s2"},    {14336, 5120, 64, "decode t64 wk1 s2"},
-	{14336, 5120, 256, "tiled t64 wk1 s1"},    {14336, 5120, 2048, "tiled t64 wk1 s1"},
+	{14336, 5120, 32, "decode t32 wk1 s2"},    {14336, 5120, 64, "wgmma-exact t64 s1"},
+	{14336, 5120, 256, "wgmma-exact t128 s1"},    {14336, 5120, 2048, "wgmma-exact t128 s1"},
 	{5120, 6144, 1, "gemv t8 n1 c2 q2 s8"},    {5120, 6144, 4, "gemv t8 n1 c2 q2 s8"},
 	{5120, 6144, 8, "gemv t8 n1 c2 q2 s8"},    {5120, 6144, 16, "gemv t16 n1 c2 q2 s4"},
-	{5120, 6144, 32, "decode t32 wk2 s3"},     {5120, 6144, 64, "decode t64 wk2 s3"},
-	{5120, 6144, 256, "tiled t64 wk1 s1"},     {5120, 6144, 2048, "tiled t64 wk1 s1"},
+	{5120, 6144, 32, "decode t32 wk2 s3"},     {5120, 6144, 64, "wgmma-exact t64 s3"},
+	{5120, 6144, 256, "wgmma-exact t128 s1"},     {5120, 6144, 2048, "wgmma-exact t128 s1"},
 	{34816, 5120, 1, "gemv t8 n1 c2 q2 s1"},   {34816, 5120, 4, "gemv t8 n1 c2 q2 s1"},
 	{34816, 5120, 8, "gemv t8 n1 c2 q2 s1"},   {34816, 5120, 16, "gemv t16 n2 c2 q2 s1"},
-	{34816, 5120, 32, "decode t32 wk1 s3"},    {34816, 5120, 64, "decode t64 wk1 s2"},
-	{34816, 5120, 256, "tiled t64 wk1 s1"},    {34816, 5120, 2048, "tiled t64 wk1 s1"},
+	{34816, 5120, 32, "decode t32 wk1 s3"},    {34816, 5120, 64, "wgmma-exact t64 s1"},
+	{34816, 5120, 256, "wgmma-exact t128 s1"},    {34816, 5120, 2048, "wgmma-exact t128 s1"},
 	{5120, 17408, 1, "gemv t8 n1 c2 q2 s8"},   {5120, 17408, 4, "gemv t8 n1 c2 q2 s8"},
 	{5120, 17408, 8, "gemv t8 n1 c2 q2 s8"},   {5120, 17408, 16, "gemv t16 n1 c2 q2 s6"},
-	{5120, 17408, 32, "decode t32 wk1 s6"},    {5120, 17408, 64, "decode t64 wk2 s3"},
-	{5120, 17408, 256, "tiled t64 wk1 s1"},    {5120, 17408, 2048, "tiled t64 wk1 s1"},
+	{5120, 17408, 32, "decode t32 wk1 s6"},    {5120, 17408, 64, "wgmma-exact t64 s3"},
+	{5120, 17408, 256, "wgmma-exact t128 s1"},    {5120, 17408, 2048, "wgmma-exact t128 s1"},
 };
 
 static void h200_27b_shapes(void **state)
@@ -183,16 +185,69 @@ static void h200_fast_prefill(void **state)
 	a = args(2048, 16384, 5120);
 	a.settings = &t96;
 	expect(&d, &a, "wgmma t96");
-	/* exact (the default) keeps the f16 tensor cores; forcing wgmma where it
-	 * is not built falls back to them */
+	/* exact (the planner's default) is the f16 wgmma kernel above m = 64,
+	 * in the codes' WGMMA order, 128 tokens a block whatever the tile
+	 * setting; the tiled f16 HMMA kernel below that (a band edge moved by
+	 * max_decode_rows) and wherever wgmma is not built, also when either
+	 * wgmma path is forced there */
 	a = args(256, 5120, 17408);
-	expect(&d, &a, "tiled t64 wk1 s1");
+	expect(&d, &a, "wgmma-exact t128 s1");
+	assert_int_equal(radiance__w4a8_plan(&d, &a, &p), 0);
+	assert_int_equal(p.order, RADIANCE_CODES_WGMMA);
+	a = args(2048, 16384, 5120);
+	const struct radiance__w4a8_settings x96 = {.prefill = RADIANCE_PREFILL_EXACT, .wgmma_tile = 96};
+	a.settings = &x96;
+	expect(&d, &a, "wgmma-exact t128 s1");
+	a = args(65, 5120, 6144);
+	expect(&d, &a, "wgmma-exact t128 s3");   /* one token block: split-K */
+	a = args(40, 5120, 6144);
+	a.max_decode_rows = 32;
+	expect(&d, &a, "wgmma-exact t64 s3");
+	a.settings = &fast;
+	expect(&d, &a, "wgmma-exact t64 s3");   /* fp8 wgmma only above m = 64 */
+	a = args(20, 5120, 6144);
+	a.max_decode_rows = 16;
+	expect(&d, &a, "tiled t32 wk2 s3");      /* m <= 32 past the band: the tiled kernel */
+	a.settings = &fast;
+	expect(&d, &a, "wgmma t128");
+	a = args(256, 5120, 17408);
 	struct radiance__gpu_device nowg = d;
 	nowg.wgmma = 0;
+	expect(&nowg, &a, "tiled t64 wk1 s1");
 	a.settings = &fast;
 	expect(&nowg, &a, "tiled t64 wk1 s1");
 	a.path = RADIANCE_W4A8_WGMMA;
 	expect(&nowg, &a, "tiled t64 wk1 s1");
+	a.path = RADIANCE_W4A8_WGMMA_EXACT;
+	expect(&nowg, &a, "tiled t64 wk1 s1");
+	expect(&d, &a, "wgmma-exact t128 s1");   /* forced: whatever prefill says */
+	/* forced into the band, one token block: K split over 3 blocks so that
+	 * 40 columns of 128 rows fill 120 of the 132 SMs; 128 columns do not
+	 * split; the partials cap the split (S m n fp32 <= partials_bytes);
+	 * a forced split is taken as it is, up to G; no split without the
+	 * scratch */
+	a = args(64, 5120, 6144);
+	a.path = RADIANCE_W4A8_WGMMA_EXACT;
+	expect(&d, &a, "wgmma-exact t64 s3");
+	a = args(17, 5120, 17408);
+	a.path = RADIANCE_W4A8_WGMMA_EXACT;
+	expect(&d, &a, "wgmma-exact t64 s3");
+	a = args(64, 16384, 5120);
+	a.path = RADIANCE_W4A8_WGMMA_EXACT;
+	expect(&d, &a, "wgmma-exact t64 s1");
+	a = args(100, 5120, 17408);
+	a.partials_bytes = radiance__w4a8_partials_bytes(64, 5120);
+	expect(&d, &a, "wgmma-exact t128 s2");
+	a.split = 7;
+	expect(&d, &a, "wgmma-exact t128 s2");
+	a.partials_bytes = radiance__w4a8_partials_bytes(64, 65536);
+	expect(&d, &a, "wgmma-exact t128 s7");
+	a = args(64, 200, 640);
+	a.path = RADIANCE_W4A8_WGMMA_EXACT;
+	a.split = 9;
+	expect(&d, &a, "wgmma-exact t64 s5");
+	a.partials = NULL;
+	expect(&d, &a, "wgmma-exact t64 s1");
 }
 
 /* auto and fast get the wgmma kernel where it runs, exact elsewhere and
@@ -316,7 +371,10 @@ static void h200_minilm(void **state)
 	struct radiance__w4a8_plan p;
 	for (int i = 0; i < 2; i++) {
 		a = args(512, i ? 1536 : 384, 384);
-		assert_int_equal(radiance__w4a8_plan(&d, &a, &p), 0);
+		expect(&d, &a, "wgmma-exact t128 s1");
+		struct radiance__gpu_device nowg = d;
+		nowg.wgmma = 0;
+		assert_int_equal(radiance__w4a8_plan(&nowg, &a, &p), 0);
 		assert_int_equal(p.path, RADIANCE_W4A8_TILED);
 		assert_int_equal(p.tok, 64);
 		assert_int_equal(p.split, 1);
@@ -393,6 +451,7 @@ static void overrides(void **state)
 	/* a forced split on the matrix-core kernel, even below 4 groups a warp */
 	a = args(33, 200, 640);
 	a.split = 3;
+	a.path = RADIANCE_W4A8_DECODE;
 	expect(&d, &a, "decode t64 wk1 s3");
 	/* no partials: no global split */
 	a = args(1, 72, 4096);
@@ -411,12 +470,16 @@ static void overrides(void **state)
 	assert_int_equal(p.path, RADIANCE_W4A8_TILED);
 	assert_int_equal(p.tok, 64);
 	assert_int_equal(p.split, 1);
-	/* max_decode_rows moves the band's edge */
-	a = args(40, 5120, 6144);
-	a.max_decode_rows = 32;
+	/* max_decode_rows moves the band's edge (m = 17..32: the tiled kernel
+	 * past it, the f16 wgmma kernel from m = 33 either way) */
+	a = args(24, 5120, 6144);
+	a.max_decode_rows = 16;
 	assert_int_equal(radiance__w4a8_plan(&d, &a, &p), 0);
 	assert_int_equal(p.path, RADIANCE_W4A8_TILED);
-	assert_int_equal(p.tok, 64);
+	assert_int_equal(p.tok, 32);
+	a.max_decode_rows = 32;
+	assert_int_equal(radiance__w4a8_plan(&d, &a, &p), 0);
+	assert_int_equal(p.path, RADIANCE_W4A8_DECODE);
 }
 
 static void edge_cases(void **state)
@@ -446,6 +509,8 @@ static void edge_cases(void **state)
 	a = args(1, 16, 128);
 	expect(&d, &a, "gemv t8 n1 c2 q2 s1");
 	a = args(64, 16, 128);
+	expect(&d, &a, "wgmma-exact t64 s1");
+	a.path = RADIANCE_W4A8_DECODE;
 	expect(&d, &a, "decode t64 wk1 s1");
 	/* sizes of the device arrays: 16-row tiles of 1 KiB and 32 B per group */
 	assert_int_equal(radiance__w4a8_weight_bytes(17, 256), 2 * 2 * 1024);
@@ -476,12 +541,13 @@ static void invariants(void **state)
 					struct radiance__w4a8_plan p;
 					assert_int_equal(radiance__w4a8_plan(&devs[di], &a, &p), 0);
 					plans++;
-					assert_int_equal(p.order, p.path == RADIANCE_W4A8_WGMMA ? RADIANCE_CODES_WGMMA
-												: RADIANCE_CODES_NATURAL);
-					if (m <= 64)
+					assert_int_equal(p.order, p.path == RADIANCE_W4A8_WGMMA_EXACT ? RADIANCE_CODES_WGMMA
+												      : RADIANCE_CODES_NATURAL);
+					if (m <= 32 || (m <= 64 && !devs[di].wgmma))
 						assert_int_equal(p.path, RADIANCE_W4A8_DECODE);
 					else
-						assert_int_equal(p.path, RADIANCE_W4A8_TILED);
+						assert_int_equal(p.path, devs[di].wgmma ? RADIANCE_W4A8_WGMMA_EXACT
+											: RADIANCE_W4A8_TILED);
 					assert_true(p.split >= 1 && p.wk >= 1);
 					if (p.split > 1) {
 						assert_true((uint64_t)p.split * m <= RADIANCE_W4A8_SPLIT_ROWS);
@@ -494,6 +560,10 @@ static void invariants(void **state)
 					if (p.ntw) {
 						assert_true(m <= 16);
 						assert_true(p.stages >= 1 && p.stages <= RADIANCE_W4A8_GEMV_MAX_STAGES);
+					} else if (p.path == RADIANCE_W4A8_WGMMA_EXACT) {
+						assert_int_equal(p.tok, m <= 64 ? 64 : 128);
+						assert_true(p.split == 1 || m <= p.tok);
+						assert_true(p.split * ((n + 127) / 128) <= 132 || p.split == 1);
 					} else {
 						assert_true(p.tok >= m || p.tok == 64);
 						assert_true(p.tok >= (devs[di].vendor[0] == 'h' ? 16u : 8u));
