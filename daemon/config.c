@@ -140,8 +140,8 @@ static const struct setting settings[] = {
 	  "GPU: W4A8 launches above decode_rows: exact (f16 tensor cores, fp32 "
 	  "accumulation, within one bf16 step of the definition), fast (sm_90a fp8 "
 	  "wgmma, Hopper's ~14-bit accumulation: within the bound of docs/numerics.md; "
-	  "exact where there is no wgmma) or auto (fast where the wgmma kernel runs, "
-	  "else exact) (auto)" },
+	  "exact where there is no wgmma, and for launches of up to 64 rows) or auto "
+	  "(fast where the wgmma kernel runs, else exact) (auto)" },
 	{ "wgmma_tile", 502, "TOKENS", V_CHOICE, OFF(wgmma_tile), 0, 0,
 	  "GPU, prefill = fast: tokens per wgmma block: auto (96 where 128 leaves SMs "
 	  "idle, else 128), 128 or 96 (auto)" },
