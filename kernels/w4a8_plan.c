@@ -285,8 +285,9 @@ int radiance__w4a8_plan(const struct radiance__gpu_device *dev, const struct rad
 	/* Where wgmma is built, the f16 wgmma kernel also takes the top of the
 	 * band, m = 33..64, whatever prefill says (exact, and on the H200 1.3-2.6x
 	 * faster than the decode kernel's 64-token tiles at m = 64 and faster than
-	 * the fp8 wgmma kernel there; even with the 32-token tiles at m = 32,
-	 * bench/results/w4a8-2026-12-03-h200.md); fp8 wgmma only above m = 64. */
+	 * the fp8 wgmma kernel there; at m = 32 the decode kernel's 32-token
+	 * tiles are as fast, so m <= 32 keeps them: bench/results/
+	 * w4a8-2026-12-03-h200-exact.md); fp8 wgmma only above m = 64. */
 	if (path == RADIANCE_W4A8_AUTO) {
 		const int band = a->m <= maxdec && a->m <= 64;
 		if (!dev->fp8_mma)
@@ -295,10 +296,9 @@ int radiance__w4a8_plan(const struct radiance__gpu_device *dev, const struct rad
 			path = RADIANCE_W4A8_WGMMA_EXACT;
 		else if (band)
 			path = RADIANCE_W4A8_DECODE;
-		else
-			path = !dev->wgmma ? RADIANCE_W4A8_TILED
-			       : st->prefill == RADIANCE_PREFILL_FAST ? RADIANCE_W4A8_WGMMA
-								       : RADIANCE_W4A8_TILED;   /* m <= 32 */
+		else   /* m <= 32 past a lowered band edge stays exact too */
+			path = dev->wgmma && st->prefill == RADIANCE_PREFILL_FAST && a->m > 64 ? RADIANCE_W4A8_WGMMA
+											       : RADIANCE_W4A8_TILED;
 	}
 	if (path == RADIANCE_W4A8_DECODE && a->m > 64)
 		path = RADIANCE_W4A8_TILED;

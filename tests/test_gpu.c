@@ -1816,9 +1816,10 @@ static void test_checkpoint_layers(void **state)
 	}
 	/* pass 0: the defaults (decode for these m <= 64);
 	 * passes 1 and 2 where wgmma runs, with the decode band cut to 16 rows:
-	 * prefill = fast (what auto picks there), so every layer's launch is
-	 * the fp8 wgmma kernel, then prefill = exact (the f16 wgmma kernel
-	 * above m = 64, the tiled one below) */
+	 * prefill = fast (what auto picks there: the fp8 wgmma kernel for
+	 * launches above 64 rows, the exact kernels below, all within the fp8
+	 * bound), then prefill = exact (the f16 wgmma kernel from m = 33, the
+	 * tiled one for m = 17..32) */
 	size_t checked = 0, failed = 0;
 	for (int pass = 0; pass < (dev.wgmma ? 3 : 1); pass++) {
 		struct radiance_backend_options opt = {.kind = "gpu", .max_rows = max_m,
