@@ -592,20 +592,17 @@ int main(int argc, char **argv)
 					printf("  wgmma: %.2f us (128-token tiles %.2f us, 96-token tiles %.2f us)\n", r->us_wgmma,
 					       v1, v2);
 				}
-				c.path = RADIANCE_W4A8_AUTO;
-			}
-			/* the f16 wgmma kernel forced into the decode band (M = 32, 64),
-			 * with its own split-K */
-			if (c.m >= 32 && dev.wgmma && plan.path != RADIANCE_W4A8_WGMMA_EXACT) {
-				c.path = RADIANCE_W4A8_WGMMA_EXACT;
-				struct radiance__w4a8_args ax = args_for(&c, 0);
-				struct radiance__w4a8_plan px;
-				radiance__w4a8_plan(&dev, &ax, &px);
-				plan_str(r->plan_exact, sizeof r->plan_exact, &px);
-				GCHECK(radiance__gpu_quant(c.x, RADIANCE_DTYPE_BF16, c.m, sh->k, RADIANCE_CODES_WGMMA, c.codes,
-							  c.s, stream));
-				r->us_wgmma_exact = time_us(run_gemm, &c);
-				printf("  %s (forced): %.2f us\n", r->plan_exact, r->us_wgmma_exact);
+				/* the f16 wgmma kernel (the same code order) forced where
+				 * the plan is another, with its own split-K */
+				if (plan.path != RADIANCE_W4A8_WGMMA_EXACT) {
+					c.path = RADIANCE_W4A8_WGMMA_EXACT;
+					struct radiance__w4a8_args ax = args_for(&c, 0);
+					struct radiance__w4a8_plan px;
+					radiance__w4a8_plan(&dev, &ax, &px);
+					plan_str(r->plan_exact, sizeof r->plan_exact, &px);
+					r->us_wgmma_exact = time_us(run_gemm, &c);
+					printf("  %s (forced): %.2f us\n", r->plan_exact, r->us_wgmma_exact);
+				}
 				c.path = RADIANCE_W4A8_AUTO;
 			}
 			/* where exact prefill is the f16 wgmma kernel, the tiled f16

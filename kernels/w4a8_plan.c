@@ -258,7 +258,6 @@ static void plan_wgmma_exact(const struct radiance__gpu_device *dev, const struc
 		if (!a->split)
 			S = S > G / 4 ? G / 4 : S;
 		S = S > G ? G : S;
-		S = S < 1 ? 1 : S;
 		if ((size_t)S * a->m * a->n * sizeof(float) > a->partials_bytes)
 			S = (uint32_t)(a->partials_bytes / ((size_t)a->m * a->n * sizeof(float)));
 		S = S < 1 ? 1 : S;

@@ -112,7 +112,7 @@ struct radiance__w4a8_plan {
 	enum radiance__w4a8_path path;
 	enum radiance__codes_order order;   /* the codes this path reads */
 	uint32_t tok;              /* tokens per warp tile (8..64); wgmma: per block (128 or 96;
-	                              wgmma-exact 128) */
+	                              wgmma-exact 64 or 128) */
 	uint32_t wk;               /* warps of a block splitting K (1,2,4,8) */
 	uint32_t split;            /* blocks splitting K (global split-K) */
 	uint32_t ntw;              /* decode: 0 the cp.async-ring kernel; else the

@@ -178,18 +178,28 @@ __device__ __forceinline__ void wg_load_stage(const wg_ctx &c, uint32_t gi)
 		cp_async16(base + WG_ACT(BT) + c.s_dst, c.sc + (size_t)gi * c.s_gstride);
 }
 
+/* This warp's words of group gi from its stage: row g's (w0) and row
+ * g + 8's (w1) of lane (g, t), and the packed f16 scales of both (sv). */
+template <int BT>
+__device__ __forceinline__ void wg_weights(const wg_ctx &c, uint32_t gi, uint32_t warp, uint32_t lane,
+					   uint32_t (&w0)[4], uint32_t (&w1)[4], uint32_t &sv)
+{
+	const uint8_t *st = c.smem + (gi % WG_STAGES) * WG_STAGE(BT) + WG_ACT(BT);
+	const rad_u4 wa = *(const rad_u4 *)(st + warp * RAD_TILE_BYTES + lane * 16);
+	const rad_u4 wb = *(const rad_u4 *)(st + warp * RAD_TILE_BYTES + 512 + lane * 16);
+	sv = *(const uint32_t *)(st + WG_W_BYTES + warp * RAD_SCALE_BYTES + (lane >> 2) * 4);
+	w0[0] = wa.x, w0[1] = wa.y, w0[2] = wa.z, w0[3] = wa.w;
+	w1[0] = wb.x, w1[1] = wb.y, w1[2] = wb.z, w1[3] = wb.w;
+}
+
 /* This warp's weights of group gi (from its stage) as wgmma A fragments,
  * and the two row scales (x 2^9) of its rows g and g + 8. */
 template <int BT>
 __device__ __forceinline__ void wg_unpack(const wg_ctx &c, uint32_t gi, uint32_t warp, uint32_t lane,
 					  uint32_t (&A)[4][4], float &slo, float &shi)
 {
-	const uint8_t *st = c.smem + (gi % WG_STAGES) * WG_STAGE(BT) + WG_ACT(BT);
-	const rad_u4 wa = *(const rad_u4 *)(st + warp * RAD_TILE_BYTES + lane * 16);
-	const rad_u4 wb = *(const rad_u4 *)(st + warp * RAD_TILE_BYTES + 512 + lane * 16);
-	const uint32_t sv = *(const uint32_t *)(st + WG_W_BYTES + warp * RAD_SCALE_BYTES + (lane >> 2) * 4);
-	const uint32_t w0[4] = {wa.x, wa.y, wa.z, wa.w};
-	const uint32_t w1[4] = {wb.x, wb.y, wb.z, wb.w};
+	uint32_t w0[4], w1[4], sv;
+	wg_weights<BT>(c, gi, warp, lane, w0, w1, sv);
 #pragma unroll
 	for (int j = 0; j < 4; j++) {
 		rad_unpack8(w0[j], A[j][0], A[j][2]);
@@ -252,6 +262,14 @@ __device__ __forceinline__ void wg_step(const wg_ctx &c, uint32_t gi, uint32_t w
 	wgmma_wait<1>();
 	wg_scale_add<BT>(acc, p_prev, prev_lo, prev_hi);
 }
+/* Accumulator i of lane's thread in warp tile nt (wgmma m64nN f32 D): the
+ * weight row and the token within the block. */
+__device__ __forceinline__ void wg_acc_coord(int i, uint32_t nt, uint32_t lane, uint32_t &row, uint32_t &tok)
+{
+	row = nt * 16u + (lane >> 2) + 8u * ((uint32_t)(i & 3) >> 1);
+	tok = (uint32_t)(i >> 2) * 8u + 2u * (lane & 3u) + (uint32_t)(i & 1);
+}
+
 /* The epilogue: y = bf16(acc * s[token] + bias[row]) for warp tile nt's
  * rows (16 of them) and the block's tokens tok0.., within m x n. */
 template <int BT>
@@ -260,11 +278,11 @@ __device__ __forceinline__ void wg_store(const float (&acc)[BT / 2], const float
 {
 	if (nt * 16u >= n)
 		return;
-	const uint32_t g = lane >> 2, t4 = lane & 3u;
 #pragma unroll
 	for (int i = 0; i < BT / 2; i++) {
-		const uint32_t row = nt * 16u + g + 8u * ((uint32_t)(i & 3) >> 1);
-		const uint32_t tok = tok0 + (uint32_t)(i >> 2) * 8u + 2u * t4 + (uint32_t)(i & 1);
+		uint32_t row, tok;
+		wg_acc_coord(i, nt, lane, row, tok);
+		tok += tok0;
 		if (row < n && tok < m) {
 			const float b = bias ? bias[row] : 0.0f;
 			y[(size_t)tok * n + row] = (uint16_t)rad_bf16_from_f32(__fadd_rn(__fmul_rn(acc[i], s[tok]), b));
@@ -397,12 +415,8 @@ template <int BT>
 __device__ __forceinline__ void wgx_unpack(const wg_ctx &c, uint32_t gi, uint32_t warp, uint32_t lane,
 					   uint32_t (&A)[8][4], float &slo, float &shi)
 {
-	const uint8_t *st = c.smem + (gi % WG_STAGES) * WG_STAGE(BT) + WG_ACT(BT);
-	const rad_u4 wa = *(const rad_u4 *)(st + warp * RAD_TILE_BYTES + lane * 16);
-	const rad_u4 wb = *(const rad_u4 *)(st + warp * RAD_TILE_BYTES + 512 + lane * 16);
-	const uint32_t sv = *(const uint32_t *)(st + WG_W_BYTES + warp * RAD_SCALE_BYTES + (lane >> 2) * 4);
-	const uint32_t w0[4] = {wa.x, wa.y, wa.z, wa.w};
-	const uint32_t w1[4] = {wb.x, wb.y, wb.z, wb.w};
+	uint32_t w0[4], w1[4], sv;
+	wg_weights<BT>(c, gi, warp, lane, w0, w1, sv);
 #pragma unroll
 	for (int j = 0; j < 4; j++) {
 		uint32_t hg[4], h8[4];
@@ -537,13 +551,14 @@ __global__ void __launch_bounds__(256, 1) rad_w4a8_wgmma_exact(const gemm_params
 	else
 		wg_scale_add<BT>(acc, p, s1lo, s1hi);
 	cp_async_wait<0>();
-	const uint32_t g = lane >> 2, t4 = lane & 3u, nt = nt0 + warp;
+	const uint32_t nt = nt0 + warp;
 	if (split == 1) {
 		/* y = bf16(acc * s + bias), row t at y_row(P, t) (y_rows too) */
 #pragma unroll
 		for (int i = 0; i < BT / 2; i++) {
-			const uint32_t row = nt * 16u + g + 8u * ((uint32_t)(i & 3) >> 1);
-			const uint32_t tok = tok0 + (uint32_t)(i >> 2) * 8u + 2u * t4 + (uint32_t)(i & 1);
+			uint32_t row, tok;
+			wg_acc_coord(i, nt, lane, row, tok);
+			tok += tok0;
 			if (row < P.n && tok < P.m)
 				y_row(P, tok)[row] = out_bf16(acc[i], P.s[tok], P.bias, row);
 		}
@@ -553,8 +568,8 @@ __global__ void __launch_bounds__(256, 1) rad_w4a8_wgmma_exact(const gemm_params
 	 * block of the 128-row column adds them up and stores y */
 #pragma unroll
 	for (int i = 0; i < BT / 2; i++) {
-		const uint32_t row = nt * 16u + g + 8u * ((uint32_t)(i & 3) >> 1);
-		const uint32_t tok = (uint32_t)(i >> 2) * 8u + 2u * t4 + (uint32_t)(i & 1);
+		uint32_t row, tok;   /* one token block: tok0 = 0 */
+		wg_acc_coord(i, nt, lane, row, tok);
 		if (row < P.n && tok < P.m)
 			P.partials[((size_t)blockIdx.z * P.m + tok) * P.n + row] = acc[i];
 	}

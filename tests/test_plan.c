@@ -226,15 +226,19 @@ static void h200_fast_prefill(void **state)
 	 * split; the partials cap the split (S m n fp32 <= partials_bytes);
 	 * a forced split is taken as it is, up to G; no split without the
 	 * scratch */
-	a = args(64, 5120, 6144);
-	a.path = RADIANCE_W4A8_WGMMA_EXACT;
-	expect(&d, &a, "wgmma-exact t64 s3");
-	a = args(17, 5120, 17408);
-	a.path = RADIANCE_W4A8_WGMMA_EXACT;
-	expect(&d, &a, "wgmma-exact t64 s3");
-	a = args(64, 16384, 5120);
-	a.path = RADIANCE_W4A8_WGMMA_EXACT;
-	expect(&d, &a, "wgmma-exact t64 s1");
+	static const struct {
+		uint32_t m, n, k;
+		const char *plan;
+	} forced[] = {
+		{64, 5120, 6144, "wgmma-exact t64 s3"},
+		{17, 5120, 17408, "wgmma-exact t64 s3"},
+		{64, 16384, 5120, "wgmma-exact t64 s1"},
+	};
+	for (size_t i = 0; i < sizeof forced / sizeof forced[0]; i++) {
+		a = args(forced[i].m, forced[i].n, forced[i].k);
+		a.path = RADIANCE_W4A8_WGMMA_EXACT;
+		expect(&d, &a, forced[i].plan);
+	}
 	a = args(100, 5120, 17408);
 	a.partials_bytes = radiance__w4a8_partials_bytes(64, 5120);
 	expect(&d, &a, "wgmma-exact t128 s2");
