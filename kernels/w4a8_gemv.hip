@@ -14,10 +14,14 @@
 /*
  * GEMV (decode, m <= 16, sm_90): the same swap-AB f16 MMAs as the kernel
  * above, organised for bytes in flight and few instructions per weight byte.
- * A block is GV_WARPS independent warps; each owns NTW adjacent n-tiles and
- * one split's K range. Its weight tiles and scale blocks stream through a
- * private ring of `stages` shared-memory slots, a slot holding CG consecutive
- * groups of its NTW tiles (NTW x CG KiB of weights), filled by 1-D
+ * A block is GV_WARPS independent warps in columns of wk (plan.wk: 1, 2 or
+ * 4); a column owns NTW adjacent n-tiles and one split's K range, which its
+ * wk warps share out, each its own part (their partials added in shared
+ * memory at the end, in warp order, so that a column's warps, and not
+ * global split-K, give most of the parallelism). A warp's weight tiles and
+ * scale blocks stream through a private ring of `stages` shared-memory
+ * slots, a slot holding CG consecutive groups of its NTW tiles (NTW x CG KiB
+ * of weights), filled by 1-D
  * bulk copies (TMA, one per tile and one per tile's scales: [n_tile][group]
  * makes a tile's groups contiguous) that complete on one mbarrier per slot.
  * No lane computes an address per 16 bytes and the ring costs no registers,
@@ -26,15 +30,17 @@
  * word into f16 pairs (lop3 magic number, the zero point in the f16
  * subtraction), and runs NT x NTW independent MMA chains (two per tile when
  * there are few), scaled in fp32 per group. Split-K partials and the
- * last-block fixup are those of the kernel above, per block column of
- * GV_WARPS x NTW tiles.
+ * last-block fixup are those of the kernel above, per block of GV_WARPS /
+ * wk x NTW tiles.
  */
 #define GV_WARPS RADIANCE_W4A8_GEMV_WARPS
 #define GV_THREADS (GV_WARPS * 32)
 #define GV_MAX_STAGES RADIANCE_W4A8_GEMV_MAX_STAGES
 #define GV_BAR_BYTES (GV_WARPS * GV_MAX_STAGES * 8)
 #define GV_SLOT(NTW, CG) ((uint32_t)(NTW) * (CG) * (RAD_TILE_BYTES + RAD_SCALE_BYTES))
-#define GV_MINB(TOK, NTW) ((TOK) / 8 * (NTW) >= 4 ? 3 : 4)
+/* resident blocks asked of the register allocator: 7 for the 8-token,
+ * one-tile instances (72 registers), the rest 3 or 4 */
+#define GV_MINB(TOK, NTW) ((TOK) == 8 && (NTW) == 1 ? 7 : (TOK) / 8 * (NTW) >= 4 ? 3 : 4)
 
 #define GV_FQ_ROWS RADIANCE_W4A8_FUSE_MAX_ROWS
 
@@ -98,7 +104,8 @@ __device__ __forceinline__ void gv_quant(const gemm_params &P, uint32_t g0, uint
 }
 
 template <int TOK, int NTW, int CG, int FQ>
-__global__ void __launch_bounds__(GV_THREADS, GV_MINB(TOK, NTW)) rad_w4a8_gemv(gemm_params P, uint32_t stages)
+__global__ void __launch_bounds__(GV_THREADS, GV_MINB(TOK, NTW)) rad_w4a8_gemv(gemm_params P, uint32_t stages,
+												  uint32_t wk)
 {
 	constexpr int NT = TOK / 8;                 /* 8-token tiles */
 	constexpr uint32_t GV_TILES = NTW * CG;      /* tile-groups per slot */
@@ -110,10 +117,15 @@ __global__ void __launch_bounds__(GV_THREADS, GV_MINB(TOK, NTW)) rad_w4a8_gemv(g
 	__shared__ float fq_s[FQ ? GV_FQ_ROWS : 1], fq_inv[FQ ? GV_FQ_ROWS : 1];
 	__shared__ uint32_t fq_nan[FQ ? GV_FQ_ROWS : 1], fq_red[FQ ? GV_WARPS : 1][GV_FQ_ROWS][2];
 	const uint32_t tid = RAD_TID(), lane = tid & 31u, warp = tid >> 5;
-	const uint32_t tile0 = (RAD_BID_X() * GV_WARPS + warp) * NTW;
+	/* wk warps (consecutive) share a column of NTW tiles, each a part of
+	 * the block's K range [gb0, gb0 + LB); the planner keeps every part
+	 * non-empty */
+	const uint32_t cols = GV_WARPS / wk, wcol = warp / wk, wsub = warp % wk;
+	const uint32_t tile0 = (RAD_BID_X() * cols + wcol) * NTW;
 	const uint32_t split = RAD_BID_Y(), nsplit = RAD_NBLK_Y();
 	const uint32_t G = P.groups;
-	const uint32_t g0 = G * split / nsplit, g1 = G * (split + 1) / nsplit;
+	const uint32_t gb0 = G * split / nsplit, LB = G * (split + 1) / nsplit - gb0;
+	const uint32_t g0 = gb0 + LB * wsub / wk, g1 = gb0 + LB * (wsub + 1) / wk;
 	const uint32_t L = g1 - g0;
 	const bool active = tile0 < P.ntiles;
 
@@ -164,7 +176,8 @@ __global__ void __launch_bounds__(GV_THREADS, GV_MINB(TOK, NTW)) rad_w4a8_gemv(g
 		rad_grid_wait();
 
 		/* fused: the codes of our K range, in shared memory after the
-		 * rings, made by this block's active warps (all with our K range) */
+		 * rings, made by this block's active warps (all with our K range:
+		 * never wk > 1) */
 		uint8_t *fcodes = dsmem + GV_BAR_BYTES + GV_WARPS * stages * SLOT;
 		const uint32_t fstride = L * RAD_GROUP + 16u;   /* +16: rows on other banks */
 		if constexpr (FQ != 0) {
@@ -307,14 +320,43 @@ __global__ void __launch_bounds__(GV_THREADS, GV_MINB(TOK, NTW)) rad_w4a8_gemv(g
 		rad_grid_wait();
 	}
 
+	/* wk > 1: the column's warps add their partials into its first warp's
+	 * (in wsub order), through their rings (every copy into them has
+	 * landed): [NTW][NT][4] floats a lane, lane-major */
+	const bool lead = wsub == 0;
+	if (wk > 1) {
+		float *mine = (float *)(dsmem + GV_BAR_BYTES + warp * stages * SLOT);
+		if (active && !lead)
+#pragma unroll
+			for (int j = 0; j < NTW; j++)
+#pragma unroll
+				for (int it = 0; it < NT; it++)
+#pragma unroll
+					for (int q = 0; q < 4; q++)
+						mine[((j * NT + it) * 4 + q) * 32 + lane] = acc[j][it][q];
+		RAD_SYNC();
+		if (active && lead)
+			for (uint32_t o = 1; o < wk; o++) {
+				const float *other = (const float *)(dsmem + GV_BAR_BYTES + (warp + o) * stages * SLOT);
+#pragma unroll
+				for (int j = 0; j < NTW; j++)
+#pragma unroll
+					for (int it = 0; it < NT; it++)
+#pragma unroll
+						for (int q = 0; q < 4; q++)
+							acc[j][it][q] += other[((j * NT + it) * 4 + q) * 32 + lane];
+			}
+		RAD_SYNC();
+	}
+
 	if (nsplit == 1) {
-		/* y through shared memory: each warp puts its bf16 outputs,
-		 * [token][NTW x 16 n], in its own ring (every copy into it has
-		 * landed), then the block stores whole 16-byte pieces of each
-		 * row, consecutive threads along n (y_store8) */
+		/* y through shared memory: each column's first warp puts its
+		 * bf16 outputs, [token][NTW x 16 n], in its own ring, then the
+		 * block stores whole 16-byte pieces of each row, consecutive
+		 * threads along n (y_store8) */
 		constexpr uint32_t WN = NTW * RAD_TILE_N;           /* n of a warp */
 		uint16_t *stg = (uint16_t *)(dsmem + GV_BAR_BYTES + warp * stages * SLOT);
-		if (active)
+		if (active && lead)
 #pragma unroll
 			for (int j = 0; j < NTW; j++)
 #pragma unroll
@@ -329,13 +371,14 @@ __global__ void __launch_bounds__(GV_THREADS, GV_MINB(TOK, NTW)) rad_w4a8_gemv(g
 								out_bf16(acc[j][it][q], FQ ? fq_s[t] : P.s[t], P.bias, n);
 					}
 		RAD_SYNC();
-		constexpr uint32_t PW = WN / 8, PB = GV_WARPS * PW;   /* pieces of a row: warp, block */
-		const uint32_t n0 = RAD_BID_X() * GV_WARPS * WN, mt = P.m < (uint32_t)TOK ? P.m : (uint32_t)TOK;
+		constexpr uint32_t PW = WN / 8;                      /* pieces of a row: column */
+		const uint32_t PB = cols * PW;                        /* and block */
+		const uint32_t n0 = RAD_BID_X() * cols * WN, mt = P.m < (uint32_t)TOK ? P.m : (uint32_t)TOK;
 		for (uint32_t idx = tid; idx < mt * PB; idx += GV_THREADS) {
 			const uint32_t t = idx / PB, c = idx % PB, nb = n0 + c * 8;
 			if (nb >= P.n)
 				continue;
-			const uint8_t *src = dsmem + GV_BAR_BYTES + (c / PW) * stages * SLOT +
+			const uint8_t *src = dsmem + GV_BAR_BYTES + (c / PW) * wk * stages * SLOT +
 					     (t * WN + c % PW * 8) * sizeof(uint16_t);
 			y_store8(P, t, nb, *(const rad_u4 *)src);
 		}
@@ -344,7 +387,7 @@ __global__ void __launch_bounds__(GV_THREADS, GV_MINB(TOK, NTW)) rad_w4a8_gemv(g
 
 	/* global split-K: partials [split][m][n]; the last block of this column
 	 * sums them in split order (deterministic) and writes y */
-	if (active)
+	if (active && lead)
 #pragma unroll
 		for (int j = 0; j < NTW; j++)
 #pragma unroll
@@ -365,7 +408,7 @@ __global__ void __launch_bounds__(GV_THREADS, GV_MINB(TOK, NTW)) rad_w4a8_gemv(g
 	if (!last_block)
 		return;
 	RAD_FENCE_DEVICE();
-	const uint32_t bn = GV_WARPS * NTW * RAD_TILE_N;
+	const uint32_t bn = cols * NTW * RAD_TILE_N;
 	splitk_fixup(P, RAD_BID_X() * bn, bn, nsplit, tid, GV_THREADS, FQ ? fq_s : P.s);
 	if (tid == 0)
 		P.counters[RAD_BID_X()] = 0;
@@ -406,7 +449,7 @@ static int gemv_occ(uint32_t stages)
 }
 
 template <int TOK, int NTW, int CG, int FQ>
-static void gemv_launch(const gemm_params &p, dim3 grid, uint32_t stages, hipStream_t st, int pdl)
+static void gemv_launch(const gemm_params &p, dim3 grid, uint32_t stages, uint32_t wk, hipStream_t st, int pdl)
 {
 	gemv_attr<TOK, NTW, CG, FQ>();
 	cudaLaunchConfig_t cfg = {};
@@ -425,10 +468,11 @@ static void gemv_launch(const gemm_params &p, dim3 grid, uint32_t stages, hipStr
 	cfg.stream = st;
 	cfg.attrs = attr;
 	cfg.numAttrs = pdl ? 1 : 0;
-	cudaLaunchKernelEx(&cfg, rad_w4a8_gemv<TOK, NTW, CG, FQ>, p, stages);
+	cudaLaunchKernelEx(&cfg, rad_w4a8_gemv<TOK, NTW, CG, FQ>, p, stages, wk);
 }
 
-typedef void (*gemv_launch_fn)(const gemm_params &p, dim3 grid, uint32_t stages, hipStream_t st, int pdl);
+typedef void (*gemv_launch_fn)(const gemm_params &p, dim3 grid, uint32_t stages, uint32_t wk, hipStream_t st,
+			       int pdl);
 
 /* the fused-quant launcher of an instance: 8-token tiles only */
 template <int TOK, int NTW, int CG>
@@ -501,10 +545,15 @@ int radiance__w4a8_gemv_launch(const gemm_params &p, const struct radiance__w4a8
 			       int pdl)
 {
 	const int i = gemv_find(plan.tok, plan.ntw, plan.cg);
-	if (i < 0 || plan.stages < 1 || plan.stages > GV_MAX_STAGES || (plan.fused && !gemv_insts[i].launch_fused))
+	/* wk warps of a block split K: 1, 2 or 4, never fused, every part of
+	 * every split's K range non-empty */
+	const uint32_t wk = plan.wk ? plan.wk : 1;
+	if (i < 0 || plan.stages < 1 || plan.stages > GV_MAX_STAGES || (plan.fused && !gemv_insts[i].launch_fused) ||
+	    GV_WARPS % wk || (wk > 1 && (plan.fused || (uint64_t)wk * plan.split > p.groups)))
 		return -EINVAL;
 	(plan.fused ? gemv_insts[i].launch_fused : gemv_insts[i].launch)(
-		p, dim3(ceil_div(p.ntiles, GV_WARPS * plan.ntw), plan.split, 1), plan.stages, (hipStream_t)stream, pdl);
+		p, dim3(ceil_div(p.ntiles, GV_WARPS / wk * plan.ntw), plan.split, 1), plan.stages, wk, (hipStream_t)stream,
+		pdl);
 	return radiance__gpu_check_launch("w4a8 gemv kernel");
 }
 

@@ -128,19 +128,23 @@ static int gemv_usable(const struct radiance__gpu_device *dev, const struct radi
 }
 
 /*
- * Streaming decode policy, fitted to the H200 sweep (bench_w4a8 --sweep,
- * docs/gpu.md): time is a DRAM-bound term plus a fixed cost; a shallow ring
- * (2 slots of 2 groups, 1 tile per warp) and one wave of as many warps as fit
- * are best, a second wave costs ~20%, and split-K partials (2 S m N 4 bytes)
- * cost as much as weights. So: 1 n-tile per warp (2 when those columns alone
- * exceed a wave), 2 groups per slot, 2 slots; the split S is the largest that
- * keeps one wave, at most 8, at least 4 groups per warp, with the partial
- * traffic under a fifth of the weights'. The settings' decode overrides (and
- * args.split) replace any of these.
+ * Streaming decode policy, fitted to the H200 sweeps (bench_w4a8 --sweep,
+ * docs/gpu.md "Warps splitting K"). Time is a DRAM-bound term plus what the
+ * warps cannot hide: a warp computes each slot it receives before it asks
+ * for the next, so the kernel wants many warps, and a global split-K costs
+ * its partials round trip and a serial tail (~2 us). So parallelism comes
+ * first from wk warps of a block splitting K (partials added in shared
+ * memory), then from a global split only while each warp keeps at least
+ * GV_SPLIT_GROUPS groups (GV_MIN_GROUPS where the blocks do not cover the
+ * SMs, or at wk = 1): the largest wk (4, 2, 1), with 1 n-tile per warp
+ * (else 2), whose blocks fit one wave; 2 groups per slot, 2 slots. The
+ * settings' decode overrides (and args.split) replace any of these.
  */
 #define GV_DEF_CG 2u
 #define GV_DEF_STAGES 2u
 #define GV_MAX_SPLIT 8u
+#define GV_MIN_GROUPS 4u      /* groups per warp, at least (else a smaller wk) */
+#define GV_SPLIT_GROUPS 16u   /* groups per warp a global split must leave */
 static void plan_gemv(const struct radiance__gpu_device *dev, const struct radiance__w4a8_args *a,
 		      const struct radiance__w4a8_settings *ovr, struct radiance__w4a8_plan *plan)
 {
@@ -151,28 +155,42 @@ static void plan_gemv(const struct radiance__gpu_device *dev, const struct radia
 	uint32_t st = ovr->decode_stages ? ovr->decode_stages : GV_DEF_STAGES;
 	st = st < 1 ? 1 : st > RADIANCE_W4A8_GEMV_MAX_STAGES ? RADIANCE_W4A8_GEMV_MAX_STAGES : st;
 	const uint32_t cg = ovr->decode_cg ? ovr->decode_cg : GV_DEF_CG;
-	/* the instance: the override's, else 1 tile per warp unless its
-	 * columns exceed one wave */
+	/* (wk, instance): the overrides', else the first in (wk 4, 2, 1) x
+	 * (ntw 1, 2) whose blocks fit one wave, else the last tried */
+	uint32_t wk_max = ovr->decode_wk ? ovr->decode_wk : 4u;
+	wk_max = wk_max >= 4 ? 4u : wk_max >= 2 ? 2u : 1u;
+	while (wk_max > 1 && G / wk_max < (ovr->decode_wk ? 1u : GV_MIN_GROUPS))
+		wk_max /= 2;
 	int inst = -1;
+	uint32_t wk = 1;
 	uint64_t cap = 0;
-	for (uint32_t ntw = 1; ntw <= 2 && inst < 0; ntw *= 2) {
-		const uint32_t n = ovr->decode_ntw ? ovr->decode_ntw : ntw;
-		const int i = gemv_find(tok, n, cg);
-		if (i < 0)
-			continue;
-		const int bps = dev->gemv_blocks((unsigned)i, st);
-		if (bps <= 0)
-			continue;
-		cap = (uint64_t)bps * sms;
-		if (ovr->decode_ntw || ntw == 2 || ceil_div(ntiles, RADIANCE_W4A8_GEMV_WARPS * n) <= cap)
-			inst = i;
+	for (uint32_t w = wk_max; w >= 1 && inst < 0; w /= 2) {
+		if (ovr->decode_wk && w != wk_max)
+			break;
+		for (uint32_t ntw = 1; ntw <= 2 && inst < 0; ntw *= 2) {
+			const uint32_t n = ovr->decode_ntw ? ovr->decode_ntw : ntw;
+			const int i = gemv_find(tok, n, cg);
+			if (i < 0)
+				continue;
+			const int bps = dev->gemv_blocks((unsigned)i, st);
+			if (bps <= 0)
+				continue;
+			const uint64_t c = (uint64_t)bps * sms;
+			const int last = (w == 1 || ovr->decode_wk) && (ntw == 2 || ovr->decode_ntw);
+			if (ceil_div(ntiles, RADIANCE_W4A8_GEMV_WARPS / w * n) <= c || last) {
+				inst = i;
+				wk = w;
+				cap = c;
+			}
+		}
 	}
 	if (inst < 0) {
 		inst = gemv_find(tok, 1, 2);
 		st = GV_DEF_STAGES;
 		cap = (uint64_t)sms;
+		wk = 1;
 	}
-	const uint32_t cols = ceil_div(ntiles, RADIANCE_W4A8_GEMV_WARPS * gemv_insts[inst].ntw);
+	const uint32_t cols = ceil_div(ntiles, RADIANCE_W4A8_GEMV_WARPS / wk * gemv_insts[inst].ntw);
 	uint32_t S = 1;
 	if (allow && a->split) {
 		S = a->split;
@@ -180,7 +198,11 @@ static void plan_gemv(const struct radiance__gpu_device *dev, const struct radia
 		const double wbytes = (double)a->n * a->k * 0.515625;
 		S = (uint32_t)(cap / cols);
 		S = S > GV_MAX_SPLIT ? GV_MAX_SPLIT : S;
-		S = S > G / 4 ? G / 4 : S;
+		/* down to GV_MIN_GROUPS a warp where the blocks do not cover
+		 * the SMs or no warps split K (the policy before wk, fitted to
+		 * its own sweep) */
+		const uint32_t per = cols < sms || wk == 1 ? GV_MIN_GROUPS : GV_SPLIT_GROUPS;
+		S = S > G / (per * wk) ? G / (per * wk) : S;
 		S = S > RADIANCE_W4A8_SPLIT_ROWS / m ? RADIANCE_W4A8_SPLIT_ROWS / m : S;
 		const uint32_t spart = (uint32_t)(0.2 * wbytes / (8.0 * m * a->n));
 		S = S > spart ? spart : S;
@@ -189,8 +211,11 @@ static void plan_gemv(const struct radiance__gpu_device *dev, const struct radia
 	if (S > 1 && (size_t)S * m * a->n * sizeof(float) > a->partials_bytes)
 		S = (uint32_t)(a->partials_bytes / ((size_t)m * a->n * sizeof(float)));
 	S = S < 1 ? 1 : S;
+	/* every warp's part of every split's K range non-empty */
+	while (wk > 1 && (uint64_t)wk * S > G)
+		wk /= 2;
 	plan->tok = tok;
-	plan->wk = 1;
+	plan->wk = wk;
 	plan->ntw = gemv_insts[inst].ntw;
 	plan->cg = gemv_insts[inst].cg;
 	plan->stages = st;
@@ -212,7 +237,7 @@ static uint32_t gemv_fuse(const struct radiance__w4a8_args *a, const struct radi
 {
 	int rows = st->decode_fuse_rows ? st->decode_fuse_rows : RADIANCE_W4A8_FUSE_ROWS;
 	rows = rows > RADIANCE_W4A8_FUSE_MAX_ROWS ? RADIANCE_W4A8_FUSE_MAX_ROWS : rows;
-	if (!a->x || rows <= 0 || a->m > (uint32_t)rows || plan->tok != 8 || ((uintptr_t)a->x & 15u) ||
+	if (!a->x || rows <= 0 || a->m > (uint32_t)rows || plan->tok != 8 || plan->wk > 1 || ((uintptr_t)a->x & 15u) ||
 	    (a->x_dtype != RADIANCE_DTYPE_BF16 && a->x_dtype != RADIANCE_DTYPE_FP16))
 		return 0;
 	const uint32_t G = a->k / GROUP;
@@ -326,8 +351,14 @@ int radiance__w4a8_plan(const struct radiance__gpu_device *dev, const struct rad
 	if (path != RADIANCE_W4A8_DECODE && path != RADIANCE_W4A8_TILED)
 		return 0;
 	if (path == RADIANCE_W4A8_DECODE && gemv_usable(dev, a, st)) {
-		plan_gemv(dev, a, st, plan);
+		/* fused quant (never with warps splitting K) where the settings
+		 * ask for it and it applies at wk = 1, else the policy */
+		struct radiance__w4a8_settings one = *st;
+		one.decode_wk = 1;
+		plan_gemv(dev, a, &one, plan);
 		plan->fused = gemv_fuse(a, st, plan);
+		if (!plan->fused)
+			plan_gemv(dev, a, st, plan);
 		return 0;
 	}
 	/* the smallest token tile that holds m (decode, and tiled m <= 64);

@@ -91,6 +91,9 @@ struct radiance__w4a8_settings {
 	 * and decode_stages slots (each 0: the policy's) */
 	int decode_kernel;
 	uint32_t decode_ntw, decode_cg, decode_stages;
+	/* the streaming kernel's warps of a block splitting K: 1, 2 or 4 (0:
+	 * the policy's); fewer where the K range is too short */
+	uint32_t decode_wk;
 	/* the streaming kernel quantizes args.x itself for m <= this many rows
 	 * (0: the policy's RADIANCE_W4A8_FUSE_ROWS, which is off; -1: never; at
 	 * most RADIANCE_W4A8_FUSE_MAX_ROWS) */
@@ -113,7 +116,8 @@ struct radiance__w4a8_plan {
 	enum radiance__codes_order order;   /* the codes this path reads */
 	uint32_t tok;              /* tokens per warp tile (8..64); wgmma: per block (128 or 96;
 	                              wgmma-exact 64 or 128) */
-	uint32_t wk;               /* warps of a block splitting K (1,2,4,8) */
+	uint32_t wk;               /* warps of a block splitting K (1,2,4,8; streaming
+	                              kernel 1,2,4: partials added in shared memory) */
 	uint32_t split;            /* blocks splitting K (global split-K) */
 	uint32_t ntw;              /* decode: 0 the cp.async-ring kernel; else the
 	                              bulk-copy streaming kernel with ntw n-tiles per warp */

@@ -413,15 +413,19 @@ static int run_shape(uint32_t n, uint32_t k, const uint32_t *ms, size_t nms, int
 				continue;
 			/* the decode path: the policy's split, then a forced 3-way split,
 			 * then each decode kernel in several of its launch shapes (the
-			 * streaming kernel serves m <= 16); the wgmma path in each of
-			 * its kernel variants */
+			 * streaming kernel serves m <= 16: its policy with warps
+			 * splitting K, then one warp per K range (wk 1) and 2 or 4
+			 * warps splitting K (another summation order: against the CPU
+			 * only)); the wgmma path in each of its kernel variants */
 			static const struct {
 				int kernel;
-				uint32_t ntw, cg, stages, split;
+				uint32_t ntw, cg, stages, split, wk;
 			} dec[] = {
-				{0, 0, 0, 0, 0}, {0, 0, 0, 0, 3}, {1, 0, 0, 0, 0}, {1, 0, 0, 0, 2},
-				{2, 1, 1, 1, 0}, {2, 1, 2, 2, 3}, {2, 1, 4, 3, 5}, {2, 2, 1, 2, 2},
-				{2, 2, 2, 1, 0}, {2, 4, 1, 3, 1}, {2, 2, 2, 8, 3}, {2, 1, 1, 5, 7},
+				{0, 0, 0, 0, 0, 0}, {0, 0, 0, 0, 3, 0}, {1, 0, 0, 0, 0, 0}, {1, 0, 0, 0, 2, 0},
+				{2, 1, 1, 1, 0, 1}, {2, 1, 2, 2, 3, 1}, {2, 1, 4, 3, 5, 1}, {2, 2, 1, 2, 2, 1},
+				{2, 2, 2, 1, 0, 1}, {2, 4, 1, 3, 1, 1}, {2, 2, 2, 8, 3, 1}, {2, 1, 1, 5, 7, 1},
+				{2, 1, 2, 2, 1, 2}, {2, 1, 2, 2, 3, 4}, {2, 2, 2, 2, 0, 2}, {2, 4, 1, 3, 2, 2},
+				{2, 1, 1, 5, 0, 4}, {2, 2, 1, 2, 2, 4}, {2, 1, 4, 3, 1, 4}, {2, 1, 2, 8, 1, 4},
 			};
 			const uint32_t ndec = m <= 16 ? sizeof dec / sizeof dec[0] : 4u;
 			const uint32_t reps = path == RADIANCE_W4A8_DECODE                                    ? ndec
@@ -437,6 +441,7 @@ static int run_shape(uint32_t n, uint32_t k, const uint32_t *ms, size_t nms, int
 				const struct radiance__w4a8_settings set = {
 					.decode_kernel = isdec ? dec[rep].kernel : 0, .decode_ntw = isdec ? dec[rep].ntw : 0,
 					.decode_cg = isdec ? dec[rep].cg : 0, .decode_stages = isdec ? dec[rep].stages : 0,
+					.decode_wk = isdec ? dec[rep].wk : 0,
 					.wgmma_tile = path == RADIANCE_W4A8_WGMMA ? (rep ? 96u : 128u) : 0u,
 				};
 				struct radiance__w4a8_args a = {
@@ -563,9 +568,11 @@ static void test_fused_quant(void **state)
 					const uint16_t *xr = x + (size_t)r0 * k;
 					const void *dxr = (const uint8_t *)dx + (size_t)r0 * k * 2;
 					radiance_cpu_w4a8(xr, dt, m, L.qweight, L.scales, L.bias, n, k, ref, scratch);
-					/* the policy's split, then a forced 3-way split */
+					/* the policy's split, then a forced 3-way split; the
+					 * unfused launch with one warp per K range, as the
+					 * fused kernel runs */
 					for (uint32_t force = 0; force <= 3; force += 3) {
-						struct radiance__w4a8_settings set = {.decode_fuse_rows = -1};
+						struct radiance__w4a8_settings set = {.decode_fuse_rows = -1, .decode_wk = 1};
 						struct radiance__w4a8_args a = {
 							.codes = dc, .s = ds, .m = m, .n = n, .k = k, .w = L.dw, .sc = L.ds,
 							.bias = L.dbias, .y = dy, .partials = partials,

@@ -32,7 +32,7 @@
 /* Registers per thread of each streaming-kernel instance, in the order of
  * RADIANCE_W4A8_GEMV_INSTANCES, as ptxas reported them for sm_90a (nvcc
  * 13.0, kernels/w4a8_gemv.hip; tools/gpu-compile-check.sh prints them). */
-static const unsigned gemv_regs[RADIANCE_W4A8_GEMV_NINST] = {71, 70, 71, 90, 92, 120, 96, 104, 102, 116, 118};
+static const unsigned gemv_regs[RADIANCE_W4A8_GEMV_NINST] = {71, 68, 70, 90, 92, 112, 102, 104, 106, 120, 122};
 static const unsigned gemv_ntw[RADIANCE_W4A8_GEMV_NINST] = {1, 1, 1, 2, 2, 4, 1, 1, 1, 2, 2};
 static const unsigned gemv_cg[RADIANCE_W4A8_GEMV_NINST] = {1, 2, 4, 1, 2, 1, 1, 2, 4, 1, 2};
 
@@ -87,7 +87,8 @@ static void plan_str(char *buf, size_t len, const struct radiance__w4a8_plan *p)
 {
 	static const char *pn[] = {"auto", "decode", "tiled", "wgmma", "portable"};
 	if (p->path == RADIANCE_W4A8_DECODE && p->ntw)
-		snprintf(buf, len, "gemv t%u n%u c%u q%u s%u", p->tok, p->ntw, p->cg, p->stages, p->split);
+		snprintf(buf, len, "gemv t%u n%u c%u q%u s%u%s", p->tok, p->ntw, p->cg, p->stages, p->split,
+			 p->wk == 2 ? " w2" : p->wk == 4 ? " w4" : "");
 	else if (p->path == RADIANCE_W4A8_DECODE || p->path == RADIANCE_W4A8_TILED)
 		snprintf(buf, len, "%s t%u wk%u s%u", pn[p->path], p->tok, p->wk, p->split);
 	else if (p->path == RADIANCE_W4A8_WGMMA)
@@ -108,29 +109,31 @@ static void expect(const struct radiance__gpu_device *d, const struct radiance__
 		fail_msg("%s %ux%u m=%u: planned '%s', expected '%s'", d->name, a->n, a->k, a->m, got, want);
 }
 
-/* bench/results/w4a8-2026-11-30.csv, columns shape, m, plan (H200) */
+/* The H200 plans: decode as bench/results/w4a8-2026-12-04-h200-wk.md's sweep
+ * found best (or within 5% of it: 34816x5120 at m = 1..8, w2 with 2 tiles a
+ * warp against w1 with 1), the band and prefill as w4a8-2026-12-03-h200-exact */
 static const struct {
 	uint32_t n, k, m;
 	const char *plan;
 } h200_plans[] = {
-	{16384, 5120, 1, "gemv t8 n1 c2 q2 s3"},   {16384, 5120, 4, "gemv t8 n1 c2 q2 s3"},
-	{16384, 5120, 8, "gemv t8 n1 c2 q2 s3"},   {16384, 5120, 16, "gemv t16 n1 c2 q2 s2"},
+	{16384, 5120, 1, "gemv t8 n2 c2 q2 s1 w4"},   {16384, 5120, 4, "gemv t8 n2 c2 q2 s1 w4"},
+	{16384, 5120, 8, "gemv t8 n2 c2 q2 s1 w4"},   {16384, 5120, 16, "gemv t16 n2 c2 q2 s1 w4"},
 	{16384, 5120, 32, "decode t32 wk1 s2"},    {16384, 5120, 64, "wgmma-exact t64 s1"},
 	{16384, 5120, 256, "wgmma-exact t128 s1"},    {16384, 5120, 2048, "wgmma-exact t128 s1"},
-	{14336, 5120, 1, "gemv t8 n1 c2 q2 s4"},   {14336, 5120, 4, "gemv t8 n1 c2 q2 s4"},
-	{14336, 5120, 8, "gemv t8 n1 c2 q2 s4"},   {14336, 5120, 16, "gemv t16 n1 c2 q2 s2"},
+	{14336, 5120, 1, "gemv t8 n1 c2 q2 s1 w4"},   {14336, 5120, 4, "gemv t8 n1 c2 q2 s1 w4"},
+	{14336, 5120, 8, "gemv t8 n1 c2 q2 s1 w4"},   {14336, 5120, 16, "gemv t16 n2 c2 q2 s1 w4"},
 	{14336, 5120, 32, "decode t32 wk1 s2"},    {14336, 5120, 64, "wgmma-exact t64 s1"},
 	{14336, 5120, 256, "wgmma-exact t128 s1"},    {14336, 5120, 2048, "wgmma-exact t128 s1"},
-	{5120, 6144, 1, "gemv t8 n1 c2 q2 s8"},    {5120, 6144, 4, "gemv t8 n1 c2 q2 s8"},
-	{5120, 6144, 8, "gemv t8 n1 c2 q2 s8"},    {5120, 6144, 16, "gemv t16 n1 c2 q2 s4"},
+	{5120, 6144, 1, "gemv t8 n1 c2 q2 s1 w4"},    {5120, 6144, 4, "gemv t8 n1 c2 q2 s1 w4"},
+	{5120, 6144, 8, "gemv t8 n1 c2 q2 s1 w4"},    {5120, 6144, 16, "gemv t16 n1 c2 q2 s1 w4"},
 	{5120, 6144, 32, "decode t32 wk2 s3"},     {5120, 6144, 64, "wgmma-exact t64 s3"},
 	{5120, 6144, 256, "wgmma-exact t128 s1"},     {5120, 6144, 2048, "wgmma-exact t128 s1"},
-	{34816, 5120, 1, "gemv t8 n1 c2 q2 s1"},   {34816, 5120, 4, "gemv t8 n1 c2 q2 s1"},
-	{34816, 5120, 8, "gemv t8 n1 c2 q2 s1"},   {34816, 5120, 16, "gemv t16 n2 c2 q2 s1"},
+	{34816, 5120, 1, "gemv t8 n2 c2 q2 s1 w2"},   {34816, 5120, 4, "gemv t8 n2 c2 q2 s1 w2"},
+	{34816, 5120, 8, "gemv t8 n2 c2 q2 s1 w2"},   {34816, 5120, 16, "gemv t16 n2 c2 q2 s1"},
 	{34816, 5120, 32, "decode t32 wk1 s3"},    {34816, 5120, 64, "wgmma-exact t64 s1"},
 	{34816, 5120, 256, "wgmma-exact t128 s1"},    {34816, 5120, 2048, "wgmma-exact t128 s1"},
-	{5120, 17408, 1, "gemv t8 n1 c2 q2 s8"},   {5120, 17408, 4, "gemv t8 n1 c2 q2 s8"},
-	{5120, 17408, 8, "gemv t8 n1 c2 q2 s8"},   {5120, 17408, 16, "gemv t16 n1 c2 q2 s6"},
+	{5120, 17408, 1, "gemv t8 n1 c2 q2 s2 w4"},   {5120, 17408, 4, "gemv t8 n1 c2 q2 s2 w4"},
+	{5120, 17408, 8, "gemv t8 n1 c2 q2 s2 w4"},   {5120, 17408, 16, "gemv t16 n1 c2 q2 s1 w4"},
 	{5120, 17408, 32, "decode t32 wk1 s6"},    {5120, 17408, 64, "wgmma-exact t64 s3"},
 	{5120, 17408, 256, "wgmma-exact t128 s1"},    {5120, 17408, 2048, "wgmma-exact t128 s1"},
 };
@@ -167,7 +170,7 @@ static void h200_fast_prefill(void **state)
 	expect(&d, &a, "wgmma t128");           /* 1 x 40 blocks either way */
 	a = args(16, 5120, 6144);
 	a.settings = &fast;
-	expect(&d, &a, "gemv t16 n1 c2 q2 s4");
+	expect(&d, &a, "gemv t16 n1 c2 q2 s1 w4");
 	struct radiance__w4a8_plan p;
 	assert_int_equal(radiance__w4a8_plan(&d, &a, &p), 0);
 	assert_int_equal(p.order, RADIANCE_CODES_NATURAL);
@@ -280,7 +283,7 @@ static void fused_quant(void **state)
 	const struct radiance__gpu_device d = h200();
 	static uint16_t xbuf[64] __attribute__((aligned(16)));
 	static const uint32_t shapes[][2] = {{16384, 5120}, {14336, 5120}, {5120, 6144}, {34816, 5120}, {5120, 17408}};
-	const struct radiance__w4a8_settings one = {.decode_fuse_rows = 1};
+	const struct radiance__w4a8_settings one = {.decode_fuse_rows = 1}, wk1 = {.decode_wk = 1};
 	for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
 		struct radiance__w4a8_args a = args(1, shapes[i][0], shapes[i][1]);
 		struct radiance__w4a8_plan p0, p1;
@@ -288,14 +291,20 @@ static void fused_quant(void **state)
 		a.x_dtype = RADIANCE_DTYPE_BF16;
 		assert_int_equal(radiance__w4a8_plan(&d, &a, &p0), 0);
 		assert_int_equal(p0.fused, 0);                 /* the policy: off */
+		assert_true(p0.wk > 1);                        /* warps splitting K */
+		/* fused: the plan of one warp per K range (never wk > 1) */
+		a.settings = &wk1;
+		assert_int_equal(radiance__w4a8_plan(&d, &a, &p0), 0);
 		a.settings = &one;
 		assert_int_equal(radiance__w4a8_plan(&d, &a, &p1), 0);
 		assert_int_equal(p1.fused, 1);
+		assert_int_equal(p1.wk, 1);
 		assert_int_equal(p1.split, p0.split);
 		assert_int_equal(p1.ntw, p0.ntw);
 		a.x = NULL;
 		assert_int_equal(radiance__w4a8_plan(&d, &a, &p1), 0);
-		assert_int_equal(p1.fused, 0);                 /* no x */
+		assert_int_equal(p1.fused, 0);                 /* no x: the policy's plan */
+		assert_true(p1.wk > 1);
 		a.x = xbuf;
 		a.x_dtype = RADIANCE_DTYPE_FP16;
 		assert_int_equal(radiance__w4a8_plan(&d, &a, &p1), 0);
@@ -351,8 +360,9 @@ static void fused_quant(void **state)
  *   M=1 384x384: 24 n-tiles, 3 groups; the t8 n1 c2 q2 instance fits 7
  *     blocks per SM (70 registers), 6 block columns << 924; S = min(924/6,
  *     8, G/4 = 0) -> 1.
- *   M=1 384x1536: 12 groups, G/4 = 3; partial traffic 0.2 * 384*1536*0.516 /
- *     (8*384) = 19.8 -> S = 3.
+ *   M=1 384x1536: 12 groups: 2 warps of a block split K (4 would leave 3
+ *     groups a warp, under 4), 12 block columns do not cover the 132 SMs, so
+ *     a global split may go down to 4 groups a warp: 12 / (4 x 2) = 1 -> S = 1.
  *   M=32 (the matrix-core kernel, 32-token tile): 3 groups cannot give a
  *     warp 4 groups under any K split -> wk 1, s 1; 12 groups (K = 1536)
  *     allow wk*s up to 3.
@@ -369,7 +379,7 @@ static void h200_minilm(void **state)
 	a = args(1, 1536, 384);
 	expect(&d, &a, "gemv t8 n1 c2 q2 s1");
 	a = args(1, 384, 1536);
-	expect(&d, &a, "gemv t8 n1 c2 q2 s3");
+	expect(&d, &a, "gemv t8 n1 c2 q2 s1 w2");
 	a = args(32, 384, 384);
 	expect(&d, &a, "decode t32 wk1 s1");
 	struct radiance__w4a8_plan p;
@@ -451,7 +461,19 @@ static void overrides(void **state)
 						     .decode_stages = 3};
 	a.settings = &inst;
 	a.split = 5;
+	expect(&d, &a, "gemv t8 n2 c1 q3 s5 w4");
+	const struct radiance__w4a8_settings inst1 = {.decode_kernel = 2, .decode_ntw = 2, .decode_cg = 1,
+						      .decode_stages = 3, .decode_wk = 1};
+	a.settings = &inst1;
 	expect(&d, &a, "gemv t8 n2 c1 q3 s5");
+	/* a forced wk is cut where the split leaves it less than a group a warp */
+	const struct radiance__w4a8_settings w4 = {.decode_wk = 4};
+	a = args(1, 200, 640);
+	a.settings = &w4;
+	a.split = 2;
+	expect(&d, &a, "gemv t8 n1 c2 q2 s2 w2");
+	a.split = 5;
+	expect(&d, &a, "gemv t8 n1 c2 q2 s5");
 	/* a forced split on the matrix-core kernel, even below 4 groups a warp */
 	a = args(33, 200, 640);
 	a.split = 3;
@@ -460,9 +482,11 @@ static void overrides(void **state)
 	/* no partials: no global split */
 	a = args(1, 72, 4096);
 	a.partials = NULL;
-	expect(&d, &a, "gemv t8 n1 c2 q2 s1");
+	expect(&d, &a, "gemv t8 n1 c2 q2 s1 w4");
+	/* 5 blocks of 4 warps splitting K: far from covering the SMs, so a
+	 * global split too, down to 4 groups a warp (32 / (4 x 4) = 2) */
 	a = args(1, 72, 4096);
-	expect(&d, &a, "gemv t8 n1 c2 q2 s8");
+	expect(&d, &a, "gemv t8 n1 c2 q2 s2 w4");
 	/* weights not 16-byte aligned: no bulk copies, the ring kernel */
 	a.w = (const void *)(uintptr_t)0x10008;
 	assert_int_equal(radiance__w4a8_plan(&d, &a, &p), 0);
@@ -502,12 +526,20 @@ static void edge_cases(void **state)
 	assert_int_equal(radiance__w4a8_plan(&d, &a, &p), -EINVAL);
 	a = args(1, 5120, 0);
 	assert_int_equal(radiance__w4a8_plan(&d, &a, &p), -EINVAL);
-	/* one output, one n-tile: K = 5120 is 40 groups, G/4 = 10, capped at 8;
-	 * at m = 16 the partial traffic caps it at 0.2 * 5120 * 0.516 / (8 * 16)
-	 * = 4.1 -> 4 */
+	/* one output, one n-tile: K = 5120 is 40 groups, 4 warps of the one
+	 * block split it, and a global split down to 4 groups a warp: 40 / (4 x
+	 * 4) = 2; one warp per K range (wk 1): G/4 = 10, capped at 8, and at
+	 * m = 16 by the partial traffic, 0.2 * 5120 * 0.516 / (8 * 16) = 4.1 -> 4 */
 	a = args(1, 1, 5120);
+	expect(&d, &a, "gemv t8 n1 c2 q2 s2 w4");
+	a = args(16, 1, 5120);
+	expect(&d, &a, "gemv t16 n1 c2 q2 s2 w4");
+	const struct radiance__w4a8_settings one_warp = {.decode_wk = 1};
+	a = args(1, 1, 5120);
+	a.settings = &one_warp;
 	expect(&d, &a, "gemv t8 n1 c2 q2 s8");
 	a = args(16, 1, 5120);
+	a.settings = &one_warp;
 	expect(&d, &a, "gemv t16 n1 c2 q2 s4");
 	/* one group: never split */
 	a = args(1, 16, 128);
