@@ -65,7 +65,8 @@ struct result {
 	uint32_t n, k, m;
 	char plan[48];
 	double us, us_quant, us_quant_unfused, us_probe, us_blas, us_wgmma, us_tiled, us_wgmma_exact, bytes, flops;
-	char plan_exact[48];
+	double us_wk1, us_wk1_quant;   /* streaming kernel, one warp per K range (the policy before wk) */
+	char plan_exact[48], plan_wk1[48];
 };
 
 static struct radiance__gpu_device dev;
@@ -217,10 +218,12 @@ struct step_seq {
 };
 
 /* mode 0: the GEMMs alone; 1: quant + GEMM as radiance__gpu_layer_run
- * runs them (fused where the plan says); 2: the quant always its own launch */
-static void step_once(struct step_seq *q, int mode)
+ * runs them (fused where the plan says); 2: the quant always its own launch.
+ * wk1: the streaming kernel with one warp per K range (decode_wk = 1). */
+static void step_once(struct step_seq *q, int mode, int wk1)
 {
-	const struct radiance__w4a8_settings set = {.decode_fuse_rows = mode == 2 ? -1 : 0};
+	const struct radiance__w4a8_settings set = {.decode_fuse_rows = mode == 2 ? -1 : 0,
+						    .decode_wk = wk1 ? 1u : 0u};
 	for (uint32_t b = 0; b < 64; b++) {
 		static const size_t order[2][4] = {{0, 2, 3, 4}, {1, 2, 3, 4}};
 		for (int j = 0; j < 4; j++) {
@@ -243,13 +246,13 @@ static void step_once(struct step_seq *q, int mode)
 	}
 }
 
-static double step_ms(struct step_seq *q, int mode)
+static double step_ms(struct step_seq *q, int mode, int wk1)
 {
 	double t[REPS];
-	step_once(q, mode);
+	step_once(q, mode, wk1);
 	for (int r = 0; r < REPS; r++) {
 		GCHECK(radiance__gpu_event_record(ev0, stream));
-		step_once(q, mode);
+		step_once(q, mode, wk1);
 		GCHECK(radiance__gpu_event_record(ev1, stream));
 		float ms_ = 0;
 		GCHECK(radiance__gpu_event_elapsed(ev0, ev1, &ms_));
@@ -261,7 +264,8 @@ static double step_ms(struct step_seq *q, int mode)
 
 /* The step both ways, and the read rate of the probe over one 1 GiB buffer
  * (the stream-rate floor of the step's bytes). */
-static void run_step(double *seq_ms, double *gemm_ms, double *unfused_ms, double *stream_gbps)
+static void run_step(double *seq_ms, double *gemm_ms, double *unfused_ms, double *wk1_ms,
+		     double *wk1_unfused_ms, double *stream_gbps)
 {
 	struct step_seq q = {0};
 	uint32_t max_n = 0, max_k = 0;
@@ -286,11 +290,15 @@ static void run_step(double *seq_ms, double *gemm_ms, double *unfused_ms, double
 	GCHECK(radiance__gpu_stream_sync(stream));
 	free(x);
 	/* interleaved, so that clock drift hits both alike */
-	const double a1 = step_ms(&q, 1), g1 = step_ms(&q, 0), u1 = step_ms(&q, 2);
-	const double a2 = step_ms(&q, 1), g2 = step_ms(&q, 0), u2 = step_ms(&q, 2);
+	const double a1 = step_ms(&q, 1, 0), g1 = step_ms(&q, 0, 0), u1 = step_ms(&q, 2, 0);
+	const double x1 = step_ms(&q, 0, 1), y1 = step_ms(&q, 2, 1);
+	const double a2 = step_ms(&q, 1, 0), g2 = step_ms(&q, 0, 0), u2 = step_ms(&q, 2, 0);
+	const double x2 = step_ms(&q, 0, 1), y2 = step_ms(&q, 2, 1);
 	*seq_ms = a1 < a2 ? a1 : a2;
 	*gemm_ms = g1 < g2 ? g1 : g2;
 	*unfused_ms = u1 < u2 ? u1 : u2;
+	*wk1_ms = x1 < x2 ? x1 : x2;
+	*wk1_unfused_ms = y1 < y2 ? y1 : y2;
 	for (size_t si = 0; si < NSHAPES; si++) {
 		for (int i = 0; i < 2; i++)
 			radiance__gpu_free(q.w[si][i]);
@@ -364,8 +372,8 @@ static void plan_str(char *buf, size_t len, const struct radiance__w4a8_plan *pl
 {
 	static const char *pn[] = {"auto", "decode", "tiled", "wgmma", "portable", "wgmma-exact"};
 	if (plan->path == RADIANCE_W4A8_DECODE && plan->ntw)
-		snprintf(buf, len, "gemv t%u n%u c%u q%u s%u", plan->tok, plan->ntw, plan->cg, plan->stages,
-			 plan->split);
+		snprintf(buf, len, "gemv t%u n%u c%u q%u s%u%s", plan->tok, plan->ntw, plan->cg, plan->stages,
+			 plan->split, plan->wk == 2 ? " w2" : plan->wk == 4 ? " w4" : "");
 	else if (plan->path == RADIANCE_W4A8_DECODE || plan->path == RADIANCE_W4A8_TILED)
 		snprintf(buf, len, "%s t%u wk%u s%u", pn[plan->path], plan->tok, plan->wk, plan->split);
 	else if (plan->path == RADIANCE_W4A8_WGMMA_EXACT)
@@ -398,12 +406,13 @@ static void run_sweep(struct ctx *c, FILE *csv)
 	const double t_pol = time_us(run_gemm, c);
 	fprintf(csv, "%u,%u,%u,%s policy,%.3f\n", c->n, c->k, c->m, pol, t_pol);
 	static const uint32_t splits[] = {1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32};
-	static const uint32_t ntwcg[][2] = {{1, 1}, {1, 2}, {1, 4}, {2, 1}, {2, 2}, {4, 1}};
+	static const uint32_t ntwcg[][2] = {{1, 2}, {1, 4}, {2, 1}, {2, 2}};
 	const uint32_t G = c->k / 128;
 	double best = 1e30;
 	char bs[48] = "";
+	for (uint32_t wk = 1; wk <= 4; wk *= 2)
 	for (size_t ni = 0; ni < sizeof ntwcg / sizeof ntwcg[0]; ni++)
-		for (uint32_t q = 1; q <= 3; q++)
+		for (uint32_t q = 2; q <= 3; q++)
 			for (size_t si = 0; si < sizeof splits / sizeof splits[0]; si++) {
 				const uint32_t sp = splits[si];
 				if (sp * c->m > 256 || G / sp < 2)
@@ -412,11 +421,12 @@ static void run_sweep(struct ctx *c, FILE *csv)
 				c->set.decode_ntw = ntwcg[ni][0];
 				c->set.decode_cg = ntwcg[ni][1];
 				c->set.decode_stages = q;
+				c->set.decode_wk = wk;
 				a = args_for(c, 0);
 				a.split = sp;
 				radiance__w4a8_plan(&dev, &a, &plan);
 				if (!plan.ntw || plan.split != sp || plan.ntw != ntwcg[ni][0] || plan.cg != ntwcg[ni][1] ||
-				    plan.stages != q)
+				    plan.stages != q || plan.wk != wk)
 					continue;
 				plan_str(ps, sizeof ps, &plan);
 				c->split = sp;
@@ -574,6 +584,20 @@ int main(int argc, char **argv)
 			r->us_probe = p1 < p2 ? p1 : p2;
 			r->us_quant = time_us(run_quant_gemm, &c);
 			r->us_quant_unfused = c.m <= 16 ? time_us(run_quant_gemm_unfused, &c) : r->us_quant;
+			/* the streaming kernel with one warp per K range, its policy
+			 * before warps split K (2026-12-04), in the same run */
+			if (plan.ntw && plan.wk > 1) {
+				c.set.decode_wk = 1;
+				struct radiance__w4a8_args a1 = args_for(&c, 0);
+				struct radiance__w4a8_plan p1;
+				radiance__w4a8_plan(&dev, &a1, &p1);
+				plan_str(r->plan_wk1, sizeof r->plan_wk1, &p1);
+				r->us_wk1 = time_us(run_gemm, &c);
+				r->us_wk1_quant = time_us(run_quant_gemm_unfused, &c);
+				printf("  %s (wk 1): %.2f us, quant launch + gemm %.2f us\n", r->plan_wk1, r->us_wk1,
+				       r->us_wk1_quant);
+				c.set.decode_wk = 0;
+			}
 			r->us_blas = time_us(run_blas, &c);
 			/* the fp8 wgmma kernel too (its own code order): prefill, and
 			 * the top of the decode band (M >= 32), where it may be the
@@ -668,13 +692,14 @@ int main(int argc, char **argv)
 	}
 
 	/* the step as an engine queues it (needs every shape's M = 1) */
-	double seq_ms = 0, seq_gemm_ms = 0, seq_unfused_ms = 0, stream_gbps = 0;
+	double seq_ms = 0, seq_gemm_ms = 0, seq_unfused_ms = 0, seq_wk1_ms = 0, seq_wk1_unfused_ms = 0, stream_gbps = 0;
 	const int do_step = !only_n && (!only_m || only_m == 1) && step_bytes > 0;
 	if (do_step) {
-		run_step(&seq_ms, &seq_gemm_ms, &seq_unfused_ms, &stream_gbps);
+		run_step(&seq_ms, &seq_gemm_ms, &seq_unfused_ms, &seq_wk1_ms, &seq_wk1_unfused_ms, &stream_gbps);
 		printf("27B decode step in sequence (M=1): %.3f ms quant+gemm (%.3f with the quant its own "
-		       "launch), %.3f ms the GEMMs alone; 1 GiB stream %.0f GB/s (floor %.3f ms)\n", seq_ms,
-		       seq_unfused_ms, seq_gemm_ms, stream_gbps,
+		       "launch), %.3f ms the GEMMs alone; wk 1: %.3f ms alone, %.3f with the quant launches; "
+		       "1 GiB stream %.0f GB/s (floor %.3f ms)\n", seq_ms,
+		       seq_unfused_ms, seq_gemm_ms, seq_wk1_ms, seq_wk1_unfused_ms, stream_gbps,
 		       step_bytes / stream_gbps / 1e6);
 	}
 
@@ -694,7 +719,7 @@ int main(int argc, char **argv)
 	}
 	fprintf(csv, "date,gpu,shape,m,plan,us,us_quant_gemm,gbps,tflops,probe_us,fraction_of_probe,"
 		     "bf16_blas_us,ratio_vs_bf16_blas,torch_int4_us,ratio_vs_torch_int4,torch_fp8_us,ratio_vs_torch_fp8,"
-		     "wgmma_fp8_us,us_quant_launch_gemm,tiled_exact_us,wgmma_exact_us\n");
+		     "wgmma_fp8_us,us_quant_launch_gemm,tiled_exact_us,wgmma_exact_us,wk1_us,wk1_quant_launch_gemm_us\n");
 	fprintf(md, "# W4A8 benchmark, %s, %s\n\n", date, dev.name);
 	fprintf(md, "Measured by `bench/bench_w4a8` (one process: our kernels, the streaming-read probe over the same\n"
 		    "weight buffers, and %s bf16 GEMM on the dequantized weights). Torch peers were measured by\n"
@@ -711,8 +736,8 @@ int main(int argc, char **argv)
 		    "GB/s and the probe fraction count weight + scale bytes; ratios are peer time / our time (> 1: we are faster).\n\n",
 		strcmp(dev.vendor, "cuda") == 0 ? "cuBLAS" : "hipBLAS", npeers ? "" : " (not available in this run)",
 		l2 / 1e6, REPS, BATCH, getenv("BENCH_FUSE_ROWS") ? atoi(getenv("BENCH_FUSE_ROWS")) : RADIANCE_W4A8_FUSE_ROWS);
-	fprintf(md, "| shape (N x K) | M | plan | us | quant+gemm us | quant launch + gemm us | GB/s | TFLOP/s | of probe | vs bf16 BLAS | vs torch int4 | vs torch fp8 | fp8 wgmma us (prefill = fast) | wgmma vs bf16 BLAS | tiled f16 HMMA us | f16 wgmma (forced) |\n");
-	fprintf(md, "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+	fprintf(md, "| shape (N x K) | M | plan | us | quant+gemm us | quant launch + gemm us | GB/s | TFLOP/s | of probe | vs bf16 BLAS | vs torch int4 | vs torch fp8 | fp8 wgmma us (prefill = fast) | wgmma vs bf16 BLAS | tiled f16 HMMA us | f16 wgmma (forced) | wk 1 us (the policy before) | wk 1 quant launch + gemm us |\n");
+	fprintf(md, "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
 	for (size_t i = 0; i < nres; i++) {
 		const struct result *r = &res[i];
 		const struct peer *p4 = peer_find(r->n, r->k, r->m, "torch_int4");
@@ -720,7 +745,11 @@ int main(int argc, char **argv)
 		char r4[32], r8[32];
 		fmt_ratio(r4, sizeof r4, p4, r->us);
 		fmt_ratio(r8, sizeof r8, p8, r->us);
-		char wg[32] = "", wgr[32] = "", tl[32] = "", wx[80] = "";
+		char wg[32] = "", wgr[32] = "", tl[32] = "", wx[80] = "", w1[80] = "", w1q[32] = "";
+		if (r->us_wk1 > 0) {
+			snprintf(w1, sizeof w1, "%.2f (%s)", r->us_wk1, r->plan_wk1);
+			snprintf(w1q, sizeof w1q, "%.2f", r->us_wk1_quant);
+		}
 		if (r->us_wgmma_exact > 0)
 			snprintf(wx, sizeof wx, "%.2f (%s)", r->us_wgmma_exact, r->plan_exact);
 		if (r->us_tiled > 0)
@@ -729,15 +758,16 @@ int main(int argc, char **argv)
 			snprintf(wg, sizeof wg, "%.2f", r->us_wgmma);
 			snprintf(wgr, sizeof wgr, "%.2fx", r->us_blas / r->us_wgmma);
 		}
-		fprintf(md, "| %ux%u | %u | %s | %.2f | %.2f | %.2f | %.0f | %.1f | %.3f | %.2fx | %s | %s | %s | %s | %s | %s |\n", r->n,
+		fprintf(md, "| %ux%u | %u | %s | %.2f | %.2f | %.2f | %.0f | %.1f | %.3f | %.2fx | %s | %s | %s | %s | %s | %s | %s | %s |\n", r->n,
 			r->k, r->m, r->plan, r->us, r->us_quant, r->us_quant_unfused, r->bytes / r->us / 1e3, r->flops / r->us / 1e6,
-			r->us_probe / r->us, r->us_blas / r->us, r4, r8, wg, wgr, tl, wx);
-		fprintf(csv, "%s,%s,%ux%u,%u,%s,%.3f,%.3f,%.1f,%.2f,%.3f,%.4f,%.3f,%.4f,%.3f,%.4f,%.3f,%.4f,%.3f,%.3f,%.3f,%.3f\n", date,
+			r->us_probe / r->us, r->us_blas / r->us, r4, r8, wg, wgr, tl, wx, w1, w1q);
+		fprintf(csv, "%s,%s,%ux%u,%u,%s,%.3f,%.3f,%.1f,%.2f,%.3f,%.4f,%.3f,%.4f,%.3f,%.4f,%.3f,%.4f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f\n", date,
 			dev.name, r->n, r->k, r->m, r->plan, r->us, r->us_quant, r->bytes / r->us / 1e3,
 			r->flops / r->us / 1e6, r->us_probe, r->us_probe / r->us, r->us_blas, r->us_blas / r->us,
 			p4 ? p4->us : 0.0, p4 ? p4->us / r->us : 0.0, p8 ? p8->us : 0.0, p8 ? p8->us / r->us : 0.0,
 			r->us_wgmma, r->us_quant_unfused, r->us_tiled,
-			r->us_wgmma_exact > 0 ? r->us_wgmma_exact : strncmp(r->plan, "wgmma-exact", 11) == 0 ? r->us : 0.0);
+			r->us_wgmma_exact > 0 ? r->us_wgmma_exact : strncmp(r->plan, "wgmma-exact", 11) == 0 ? r->us : 0.0,
+			r->us_wk1, r->us_wk1_quant);
 	}
 	fprintf(md, "\n## One decode step of a 27B hybrid model, M = 1\n\n"
 		    "Assumption (Qwen3.6-27B-like hybrid): 64 layers, d_model 5120; every layer has gate_up 34816x5120,\n"
@@ -755,7 +785,7 @@ int main(int argc, char **argv)
 		fprintf(md, "| torch _scaled_mm fp8 | %.3f | |\n", step_fp8 / 1e3);
 	/* only where M = 1 ran on every shape (not for --m 2048 alone) */
 	if (step_us > 0)
-		fprintf(csv, "%s,%s,27b-decode-step,1,sum,%.3f,,%.1f,,%.3f,%.4f,%.3f,%.4f,%.3f,,%.3f,,,,,\n", date, dev.name,
+		fprintf(csv, "%s,%s,27b-decode-step,1,sum,%.3f,,%.1f,,%.3f,%.4f,%.3f,%.4f,%.3f,,%.3f,,,,,,,\n", date, dev.name,
 			step_us, step_bytes / step_us / 1e3, step_probe, step_probe / step_us, step_blas,
 			step_blas / step_us, have_int4 ? step_int4 : 0.0, have_fp8 ? step_fp8 : 0.0);
 	if (do_step) {
@@ -771,12 +801,16 @@ int main(int argc, char **argv)
 		fprintf(md, "| in sequence, quant launch + GEMM | %.3f | %.0f |\n", seq_unfused_ms,
 			step_bytes / seq_unfused_ms / 1e6);
 		fprintf(md, "| in sequence, GEMMs alone | %.3f | %.0f |\n", seq_gemm_ms, step_bytes / seq_gemm_ms / 1e6);
+		fprintf(md, "| in sequence, GEMMs alone, wk 1 (the policy before) | %.3f | %.0f |\n", seq_wk1_ms,
+			step_bytes / seq_wk1_ms / 1e6);
+		fprintf(md, "| in sequence, quant launch + GEMM, wk 1 | %.3f | %.0f |\n", seq_wk1_unfused_ms,
+			step_bytes / seq_wk1_unfused_ms / 1e6);
 		fprintf(md, "| stream floor (1 GiB probe rate) | %.3f | %.0f |\n", floor_ms, stream_gbps);
 		/* us and us_quant_gemm: the sequence without and with its quant
 		 * launches; probe_us: the floor */
-		fprintf(csv, "%s,%s,27b-decode-step,1,sequence,%.3f,%.3f,%.1f,,%.3f,%.4f,,,,,,,,%.3f,,\n", date, dev.name,
-			seq_gemm_ms * 1e3, seq_ms * 1e3, step_bytes / seq_gemm_ms / 1e6, floor_ms * 1e3,
-			floor_ms / seq_gemm_ms, seq_unfused_ms * 1e3);
+		fprintf(csv, "%s,%s,27b-decode-step,1,sequence,%.3f,%.3f,%.1f,,%.3f,%.4f,,,,,,,,%.3f,,,%.3f,%.3f\n", date,
+			dev.name, seq_gemm_ms * 1e3, seq_ms * 1e3, step_bytes / seq_gemm_ms / 1e6, floor_ms * 1e3,
+			floor_ms / seq_gemm_ms, seq_unfused_ms * 1e3, seq_wk1_ms * 1e3, seq_wk1_unfused_ms * 1e3);
 	}
 	fclose(md);
 	fclose(csv);
