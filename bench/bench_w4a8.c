@@ -368,20 +368,6 @@ static void load_peers(const char *path)
 	fclose(f);
 }
 
-static void plan_str(char *buf, size_t len, const struct radiance__w4a8_plan *plan)
-{
-	static const char *pn[] = {"auto", "decode", "tiled", "wgmma", "portable", "wgmma-exact"};
-	if (plan->path == RADIANCE_W4A8_DECODE && plan->ntw)
-		snprintf(buf, len, "gemv t%u n%u c%u q%u s%u%s", plan->tok, plan->ntw, plan->cg, plan->stages,
-			 plan->split, plan->wk == 2 ? " w2" : plan->wk == 4 ? " w4" : "");
-	else if (plan->path == RADIANCE_W4A8_DECODE || plan->path == RADIANCE_W4A8_TILED)
-		snprintf(buf, len, "%s t%u wk%u s%u", pn[plan->path], plan->tok, plan->wk, plan->split);
-	else if (plan->path == RADIANCE_W4A8_WGMMA_EXACT)
-		snprintf(buf, len, "wgmma-exact t%u s%u", plan->tok, plan->split);
-	else
-		snprintf(buf, len, "%s", pn[plan->path]);
-}
-
 /* --sweep: the decode kernels over their launch parameters for one (shape,
  * m): the probe, the cp.async-ring kernel (policy), the streaming kernel
  * (policy), then every (ntw, cg, stages, split) of the streaming kernel. One
@@ -395,14 +381,14 @@ static void run_sweep(struct ctx *c, FILE *csv)
 	c->set = (struct radiance__w4a8_settings){.decode_kernel = 1};
 	a = args_for(c, 0);
 	radiance__w4a8_plan(&dev, &a, &plan);
-	plan_str(ps, sizeof ps, &plan);
+	radiance__w4a8_plan_format(ps, sizeof ps, &plan);
 	const double t_old = time_us(run_gemm, c);
 	fprintf(csv, "%u,%u,%u,%s,%.3f\n", c->n, c->k, c->m, ps, t_old);
 	c->set = (struct radiance__w4a8_settings){0};
 	a = args_for(c, 0);
 	radiance__w4a8_plan(&dev, &a, &plan);
 	char pol[48];
-	plan_str(pol, sizeof pol, &plan);
+	radiance__w4a8_plan_format(pol, sizeof pol, &plan);
 	const double t_pol = time_us(run_gemm, c);
 	fprintf(csv, "%u,%u,%u,%s policy,%.3f\n", c->n, c->k, c->m, pol, t_pol);
 	static const uint32_t splits[] = {1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32};
@@ -428,7 +414,7 @@ static void run_sweep(struct ctx *c, FILE *csv)
 				if (!plan.ntw || plan.split != sp || plan.ntw != ntwcg[ni][0] || plan.cg != ntwcg[ni][1] ||
 				    plan.stages != q || plan.wk != wk)
 					continue;
-				plan_str(ps, sizeof ps, &plan);
+				radiance__w4a8_plan_format(ps, sizeof ps, &plan);
 				c->split = sp;
 				const double t = time_us(run_gemm, c);
 				c->split = 0;
@@ -571,7 +557,7 @@ int main(int argc, char **argv)
 			radiance__w4a8_plan(&dev, &a, &plan);
 			/* the codes in the order this M's path reads */
 			GCHECK(radiance__gpu_quant(c.x, RADIANCE_DTYPE_BF16, c.m, sh->k, plan.order, c.codes, c.s, stream));
-			plan_str(r->plan, sizeof r->plan, &plan);
+			radiance__w4a8_plan_format(r->plan, sizeof r->plan, &plan);
 			if (sweep) {
 				run_sweep(&c, sweep_csv);
 				nres--;
@@ -591,7 +577,7 @@ int main(int argc, char **argv)
 				struct radiance__w4a8_args a1 = args_for(&c, 0);
 				struct radiance__w4a8_plan p1;
 				radiance__w4a8_plan(&dev, &a1, &p1);
-				plan_str(r->plan_wk1, sizeof r->plan_wk1, &p1);
+				radiance__w4a8_plan_format(r->plan_wk1, sizeof r->plan_wk1, &p1);
 				r->us_wk1 = time_us(run_gemm, &c);
 				r->us_wk1_quant = time_us(run_quant_gemm_unfused, &c);
 				printf("  %s (wk 1): %.2f us, quant launch + gemm %.2f us\n", r->plan_wk1, r->us_wk1,
@@ -623,7 +609,7 @@ int main(int argc, char **argv)
 					struct radiance__w4a8_args ax = args_for(&c, 0);
 					struct radiance__w4a8_plan px;
 					radiance__w4a8_plan(&dev, &ax, &px);
-					plan_str(r->plan_exact, sizeof r->plan_exact, &px);
+					radiance__w4a8_plan_format(r->plan_exact, sizeof r->plan_exact, &px);
 					r->us_wgmma_exact = time_us(run_gemm, &c);
 					printf("  %s (forced): %.2f us\n", r->plan_exact, r->us_wgmma_exact);
 				}
@@ -668,12 +654,14 @@ int main(int argc, char **argv)
 	/* the 27B decode step: sum of the M = 1 layer times */
 	double step_us = 0, step_probe = 0, step_blas = 0, step_bytes = 0, step_int4 = 0, step_fp8 = 0;
 	int have_int4 = 1, have_fp8 = 1;
+	size_t step_shapes = 0;   /* the shapes with an M = 1 row: the step needs all */
 	for (size_t i = 0; i < nres; i++) {
 		if (res[i].m != 1)
 			continue;
 		for (size_t si = 0; si < NSHAPES; si++)
 			if (shapes[si].n == res[i].n && shapes[si].k == res[i].k) {
 				const double cnt = shapes[si].count27b;
+				step_shapes++;
 				step_us += cnt * res[i].us;
 				step_probe += cnt * res[i].us_probe;
 				step_blas += cnt * res[i].us_blas;
@@ -693,7 +681,8 @@ int main(int argc, char **argv)
 
 	/* the step as an engine queues it (needs every shape's M = 1) */
 	double seq_ms = 0, seq_gemm_ms = 0, seq_unfused_ms = 0, seq_wk1_ms = 0, seq_wk1_unfused_ms = 0, stream_gbps = 0;
-	const int do_step = !only_n && (!only_m || only_m == 1) && step_bytes > 0;
+	const int full_step = step_shapes == NSHAPES;
+	const int do_step = full_step;
 	if (do_step) {
 		run_step(&seq_ms, &seq_gemm_ms, &seq_unfused_ms, &seq_wk1_ms, &seq_wk1_unfused_ms, &stream_gbps);
 		printf("27B decode step in sequence (M=1): %.3f ms quant+gemm (%.3f with the quant its own "
@@ -769,22 +758,25 @@ int main(int argc, char **argv)
 			r->us_wgmma_exact > 0 ? r->us_wgmma_exact : strncmp(r->plan, "wgmma-exact", 11) == 0 ? r->us : 0.0,
 			r->us_wk1, r->us_wk1_quant);
 	}
-	fprintf(md, "\n## One decode step of a 27B hybrid model, M = 1\n\n"
-		    "Assumption (Qwen3.6-27B-like hybrid): 64 layers, d_model 5120; every layer has gate_up 34816x5120,\n"
-		    "down 5120x17408 and an output projection 5120x6144; 48 linear-attention layers have a 16384x5120\n"
-		    "input projection and 16 full-attention layers a 14336x5120 qkv projection. %.2f GB of int4 weights and\n"
-		    "scales. Step time = sum over layers of the measured M = 1 time of its shape (DRAM-resident).\n\n",
-		step_bytes / 1e9);
-	fprintf(md, "| | ms | GB/s |\n|---|---:|---:|\n");
-	fprintf(md, "| ours (W4A8 decode) | %.3f | %.0f |\n", step_us / 1e3, step_bytes / step_us / 1e3);
-	fprintf(md, "| streaming-read probe | %.3f | %.0f |\n", step_probe / 1e3, step_bytes / step_probe / 1e3);
-	fprintf(md, "| bf16 BLAS (dequantized) | %.3f | |\n", step_blas / 1e3);
-	if (have_int4 && npeers)
-		fprintf(md, "| torch _weight_int4pack_mm | %.3f | |\n", step_int4 / 1e3);
-	if (have_fp8 && npeers)
-		fprintf(md, "| torch _scaled_mm fp8 | %.3f | |\n", step_fp8 / 1e3);
-	/* only where M = 1 ran on every shape (not for --m 2048 alone) */
-	if (step_us > 0)
+	/* the summed step only where M = 1 ran on every shape (not for --m 16
+	 * or --n alone) */
+	if (full_step) {
+		fprintf(md, "\n## One decode step of a 27B hybrid model, M = 1\n\n"
+			    "Assumption (Qwen3.6-27B-like hybrid): 64 layers, d_model 5120; every layer has gate_up 34816x5120,\n"
+			    "down 5120x17408 and an output projection 5120x6144; 48 linear-attention layers have a 16384x5120\n"
+			    "input projection and 16 full-attention layers a 14336x5120 qkv projection. %.2f GB of int4 weights and\n"
+			    "scales. Step time = sum over layers of the measured M = 1 time of its shape (DRAM-resident).\n\n",
+			step_bytes / 1e9);
+		fprintf(md, "| | ms | GB/s |\n|---|---:|---:|\n");
+		fprintf(md, "| ours (W4A8 decode) | %.3f | %.0f |\n", step_us / 1e3, step_bytes / step_us / 1e3);
+		fprintf(md, "| streaming-read probe | %.3f | %.0f |\n", step_probe / 1e3, step_bytes / step_probe / 1e3);
+		fprintf(md, "| bf16 BLAS (dequantized) | %.3f | |\n", step_blas / 1e3);
+		if (have_int4 && npeers)
+			fprintf(md, "| torch _weight_int4pack_mm | %.3f | |\n", step_int4 / 1e3);
+		if (have_fp8 && npeers)
+			fprintf(md, "| torch _scaled_mm fp8 | %.3f | |\n", step_fp8 / 1e3);
+	}
+	if (full_step)
 		fprintf(csv, "%s,%s,27b-decode-step,1,sum,%.3f,,%.1f,,%.3f,%.4f,%.3f,%.4f,%.3f,,%.3f,,,,,,,\n", date, dev.name,
 			step_us, step_bytes / step_us / 1e3, step_probe, step_probe / step_us, step_blas,
 			step_blas / step_us, have_int4 ? step_int4 : 0.0, have_fp8 ? step_fp8 : 0.0);
@@ -814,8 +806,9 @@ int main(int argc, char **argv)
 	}
 	fclose(md);
 	fclose(csv);
-	printf("27B decode step (M=1): ours %.3f ms, probe %.3f ms, bf16 blas %.3f ms, torch int4 %.3f ms\n",
-	       step_us / 1e3, step_probe / 1e3, step_blas / 1e3, have_int4 ? step_int4 / 1e3 : 0.0);
+	if (full_step)
+		printf("27B decode step (M=1): ours %.3f ms, probe %.3f ms, bf16 blas %.3f ms, torch int4 %.3f ms\n",
+		       step_us / 1e3, step_probe / 1e3, step_blas / 1e3, have_int4 ? step_int4 / 1e3 : 0.0);
 	printf("bench: wrote %s/w4a8-%s.{md,csv}\n", outdir, date);
 	radiance__blas_destroy(blas);
 	radiance__gpu_free(ws);

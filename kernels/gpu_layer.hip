@@ -79,18 +79,6 @@ fail:
 	return rc;
 }
 
-static const char *path_name(enum radiance__w4a8_path p)
-{
-	switch (p) {
-	case RADIANCE_W4A8_DECODE: return "decode";
-	case RADIANCE_W4A8_TILED: return "tiled";
-	case RADIANCE_W4A8_WGMMA: return "wgmma";
-	case RADIANCE_W4A8_PORTABLE: return "portable";
-	case RADIANCE_W4A8_WGMMA_EXACT: return "wgmma-exact";
-	default: return "auto";
-	}
-}
-
 /* The checks every layer call starts with (0, or -E2BIG / -EINVAL). */
 static int layer_check(const struct radiance__gpu_scratch *s, const struct radiance__gpu_layer *l,
 		       enum radiance_dtype dtype, uint64_t m)
@@ -137,7 +125,7 @@ static int layer_run_w4a8(const struct radiance__gpu_device *dev, struct radianc
 	}
 	struct radiance__w4a8_plan plan;
 	radiance__w4a8_plan(dev, &a, &plan);
-	*path = path_name(plan.path);
+	*path = radiance__w4a8_path_name(plan.path);
 	int rc = plan.fused ? 0 : radiance__gpu_quant_rows(src, dtype, l->k, plan.order, s->codes, s->s, stream);
 	return rc ? rc : radiance__w4a8_gemm(dev, &a, stream);
 }

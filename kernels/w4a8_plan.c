@@ -9,6 +9,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #define GROUP 128u          /* RAD_GROUP of numerics_gpu.h */
@@ -41,6 +42,36 @@ size_t radiance__w4a8_partials_bytes(uint32_t max_decode_rows, uint32_t max_n)
 }
 
 static int is_cuda(const struct radiance__gpu_device *dev) { return strcmp(dev->vendor, "cuda") == 0; }
+
+const char *radiance__w4a8_path_name(enum radiance__w4a8_path path)
+{
+	switch (path) {
+	case RADIANCE_W4A8_AUTO: return "auto";
+	case RADIANCE_W4A8_DECODE: return "decode";
+	case RADIANCE_W4A8_TILED: return "tiled";
+	case RADIANCE_W4A8_WGMMA: return "wgmma";
+	case RADIANCE_W4A8_PORTABLE: return "portable";
+	case RADIANCE_W4A8_WGMMA_EXACT: return "wgmma-exact";
+	}
+	return "?";
+}
+
+char *radiance__w4a8_plan_format(char *buf, size_t len, const struct radiance__w4a8_plan *p)
+{
+	const char *name = radiance__w4a8_path_name(p->path);
+	if (p->path == RADIANCE_W4A8_DECODE && p->ntw)
+		snprintf(buf, len, "gemv t%u n%u c%u q%u s%u%s", p->tok, p->ntw, p->cg, p->stages, p->split,
+			 p->wk == 2 ? " w2" : p->wk == 4 ? " w4" : "");
+	else if (p->path == RADIANCE_W4A8_DECODE || p->path == RADIANCE_W4A8_TILED)
+		snprintf(buf, len, "%s t%u wk%u s%u", name, p->tok, p->wk, p->split);
+	else if (p->path == RADIANCE_W4A8_WGMMA)
+		snprintf(buf, len, "wgmma t%u", p->tok);
+	else if (p->path == RADIANCE_W4A8_WGMMA_EXACT)
+		snprintf(buf, len, "wgmma-exact t%u s%u", p->tok, p->split);
+	else
+		snprintf(buf, len, "%s", name);
+	return buf;
+}
 
 /*
  * Split-K policy of the matrix-core kernel, per shape and m. Time is

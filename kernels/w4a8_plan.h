@@ -180,6 +180,19 @@ int radiance__w4a8_plan(const struct radiance__gpu_device *dev,
 enum radiance__w4a8_prefill radiance__w4a8_prefill_choose(const struct radiance__gpu_device *dev,
 							    unsigned asked);
 
+/* The name of a path as the logs, the bench and the tests print it:
+ * "auto", "decode", "tiled", "wgmma", "portable", "wgmma-exact"; "?" for a
+ * value outside the enum. Static storage. */
+const char *radiance__w4a8_path_name(enum radiance__w4a8_path path);
+
+/* A plan as the bench's results files print it (their `plan` column):
+ * "gemv t8 n2 c2 q2 s1 w4" for the streaming kernel (token tile, n-tiles a
+ * warp, groups a slot, slots, split, and warps splitting K where more than
+ * one), "decode t32 wk1 s2" / "tiled t64 wk1 s1" for the matrix-core kernel
+ * (token tile, warps splitting K, split), "wgmma t128", "wgmma-exact t64 s3",
+ * else the path name. At most len bytes, NUL-terminated; returns buf. */
+char *radiance__w4a8_plan_format(char *buf, size_t len, const struct radiance__w4a8_plan *plan);
+
 /* Bytes of the device weight and scale arrays of an n x k layer (k % 128 == 0). */
 size_t radiance__w4a8_weight_bytes(uint32_t n, uint32_t k);
 size_t radiance__w4a8_scale_bytes(uint32_t n, uint32_t k);

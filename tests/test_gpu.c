@@ -357,11 +357,7 @@ static int check_bound(const char *what, const uint8_t *codes, const float *s, c
 	return ok ? 0 : -1;
 }
 
-static const char *path_str(enum radiance__w4a8_path p)
-{
-	static const char *names[] = {"auto", "decode", "tiled", "wgmma", "portable", "wgmma-exact"};
-	return names[p];
-}
+static const char *path_str(enum radiance__w4a8_path p) { return radiance__w4a8_path_name(p); }
 
 static int run_shape(uint32_t n, uint32_t k, const uint32_t *ms, size_t nms, int with_bias)
 {

@@ -82,29 +82,12 @@ static struct radiance__w4a8_args args(uint32_t m, uint32_t n, uint32_t k)
 	return a;
 }
 
-/* The bench's plan string (bench/bench_w4a8.c plan_str). */
-static void plan_str(char *buf, size_t len, const struct radiance__w4a8_plan *p)
-{
-	static const char *pn[] = {"auto", "decode", "tiled", "wgmma", "portable"};
-	if (p->path == RADIANCE_W4A8_DECODE && p->ntw)
-		snprintf(buf, len, "gemv t%u n%u c%u q%u s%u%s", p->tok, p->ntw, p->cg, p->stages, p->split,
-			 p->wk == 2 ? " w2" : p->wk == 4 ? " w4" : "");
-	else if (p->path == RADIANCE_W4A8_DECODE || p->path == RADIANCE_W4A8_TILED)
-		snprintf(buf, len, "%s t%u wk%u s%u", pn[p->path], p->tok, p->wk, p->split);
-	else if (p->path == RADIANCE_W4A8_WGMMA)
-		snprintf(buf, len, "wgmma t%u", p->tok);
-	else if (p->path == RADIANCE_W4A8_WGMMA_EXACT)
-		snprintf(buf, len, "wgmma-exact t%u s%u", p->tok, p->split);
-	else
-		snprintf(buf, len, "%s", pn[p->path]);
-}
-
 static void expect(const struct radiance__gpu_device *d, const struct radiance__w4a8_args *a, const char *want)
 {
 	struct radiance__w4a8_plan p;
 	char got[64];
 	assert_int_equal(radiance__w4a8_plan(d, a, &p), 0);
-	plan_str(got, sizeof got, &p);
+	radiance__w4a8_plan_format(got, sizeof got, &p);
 	if (strcmp(got, want) != 0)
 		fail_msg("%s %ux%u m=%u: planned '%s', expected '%s'", d->name, a->n, a->k, a->m, got, want);
 }
@@ -548,6 +531,23 @@ static void edge_cases(void **state)
 	expect(&d, &a, "wgmma-exact t64 s1");
 	a.path = RADIANCE_W4A8_DECODE;
 	expect(&d, &a, "decode t64 wk1 s1");
+	/* the names the logs, bench and tests print */
+	static const char *const names[] = {"auto", "decode", "tiled", "wgmma", "portable", "wgmma-exact"};
+	for (int i = 0; i < 6; i++)
+		assert_string_equal(radiance__w4a8_path_name((enum radiance__w4a8_path)i), names[i]);
+	assert_string_equal(radiance__w4a8_path_name((enum radiance__w4a8_path)99), "?");
+	char small[8];
+	struct radiance__w4a8_plan q = {.path = RADIANCE_W4A8_DECODE, .tok = 8, .wk = 4, .split = 1, .ntw = 2,
+					.stages = 2, .cg = 2};
+	assert_ptr_equal(radiance__w4a8_plan_format(small, sizeof small, &q), small);
+	assert_string_equal(small, "gemv t8");              /* cut, NUL-terminated */
+	char full[64];
+	assert_string_equal(radiance__w4a8_plan_format(full, sizeof full, &q), "gemv t8 n2 c2 q2 s1 w4");
+	q.path = RADIANCE_W4A8_WGMMA;
+	q.tok = 96;
+	assert_string_equal(radiance__w4a8_plan_format(full, sizeof full, &q), "wgmma t96");
+	q.path = RADIANCE_W4A8_PORTABLE;
+	assert_string_equal(radiance__w4a8_plan_format(full, sizeof full, &q), "portable");
 	/* sizes of the device arrays: 16-row tiles of 1 KiB and 32 B per group */
 	assert_int_equal(radiance__w4a8_weight_bytes(17, 256), 2 * 2 * 1024);
 	assert_int_equal(radiance__w4a8_scale_bytes(17, 256), 2 * 2 * 32);
