@@ -105,8 +105,9 @@ __device__ __forceinline__ void gv_quant(const gemm_params &P, uint32_t g0, uint
 
 template <int TOK, int NTW, int CG, int FQ>
 __global__ void __launch_bounds__(GV_THREADS, GV_MINB(TOK, NTW)) rad_w4a8_gemv(gemm_params P, uint32_t stages,
-												  uint32_t wk)
+												  uint32_t wk_arg)
 {
+	const uint32_t wk = FQ ? 1u : wk_arg;   /* fused quant: one warp per K range */
 	constexpr int NT = TOK / 8;                 /* 8-token tiles */
 	constexpr uint32_t GV_TILES = NTW * CG;      /* tile-groups per slot */
 	constexpr uint32_t SLOT = GV_SLOT(NTW, CG);
@@ -385,8 +386,9 @@ __global__ void __launch_bounds__(GV_THREADS, GV_MINB(TOK, NTW)) rad_w4a8_gemv(g
 		return;
 	}
 
-	/* global split-K: partials [split][m][n]; the last block of this column
-	 * sums them in split order (deterministic) and writes y */
+	/* global split-K: partials [split][m][n]; the last block of this block
+	 * column (the same tiles, every split) sums them in split order
+	 * (deterministic) and writes y */
 	if (active && lead)
 #pragma unroll
 		for (int j = 0; j < NTW; j++)

@@ -192,9 +192,9 @@ static void plan_gemv(const struct radiance__gpu_device *dev, const struct radia
 	wk_max = wk_max >= 4 ? 4u : wk_max >= 2 ? 2u : 1u;
 	while (wk_max > 1 && G / wk_max < (ovr->decode_wk ? 1u : GV_MIN_GROUPS))
 		wk_max /= 2;
-	int inst = -1;
-	uint32_t wk = 1;
-	uint64_t cap = 0;
+	int inst = -1, last_i = -1;
+	uint32_t wk = 1, last_w = 1;
+	uint64_t cap = 0, last_c = 0;
 	for (uint32_t w = wk_max; w >= 1 && inst < 0; w /= 2) {
 		if (ovr->decode_wk && w != wk_max)
 			break;
@@ -207,19 +207,26 @@ static void plan_gemv(const struct radiance__gpu_device *dev, const struct radia
 			if (bps <= 0)
 				continue;
 			const uint64_t c = (uint64_t)bps * sms;
-			const int last = (w == 1 || ovr->decode_wk) && (ntw == 2 || ovr->decode_ntw);
-			if (ceil_div(ntiles, RADIANCE_W4A8_GEMV_WARPS / w * n) <= c || last) {
+			last_i = i;
+			last_w = w;
+			last_c = c;
+			if (ceil_div(ntiles, RADIANCE_W4A8_GEMV_WARPS / w * n) <= c) {
 				inst = i;
 				wk = w;
 				cap = c;
 			}
 		}
 	}
-	if (inst < 0) {
+	if (inst < 0 && last_i >= 0) {   /* none fits one wave: the last that exists */
+		inst = last_i;
+		wk = last_w;
+		cap = last_c;
+	}
+	if (inst < 0) {   /* no instance for the overrides, or none fits its ring */
 		inst = gemv_find(tok, 1, 2);
 		st = GV_DEF_STAGES;
 		cap = (uint64_t)sms;
-		wk = 1;
+		wk = ovr->decode_wk ? wk_max : 1u;
 	}
 	const uint32_t cols = ceil_div(ntiles, RADIANCE_W4A8_GEMV_WARPS / wk * gemv_insts[inst].ntw);
 	uint32_t S = 1;

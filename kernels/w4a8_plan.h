@@ -92,7 +92,8 @@ struct radiance__w4a8_settings {
 	int decode_kernel;
 	uint32_t decode_ntw, decode_cg, decode_stages;
 	/* the streaming kernel's warps of a block splitting K: 1, 2 or 4 (0:
-	 * the policy's); fewer where the K range is too short */
+	 * the policy's); fewer where the K range is too short, and 1 where the
+	 * kernel quantizes x itself (decode_fuse_rows) */
 	uint32_t decode_wk;
 	/* the streaming kernel quantizes args.x itself for m <= this many rows
 	 * (0: the policy's RADIANCE_W4A8_FUSE_ROWS, which is off; -1: never; at

@@ -449,6 +449,12 @@ static void overrides(void **state)
 						      .decode_stages = 3, .decode_wk = 1};
 	a.settings = &inst1;
 	expect(&d, &a, "gemv t8 n2 c1 q3 s5");
+	/* a forced wk is kept where no instance of its other overrides fits
+	 * one wave (no 2-tile instance has 4-group slots) */
+	const struct radiance__w4a8_settings w4c4 = {.decode_wk = 4, .decode_cg = 4};
+	a = args(1, 34816, 5120);
+	a.settings = &w4c4;
+	expect(&d, &a, "gemv t8 n1 c4 q2 s1 w4");
 	/* a forced wk is cut where the split leaves it less than a group a warp */
 	const struct radiance__w4a8_settings w4 = {.decode_wk = 4};
 	a = args(1, 200, 640);
