@@ -370,7 +370,7 @@ static void load_peers(const char *path)
 
 /* --sweep: the decode kernels over their launch parameters for one (shape,
  * m): the probe, the cp.async-ring kernel (policy), the streaming kernel
- * (policy), then every (ntw, cg, stages, split) of the streaming kernel. One
+ * (policy), then every (wk, ntw, cg, stages, split) of the streaming kernel. One
  * CSV line per configuration; the best one printed. */
 static void run_sweep(struct ctx *c, FILE *csv)
 {
@@ -682,8 +682,7 @@ int main(int argc, char **argv)
 	/* the step as an engine queues it (needs every shape's M = 1) */
 	double seq_ms = 0, seq_gemm_ms = 0, seq_unfused_ms = 0, seq_wk1_ms = 0, seq_wk1_unfused_ms = 0, stream_gbps = 0;
 	const int full_step = step_shapes == NSHAPES;
-	const int do_step = full_step;
-	if (do_step) {
+	if (full_step) {
 		run_step(&seq_ms, &seq_gemm_ms, &seq_unfused_ms, &seq_wk1_ms, &seq_wk1_unfused_ms, &stream_gbps);
 		printf("27B decode step in sequence (M=1): %.3f ms quant+gemm (%.3f with the quant its own "
 		       "launch), %.3f ms the GEMMs alone; wk 1: %.3f ms alone, %.3f with the quant launches; "
@@ -780,7 +779,7 @@ int main(int argc, char **argv)
 		fprintf(csv, "%s,%s,27b-decode-step,1,sum,%.3f,,%.1f,,%.3f,%.4f,%.3f,%.4f,%.3f,,%.3f,,,,,,,\n", date, dev.name,
 			step_us, step_bytes / step_us / 1e3, step_probe, step_probe / step_us, step_blas,
 			step_blas / step_us, have_int4 ? step_int4 : 0.0, have_fp8 ? step_fp8 : 0.0);
-	if (do_step) {
+	if (full_step) {
 		const double floor_ms = step_bytes / stream_gbps / 1e6;
 		fprintf(md, "\nThe same step queued as an engine runs it: quant + GEMM per layer (as the backend runs them:\n"
 			    "fused where the plan fuses; and with the quant always its own launch), the 256 layers in model order, back\n"

@@ -192,13 +192,12 @@ static void plan_gemv(const struct radiance__gpu_device *dev, const struct radia
 	wk_max = wk_max >= 4 ? 4u : wk_max >= 2 ? 2u : 1u;
 	while (wk_max > 1 && G / wk_max < (ovr->decode_wk ? 1u : GV_MIN_GROUPS))
 		wk_max /= 2;
-	int inst = -1, last_i = -1;
-	uint32_t wk = 1, last_w = 1;
-	uint64_t cap = 0, last_c = 0;
-	for (uint32_t w = wk_max; w >= 1 && inst < 0; w /= 2) {
-		if (ovr->decode_wk && w != wk_max)
-			break;
-		for (uint32_t ntw = 1; ntw <= 2 && inst < 0; ntw *= 2) {
+	const uint32_t wk_min = ovr->decode_wk ? wk_max : 1u;
+	int inst = -1, fits = 0;
+	uint32_t wk = 1;
+	uint64_t cap = 0;
+	for (uint32_t w = wk_max; w >= wk_min && !fits; w /= 2)
+		for (uint32_t ntw = 1; ntw <= 2 && !fits; ntw *= 2) {
 			const uint32_t n = ovr->decode_ntw ? ovr->decode_ntw : ntw;
 			const int i = gemv_find(tok, n, cg);
 			if (i < 0)
@@ -206,27 +205,16 @@ static void plan_gemv(const struct radiance__gpu_device *dev, const struct radia
 			const int bps = dev->gemv_blocks((unsigned)i, st);
 			if (bps <= 0)
 				continue;
-			const uint64_t c = (uint64_t)bps * sms;
-			last_i = i;
-			last_w = w;
-			last_c = c;
-			if (ceil_div(ntiles, RADIANCE_W4A8_GEMV_WARPS / w * n) <= c) {
-				inst = i;
-				wk = w;
-				cap = c;
-			}
+			inst = i;   /* the last that exists, if none fits */
+			wk = w;
+			cap = (uint64_t)bps * sms;
+			fits = ceil_div(ntiles, RADIANCE_W4A8_GEMV_WARPS / w * n) <= cap;
 		}
-	}
-	if (inst < 0 && last_i >= 0) {   /* none fits one wave: the last that exists */
-		inst = last_i;
-		wk = last_w;
-		cap = last_c;
-	}
 	if (inst < 0) {   /* no instance for the overrides, or none fits its ring */
 		inst = gemv_find(tok, 1, 2);
 		st = GV_DEF_STAGES;
 		cap = (uint64_t)sms;
-		wk = ovr->decode_wk ? wk_max : 1u;
+		wk = wk_min;
 	}
 	const uint32_t cols = ceil_div(ntiles, RADIANCE_W4A8_GEMV_WARPS / wk * gemv_insts[inst].ntw);
 	uint32_t S = 1;
@@ -260,6 +248,16 @@ static void plan_gemv(const struct radiance__gpu_device *dev, const struct radia
 	plan->split = S;
 }
 
+/* Whether the settings ask the streaming kernel to quantize a->x itself
+ * for this launch (the part of gemv_fuse that does not depend on a plan) */
+static int gemv_fuse_asked(const struct radiance__w4a8_args *a, const struct radiance__w4a8_settings *st)
+{
+	int rows = st->decode_fuse_rows ? st->decode_fuse_rows : RADIANCE_W4A8_FUSE_ROWS;
+	rows = rows > RADIANCE_W4A8_FUSE_MAX_ROWS ? RADIANCE_W4A8_FUSE_MAX_ROWS : rows;
+	return a->x && rows > 0 && a->m <= (uint32_t)rows && ((uintptr_t)a->x & 15u) == 0 &&
+	       (a->x_dtype == RADIANCE_DTYPE_BF16 || a->x_dtype == RADIANCE_DTYPE_FP16);
+}
+
 /* Whether the streaming kernel of `plan` quantizes a->x itself: 8-token
  * instances only, m within the settings' rows (the policy's are
  * RADIANCE_W4A8_FUSE_ROWS, 0: never), x given (bf16/fp16, 16-byte aligned),
@@ -273,10 +271,7 @@ static void plan_gemv(const struct radiance__gpu_device *dev, const struct radia
 static uint32_t gemv_fuse(const struct radiance__w4a8_args *a, const struct radiance__w4a8_settings *st,
 			  const struct radiance__w4a8_plan *plan)
 {
-	int rows = st->decode_fuse_rows ? st->decode_fuse_rows : RADIANCE_W4A8_FUSE_ROWS;
-	rows = rows > RADIANCE_W4A8_FUSE_MAX_ROWS ? RADIANCE_W4A8_FUSE_MAX_ROWS : rows;
-	if (!a->x || rows <= 0 || a->m > (uint32_t)rows || plan->tok != 8 || plan->wk > 1 || ((uintptr_t)a->x & 15u) ||
-	    (a->x_dtype != RADIANCE_DTYPE_BF16 && a->x_dtype != RADIANCE_DTYPE_FP16))
+	if (!gemv_fuse_asked(a, st) || plan->tok != 8 || plan->wk > 1)
 		return 0;
 	const uint32_t G = a->k / GROUP;
 	if (plan->split > G)
@@ -391,12 +386,15 @@ int radiance__w4a8_plan(const struct radiance__gpu_device *dev, const struct rad
 	if (path == RADIANCE_W4A8_DECODE && gemv_usable(dev, a, st)) {
 		/* fused quant (never with warps splitting K) where the settings
 		 * ask for it and it applies at wk = 1, else the policy */
-		struct radiance__w4a8_settings one = *st;
-		one.decode_wk = 1;
-		plan_gemv(dev, a, &one, plan);
-		plan->fused = gemv_fuse(a, st, plan);
-		if (!plan->fused)
-			plan_gemv(dev, a, st, plan);
+		if (gemv_fuse_asked(a, st)) {
+			struct radiance__w4a8_settings one = *st;
+			one.decode_wk = 1;
+			plan_gemv(dev, a, &one, plan);
+			plan->fused = gemv_fuse(a, st, plan);
+			if (plan->fused)
+				return 0;
+		}
+		plan_gemv(dev, a, st, plan);
 		return 0;
 	}
 	/* the smallest token tile that holds m (decode, and tiled m <= 64);
