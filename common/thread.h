@@ -17,14 +17,24 @@
  * Signals the thread raises itself (faults, abort) stay unblocked.
  * Returns pthread_create's 0 or positive error number.
  */
-static inline int rthread_create(pthread_t *t, void *(*fn)(void *), void *arg)
+static inline int rthread_create(pthread_t *t, void *(*fn)(void *), void *arg);
+
+/* Blocks every asynchronous signal in the calling thread (the mask
+ * rthread_create gives its threads); the mask before goes to *old. */
+static inline void rthread_block_async(sigset_t *old)
 {
-	sigset_t all, old;
+	sigset_t all;
 	sigfillset(&all);
 	static const int sync_signals[] = { SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGABRT, SIGSYS };
 	for (size_t i = 0; i < sizeof sync_signals / sizeof sync_signals[0]; i++)
 		sigdelset(&all, sync_signals[i]);
-	pthread_sigmask(SIG_BLOCK, &all, &old);
+	pthread_sigmask(SIG_BLOCK, &all, old);
+}
+
+static inline int rthread_create(pthread_t *t, void *(*fn)(void *), void *arg)
+{
+	sigset_t old;
+	rthread_block_async(&old);
 	int rc = pthread_create(t, NULL, fn, arg);
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
 	return rc;

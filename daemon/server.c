@@ -20,6 +20,7 @@
 #include "listen.h"
 #include "session.h"
 #include "session_tensors.h"
+#include "thread.h"
 #include "wire.h"
 
 /* A connection refused at the session limit lingers this long at most (to
@@ -586,6 +587,8 @@ static void server_stop(struct radiance_server *srv, int exit_code, const char *
 		registry_shutdown(srv->reg, registry_empty, srv);
 }
 
+static void pool_start_work(uv_work_t *w) { (void)w; }
+
 static void on_signal(uv_signal_t *h, int signum)
 {
 	struct radiance_server *srv = h->data;
@@ -635,6 +638,18 @@ int server_run(const struct radiance_config *cfg)
 		log_error("uv_loop_init: %s", uv_strerror(rc));
 		return 1;
 	}
+	/* libuv's threadpool (model loads, registry.c) starts all its threads
+	 * at the first uv_queue_work, each inheriting the caller's signal
+	 * mask: start it now with the asynchronous signals blocked, so that, as
+	 * our own threads (common/thread.h), they never take SIGTERM or SIGHUP.
+	 * A ThreadSanitizer run saw a daemon with idle pool threads ignore
+	 * SIGHUP and SIGTERM for 10 s. */
+	sigset_t sig_old;
+	rthread_block_async(&sig_old);
+	rc = uv_queue_work(&loop, &srv.pool_start, pool_start_work, NULL);
+	pthread_sigmask(SIG_SETMASK, &sig_old, NULL);
+	if (rc < 0)
+		log_warn("starting libuv's threadpool: %s", uv_strerror(rc));
 	raise_fd_limit(cfg);
 	srv.reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
 	if (srv.reserve_fd < 0)

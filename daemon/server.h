@@ -75,6 +75,7 @@ struct radiance_server {
 	uint32_t nrefused;
 
 	uv_signal_t sigterm, sigint, sighup, sigusr1, sigusr2;
+	uv_work_t pool_start;      /* starts libuv's threadpool with signals blocked */
 	uv_timer_t watchdog;
 	uint64_t watchdog_usec;
 	struct exec_watch watch;              /* the executor's progress as last seen */
