@@ -84,6 +84,12 @@ ifneq ($(filter x86_64 amd64,$(shell uname -m)),)
 SIMD_AVX2 := -mavx2 -mfma -mf16c -O3
 endif
 $(BUILD)/obj/kernels/cpu_avx2.o: ALLCFLAGS += $(SIMD_AVX2)
+# kernels/cpu_avx512.c: AVX-512 F/BW/VBMI/BF16 (vdpbf16ps), called only where
+# the CPU has them and cpu_fast.c's known-answer check passed.
+ifneq ($(filter x86_64 amd64,$(shell uname -m)),)
+SIMD_AVX512 := -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512vbmi -mavx512bf16 -O3
+endif
+$(BUILD)/obj/kernels/cpu_avx512.o: ALLCFLAGS += $(SIMD_AVX512)
 
 # GPU backend: kernels/*.hip built by nvcc (as CUDA) or hipcc. The kernels'
 # vendor mapping is kernels/gpu_compat.h; tools/gpu-compile-check.sh is the CI
@@ -386,6 +392,7 @@ $(FUZZ_DIR)/obj/gen/radiance.pb-c.o: $(PROTO_C)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -Wno-error -c $< -o $@
 
 $(FUZZ_DIR)/obj/kernels/cpu_avx2.o: FUZZ_CFLAGS += $(SIMD_AVX2)
+$(FUZZ_DIR)/obj/kernels/cpu_avx512.o: FUZZ_CFLAGS += $(SIMD_AVX512)
 
 $(FUZZ_DIR)/obj/%.o: %.c $(PROTO_H)
 	@mkdir -p $(dir $@)

@@ -66,9 +66,9 @@ struct radiance_backend_options {
 	uint32_t test_pin_delay_us; /* CPU: sleep this long in register_host and
 	                            unregister_host, as page-locking an arena on
 	                            a GPU can take (tests only) */
-	int cpu_simd;            /* CPU: SIMD kernels, 0 the best the CPU has, 1 scalar,
-	                            3 avx2-int16 (not bit-exact);
-	                            (the reference kernels), 2 avx2; create fails
+	int cpu_simd;            /* CPU: SIMD kernels, 0 the best the CPU has, 1 scalar
+	                            (the reference kernels), 2 avx2, 3 avx2-int16
+	                            (not bit-exact), 4 avx512; create fails
 	                            (-ENOTSUP, the text says why) when the CPU lacks
 	                            the level asked for */
 	int prefill;             /* GPU: enum radiance_backend_prefill; the CPU

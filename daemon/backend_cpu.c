@@ -58,6 +58,7 @@ static int cpu_create(const struct radiance_backend_options *opt, void **state, 
 		.simd = opt->cpu_simd == 1   ? RADIANCE_CPU_SIMD_SCALAR
 			: opt->cpu_simd == 2 ? RADIANCE_CPU_SIMD_AVX2
 			: opt->cpu_simd == 3 ? RADIANCE_CPU_SIMD_AVX2_INT16
+			: opt->cpu_simd == 4 ? RADIANCE_CPU_SIMD_AVX512
 					      : RADIANCE_CPU_SIMD_AUTO,
 		.max_rows = opt->max_rows,
 		.max_k = s->max_k,
@@ -76,6 +77,8 @@ static int cpu_create(const struct radiance_backend_options *opt, void **state, 
 	log_info("cpu backend: %s kernels, %u compute threads (%s; --cpu-threads sets it)",
 		 radiance_cpu_simd_name(radiance_cpu_fast_simd(s->fast)),
 		 radiance_cpu_fast_threads(s->fast), radiance_cpu_fast_threads_source(s->fast));
+	if (*radiance_cpu_fast_simd_note(s->fast))
+		log_warn("cpu backend: %s", radiance_cpu_fast_simd_note(s->fast));
 	s->fake_share = opt->fake_share != 0;
 	s->pin_delay_us = opt->test_pin_delay_us;
 	*state = s;

@@ -1,5 +1,5 @@
 /* The CPU fast path: level choice, work split and the scalar fallback; see
- * cpu_fast.h. The SIMD kernels are in cpu_avx2.c. */
+ * cpu_fast.h. The SIMD kernels are in cpu_avx2.c and cpu_avx512.c. */
 #include "cpu_fast.h"
 
 #include <errno.h>
@@ -27,13 +27,15 @@
 
 struct radiance_cpu_fast {
 	enum radiance_cpu_simd simd;
+	const char *simd_note;
 	struct radiance_cpu_pool *pool;
 	unsigned threads;
 	const char *threads_source;
 	uint32_t max_rows, max_k, ldx, ldg;
 	void *scratch;             /* AVX2: xf [max_rows][ldx] fp32 (bf16 layers) or
-	                              xh, xl [max_rows][ldx] int16 (W4A8) in the same
-	                              bytes, then lof [max_rows][ldg], s [max_rows];
+	                              xh, xl [max_rows][ldx] int16 (W4A8) or, avx512,
+	                              xb bf16 [max_rows rounded up to even][ldx] in
+	                              the same bytes, then lof [max_rows][ldg], s [max_rows];
 	                              scalar: per-task reference scratch */
 	size_t scratch_bytes;
 	size_t task_scratch;       /* scalar: bytes of one task's region */
@@ -54,6 +56,8 @@ const char *radiance_cpu_simd_name(enum radiance_cpu_simd simd)
 		return "avx2+fma";
 	case RADIANCE_CPU_SIMD_AVX2_INT16:
 		return "avx2-int16";
+	case RADIANCE_CPU_SIMD_AVX512:
+		return "avx512+bf16";
 	default:
 		return "auto";
 	}
@@ -64,30 +68,102 @@ static int cpu_has(enum radiance_cpu_simd simd)
 	if (simd == RADIANCE_CPU_SIMD_SCALAR)
 		return 1;
 #if defined(__x86_64__)
-	if (simd == RADIANCE_CPU_SIMD_AVX2 || simd == RADIANCE_CPU_SIMD_AVX2_INT16) {
-		/* libgcc's and compiler-rt's checks include the OS's XSAVE support */
-		__builtin_cpu_init();
-		return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-		       __builtin_cpu_supports("f16c");
-	}
+	/* libgcc's and compiler-rt's checks include the OS's XSAVE support
+	 * (for AVX-512: the opmask and zmm state in XCR0) */
+	__builtin_cpu_init();
+	int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+		   __builtin_cpu_supports("f16c");
+	if (simd == RADIANCE_CPU_SIMD_AVX2 || simd == RADIANCE_CPU_SIMD_AVX2_INT16)
+		return avx2;
+	if (simd == RADIANCE_CPU_SIMD_AVX512)
+		return avx2 && __builtin_cpu_supports("avx512f") &&
+		       __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vbmi") &&
+		       __builtin_cpu_supports("avx512bf16");
 #endif
 	return 0;
 }
 
-static int pick_simd(enum radiance_cpu_simd want, enum radiance_cpu_simd *out, char *err,
-		     size_t errlen)
+#if defined(__x86_64__)
+/* The avx512 kernels' bit-exactness rests on how vdpbf16ps rounds (two fp32
+ * additions, element 2i+1 first, each rounded to nearest even: Intel's
+ * definition). Before the level is used it is run here on a W4A8 layer
+ * against the reference, bit for bit: rows of every pair/single kernel
+ * shape, x from 2^-9 to 448 times e4m3 steps (sums that round at nearly
+ * every addition), so another rounding order or a fused pair would show.
+ * 0 when it matches. Runs once per process (about 0.3 ms). */
+static int avx512_known_answer(void)
 {
+	enum { M = 9, N = 21, K = 384 };
+	static uint16_t x[M * K], scales[N * (K / 128)], y[M * N], ref[M * N];
+	static uint32_t qweight[N * (K / 8)];
+	static float s[M];
+	static uint16_t xb[(M + 1) * K] __attribute__((aligned(64)));
+	static uint8_t scratch[1 << 16] __attribute__((aligned(64)));
+	uint32_t seed = 12345;
+	for (size_t i = 0; i < (size_t)M * K; i++) {
+		seed = seed * 1664525u + 1013904223u;
+		/* bf16 bits: sign, exponents 2^-12 .. 2^11, any mantissa */
+		uint32_t e = 115 + (seed >> 8) % 24;
+		x[i] = (uint16_t)(((seed >> 31) << 15) | (e << 7) | ((seed >> 16) & 0x7F));
+	}
+	for (size_t i = 0; i < (size_t)N * (K / 8); i++) {
+		seed = seed * 1664525u + 1013904223u;
+		qweight[i] = seed;
+	}
+	for (size_t i = 0; i < (size_t)N * (K / 128); i++)
+		scales[i] = (uint16_t)(0x2000 + i * 37 % 0x1800);   /* fp16, 2^-7 .. 2^-1 */
+	if (radiance_cpu_w4a8_scratch_bytes(M, K) > sizeof scratch)
+		return -1;
+	radiance_cpu_w4a8(x, RADIANCE_DTYPE_BF16, M, qweight, scales, NULL, N, K, ref, scratch);
+	for (uint32_t r = 0; r < M; r++)
+		s[r] = radiance__quant_row_avx512(x + (size_t)r * K, RADIANCE_DTYPE_BF16, K, r, K, xb);
+	struct radiance__w4a8_tile t = {
+		.xb = xb, .s = s, .ldx = K, .k = K, .n = N, .r0 = 0, .r1 = M, .n0 = 0, .n1 = N,
+		.qweight = qweight, .scales = scales, .y = y,
+	};
+	radiance__w4a8_tile_avx512(&t);
+	return memcmp(y, ref, sizeof y) ? -1 : 0;
+}
+#endif
+
+/* The level AUTO takes, and in *note why it passed over a better one. */
+static enum radiance_cpu_simd auto_simd(const char **note)
+{
+	*note = "";
+#if defined(__x86_64__)
+	static int kat = 1;   /* 1: not run yet; else its result */
+	if (cpu_has(RADIANCE_CPU_SIMD_AVX512)) {
+		if (kat == 1)
+			kat = avx512_known_answer();
+		if (kat == 0)
+			return RADIANCE_CPU_SIMD_AVX512;
+		*note = "the CPU has AVX-512 BF16, but its dot products did not give the reference's "
+			"bits (known-answer check), so avx2 was taken";
+	}
+#endif
+	return cpu_has(RADIANCE_CPU_SIMD_AVX2) ? RADIANCE_CPU_SIMD_AVX2 : RADIANCE_CPU_SIMD_SCALAR;
+}
+
+static int pick_simd(enum radiance_cpu_simd want, enum radiance_cpu_simd *out, const char **note,
+		     char *err, size_t errlen)
+{
+	*note = "";
 	if (want == RADIANCE_CPU_SIMD_AUTO) {
-		*out = cpu_has(RADIANCE_CPU_SIMD_AVX2) ? RADIANCE_CPU_SIMD_AVX2 : RADIANCE_CPU_SIMD_SCALAR;
+		*out = auto_simd(note);
 		return 0;
 	}
 	if (want != RADIANCE_CPU_SIMD_SCALAR && want != RADIANCE_CPU_SIMD_AVX2 &&
-	    want != RADIANCE_CPU_SIMD_AVX2_INT16) {
+	    want != RADIANCE_CPU_SIMD_AVX2_INT16 && want != RADIANCE_CPU_SIMD_AVX512) {
 		snprintf(err, errlen, "SIMD level %d is not one this build knows", (int)want);
 		return -EINVAL;
 	}
 	if (!cpu_has(want)) {
 		snprintf(err, errlen, "this CPU (or build) has no %s", radiance_cpu_simd_name(want));
+		return -ENOTSUP;
+	}
+	if (want == RADIANCE_CPU_SIMD_AVX512 && auto_simd(note) != RADIANCE_CPU_SIMD_AVX512) {
+		snprintf(err, errlen, "avx512+bf16 on this CPU gave other bits than the reference "
+			 "(known-answer check); use avx2");
 		return -ENOTSUP;
 	}
 	*out = want;
@@ -113,7 +189,8 @@ size_t radiance_cpu_fast_scratch_bytes_for(const struct radiance_cpu_fast_option
 {
 	struct radiance_cpu_fast f = { 0 };
 	char err[160];
-	if (opt->max_rows == 0 || opt->max_k == 0 || pick_simd(opt->simd, &f.simd, err, sizeof err) < 0)
+	if (opt->max_rows == 0 || opt->max_k == 0 ||
+	    pick_simd(opt->simd, &f.simd, &f.simd_note, err, sizeof err) < 0)
 		return 0;
 	f.threads = opt->threads ? opt->threads : radiance_cpu_usable_threads(NULL);
 	f.max_rows = opt->max_rows;
@@ -138,7 +215,7 @@ int radiance_cpu_fast_create(const struct radiance_cpu_fast_options *opt,
 		snprintf(err, errlen, "cpu fast path: out of memory");
 		return -ENOMEM;
 	}
-	rc = pick_simd(opt->simd, &f->simd, err, errlen);
+	rc = pick_simd(opt->simd, &f->simd, &f->simd_note, err, errlen);
 	if (rc < 0)
 		goto fail_simd;
 	if (opt->threads) {
@@ -190,6 +267,11 @@ void radiance_cpu_fast_destroy(struct radiance_cpu_fast *f)
 enum radiance_cpu_simd radiance_cpu_fast_simd(const struct radiance_cpu_fast *f)
 {
 	return f->simd;
+}
+
+const char *radiance_cpu_fast_simd_note(const struct radiance_cpu_fast *f)
+{
+	return f->simd_note;
 }
 
 unsigned radiance_cpu_fast_threads(const struct radiance_cpu_fast *f)
@@ -265,6 +347,11 @@ struct fast_job {
 static void quant_task(void *arg, uint32_t r)
 {
 	struct fast_job *j = arg;
+	if (j->f->simd == RADIANCE_CPU_SIMD_AVX512) {
+		j->s[r] = radiance__quant_row_avx512(j->x + (size_t)r * j->k, j->dtype, j->k, r,
+						     j->f->ldx, (uint16_t *)j->f->scratch);
+		return;
+	}
 	if (j->f->simd != RADIANCE_CPU_SIMD_AVX2_INT16) {
 		j->s[r] = radiance__quant_row_avx2(j->x + (size_t)r * j->k, j->dtype, j->k,
 						   j->xf + (size_t)r * j->f->ldx);
@@ -302,6 +389,8 @@ static void w4a8_task(void *arg, uint32_t t)
 	tile_bounds(j, t, &tile.r0, &tile.r1, &tile.n0, &tile.n1);
 	if (j->f->simd == RADIANCE_CPU_SIMD_AVX2_INT16)
 		radiance__w4a8i_tile_avx2(&tile);
+	else if (j->f->simd == RADIANCE_CPU_SIMD_AVX512)
+		radiance__w4a8_tile_avx512(&tile);
 	else
 		radiance__w4a8_tile_avx2(&tile);
 }
@@ -387,6 +476,7 @@ int radiance_cpu_fast_w4a8_multi(struct radiance_cpu_fast *f, const uint16_t *x,
 			j.n = l->n;
 			j.w4a8 = (struct radiance__w4a8_tile){
 				.xf = f->scratch, .xh = j.xh, .xl = j.xl, .lof = j.lof, .ldg = f->ldg,
+				.xb = f->scratch,
 				.s = j.s, .ldx = f->ldx, .k = k, .n = l->n,
 				.qweight = l->qweight, .scales = l->scales, .bias = l->bias, .y = l->y,
 			};

@@ -5,7 +5,7 @@
  *
  * Contract (tests/test_cpu_fast.c checks it, docs/numerics.md states it):
  * bit-exact with the scalar reference, radiance_cpu_w4a8() and
- * radiance_cpu_bf16(), for the levels scalar and avx2 and every thread
+ * radiance_cpu_bf16(), for the levels scalar, avx2 and avx512 and every thread
  * count: the same fp32 operations in the same order (the kernels say how).
  * avx2-int16 keeps bf16 layers bit-exact and W4A8 within the bound that
  * docs/numerics.md states; its result of a row is the same bits for every M,
@@ -24,7 +24,7 @@
 #include "numerics.h"
 
 enum radiance_cpu_simd {
-	RADIANCE_CPU_SIMD_AUTO = -1,   /* the best this CPU has */
+	RADIANCE_CPU_SIMD_AUTO = -1,   /* the best this CPU has: avx512, avx2, scalar */
 	RADIANCE_CPU_SIMD_SCALAR = 0,  /* the reference kernels, split by rows over threads */
 	RADIANCE_CPU_SIMD_AVX2 = 1,    /* x86-64 AVX2 + FMA + F16C */
 	/* The same CPUs; W4A8 group sums exact in 16-bit integer multiply-adds,
@@ -32,6 +32,11 @@ enum radiance_cpu_simd {
 	 * rounding plus the fp32 error of the group-scale sum (docs/numerics.md,
 	 * "CPU fast path"). Only when asked for; AUTO never picks it. */
 	RADIANCE_CPU_SIMD_AVX2_INT16 = 2,
+	/* x86-64 with AVX-512 F, BW, VBMI and BF16 (e.g. Intel Sapphire Rapids,
+	 * AMD Zen 4): W4A8 on bf16 dot products, bit-exact with the reference
+	 * like avx2 (checked on the CPU at hand before it is used, see
+	 * radiance_cpu_fast_create); bf16 layers as avx2. */
+	RADIANCE_CPU_SIMD_AVX512 = 3,
 };
 
 struct radiance_cpu_fast_options {
@@ -47,7 +52,9 @@ struct radiance_cpu_fast;
 /* Picks the SIMD level (opt->simd: AUTO, or the level the daemon's cpu_simd
  * option asks for), starts the pool and allocates the activation scratch
  * for max_rows x max_k. 0, -EINVAL (zero max_rows/max_k, a level this build
- * does not know), -ENOTSUP (the level is not on this CPU), -ENOMEM, or a
+ * does not know), -ENOTSUP (the level is not on this CPU, or avx512's
+ * known-answer check gave other bits than the reference here: AUTO then
+ * takes avx2 and radiance_cpu_fast_simd_note() says why), -ENOMEM, or a
  * pthread_create error; err names the cause. */
 int radiance_cpu_fast_create(const struct radiance_cpu_fast_options *opt,
 			     struct radiance_cpu_fast **out, char *err, size_t errlen);
@@ -59,8 +66,12 @@ size_t radiance_cpu_fast_scratch_bytes_for(const struct radiance_cpu_fast_option
 void radiance_cpu_fast_destroy(struct radiance_cpu_fast *f);
 
 enum radiance_cpu_simd radiance_cpu_fast_simd(const struct radiance_cpu_fast *f);
-/* "scalar", "avx2+fma", "avx2-int16" */
+/* "scalar", "avx2+fma", "avx2-int16", "avx512+bf16" */
 const char *radiance_cpu_simd_name(enum radiance_cpu_simd simd);
+/* Why AUTO did not take a better level than the one it picked ("" when
+ * nothing was passed over; e.g. the avx512 known-answer check failed).
+ * Static string. */
+const char *radiance_cpu_fast_simd_note(const struct radiance_cpu_fast *f);
 unsigned radiance_cpu_fast_threads(const struct radiance_cpu_fast *f);
 /* What set the thread count: "cpu_threads" (asked for), or the auto source
  * ("sched_getaffinity", "cgroup cpu.max"). Static string. */

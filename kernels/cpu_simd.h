@@ -32,6 +32,7 @@
 struct radiance__w4a8_tile {
 	const float *xf;
 	const int16_t *xh, *xl;    /* integer kernel: x as 8 * hi + lo (cpu_avx2.c) */
+	const uint16_t *xb;        /* avx512: e4m3 values as bf16, rows in pairs (cpu_avx512.c) */
 	const uint8_t *lof;        /* [m][ldg]: nonzero where a row's group has a lo */
 	uint32_t ldg;
 	const float *s;
@@ -71,6 +72,17 @@ float radiance__quant_row_i16_avx2(const uint16_t *x, enum radiance_dtype dtype,
  * (plus the reference's fp32 error) of the reference, not bit-exact. */
 void radiance__w4a8i_tile_avx2(const struct radiance__w4a8_tile *t);
 void radiance__bf16_tile_avx2(const struct radiance__bf16_tile *t);
+
+/* Per-token quant of row r (k a multiple of 128) to the avx512 kernels'
+ * layout (cpu_avx512.c): the e4m3 values as bf16, in dot-product order, row
+ * pairs interleaved every 16 k; xb 64-byte aligned, ldx a multiple of 16.
+ * Same e4m3 values and s_m as radiance_quant_row_e4m3(); NaN for a row
+ * holding Inf/NaN (its values all NaN then). */
+float radiance__quant_row_avx512(const uint16_t *x, enum radiance_dtype dtype, uint32_t k,
+				 uint32_t r, uint32_t ldx, uint16_t *xb);
+/* The W4A8 tile on bf16 dot products (vdpbf16ps): bit-exact with the
+ * reference. t->r0 even. */
+void radiance__w4a8_tile_avx512(const struct radiance__w4a8_tile *t);
 #endif
 
 #endif
