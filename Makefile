@@ -90,6 +90,12 @@ ifneq ($(filter x86_64 amd64,$(shell uname -m)),)
 SIMD_AVX512 := -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512vbmi -mavx512bf16 -O3
 endif
 $(BUILD)/obj/kernels/cpu_avx512.o: ALLCFLAGS += $(SIMD_AVX512)
+# kernels/cpu_neon.c: aarch64 Advanced SIMD (part of every AArch64 target: no
+# -m flag); empty elsewhere. tests/test_cpu_neon.sh cross-builds it.
+ifneq ($(filter aarch64 arm64,$(shell uname -m)),)
+SIMD_NEON := -O3
+endif
+$(BUILD)/obj/kernels/cpu_neon.o: ALLCFLAGS += $(SIMD_NEON)
 
 # GPU backend: kernels/*.hip built by nvcc (as CUDA) or hipcc. The kernels'
 # vendor mapping is kernels/gpu_compat.h; tools/gpu-compile-check.sh is the CI

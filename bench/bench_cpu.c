@@ -5,7 +5,7 @@
  * optionally the scalar reference (kernels/w4a8_cpu.h) as a peer.
  *
  *   bench_cpu [--threads N] [--ms 1,4,16,64,256] [--set 27b|minilm|all]
- *             [--simd scalar|avx2|avx2-int16|avx512] [--reference] [--header] [--quick]
+ *             [--simd scalar|avx2|avx2-int16|avx512|neon] [--reference] [--header] [--quick]
  *
  * Weights are random (no checkpoint needed), generated in-process. For the
  * 27B shapes the weights rotate over enough copies that each call reads
@@ -231,7 +231,7 @@ static double fma_rate(struct radiance_cpu_pool *pool, unsigned threads, int rep
 static void usage(void)
 {
 	fprintf(stderr, "usage: bench_cpu [--threads N] [--ms 1,4,16,64,256] [--set 27b|minilm|all] "
-			"[--reference] [--header] [--quick] [--simd auto|scalar|avx2|avx2-int16|avx512]\n");
+			"[--reference] [--header] [--quick] [--simd auto|scalar|avx2|avx2-int16|avx512|neon]\n");
 	exit(2);
 }
 
@@ -268,6 +268,8 @@ int main(int argc, char **argv)
 				simd = RADIANCE_CPU_SIMD_AVX2_INT16;
 			else if (strcmp(v, "avx512") == 0 || strcmp(v, "avx512+bf16") == 0)
 				simd = RADIANCE_CPU_SIMD_AVX512;
+			else if (strcmp(v, "neon") == 0)
+				simd = RADIANCE_CPU_SIMD_NEON;
 			else
 				usage();
 		} else if (strcmp(argv[i], "--quick") == 0) {

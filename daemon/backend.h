@@ -68,7 +68,7 @@ struct radiance_backend_options {
 	                            a GPU can take (tests only) */
 	int cpu_simd;            /* CPU: SIMD kernels, 0 the best the CPU has, 1 scalar
 	                            (the reference kernels), 2 avx2, 3 avx2-int16
-	                            (not bit-exact), 4 avx512; create fails
+	                            (not bit-exact), 4 avx512, 5 neon; create fails
 	                            (-ENOTSUP, the text says why) when the CPU lacks
 	                            the level asked for */
 	int prefill;             /* GPU: enum radiance_backend_prefill; the CPU

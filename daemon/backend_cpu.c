@@ -59,6 +59,7 @@ static int cpu_create(const struct radiance_backend_options *opt, void **state, 
 			: opt->cpu_simd == 2 ? RADIANCE_CPU_SIMD_AVX2
 			: opt->cpu_simd == 3 ? RADIANCE_CPU_SIMD_AVX2_INT16
 			: opt->cpu_simd == 4 ? RADIANCE_CPU_SIMD_AVX512
+			: opt->cpu_simd == 5 ? RADIANCE_CPU_SIMD_NEON
 					      : RADIANCE_CPU_SIMD_AUTO,
 		.max_rows = opt->max_rows,
 		.max_k = s->max_k,

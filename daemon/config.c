@@ -132,8 +132,9 @@ static const struct setting settings[] = {
 	/* kernel settings (docs/cpu.md, docs/gpu.md, docs/numerics.md "Contract") */
 	{ "cpu_simd", 500, "LEVEL", V_CHOICE, OFF(cpu_simd), 0, 0,
 	  "CPU backend: SIMD kernels: auto (the best this CPU has: avx512, else "
-	  "avx2), scalar (the reference kernels), avx2 (the same bits as scalar), "
-	  "avx512 (W4A8 on AVX-512 BF16 dot products, the same bits as scalar) or "
+	  "avx2 on x86-64; neon on aarch64), scalar (the reference kernels), avx2 (the "
+	  "same bits as scalar), avx512 (W4A8 on AVX-512 BF16 dot products, the same "
+	  "bits as scalar), neon (aarch64, the same bits as scalar) or "
 	  "avx2-int16 (W4A8 group sums in 16-bit integers: within a stated bound of "
 	  "the reference, not bit-exact; never chosen by auto); a level the CPU lacks "
 	  "fails start-up (auto)" },
@@ -186,7 +187,7 @@ static const struct setting settings[] = {
 
 /* The values of each V_CHOICE setting, in the order of their indices. */
 static const char *const cpu_simd_choices[] = { "auto", "scalar", "avx2", "avx2-int16", "avx512",
-					       NULL };
+					       "neon", NULL };
 static const char *const prefill_choices[] = { "auto", "exact", "fast", NULL };
 static const char *const wgmma_tile_choices[] = { "auto", "128", "96", NULL };
 static const struct {

@@ -1,5 +1,6 @@
 /* The CPU fast path: level choice, work split and the scalar fallback; see
- * cpu_fast.h. The SIMD kernels are in cpu_avx2.c and cpu_avx512.c. */
+ * cpu_fast.h. The SIMD kernels are in cpu_avx2.c, cpu_avx512.c (x86-64) and
+ * cpu_neon.c (aarch64). */
 #include "cpu_fast.h"
 
 #include <errno.h>
@@ -32,7 +33,7 @@ struct radiance_cpu_fast {
 	unsigned threads;
 	const char *threads_source;
 	uint32_t max_rows, max_k, ldx, ldg;
-	void *scratch;             /* AVX2: xf [max_rows][ldx] fp32 (bf16 layers) or
+	void *scratch;             /* avx2, neon: xf [max_rows][ldx] fp32, or, avx2-int16,
 	                              xh, xl [max_rows][ldx] int16 (W4A8) or, avx512,
 	                              xb bf16 [max_rows rounded up to even][ldx] in
 	                              the same bytes, then lof [max_rows][ldg], s [max_rows];
@@ -58,6 +59,8 @@ const char *radiance_cpu_simd_name(enum radiance_cpu_simd simd)
 		return "avx2-int16";
 	case RADIANCE_CPU_SIMD_AVX512:
 		return "avx512+bf16";
+	case RADIANCE_CPU_SIMD_NEON:
+		return "neon";
 	default:
 		return "auto";
 	}
@@ -79,6 +82,11 @@ static int cpu_has(enum radiance_cpu_simd simd)
 		return avx2 && __builtin_cpu_supports("avx512f") &&
 		       __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vbmi") &&
 		       __builtin_cpu_supports("avx512bf16");
+#endif
+#if defined(__aarch64__)
+	/* Advanced SIMD is part of the AArch64 Linux ABI */
+	if (simd == RADIANCE_CPU_SIMD_NEON)
+		return 1;
 #endif
 	return 0;
 }
@@ -141,6 +149,8 @@ static enum radiance_cpu_simd auto_simd(const char **note)
 			"bits (known-answer check), so avx2 was taken";
 	}
 #endif
+	if (cpu_has(RADIANCE_CPU_SIMD_NEON))
+		return RADIANCE_CPU_SIMD_NEON;
 	return cpu_has(RADIANCE_CPU_SIMD_AVX2) ? RADIANCE_CPU_SIMD_AVX2 : RADIANCE_CPU_SIMD_SCALAR;
 }
 
@@ -153,7 +163,8 @@ static int pick_simd(enum radiance_cpu_simd want, enum radiance_cpu_simd *out, c
 		return 0;
 	}
 	if (want != RADIANCE_CPU_SIMD_SCALAR && want != RADIANCE_CPU_SIMD_AVX2 &&
-	    want != RADIANCE_CPU_SIMD_AVX2_INT16 && want != RADIANCE_CPU_SIMD_AVX512) {
+	    want != RADIANCE_CPU_SIMD_AVX2_INT16 && want != RADIANCE_CPU_SIMD_AVX512 &&
+	    want != RADIANCE_CPU_SIMD_NEON) {
 		snprintf(err, errlen, "SIMD level %d is not one this build knows", (int)want);
 		return -EINVAL;
 	}
@@ -330,7 +341,11 @@ static void scalar_run(struct radiance_cpu_fast *f, struct scalar_job *j)
 
 /* ---- the SIMD levels ---------------------------------------------------------- */
 
-#if defined(__x86_64__)
+#if defined(__x86_64__) || defined(__aarch64__)
+#define HAVE_SIMD_LEVELS 1
+#endif
+
+#ifdef HAVE_SIMD_LEVELS
 struct fast_job {
 	struct radiance_cpu_fast *f;
 	const uint16_t *x;
@@ -347,6 +362,10 @@ struct fast_job {
 static void quant_task(void *arg, uint32_t r)
 {
 	struct fast_job *j = arg;
+#if defined(__aarch64__)
+	j->s[r] = radiance__quant_row_neon(j->x + (size_t)r * j->k, j->dtype, j->k,
+					   j->xf + (size_t)r * j->f->ldx);
+#else
 	if (j->f->simd == RADIANCE_CPU_SIMD_AVX512) {
 		j->s[r] = radiance__quant_row_avx512(j->x + (size_t)r * j->k, j->dtype, j->k, r,
 						     j->f->ldx, (uint16_t *)j->f->scratch);
@@ -361,13 +380,19 @@ static void quant_task(void *arg, uint32_t r)
 					       j->xh + (size_t)r * j->f->ldx,
 					       j->xl + (size_t)r * j->f->ldx,
 					       j->lof + (size_t)r * j->f->ldg);
+#endif
 }
 
 static void widen_task(void *arg, uint32_t r)
 {
 	struct fast_job *j = arg;
+#if defined(__aarch64__)
+	radiance__widen_row_neon(j->x + (size_t)r * j->k, j->dtype, j->k,
+				 j->xf + (size_t)r * j->f->ldx);
+#else
 	radiance__widen_row_avx2(j->x + (size_t)r * j->k, j->dtype, j->k,
 				 j->xf + (size_t)r * j->f->ldx);
+#endif
 }
 
 /* Task t: column chunk t / row_blocks, row block t % row_blocks, so one
@@ -387,12 +412,16 @@ static void w4a8_task(void *arg, uint32_t t)
 	struct fast_job *j = arg;
 	struct radiance__w4a8_tile tile = j->w4a8;
 	tile_bounds(j, t, &tile.r0, &tile.r1, &tile.n0, &tile.n1);
+#if defined(__aarch64__)
+	radiance__w4a8_tile_neon(&tile);
+#else
 	if (j->f->simd == RADIANCE_CPU_SIMD_AVX2_INT16)
 		radiance__w4a8i_tile_avx2(&tile);
 	else if (j->f->simd == RADIANCE_CPU_SIMD_AVX512)
 		radiance__w4a8_tile_avx512(&tile);
 	else
 		radiance__w4a8_tile_avx2(&tile);
+#endif
 }
 
 static void bf16_task(void *arg, uint32_t t)
@@ -400,7 +429,11 @@ static void bf16_task(void *arg, uint32_t t)
 	struct fast_job *j = arg;
 	struct radiance__bf16_tile tile = j->bf16;
 	tile_bounds(j, t, &tile.r0, &tile.r1, &tile.n0, &tile.n1);
+#if defined(__aarch64__)
+	radiance__bf16_tile_neon(&tile);
+#else
 	radiance__bf16_tile_avx2(&tile);
+#endif
 }
 
 /* Splits M by row blocks of task_rows and N into column chunks: about
@@ -447,7 +480,7 @@ int radiance_cpu_fast_w4a8_multi(struct radiance_cpu_fast *f, const uint16_t *x,
 		return -EINVAL;
 	if (m == 0)
 		return 0;
-#if defined(__x86_64__)
+#ifdef HAVE_SIMD_LEVELS
 	if (f->simd != RADIANCE_CPU_SIMD_SCALAR) {
 		uint64_t n_all = 0;
 		for (size_t i = 0; i < nlayers; i++)
@@ -515,7 +548,7 @@ int radiance_cpu_fast_bf16(struct radiance_cpu_fast *f, const uint16_t *x, enum 
 		return -E2BIG;
 	if (m == 0 || n == 0)
 		return 0;
-#if defined(__x86_64__)
+#ifdef HAVE_SIMD_LEVELS
 	if (f->simd != RADIANCE_CPU_SIMD_SCALAR) {
 		unsigned width = width_for(f, m, n, k);
 		struct fast_job j = { .f = f, .x = x, .dtype = dtype, .m = m, .n = n, .k = k,

@@ -5,7 +5,7 @@
  *
  * Contract (tests/test_cpu_fast.c checks it, docs/numerics.md states it):
  * bit-exact with the scalar reference, radiance_cpu_w4a8() and
- * radiance_cpu_bf16(), for the levels scalar, avx2 and avx512 and every thread
+ * radiance_cpu_bf16(), for the levels scalar, avx2, avx512 and neon and every thread
  * count: the same fp32 operations in the same order (the kernels say how).
  * avx2-int16 keeps bf16 layers bit-exact and W4A8 within the bound that
  * docs/numerics.md states; its result of a row is the same bits for every M,
@@ -24,7 +24,8 @@
 #include "numerics.h"
 
 enum radiance_cpu_simd {
-	RADIANCE_CPU_SIMD_AUTO = -1,   /* the best this CPU has: avx512, avx2, scalar */
+	RADIANCE_CPU_SIMD_AUTO = -1,   /* the best this CPU has: avx512, avx2, scalar on
+	                                  x86-64; neon on aarch64 */
 	RADIANCE_CPU_SIMD_SCALAR = 0,  /* the reference kernels, split by rows over threads */
 	RADIANCE_CPU_SIMD_AVX2 = 1,    /* x86-64 AVX2 + FMA + F16C */
 	/* The same CPUs; W4A8 group sums exact in 16-bit integer multiply-adds,
@@ -37,6 +38,10 @@ enum radiance_cpu_simd {
 	 * like avx2 (checked on the CPU at hand before it is used, see
 	 * radiance_cpu_fast_create); bf16 layers as avx2. */
 	RADIANCE_CPU_SIMD_AVX512 = 3,
+	/* aarch64 Advanced SIMD (every AArch64 Linux machine has it): W4A8 and
+	 * bf16 layers bit-exact with the reference, as avx2. Tested under
+	 * qemu-aarch64 only (tests/arm64_check.sh): never run on ARM hardware. */
+	RADIANCE_CPU_SIMD_NEON = 4,
 };
 
 struct radiance_cpu_fast_options {
@@ -66,7 +71,7 @@ size_t radiance_cpu_fast_scratch_bytes_for(const struct radiance_cpu_fast_option
 void radiance_cpu_fast_destroy(struct radiance_cpu_fast *f);
 
 enum radiance_cpu_simd radiance_cpu_fast_simd(const struct radiance_cpu_fast *f);
-/* "scalar", "avx2+fma", "avx2-int16", "avx512+bf16" */
+/* "scalar", "avx2+fma", "avx2-int16", "avx512+bf16", "neon" */
 const char *radiance_cpu_simd_name(enum radiance_cpu_simd simd);
 /* Why AUTO did not take a better level than the one it picked ("" when
  * nothing was passed over; e.g. the avx512 known-answer check failed).

@@ -30,7 +30,7 @@
  * by columns [n0, n1).
  * xf: e4m3 activations * 2^-28 fp32 [m][ldx]; s: per-token scales [m]. */
 struct radiance__w4a8_tile {
-	const float *xf;
+	const float *xf;           /* avx2, neon */
 	const int16_t *xh, *xl;    /* integer kernel: x as 8 * hi + lo (cpu_avx2.c) */
 	const uint16_t *xb;        /* avx512: e4m3 values as bf16, rows in pairs (cpu_avx512.c) */
 	const uint8_t *lof;        /* [m][ldg]: nonzero where a row's group has a lo */
@@ -83,6 +83,18 @@ float radiance__quant_row_avx512(const uint16_t *x, enum radiance_dtype dtype, u
 /* The W4A8 tile on bf16 dot products (vdpbf16ps): bit-exact with the
  * reference. t->r0 even. */
 void radiance__w4a8_tile_avx512(const struct radiance__w4a8_tile *t);
+#endif
+
+#if defined(__aarch64__)
+/* The AArch64 Advanced SIMD kernels (cpu_neon.c), in the avx2 kernels'
+ * roles and layouts: the quant writes the e4m3 values times 2^-28 (exact) as
+ * fp32 to xf and returns s_m (NaN for a row holding Inf/NaN, xf all NaN
+ * then); the widen is exact, any k; both tiles are bit-exact with the
+ * reference. */
+float radiance__quant_row_neon(const uint16_t *x, enum radiance_dtype dtype, uint32_t k, float *xf);
+void radiance__widen_row_neon(const uint16_t *x, enum radiance_dtype dtype, uint32_t k, float *xf);
+void radiance__w4a8_tile_neon(const struct radiance__w4a8_tile *t);
+void radiance__bf16_tile_neon(const struct radiance__bf16_tile *t);
 #endif
 
 #endif

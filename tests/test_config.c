@@ -906,7 +906,7 @@ static void test_kernel_settings(void **state)
 	assert_string_equal(err, "--prefill: 'wgmma' is not a prefill value (expected auto, exact or fast)");
 	config_finish(&cfg);
 	assert_int_equal(load(&cfg, err, sizeof err, "--no-config", "--cpu-simd", "sse9", NULL), -EINVAL);
-	assert_string_equal(err, "--cpu-simd: 'sse9' is not a cpu_simd value (expected auto, scalar, avx2, avx2-int16 or avx512)");
+	assert_string_equal(err, "--cpu-simd: 'sse9' is not a cpu_simd value (expected auto, scalar, avx2, avx2-int16, avx512 or neon)");
 	config_finish(&cfg);
 	path = write_file("tile.conf", "wgmma_tile = 64\n");
 	assert_int_equal(load(&cfg, err, sizeof err, "--config", path, NULL), -EINVAL);

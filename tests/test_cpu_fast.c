@@ -2,8 +2,9 @@
  * The CPU fast path (kernels/cpu_fast.h) against the scalar reference
  * (kernels/w4a8_cpu.h), which tests/test_numerics.c and test_numerics_ref
  * check against the definition and an independent numpy/ml_dtypes one:
- *   - W4A8: bit-exact with radiance_cpu_w4a8() on the levels scalar and
- *     avx2, thread counts 1..4; avx2-int16 within its stated bound of a
+ *   - W4A8: bit-exact with radiance_cpu_w4a8() on the levels scalar, avx2,
+ *     avx512 and neon (each where this CPU has it; tests/test_cpu_neon.sh
+ *     runs this file under qemu-aarch64 for neon), thread counts 1..4; avx2-int16 within its stated bound of a
  *     double computation of the definition and within one bf16 step of the
  *     reference where that is well-conditioned, NaN rows NaN, zero rows the
  *     bias's bits, the same bits at every thread count and for a row alone;
@@ -163,10 +164,15 @@ struct level {
 static size_t make_levels(struct level *lv, size_t cap)
 {
 	size_t n = 0;
+	/* RADIANCE_TEST_MAX_THREADS: fewer thread counts (tests/arm64_check.sh
+	 * runs the kernels under qemu-aarch64 on one thread) */
+	const char *mt = getenv("RADIANCE_TEST_MAX_THREADS");
+	const unsigned max_threads = mt && atoi(mt) > 0 && atoi(mt) < 4 ? (unsigned)atoi(mt) : 4;
 	const enum radiance_cpu_simd levels[] = { RADIANCE_CPU_SIMD_SCALAR, RADIANCE_CPU_SIMD_AVX2,
-						  RADIANCE_CPU_SIMD_AVX2_INT16, RADIANCE_CPU_SIMD_AVX512 };
+						  RADIANCE_CPU_SIMD_AVX2_INT16, RADIANCE_CPU_SIMD_AVX512,
+						  RADIANCE_CPU_SIMD_NEON };
 	for (size_t s = 0; s < sizeof levels / sizeof levels[0]; s++)
-		for (unsigned t = 1; t <= 4 && n < cap; t++) {
+		for (unsigned t = 1; t <= max_threads && n < cap; t++) {
 			struct radiance_cpu_fast_options o = { .threads = t, .simd = levels[s],
 							       .max_rows = MAX_M, .max_k = MAX_K };
 			char err[256];
@@ -366,8 +372,8 @@ static void check_w4a8_shape(struct level *lv, size_t nlv, uint32_t m, uint32_t 
 static void test_w4a8(void **state)
 {
 	(void)state;
-	struct level lv[16];
-	size_t nlv = make_levels(lv, 16);
+	struct level lv[20];
+	size_t nlv = make_levels(lv, 20);
 	/* every M 1..65 on two shapes (odd N below and above the 8-column step) */
 	for (uint32_t m = 1; m <= MAX_M; m++) {
 		check_w4a8_shape(lv, nlv, m, 13, 256, m % 2 ? RADIANCE_DTYPE_BF16 : RADIANCE_DTYPE_FP16,
@@ -401,8 +407,8 @@ static void test_w4a8(void **state)
 static void test_w4a8_multi_bit_exact(void **state)
 {
 	(void)state;
-	struct level lv[16];
-	size_t nlv = make_levels(lv, 16);
+	struct level lv[20];
+	size_t nlv = make_levels(lv, 20);
 	enum { NL = 3, K = 384 };
 	const uint32_t ns[NL] = { 67, 0, 200 };
 	static uint16_t x[MAX_M * K], yref[NL][MAX_M * 200], y[NL][MAX_M * 200];
@@ -458,8 +464,8 @@ static void test_w4a8_multi_bit_exact(void **state)
 static void test_w4a8_inexact_reference_sums(void **state)
 {
 	(void)state;
-	struct level lv[16];
-	size_t nlv = make_levels(lv, 16);
+	struct level lv[20];
+	size_t nlv = make_levels(lv, 20);
 	enum { K = 256, N = 11, M = 9 };
 	static uint16_t x[M * K], yref[M * N], y[M * N];
 	static uint32_t qw[N * K / 8];
@@ -564,8 +570,8 @@ static void check_bf16_shape(struct level *lv, size_t nlv, uint32_t m, uint32_t 
 static void test_bf16_bit_exact(void **state)
 {
 	(void)state;
-	struct level lv[16];
-	size_t nlv = make_levels(lv, 16);
+	struct level lv[20];
+	size_t nlv = make_levels(lv, 20);
 	const uint32_t shapes[][2] = { { 1, 1 }, { 5, 7 }, { 9, 8 }, { 17, 100 }, { 33, 387 },
 				       { 64, 384 }, { 129, 1152 }, { 300, 31 } };
 	const uint32_t ms[] = { 1, 2, 3, 5, 8, 9, 16, 33, 65 };
@@ -744,5 +750,9 @@ int main(void)
 		cmocka_unit_test(test_usable_threads_follow_affinity),
 		cmocka_unit_test(test_errors),
 	};
+	/* RADIANCE_TEST_FILTER: run only the tests whose names match (cmocka's
+	 * wildcards), e.g. a piece at a time under emulation */
+	if (getenv("RADIANCE_TEST_FILTER"))
+		cmocka_set_test_filter(getenv("RADIANCE_TEST_FILTER"));
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -4,10 +4,14 @@
 set -eu
 PKGS="build-essential pkg-config libuv1-dev libprotobuf-c-dev protobuf-c-compiler
 libjansson-dev libinih-dev libsystemd-dev libcmocka-dev systemd python3 python3-venv
-clang-19 clang-tools-19 llvm-19 lld-19 libamdhip64-dev"
+clang-19 clang-tools-19 llvm-19 lld-19 libamdhip64-dev
+gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user"
 # make check compiles the HIP kernels for gfx1201 and inspects the code object
 # (tests/test_gpu_compile.sh): clang-19, its offload bundler (clang-tools-19),
 # the llvm-objcopy that bundler runs (llvm-19), lld-19 and the HIP headers.
+# It also cross-compiles the CPU fast path for aarch64 and runs its NEON
+# kernels under qemu-aarch64 (tests/test_cpu_neon.sh): the cross gcc, its
+# libc and qemu-user.
 # make fuzz (libFuzzer targets) wants clang-19 and its sanitizer runtimes.
 if [ "${RADIANCE_DEPS_FUZZ:-0}" = 1 ]; then
 	PKGS="$PKGS clang-19 libclang-rt-19-dev"
