@@ -105,8 +105,7 @@ void radiance__widen_row_avx2(const uint16_t *x, enum radiance_dtype dtype, uint
 	for (; i + 8 <= k; i += 8)
 		_mm256_storeu_ps(xf + i, load_x8(x + i, dtype));
 	for (; i < k; i++)
-		xf[i] = dtype == RADIANCE_DTYPE_FP16 ? radiance_f16_to_f32(x[i])
-						     : radiance_bf16_to_f32(x[i]);
+		xf[i] = radiance_x_to_f32(x[i], dtype);
 }
 
 /* Reduces eight accumulators, each as the reference's dot_group() does

@@ -103,8 +103,7 @@ void radiance__widen_row_neon(const uint16_t *x, enum radiance_dtype dtype, uint
 	for (; i + 4 <= k; i += 4)
 		vst1q_f32(xf + i, load_x4(x + i, dtype));
 	for (; i < k; i++)
-		xf[i] = dtype == RADIANCE_DTYPE_FP16 ? radiance_f16_to_f32(x[i])
-						     : radiance_bf16_to_f32(x[i]);
+		xf[i] = radiance_x_to_f32(x[i], dtype);
 }
 
 /* ---- W4A8 ------------------------------------------------------------------ */

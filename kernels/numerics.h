@@ -108,6 +108,12 @@ static inline float radiance_f16_to_f32(uint16_t h)
 	return radiance_f32_from_bits(sign | ((exp + 112u) << 23) | (man << 13));
 }
 
+/* One activation element (bf16 or fp16 bits, as dtype says) -> fp32, exact. */
+static inline float radiance_x_to_f32(uint16_t x, enum radiance_dtype dtype)
+{
+	return dtype == RADIANCE_DTYPE_FP16 ? radiance_f16_to_f32(x) : radiance_bf16_to_f32(x);
+}
+
 /* e4m3fn code -> fp32, exact. 0x7F / 0xFF are NaN. */
 static inline float radiance_e4m3_to_f32(uint8_t c)
 {

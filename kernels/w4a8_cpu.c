@@ -5,7 +5,7 @@
 
 static inline float load_x(const uint16_t *x, enum radiance_dtype dtype, size_t i)
 {
-	return dtype == RADIANCE_DTYPE_FP16 ? radiance_f16_to_f32(x[i]) : radiance_bf16_to_f32(x[i]);
+	return radiance_x_to_f32(x[i], dtype);
 }
 
 float radiance_quant_row_e4m3(const uint16_t *x, enum radiance_dtype dtype, uint32_t k,
