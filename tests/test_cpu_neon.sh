@@ -33,7 +33,7 @@ root=$A/root
 if [ ! -f "$root/usr/include/cmocka.h" ]; then
 	mkdir -p "$A/lists/partial" "$A/cache/archives/partial" "$A/debs"
 	o="-qq -oAPT::Architecture=arm64 -oAPT::Architectures=arm64 -oDir::State::Lists=$PWD/$A/lists
-	   -oDir::Cache=$PWD/$A/cache -oDebug::NoLocking=1"
+	   -oDir::Cache=$PWD/$A/cache -oDebug::NoLocking=1 -oAPT::Sandbox::User=root"
 	# shellcheck disable=SC2086
 	if ! apt-get $o update || ! (cd "$A/debs" && apt-get $o download libcmocka0 libcmocka-dev); then
 		echo "test_cpu_neon: cannot download cmocka for arm64 (Debian's package lists)"
