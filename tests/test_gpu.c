@@ -370,6 +370,9 @@ static int run_shape(uint32_t n, uint32_t k, const uint32_t *ms, size_t nms, int
 	const size_t ncnt = radiance__w4a8_counters_needed(n);
 	uint32_t *counters = dalloc(ncnt * 4);
 	assert_int_equal(radiance__gpu_memset_async(counters, 0, ncnt * 4, stream), 0);
+	/* streaming-kernel launches by warps splitting K (1, 2, 4), and with 4
+	 * tiles a warp and wk 4 */
+	unsigned ran_wk[4] = {0}, ran_ntw4_wk4 = 0;
 
 	for (size_t mi = 0; mi < nms; mi++) {
 		const uint32_t m = ms[mi];
@@ -422,6 +425,7 @@ static int run_shape(uint32_t n, uint32_t k, const uint32_t *ms, size_t nms, int
 				{2, 2, 2, 1, 0, 1}, {2, 4, 1, 3, 1, 1}, {2, 2, 2, 8, 3, 1}, {2, 1, 1, 5, 7, 1},
 				{2, 1, 2, 2, 1, 2}, {2, 1, 2, 2, 3, 4}, {2, 2, 2, 2, 0, 2}, {2, 4, 1, 3, 2, 2},
 				{2, 1, 1, 5, 0, 4}, {2, 2, 1, 2, 2, 4}, {2, 1, 4, 3, 1, 4}, {2, 1, 2, 8, 1, 4},
+				{2, 4, 1, 2, 0, 4},
 			};
 			const uint32_t ndec = m <= 16 ? sizeof dec / sizeof dec[0] : 4u;
 			const uint32_t reps = path == RADIANCE_W4A8_DECODE                                    ? ndec
@@ -448,6 +452,13 @@ static int run_shape(uint32_t n, uint32_t k, const uint32_t *ms, size_t nms, int
 				};
 				struct radiance__w4a8_plan plan;
 				radiance__w4a8_plan(&dev, &a, &plan);
+				/* which warps-splitting-K launches of the streaming kernel
+				 * ran (a forced wk is cut where the split leaves its warps
+				 * less than a group each: the planner's rule, test_plan) */
+				if (plan.path == RADIANCE_W4A8_DECODE && plan.ntw) {
+					ran_wk[plan.wk < 4 ? plan.wk : 3]++;
+					ran_ntw4_wk4 += plan.ntw == 4 && plan.wk == 4;
+				}
 				assert_int_equal(radiance__gpu_quant(dx, dt, m, k, plan.order, dc, ds, stream), 0);
 				for (size_t i = 0; i < (size_t)(m + pad) * n; i++)
 					y[i] = 0x7FC1;   /* poison */
@@ -491,6 +502,16 @@ static int run_shape(uint32_t n, uint32_t k, const uint32_t *ms, size_t nms, int
 		free(srow);
 		free(scratch);
 	}
+	/* the dec list's wk 2 and wk 4 entries must have run here wherever
+	 * the streaming kernel did (on the H200's occupancy every test shape
+	 * runs both, and 4 tiles a warp with wk 4 at m <= 8) */
+	const unsigned ran = ran_wk[1] + ran_wk[2] + ran_wk[3];
+	printf("# n=%u k=%u: streaming launches by wk: 1: %u, 2: %u, 4: %u (4 tiles a warp and wk 4: %u)\n", n, k,
+	       ran_wk[1], ran_wk[2], ran_wk[3], ran_ntw4_wk4);
+	if (ran && (!ran_wk[2] || !ran_wk[3])) {
+		printf("# n=%u k=%u: no streaming launch with 2 or with 4 warps splitting K  <-- FAIL\n", n, k);
+		failures++;
+	}
 	radiance__gpu_free(partials);
 	radiance__gpu_free(counters);
 	layer_drop(&L);
@@ -521,6 +542,17 @@ static void test_w4a8_wide(void **state)
 	NEED_GPU();
 	static const uint32_t ms[] = {1, 5, 16, 33, 64, 65, 128, 300};
 	assert_int_equal(run_shape(1000, 1152, ms, sizeof ms / sizeof ms[0], 1), 0);
+}
+
+static void test_w4a8_odd_n(void **state)
+{
+	(void)state;
+	NEED_GPU();
+	/* N = 100: not a multiple of 8, so every kernel stores y element by
+	 * element at the end of a row (the streaming kernel with 1, 2 and 4
+	 * warps splitting K among them); 6 groups */
+	static const uint32_t ms[] = {1, 3, 8, 13, 16, 33, 65};
+	assert_int_equal(run_shape(100, 768, ms, sizeof ms / sizeof ms[0], 1), 0);
 }
 
 /* Fused quant (plan.fused): the streaming GEMV quantizing x itself must give
@@ -1906,6 +1938,7 @@ static void test_quant_sources(void **state) { (void)state; skip(); }
 static void test_w4a8_narrow(void **state) { (void)state; skip(); }
 static void test_w4a8_splitk(void **state) { (void)state; skip(); }
 static void test_w4a8_wide(void **state) { (void)state; skip(); }
+static void test_w4a8_odd_n(void **state) { (void)state; skip(); }
 static void test_layer_chain(void **state) { (void)state; skip(); }
 static void test_fused_quant(void **state) { (void)state; skip(); }
 static void test_w4a8_y_rows(void **state) { (void)state; skip(); }
@@ -1932,6 +1965,7 @@ int main(void)
 		cmocka_unit_test(test_w4a8_narrow),
 		cmocka_unit_test(test_w4a8_splitk),
 		cmocka_unit_test(test_w4a8_wide),
+		cmocka_unit_test(test_w4a8_odd_n),
 		cmocka_unit_test(test_layer_chain),
 		cmocka_unit_test(test_fused_quant),
 		cmocka_unit_test(test_w4a8_y_rows),
