@@ -40,7 +40,7 @@ enum radiance_cpu_simd {
 	RADIANCE_CPU_SIMD_AVX512 = 3,
 	/* aarch64 Advanced SIMD (every AArch64 Linux machine has it): W4A8 and
 	 * bf16 layers bit-exact with the reference, as avx2. Tested under
-	 * qemu-aarch64 only (tests/arm64_check.sh): never run on ARM hardware. */
+	 * qemu-aarch64 only (tests/test_cpu_neon.sh): never run on ARM hardware. */
 	RADIANCE_CPU_SIMD_NEON = 4,
 };
 

@@ -26,7 +26,7 @@
  * order (bf16 x bf16 and fp16 x bf16 products are exact in fp32, so FMLA is
  * the reference's multiply then add), as radiance_cpu_bf16().
  *
- * Tested under user-mode emulation (tests/arm64_check.sh, qemu-aarch64):
+ * Tested under user-mode emulation (tests/test_cpu_neon.sh, qemu-aarch64):
  * correctness only; no ARM hardware has run or timed these kernels.
  */
 #include "cpu_simd.h"

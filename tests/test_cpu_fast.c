@@ -4,8 +4,8 @@
  * check against the definition and an independent numpy/ml_dtypes one:
  *   - W4A8: bit-exact with radiance_cpu_w4a8() on the levels scalar, avx2,
  *     avx512 and neon (each where this CPU has it; tests/test_cpu_neon.sh
- *     runs this file under qemu-aarch64 for neon), thread counts 1..4; avx2-int16 within its stated bound of a
- *     double computation of the definition and within one bf16 step of the
+ *     runs this file under qemu-aarch64 for neon), thread counts 1..4;
+ *     avx2-int16 within its stated bound of a double computation of the definition and within one bf16 step of the
  *     reference where that is well-conditioned, NaN rows NaN, zero rows the
  *     bias's bits, the same bits at every thread count and for a row alone;
  *     all on odd N, K multiples of 128, M = 1..65, bf16
@@ -155,6 +155,9 @@ static void fill_w4a8(uint32_t *qw, uint16_t *sc, float *bias, uint32_t n, uint3
 		bias[j] = (float)rnd_unit() * 4.0f;
 }
 
+/* every (level, thread count) make_levels can create: 5 levels x 4 */
+#define MAX_LEVELS 20
+
 struct level {
 	enum radiance_cpu_simd simd;
 	unsigned threads;
@@ -164,10 +167,11 @@ struct level {
 static size_t make_levels(struct level *lv, size_t cap)
 {
 	size_t n = 0;
-	/* RADIANCE_TEST_MAX_THREADS: fewer thread counts (tests/arm64_check.sh
+	/* RADIANCE_TEST_MAX_THREADS: fewer thread counts (tests/test_cpu_neon.sh
 	 * runs the kernels under qemu-aarch64 on one thread) */
 	const char *mt = getenv("RADIANCE_TEST_MAX_THREADS");
-	const unsigned max_threads = mt && atoi(mt) > 0 && atoi(mt) < 4 ? (unsigned)atoi(mt) : 4;
+	const int want = mt ? atoi(mt) : 0;
+	const unsigned max_threads = want > 0 && want < 4 ? (unsigned)want : 4;
 	const enum radiance_cpu_simd levels[] = { RADIANCE_CPU_SIMD_SCALAR, RADIANCE_CPU_SIMD_AVX2,
 						  RADIANCE_CPU_SIMD_AVX2_INT16, RADIANCE_CPU_SIMD_AVX512,
 						  RADIANCE_CPU_SIMD_NEON };
@@ -372,8 +376,8 @@ static void check_w4a8_shape(struct level *lv, size_t nlv, uint32_t m, uint32_t 
 static void test_w4a8(void **state)
 {
 	(void)state;
-	struct level lv[20];
-	size_t nlv = make_levels(lv, 20);
+	struct level lv[MAX_LEVELS];
+	size_t nlv = make_levels(lv, MAX_LEVELS);
 	/* every M 1..65 on two shapes (odd N below and above the 8-column step) */
 	for (uint32_t m = 1; m <= MAX_M; m++) {
 		check_w4a8_shape(lv, nlv, m, 13, 256, m % 2 ? RADIANCE_DTYPE_BF16 : RADIANCE_DTYPE_FP16,
@@ -407,8 +411,8 @@ static void test_w4a8(void **state)
 static void test_w4a8_multi_bit_exact(void **state)
 {
 	(void)state;
-	struct level lv[20];
-	size_t nlv = make_levels(lv, 20);
+	struct level lv[MAX_LEVELS];
+	size_t nlv = make_levels(lv, MAX_LEVELS);
 	enum { NL = 3, K = 384 };
 	const uint32_t ns[NL] = { 67, 0, 200 };
 	static uint16_t x[MAX_M * K], yref[NL][MAX_M * 200], y[NL][MAX_M * 200];
@@ -464,8 +468,8 @@ static void test_w4a8_multi_bit_exact(void **state)
 static void test_w4a8_inexact_reference_sums(void **state)
 {
 	(void)state;
-	struct level lv[20];
-	size_t nlv = make_levels(lv, 20);
+	struct level lv[MAX_LEVELS];
+	size_t nlv = make_levels(lv, MAX_LEVELS);
 	enum { K = 256, N = 11, M = 9 };
 	static uint16_t x[M * K], yref[M * N], y[M * N];
 	static uint32_t qw[N * K / 8];
@@ -570,8 +574,8 @@ static void check_bf16_shape(struct level *lv, size_t nlv, uint32_t m, uint32_t 
 static void test_bf16_bit_exact(void **state)
 {
 	(void)state;
-	struct level lv[20];
-	size_t nlv = make_levels(lv, 20);
+	struct level lv[MAX_LEVELS];
+	size_t nlv = make_levels(lv, MAX_LEVELS);
 	const uint32_t shapes[][2] = { { 1, 1 }, { 5, 7 }, { 9, 8 }, { 17, 100 }, { 33, 387 },
 				       { 64, 384 }, { 129, 1152 }, { 300, 31 } };
 	const uint32_t ms[] = { 1, 2, 3, 5, 8, 9, 16, 33, 65 };
