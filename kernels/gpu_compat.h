@@ -246,6 +246,9 @@ __device__ __forceinline__ void rad_grid_launch(void)
 #endif
 }
 __device__ __forceinline__ uint32_t rad_atomic_inc(uint32_t *p) { return atomicAdd((unsigned int *)p, 1u); }
+/* The max / bitwise or of v over the 32 lanes of a (full) warp, in every lane. */
+__device__ __forceinline__ uint32_t rad_warp_max_u32(uint32_t v) { return __reduce_max_sync(0xFFFFFFFFu, v); }
+__device__ __forceinline__ uint32_t rad_warp_or_u32(uint32_t v) { return __reduce_or_sync(0xFFFFFFFFu, v); }
 /* Barrier `id` (1..15; 0 is __syncthreads) over the first `threads` threads
  * of the block (a multiple of 32): the warps that take part in a phase. */
 __device__ __forceinline__ void rad_bar_sync(uint32_t id, uint32_t threads)
@@ -462,6 +465,21 @@ __device__ __forceinline__ uint32_t rad_atomic_inc(uint32_t *p)
 }
 __device__ __forceinline__ void rad_grid_wait(void) {}
 __device__ __forceinline__ void rad_grid_launch(void) {}
+/* The max / bitwise or of v over the 32 lanes of a (full) wave32, in every lane. */
+__device__ __forceinline__ uint32_t rad_warp_max_u32(uint32_t v)
+{
+	for (int o = 16; o > 0; o >>= 1) {
+		const uint32_t u = (uint32_t)__shfl_xor((int)v, o, 32);
+		v = u > v ? u : v;
+	}
+	return v;
+}
+__device__ __forceinline__ uint32_t rad_warp_or_u32(uint32_t v)
+{
+	for (int o = 16; o > 0; o >>= 1)
+		v |= (uint32_t)__shfl_xor((int)v, o, 32);
+	return v;
+}
 #endif
 
 /* Loads kernel `f` into the current device's context now, and counts it in

@@ -60,35 +60,39 @@ __device__ __forceinline__ const uint16_t *quant_row_src(const struct radiance__
 	return (const uint16_t *)p + (size_t)r * k;
 }
 
-/* The block's amax and bad flags reduced; thread 0 stores the row's scale.
- * Every thread gets 1/s and whether the row holds Inf or NaN. */
+/* The block's amax and bad flags reduced (within each warp, then across
+ * the warps: two barriers); thread 0 stores the row's scale. Every thread
+ * gets 1/s and whether the row holds Inf or NaN. */
 template <int T>
 __device__ __forceinline__ float quant_scale(uint32_t amax, uint32_t bad, float *s, uint32_t row, bool &nan_row)
 {
 	RAD_NO_CONTRACT
-	__shared__ uint32_t red_max[T];
-	__shared__ uint32_t red_bad[T];
+	constexpr uint32_t W = T / 32;
+	__shared__ uint32_t red_max[W];
+	__shared__ uint32_t red_bad[W];
 	__shared__ float row_inv;
+	__shared__ uint32_t row_bad;
 	const uint32_t tid = RAD_TID();
-	red_max[tid] = amax;
-	red_bad[tid] = bad;
+	amax = rad_warp_max_u32(amax);
+	bad = rad_warp_or_u32(bad);
+	if (tid % 32 == 0) {
+		red_max[tid / 32] = amax;
+		red_bad[tid / 32] = bad;
+	}
 	RAD_SYNC();
-	for (uint32_t n = T / 2; n > 0; n >>= 1) {
-		if (tid < n) {
-			uint32_t o = red_max[tid + n];
-			red_max[tid] = o > red_max[tid] ? o : red_max[tid];
-			red_bad[tid] |= red_bad[tid + n];
+	if (tid < 32) {
+		amax = rad_warp_max_u32(tid < W ? red_max[tid] : 0u);
+		bad = rad_warp_or_u32(tid < W ? red_bad[tid] : 0u);
+		if (tid == 0) {
+			float sc, inv;
+			quant_row_scale(amax, bad, sc, inv);
+			s[row] = sc;
+			row_inv = inv;
+			row_bad = bad;
 		}
-		RAD_SYNC();
-	}
-	if (tid == 0) {
-		float sc, inv;
-		quant_row_scale(red_max[0], red_bad[0], sc, inv);
-		s[row] = sc;
-		row_inv = inv;
 	}
 	RAD_SYNC();
-	nan_row = red_bad[0] != 0;
+	nan_row = row_bad != 0;
 	return row_inv;
 }
 
