@@ -2,7 +2,7 @@
 """numpy/OpenBLAS peer for bench/bench_cpu.c, and the results files.
 
     python3 bench/cpu_peers.py BENCH.csv [BENCH.csv ...] --out bench/results/cpu-DATE
-            [--load "uptime line"] [--no-peer]
+            [--load "uptime line"] [--machine "what ran it"] [--no-peer]
 
 BENCH.csv are bench_cpu's rows (threads 1 and 2 runs). For each (threads,
 shape, m) they hold, this times numpy's fp32 matmul x[m, k] @ W.T on
@@ -164,6 +164,9 @@ def main():
     ap.add_argument("bench", nargs="+")
     ap.add_argument("--out", required=True)
     ap.add_argument("--load", default="")
+    ap.add_argument("--machine", default="",
+                    help="the machine in words (cores, VM, whether it was shared); "
+                         "default: the CPU name and kernels of the rows")
     ap.add_argument("--no-peer", action="store_true")
     a = ap.parse_args()
     rows = []
@@ -197,20 +200,22 @@ def main():
     md = []
     cpu = rows[0]["cpu"] if rows else "?"
     md.append(f"# CPU backend fast path, {rows[0]['date'] if rows else ''}\n")
-    md.append(f"Machine: {cpu}, 2 vCPUs (KVM), AVX2+FMA+F16C, no AVX-512; kernels avx2+fma "
+    simd = ", ".join(sorted({r.get("simd", "") for r in rows if r.get("simd")})) or "?"
+    threads = ", ".join(str(t) for t in sorted({int(r["threads"]) for r in rows}))
+    md.append(f"Machine: {a.machine or cpu}; kernels {simd}, threads {threads} "
               "(bench/bench_cpu.c through kernels/cpu_fast.h, as the daemon runs them). "
-              "**The machine was shared with other busy processes during the run** "
-              f"(load at start: `{a.load}`): times are medians, and the read probe is measured in "
+              f"Load at start: `{a.load}`. Times are medians, and the read probe is measured in "
               "the same conditions right before each shape, but both move from run to run.\n")
     md.append("27B shapes read their weights from DRAM (the bench rotates copies over a 128 MiB "
               "working set, 4x the L3); MiniLM shapes stay in cache, as when that model is "
               "served. `fraction` = probe_us / us (1.0: as fast as reading the bytes). "
-              f"numpy peer: {peer_name}, fp32 matmul on dequantized fp32 weights (8x the bytes "
-              "of int4). " + (f"torch peers: {tname}, F.linear in fp32 and bf16 on the same "
-                              "random weights, torch.set_num_threads(threads)." if torch_here
-                              else "PyTorch is not installed here: no torch peer.") +
-              (f" ggml peer: {gname}, M <= 64." if gpeers else " ggml-python: not installed.")
-              + "\n")
+              + ("Peers were not run (--no-peer).\n" if a.no_peer else
+                 f"numpy peer: {peer_name}, fp32 matmul on dequantized fp32 weights (8x the bytes "
+                 "of int4). " + (f"torch peers: {tname}, F.linear in fp32 and bf16 on the same "
+                                 "random weights, torch.set_num_threads(threads)." if torch_here
+                                 else "PyTorch is not installed here: no torch peer.") +
+                 (f" ggml peer: {gname}, M <= 64." if gpeers else " ggml-python: not installed.")
+                 + "\n"))
     md.append("## Targets\n")
     md.append("| threads | shape | M=1 us | probe us | fraction (>= 0.7) | M=16 us | M16/M1 (<= 3) "
               "| scalar ref M=1 us | speed-up |")

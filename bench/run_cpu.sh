@@ -29,5 +29,6 @@ if [ -z "$py" ]; then
 	py=$venv/bin/python
 fi
 env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE -u OPENBLAS_NUM_THREADS -u OMP_NUM_THREADS \
-	"$py" bench/cpu_peers.py "$tmp/t1.csv" "$tmp/t2.csv" --out "$out" --load "$load"
+	"$py" bench/cpu_peers.py "$tmp/t1.csv" "$tmp/t2.csv" --out "$out" --load "$load" \
+		--machine "$(grep -m1 "model name" /proc/cpuinfo | cut -d: -f2- | sed "s/^ //"), $(nproc) CPUs"
 echo "wrote $out.csv and .md"

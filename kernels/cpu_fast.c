@@ -348,6 +348,7 @@ static void scalar_run(struct radiance_cpu_fast *f, struct scalar_job *j)
 #ifdef HAVE_SIMD_LEVELS
 struct fast_job {
 	struct radiance_cpu_fast *f;
+	enum radiance_cpu_simd simd;   /* this call's W4A8 kernels (w4a8_level) */
 	const uint16_t *x;
 	enum radiance_dtype dtype;
 	uint32_t m, n, k;
@@ -366,12 +367,12 @@ static void quant_task(void *arg, uint32_t r)
 	j->s[r] = radiance__quant_row_neon(j->x + (size_t)r * j->k, j->dtype, j->k,
 					   j->xf + (size_t)r * j->f->ldx);
 #else
-	if (j->f->simd == RADIANCE_CPU_SIMD_AVX512) {
+	if (j->simd == RADIANCE_CPU_SIMD_AVX512) {
 		j->s[r] = radiance__quant_row_avx512(j->x + (size_t)r * j->k, j->dtype, j->k, r,
 						     j->f->ldx, (uint16_t *)j->f->scratch);
 		return;
 	}
-	if (j->f->simd != RADIANCE_CPU_SIMD_AVX2_INT16) {
+	if (j->simd != RADIANCE_CPU_SIMD_AVX2_INT16) {
 		j->s[r] = radiance__quant_row_avx2(j->x + (size_t)r * j->k, j->dtype, j->k,
 						   j->xf + (size_t)r * j->f->ldx);
 		return;
@@ -415,9 +416,9 @@ static void w4a8_task(void *arg, uint32_t t)
 #if defined(__aarch64__)
 	radiance__w4a8_tile_neon(&tile);
 #else
-	if (j->f->simd == RADIANCE_CPU_SIMD_AVX2_INT16)
+	if (j->simd == RADIANCE_CPU_SIMD_AVX2_INT16)
 		radiance__w4a8i_tile_avx2(&tile);
-	else if (j->f->simd == RADIANCE_CPU_SIMD_AVX512)
+	else if (j->simd == RADIANCE_CPU_SIMD_AVX512)
 		radiance__w4a8_tile_avx512(&tile);
 	else
 		radiance__w4a8_tile_avx2(&tile);
@@ -462,6 +463,20 @@ static uint32_t plan(struct fast_job *j, unsigned width, size_t weight_row_bytes
 	return j->row_blocks * ((j->n + cols - 1) / cols);
 }
 
+/* The W4A8 kernels of an m-row call at f's level. avx512+bf16 has no
+ * dequantizing kernel for many rows: from RADIANCE__DEQ_MIN_ROWS rows on,
+ * avx2+fma's (unpack a tile's weights to fp32 once, then FMA over the rows)
+ * was the faster on the one AVX-512 CPU measured (a Sapphire Rapids-class
+ * Xeon, one thread: avx512 0.40-1.34x of avx2's speed at m = 64, 0.62-1.02x
+ * at 256; 1.09-1.89x at m <= 16: bench/results/cpu-2026-12-07-h100host.md).
+ * Both are bit-exact with the reference, so the switch changes no output. */
+static enum radiance_cpu_simd w4a8_level(const struct radiance_cpu_fast *f, uint32_t m)
+{
+	if (f->simd == RADIANCE_CPU_SIMD_AVX512 && m >= RADIANCE__DEQ_MIN_ROWS)
+		return RADIANCE_CPU_SIMD_AVX2;
+	return f->simd;
+}
+
 static void prepare_rows(struct fast_job *j, unsigned width, radiance_cpu_task_fn fn)
 {
 	/* the per-token quant is a pass over m x k: parallel once it is large */
@@ -490,7 +505,7 @@ int radiance_cpu_fast_w4a8_multi(struct radiance_cpu_fast *f, const uint16_t *x,
 		/* x quantized once into the scratch, for every layer */
 		size_t xbytes = align64((size_t)f->max_rows * f->ldx * sizeof(float));
 		struct fast_job j = {
-			.f = f, .x = x, .dtype = dtype, .m = m, .k = k,
+			.f = f, .simd = w4a8_level(f, m), .x = x, .dtype = dtype, .m = m, .k = k,
 			.task_rows = f->simd != RADIANCE_CPU_SIMD_AVX2_INT16 &&
 					     m >= RADIANCE__DEQ_MIN_ROWS ? W4A8_TASK_ROWS : TASK_ROWS,
 			.xf = f->scratch, .xh = f->scratch,
