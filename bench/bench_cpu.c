@@ -9,7 +9,8 @@
  *
  * Weights are random (no checkpoint needed), generated in-process. For the
  * 27B shapes the weights rotate over enough copies that each call reads
- * them from DRAM (a working set of at least 4 x 32 MiB, the L3 here), as
+ * them from DRAM (a working set of 4x the last-level cache, at least 128
+ * MiB: working_set()), as
  * when a whole model is served; the MiniLM shapes (a ~10 MB model) stay in
  * cache, as they do when that model is served. Each time is the median of
  * its repetitions (at least 3; about 0.5 s in all for small M).
@@ -52,7 +53,31 @@ static const struct shape shapes_27b[] = {
 };
 static const struct shape shapes_minilm[] = { { 384, 384, 0 }, { 1536, 384, 0 }, { 384, 1536, 0 } };
 
-#define WORKING_SET (128u << 20)
+#define WORKING_SET_MIN ((size_t)128 << 20)
+
+/* Bytes the rotated weights of a 27B shape span: 4x the largest cache the
+ * kernel reports for cpu0 (a server's L3 can be 300 MiB), at least
+ * WORKING_SET_MIN. */
+static size_t working_set(void)
+{
+	size_t llc = 0;
+	for (int i = 0; i < 8; i++) {
+		char path[96], buf[32];
+		snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/size", i);
+		FILE *f = fopen(path, "r");
+		if (!f)
+			break;
+		if (fgets(buf, sizeof buf, f)) {
+			char *end;
+			unsigned long long v = strtoull(buf, &end, 10);
+			v <<= *end == 'K' ? 10 : *end == 'M' ? 20 : *end == 'G' ? 30 : 0;
+			if (v > llc)
+				llc = (size_t)v;
+		}
+		fclose(f);
+	}
+	return 4 * llc > WORKING_SET_MIN ? 4 * llc : WORKING_SET_MIN;
+}
 
 struct copy {
 	uint8_t *buf;        /* qweight then scales, one allocation (what the probe reads) */
@@ -326,7 +351,7 @@ int main(int argc, char **argv)
 			const uint32_t n = sh[s].n, k = sh[s].k;
 			size_t qbytes = (size_t)n * k / 2, sbytes = (size_t)n * (k / 128) * 2;
 			size_t bytes = qbytes + sbytes;
-			size_t ncopies = sh[s].rotate ? (WORKING_SET + bytes - 1) / bytes : 1;
+			size_t ncopies = sh[s].rotate ? (working_set() + bytes - 1) / bytes : 1;
 			if (ncopies < 1)
 				ncopies = 1;
 			if (sh[s].rotate && ncopies < 2)

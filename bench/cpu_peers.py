@@ -206,8 +206,8 @@ def main():
               "(bench/bench_cpu.c through kernels/cpu_fast.h, as the daemon runs them). "
               f"Load at start: `{a.load}`. Times are medians, and the read probe is measured in "
               "the same conditions right before each shape, but both move from run to run.\n")
-    md.append("27B shapes read their weights from DRAM (the bench rotates copies over a 128 MiB "
-              "working set, 4x the L3); MiniLM shapes stay in cache, as when that model is "
+    md.append("27B shapes read their weights from DRAM (the bench rotates copies over a working "
+              "set of 4x the last-level cache, at least 128 MiB); MiniLM shapes stay in cache, as when that model is "
               "served. `fraction` = probe_us / us (1.0: as fast as reading the bytes). "
               + ("Peers were not run (--no-peer).\n" if a.no_peer else
                  f"numpy peer: {peer_name}, fp32 matmul on dequantized fp32 weights (8x the bytes "
