@@ -428,21 +428,25 @@ static int run_shape(uint32_t n, uint32_t k, const uint32_t *ms, size_t nms, int
 				{2, 4, 1, 2, 0, 4},
 			};
 			const uint32_t ndec = m <= 16 ? sizeof dec / sizeof dec[0] : 4u;
-			const uint32_t reps = path == RADIANCE_W4A8_DECODE                                    ? ndec
-					      : path == RADIANCE_W4A8_WGMMA || path == RADIANCE_W4A8_WGMMA_EXACT ? 2u
-															  : 1u;
+			const uint32_t reps = path == RADIANCE_W4A8_DECODE      ? ndec
+					      : path == RADIANCE_W4A8_WGMMA       ? 3u
+					      : path == RADIANCE_W4A8_WGMMA_EXACT ? 2u
+										  : 1u;
+			/* the fp8 wgmma path's y of its first launch: the third (the
+			 * same launch again) must give the same bits */
+			uint16_t *yfirst = NULL;
 			for (uint32_t rep = 0; rep < reps; rep++) {
 				const int isdec = path == RADIANCE_W4A8_DECODE;
 				/* wgmma-exact: the policy's split, then a forced 3-way one
 				 * (taken where one token block holds m) */
 				const uint32_t force = isdec ? dec[rep].split
 						       : path == RADIANCE_W4A8_WGMMA_EXACT && rep ? 3u : 0u;
-				/* wgmma: 128-token tiles, then 96 */
+				/* wgmma: 128-token tiles, then 96, then 128 again */
 				const struct radiance__w4a8_settings set = {
 					.decode_kernel = isdec ? dec[rep].kernel : 0, .decode_ntw = isdec ? dec[rep].ntw : 0,
 					.decode_cg = isdec ? dec[rep].cg : 0, .decode_stages = isdec ? dec[rep].stages : 0,
 					.decode_wk = isdec ? dec[rep].wk : 0,
-					.wgmma_tile = path == RADIANCE_W4A8_WGMMA ? (rep ? 96u : 128u) : 0u,
+					.wgmma_tile = path == RADIANCE_W4A8_WGMMA ? (rep == 1 ? 96u : 128u) : 0u,
 				};
 				struct radiance__w4a8_args a = {
 					.codes = dc, .s = ds, .m = m, .n = n, .k = k, .w = L.dw, .sc = L.ds,
@@ -488,7 +492,21 @@ static int run_shape(uint32_t n, uint32_t k, const uint32_t *ms, size_t nms, int
 							ref) != 0;
 				if (plan.path != RADIANCE_W4A8_WGMMA)
 					failures += compare(what, y, ref, m, n, plan.path == RADIANCE_W4A8_PORTABLE) != 0;
+				if (plan.path == RADIANCE_W4A8_WGMMA && rep == 0) {
+					yfirst = malloc((size_t)m * n * 2);
+					assert_non_null(yfirst);
+					memcpy(yfirst, y, (size_t)m * n * 2);
+				} else if (plan.path == RADIANCE_W4A8_WGMMA && rep == 2 && yfirst &&
+					   memcmp(y, yfirst, (size_t)m * n * 2) != 0) {
+					size_t ndiff = 0;
+					for (size_t i = 0; i < (size_t)m * n; i++)
+						ndiff += y[i] != yfirst[i];
+					printf("# %s: %zu outputs differ from the same launch's first run  <-- FAIL\n", what,
+					       ndiff);
+					failures++;
+				}
 			}
+			free(yfirst);
 		}
 		radiance__gpu_free(dx);
 		radiance__gpu_free(dc);
