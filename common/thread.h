@@ -9,11 +9,12 @@
  * pthread_create(t, NULL, fn, arg) with every asynchronous signal blocked in
  * the new thread (it inherits the mask in force while it is created; the
  * caller's own mask is restored before return). A signal sent to the
- * process (SIGTERM, SIGINT, SIGHUP from systemd or a user) then goes to a
- * thread that takes it at once, the libuv loop's, instead of a worker that
- * may sit in a spin or a raw futex wait: under ThreadSanitizer a handler is
- * deferred until its thread next enters the runtime, and a test once saw a
- * daemon that neither logged SIGHUP nor stopped on SIGTERM for 15 s.
+ * process (SIGTERM, SIGINT, SIGHUP from systemd or a user) then never lands
+ * on a worker that may sit in a spin or a raw futex wait: under
+ * ThreadSanitizer a handler is deferred until its thread next enters the
+ * runtime, and a test once saw a daemon that neither logged SIGHUP nor
+ * stopped on SIGTERM for 15 s. (The daemon's loop blocks them too and reads
+ * them from a signalfd: daemon/server.c, "Signals".)
  * Signals the thread raises itself (faults, abort) stay unblocked.
  * Returns pthread_create's 0 or positive error number.
  */

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -44,6 +45,7 @@
 #define FDS_DAEMON (256u + REFUSED_MAX)
 
 static void server_stop(struct radiance_server *srv, int exit_code, const char *reason);
+static void signals_stop(struct radiance_server *srv);
 
 /* 1 when a rate-limited message may be logged now; *missed is how many
  * were held back since the last one. */
@@ -562,17 +564,8 @@ static void server_stop(struct radiance_server *srv, int exit_code, const char *
 	if (srv->reserve_fd >= 0)
 		close(srv->reserve_fd);
 	srv->reserve_fd = -1;
-	uv_close((uv_handle_t *)&srv->sigterm, NULL);
-	uv_close((uv_handle_t *)&srv->sigint, NULL);
 	uv_close((uv_handle_t *)&srv->watchdog, NULL);
-	/* Closing the last handle of a signal restores its default action: keep
-	 * HUP, USR1, USR2 harmless while sessions drain. */
-	uv_close((uv_handle_t *)&srv->sighup, NULL);
-	uv_close((uv_handle_t *)&srv->sigusr1, NULL);
-	uv_close((uv_handle_t *)&srv->sigusr2, NULL);
-	signal(SIGHUP, SIG_IGN);
-	signal(SIGUSR1, SIG_IGN);
-	signal(SIGUSR2, SIG_IGN);
+	signals_stop(srv);
 
 	while (srv->refused)
 		refused_close(srv->refused);
@@ -589,25 +582,94 @@ static void server_stop(struct radiance_server *srv, int exit_code, const char *
 
 static void pool_start_work(uv_work_t *w) { (void)w; }
 
-static void on_signal(uv_signal_t *h, int signum)
+/*
+ * Signals. SIGTERM and SIGINT stop the daemon; SIGHUP, SIGUSR1 and SIGUSR2
+ * are logged and ignored (SIGHUP conventionally means "reload": there is
+ * nothing to reload, the configuration is read at start only, but dying of
+ * it -- the default action -- would drop every client). All five are
+ * blocked in every thread from the moment the loop watches for them and read
+ * from a signalfd: no handler runs, so none can be deferred or lost on the
+ * way to the loop. (With libuv's handlers, ThreadSanitizer runs twice saw a
+ * daemon log neither SIGHUP nor SIGTERM for 10 s while its loop kept feeding
+ * the watchdog: a sanitizer defers a handler to its thread's next call into
+ * the runtime.) Once stopping, SIGTERM and SIGINT are unblocked with their
+ * default action, so a second one kills the daemon at once; the others are
+ * set to SIG_IGN while sessions drain.
+ */
+static void signals_set(sigset_t *set)
 {
-	struct radiance_server *srv = h->data;
-	char name[16];
-	log_info("%s received", strsignal(signum));
-	snprintf(name, sizeof name, "SIG%s", sigabbrev_np(signum));
-	server_stop(srv, 0, name);
+	sigemptyset(set);
+	sigaddset(set, SIGTERM);
+	sigaddset(set, SIGINT);
+	sigaddset(set, SIGHUP);
+	sigaddset(set, SIGUSR1);
+	sigaddset(set, SIGUSR2);
 }
 
-/* SIGHUP conventionally means "reload"; there is nothing to reload (the
- * configuration is read at start only), but dying of it -- the default
- * action -- would drop every client. USR1/USR2 have no meaning either. */
-static void on_signal_ignored(uv_signal_t *h, int signum)
+static void on_signal(struct radiance_server *srv, int signum)
 {
-	if (signum == SIGHUP)
+	if (signum == SIGTERM || signum == SIGINT) {
+		char name[16];
+		log_info("%s received", strsignal(signum));
+		snprintf(name, sizeof name, "SIG%s", sigabbrev_np(signum));
+		server_stop(srv, 0, name);
+	} else if (signum == SIGHUP) {
 		log_warn("SIGHUP received: reloading the configuration is not supported; restart "
 			 "radianced to apply changes (ignored)");
-	else
+	} else {
 		log_info("%s received: ignored", strsignal(signum));
+	}
+}
+
+static void on_sigfd(uv_poll_t *h, int status, int events)
+{
+	struct radiance_server *srv = h->data;
+	struct signalfd_siginfo si;
+	(void)status;
+	(void)events;
+	while (!srv->stopping && read(srv->sigfd, &si, sizeof si) == (ssize_t)sizeof si)
+		on_signal(srv, (int)si.ssi_signo);
+}
+
+static void on_sigpoll_closed(uv_handle_t *h)
+{
+	struct radiance_server *srv = h->data;
+	close(srv->sigfd);
+	srv->sigfd = -1;
+}
+
+/* Blocks the five signals in this (the loop's) thread -- every other thread
+ * blocks them already (common/thread.h) -- and watches a signalfd for them.
+ * 0, or -errno (logged; the mask is as before). */
+static int signals_start(struct radiance_server *srv)
+{
+	sigset_t set;
+	signals_set(&set);
+	pthread_sigmask(SIG_BLOCK, &set, &srv->sig_old);
+	srv->sigfd = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
+	if (srv->sigfd < 0) {
+		int e = errno;
+		log_error("signalfd: %s", strerror(e));
+		pthread_sigmask(SIG_SETMASK, &srv->sig_old, NULL);
+		return -e;
+	}
+	uv_poll_init(srv->loop, &srv->sigpoll, srv->sigfd);
+	srv->sigpoll.data = srv;
+	uv_poll_start(&srv->sigpoll, UV_READABLE, on_sigfd);
+	return 0;
+}
+
+static void signals_stop(struct radiance_server *srv)
+{
+	uv_close((uv_handle_t *)&srv->sigpoll, on_sigpoll_closed);
+	signal(SIGHUP, SIG_IGN);
+	signal(SIGUSR1, SIG_IGN);
+	signal(SIGUSR2, SIG_IGN);
+	sigset_t term;
+	sigemptyset(&term);
+	sigaddset(&term, SIGTERM);
+	sigaddset(&term, SIGINT);
+	pthread_sigmask(SIG_UNBLOCK, &term, NULL);
 }
 
 static void on_walk(uv_handle_t *h, void *arg)
@@ -627,6 +689,7 @@ int server_run(const struct radiance_config *cfg)
 	srv.loop = &loop;
 	srv.cfg = cfg;
 	srv.listener.fd = -1;
+	srv.sigfd = -1;
 	srv.start_ns = rclock_ns();
 	stats_init(&srv.stats);
 	/* writes to a vanished client must fail with EPIPE, not kill us */
@@ -718,21 +781,12 @@ int server_run(const struct radiance_config *cfg)
 		log_error("%s", err);
 		goto fail_socket;
 	}
+	if (signals_start(&srv) < 0)
+		goto fail_socket;
 	uv_poll_init(&loop, &srv.listen_poll, srv.listener.fd);
 	srv.listen_poll.data = &srv;
 	uv_timer_init(&loop, &srv.accept_retry);
 	srv.accept_retry.data = &srv;
-	uv_signal_init(&loop, &srv.sigterm);
-	uv_signal_init(&loop, &srv.sigint);
-	uv_signal_init(&loop, &srv.sighup);
-	uv_signal_init(&loop, &srv.sigusr1);
-	uv_signal_init(&loop, &srv.sigusr2);
-	srv.sigterm.data = srv.sigint.data = &srv;
-	uv_signal_start(&srv.sigterm, on_signal, SIGTERM);
-	uv_signal_start(&srv.sigint, on_signal, SIGINT);
-	uv_signal_start(&srv.sighup, on_signal_ignored, SIGHUP);
-	uv_signal_start(&srv.sigusr1, on_signal_ignored, SIGUSR1);
-	uv_signal_start(&srv.sigusr2, on_signal_ignored, SIGUSR2);
 	uv_timer_init(&loop, &srv.watchdog);
 	srv.watchdog.data = &srv;
 	srv.watchdog_usec = notify_watchdog_usec();
@@ -752,6 +806,7 @@ int server_run(const struct radiance_config *cfg)
 		uv_walk(&loop, on_walk, NULL);
 		return 1;
 	}
+	pthread_sigmask(SIG_SETMASK, &srv.sig_old, NULL);
 	log_info("stopped");
 	return srv.exit_code;
 

@@ -32,6 +32,7 @@
 
 #include <stdint.h>
 #include <sys/types.h>
+#include <signal.h>
 #include <uv.h>
 
 #include "config.h"
@@ -74,7 +75,11 @@ struct radiance_server {
 	struct refused_conn *refused;         /* told EBUSY, waiting for the hang-up */
 	uint32_t nrefused;
 
-	uv_signal_t sigterm, sigint, sighup, sigusr1, sigusr2;
+	/* SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2: blocked in every thread and
+	 * read from a signalfd by the loop (server.c, "Signals") */
+	uv_poll_t sigpoll;
+	int sigfd;
+	sigset_t sig_old;                     /* the loop thread's mask before */
 	uv_work_t pool_start;      /* starts libuv's threadpool with signals blocked */
 	uv_timer_t watchdog;
 	uint64_t watchdog_usec;
