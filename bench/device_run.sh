@@ -31,7 +31,7 @@ if command -v cuobjdump >/dev/null; then
 fi
 rc=0
 if [ -z "${SKIP_TESTS:-}" ]; then
-	RADIANCE_TEST_DATA=${RADIANCE_TEST_DATA:-tests/data} timeout "${TEST_TIMEOUT:-300}" "$B/tests/test_gpu" >"$OUT/test_gpu.log" 2>&1
+	RADIANCE_TEST_DATA=${RADIANCE_TEST_DATA:-tests/data} timeout "${TEST_TIMEOUT:-400}" "$B/tests/test_gpu" >"$OUT/test_gpu.log" 2>&1
 	trc=$?
 	grep -vE '^\[ (RUN|      OK) ' "$OUT/test_gpu.log" | tail -n 60
 	echo "test_gpu exit $trc"
