@@ -72,8 +72,8 @@ __device__ __forceinline__ void gv_quant(const gemm_params &P, uint32_t g0, uint
 	}
 #pragma unroll
 	for (int t = 0; t < GV_FQ_ROWS; t++) {
-		const uint32_t a = __reduce_max_sync(0xFFFFFFFFu, amax[t]);
-		const uint32_t b = __reduce_or_sync(0xFFFFFFFFu, bad[t]);
+		const uint32_t a = rad_warp_max_u32(amax[t]);
+		const uint32_t b = rad_warp_or_u32(bad[t]);
 		if (lane == 0) {
 			red[warp][t][0] = a;
 			red[warp][t][1] = b;
