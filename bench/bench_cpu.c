@@ -342,6 +342,7 @@ int main(int argc, char **argv)
 	for (size_t i = 0; i < (size_t)max_m * 17408; i++)
 		x[i] = radiance_bf16_from_f32(((float)(rnd() % 2001) - 1000.0f) / 1000.0f);
 
+	const size_t wset = working_set();
 	for (int pass = 0; pass < 2; pass++) {
 		const struct shape *sh = pass == 0 ? shapes_27b : shapes_minilm;
 		size_t nsh = pass == 0 ? 5 : 3;
@@ -351,7 +352,7 @@ int main(int argc, char **argv)
 			const uint32_t n = sh[s].n, k = sh[s].k;
 			size_t qbytes = (size_t)n * k / 2, sbytes = (size_t)n * (k / 128) * 2;
 			size_t bytes = qbytes + sbytes;
-			size_t ncopies = sh[s].rotate ? (working_set() + bytes - 1) / bytes : 1;
+			size_t ncopies = sh[s].rotate ? (wset + bytes - 1) / bytes : 1;
 			if (ncopies < 1)
 				ncopies = 1;
 			if (sh[s].rotate && ncopies < 2)
