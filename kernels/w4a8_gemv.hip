@@ -103,6 +103,92 @@ __device__ __forceinline__ void gv_quant(const gemm_params &P, uint32_t g0, uint
 	rad_bar_sync(1, nt);
 }
 
+/* Fused quant over the grid (P.qgrid, plan.fused == RADIANCE_W4A8_FUSE_GRID):
+ * instead of a quant launch before the GEMV, the first blocks to start
+ * quantize x into P.codes and P.s (row t by the block that took ticket t,
+ * t + blocks, ...; the whole block, as rad_quant_rows does: amax over the
+ * row, then the codes, natural order) while every block's first weights
+ * are in flight, and all blocks wait until the m rows are published. Every
+ * block of the launch calls this, once, after rad_grid_wait (so the launch
+ * before us on the stream is done with codes, s and the counters).
+ * The ticket goes to blocks in the order they start, so a block that
+ * quantizes is running and no wait depends on a block that has not been
+ * placed: no deadlock whatever fits on the GPU. Counters, P.qsync:
+ * [0] tickets, [1] rows published, [2] blocks past the wait; the last block
+ * past the wait zeroes all three, for the next launch. */
+template <int FP16>
+__device__ __forceinline__ void gv_quant_grid_rows(const gemm_params &P, uint32_t first, uint32_t step,
+						 uint32_t (*red)[2], float *row_inv, uint32_t *row_nan)
+{
+	const uint32_t tid = RAD_TID(), lane = tid & 31u, warp = tid >> 5;
+	const uint32_t pieces = P.k / 8;
+	for (uint32_t t = first; t < P.m; t += step) {
+		const uint16_t *xr = (const uint16_t *)P.x + (size_t)t * P.k;
+		uint32_t amax = 0, bad = 0;
+#pragma unroll 4
+		for (uint32_t p = tid; p < pieces; p += GV_THREADS)
+			quant_amax<FP16>(rad_ld16(xr + (size_t)p * 8), amax, bad);
+		amax = rad_warp_max_u32(amax);
+		bad = rad_warp_or_u32(bad);
+		if (lane == 0) {
+			red[warp][0] = amax;
+			red[warp][1] = bad;
+		}
+		RAD_SYNC();
+		if (tid == 0) {
+			uint32_t a = 0, b = 0;
+			for (uint32_t w = 0; w < GV_WARPS; w++) {
+				a = red[w][0] > a ? red[w][0] : a;
+				b |= red[w][1];
+			}
+			float sc;
+			quant_row_scale(a, b, sc, *row_inv);
+			*row_nan = b != 0;
+			((float *)P.s)[t] = sc;   /* the caller's scratch (args.s) */
+		}
+		RAD_SYNC();
+		const float inv = *row_inv;
+		const bool nan_row = *row_nan != 0;
+		uint8_t *cr = (uint8_t *)P.codes + (size_t)t * P.k;
+#pragma unroll 2
+		for (uint32_t p = tid; p < pieces; p += GV_THREADS)
+			quant_store<FP16, RADIANCE_CODES_NATURAL>(rad_ld16(xr + (size_t)p * 8), inv, nan_row, p * 8, cr);
+		RAD_SYNC();   /* red, row_inv reused by the next row */
+	}
+}
+
+__device__ __forceinline__ void gv_quant_grid(const gemm_params &P)
+{
+	__shared__ uint32_t ticket, red[GV_WARPS][2], row_nan;
+	__shared__ float row_inv;
+	const uint32_t tid = RAD_TID();
+	const uint32_t blocks = RAD_NBLK_X() * RAD_NBLK_Y();
+	if (tid == 0)
+		ticket = rad_atomic_inc(&P.qsync[0]);
+	RAD_SYNC();
+	const uint32_t first = ticket;
+	if (first < P.m) {
+		if (P.x_fp16)
+			gv_quant_grid_rows<1>(P, first, blocks, red, &row_inv, &row_nan);
+		else
+			gv_quant_grid_rows<0>(P, first, blocks, red, &row_inv, &row_nan);
+		RAD_FENCE_DEVICE();
+		RAD_SYNC();
+		if (tid == 0)
+			rad_add_release(&P.qsync[1], (P.m - first + blocks - 1) / blocks);
+	}
+	if (tid == 0) {
+		while (rad_ld_acquire(&P.qsync[1]) < P.m)
+			;
+		if (rad_atomic_inc(&P.qsync[2]) == blocks - 1) {
+			P.qsync[0] = 0;
+			P.qsync[1] = 0;
+			P.qsync[2] = 0;
+		}
+	}
+	RAD_SYNC();
+}
+
 template <int TOK, int NTW, int CG, int FQ>
 __global__ void __launch_bounds__(GV_THREADS, GV_MINB(TOK, NTW)) rad_w4a8_gemv(gemm_params P, uint32_t stages,
 												  uint32_t wk_arg)
@@ -175,6 +261,8 @@ __global__ void __launch_bounds__(GV_THREADS, GV_MINB(TOK, NTW)) rad_w4a8_gemv(g
 		/* the weights do not depend on the quant kernel before us: they
 		 * are in flight before we wait for its codes */
 		rad_grid_wait();
+		if (FQ == 0 && P.qgrid)
+			gv_quant_grid(P);
 
 		/* fused: the codes of our K range, in shared memory after the
 		 * rings, made by this block's active warps (all with our K range:
@@ -210,7 +298,10 @@ __global__ void __launch_bounds__(GV_THREADS, GV_MINB(TOK, NTW)) rad_w4a8_gemv(g
 					a[it].lo = *(const rad_u4 *)ap;        /* shared memory */
 					a[it].hi = *(const rad_u4 *)(ap + 16);
 				} else {
-					afrag_load(a[it], ap);
+					/* not __ldg: with P.qgrid, blocks of this
+					 * launch wrote these codes */
+					a[it].lo = rad_ld16_co(ap);
+					a[it].hi = rad_ld16_co(ap + 16);
 				}
 			}
 		};
@@ -319,6 +410,8 @@ __global__ void __launch_bounds__(GV_THREADS, GV_MINB(TOK, NTW)) rad_w4a8_gemv(g
 		}
 	} else {
 		rad_grid_wait();
+		if (FQ == 0 && P.qgrid)
+			gv_quant_grid(P);
 	}
 
 	/* wk > 1: the column's warps add their partials into its first warp's
@@ -547,13 +640,14 @@ int radiance__w4a8_gemv_launch(const gemm_params &p, const struct radiance__w4a8
 			       int pdl)
 {
 	const int i = gemv_find(plan.tok, plan.ntw, plan.cg);
-	/* wk warps of a block split K: 1, 2 or 4, never fused, every part of
+	/* wk warps of a block split K: 1, 2 or 4, never fused per block, every part of
 	 * every split's K range non-empty */
 	const uint32_t wk = plan.wk ? plan.wk : 1;
-	if (i < 0 || plan.stages < 1 || plan.stages > GV_MAX_STAGES || (plan.fused && !gemv_insts[i].launch_fused) ||
-	    GV_WARPS % wk || (wk > 1 && (plan.fused || (uint64_t)wk * plan.split > p.groups)))
+	const bool fb = plan.fused == RADIANCE_W4A8_FUSE_BLOCK;
+	if (i < 0 || plan.stages < 1 || plan.stages > GV_MAX_STAGES || (fb && !gemv_insts[i].launch_fused) ||
+	    GV_WARPS % wk || (wk > 1 && (fb || (uint64_t)wk * plan.split > p.groups)))
 		return -EINVAL;
-	(plan.fused ? gemv_insts[i].launch_fused : gemv_insts[i].launch)(
+	(fb ? gemv_insts[i].launch_fused : gemv_insts[i].launch)(
 		p, dim3(ceil_div(p.ntiles, GV_WARPS / wk * plan.ntw), plan.split, 1), plan.stages, wk, (hipStream_t)stream,
 		pdl);
 	return radiance__gpu_check_launch("w4a8 gemv kernel");

@@ -32,7 +32,7 @@ size_t radiance__w4a8_scale_bytes(uint32_t n, uint32_t k)
 
 size_t radiance__w4a8_counters_needed(uint32_t n)
 {
-	return ceil_div(n, TILE_N);
+	return (size_t)ceil_div(n, TILE_N) + RADIANCE_W4A8_QSYNC_WORDS;
 }
 
 size_t radiance__w4a8_partials_bytes(uint32_t max_decode_rows, uint32_t max_n)
@@ -60,8 +60,9 @@ char *radiance__w4a8_plan_format(char *buf, size_t len, const struct radiance__w
 {
 	const char *name = radiance__w4a8_path_name(p->path);
 	if (p->path == RADIANCE_W4A8_DECODE && p->ntw)
-		snprintf(buf, len, "gemv t%u n%u c%u q%u s%u%s", p->tok, p->ntw, p->cg, p->stages, p->split,
-			 p->wk == 2 ? " w2" : p->wk == 4 ? " w4" : "");
+		snprintf(buf, len, "gemv t%u n%u c%u q%u s%u%s%s", p->tok, p->ntw, p->cg, p->stages, p->split,
+			 p->wk == 2 ? " w2" : p->wk == 4 ? " w4" : "",
+			 p->fused == RADIANCE_W4A8_FUSE_GRID ? " fg" : p->fused ? " fb" : "");
 	else if (p->path == RADIANCE_W4A8_DECODE || p->path == RADIANCE_W4A8_TILED)
 		snprintf(buf, len, "%s t%u wk%u s%u", name, p->tok, p->wk, p->split);
 	else if (p->path == RADIANCE_W4A8_WGMMA)
@@ -280,6 +281,19 @@ static uint32_t gemv_fuse(const struct radiance__w4a8_args *a, const struct radi
 	return (size_t)a->m * (L * GROUP + 16) <= RADIANCE_W4A8_FUSE_SMEM;
 }
 
+/* Whether the streaming kernel of `plan` quantizes a->x itself over the
+ * grid (RADIANCE_W4A8_FUSE_GRID): x given (bf16/fp16, 16-byte aligned), codes
+ * and s to write, room for the sync words after the split-K counters, and
+ * the settings (the policy's RADIANCE_W4A8_FUSE_GRID_ON) asking for it. */
+static int gemv_fuse_grid(const struct radiance__w4a8_args *a, const struct radiance__w4a8_settings *st,
+			  const struct radiance__w4a8_plan *plan)
+{
+	const int on = st->decode_fuse_grid ? st->decode_fuse_grid > 0 : RADIANCE_W4A8_FUSE_GRID_ON;
+	return on && plan->ntw && a->x && ((uintptr_t)a->x & 15u) == 0 &&
+	       (a->x_dtype == RADIANCE_DTYPE_BF16 || a->x_dtype == RADIANCE_DTYPE_FP16) && a->codes && a->s &&
+	       a->counters && a->counters_n >= radiance__w4a8_counters_needed(a->n);
+}
+
 enum radiance__w4a8_prefill radiance__w4a8_prefill_choose(const struct radiance__gpu_device *dev,
 							    unsigned asked)
 {
@@ -390,11 +404,12 @@ int radiance__w4a8_plan(const struct radiance__gpu_device *dev, const struct rad
 			struct radiance__w4a8_settings one = *st;
 			one.decode_wk = 1;
 			plan_gemv(dev, a, &one, plan);
-			plan->fused = gemv_fuse(a, st, plan);
+			plan->fused = gemv_fuse(a, st, plan) ? RADIANCE_W4A8_FUSE_BLOCK : 0;
 			if (plan->fused)
 				return 0;
 		}
 		plan_gemv(dev, a, st, plan);
+		plan->fused = gemv_fuse_grid(a, st, plan) ? RADIANCE_W4A8_FUSE_GRID : 0;
 		return 0;
 	}
 	/* the smallest token tile that holds m (decode, and tiled m <= 64);
