@@ -106,9 +106,9 @@ __device__ __forceinline__ void gv_quant(const gemm_params &P, uint32_t g0, uint
 /* Fused quant over the grid (P.qgrid, plan.fused == RADIANCE_W4A8_FUSE_GRID):
  * instead of a quant launch before the GEMV, the first blocks to start
  * quantize x into P.codes and P.s (row t by the block that took ticket t,
- * t + blocks, ...; the whole block, as rad_quant_rows does: amax over the
- * row, then the codes, natural order) while every block's first weights
- * are in flight, and all blocks wait until the m rows are published. Every
+ * t + blocks, ...; the whole block, with quant_row as rad_quant_rows:
+ * amax over the row, then the codes, natural order) while every block's
+ * first weights are in flight, and all blocks wait until the m rows are published. Every
  * block of the launch calls this, once, after rad_grid_wait (so the launch
  * before us on the stream is done with codes, s and the counters).
  * The ticket goes to blocks in the order they start, so a block that
@@ -116,51 +116,9 @@ __device__ __forceinline__ void gv_quant(const gemm_params &P, uint32_t g0, uint
  * placed: no deadlock whatever fits on the GPU. Counters, P.qsync:
  * [0] tickets, [1] rows published, [2] blocks past the wait; the last block
  * past the wait zeroes all three, for the next launch. */
-template <int FP16>
-__device__ __forceinline__ void gv_quant_grid_rows(const gemm_params &P, uint32_t first, uint32_t step,
-						 uint32_t (*red)[2], float *row_inv, uint32_t *row_nan)
-{
-	const uint32_t tid = RAD_TID(), lane = tid & 31u, warp = tid >> 5;
-	const uint32_t pieces = P.k / 8;
-	for (uint32_t t = first; t < P.m; t += step) {
-		const uint16_t *xr = (const uint16_t *)P.x + (size_t)t * P.k;
-		uint32_t amax = 0, bad = 0;
-#pragma unroll 4
-		for (uint32_t p = tid; p < pieces; p += GV_THREADS)
-			quant_amax<FP16>(rad_ld16(xr + (size_t)p * 8), amax, bad);
-		amax = rad_warp_max_u32(amax);
-		bad = rad_warp_or_u32(bad);
-		if (lane == 0) {
-			red[warp][0] = amax;
-			red[warp][1] = bad;
-		}
-		RAD_SYNC();
-		if (tid == 0) {
-			uint32_t a = 0, b = 0;
-			for (uint32_t w = 0; w < GV_WARPS; w++) {
-				a = red[w][0] > a ? red[w][0] : a;
-				b |= red[w][1];
-			}
-			float sc;
-			quant_row_scale(a, b, sc, *row_inv);
-			*row_nan = b != 0;
-			((float *)P.s)[t] = sc;   /* the caller's scratch (args.s) */
-		}
-		RAD_SYNC();
-		const float inv = *row_inv;
-		const bool nan_row = *row_nan != 0;
-		uint8_t *cr = (uint8_t *)P.codes + (size_t)t * P.k;
-#pragma unroll 2
-		for (uint32_t p = tid; p < pieces; p += GV_THREADS)
-			quant_store<FP16, RADIANCE_CODES_NATURAL>(rad_ld16(xr + (size_t)p * 8), inv, nan_row, p * 8, cr);
-		RAD_SYNC();   /* red, row_inv reused by the next row */
-	}
-}
-
 __device__ __forceinline__ void gv_quant_grid(const gemm_params &P)
 {
-	__shared__ uint32_t ticket, red[GV_WARPS][2], row_nan;
-	__shared__ float row_inv;
+	__shared__ uint32_t ticket;
 	const uint32_t tid = RAD_TID();
 	const uint32_t blocks = RAD_NBLK_X() * RAD_NBLK_Y();
 	if (tid == 0)
@@ -168,10 +126,15 @@ __device__ __forceinline__ void gv_quant_grid(const gemm_params &P)
 	RAD_SYNC();
 	const uint32_t first = ticket;
 	if (first < P.m) {
-		if (P.x_fp16)
-			gv_quant_grid_rows<1>(P, first, blocks, red, &row_inv, &row_nan);
-		else
-			gv_quant_grid_rows<0>(P, first, blocks, red, &row_inv, &row_nan);
+		for (uint32_t t = first; t < P.m; t += blocks) {
+			const uint16_t *xr = (const uint16_t *)P.x + (size_t)t * P.k;
+			uint8_t *cr = (uint8_t *)P.codes + (size_t)t * P.k;
+			float *s = (float *)P.s;   /* the caller's scratch (args.s) */
+			if (P.x_fp16)
+				quant_row<1, RADIANCE_CODES_NATURAL, GV_THREADS>(xr, P.k / 8, cr, s, t);
+			else
+				quant_row<0, RADIANCE_CODES_NATURAL, GV_THREADS>(xr, P.k / 8, cr, s, t);
+		}
 		RAD_FENCE_DEVICE();
 		RAD_SYNC();
 		if (tid == 0)
@@ -299,7 +262,8 @@ __global__ void __launch_bounds__(GV_THREADS, GV_MINB(TOK, NTW)) rad_w4a8_gemv(g
 					a[it].hi = *(const rad_u4 *)(ap + 16);
 				} else {
 					/* not __ldg: with P.qgrid, blocks of this
-					 * launch wrote these codes */
+					 * launch wrote these codes (a branch on
+					 * P.qgrid costs up to 11 registers) */
 					a[it].lo = rad_ld16_co(ap);
 					a[it].hi = rad_ld16_co(ap + 16);
 				}

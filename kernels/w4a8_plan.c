@@ -251,12 +251,19 @@ static void plan_gemv(const struct radiance__gpu_device *dev, const struct radia
 
 /* Whether the settings ask the streaming kernel to quantize a->x itself
  * for this launch (the part of gemv_fuse that does not depend on a plan) */
+/* Whether a->x is one a fused quant can read: given, bf16 or fp16, 16-byte
+ * aligned (both ways of fusing read it in 16-byte pieces). */
+static int gemv_x_fusable(const struct radiance__w4a8_args *a)
+{
+	return a->x && ((uintptr_t)a->x & 15u) == 0 &&
+	       (a->x_dtype == RADIANCE_DTYPE_BF16 || a->x_dtype == RADIANCE_DTYPE_FP16);
+}
+
 static int gemv_fuse_asked(const struct radiance__w4a8_args *a, const struct radiance__w4a8_settings *st)
 {
 	int rows = st->decode_fuse_rows ? st->decode_fuse_rows : RADIANCE_W4A8_FUSE_ROWS;
 	rows = rows > RADIANCE_W4A8_FUSE_MAX_ROWS ? RADIANCE_W4A8_FUSE_MAX_ROWS : rows;
-	return a->x && rows > 0 && a->m <= (uint32_t)rows && ((uintptr_t)a->x & 15u) == 0 &&
-	       (a->x_dtype == RADIANCE_DTYPE_BF16 || a->x_dtype == RADIANCE_DTYPE_FP16);
+	return rows > 0 && a->m <= (uint32_t)rows && gemv_x_fusable(a);
 }
 
 /* Whether the streaming kernel of `plan` quantizes a->x itself: 8-token
@@ -289,9 +296,8 @@ static int gemv_fuse_grid(const struct radiance__w4a8_args *a, const struct radi
 			  const struct radiance__w4a8_plan *plan)
 {
 	const int on = st->decode_fuse_grid ? st->decode_fuse_grid > 0 : RADIANCE_W4A8_FUSE_GRID_ON;
-	return on && plan->ntw && a->x && ((uintptr_t)a->x & 15u) == 0 &&
-	       (a->x_dtype == RADIANCE_DTYPE_BF16 || a->x_dtype == RADIANCE_DTYPE_FP16) && a->codes && a->s &&
-	       a->counters && a->counters_n >= radiance__w4a8_counters_needed(a->n);
+	return on && plan->ntw && gemv_x_fusable(a) && a->codes && a->s && a->counters &&
+	       a->counters_n >= radiance__w4a8_counters_needed(a->n);
 }
 
 enum radiance__w4a8_prefill radiance__w4a8_prefill_choose(const struct radiance__gpu_device *dev,
