@@ -160,12 +160,10 @@ static void run_quant_gemm(void *p, uint32_t i)
 static void run_quant_gemm_unfused(void *p, uint32_t i)
 {
 	struct ctx *c = p;
-	const int was = c->set.decode_fuse_rows, was_grid = c->set.decode_fuse_grid;
+	const int was = c->set.decode_fuse_rows;
 	c->set.decode_fuse_rows = -1;
-	c->set.decode_fuse_grid = -1;
 	run_quant_gemm(p, i);
 	c->set.decode_fuse_rows = was;
-	c->set.decode_fuse_grid = was_grid;
 }
 
 /* copies of one random n x k layer in the device layout: weights and scales
@@ -219,21 +217,12 @@ struct step_seq {
 	size_t counters_n;
 };
 
-/* BENCH_FUSE_GRID: settings.decode_fuse_grid of the launches "as the
- * backend runs them" (0: the policy, -1: never) */
-static int fuse_grid_env(void)
-{
-	const char *e = getenv("BENCH_FUSE_GRID");
-	return e ? atoi(e) : 0;
-}
-
 /* mode 0: the GEMMs alone; 1: quant + GEMM as radiance__gpu_layer_run
  * runs them (fused where the plan says); 2: the quant always its own launch.
  * wk1: the streaming kernel with one warp per K range (decode_wk = 1). */
 static void step_once(struct step_seq *q, int mode, int wk1)
 {
 	const struct radiance__w4a8_settings set = {.decode_fuse_rows = mode == 2 ? -1 : 0,
-						    .decode_fuse_grid = mode == 2 ? -1 : fuse_grid_env(),
 						    .decode_wk = wk1 ? 1u : 0u};
 	for (uint32_t b = 0; b < 64; b++) {
 		static const size_t order[2][4] = {{0, 2, 3, 4}, {1, 2, 3, 4}};
@@ -515,7 +504,6 @@ int main(int argc, char **argv)
 		 * rows, BENCH_STAGES sets the streaming kernel's ring slots */
 		if (getenv("BENCH_FUSE_ROWS"))
 			c.set.decode_fuse_rows = atoi(getenv("BENCH_FUSE_ROWS"));
-		c.set.decode_fuse_grid = fuse_grid_env();
 		if (getenv("BENCH_STAGES"))
 			c.set.decode_stages = (uint32_t)atoi(getenv("BENCH_STAGES"));
 		c.wbytes = radiance__w4a8_weight_bytes(sh->n, sh->k);
@@ -726,19 +714,16 @@ int main(int argc, char **argv)
 		    "`bench/peers.py` in a separate process of the same run%s. Weights rotate over enough copies for\n"
 		    "a working set of >= 4x the %.0f MB L2. Time: median of %d batches of %d launches.\n"
 		    "us = GEMM kernel alone on pre-quantized activations; quant+gemm is what the backend runs: the\n"
-		    "per-token quant kernel and the GEMM launched to overlap it, or where the plan fuses them the GEMV\n"
-		    "quantizing x itself: over the grid (the streaming kernel's first blocks quantize, the rest wait: %s in\n"
-		    "this run, docs/gpu.md \"Fused quant over the grid\") or per block (off by default; up to %d rows in\n"
-		    "this run, BENCH_FUSE_ROWS); quant launch + gemm is always the two launches. Prefill (M > 64): `us` is the exact,\n"
+		    "per-token quant kernel and the GEMM launched to overlap it, or where the plan fuses them (off\n"
+		    "by default; fused up to %d rows in this run, BENCH_FUSE_ROWS: docs/gpu.md \"Fused quant\") the GEMV\n"
+		    "quantizing x itself; quant launch + gemm is always the two launches. Prefill (M > 64): `us` is the exact,\n"
 		    "fp32-accumulating path (option prefill = exact): the f16 wgmma kernel where it is built (plan\n"
 		    "wgmma-exact), with the tiled f16 HMMA kernel it replaced in its own column; the fp8 wgmma kernel\n"
 		    "(prefill = fast, the daemon's default on sm_90a) accumulates with ~14-bit precision on Hopper and\n"
 		    "is shown in its own columns.\n"
 		    "GB/s and the probe fraction count weight + scale bytes; ratios are peer time / our time (> 1: we are faster).\n\n",
 		strcmp(dev.vendor, "cuda") == 0 ? "cuBLAS" : "hipBLAS", npeers ? "" : " (not available in this run)",
-		l2 / 1e6, REPS, BATCH,
-		fuse_grid_env() < 0 || (fuse_grid_env() == 0 && !RADIANCE_W4A8_FUSE_GRID_ON) ? "off" : "on",
-		getenv("BENCH_FUSE_ROWS") ? atoi(getenv("BENCH_FUSE_ROWS")) : RADIANCE_W4A8_FUSE_ROWS);
+		l2 / 1e6, REPS, BATCH, getenv("BENCH_FUSE_ROWS") ? atoi(getenv("BENCH_FUSE_ROWS")) : RADIANCE_W4A8_FUSE_ROWS);
 	fprintf(md, "| shape (N x K) | M | plan | us | quant+gemm us | quant launch + gemm us | GB/s | TFLOP/s | of probe | vs bf16 BLAS | vs torch int4 | vs torch fp8 | fp8 wgmma us (prefill = fast) | wgmma vs bf16 BLAS | tiled f16 HMMA us | f16 wgmma (forced) | wk 1 us (the policy before) | wk 1 quant launch + gemm us |\n");
 	fprintf(md, "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
 	for (size_t i = 0; i < nres; i++) {

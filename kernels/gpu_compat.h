@@ -189,7 +189,6 @@ static inline void rad_vmm_release(rad_vmm_handle h)
 #define RAD_BID_X() ((uint32_t)blockIdx.x)
 #define RAD_BID_Y() ((uint32_t)blockIdx.y)
 #define RAD_BID_Z() ((uint32_t)blockIdx.z)
-#define RAD_NBLK_X() ((uint32_t)gridDim.x)
 #define RAD_NBLK_Y() ((uint32_t)gridDim.y)
 #define RAD_SYNC() __syncthreads()
 #define RAD_FENCE_DEVICE() __threadfence()
@@ -247,23 +246,6 @@ __device__ __forceinline__ void rad_grid_launch(void)
 #endif
 }
 __device__ __forceinline__ uint32_t rad_atomic_inc(uint32_t *p) { return atomicAdd((unsigned int *)p, 1u); }
-/* Flags between the blocks of one launch (device scope): an add that
- * releases this thread's earlier writes, a load that acquires them, and a
- * 16-byte load that may read data other blocks of this launch wrote (weak
- * and L1-cached, not the read-only path of rad_ld16; ordered after an
- * acquire in program order or through a block barrier: a plain load, which
- * nvcc compiles to LDG, never the LDG.CONSTANT of __ldg). */
-__device__ __forceinline__ void rad_add_release(uint32_t *p, uint32_t v)
-{
-	asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-__device__ __forceinline__ uint32_t rad_ld_acquire(const uint32_t *p)
-{
-	uint32_t v;
-	asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-	return v;
-}
-__device__ __forceinline__ rad_u4 rad_ld16_co(const void *p) { return *(const rad_u4 *)p; }
 /* The max / bitwise or of v over the 32 lanes of a (full) warp, in every lane. */
 __device__ __forceinline__ uint32_t rad_warp_max_u32(uint32_t v) { return __reduce_max_sync(0xFFFFFFFFu, v); }
 __device__ __forceinline__ uint32_t rad_warp_or_u32(uint32_t v) { return __reduce_or_sync(0xFFFFFFFFu, v); }
@@ -427,18 +409,17 @@ static inline void rad_vmm_release(rad_vmm_handle h)
 #define RAD_BID_X() ((uint32_t)__builtin_amdgcn_workgroup_id_x())
 #define RAD_BID_Y() ((uint32_t)__builtin_amdgcn_workgroup_id_y())
 #define RAD_BID_Z() ((uint32_t)__builtin_amdgcn_workgroup_id_z())
-/* gridDim.x / .y without __ockl: the grid size in work-items over the group
- * size, read from the dispatch packet (hsa_kernel_dispatch_packet_t:
- * grid_size_x/y at bytes 12/16, workgroup_size_x/y at bytes 4/6). */
-__device__ __forceinline__ uint32_t rad_nblk(uint32_t dim)
+/* gridDim.y without __ockl: the grid size in work-items over the group size,
+ * read from the dispatch packet (hsa_kernel_dispatch_packet_t: grid_size_y at
+ * byte 16, workgroup_size_y at byte 6). */
+__device__ __forceinline__ uint32_t rad_nblk_y(void)
 {
 	const uint8_t *pkt = (const uint8_t *)__builtin_amdgcn_dispatch_ptr();
-	uint32_t grid = *(const uint32_t *)(pkt + 12 + 4 * dim);
-	uint32_t wg = *(const uint16_t *)(pkt + 4 + 2 * dim);
+	uint32_t grid = *(const uint32_t *)(pkt + 16);
+	uint32_t wg = *(const uint16_t *)(pkt + 6);
 	return grid / wg;
 }
-#define RAD_NBLK_X() rad_nblk(0)
-#define RAD_NBLK_Y() rad_nblk(1)
+#define RAD_NBLK_Y() rad_nblk_y()
 #define RAD_SYNC()                                                   \
 	do {                                                         \
 		__builtin_amdgcn_fence(__ATOMIC_RELEASE, "workgroup"); \
@@ -482,16 +463,6 @@ __device__ __forceinline__ uint32_t rad_atomic_inc(uint32_t *p)
 {
 	return __hip_atomic_fetch_add(p, 1u, __ATOMIC_ACQ_REL, __HIP_MEMORY_SCOPE_AGENT);
 }
-__device__ __forceinline__ void rad_add_release(uint32_t *p, uint32_t v)
-{
-	__hip_atomic_fetch_add(p, v, __ATOMIC_RELEASE, __HIP_MEMORY_SCOPE_AGENT);
-}
-__device__ __forceinline__ uint32_t rad_ld_acquire(const uint32_t *p)
-{
-	return __hip_atomic_load(p, __ATOMIC_ACQUIRE, __HIP_MEMORY_SCOPE_AGENT);
-}
-/* weak: an acquire at agent scope invalidates the caches it could hit */
-__device__ __forceinline__ rad_u4 rad_ld16_co(const void *p) { return *(const rad_u4 *)p; }
 __device__ __forceinline__ void rad_grid_wait(void) {}
 __device__ __forceinline__ void rad_grid_launch(void) {}
 /* The max / bitwise or of v over the 32 lanes of a (full) wave32, in every lane. */

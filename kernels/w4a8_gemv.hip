@@ -103,55 +103,6 @@ __device__ __forceinline__ void gv_quant(const gemm_params &P, uint32_t g0, uint
 	rad_bar_sync(1, nt);
 }
 
-/* Fused quant over the grid (P.qgrid, plan.fused == RADIANCE_W4A8_FUSE_GRID):
- * instead of a quant launch before the GEMV, the first blocks to start
- * quantize x into P.codes and P.s (row t by the block that took ticket t,
- * t + blocks, ...; the whole block, with quant_row as rad_quant_rows:
- * amax over the row, then the codes, natural order) while every block's
- * first weights are in flight, and all blocks wait until the m rows are published. Every
- * block of the launch calls this, once, after rad_grid_wait (so the launch
- * before us on the stream is done with codes, s and the counters).
- * The ticket goes to blocks in the order they start, so a block that
- * quantizes is running and no wait depends on a block that has not been
- * placed: no deadlock whatever fits on the GPU. Counters, P.qsync:
- * [0] tickets, [1] rows published, [2] blocks past the wait; the last block
- * past the wait zeroes all three, for the next launch. */
-__device__ __forceinline__ void gv_quant_grid(const gemm_params &P)
-{
-	__shared__ uint32_t ticket;
-	const uint32_t tid = RAD_TID();
-	const uint32_t blocks = RAD_NBLK_X() * RAD_NBLK_Y();
-	if (tid == 0)
-		ticket = rad_atomic_inc(&P.qsync[0]);
-	RAD_SYNC();
-	const uint32_t first = ticket;
-	if (first < P.m) {
-		for (uint32_t t = first; t < P.m; t += blocks) {
-			const uint16_t *xr = (const uint16_t *)P.x + (size_t)t * P.k;
-			uint8_t *cr = (uint8_t *)P.codes + (size_t)t * P.k;
-			float *s = (float *)P.s;   /* the caller's scratch (args.s) */
-			if (P.x_fp16)
-				quant_row<1, RADIANCE_CODES_NATURAL, GV_THREADS>(xr, P.k / 8, cr, s, t);
-			else
-				quant_row<0, RADIANCE_CODES_NATURAL, GV_THREADS>(xr, P.k / 8, cr, s, t);
-		}
-		RAD_FENCE_DEVICE();
-		RAD_SYNC();
-		if (tid == 0)
-			rad_add_release(&P.qsync[1], (P.m - first + blocks - 1) / blocks);
-	}
-	if (tid == 0) {
-		while (rad_ld_acquire(&P.qsync[1]) < P.m)
-			;
-		if (rad_atomic_inc(&P.qsync[2]) == blocks - 1) {
-			P.qsync[0] = 0;
-			P.qsync[1] = 0;
-			P.qsync[2] = 0;
-		}
-	}
-	RAD_SYNC();
-}
-
 template <int TOK, int NTW, int CG, int FQ>
 __global__ void __launch_bounds__(GV_THREADS, GV_MINB(TOK, NTW)) rad_w4a8_gemv(gemm_params P, uint32_t stages,
 												  uint32_t wk_arg)
@@ -224,8 +175,6 @@ __global__ void __launch_bounds__(GV_THREADS, GV_MINB(TOK, NTW)) rad_w4a8_gemv(g
 		/* the weights do not depend on the quant kernel before us: they
 		 * are in flight before we wait for its codes */
 		rad_grid_wait();
-		if (FQ == 0 && P.qgrid)
-			gv_quant_grid(P);
 
 		/* fused: the codes of our K range, in shared memory after the
 		 * rings, made by this block's active warps (all with our K range:
@@ -261,11 +210,7 @@ __global__ void __launch_bounds__(GV_THREADS, GV_MINB(TOK, NTW)) rad_w4a8_gemv(g
 					a[it].lo = *(const rad_u4 *)ap;        /* shared memory */
 					a[it].hi = *(const rad_u4 *)(ap + 16);
 				} else {
-					/* not __ldg: with P.qgrid, blocks of this
-					 * launch wrote these codes (a branch on
-					 * P.qgrid costs up to 11 registers) */
-					a[it].lo = rad_ld16_co(ap);
-					a[it].hi = rad_ld16_co(ap + 16);
+					afrag_load(a[it], ap);
 				}
 			}
 		};
@@ -374,8 +319,6 @@ __global__ void __launch_bounds__(GV_THREADS, GV_MINB(TOK, NTW)) rad_w4a8_gemv(g
 		}
 	} else {
 		rad_grid_wait();
-		if (FQ == 0 && P.qgrid)
-			gv_quant_grid(P);
 	}
 
 	/* wk > 1: the column's warps add their partials into its first warp's
@@ -604,14 +547,13 @@ int radiance__w4a8_gemv_launch(const gemm_params &p, const struct radiance__w4a8
 			       int pdl)
 {
 	const int i = gemv_find(plan.tok, plan.ntw, plan.cg);
-	/* wk warps of a block split K: 1, 2 or 4, never fused per block, every part of
+	/* wk warps of a block split K: 1, 2 or 4, never fused, every part of
 	 * every split's K range non-empty */
 	const uint32_t wk = plan.wk ? plan.wk : 1;
-	const bool fb = plan.fused == RADIANCE_W4A8_FUSE_BLOCK;
-	if (i < 0 || plan.stages < 1 || plan.stages > GV_MAX_STAGES || (fb && !gemv_insts[i].launch_fused) ||
-	    GV_WARPS % wk || (wk > 1 && (fb || (uint64_t)wk * plan.split > p.groups)))
+	if (i < 0 || plan.stages < 1 || plan.stages > GV_MAX_STAGES || (plan.fused && !gemv_insts[i].launch_fused) ||
+	    GV_WARPS % wk || (wk > 1 && (plan.fused || (uint64_t)wk * plan.split > p.groups)))
 		return -EINVAL;
-	(fb ? gemv_insts[i].launch_fused : gemv_insts[i].launch)(
+	(plan.fused ? gemv_insts[i].launch_fused : gemv_insts[i].launch)(
 		p, dim3(ceil_div(p.ntiles, GV_WARPS / wk * plan.ntw), plan.split, 1), plan.stages, wk, (hipStream_t)stream,
 		pdl);
 	return radiance__gpu_check_launch("w4a8 gemv kernel");

@@ -29,10 +29,6 @@ struct gemm_params {
 	uint32_t m, n, k, groups, ntiles, wn, wk;
 	const void *x;            /* fused quant (plan.fused): args.x, and whether fp16 */
 	uint32_t x_fp16;
-	uint32_t qgrid;            /* plan.fused == RADIANCE_W4A8_FUSE_GRID: the first
-	                              blocks quantize x into codes and s (w4a8_gemv.hip) */
-	uint32_t *qsync;           /* ... and count through these RADIANCE_W4A8_QSYNC_WORDS
-	                              words (zero between launches) */
 	uint32_t y16;              /* n % 8 == 0 and every row starts 16-byte aligned */
 	uint32_t y_rows;           /* 1: rows at yrow[] */
 	uint16_t *yrow[RADIANCE_W4A8_Y_ROWS_MAX];

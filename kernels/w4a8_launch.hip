@@ -81,11 +81,6 @@ extern "C" int radiance__w4a8_gemm(const struct radiance__gpu_device *dev, const
 	p.wn = GEMM_WARPS / plan.wk;
 	p.x = plan.fused ? a->x : NULL;
 	p.x_fp16 = a->x_dtype == RADIANCE_DTYPE_FP16;
-	p.qgrid = plan.fused == RADIANCE_W4A8_FUSE_GRID;
-	p.qsync = p.qgrid ? a->counters + a->counters_n - RADIANCE_W4A8_QSYNC_WORDS : NULL;
-	if (p.qgrid && (!plan.ntw || !a->codes || !a->s))
-		return radiance__gpu_fail_text(-EINVAL, "fused quant over the grid without the streaming kernel "
-					       "or codes and scales to write");
 	/* whole 16-byte pieces of y where every row starts aligned */
 	p.y_rows = a->y_rows != NULL;
 	p.y16 = a->n % 8 == 0;

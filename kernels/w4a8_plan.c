@@ -32,7 +32,7 @@ size_t radiance__w4a8_scale_bytes(uint32_t n, uint32_t k)
 
 size_t radiance__w4a8_counters_needed(uint32_t n)
 {
-	return (size_t)ceil_div(n, TILE_N) + RADIANCE_W4A8_QSYNC_WORDS;
+	return ceil_div(n, TILE_N);
 }
 
 size_t radiance__w4a8_partials_bytes(uint32_t max_decode_rows, uint32_t max_n)
@@ -60,9 +60,8 @@ char *radiance__w4a8_plan_format(char *buf, size_t len, const struct radiance__w
 {
 	const char *name = radiance__w4a8_path_name(p->path);
 	if (p->path == RADIANCE_W4A8_DECODE && p->ntw)
-		snprintf(buf, len, "gemv t%u n%u c%u q%u s%u%s%s", p->tok, p->ntw, p->cg, p->stages, p->split,
-			 p->wk == 2 ? " w2" : p->wk == 4 ? " w4" : "",
-			 p->fused == RADIANCE_W4A8_FUSE_GRID ? " fg" : p->fused ? " fb" : "");
+		snprintf(buf, len, "gemv t%u n%u c%u q%u s%u%s", p->tok, p->ntw, p->cg, p->stages, p->split,
+			 p->wk == 2 ? " w2" : p->wk == 4 ? " w4" : "");
 	else if (p->path == RADIANCE_W4A8_DECODE || p->path == RADIANCE_W4A8_TILED)
 		snprintf(buf, len, "%s t%u wk%u s%u", name, p->tok, p->wk, p->split);
 	else if (p->path == RADIANCE_W4A8_WGMMA)
@@ -251,19 +250,12 @@ static void plan_gemv(const struct radiance__gpu_device *dev, const struct radia
 
 /* Whether the settings ask the streaming kernel to quantize a->x itself
  * for this launch (the part of gemv_fuse that does not depend on a plan) */
-/* Whether a->x is one a fused quant can read: given, bf16 or fp16, 16-byte
- * aligned (both ways of fusing read it in 16-byte pieces). */
-static int gemv_x_fusable(const struct radiance__w4a8_args *a)
-{
-	return a->x && ((uintptr_t)a->x & 15u) == 0 &&
-	       (a->x_dtype == RADIANCE_DTYPE_BF16 || a->x_dtype == RADIANCE_DTYPE_FP16);
-}
-
 static int gemv_fuse_asked(const struct radiance__w4a8_args *a, const struct radiance__w4a8_settings *st)
 {
 	int rows = st->decode_fuse_rows ? st->decode_fuse_rows : RADIANCE_W4A8_FUSE_ROWS;
 	rows = rows > RADIANCE_W4A8_FUSE_MAX_ROWS ? RADIANCE_W4A8_FUSE_MAX_ROWS : rows;
-	return rows > 0 && a->m <= (uint32_t)rows && gemv_x_fusable(a);
+	return a->x && rows > 0 && a->m <= (uint32_t)rows && ((uintptr_t)a->x & 15u) == 0 &&
+	       (a->x_dtype == RADIANCE_DTYPE_BF16 || a->x_dtype == RADIANCE_DTYPE_FP16);
 }
 
 /* Whether the streaming kernel of `plan` quantizes a->x itself: 8-token
@@ -286,18 +278,6 @@ static uint32_t gemv_fuse(const struct radiance__w4a8_args *a, const struct radi
 		return 0;
 	const uint32_t L = ceil_div(G, plan->split);
 	return (size_t)a->m * (L * GROUP + 16) <= RADIANCE_W4A8_FUSE_SMEM;
-}
-
-/* Whether the streaming kernel of `plan` quantizes a->x itself over the
- * grid (RADIANCE_W4A8_FUSE_GRID): x given (bf16/fp16, 16-byte aligned), codes
- * and s to write, room for the sync words after the split-K counters, and
- * the settings (the policy's RADIANCE_W4A8_FUSE_GRID_ON) asking for it. */
-static int gemv_fuse_grid(const struct radiance__w4a8_args *a, const struct radiance__w4a8_settings *st,
-			  const struct radiance__w4a8_plan *plan)
-{
-	const int on = st->decode_fuse_grid ? st->decode_fuse_grid > 0 : RADIANCE_W4A8_FUSE_GRID_ON;
-	return on && plan->ntw && gemv_x_fusable(a) && a->codes && a->s && a->counters &&
-	       a->counters_n >= radiance__w4a8_counters_needed(a->n);
 }
 
 enum radiance__w4a8_prefill radiance__w4a8_prefill_choose(const struct radiance__gpu_device *dev,
@@ -410,12 +390,11 @@ int radiance__w4a8_plan(const struct radiance__gpu_device *dev, const struct rad
 			struct radiance__w4a8_settings one = *st;
 			one.decode_wk = 1;
 			plan_gemv(dev, a, &one, plan);
-			plan->fused = gemv_fuse(a, st, plan) ? RADIANCE_W4A8_FUSE_BLOCK : 0;
+			plan->fused = gemv_fuse(a, st, plan);
 			if (plan->fused)
 				return 0;
 		}
 		plan_gemv(dev, a, st, plan);
-		plan->fused = gemv_fuse_grid(a, st, plan) ? RADIANCE_W4A8_FUSE_GRID : 0;
 		return 0;
 	}
 	/* the smallest token tile that holds m (decode, and tiled m <= 64);

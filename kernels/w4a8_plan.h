@@ -99,9 +99,6 @@ struct radiance__w4a8_settings {
 	 * (0: the policy's RADIANCE_W4A8_FUSE_ROWS, which is off; -1: never; at
 	 * most RADIANCE_W4A8_FUSE_MAX_ROWS) */
 	int decode_fuse_rows;
-	/* fused quant over the grid (RADIANCE_W4A8_FUSE_GRID) where it applies:
-	 * 0 the policy's RADIANCE_W4A8_FUSE_GRID_ON, 1 yes, -1 never */
-	int decode_fuse_grid;
 };
 
 /* Fused quant (docs/gpu.md "Fused quant"): the streaming decode kernel
@@ -113,18 +110,6 @@ struct radiance__w4a8_settings {
 #define RADIANCE_W4A8_FUSE_ROWS 0
 #define RADIANCE_W4A8_FUSE_MAX_ROWS 4
 #define RADIANCE_W4A8_FUSE_SMEM 8192u
-#define RADIANCE_W4A8_FUSE_BLOCK 1u
-
-/* Fused quant over the grid (docs/gpu.md "Fused quant over the grid"): the
- * streaming decode kernel (any m it takes) quantizes args.x into args.codes
- * and args.s itself, the first m of its blocks to start one row each, while
- * every block's first weights are in flight; the other blocks wait for them
- * through RADIANCE_W4A8_QSYNC_WORDS counters at the end of args.counters
- * (counters_n >= radiance__w4a8_counters_needed(n) makes room). One launch
- * instead of quant + GEMM; codes and s are what the quant would write. */
-#define RADIANCE_W4A8_FUSE_GRID 2u
-#define RADIANCE_W4A8_FUSE_GRID_ON 0
-#define RADIANCE_W4A8_QSYNC_WORDS 4u
 
 /* The launch shape the policy picks (exposed for tests, bench and docs). */
 struct radiance__w4a8_plan {
@@ -139,10 +124,8 @@ struct radiance__w4a8_plan {
 	                              bulk-copy streaming kernel with ntw n-tiles per warp */
 	uint32_t stages;           /* streaming kernel: ring slots per warp */
 	uint32_t cg;               /* streaming kernel: groups per ring slot */
-	uint32_t fused;            /* streaming kernel: it quantizes args.x itself and the
-	                              caller runs no quant: 0 no, RADIANCE_W4A8_FUSE_BLOCK
-	                              (codes and s untouched) or RADIANCE_W4A8_FUSE_GRID
-	                              (codes and s written, as the quant would) */
+	uint32_t fused;            /* streaming kernel: it quantizes args.x itself (the
+	                              caller runs no quant; codes and s untouched) */
 };
 
 struct radiance__w4a8_args {
@@ -164,8 +147,7 @@ struct radiance__w4a8_args {
 	                              takes them) */
 	float *partials;           /* split-K scratch (NULL: no global split) */
 	size_t partials_bytes;
-	uint32_t *counters;        /* zeroed once at allocation; left zeroed (each launch
-	                              that counts zeroes its counters again) */
+	uint32_t *counters;        /* zeroed once at allocation; left zeroed */
 	size_t counters_n;
 	enum radiance__w4a8_path path;   /* AUTO: decode for m <= max_decode_rows */
 	uint32_t max_decode_rows;  /* 0 means 64 */
@@ -215,10 +197,7 @@ char *radiance__w4a8_plan_format(char *buf, size_t len, const struct radiance__w
 /* Bytes of the device weight and scale arrays of an n x k layer (k % 128 == 0). */
 size_t radiance__w4a8_weight_bytes(uint32_t n, uint32_t k);
 size_t radiance__w4a8_scale_bytes(uint32_t n, uint32_t k);
-/* Counters a launch of n outputs may use: one per 16-row block column (the
- * split-K fixup), then the RADIANCE_W4A8_QSYNC_WORDS of fused quant over the
- * grid, which it finds at the end of args.counters (counters_n - QSYNC_WORDS):
- * size them for the largest n and pass the same counters_n every launch. */
+/* Counters the split-K fixup needs for n outputs (one per 16-row block column). */
 size_t radiance__w4a8_counters_needed(uint32_t n);
 /* Partials bytes the policy may use for m rows of n outputs: the policy caps
  * split * m at RADIANCE_W4A8_SPLIT_ROWS. */

@@ -2,8 +2,8 @@
  * The per-token e4m3 quantization of one row, piece by piece (16 bytes = 8
  * values), for the kernels that quantize: rad_quant_rows
  * (kernels/w4a8_quant.hip, the quant launch) and the streaming decode GEMV
- * when it quantizes its own activations (kernels/w4a8_gemv.hip, fused per
- * block for a few rows, or over the grid). Both give the CPU's codes bit for bit (kernels/numerics.h:
+ * when it quantizes its own activations (kernels/w4a8_gemv.hip, fused for a
+ * few rows). Both give the CPU's codes bit for bit (kernels/numerics.h:
  * amax is the integer maximum of the |x| bit patterns, s = amax / 448
  * correctly rounded and at least RAD_MIN_SCALE, one rounded multiply by 1/s,
  * integer e4m3 conversion; a row holding Inf or NaN gets s = NaN and codes
@@ -76,66 +76,6 @@ __device__ __forceinline__ void quant_row_scale(uint32_t amax, uint32_t bad, flo
 		sc = sc > RAD_MIN_SCALE ? sc : RAD_MIN_SCALE;
 		inv = RAD_FDIV(1.0f, sc);
 	}
-}
-
-/* The block's amax and bad flags reduced (within each warp, then across
- * the warps: two barriers); thread 0 stores the row's scale at s[row].
- * Every thread of the block (T threads) calls it and gets 1/s and whether
- * the row holds Inf or NaN. A block may call it again for another row at
- * once: nothing in shared memory is written before a barrier every reader
- * of it has passed. */
-template <int T>
-__device__ __forceinline__ float quant_scale(uint32_t amax, uint32_t bad, float *s, uint32_t row, bool &nan_row)
-{
-	RAD_NO_CONTRACT
-	constexpr uint32_t W = T / 32;
-	__shared__ uint32_t red_max[W];
-	__shared__ uint32_t red_bad[W];
-	__shared__ float row_inv;
-	__shared__ uint32_t row_bad;
-	const uint32_t tid = RAD_TID();
-	amax = rad_warp_max_u32(amax);
-	bad = rad_warp_or_u32(bad);
-	if (tid % 32 == 0) {
-		red_max[tid / 32] = amax;
-		red_bad[tid / 32] = bad;
-	}
-	RAD_SYNC();
-	if (tid < 32) {
-		amax = rad_warp_max_u32(tid < W ? red_max[tid] : 0u);
-		bad = rad_warp_or_u32(tid < W ? red_bad[tid] : 0u);
-		if (tid == 0) {
-			float sc, inv;
-			quant_row_scale(amax, bad, sc, inv);
-			s[row] = sc;
-			row_inv = inv;
-			row_bad = bad;
-		}
-	}
-	RAD_SYNC();
-	nan_row = row_bad != 0;
-	return row_inv;
-}
-
-/* Row `row` of x (xr: `pieces` 16-byte pieces, bf16 or fp16 by FP16)
- * quantized by the T threads of one block, two passes over x: the amax,
- * then the codes into cr in ORDER; thread 0 stores s[row]. Every thread of
- * the block calls it (two barriers); rad_quant_rows for rows too long to
- * hold in registers, the streaming GEMV fused over the grid for each row it
- * takes. */
-template <int FP16, int ORDER, int T>
-__device__ __forceinline__ void quant_row(const uint16_t *xr, uint32_t pieces, uint8_t *cr, float *s, uint32_t row)
-{
-	const uint32_t tid = RAD_TID();
-	uint32_t amax = 0, bad = 0;
-	bool nan_row;
-#pragma unroll 4
-	for (uint32_t p = tid; p < pieces; p += T)
-		quant_amax<FP16>(rad_ld16(xr + (size_t)p * 8), amax, bad);
-	const float inv = quant_scale<T>(amax, bad, s, row, nan_row);
-#pragma unroll 2
-	for (uint32_t p = tid; p < pieces; p += T)
-		quant_store<FP16, ORDER>(rad_ld16(xr + (size_t)p * 8), inv, nan_row, p * 8, cr);
 }
 
 #endif

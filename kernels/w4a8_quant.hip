@@ -60,6 +60,42 @@ __device__ __forceinline__ const uint16_t *quant_row_src(const struct radiance__
 	return (const uint16_t *)p + (size_t)r * k;
 }
 
+/* The block's amax and bad flags reduced (within each warp, then across
+ * the warps: two barriers); thread 0 stores the row's scale. Every thread
+ * gets 1/s and whether the row holds Inf or NaN. */
+template <int T>
+__device__ __forceinline__ float quant_scale(uint32_t amax, uint32_t bad, float *s, uint32_t row, bool &nan_row)
+{
+	RAD_NO_CONTRACT
+	constexpr uint32_t W = T / 32;
+	__shared__ uint32_t red_max[W];
+	__shared__ uint32_t red_bad[W];
+	__shared__ float row_inv;
+	__shared__ uint32_t row_bad;
+	const uint32_t tid = RAD_TID();
+	amax = rad_warp_max_u32(amax);
+	bad = rad_warp_or_u32(bad);
+	if (tid % 32 == 0) {
+		red_max[tid / 32] = amax;
+		red_bad[tid / 32] = bad;
+	}
+	RAD_SYNC();
+	if (tid < 32) {
+		amax = rad_warp_max_u32(tid < W ? red_max[tid] : 0u);
+		bad = rad_warp_or_u32(tid < W ? red_bad[tid] : 0u);
+		if (tid == 0) {
+			float sc, inv;
+			quant_row_scale(amax, bad, sc, inv);
+			s[row] = sc;
+			row_inv = inv;
+			row_bad = bad;
+		}
+	}
+	RAD_SYNC();
+	nan_row = row_bad != 0;
+	return row_inv;
+}
+
 /* U > 0: rows of at most U * T pieces of 16 bytes, read once into
  * registers. U == 0: any k, two passes over x. */
 template <int FP16, int ORDER, int T, int U>
@@ -74,10 +110,10 @@ rad_quant_rows(struct radiance__gpu_quant_src S, uint32_t k, uint8_t *codes, flo
 	const uint16_t *xr = quant_row_src(S, row, k);
 	uint8_t *cr = codes + (size_t)row * k;
 	const uint32_t pieces = k / 8;
+	uint32_t amax = 0, bad = 0;
+	bool nan_row;
 
 	if constexpr (U > 0) {
-		uint32_t amax = 0, bad = 0;
-		bool nan_row;
 		rad_u4 v[U];
 		/* every load of the row in flight before the first is used */
 #pragma unroll
@@ -96,7 +132,13 @@ rad_quant_rows(struct radiance__gpu_quant_src S, uint32_t k, uint8_t *codes, flo
 				quant_store<FP16, ORDER>(v[u], inv, nan_row, p * 8, cr);
 		}
 	} else {
-		quant_row<FP16, ORDER, T>(xr, pieces, cr, s, row);
+#pragma unroll 4
+		for (uint32_t p = tid; p < pieces; p += T)
+			quant_amax<FP16>(rad_ld16(xr + (size_t)p * 8), amax, bad);
+		const float inv = quant_scale<T>(amax, bad, s, row, nan_row);
+#pragma unroll 2
+		for (uint32_t p = tid; p < pieces; p += T)
+			quant_store<FP16, ORDER>(rad_ld16(xr + (size_t)p * 8), inv, nan_row, p * 8, cr);
 	}
 }
 

@@ -573,20 +573,6 @@ static void test_w4a8_odd_n(void **state)
 	assert_int_equal(run_shape(100, 768, ms, sizeof ms / sizeof ms[0], 1), 0);
 }
 
-/* Whether the m x n bf16 results got and want (quant + GEMV unfused) are
- * the same bits; prints the first difference under `what` if not. */
-static int same_bits(const char *what, const uint16_t *got, const uint16_t *want, uint32_t m, uint32_t n)
-{
-	if (memcmp(got, want, (size_t)m * n * 2) == 0)
-		return 1;
-	size_t i = 0;
-	while (got[i] == want[i])
-		i++;
-	printf("# %s: differs from quant + GEMV at [%zu][%zu]: 0x%04x, not 0x%04x  <-- FAIL\n", what, i / n, i % n,
-	       got[i], want[i]);
-	return 0;
-}
-
 /* Fused quant (plan.fused): the streaming GEMV quantizing x itself must give
  * the same y, bit for bit, as the quant kernel + the same GEMV launch, for
  * m = 1..4 rows (windows of the special rows: zero, NaN, -Inf, denormals,
@@ -632,8 +618,7 @@ static void test_fused_quant(void **state)
 					 * unfused launch with one warp per K range, as the
 					 * fused kernel runs */
 					for (uint32_t force = 0; force <= 3; force += 3) {
-						struct radiance__w4a8_settings set = {.decode_fuse_rows = -1, .decode_wk = 1,
-										      .decode_fuse_grid = -1};
+						struct radiance__w4a8_settings set = {.decode_fuse_rows = -1, .decode_wk = 1};
 						struct radiance__w4a8_args a = {
 							.codes = dc, .s = ds, .m = m, .n = n, .k = k, .w = L.dw, .sc = L.ds,
 							.bias = L.dbias, .y = dy, .partials = partials,
@@ -666,7 +651,14 @@ static void test_fused_quant(void **state)
 						assert_int_equal(radiance__gpu_stream_sync(stream), 0);
 						d2h(y1, dy, (size_t)m * n * 2);
 						fused_runs++;
-						failures += !same_bits(what, y1, y0, m, n);
+						if (memcmp(y0, y1, (size_t)m * n * 2) != 0) {
+							size_t i = 0;
+							while (y0[i] == y1[i])
+								i++;
+							printf("# %s: differs from quant + GEMV at [%zu][%zu]: 0x%04x, not "
+							       "0x%04x  <-- FAIL\n", what, i / n, i % n, y1[i], y0[i]);
+							failures++;
+						}
 						failures += compare(what, y1, ref, m, n, 0) != 0;
 					}
 				}
@@ -689,140 +681,9 @@ static void test_fused_quant(void **state)
 	assert_int_equal(failures, 0);
 }
 
-/* Fused quant over the grid (plan.fused == RADIANCE_W4A8_FUSE_GRID, asked
- * for with decode_fuse_grid = 1 whatever the policy): the GEMV's first
- * blocks quantize x into codes and s while the rest wait. y, codes and s must
- * equal, bit for bit, those of the quant kernel + the same GEMV launch
- * unfused, for m = 1..16 (windows of the special rows: zero, NaN, -Inf,
- * denormals, e4m3 ties, one huge value), both dtypes, the policy's plan
- * (warps splitting K) and a forced 3-way split-K, on layers with fewer
- * blocks than rows (72 outputs: a block quantizes several rows) and many;
- * codes, s and y poisoned first, every fused launch run twice (the second
- * only works if the first left its counters zeroed, which is also read
- * back), and y checked against the CPU. */
-static void test_fused_quant_grid(void **state)
-{
-	(void)state;
-	NEED_GPU();
-	if (!dev.gemv_blocks || !dev.fp8_mma) {
-		printf("# no streaming decode kernel on this device: nothing to fuse\n");
-		return;
-	}
-	enum { ROWS = 16, XROWS = ROWS + 2 };
-	static const uint32_t shapes[][2] = {{4096, 5120}, {72, 4096}, {5120, 17408}, {1000, 1152}, {200, 640}};
-	static const uint32_t ms[] = {1, 2, 3, 4, 8, 13, 16};
-	int failures = 0, runs = 0;
-	for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
-		const uint32_t n = shapes[si][0], k = shapes[si][1];
-		struct layer_data L;
-		layer_make(&L, n, k, si % 2 == 0);
-		const size_t part_bytes = radiance__w4a8_partials_bytes(64, n);
-		float *partials = dalloc(part_bytes);
-		const size_t ncnt = radiance__w4a8_counters_needed(n);
-		uint32_t *counters = dalloc(ncnt * 4), cnt[RADIANCE_W4A8_QSYNC_WORDS];
-		assert_int_equal(radiance__gpu_memset_async(counters, 0, ncnt * 4, stream), 0);
-		uint16_t *x = malloc((size_t)XROWS * k * 2), *ref = malloc((size_t)ROWS * n * 2);
-		uint16_t *y0 = malloc((size_t)ROWS * n * 2), *y1 = malloc((size_t)ROWS * n * 2);
-		uint8_t *c0 = malloc((size_t)ROWS * k), *c1 = malloc((size_t)ROWS * k);
-		float s0[ROWS], s1[ROWS];
-		void *dx = dalloc((size_t)XROWS * k * 2), *dy = dalloc((size_t)ROWS * n * 2);
-		uint8_t *dc = dalloc((size_t)ROWS * k);
-		float *ds = dalloc(ROWS * 4);
-		void *scratch = aligned_alloc(64, (radiance_cpu_w4a8_scratch_bytes(ROWS, k) + 63) & ~(size_t)63);
-		assert_non_null(scratch);
-		for (int d = 0; d < 2; d++) {
-			const enum radiance_dtype dt = d ? RADIANCE_DTYPE_FP16 : RADIANCE_DTYPE_BF16;
-			fill_x(x, XROWS, k, dt, 1);
-			h2d(dx, x, (size_t)XROWS * k * 2);
-			for (size_t mi = 0; mi < sizeof ms / sizeof ms[0]; mi++)
-				for (uint32_t r0 = 0; r0 <= 2; r0 += 2) {
-					const uint32_t m = ms[mi];
-					const uint16_t *xr = x + (size_t)r0 * k;
-					const void *dxr = (const uint8_t *)dx + (size_t)r0 * k * 2;
-					radiance_cpu_w4a8(xr, dt, m, L.qweight, L.scales, L.bias, n, k, ref, scratch);
-					for (uint32_t force = 0; force <= 3; force += 3) {
-						struct radiance__w4a8_settings set = {.decode_fuse_grid = -1};
-						struct radiance__w4a8_args a = {
-							.codes = dc, .s = ds, .m = m, .n = n, .k = k, .w = L.dw, .sc = L.ds,
-							.bias = L.dbias, .y = dy, .partials = partials,
-							.partials_bytes = part_bytes, .counters = counters, .counters_n = ncnt,
-							.path = RADIANCE_W4A8_DECODE, .max_decode_rows = 64, .split = force,
-							.pdl = 1, .settings = &set, .x = dxr, .x_dtype = dt,
-						};
-						struct radiance__w4a8_plan p0, p1;
-						assert_int_equal(radiance__w4a8_plan(&dev, &a, &p0), 0);
-						if (!p0.ntw) {
-							printf("# m=%u %ux%u: not the streaming kernel\n", m, n, k);
-							continue;
-						}
-						assert_int_equal(p0.fused, 0);
-						assert_int_equal(radiance__gpu_quant(dxr, dt, m, k, p0.order, dc, ds, stream), 0);
-						assert_int_equal(radiance__w4a8_gemm(&dev, &a, stream), 0);
-						d2h(y0, dy, (size_t)m * n * 2);
-						d2h(c0, dc, (size_t)m * k);
-						d2h(s0, ds, m * 4);
-						set.decode_fuse_grid = 1;
-						assert_int_equal(radiance__w4a8_plan(&dev, &a, &p1), 0);
-						char what[160], pl[64];
-						snprintf(what, sizeof what, "fused grid n=%u k=%u m=%u rows %u.. %s %s", n, k, m, r0,
-							 d ? "fp16" : "bf16", radiance__w4a8_plan_format(pl, sizeof pl, &p1));
-						assert_int_equal(p1.fused, RADIANCE_W4A8_FUSE_GRID);
-						assert_int_equal(p1.split, p0.split);
-						assert_int_equal(p1.wk, p0.wk);
-						assert_int_equal(p1.ntw, p0.ntw);
-						for (int rep = 0; rep < 2; rep++) {
-							assert_int_equal(radiance__gpu_memset_async(dc, 0x55, (size_t)ROWS * k, stream), 0);
-							assert_int_equal(radiance__gpu_memset_async(ds, 0xFF, ROWS * 4, stream), 0);
-							assert_int_equal(radiance__gpu_memset_async(dy, 0xFF, (size_t)ROWS * n * 2,
-												 stream), 0);
-							assert_int_equal(radiance__w4a8_gemm(&dev, &a, stream), 0);
-							assert_int_equal(radiance__gpu_stream_sync(stream), 0);
-							d2h(y1, dy, (size_t)m * n * 2);
-							d2h(c1, dc, (size_t)m * k);
-							d2h(s1, ds, m * 4);
-							d2h(cnt, counters + ncnt - RADIANCE_W4A8_QSYNC_WORDS, sizeof cnt);
-							runs++;
-							for (uint32_t w = 0; w < RADIANCE_W4A8_QSYNC_WORDS; w++)
-								if (cnt[w]) {
-									printf("# %s run %d: sync word %u left at %u  <-- FAIL\n", what,
-									       rep, w, cnt[w]);
-									failures++;
-								}
-							if (memcmp(c0, c1, (size_t)m * k) != 0 || memcmp(s0, s1, m * 4) != 0) {
-								printf("# %s run %d: codes or scales differ from the quant kernel's  "
-								       "<-- FAIL\n", what, rep);
-								failures++;
-							}
-							failures += !same_bits(what, y1, y0, m, n);
-						}
-						failures += compare(what, y1, ref, m, n, 0) != 0;
-					}
-				}
-		}
-		free(scratch);
-		free(x);
-		free(ref);
-		free(y0);
-		free(y1);
-		free(c0);
-		free(c1);
-		radiance__gpu_free(dx);
-		radiance__gpu_free(dy);
-		radiance__gpu_free(dc);
-		radiance__gpu_free(ds);
-		radiance__gpu_free(partials);
-		radiance__gpu_free(counters);
-		layer_drop(&L);
-	}
-	printf("# fused quant over the grid: %d launches compared\n", runs);
-	assert_true(runs > 0);
-	assert_int_equal(failures, 0);
-}
-
 /* A chain of layers queued back to back (docs/gpu.md "A decode step as an
  * engine queues it"), each layer's y the next one's x, quant + GEMM per
- * layer (or the GEMV quantizing x itself where the plan fuses; each m also
- * with fused quant over the grid asked for), no synchronize in between,
+ * layer (at m = 1 the GEMV quantizing x itself), no synchronize in between,
  * every GEMM a programmatic dependent of the launch before it. Every
  * layer's y must equal the CPU's result on the x that layer really got (the
  * GPU's y of the layer before): a quant or fused GEMV that read its x, or a
@@ -844,11 +705,8 @@ static void test_layer_chain(void **state)
 	uint32_t *counters = dalloc(ncnt * 4);
 	assert_int_equal(radiance__gpu_memset_async(counters, 0, ncnt * 4, stream), 0);
 	int failures = 0;
-	enum { NMS = sizeof ms / sizeof ms[0] };
-	for (size_t mi = 0; mi < 2 * NMS; mi++) {
-		/* the policy, then fused over the grid asked for (decode_fuse_grid) */
-		const uint32_t m = ms[mi % NMS];
-		const struct radiance__w4a8_settings set = {.decode_fuse_grid = mi < NMS ? 0 : 1};
+	for (size_t mi = 0; mi < sizeof ms / sizeof ms[0]; mi++) {
+		const uint32_t m = ms[mi];
 		uint16_t *x = malloc((size_t)m * 5120 * 2), *ref = malloc((size_t)m * 5120 * 2);
 		uint16_t *got[LAYERS + 1];
 		void *dbuf[LAYERS + 1];
@@ -868,11 +726,11 @@ static void test_layer_chain(void **state)
 				.codes = dc, .s = ds, .m = m, .n = L->n, .k = L->k, .w = L->dw, .sc = L->ds,
 				.bias = L->dbias, .y = dbuf[i + 1], .partials = partials, .partials_bytes = part_bytes,
 				.counters = counters, .counters_n = ncnt, .max_decode_rows = 64, .pdl = 1,
-				.x = dbuf[i], .x_dtype = RADIANCE_DTYPE_BF16, .settings = &set,
+				.x = dbuf[i], .x_dtype = RADIANCE_DTYPE_BF16,
 			};
 			struct radiance__w4a8_plan plan;
 			assert_int_equal(radiance__w4a8_plan(&dev, &a, &plan), 0);
-			/* fused: the GEMV quantizes the y before it itself */
+			/* m = 1: the GEMV quantizes the y before it itself */
 			if (!plan.fused)
 				assert_int_equal(radiance__gpu_quant(dbuf[i], RADIANCE_DTYPE_BF16, m, L->k, plan.order, dc,
 								    ds, stream), 0);
@@ -890,8 +748,7 @@ static void test_layer_chain(void **state)
 					  scratch);
 			free(scratch);
 			char what[96];
-			snprintf(what, sizeof what, "chain m=%u layer %d (%ux%u)%s", m, i, L->n, L->k,
-				 set.decode_fuse_grid > 0 ? " fused over the grid" : "");
+			snprintf(what, sizeof what, "chain m=%u layer %d (%ux%u)", m, i, L->n, L->k);
 			failures += compare(what, got[i + 1], ref, m, L->n, 0) != 0;
 		}
 		for (int i = 0; i <= LAYERS; i++) {
@@ -2102,7 +1959,6 @@ static void test_w4a8_wide(void **state) { (void)state; skip(); }
 static void test_w4a8_odd_n(void **state) { (void)state; skip(); }
 static void test_layer_chain(void **state) { (void)state; skip(); }
 static void test_fused_quant(void **state) { (void)state; skip(); }
-static void test_fused_quant_grid(void **state) { (void)state; skip(); }
 static void test_w4a8_y_rows(void **state) { (void)state; skip(); }
 static void test_backend_ops(void **state) { (void)state; skip(); }
 static void test_backend_ops_pieces(void **state) { (void)state; skip(); }
@@ -2130,7 +1986,6 @@ int main(void)
 		cmocka_unit_test(test_w4a8_odd_n),
 		cmocka_unit_test(test_layer_chain),
 		cmocka_unit_test(test_fused_quant),
-		cmocka_unit_test(test_fused_quant_grid),
 		cmocka_unit_test(test_w4a8_y_rows),
 		cmocka_unit_test(test_backend_ops),
 		cmocka_unit_test(test_backend_ops_pieces),

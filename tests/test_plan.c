@@ -254,14 +254,6 @@ static void prefill_choice(void **state)
 		assert_int_equal(radiance__w4a8_prefill_choose(&d, asked), RADIANCE_PREFILL_EXACT);
 }
 
-/* plan.fused of the policy's plan for a (the plan must succeed). */
-static uint32_t fused_of(const struct radiance__gpu_device *d, const struct radiance__w4a8_args *a)
-{
-	struct radiance__w4a8_plan p;
-	assert_int_equal(radiance__w4a8_plan(d, a, &p), 0);
-	return p.fused;
-}
-
 /* Fused quant (plan.fused): off under the policy (RADIANCE_W4A8_FUSE_ROWS
  * is 0) on every 27B shape; with decode_fuse_rows = 1 on for M = 1 wherever
  * a block's codes fit the shared-memory budget (all five shapes at one
@@ -298,15 +290,19 @@ static void fused_quant(void **state)
 		assert_true(p1.wk > 1);
 		a.x = xbuf;
 		a.x_dtype = RADIANCE_DTYPE_FP16;
-		assert_int_equal(fused_of(&d, &a), 1);
+		assert_int_equal(radiance__w4a8_plan(&d, &a, &p1), 0);
+		assert_int_equal(p1.fused, 1);
 		a.x_dtype = (enum radiance_dtype)99;
-		assert_int_equal(fused_of(&d, &a), 0);
+		assert_int_equal(radiance__w4a8_plan(&d, &a, &p1), 0);
+		assert_int_equal(p1.fused, 0);
 		a.x_dtype = RADIANCE_DTYPE_BF16;
 		a.x = (const uint8_t *)xbuf + 2;
-		assert_int_equal(fused_of(&d, &a), 0);
+		assert_int_equal(radiance__w4a8_plan(&d, &a, &p1), 0);
+		assert_int_equal(p1.fused, 0);
 		a.x = xbuf;
 		a.m = 2;
-		assert_int_equal(fused_of(&d, &a), 0);
+		assert_int_equal(radiance__w4a8_plan(&d, &a, &p1), 0);
+		assert_int_equal(p1.fused, 0);
 	}
 	struct radiance__w4a8_settings set = {.decode_fuse_rows = 4};
 	struct radiance__w4a8_args a = args(4, 34816, 5120);
@@ -339,85 +335,6 @@ static void fused_quant(void **state)
 	set.decode_fuse_rows = 4;
 	a.m = 32;
 	assert_int_equal(radiance__w4a8_plan(&d, &a, &p), 0);
-	assert_int_equal(p.fused, 0);
-}
-
-/* Fused quant over the grid (plan.fused == RADIANCE_W4A8_FUSE_GRID): taken
- * (decode_fuse_grid = 1, or the policy where RADIANCE_W4A8_FUSE_GRID_ON) by
- * the streaming kernel (m = 1..16 on the 27B shapes) wherever x is given
- * (bf16 or fp16, 16-byte aligned) with codes and s to write and counters
- * with room for the sync words; the launch shape is the policy's unfused
- * one. Not without x, codes or s, for unaligned x or another dtype,
- * with too few counters, for the matrix-core kernel (m = 32), or with
- * decode_fuse_grid = -1; fused per block (decode_fuse_rows) takes
- * precedence where it applies. */
-static void fused_quant_grid(void **state)
-{
-	(void)state;
-	const struct radiance__gpu_device d = h200();
-	static uint16_t xbuf[64] __attribute__((aligned(16)));
-	static uint8_t codes[16];
-	static float sbuf[16];
-	static const uint32_t shapes[][2] = {{16384, 5120}, {14336, 5120}, {5120, 6144}, {34816, 5120}, {5120, 17408}};
-	static const uint32_t ms[] = {1, 4, 8, 16};
-	const struct radiance__w4a8_settings off = {.decode_fuse_grid = -1}, on = {.decode_fuse_grid = 1},
-					     block = {.decode_fuse_rows = 1};
-	for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
-		for (size_t mi = 0; mi < sizeof ms / sizeof ms[0]; mi++) {
-			struct radiance__w4a8_args a = args(ms[mi], shapes[i][0], shapes[i][1]);
-			struct radiance__w4a8_plan p0, p1;
-			char s0[64], s1[64], want[80];
-			a.x = xbuf;
-			a.x_dtype = RADIANCE_DTYPE_BF16;
-			a.codes = codes;
-			a.s = sbuf;
-			a.settings = &off;
-			assert_int_equal(radiance__w4a8_plan(&d, &a, &p0), 0);
-			assert_int_equal(p0.fused, 0);
-			assert_true(p0.ntw > 0);
-			a.settings = NULL;                     /* the policy */
-			assert_int_equal(fused_of(&d, &a), RADIANCE_W4A8_FUSE_GRID_ON ? RADIANCE_W4A8_FUSE_GRID : 0);
-			a.settings = &on;
-			assert_int_equal(radiance__w4a8_plan(&d, &a, &p1), 0);
-			assert_int_equal(p1.fused, RADIANCE_W4A8_FUSE_GRID);
-			radiance__w4a8_plan_format(s0, sizeof s0, &p0);
-			radiance__w4a8_plan_format(s1, sizeof s1, &p1);
-			snprintf(want, sizeof want, "%s fg", s0);
-			assert_string_equal(s1, want);   /* the same launch shape */
-			a.x_dtype = RADIANCE_DTYPE_FP16;
-			assert_int_equal(fused_of(&d, &a), RADIANCE_W4A8_FUSE_GRID);
-			a.x_dtype = (enum radiance_dtype)99;
-			assert_int_equal(fused_of(&d, &a), 0);
-			a.x_dtype = RADIANCE_DTYPE_BF16;
-			a.x = (const uint8_t *)xbuf + 2;
-			assert_int_equal(fused_of(&d, &a), 0);
-			a.x = NULL;
-			assert_int_equal(fused_of(&d, &a), 0);
-			a.x = xbuf;
-			a.codes = NULL;
-			assert_int_equal(fused_of(&d, &a), 0);
-			a.codes = codes;
-			a.s = NULL;
-			assert_int_equal(fused_of(&d, &a), 0);
-			a.s = sbuf;
-			a.counters_n = radiance__w4a8_counters_needed(a.n) - 1;
-			assert_int_equal(fused_of(&d, &a), 0);
-			a.counters_n = radiance__w4a8_counters_needed(a.n);
-			assert_int_equal(fused_of(&d, &a), RADIANCE_W4A8_FUSE_GRID);
-			if (ms[mi] == 1) {                     /* per block, where it fits */
-				a.settings = &block;
-				assert_int_equal(fused_of(&d, &a), RADIANCE_W4A8_FUSE_BLOCK);
-			}
-		}
-	struct radiance__w4a8_args a = args(32, 16384, 5120);   /* the matrix-core kernel */
-	struct radiance__w4a8_plan p;
-	a.x = xbuf;
-	a.x_dtype = RADIANCE_DTYPE_BF16;
-	a.codes = codes;
-	a.s = sbuf;
-	a.settings = &on;
-	assert_int_equal(radiance__w4a8_plan(&d, &a, &p), 0);
-	assert_int_equal(p.ntw, 0);
 	assert_int_equal(p.fused, 0);
 }
 
@@ -640,7 +557,7 @@ static void edge_cases(void **state)
 	/* sizes of the device arrays: 16-row tiles of 1 KiB and 32 B per group */
 	assert_int_equal(radiance__w4a8_weight_bytes(17, 256), 2 * 2 * 1024);
 	assert_int_equal(radiance__w4a8_scale_bytes(17, 256), 2 * 2 * 32);
-	assert_int_equal(radiance__w4a8_counters_needed(17), 2 + RADIANCE_W4A8_QSYNC_WORDS);
+	assert_int_equal(radiance__w4a8_counters_needed(17), 2);
 	assert_int_equal(radiance__w4a8_partials_bytes(64, 1000), 256 * 1000 * 4);
 }
 
@@ -704,7 +621,6 @@ int main(void)
 		cmocka_unit_test(h200_fast_prefill),
 		cmocka_unit_test(prefill_choice),
 		cmocka_unit_test(fused_quant),
-		cmocka_unit_test(fused_quant_grid),
 		cmocka_unit_test(h200_minilm),
 		cmocka_unit_test(other_devices),
 		cmocka_unit_test(overrides),
