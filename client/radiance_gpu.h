@@ -118,6 +118,33 @@ int radiance_gpu_map(struct radiance *r, uint32_t model_id, const struct radianc
 int radiance_gpu_linear(struct radiance_gpu_model *g, uint32_t layer, const void *x, void *y, uint32_t rows,
 			enum radiance_elem dtype, void *stream);
 
+/* y = layer(codes, scales) for a W4A8 layer whose activations the caller
+ * has already quantized (an engine that fuses the per-token fp8 quant into
+ * the kernel that makes x, e.g. its RMSNorm): the GEMM of radiance_gpu_linear
+ * with no quant launch before it. The same kernels and policy; given the
+ * codes and scales radiance_gpu_linear would make from x, y is the same,
+ * bit for bit.
+ *   codes   device pointer to [rows][K] e4m3 (OCP FP8 E4M3, as numerics.h),
+ *           row-major in natural K order, 16-byte aligned;
+ *   scales  device pointer to [rows] fp32 per-token scales: row t stands for
+ *           codes[t] x scales[t] (docs/numerics.md "Activations": ours are
+ *           s = amax / 448, x * (1/s) rounded once to e4m3, the form of
+ *           vLLM's per-token dynamic fp8 quant); 4-byte aligned;
+ *   y       device pointer to [rows][N] bf16, 16-byte aligned, overlapping
+ *           neither;
+ *   rows    1..max_rows of the map options.
+ * codes and scales are only read, and only by the launches enqueued here:
+ * keep them unchanged until the stream has run them. Rows the prefill
+ * kernels take (above the decode band, on sm_90a) first get their codes
+ * rewritten into the mapping's scratch (one small launch); decode rows are
+ * read in place. Current device, allocation and capture as
+ * radiance_gpu_linear. Returns 0, or -ENOENT (layer out of range), -EINVAL
+ * (a bf16 layer: use radiance_gpu_linear; rows 0; misaligned codes, scales
+ * or y), -E2BIG (rows above max_rows), -EIO (a launch failed; the vendor's
+ * text). Since RADIANCE_GPU_1 of the version script. */
+int radiance_gpu_linear_fp8(struct radiance_gpu_model *g, uint32_t layer, const void *codes, const float *scales,
+			    void *y, uint32_t rows, void *stream);
+
 /* y[j] = layers[j](x) for j < nlayers, enqueued on `stream` in that order:
  * the several-layer form of radiance_gpu_linear (q, k and v; gate and up)
  * on one x, with the outputs of nlayers radiance_gpu_linear calls, bit for

@@ -171,6 +171,56 @@ extern "C" int radiance__gpu_layer_run_rows(const struct radiance__gpu_device *d
 	return layer_run_w4a8(dev, s, l, src, dtype, (uint32_t)m, NULL, rowp, stream, force, 0, path);
 }
 
+extern "C" int radiance__gpu_layer_run_fp8(const struct radiance__gpu_device *dev, struct radiance__gpu_scratch *s,
+					   const struct radiance__gpu_layer *l, const uint8_t *codes, const float *scales,
+					   uint32_t m, uint16_t *y, void *stream, enum radiance__w4a8_path force,
+					   const char **path)
+{
+	int rc;
+	const char *unused;
+	if (!path)
+		path = &unused;
+	*path = "";
+	if (l->bf16)
+		return radiance__gpu_fail_text(-EINVAL, "a bf16 layer takes activations, not e4m3 codes");
+	if ((rc = layer_check(s, l, RADIANCE_DTYPE_BF16, m)))
+		return rc;
+	if ((uintptr_t)codes % 16 || (uintptr_t)scales % 4)
+		return radiance__gpu_fail_text(-EINVAL, "codes %p (16-byte aligned) or scales %p (4) misaligned",
+					       (const void *)codes, (const void *)scales);
+	if (m == 0)
+		return 0;
+	struct radiance__w4a8_args a = {};
+	a.codes = codes;
+	a.s = scales;
+	a.m = m;
+	a.n = l->n;
+	a.k = l->k;
+	a.w = l->w;
+	a.sc = l->sc;
+	a.bias = l->bias;
+	a.y = y;
+	a.partials = s->f32;
+	a.partials_bytes = s->f32_bytes;
+	a.counters = s->counters;
+	a.counters_n = s->counters_n;
+	a.path = force;
+	a.max_decode_rows = s->max_decode_rows;
+	a.pdl = 1;
+	a.settings = &s->settings;
+	struct radiance__w4a8_plan plan;
+	radiance__w4a8_plan(dev, &a, &plan);
+	*path = radiance__w4a8_path_name(plan.path);
+	/* the caller's codes are in natural order: a path that reads another
+	 * (the wgmma prefill) gets them rewritten into the scratch */
+	if (plan.order != RADIANCE_CODES_NATURAL) {
+		if ((rc = radiance__gpu_codes_reorder(codes, m, l->k, plan.order, s->codes, stream)))
+			return rc;
+		a.codes = s->codes;
+	}
+	return radiance__w4a8_gemm(dev, &a, stream);
+}
+
 extern "C" int radiance__gpu_layer_run(const struct radiance__gpu_device *dev, struct radiance__gpu_scratch *s,
 				       const struct radiance__gpu_layer *l, const void *x, enum radiance_dtype dtype,
 				       uint32_t m, uint16_t *y, void *stream, enum radiance__w4a8_path force,

@@ -228,6 +228,15 @@ struct radiance__gpu_quant_src {
 int radiance__gpu_quant_rows(const struct radiance__gpu_quant_src *src, enum radiance_dtype dtype, uint32_t k,
 			     enum radiance__codes_order order, uint8_t *codes, float *s, void *stream);
 
+/* Natural-order e4m3 codes [m][k] (device, made by the caller) rewritten
+ * into `order` for the kernels that read another one (the sm_90a wgmma
+ * prefill reads RADIANCE_CODES_WGMMA: 4-byte words permuted within each
+ * 128-code group, as radiance__gpu_quant writes them). in and out are
+ * separate device buffers, 16-byte aligned; k % 128 == 0. 0 or -EINVAL
+ * (another order, k, alignment), -EIO (the launch). */
+int radiance__gpu_codes_reorder(const uint8_t *in, uint32_t m, uint32_t k, enum radiance__codes_order order,
+				uint8_t *out, void *stream);
+
 /* ---------------------------------------------------------- W4A8 weights */
 
 /* Repack the canonical host layout (daemon/model.h), already copied to the
@@ -319,6 +328,21 @@ void radiance__gpu_scratch_destroy(struct radiance__gpu_scratch *s);
 int radiance__gpu_layer_run(const struct radiance__gpu_device *dev, struct radiance__gpu_scratch *s,
 			    const struct radiance__gpu_layer *l, const void *x, enum radiance_dtype dtype,
 			    uint32_t m, uint16_t *y, void *stream, enum radiance__w4a8_path force, const char **path);
+
+/* y [m][n] bf16 = l(codes, scales): the W4A8 GEMM of radiance__gpu_layer_run
+ * on activations the caller already quantized, with no quant launch.
+ * codes: e4m3 [m][k] in natural order (device, 16-byte aligned), scales:
+ * fp32 [m] per-token (device, 4-byte aligned): row t of x is codes[t] x
+ * scales[t], as radiance__gpu_quant makes them (docs/numerics.md); any
+ * producer of that form will do (vLLM's per-token dynamic fp8 quant makes
+ * it too). Both are only read. The policy's path as radiance__gpu_layer_run; a path that
+ * reads the WGMMA order first rewrites the codes into s->codes (one small
+ * launch). -EINVAL for a bf16 layer or misaligned codes/scales, -E2BIG as
+ * radiance__gpu_layer_run. Allocates nothing, never synchronizes. */
+int radiance__gpu_layer_run_fp8(const struct radiance__gpu_device *dev, struct radiance__gpu_scratch *s,
+				const struct radiance__gpu_layer *l, const uint8_t *codes, const float *scales,
+				uint32_t m, uint16_t *y, void *stream, enum radiance__w4a8_path force,
+				const char **path);
 
 /* Where a launch's stacked y rows go instead of one [m][n] buffer:
  * destination i gets the next m[i] rows, [m[i]][n] bf16 at y[i] (device

@@ -179,9 +179,26 @@ static int quant_preload_order(unsigned *count)
 	return 0;
 }
 
+/* Codes made elsewhere (radiance__gpu_codes_reorder): natural [m][k] e4m3
+ * into the WGMMA order, one thread per 8-byte piece, the permutation of
+ * quant_store. */
+__global__ void __launch_bounds__(256) rad_codes_wgmma_order(const uint8_t *in, uint8_t *out, uint64_t pieces)
+{
+	const uint64_t p = (uint64_t)RAD_BID_X() * 256 + RAD_TID();
+	if (p >= pieces)
+		return;
+	const uint2 v = *(const uint2 *)(in + p * 8);
+	/* natural words 8t+2j and 8t+2j+1 of the group -> 8j+t, 8j+4+t */
+	const uint32_t q = (uint32_t)(p % (RAD_GROUP / 8)), t = q >> 2, j = q & 3u;
+	uint32_t *gw = (uint32_t *)(out + (p - q) * 8);
+	gw[j * 8 + t] = v.x;
+	gw[j * 8 + 4 + t] = v.y;
+}
+
 /* every variant quant_launch picks from (keep the two in step) */
 extern "C" int radiance__gpu_quant_preload(unsigned *count)
 {
+	RAD_PRELOAD(rad_codes_wgmma_order, count);
 	int rc = quant_preload_order<0, 0>(count);
 	if (!rc)
 		rc = quant_preload_order<1, 0>(count);
@@ -240,4 +257,19 @@ extern "C" int radiance__gpu_quant(const void *x, enum radiance_dtype dtype, uin
 	src.x[0] = x;
 	src.m[0] = m;
 	return radiance__gpu_quant_rows(&src, dtype, k, order, codes, s, stream);
+}
+
+extern "C" int radiance__gpu_codes_reorder(const uint8_t *in, uint32_t m, uint32_t k,
+					   enum radiance__codes_order order, uint8_t *out, void *stream)
+{
+	if (order != RADIANCE_CODES_WGMMA || k % RAD_GROUP || ((uintptr_t)in | (uintptr_t)out) % 16)
+		return radiance__gpu_fail_text(-EINVAL, "codes reorder: order %d, k %u, in %p, out %p (the WGMMA "
+					       "order, k %% 128, 16-byte aligned)", (int)order, k, (const void *)in,
+					       (void *)out);
+	const uint64_t pieces = (uint64_t)m * k / 8;
+	if (pieces == 0)
+		return 0;
+	hipLaunchKernelGGL(rad_codes_wgmma_order, dim3((unsigned)((pieces + 255) / 256)), dim3(256), 0,
+			   (hipStream_t)stream, in, out, pieces);
+	return radiance__gpu_check_launch("codes reorder kernel");
 }

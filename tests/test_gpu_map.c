@@ -10,6 +10,9 @@
  *     (bit-exact) and wgmma paths; rows past M untouched;
  *   - bit for bit what the daemon computes for the same requests through
  *     the rings (the same kernels, the same plan, the same weights);
+ *   - radiance_gpu_linear_fp8 on the codes and scales the CPU quant makes
+ *     from x gives radiance_gpu_linear's y bit for bit, and on random codes
+ *     the CPU GEMM's on the same codes; its argument errors;
  *   - the calls captured in a CUDA graph and replayed give the same bits;
  *   - the mapping is read-only: a second process that writes to it fails
  *     and the weights every session computes with are unchanged;
@@ -358,6 +361,122 @@ static void same_bits_as_daemon(void **state)
 	radiance_disconnect(r);
 }
 
+/* ---- activations quantized by the caller (radiance_gpu_linear_fp8) ---- */
+
+/* Layer li of g on the caller's codes and scales: y gets m rows, the guard
+ * row after them must stay poisoned. */
+static int run_fp8(struct radiance_gpu_model *g, uint32_t li, const struct radiance_layer *l, const uint8_t *codes,
+		   const float *s, uint32_t m, uint8_t *dcodes, float *dscales, uint16_t *y)
+{
+	const size_t ybytes = (size_t)(m + 1) * l->n * 2;
+	for (size_t i = 0; i < (size_t)(m + 1) * l->n; i++)
+		y[i] = 0x7FC1;
+	assert_int_equal(radiance__gpu_h2d_async(dcodes, codes, (size_t)m * l->k, stream), 0);
+	assert_int_equal(radiance__gpu_h2d_async(dscales, s, (size_t)m * 4, stream), 0);
+	assert_int_equal(radiance__gpu_h2d_async(dy, y, ybytes, stream), 0);
+	if (radiance_gpu_linear_fp8(g, li, dcodes, dscales, dy, m, stream) != 0)
+		fail_msg("fp8 layer %s m=%u: %s", l->name, m, radiance_gpu_error_message());
+	assert_int_equal(radiance__gpu_d2h_async(y, dy, ybytes, stream), 0);
+	assert_int_equal(radiance__gpu_stream_sync(stream), 0);
+	size_t touched = 0;
+	for (size_t i = (size_t)m * l->n; i < (size_t)(m + 1) * l->n; i++)
+		touched += y[i] != 0x7FC1;
+	return touched ? -1 : 0;
+}
+
+/* Every W4A8 layer of model at M across the decode band and prefill:
+ * (1) the codes and scales of x made here by the CPU quant give y bit for
+ * bit as radiance_gpu_linear(x); (2) codes made from no x at all (random
+ * e4m3 but NaN, random scales) against the CPU GEMM on the same codes. */
+static size_t fp8_model(struct radiance_gpu_model *g, const struct radiance_model *model, uint8_t *dcodes,
+			float *dscales, size_t *checked)
+{
+	static const uint32_t ms[] = { 1, 16, 17, 100, 300 };
+	size_t failed = 0;
+	uint16_t *x = malloc((size_t)MAX_ROWS * 4096 * 2), *y = malloc((size_t)(MAX_ROWS + 1) * 1536 * 2);
+	uint16_t *yx = malloc((size_t)(MAX_ROWS + 1) * 1536 * 2), *ref = malloc((size_t)MAX_ROWS * 1536 * 2);
+	uint8_t *codes = malloc((size_t)MAX_ROWS * 4096);
+	float *s = malloc(MAX_ROWS * sizeof(float));
+	for (uint32_t li = 0; li < model->n_layers; li++) {
+		const struct radiance_layer *l = &model->layers[li];
+		if (l->kind != RADIANCE_LAYER_W4A8)
+			continue;
+		for (size_t mi = 0; mi < sizeof ms / sizeof ms[0]; mi++) {
+			const uint32_t m = ms[mi];
+			const enum radiance_dtype dt = ((li + mi) & 1) ? RADIANCE_DTYPE_FP16 : RADIANCE_DTYPE_BF16;
+			const char *path = "";
+			char what[400];
+			fill(x, (size_t)m * l->k, dt);
+			for (uint32_t t = 0; t < m; t++)
+				s[t] = radiance_quant_row_e4m3(x + (size_t)t * l->k, dt, l->k, codes + (size_t)t * l->k);
+			int guard = run_mapped(g, li, l, x, dt, m, yx, RADIANCE_W4A8_AUTO, &path);
+			guard |= run_fp8(g, li, l, codes, s, m, dcodes, dscales, y);
+			const int same = memcmp(y, yx, (size_t)m * l->n * 2) == 0;
+			if (guard || !same)
+				printf("# fp8 %s (%ux%u) m=%u %s: %s  <-- FAIL\n", l->name, l->n, l->k, m, path,
+				       guard ? "rows past m were written" : "y differs from radiance_gpu_linear's");
+			failed += guard || !same;
+			for (size_t i = 0; i < (size_t)m * l->k; i++) {
+				const uint8_t c = (uint8_t)rnd();
+				codes[i] = (c & 0x7F) == 0x7F ? 0 : c;   /* e4m3 NaN: 0x7F, 0xFF */
+			}
+			for (uint32_t t = 0; t < m; t++)
+				s[t] = ldexpf(1.0f + frand(), -2 - (int)(rnd() % 8));
+			radiance_cpu_w4a8_gemm(codes, s, m, l->qweight, l->scales, l->bias, l->n, l->k, ref);
+			guard = run_fp8(g, li, l, codes, s, m, dcodes, dscales, y);
+			snprintf(what, sizeof what, "fp8 random codes %s (%ux%u) m=%u %s", l->name, l->n, l->k, m, path);
+			if (guard)
+				printf("# %s: rows past m were written  <-- FAIL\n", what);
+			failed += guard != 0 || compare(what, y, ref, m, l->n, 0) != 0;
+			*checked += 2;
+		}
+	}
+	free(x);
+	free(y);
+	free(yx);
+	free(ref);
+	free(codes);
+	free(s);
+	return failed;
+}
+
+static void fp8_codes(void **state)
+{
+	NEED_GPU();
+	uint32_t id_m, id_s;
+	struct radiance *r = connect_load(minilm_dir, &id_m);
+	assert_int_equal(radiance_load_model(r, syn_dir, NULL, &id_s), 0);
+	struct radiance_gpu_model *gm = map(r, id_m), *gs = map(r, id_s);
+	uint8_t *dcodes = NULL;
+	float *dscales = NULL;
+	assert_int_equal(radiance__gpu_malloc((void **)&dcodes, (size_t)MAX_ROWS * 4096), 0);
+	assert_int_equal(radiance__gpu_malloc((void **)&dscales, MAX_ROWS * sizeof(float)), 0);
+	size_t checked = 0;
+	size_t failed = fp8_model(gm, minilm, dcodes, dscales, &checked) + fp8_model(gs, syn, dcodes, dscales, &checked);
+	printf("# radiance_gpu_linear_fp8: %zu launches checked, %zu failed\n", checked, failed);
+	assert_int_equal(failed, 0);
+	/* its argument errors, before anything is enqueued */
+	uint32_t bf16_layer = UINT32_MAX;
+	for (uint32_t li = 0; li < minilm->n_layers && bf16_layer == UINT32_MAX; li++)
+		if (minilm->layers[li].kind == RADIANCE_LAYER_BF16)
+			bf16_layer = li;
+	assert_int_not_equal(bf16_layer, UINT32_MAX);
+	assert_int_equal(radiance_gpu_linear_fp8(gm, bf16_layer, dcodes, dscales, dy, 1, stream), -EINVAL);
+	assert_non_null(strstr(radiance_gpu_error_message(), "bf16 layer"));
+	assert_int_equal(radiance_gpu_linear_fp8(gm, 0, dcodes + 8, dscales, dy, 1, stream), -EINVAL);
+	assert_int_equal(radiance_gpu_linear_fp8(gm, 0, dcodes, (const float *)((uint8_t *)dscales + 2), dy, 1, stream),
+			 -EINVAL);
+	assert_int_equal(radiance_gpu_linear_fp8(gm, 0, dcodes, dscales, dy, 0, stream), -EINVAL);
+	assert_int_equal(radiance_gpu_linear_fp8(gm, 0, dcodes, dscales, dy, MAX_ROWS + 1, stream), -E2BIG);
+	assert_int_equal(radiance_gpu_linear_fp8(gm, (uint32_t)minilm->n_layers, dcodes, dscales, dy, 1, stream),
+			 -ENOENT);
+	radiance__gpu_free(dcodes);
+	radiance__gpu_free(dscales);
+	radiance_gpu_unmap(r, gm);
+	radiance_gpu_unmap(r, gs);
+	radiance_disconnect(r);
+}
+
 /* ---- CUDA graphs ---- */
 
 static void graph_capture(void **state)
@@ -545,11 +664,15 @@ int main(int argc, char **argv)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(every_path, start, stop),
 		cmocka_unit_test_setup_teardown(same_bits_as_daemon, start, stop),
+		cmocka_unit_test_setup_teardown(fp8_codes, start, stop),
 		cmocka_unit_test_setup_teardown(graph_capture, start, stop),
 		cmocka_unit_test_setup_teardown(read_only, start, stop),
 		cmocka_unit_test_setup_teardown(lifetime_and_errors, start, stop),
 		cmocka_unit_test_setup_teardown(ipc_path, start_ipc, stop),
 	};
+	/* RADIANCE_TEST_FILTER: only the tests whose names match (as test_gpu) */
+	if (getenv("RADIANCE_TEST_FILTER"))
+		cmocka_set_test_filter(getenv("RADIANCE_TEST_FILTER"));
 	return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
 

@@ -216,6 +216,31 @@ int radiance_gpu_linear(struct radiance_gpu_model *g, uint32_t layer, const void
 	return radiance__gpu_model_run(g, layer, x, y, rows, dtype, stream, RADIANCE_W4A8_AUTO, NULL);
 }
 
+int radiance_gpu_linear_fp8(struct radiance_gpu_model *g, uint32_t layer, const void *codes, const float *scales,
+			    void *y, uint32_t rows, void *stream)
+{
+	if (layer >= g->n_layers)
+		return fail(-ENOENT, "layer %u out of range: model %u has %zu layers", layer, g->model_id,
+			    g->n_layers);
+	if (g->layers[layer].bf16)
+		return fail(-EINVAL, "layer %u of model %u is a bf16 layer: radiance_gpu_linear_fp8 serves W4A8 "
+			    "layers (use radiance_gpu_linear)", layer, g->model_id);
+	if (rows == 0)
+		return fail(-EINVAL, "rows is 0");
+	if (rows > g->max_rows)
+		return fail(-E2BIG, "%u rows exceed the %u this mapping's scratch holds (radiance_gpu_options."
+			    "max_rows)", rows, g->max_rows);
+	if (((uintptr_t)codes | (uintptr_t)y) % 16 || (uintptr_t)scales % 4)
+		return fail(-EINVAL, "codes %p or y %p is not 16-byte aligned, or scales %p not 4-byte aligned",
+			    codes, y, (const void *)scales);
+	int rc = radiance__gpu_layer_run_fp8(&g->dev, &g->scratch, &g->layers[layer], codes, scales, rows, y,
+					     stream, RADIANCE_W4A8_AUTO, NULL);
+	if (rc)
+		return fail(rc == -E2BIG || rc == -EINVAL ? rc : -EIO, "model %u layer %u: %s", g->model_id, layer,
+			    radiance__gpu_last_error());
+	return 0;
+}
+
 int radiance_gpu_linear_multi(struct radiance_gpu_model *g, const uint32_t *layers, uint32_t nlayers,
 			      const void *x, void *const *y, uint32_t rows, enum radiance_elem dtype,
 			      void *stream)
