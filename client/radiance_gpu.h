@@ -148,10 +148,11 @@ int radiance_gpu_linear_fp8(struct radiance_gpu_model *g, uint32_t layer, const 
 /* y[j] = layers[j](x) for j < nlayers, enqueued on `stream` in that order:
  * the several-layer form of radiance_gpu_linear (q, k and v; gate and up)
  * on one x, with the outputs of nlayers radiance_gpu_linear calls, bit for
- * bit. Today it runs the layers one after another and quantizes x for each
- * (the result is the same; sharing the quantization is a later
- * optimization), so what it saves is the per-call checks and the caller's
- * loop, not kernel time.
+ * bit. Where every layer is W4A8 and rows are in the decode band (the
+ * kernels that read the codes in natural order), x is quantized once for
+ * all the layers: one quant launch and nlayers GEMMs instead of nlayers of
+ * each. Otherwise (prefill rows on sm_90a, a bf16 layer among them) the
+ * layers run one after another as radiance_gpu_linear calls.
  *   layers   [nlayers] layer indexes, distinct, all of one K;
  *            nlayers 1..RADIANCE_MAX_LAYERS_PER_REQUEST;
  *   x        device pointer to [rows][K] of dtype, 16-byte aligned;

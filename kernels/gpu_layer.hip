@@ -221,6 +221,68 @@ extern "C" int radiance__gpu_layer_run_fp8(const struct radiance__gpu_device *de
 	return radiance__w4a8_gemm(dev, &a, stream);
 }
 
+extern "C" int radiance__gpu_layer_run_shared(const struct radiance__gpu_device *dev, struct radiance__gpu_scratch *s,
+					      const struct radiance__gpu_layer *const *l, uint32_t nl, const void *x,
+					      enum radiance_dtype dtype, uint32_t m, uint16_t *const *y, void *stream)
+{
+	int rc;
+	if (nl == 0 || nl > RADIANCE__GPU_SHARED_MAX)
+		return radiance__gpu_fail_text(-EINVAL, "%u layers on one x (1..%u)", nl, RADIANCE__GPU_SHARED_MAX);
+	for (uint32_t j = 0; j < nl; j++) {
+		if ((rc = layer_check(s, l[j], dtype, m)))
+			return rc;
+		if (l[j]->k != l[0]->k)
+			return radiance__gpu_fail_text(-EINVAL, "layer %u has K=%u, layer 0 K=%u", j, l[j]->k, l[0]->k);
+	}
+	if (m == 0)
+		return 0;
+	/* one quant serves every layer when all are W4A8 and all read the
+	 * natural order (the decode band; the wgmma prefill reads another) */
+	struct radiance__w4a8_args a[RADIANCE__GPU_SHARED_MAX] = {};
+	bool shared = true;
+	for (uint32_t j = 0; j < nl && shared; j++) {
+		if (l[j]->bf16) {
+			shared = false;
+			break;
+		}
+		a[j].codes = s->codes;
+		a[j].s = s->s;
+		a[j].m = m;
+		a[j].n = l[j]->n;
+		a[j].k = l[j]->k;
+		a[j].w = l[j]->w;
+		a[j].sc = l[j]->sc;
+		a[j].bias = l[j]->bias;
+		a[j].y = y[j];
+		a[j].partials = s->f32;
+		a[j].partials_bytes = s->f32_bytes;
+		a[j].counters = s->counters;
+		a[j].counters_n = s->counters_n;
+		a[j].path = RADIANCE_W4A8_AUTO;
+		a[j].max_decode_rows = s->max_decode_rows;
+		a[j].pdl = 1;
+		a[j].settings = &s->settings;
+		struct radiance__w4a8_plan plan;
+		radiance__w4a8_plan(dev, &a[j], &plan);
+		shared = plan.order == RADIANCE_CODES_NATURAL;
+	}
+	if (!shared) {
+		for (uint32_t j = 0; j < nl; j++)
+			if ((rc = radiance__gpu_layer_run(dev, s, l[j], x, dtype, m, y[j], stream, RADIANCE_W4A8_AUTO,
+							  NULL)))
+				return rc;
+		return 0;
+	}
+	if ((rc = radiance__gpu_quant(x, dtype, m, l[0]->k, RADIANCE_CODES_NATURAL, s->codes, s->s, stream)))
+		return rc;
+	/* each GEMM waits (griddepcontrol.wait) for the one before it, which
+	 * shares the split-K partials and counters, before it touches them */
+	for (uint32_t j = 0; j < nl; j++)
+		if ((rc = radiance__w4a8_gemm(dev, &a[j], stream)))
+			return rc;
+	return 0;
+}
+
 extern "C" int radiance__gpu_layer_run(const struct radiance__gpu_device *dev, struct radiance__gpu_scratch *s,
 				       const struct radiance__gpu_layer *l, const void *x, enum radiance_dtype dtype,
 				       uint32_t m, uint16_t *y, void *stream, enum radiance__w4a8_path force,

@@ -344,6 +344,20 @@ int radiance__gpu_layer_run_fp8(const struct radiance__gpu_device *dev, struct r
 				uint32_t m, uint16_t *y, void *stream, enum radiance__w4a8_path force,
 				const char **path);
 
+/* y[j] [m][n_j] bf16 = l[j](x) for j < nl, layers of one K on one x [m][k]
+ * (q, k and v; gate and up), on `stream` in order: the outputs of nl
+ * radiance__gpu_layer_run calls with the policy's path, bit for bit. Where
+ * every layer is W4A8 and reads the natural code order (the decode band),
+ * x is quantized once for all of them (one quant launch, then nl GEMMs);
+ * otherwise each layer runs as radiance__gpu_layer_run. x 16-byte aligned,
+ * the y[j] distinct. 0, -EINVAL (nl 0 or above RADIANCE__GPU_SHARED_MAX,
+ * layers of different K, dtype), -E2BIG as radiance__gpu_layer_run, -EIO;
+ * everything is checked before the first launch. */
+#define RADIANCE__GPU_SHARED_MAX 8
+int radiance__gpu_layer_run_shared(const struct radiance__gpu_device *dev, struct radiance__gpu_scratch *s,
+				   const struct radiance__gpu_layer *const *l, uint32_t nl, const void *x,
+				   enum radiance_dtype dtype, uint32_t m, uint16_t *const *y, void *stream);
+
 /* Where a launch's stacked y rows go instead of one [m][n] buffer:
  * destination i gets the next m[i] rows, [m[i]][n] bf16 at y[i] (device
  * memory or the device address of registered host memory), in the order

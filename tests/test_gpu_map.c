@@ -13,6 +13,8 @@
  *   - radiance_gpu_linear_fp8 on the codes and scales the CPU quant makes
  *     from x gives radiance_gpu_linear's y bit for bit, and on random codes
  *     the CPU GEMM's on the same codes; its argument errors;
+ *   - radiance_gpu_linear_multi (one quant for several layers in the decode
+ *     band) gives each layer's radiance_gpu_linear y bit for bit;
  *   - the calls captured in a CUDA graph and replayed give the same bits;
  *   - the mapping is read-only: a second process that writes to it fails
  *     and the weights every session computes with are unchanged;
@@ -477,6 +479,88 @@ static void fp8_codes(void **state)
 	radiance_disconnect(r);
 }
 
+/* ---- several layers on one x (radiance_gpu_linear_multi) ---- */
+
+/* Up to 3 layers of model sharing the K of its first W4A8 layer (and a
+ * bf16 layer of that K where the model has one, in a second group): the
+ * multi call's y[j] against radiance_gpu_linear of layer j, bit for bit. */
+static size_t multi_model(struct radiance_gpu_model *g, const struct radiance_model *model, void *const *dys,
+			  size_t *checked)
+{
+	static const uint32_t ms[] = { 1, 16, 17, 100, 300 };
+	uint32_t w4[3] = { 0, 0, 0 }, nw4 = 0, bf = UINT32_MAX, k = 0;
+	/* the first K that two W4A8 layers share */
+	for (uint32_t a = 0; a < model->n_layers && nw4 < 2; a++) {
+		if (model->layers[a].kind != RADIANCE_LAYER_W4A8)
+			continue;
+		k = model->layers[a].k;
+		nw4 = 0;
+		for (uint32_t li = a; li < model->n_layers && nw4 < 3; li++)
+			if (model->layers[li].kind == RADIANCE_LAYER_W4A8 && model->layers[li].k == k)
+				w4[nw4++] = li;
+	}
+	if (nw4 < 2) {
+		printf("# multi: no two W4A8 layers of one K in %u layers: nothing to check\n", (unsigned)model->n_layers);
+		return 0;
+	}
+	for (uint32_t li = 0; li < model->n_layers && bf == UINT32_MAX; li++)
+		if (model->layers[li].kind == RADIANCE_LAYER_BF16 && model->layers[li].k == k)
+			bf = li;
+	const uint32_t groups[2][3] = { { w4[0], w4[1], nw4 > 2 ? w4[2] : w4[0] }, { w4[1], bf, w4[0] } };
+	const uint32_t counts[2] = { nw4 > 2 ? 3u : 2u, bf == UINT32_MAX ? 0u : 3u };
+	size_t failed = 0;
+	uint16_t *x = malloc((size_t)MAX_ROWS * k * 2), *y = malloc((size_t)(MAX_ROWS + 1) * 1536 * 2);
+	uint16_t *ym = malloc((size_t)MAX_ROWS * 1536 * 2);
+	for (int gi = 0; gi < 2; gi++)
+		for (size_t mi = 0; mi < sizeof ms / sizeof ms[0] && counts[gi]; mi++) {
+			const uint32_t m = ms[mi], nl = counts[gi];
+			const enum radiance_dtype dt = (mi & 1) ? RADIANCE_DTYPE_FP16 : RADIANCE_DTYPE_BF16;
+			fill(x, (size_t)m * k, dt);
+			assert_int_equal(radiance__gpu_h2d_async(dx, x, (size_t)m * k * 2, stream), 0);
+			if (radiance_gpu_linear_multi(g, groups[gi], nl, dx, dys, m, (enum radiance_elem)dt, stream) != 0)
+				fail_msg("multi m=%u: %s", m, radiance_gpu_error_message());
+			for (uint32_t j = 0; j < nl; j++) {
+				const struct radiance_layer *l = &model->layers[groups[gi][j]];
+				assert_int_equal(radiance__gpu_d2h_async(ym, dys[j], (size_t)m * l->n * 2, stream), 0);
+				assert_int_equal(radiance__gpu_stream_sync(stream), 0);
+				const char *path = "";
+				const int guard = run_mapped(g, groups[gi][j], l, x, dt, m, y, RADIANCE_W4A8_AUTO, &path);
+				const int same = memcmp(y, ym, (size_t)m * l->n * 2) == 0;
+				if (guard || !same)
+					printf("# multi %s (%ux%u) m=%u %s, layer %u of %u: %s  <-- FAIL\n", l->name, l->n,
+					       l->k, m, path, j, nl,
+					       guard ? "rows past m were written" : "y differs from radiance_gpu_linear's");
+				failed += guard || !same;
+				(*checked)++;
+			}
+		}
+	free(x);
+	free(y);
+	free(ym);
+	return failed;
+}
+
+static void multi_layers(void **state)
+{
+	NEED_GPU();
+	uint32_t id_m, id_s;
+	struct radiance *r = connect_load(minilm_dir, &id_m);
+	assert_int_equal(radiance_load_model(r, syn_dir, NULL, &id_s), 0);
+	struct radiance_gpu_model *gm = map(r, id_m), *gs = map(r, id_s);
+	void *dys[3];
+	for (int j = 0; j < 3; j++)
+		assert_int_equal(radiance__gpu_malloc(&dys[j], (size_t)MAX_ROWS * 1536 * 2), 0);
+	size_t checked = 0;
+	size_t failed = multi_model(gm, minilm, dys, &checked) + multi_model(gs, syn, dys, &checked);
+	printf("# radiance_gpu_linear_multi: %zu outputs checked, %zu failed\n", checked, failed);
+	assert_int_equal(failed, 0);
+	for (int j = 0; j < 3; j++)
+		radiance__gpu_free(dys[j]);
+	radiance_gpu_unmap(r, gm);
+	radiance_gpu_unmap(r, gs);
+	radiance_disconnect(r);
+}
+
 /* ---- CUDA graphs ---- */
 
 static void graph_capture(void **state)
@@ -665,6 +749,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test_setup_teardown(every_path, start, stop),
 		cmocka_unit_test_setup_teardown(same_bits_as_daemon, start, stop),
 		cmocka_unit_test_setup_teardown(fp8_codes, start, stop),
+		cmocka_unit_test_setup_teardown(multi_layers, start, stop),
 		cmocka_unit_test_setup_teardown(graph_capture, start, stop),
 		cmocka_unit_test_setup_teardown(read_only, start, stop),
 		cmocka_unit_test_setup_teardown(lifetime_and_errors, start, stop),

@@ -186,13 +186,11 @@ unmap_daemon:
 	return rc;
 }
 
-int radiance__gpu_model_run(struct radiance_gpu_model *g, uint32_t layer, const void *x, void *y, uint32_t rows,
-			    enum radiance_elem dtype, void *stream, enum radiance__w4a8_path force,
-			    const char **path)
+/* The checks of a call's rows, dtype and x/y alignment (0 or the error,
+ * its text set). */
+static int run_check(const struct radiance_gpu_model *g, const void *x, const void *y, uint32_t rows,
+		     enum radiance_elem dtype)
 {
-	if (layer >= g->n_layers)
-		return fail(-ENOENT, "layer %u out of range: model %u has %zu layers", layer, g->model_id,
-			    g->n_layers);
 	if (rows == 0)
 		return fail(-EINVAL, "rows is 0");
 	if (rows > g->max_rows)
@@ -202,7 +200,20 @@ int radiance__gpu_model_run(struct radiance_gpu_model *g, uint32_t layer, const 
 		return fail(-EINVAL, "dtype %d is not RADIANCE_BF16 or RADIANCE_FP16", (int)dtype);
 	if (((uintptr_t)x | (uintptr_t)y) % 16)
 		return fail(-EINVAL, "x %p or y %p is not 16-byte aligned", x, y);
-	int rc = radiance__gpu_layer_run(&g->dev, &g->scratch, &g->layers[layer], x, (enum radiance_dtype)dtype,
+	return 0;
+}
+
+int radiance__gpu_model_run(struct radiance_gpu_model *g, uint32_t layer, const void *x, void *y, uint32_t rows,
+			    enum radiance_elem dtype, void *stream, enum radiance__w4a8_path force,
+			    const char **path)
+{
+	if (layer >= g->n_layers)
+		return fail(-ENOENT, "layer %u out of range: model %u has %zu layers", layer, g->model_id,
+			    g->n_layers);
+	int rc = run_check(g, x, y, rows, dtype);
+	if (rc)
+		return rc;
+	rc = radiance__gpu_layer_run(&g->dev, &g->scratch, &g->layers[layer], x, (enum radiance_dtype)dtype,
 					 rows, y, stream, force, path);
 	if (rc)
 		return fail(rc == -E2BIG || rc == -EINVAL ? rc : -EIO, "model %u layer %u: %s", g->model_id, layer,
@@ -265,12 +276,21 @@ int radiance_gpu_linear_multi(struct radiance_gpu_model *g, const uint32_t *laye
 		if ((uintptr_t)y[i] % 16)
 			return fail(-EINVAL, "y[%u] %p is not 16-byte aligned", i, y[i]);
 	}
+	int rc = run_check(g, x, y[0], rows, dtype);
+	if (rc)
+		return rc;
+	const struct radiance__gpu_layer *lp[RADIANCE_MAX_LAYERS_PER_REQUEST];
+	uint16_t *yp[RADIANCE_MAX_LAYERS_PER_REQUEST];
 	for (uint32_t i = 0; i < nlayers; i++) {
-		int rc = radiance__gpu_model_run(g, layers[i], x, y[i], rows, dtype, stream,
-						 RADIANCE_W4A8_AUTO, NULL);
-		if (rc)
-			return rc;
+		lp[i] = &g->layers[layers[i]];
+		yp[i] = y[i];
 	}
+	/* one quant of x for all of them where the layers allow (w4a8_gpu.h) */
+	rc = radiance__gpu_layer_run_shared(&g->dev, &g->scratch, lp, nlayers, x, (enum radiance_dtype)dtype, rows,
+					    yp, stream);
+	if (rc)
+		return fail(rc == -E2BIG || rc == -EINVAL ? rc : -EIO, "model %u, %u layers on one x: %s", g->model_id,
+			    nlayers, radiance__gpu_last_error());
 	return 0;
 }
 
