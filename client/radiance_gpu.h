@@ -134,10 +134,10 @@ int radiance_gpu_linear(struct radiance_gpu_model *g, uint32_t layer, const void
  *           neither;
  *   rows    1..max_rows of the map options.
  * codes and scales are only read, and only by the launches enqueued here:
- * keep them unchanged until the stream has run them. Rows the prefill
- * kernels take (above the decode band, on sm_90a) first get their codes
- * rewritten into the mapping's scratch (one small launch); decode rows are
- * read in place. Current device, allocation and capture as
+ * keep them unchanged until the stream has run them. Launches the sm_90a
+ * wgmma kernels take (rows above 32 there) first get the codes rewritten
+ * into the mapping's scratch (one small launch); the others read them in
+ * place. Current device, allocation and capture as
  * radiance_gpu_linear. Returns 0, or -ENOENT (layer out of range), -EINVAL
  * (a bf16 layer: use radiance_gpu_linear; rows 0; misaligned codes, scales
  * or y), -E2BIG (rows above max_rows), -EIO (a launch failed; the vendor's
@@ -148,11 +148,12 @@ int radiance_gpu_linear_fp8(struct radiance_gpu_model *g, uint32_t layer, const 
 /* y[j] = layers[j](x) for j < nlayers, enqueued on `stream` in that order:
  * the several-layer form of radiance_gpu_linear (q, k and v; gate and up)
  * on one x, with the outputs of nlayers radiance_gpu_linear calls, bit for
- * bit. Where every layer is W4A8 and rows are in the decode band (the
- * kernels that read the codes in natural order), x is quantized once for
- * all the layers: one quant launch and nlayers GEMMs instead of nlayers of
- * each. Otherwise (prefill rows on sm_90a, a bf16 layer among them) the
- * layers run one after another as radiance_gpu_linear calls.
+ * bit. Where every layer is W4A8 and its kernel reads the codes in natural
+ * order (on sm_90a up to 32 rows; every row count where no wgmma kernel
+ * runs), x is quantized once for all the layers: one quant launch and
+ * nlayers GEMMs instead of nlayers of each. Otherwise (more rows on sm_90a,
+ * a bf16 layer among them) the layers run one after another as
+ * radiance_gpu_linear calls.
  *   layers   [nlayers] layer indexes, distinct, all of one K;
  *            nlayers 1..RADIANCE_MAX_LAYERS_PER_REQUEST;
  *   x        device pointer to [rows][K] of dtype, 16-byte aligned;

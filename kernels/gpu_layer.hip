@@ -237,7 +237,7 @@ extern "C" int radiance__gpu_layer_run_shared(const struct radiance__gpu_device 
 	if (m == 0)
 		return 0;
 	/* one quant serves every layer when all are W4A8 and all read the
-	 * natural order (the decode band; the wgmma prefill reads another) */
+	 * natural order (on sm_90a m <= 32: the wgmma kernels read another) */
 	struct radiance__w4a8_args a[RADIANCE__GPU_SHARED_MAX] = {};
 	bool shared = true;
 	for (uint32_t j = 0; j < nl && shared; j++) {
@@ -262,9 +262,15 @@ extern "C" int radiance__gpu_layer_run_shared(const struct radiance__gpu_device 
 		a[j].max_decode_rows = s->max_decode_rows;
 		a[j].pdl = 1;
 		a[j].settings = &s->settings;
+		/* planned as the single call would plan it (with x): a GEMV that
+		 * would quantize x itself (decode_fuse_rows) is not shared, so
+		 * the bits stay those of nl single calls */
+		struct radiance__w4a8_args q = a[j];
+		q.x = x;
+		q.x_dtype = dtype;
 		struct radiance__w4a8_plan plan;
-		radiance__w4a8_plan(dev, &a[j], &plan);
-		shared = plan.order == RADIANCE_CODES_NATURAL;
+		shared = radiance__w4a8_plan(dev, &q, &plan) == 0 && plan.order == RADIANCE_CODES_NATURAL &&
+			 !plan.fused;
 	}
 	if (!shared) {
 		for (uint32_t j = 0; j < nl; j++)

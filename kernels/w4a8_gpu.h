@@ -335,9 +335,10 @@ int radiance__gpu_layer_run(const struct radiance__gpu_device *dev, struct radia
  * fp32 [m] per-token (device, 4-byte aligned): row t of x is codes[t] x
  * scales[t], as radiance__gpu_quant makes them (docs/numerics.md); any
  * producer of that form will do (vLLM's per-token dynamic fp8 quant makes
- * it too). Both are only read. The policy's path as radiance__gpu_layer_run; a path that
- * reads the WGMMA order first rewrites the codes into s->codes (one small
- * launch). -EINVAL for a bf16 layer or misaligned codes/scales, -E2BIG as
+ * it too). Both are only read. The policy's path as
+ * radiance__gpu_layer_run; a path that reads the WGMMA order (the sm_90a
+ * wgmma kernels: m > 32 there) first rewrites the codes into s->codes (one
+ * small launch). -EINVAL for a bf16 layer or misaligned codes/scales, -E2BIG as
  * radiance__gpu_layer_run. Allocates nothing, never synchronizes. */
 int radiance__gpu_layer_run_fp8(const struct radiance__gpu_device *dev, struct radiance__gpu_scratch *s,
 				const struct radiance__gpu_layer *l, const uint8_t *codes, const float *scales,
@@ -347,9 +348,11 @@ int radiance__gpu_layer_run_fp8(const struct radiance__gpu_device *dev, struct r
 /* y[j] [m][n_j] bf16 = l[j](x) for j < nl, layers of one K on one x [m][k]
  * (q, k and v; gate and up), on `stream` in order: the outputs of nl
  * radiance__gpu_layer_run calls with the policy's path, bit for bit. Where
- * every layer is W4A8 and reads the natural code order (the decode band),
- * x is quantized once for all of them (one quant launch, then nl GEMMs);
- * otherwise each layer runs as radiance__gpu_layer_run. x 16-byte aligned,
+ * every layer is W4A8, its plan reads the natural code order (on sm_90a
+ * m <= 32; the wgmma kernels read the WGMMA order) and no GEMV would
+ * quantize x itself, x is quantized once for all of them (one quant
+ * launch, then nl GEMMs); otherwise each layer runs as
+ * radiance__gpu_layer_run. x 16-byte aligned,
  * the y[j] distinct. 0, -EINVAL (nl 0 or above RADIANCE__GPU_SHARED_MAX,
  * layers of different K, dtype), -E2BIG as radiance__gpu_layer_run, -EIO;
  * everything is checked before the first launch. */

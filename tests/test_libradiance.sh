@@ -110,6 +110,12 @@ if [ -f "$gso" ]; then
 	cmp -s "$tmp/gheader" "$tmp/gexported" && cmp -s "$tmp/gheader" "$tmp/gscript" &&
 		ok "libradiance-gpu: $(wc -l <"$tmp/gexported") exported functions, exactly radiance_gpu.h's" ||
 		{ bad "libradiance-gpu exports differ from radiance_gpu.h or the version script:"; diff "$tmp/gheader" "$tmp/gexported"; }
+	# symbols added after the first release carry their own version node
+	nm -D --defined-only "$gso" | grep -q ' T radiance_gpu_linear_fp8@@RADIANCE_GPU_1$' &&
+		[ "$(nm -D --defined-only "$gso" | grep -c ' T radiance_gpu_[a-z0-9_]*@@RADIANCE_GPU_0$')" -eq \
+		  "$(($(wc -l <"$tmp/gexported") - 1))" ] &&
+		ok "libradiance-gpu: radiance_gpu_linear_fp8 at RADIANCE_GPU_1, the rest at RADIANCE_GPU_0" ||
+		bad "libradiance-gpu symbol versions (nm -D)"
 	objdump -p "$gso" | grep -q 'SONAME *libradiance-gpu.so.0' && ok "SONAME libradiance-gpu.so.0" ||
 		bad "libradiance-gpu SONAME"
 	printf '#include "radiance_gpu.h"\nint main(void) { return radiance_gpu_error_message() == 0; }\n' >"$tmp/g.c"

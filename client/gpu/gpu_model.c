@@ -279,6 +279,8 @@ int radiance_gpu_linear_multi(struct radiance_gpu_model *g, const uint32_t *laye
 	int rc = run_check(g, x, y[0], rows, dtype);
 	if (rc)
 		return rc;
+	_Static_assert(RADIANCE_MAX_LAYERS_PER_REQUEST <= RADIANCE__GPU_SHARED_MAX,
+		       "radiance__gpu_layer_run_shared takes every layer of one call");
 	const struct radiance__gpu_layer *lp[RADIANCE_MAX_LAYERS_PER_REQUEST];
 	uint16_t *yp[RADIANCE_MAX_LAYERS_PER_REQUEST];
 	for (uint32_t i = 0; i < nlayers; i++) {
