@@ -91,6 +91,34 @@ static int layer_check(const struct radiance__gpu_scratch *s, const struct radia
 	return 0;
 }
 
+/* The GEMM arguments of layer l on m rows of (codes, scales) into y, with
+ * the scratch's partials, counters and settings: what every W4A8 layer call
+ * here launches (y_rows, x left for the caller). */
+static struct radiance__w4a8_args layer_args(const struct radiance__gpu_scratch *s, const struct radiance__gpu_layer *l,
+					     const uint8_t *codes, const float *scales, uint32_t m, uint16_t *y,
+					     enum radiance__w4a8_path force)
+{
+	struct radiance__w4a8_args a = {};
+	a.codes = codes;
+	a.s = scales;
+	a.m = m;
+	a.n = l->n;
+	a.k = l->k;
+	a.w = l->w;
+	a.sc = l->sc;
+	a.bias = l->bias;
+	a.y = y;
+	a.partials = s->f32;
+	a.partials_bytes = s->f32_bytes;
+	a.counters = s->counters;
+	a.counters_n = s->counters_n;
+	a.path = force;
+	a.max_decode_rows = s->max_decode_rows;
+	a.pdl = 1;
+	a.settings = &s->settings;
+	return a;
+}
+
 /* Quant of the sources' rows + W4A8 GEMM (m > 0 rows in all). fuse: the
  * one source is device memory, so the streaming GEMV may quantize it itself
  * where the planner says (plan.fused: no quant launch); sources read in
@@ -100,25 +128,8 @@ static int layer_run_w4a8(const struct radiance__gpu_device *dev, struct radianc
 			  enum radiance_dtype dtype, uint32_t m, uint16_t *y, uint16_t *const *y_rows, void *stream,
 			  enum radiance__w4a8_path force, int fuse, const char **path)
 {
-	struct radiance__w4a8_args a = {};
-	a.codes = s->codes;
-	a.s = s->s;
-	a.m = m;
-	a.n = l->n;
-	a.k = l->k;
-	a.w = l->w;
-	a.sc = l->sc;
-	a.bias = l->bias;
-	a.y = y;
+	struct radiance__w4a8_args a = layer_args(s, l, s->codes, s->s, m, y, force);
 	a.y_rows = y_rows;
-	a.partials = s->f32;
-	a.partials_bytes = s->f32_bytes;
-	a.counters = s->counters;
-	a.counters_n = s->counters_n;
-	a.path = force;
-	a.max_decode_rows = s->max_decode_rows;
-	a.pdl = 1;
-	a.settings = &s->settings;
 	if (fuse && src->n == 1) {
 		a.x = src->x[0];
 		a.x_dtype = dtype;
@@ -190,24 +201,7 @@ extern "C" int radiance__gpu_layer_run_fp8(const struct radiance__gpu_device *de
 					       (const void *)codes, (const void *)scales);
 	if (m == 0)
 		return 0;
-	struct radiance__w4a8_args a = {};
-	a.codes = codes;
-	a.s = scales;
-	a.m = m;
-	a.n = l->n;
-	a.k = l->k;
-	a.w = l->w;
-	a.sc = l->sc;
-	a.bias = l->bias;
-	a.y = y;
-	a.partials = s->f32;
-	a.partials_bytes = s->f32_bytes;
-	a.counters = s->counters;
-	a.counters_n = s->counters_n;
-	a.path = force;
-	a.max_decode_rows = s->max_decode_rows;
-	a.pdl = 1;
-	a.settings = &s->settings;
+	struct radiance__w4a8_args a = layer_args(s, l, codes, scales, m, y, force);
 	struct radiance__w4a8_plan plan;
 	radiance__w4a8_plan(dev, &a, &plan);
 	*path = radiance__w4a8_path_name(plan.path);
@@ -238,30 +232,14 @@ extern "C" int radiance__gpu_layer_run_shared(const struct radiance__gpu_device 
 		return 0;
 	/* one quant serves every layer when all are W4A8 and all read the
 	 * natural order (on sm_90a m <= 32: the wgmma kernels read another) */
-	struct radiance__w4a8_args a[RADIANCE__GPU_SHARED_MAX] = {};
+	struct radiance__w4a8_args a[RADIANCE__GPU_SHARED_MAX];
 	bool shared = true;
 	for (uint32_t j = 0; j < nl && shared; j++) {
 		if (l[j]->bf16) {
 			shared = false;
 			break;
 		}
-		a[j].codes = s->codes;
-		a[j].s = s->s;
-		a[j].m = m;
-		a[j].n = l[j]->n;
-		a[j].k = l[j]->k;
-		a[j].w = l[j]->w;
-		a[j].sc = l[j]->sc;
-		a[j].bias = l[j]->bias;
-		a[j].y = y[j];
-		a[j].partials = s->f32;
-		a[j].partials_bytes = s->f32_bytes;
-		a[j].counters = s->counters;
-		a[j].counters_n = s->counters_n;
-		a[j].path = RADIANCE_W4A8_AUTO;
-		a[j].max_decode_rows = s->max_decode_rows;
-		a[j].pdl = 1;
-		a[j].settings = &s->settings;
+		a[j] = layer_args(s, l[j], s->codes, s->s, m, y[j], RADIANCE_W4A8_AUTO);
 		/* planned as the single call would plan it (with x): a GEMV that
 		 * would quantize x itself (decode_fuse_rows) is not shared, so
 		 * the bits stay those of nl single calls */

@@ -186,16 +186,25 @@ unmap_daemon:
 	return rc;
 }
 
-/* The checks of a call's rows, dtype and x/y alignment (0 or the error,
- * its text set). */
-static int run_check(const struct radiance_gpu_model *g, const void *x, const void *y, uint32_t rows,
-		     enum radiance_elem dtype)
+/* The checks of a call's row count (0 or the error, its text set). */
+static int rows_check(const struct radiance_gpu_model *g, uint32_t rows)
 {
 	if (rows == 0)
 		return fail(-EINVAL, "rows is 0");
 	if (rows > g->max_rows)
 		return fail(-E2BIG, "%u rows exceed the %u this mapping's scratch holds (radiance_gpu_options."
 			    "max_rows)", rows, g->max_rows);
+	return 0;
+}
+
+/* The checks of a call's rows, dtype and x/y alignment (0 or the error,
+ * its text set). */
+static int run_check(const struct radiance_gpu_model *g, const void *x, const void *y, uint32_t rows,
+		     enum radiance_elem dtype)
+{
+	int rc = rows_check(g, rows);
+	if (rc)
+		return rc;
 	if (dtype != RADIANCE_BF16 && dtype != RADIANCE_FP16)
 		return fail(-EINVAL, "dtype %d is not RADIANCE_BF16 or RADIANCE_FP16", (int)dtype);
 	if (((uintptr_t)x | (uintptr_t)y) % 16)
@@ -236,15 +245,13 @@ int radiance_gpu_linear_fp8(struct radiance_gpu_model *g, uint32_t layer, const 
 	if (g->layers[layer].bf16)
 		return fail(-EINVAL, "layer %u of model %u is a bf16 layer: radiance_gpu_linear_fp8 serves W4A8 "
 			    "layers (use radiance_gpu_linear)", layer, g->model_id);
-	if (rows == 0)
-		return fail(-EINVAL, "rows is 0");
-	if (rows > g->max_rows)
-		return fail(-E2BIG, "%u rows exceed the %u this mapping's scratch holds (radiance_gpu_options."
-			    "max_rows)", rows, g->max_rows);
+	int rc = rows_check(g, rows);
+	if (rc)
+		return rc;
 	if (((uintptr_t)codes | (uintptr_t)y) % 16 || (uintptr_t)scales % 4)
 		return fail(-EINVAL, "codes %p or y %p is not 16-byte aligned, or scales %p not 4-byte aligned",
 			    codes, y, (const void *)scales);
-	int rc = radiance__gpu_layer_run_fp8(&g->dev, &g->scratch, &g->layers[layer], codes, scales, rows, y,
+	rc = radiance__gpu_layer_run_fp8(&g->dev, &g->scratch, &g->layers[layer], codes, scales, rows, y,
 					     stream, RADIANCE_W4A8_AUTO, NULL);
 	if (rc)
 		return fail(rc == -E2BIG || rc == -EINVAL ? rc : -EIO, "model %u layer %u: %s", g->model_id, layer,
