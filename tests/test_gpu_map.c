@@ -251,6 +251,29 @@ static int run_mapped(struct radiance_gpu_model *g, uint32_t li, const struct ra
 	return touched ? -1 : 0;
 }
 
+/* A session with both models loaded and mapped (MiniLM and the synthetic
+ * one), as most tests here use them. */
+struct both {
+	struct radiance *r;
+	uint32_t id_m, id_s;
+	struct radiance_gpu_model *gm, *gs;
+};
+
+static void both_open(struct both *b)
+{
+	b->r = connect_load(minilm_dir, &b->id_m);
+	assert_int_equal(radiance_load_model(b->r, syn_dir, NULL, &b->id_s), 0);
+	b->gm = map(b->r, b->id_m);
+	b->gs = map(b->r, b->id_s);
+}
+
+static void both_close(struct both *b)
+{
+	assert_int_equal(radiance_gpu_unmap(b->r, b->gm), 0);
+	assert_int_equal(radiance_gpu_unmap(b->r, b->gs), 0);
+	radiance_disconnect(b->r);
+}
+
 /* ---- every path ---- */
 
 static size_t check_model(struct radiance_gpu_model *g, const struct radiance_model *model, size_t *checked)
@@ -297,23 +320,19 @@ static size_t check_model(struct radiance_gpu_model *g, const struct radiance_mo
 static void every_path(void **state)
 {
 	NEED_GPU();
-	uint32_t id_m, id_s;
-	struct radiance *r = connect_load(minilm_dir, &id_m);
-	assert_int_equal(radiance_load_model(r, syn_dir, NULL, &id_s), 0);
-	struct radiance_gpu_model *gm = map(r, id_m), *gs = map(r, id_s);
+	struct both b;
+	both_open(&b);
 	struct radiance_gpu_info info;
-	radiance_gpu_get_info(gm, &info);
+	radiance_gpu_get_info(b.gm, &info);
 	printf("# mapped MiniLM: %s, read-only %d, %llu bytes mapped, %llu bytes of scratch, %zu layers\n",
 	       info.handle, info.read_only, (unsigned long long)info.mapped_bytes,
 	       (unsigned long long)info.scratch_bytes, info.n_layers);
 	assert_string_equal(info.handle, "vmm");
 	assert_true(info.read_only);
-	size_t checked = 0, failed = check_model(gm, minilm, &checked) + check_model(gs, syn, &checked);
+	size_t checked = 0, failed = check_model(b.gm, minilm, &checked) + check_model(b.gs, syn, &checked);
 	printf("# %zu mapped launches checked against the CPU reference, %zu out of tolerance\n", checked, failed);
 	assert_int_equal(failed, 0);
-	assert_int_equal(radiance_gpu_unmap(r, gm), 0);
-	assert_int_equal(radiance_gpu_unmap(r, gs), 0);
-	radiance_disconnect(r);
+	both_close(&b);
 }
 
 /* ---- the same bits as the daemon ---- */
@@ -350,17 +369,13 @@ static size_t same_as_rings(struct radiance *r, uint32_t id, struct radiance_gpu
 static void same_bits_as_daemon(void **state)
 {
 	NEED_GPU();
-	uint32_t id_m, id_s;
-	struct radiance *r = connect_load(minilm_dir, &id_m);
-	assert_int_equal(radiance_load_model(r, syn_dir, NULL, &id_s), 0);
-	struct radiance_gpu_model *gm = map(r, id_m), *gs = map(r, id_s);
+	struct both b;
+	both_open(&b);
 	size_t checked = 0;
-	size_t differ = same_as_rings(r, id_m, gm, minilm, &checked) + same_as_rings(r, id_s, gs, syn, &checked);
+	size_t differ = same_as_rings(b.r, b.id_m, b.gm, minilm, &checked) + same_as_rings(b.r, b.id_s, b.gs, syn, &checked);
 	printf("# %zu requests: mapped == rings bit for bit in %zu\n", checked, checked - differ);
 	assert_int_equal(differ, 0);
-	radiance_gpu_unmap(r, gm);
-	radiance_gpu_unmap(r, gs);
-	radiance_disconnect(r);
+	both_close(&b);
 }
 
 /* ---- activations quantized by the caller (radiance_gpu_linear_fp8) ---- */
@@ -445,16 +460,14 @@ static size_t fp8_model(struct radiance_gpu_model *g, const struct radiance_mode
 static void fp8_codes(void **state)
 {
 	NEED_GPU();
-	uint32_t id_m, id_s;
-	struct radiance *r = connect_load(minilm_dir, &id_m);
-	assert_int_equal(radiance_load_model(r, syn_dir, NULL, &id_s), 0);
-	struct radiance_gpu_model *gm = map(r, id_m), *gs = map(r, id_s);
+	struct both b;
+	both_open(&b);
 	uint8_t *dcodes = NULL;
 	float *dscales = NULL;
 	assert_int_equal(radiance__gpu_malloc((void **)&dcodes, (size_t)MAX_ROWS * 4096), 0);
 	assert_int_equal(radiance__gpu_malloc((void **)&dscales, MAX_ROWS * sizeof(float)), 0);
 	size_t checked = 0;
-	size_t failed = fp8_model(gm, minilm, dcodes, dscales, &checked) + fp8_model(gs, syn, dcodes, dscales, &checked);
+	size_t failed = fp8_model(b.gm, minilm, dcodes, dscales, &checked) + fp8_model(b.gs, syn, dcodes, dscales, &checked);
 	printf("# radiance_gpu_linear_fp8: %zu launches checked, %zu failed\n", checked, failed);
 	assert_int_equal(failed, 0);
 	/* its argument errors, before anything is enqueued */
@@ -463,20 +476,18 @@ static void fp8_codes(void **state)
 		if (minilm->layers[li].kind == RADIANCE_LAYER_BF16)
 			bf16_layer = li;
 	assert_int_not_equal(bf16_layer, UINT32_MAX);
-	assert_int_equal(radiance_gpu_linear_fp8(gm, bf16_layer, dcodes, dscales, dy, 1, stream), -EINVAL);
+	assert_int_equal(radiance_gpu_linear_fp8(b.gm, bf16_layer, dcodes, dscales, dy, 1, stream), -EINVAL);
 	assert_non_null(strstr(radiance_gpu_error_message(), "bf16 layer"));
-	assert_int_equal(radiance_gpu_linear_fp8(gm, 0, dcodes + 8, dscales, dy, 1, stream), -EINVAL);
-	assert_int_equal(radiance_gpu_linear_fp8(gm, 0, dcodes, (const float *)((uint8_t *)dscales + 2), dy, 1, stream),
+	assert_int_equal(radiance_gpu_linear_fp8(b.gm, 0, dcodes + 8, dscales, dy, 1, stream), -EINVAL);
+	assert_int_equal(radiance_gpu_linear_fp8(b.gm, 0, dcodes, (const float *)((uint8_t *)dscales + 2), dy, 1, stream),
 			 -EINVAL);
-	assert_int_equal(radiance_gpu_linear_fp8(gm, 0, dcodes, dscales, dy, 0, stream), -EINVAL);
-	assert_int_equal(radiance_gpu_linear_fp8(gm, 0, dcodes, dscales, dy, MAX_ROWS + 1, stream), -E2BIG);
-	assert_int_equal(radiance_gpu_linear_fp8(gm, (uint32_t)minilm->n_layers, dcodes, dscales, dy, 1, stream),
+	assert_int_equal(radiance_gpu_linear_fp8(b.gm, 0, dcodes, dscales, dy, 0, stream), -EINVAL);
+	assert_int_equal(radiance_gpu_linear_fp8(b.gm, 0, dcodes, dscales, dy, MAX_ROWS + 1, stream), -E2BIG);
+	assert_int_equal(radiance_gpu_linear_fp8(b.gm, (uint32_t)minilm->n_layers, dcodes, dscales, dy, 1, stream),
 			 -ENOENT);
 	radiance__gpu_free(dcodes);
 	radiance__gpu_free(dscales);
-	radiance_gpu_unmap(r, gm);
-	radiance_gpu_unmap(r, gs);
-	radiance_disconnect(r);
+	both_close(&b);
 }
 
 /* ---- several layers on one x (radiance_gpu_linear_multi) ---- */
@@ -543,22 +554,18 @@ static size_t multi_model(struct radiance_gpu_model *g, const struct radiance_mo
 static void multi_layers(void **state)
 {
 	NEED_GPU();
-	uint32_t id_m, id_s;
-	struct radiance *r = connect_load(minilm_dir, &id_m);
-	assert_int_equal(radiance_load_model(r, syn_dir, NULL, &id_s), 0);
-	struct radiance_gpu_model *gm = map(r, id_m), *gs = map(r, id_s);
+	struct both b;
+	both_open(&b);
 	void *dys[3];
 	for (int j = 0; j < 3; j++)
 		assert_int_equal(radiance__gpu_malloc(&dys[j], (size_t)MAX_ROWS * 1536 * 2), 0);
 	size_t checked = 0;
-	size_t failed = multi_model(gm, minilm, dys, &checked) + multi_model(gs, syn, dys, &checked);
+	size_t failed = multi_model(b.gm, minilm, dys, &checked) + multi_model(b.gs, syn, dys, &checked);
 	printf("# radiance_gpu_linear_multi: %zu outputs checked, %zu failed\n", checked, failed);
 	assert_int_equal(failed, 0);
 	for (int j = 0; j < 3; j++)
 		radiance__gpu_free(dys[j]);
-	radiance_gpu_unmap(r, gm);
-	radiance_gpu_unmap(r, gs);
-	radiance_disconnect(r);
+	both_close(&b);
 }
 
 /* ---- CUDA graphs ---- */
