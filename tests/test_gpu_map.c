@@ -408,7 +408,8 @@ static int run_fp8(struct radiance_gpu_model *g, uint32_t li, const struct radia
 static size_t fp8_model(struct radiance_gpu_model *g, const struct radiance_model *model, uint8_t *dcodes,
 			float *dscales, size_t *checked)
 {
-	static const uint32_t ms[] = { 1, 16, 17, 100, 300 };
+	/* 32/33: the last natural-order wgmma-free count and the first reordered one on sm_90a */
+	static const uint32_t ms[] = { 1, 16, 17, 32, 33, 64, 100, 300 };
 	size_t failed = 0;
 	uint16_t *x = malloc((size_t)MAX_ROWS * 4096 * 2), *y = malloc((size_t)(MAX_ROWS + 1) * 1536 * 2);
 	uint16_t *yx = malloc((size_t)(MAX_ROWS + 1) * 1536 * 2), *ref = malloc((size_t)MAX_ROWS * 1536 * 2);
@@ -498,7 +499,8 @@ static void fp8_codes(void **state)
 static size_t multi_model(struct radiance_gpu_model *g, const struct radiance_model *model, void *const *dys,
 			  size_t *checked)
 {
-	static const uint32_t ms[] = { 1, 16, 17, 100, 300 };
+	/* 32/33: the last count where the quant is shared on sm_90a and the first where it is not */
+	static const uint32_t ms[] = { 1, 16, 17, 32, 33, 64, 100, 300 };
 	uint32_t w4[3] = { 0, 0, 0 }, nw4 = 0, bf = UINT32_MAX, k = 0;
 	/* the first K that two W4A8 layers share */
 	for (uint32_t a = 0; a < model->n_layers && nw4 < 2; a++) {
@@ -521,27 +523,36 @@ static size_t multi_model(struct radiance_gpu_model *g, const struct radiance_mo
 	const uint32_t counts[2] = { nw4 > 2 ? 3u : 2u, bf == UINT32_MAX ? 0u : 3u };
 	size_t failed = 0;
 	uint16_t *x = malloc((size_t)MAX_ROWS * k * 2), *y = malloc((size_t)(MAX_ROWS + 1) * 1536 * 2);
-	uint16_t *ym = malloc((size_t)MAX_ROWS * 1536 * 2);
+	uint16_t *ym = malloc((size_t)(MAX_ROWS + 1) * 1536 * 2);
 	for (int gi = 0; gi < 2; gi++)
 		for (size_t mi = 0; mi < sizeof ms / sizeof ms[0] && counts[gi]; mi++) {
 			const uint32_t m = ms[mi], nl = counts[gi];
 			const enum radiance_dtype dt = (mi & 1) ? RADIANCE_DTYPE_FP16 : RADIANCE_DTYPE_BF16;
 			fill(x, (size_t)m * k, dt);
 			assert_int_equal(radiance__gpu_h2d_async(dx, x, (size_t)m * k * 2, stream), 0);
+			/* every y poisoned, its guard row (row m) included */
+			for (size_t i = 0; i < (size_t)(m + 1) * 1536; i++)
+				ym[i] = 0x7FC1;
+			for (uint32_t j = 0; j < nl; j++)
+				assert_int_equal(radiance__gpu_h2d_async(dys[j], ym, (size_t)(m + 1) * 1536 * 2, stream), 0);
 			if (radiance_gpu_linear_multi(g, groups[gi], nl, dx, dys, m, (enum radiance_elem)dt, stream) != 0)
 				fail_msg("multi m=%u: %s", m, radiance_gpu_error_message());
 			for (uint32_t j = 0; j < nl; j++) {
 				const struct radiance_layer *l = &model->layers[groups[gi][j]];
-				assert_int_equal(radiance__gpu_d2h_async(ym, dys[j], (size_t)m * l->n * 2, stream), 0);
+				assert_int_equal(radiance__gpu_d2h_async(ym, dys[j], (size_t)(m + 1) * l->n * 2, stream), 0);
 				assert_int_equal(radiance__gpu_stream_sync(stream), 0);
+				size_t touched = 0;
+				for (size_t i = (size_t)m * l->n; i < (size_t)(m + 1) * l->n; i++)
+					touched += ym[i] != 0x7FC1;
 				const char *path = "";
 				const int guard = run_mapped(g, groups[gi][j], l, x, dt, m, y, RADIANCE_W4A8_AUTO, &path);
 				const int same = memcmp(y, ym, (size_t)m * l->n * 2) == 0;
-				if (guard || !same)
+				if (guard || touched || !same)
 					printf("# multi %s (%ux%u) m=%u %s, layer %u of %u: %s  <-- FAIL\n", l->name, l->n,
 					       l->k, m, path, j, nl,
-					       guard ? "rows past m were written" : "y differs from radiance_gpu_linear's");
-				failed += guard || !same;
+					       guard || touched ? "rows past m were written"
+								: "y differs from radiance_gpu_linear's");
+				failed += guard || touched || !same;
 				(*checked)++;
 			}
 		}
@@ -558,7 +569,7 @@ static void multi_layers(void **state)
 	both_open(&b);
 	void *dys[3];
 	for (int j = 0; j < 3; j++)
-		assert_int_equal(radiance__gpu_malloc(&dys[j], (size_t)MAX_ROWS * 1536 * 2), 0);
+		assert_int_equal(radiance__gpu_malloc(&dys[j], (size_t)(MAX_ROWS + 1) * 1536 * 2), 0);
 	size_t checked = 0;
 	size_t failed = multi_model(b.gm, minilm, dys, &checked) + multi_model(b.gs, syn, dys, &checked);
 	printf("# radiance_gpu_linear_multi: %zu outputs checked, %zu failed\n", checked, failed);
