@@ -25,7 +25,7 @@ import errno
 import os
 import sys
 import threading
-from typing import TYPE_CHECKING, Any, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Tuple, Union
 
 from . import _lib
 from ._closing import ClosedWhenCollected
@@ -225,6 +225,75 @@ class MappedModel(ClosedWhenCollected):
         ev.record(last)
         stream.wait_event(ev)
 
+    def _on_device(self, t, v, what: str, where: str):
+        """v, detached, after checking that it is a torch CUDA tensor on this
+        mapping's device."""
+        if not isinstance(v, t.Tensor):
+            raise RadianceError(errno.EINVAL, f"{where}: {what} must be a torch.Tensor, not "
+                                              f"{type(v).__name__}")
+        if v.device.type != "cuda":
+            raise RadianceError(errno.EINVAL, f"{where}: {what} is on {v.device}; a mapped model "
+                                f"takes CUDA tensors (Model.linear serves CPU ones)")
+        if v.device.index != self.device:
+            raise RadianceError(errno.EINVAL, f"{where}: {what} is on {v.device}, the model is "
+                                f"mapped on cuda:{self.device} (where the daemon holds it)")
+        return v.detach()
+
+    @staticmethod
+    def _packed(v):
+        """v contiguous and 16-byte aligned: a copy (on the device, on the
+        current stream) where it is not."""
+        if not v.is_contiguous():
+            v = v.contiguous()
+        if v.data_ptr() % 16:
+            v = v.clone()
+        return v
+
+    @staticmethod
+    def _output(t, out, yshape, device, inputs, where: str):
+        """A new bf16 tensor of yshape, or `out` after checking it (never
+        copied): a contiguous, 16-byte aligned torch.bfloat16 tensor of
+        yshape on `device`, overlapping none of `inputs` ((name, tensor)
+        pairs)."""
+        if out is None:
+            return t.empty(yshape, dtype=t.bfloat16, device=device)
+        if not isinstance(out, t.Tensor):
+            raise RadianceError(errno.EINVAL, f"{where}: out must be a torch.Tensor, not "
+                                              f"{type(out).__name__}")
+        problems = []
+        if out.device != device:
+            problems.append(f"on {out.device}")
+        if out.dtype != t.bfloat16:
+            problems.append(f"dtype {out.dtype}")
+        if tuple(out.shape) != tuple(yshape):
+            problems.append(f"shape {tuple(out.shape)}")
+        if not out.is_contiguous():
+            problems.append("not contiguous")
+        elif out.data_ptr() % 16:
+            problems.append(f"not 16-byte aligned ({out.data_ptr():#x})")
+        if not problems and out.numel():
+            yb, ye = out.data_ptr(), out.data_ptr() + out.numel() * 2
+            for name, v in inputs:
+                if v.numel() and v.data_ptr() < ye and yb < v.data_ptr() + v.numel() * v.element_size():
+                    problems.append(f"overlaps {name}")
+                    break
+        if problems:
+            raise RadianceError(errno.EINVAL, f"{where}: out must be a contiguous, 16-byte "
+                                f"aligned torch.bfloat16 tensor of shape {tuple(yshape)} on "
+                                f"{device}; it is {', '.join(problems)} (out= is never copied)")
+        return out.detach()
+
+    def _launch(self, t, device, launch) -> None:
+        """Calls launch(h) under the lock, h the handle of torch's current
+        stream of `device`, once that stream is ordered after the last one
+        this mapping's scratch served (_order); launch enqueues the calls."""
+        stream = t.cuda.current_stream(device)
+        with self._lock:
+            self._check_open()
+            with t.cuda.device(device):
+                self._order(t, stream)
+                launch(stream.cuda_stream)
+
     def linear(self, layer: Union[int, str, "Layer"], x, out=None):
         """``y = x . W^T + bias`` for a torch CUDA tensor x [..., K] of
         torch.bfloat16 or torch.float16 on this mapping's device, enqueued
@@ -244,65 +313,153 @@ class MappedModel(ClosedWhenCollected):
         t = _torch()
         l = self.model.layer(layer)
         where = f"layer '{l.name}' of model '{self.model.name}' (mapped)"
-        if not isinstance(x, t.Tensor):
-            raise RadianceError(errno.EINVAL, f"{where}: x must be a torch.Tensor, not "
-                                              f"{type(x).__name__}")
-        if x.device.type != "cuda":
-            raise RadianceError(errno.EINVAL, f"{where}: x is on {x.device}; a mapped model "
-                                f"takes CUDA tensors (Model.linear serves CPU ones)")
-        if x.device.index != self.device:
-            raise RadianceError(errno.EINVAL, f"{where}: x is on {x.device}, the model is "
-                                f"mapped on cuda:{self.device} (where the daemon holds it)")
+        x = self._on_device(t, x, "x", where)
         elem = _lib.torch_elem(t, x, where)
         if x.dim() == 0 or x.shape[-1] != l.K:
             raise RadianceError(errno.EINVAL, f"{where}: x has shape {tuple(x.shape)}: the layer "
                                 f"takes a last dimension of K={l.K} (N={l.N})")
-        x = x.detach()
-        if not x.is_contiguous():
-            x = x.contiguous()
-        if x.data_ptr() % 16:
-            x = x.clone()
-        yshape = (*x.shape[:-1], l.N)
-        if out is None:
-            y = t.empty(yshape, dtype=t.bfloat16, device=x.device)
-        else:
-            problems = []
-            if not isinstance(out, t.Tensor):
-                raise RadianceError(errno.EINVAL, f"{where}: out must be a torch.Tensor, not "
-                                                  f"{type(out).__name__}")
-            if out.device != x.device:
-                problems.append(f"on {out.device}")
-            if out.dtype != t.bfloat16:
-                problems.append(f"dtype {out.dtype}")
-            if tuple(out.shape) != yshape:
-                problems.append(f"shape {tuple(out.shape)}")
-            if not out.is_contiguous():
-                problems.append("not contiguous")
-            elif out.data_ptr() % 16:
-                problems.append(f"not 16-byte aligned ({out.data_ptr():#x})")
-            if not problems and out.numel() and x.numel():
-                xb, yb = x.data_ptr(), out.data_ptr()
-                if xb < yb + out.numel() * 2 and yb < xb + x.numel() * x.element_size():
-                    problems.append("overlaps x")
-            if problems:
-                raise RadianceError(errno.EINVAL, f"{where}: out must be a contiguous, 16-byte "
-                                    f"aligned torch.bfloat16 tensor of shape {yshape} on "
-                                    f"{x.device}; it is {', '.join(problems)} (out= is never copied)")
-            y = out.detach()
+        x = self._packed(x)
+        y = self._output(t, out, (*x.shape[:-1], l.N), x.device, [("x", x)], where)
         rows = x.numel() // l.K if l.K else 0
         if rows == 0:
             return out if out is not None else y
-        stream = t.cuda.current_stream(x.device)
         xs, ys = x.element_size() * l.K, 2 * l.N
-        with self._lock:
-            self._check_open()
-            with t.cuda.device(x.device):
-                self._order(t, stream)
-                xp, yp, h = x.data_ptr(), y.data_ptr(), stream.cuda_stream
-                for r0 in range(0, rows, self.max_rows):
-                    m = min(self.max_rows, rows - r0)
-                    self._run(l, xp + r0 * xs, yp + r0 * ys, m, elem, h)
+        xp, yp = x.data_ptr(), y.data_ptr()
+
+        def launch(h):
+            for r0 in range(0, rows, self.max_rows):
+                self._run(l, xp + r0 * xs, yp + r0 * ys, min(self.max_rows, rows - r0), elem, h)
+        self._launch(t, x.device, launch)
         return out if out is not None else y
+
+    def linear_fp8(self, layer: Union[int, str, "Layer"], codes, scales, out=None):
+        """``y = (codes x scales) . W^T + bias`` for activations this process
+        quantized itself (``radiance_gpu_linear_fp8``: no quant launch; an
+        engine that fuses vLLM's per-token dynamic fp8 quant into its
+        RMSNorm). Enqueued on ``torch.cuda.current_stream()``.
+
+        codes: torch CUDA tensor [..., K] of torch.float8_e4m3fn (OCP E4M3;
+            torch.uint8 holding the same bits is taken too), on this
+            mapping's device; copied first when not contiguous or not
+            16-byte aligned.
+        scales: torch.float32 CUDA tensor of shape codes.shape[:-1], or that
+            with a trailing 1 (vLLM's [tokens, 1]): row t stands for
+            codes[t] * scales[t]. radiance's own quant makes s = amax / 448
+            (docs/numerics.md "Activations"); given those codes and scales,
+            y is linear(x)'s bit for bit.
+        out: optional, as linear().
+        Returns y [..., N] torch.bfloat16. Only W4A8 layers (a bf16 layer
+        takes x: linear()).
+
+        Raises RadianceError: EINVAL (a bf16 layer, not tensors, not on
+        CUDA, another device, dtypes, shapes, out), ENOENT (layer), EBADF
+        (closed), ECHILD (mapped by the parent process), EIO (a launch
+        failed)."""
+        t = _torch()
+        l = self.model.layer(layer)
+        where = f"layer '{l.name}' of model '{self.model.name}' (mapped, fp8 codes)"
+        if l.kind != "w4a8":
+            raise RadianceError(errno.EINVAL, f"{where}: a {l.kind} layer takes no fp8 codes; "
+                                f"pass x to linear()")
+        codes = self._on_device(t, codes, "codes", where)
+        if codes.dtype not in (getattr(t, "float8_e4m3fn", t.uint8), t.uint8):
+            raise RadianceError(errno.EINVAL, f"{where}: codes have dtype {codes.dtype}; they take "
+                                f"torch.float8_e4m3fn (or torch.uint8 holding its bits)")
+        if codes.dim() == 0 or codes.shape[-1] != l.K:
+            raise RadianceError(errno.EINVAL, f"{where}: codes have shape {tuple(codes.shape)}: "
+                                f"the layer takes a last dimension of K={l.K} (N={l.N})")
+        lead = tuple(codes.shape[:-1])
+        scales = self._on_device(t, scales, "scales", where)
+        if scales.dtype != t.float32:
+            raise RadianceError(errno.EINVAL, f"{where}: scales have dtype {scales.dtype}; "
+                                f"per-token scales are torch.float32")
+        if tuple(scales.shape) not in (lead, lead + (1,)):
+            raise RadianceError(errno.EINVAL, f"{where}: scales have shape {tuple(scales.shape)}; "
+                                f"codes of shape {tuple(codes.shape)} take one scale per row: "
+                                f"{lead} or {lead + (1,)}")
+        codes, scales = self._packed(codes), self._packed(scales)
+        y = self._output(t, out, (*lead, l.N), codes.device, [("codes", codes), ("scales", scales)],
+                         where)
+        rows = codes.numel() // l.K
+        if rows == 0:
+            return out if out is not None else y
+        ffi, glib, g = self._ffi, self._glib, self._g
+        cp, sp, yp = codes.data_ptr(), scales.data_ptr(), y.data_ptr()
+
+        def launch(h):
+            for r0 in range(0, rows, self.max_rows):
+                m = min(self.max_rows, rows - r0)
+                rc = glib.radiance_gpu_linear_fp8(
+                    g, l.index, ffi.cast("void *", cp + r0 * l.K),
+                    ffi.cast("float *", sp + r0 * 4), ffi.cast("void *", yp + r0 * 2 * l.N), m,
+                    ffi.cast("void *", h))
+                if rc < 0:
+                    raise RadianceError(-rc, f"{where}: {_message(ffi, glib)}")
+        self._launch(t, codes.device, launch)
+        return out if out is not None else y
+
+    def linear_multi(self, layers: Sequence[Union[int, str, "Layer"]], x, out=None) -> List[Any]:
+        """``[layer(x) for layer in layers]`` in one call
+        (``radiance_gpu_linear_multi``: q, k and v, or gate and up, on one
+        x): the same bits as that many linear() calls; where every layer is
+        W4A8 and its kernel reads natural-order codes (up to 32 rows on
+        sm_90a), x is quantized once for all of them. Enqueued on
+        ``torch.cuda.current_stream()``.
+
+        layers: 1..RADIANCE_MAX_LAYERS_PER_REQUEST distinct layers (index,
+            name or Layer), all of one K.
+        x: as linear().
+        out: optional sequence of len(layers) tensors, each as linear()'s
+            out= for its layer, overlapping neither x nor each other.
+        Returns a list of y [..., N_j] torch.bfloat16.
+
+        Raises RadianceError: EINVAL (no layers, layers of different K, a
+        layer named twice, x, out), ENOENT (a layer), EBADF, ECHILD, EIO as
+        linear()."""
+        t = _torch()
+        ls = [self.model.layer(a) for a in layers]
+        where = f"layers of model '{self.model.name}' (mapped, linear_multi)"
+        if not ls:
+            raise RadianceError(errno.EINVAL, f"{where}: linear_multi needs at least one layer")
+        ks = {l.K for l in ls}
+        if len(ks) > 1:
+            raise RadianceError(errno.EINVAL, f"{where}: the layers take one x, so one K; they have "
+                                f"{', '.join(f'{l.name} K={l.K}' for l in ls)}")
+        K = ls[0].K
+        x = self._on_device(t, x, "x", where)
+        elem = _lib.torch_elem(t, x, where)
+        if x.dim() == 0 or x.shape[-1] != K:
+            raise RadianceError(errno.EINVAL, f"{where}: x has shape {tuple(x.shape)}: the layers "
+                                f"take a last dimension of K={K}")
+        x = self._packed(x)
+        if out is not None and (isinstance(out, t.Tensor) or len(out) != len(ls)):
+            raise RadianceError(errno.EINVAL, f"{where}: out must be a sequence of {len(ls)} "
+                                f"tensors, one per layer")
+        lead = tuple(x.shape[:-1])
+        ys: List[Any] = []
+        for j, l in enumerate(ls):
+            ys.append(self._output(t, None if out is None else out[j], (*lead, l.N), x.device,
+                                   [("x", x)] + [(f"out[{i}]", v) for i, v in enumerate(ys)],
+                                   f"{where}, out[{j}] ({l.name})"))
+        rows = x.numel() // K
+        if rows == 0:
+            return list(out) if out is not None else ys
+        ffi, glib, g = self._ffi, self._glib, self._g
+        idx = ffi.new("uint32_t[]", [l.index for l in ls])
+        yv = ffi.new("void *[]", len(ls))
+        xp, xs = x.data_ptr(), x.element_size() * K
+
+        def launch(h):
+            for r0 in range(0, rows, self.max_rows):
+                m = min(self.max_rows, rows - r0)
+                for j, l in enumerate(ls):
+                    yv[j] = ffi.cast("void *", ys[j].data_ptr() + r0 * 2 * l.N)
+                rc = glib.radiance_gpu_linear_multi(g, idx, len(ls), ffi.cast("void *", xp + r0 * xs),
+                                                    yv, m, elem, ffi.cast("void *", h))
+                if rc < 0:
+                    raise RadianceError(-rc, f"{where}: {_message(ffi, glib)}")
+        self._launch(t, x.device, launch)
+        return list(out) if out is not None else ys
 
     def close(self) -> None:
         """Unmaps: waits for this mapping's device (torch.cuda.synchronize,

@@ -172,6 +172,122 @@ def test_layouts_are_copied_or_refused(gmodel, mapped):
     assert ei.value.errno == errno.E2BIG and "max_rows" in ei.value.message
 
 
+def quantized(x):
+    """(codes torch.uint8 [rows, K], scales torch.float32 [rows]) of x, by the
+    numpy transcription of radiance's per-token quant (numerics_ref)."""
+    xn = np_bf16(x) if x.dtype == torch.bfloat16 else x.cpu().numpy()
+    s, c = ref.quant_ref(xn)
+    return torch.from_numpy(c), torch.from_numpy(s)
+
+
+@pytest.mark.parametrize("name", LAYERS)
+def test_linear_fp8_gives_linear_bits(mapped, name):
+    """Given the codes and scales linear() makes from x, linear_fp8 returns
+    its y bit for bit: 37 rows, then 150 rows (launches of max_rows 64)
+    with a leading shape, vLLM's [tokens, 1] scales and uint8 codes."""
+    l = mapped.model.layer(name)
+    for dtype, rows, seed in ((torch.bfloat16, 37, 30), (torch.float16, 1, 31), (torch.bfloat16, 150, 32)):
+        x = rand(rows, l.K, seed=seed, dtype=dtype, scale=3.0)
+        c, s = quantized(x)
+        want = mapped.linear(name, x.cuda())
+        got = mapped.linear_fp8(name, c.cuda().view(torch.float8_e4m3fn), s.cuda())
+        assert got.dtype == torch.bfloat16 and got.shape == (rows, l.N)
+        assert torch.equal(bits_t(got), bits_t(want)), (name, dtype, rows)
+        if rows == 150:
+            got = mapped.linear_fp8(name, c.cuda().view(2, 75, l.K), s.cuda().view(2, 75, 1))
+            assert got.shape == (2, 75, l.N)
+            assert torch.equal(bits_t(got).view(150, l.N), bits_t(want))
+
+
+def bits_t(t):
+    return t.detach().contiguous().view(torch.int16)
+
+
+def test_linear_fp8_random_codes_against_the_reference(mapped, ckpt_tensors):
+    """Codes no quant made (every e4m3 value but NaN, scales over 8 binades)
+    against docs/numerics.md in numpy, within the bf16 floor."""
+    name = FFN_IN
+    l = mapped.model.layer(name)
+    g = np.random.default_rng(33)
+    c = g.integers(0, 256, size=(50, l.K), dtype=np.uint8)
+    c[(c & 0x7F) == 0x7F] = 0
+    s = (np.ldexp(1.0 + g.random(50), -g.integers(2, 10, 50))).astype(np.float32)
+    y = mapped.linear_fp8(name, torch.from_numpy(c).cuda(), torch.from_numpy(s).cuda())
+    w = ref.dequant(ref.gptq_codes(ckpt_tensors[name + ".qweight"]), ckpt_tensors[name + ".scales"])
+    bias = np.asarray(ckpt_tensors[name + ".bias"], np.float64)
+    xq = c.view(ref.E4M3).astype(np.float64) * s[:, None].astype(np.float64)
+    exact = xq @ w.T + bias
+    absum = np.abs(xq) @ np.abs(w).T + np.abs(bias)
+    check_floor(np_bf16(y), exact, absum, l.K)
+
+
+def test_linear_fp8_refusals(mapped):
+    l = mapped.model.layer(Q)
+    c, s = quantized(rand(8, l.K, seed=34))
+    c, s = c.cuda(), s.cuda()
+    y = mapped.linear_fp8(Q, c, s)
+    # a transposed view and an odd offset are copied first
+    ct = c.t().contiguous().t()
+    assert not ct.is_contiguous() and torch.equal(mapped.linear_fp8(Q, ct, s), y)
+    flat = torch.empty(8 * l.K + 3, dtype=torch.uint8, device="cuda")
+    co = flat[3:].view(8, l.K)
+    co.copy_(c)
+    assert torch.equal(mapped.linear_fp8(Q, co, s), y)
+    out = torch.empty(8, l.N, dtype=torch.bfloat16, device="cuda")
+    assert mapped.linear_fp8(Q, c, s, out=out) is out and torch.equal(out, y)
+    assert mapped.linear_fp8(Q, c[:0], s[:0]).shape == (0, l.N)
+
+    def refused(code, what, *args, **kw):
+        with pytest.raises(radiance.RadianceError) as ei:
+            mapped.linear_fp8(*args, **kw)
+        assert ei.value.errno == code and what in ei.value.message, ei.value.message
+
+    refused(errno.EINVAL, "a bf16 layer takes no fp8 codes", "pooler.dense", c, s)
+    refused(errno.EINVAL, "codes have dtype torch.float32", Q, c.float(), s)
+    refused(errno.EINVAL, "K=384", Q, torch.zeros(8, 1536, dtype=torch.uint8, device="cuda"), s)
+    refused(errno.EINVAL, "scales have dtype torch.float16", Q, c, s.half())
+    refused(errno.EINVAL, "scales have shape (7,)", Q, c, s[:7])
+    refused(errno.EINVAL, "codes is on cpu", Q, c.cpu(), s)
+    refused(errno.EINVAL, "scales is on cpu", Q, c, s.cpu())
+    refused(errno.ENOENT, "has no layer", "encoder.nothing", c, s)
+    refused(errno.EINVAL, "shape (8, 384)", Q, c, s,
+            out=torch.empty(8, 1536, dtype=torch.bfloat16, device="cuda"))
+    both = torch.empty(8 * l.N * 2, dtype=torch.uint8, device="cuda")   # y's bytes, codes at their start
+    refused(errno.EINVAL, "overlaps codes", Q, both[:8 * l.K].view(8, l.K), s,
+            out=both.view(torch.bfloat16).view(8, l.N))
+
+
+def test_linear_multi_gives_linear_bits(mapped):
+    """q, k and v (and the bf16 pooler of the same K) in one call: the bits
+    of one linear() per layer; 150 rows go in launches of max_rows 64."""
+    names = [Q, "encoder.layer.0.attention.self.key", "encoder.layer.0.attention.self.value"]
+    for layers, rows, dtype in ((names, 1, torch.bfloat16), (names, 37, torch.float16),
+                                (names[:2] + ["pooler.dense"], 150, torch.bfloat16)):
+        x = rand(rows, 384, seed=35 + rows, dtype=dtype).cuda()
+        ys = mapped.linear_multi(layers, x)
+        assert len(ys) == len(layers)
+        for name, y in zip(layers, ys):
+            assert torch.equal(bits_t(y), bits_t(mapped.linear(name, x))), (name, rows)
+    x = rand(3, 5, 384, seed=36).cuda()
+    outs = [torch.empty(3, 5, 384, dtype=torch.bfloat16, device="cuda") for _ in names]
+    ys = mapped.linear_multi(names, x, out=outs)
+    assert all(a is b for a, b in zip(ys, outs))
+    assert torch.equal(outs[2], mapped.linear(names[2], x))
+
+    def refused(code, what, *args, **kw):
+        with pytest.raises(radiance.RadianceError) as ei:
+            mapped.linear_multi(*args, **kw)
+        assert ei.value.errno == code and what in ei.value.message, ei.value.message
+
+    refused(errno.EINVAL, "at least one layer", [], x)
+    refused(errno.EINVAL, f"{FFN_OUT} K=1536", [Q, FFN_OUT], x)
+    refused(errno.EINVAL, "repeats layers[0]", [Q, Q], x)
+    refused(errno.ENOENT, "has no layer", [Q, "encoder.nothing"], x)
+    refused(errno.EINVAL, "a sequence of 3 tensors", names, x, out=outs[:2])
+    refused(errno.EINVAL, "overlaps out[0]", names[:2], x, out=[outs[0], outs[0]])
+    refused(errno.EINVAL, "overlaps x", [Q], x.view(torch.bfloat16), out=[x])
+
+
 def test_radiance_linear_and_the_custom_op_on_cuda(gmodel):
     m = rt.RadianceLinear(gmodel, FFN_IN)
     x = rand(3, 5, 384, seed=7)
