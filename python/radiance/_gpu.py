@@ -40,6 +40,8 @@ GPU_SONAME = "libradiance-gpu.so.0"
 #: inputs are split into calls of this many rows
 DEFAULT_MAX_ROWS = 512
 _BF16, _FP16 = _lib.BF16, _lib.FP16
+#: layers one linear_multi call takes (RADIANCE_MAX_LAYERS_PER_REQUEST, radiance.h)
+MAX_LAYERS = 8
 
 _lock = threading.Lock()
 _loaded: Optional[Tuple[Any, Any]] = None
@@ -112,8 +114,8 @@ class MappedModel(ClosedWhenCollected):
     process), handle ("vmm" or "ipc"), read_only, mapped_bytes,
     scratch_bytes, max_rows.
 
-    Streams and threads: the scratch serves one stream at a time. linear()
-    keeps that true by itself: when a call comes on another stream than the
+    Streams and threads: the scratch serves one stream at a time.
+    linear(), linear_fp8() and linear_multi() keep that true by themselves: when a call comes on another stream than the
     last one, the new stream first waits (an event) for the work enqueued
     on the old one. While a stream is being captured into a CUDA graph no
     such wait is inserted (nothing runs during capture): replay the graph
@@ -377,7 +379,7 @@ class MappedModel(ClosedWhenCollected):
             raise RadianceError(errno.EINVAL, f"{where}: scales have shape {tuple(scales.shape)}; "
                                 f"codes of shape {tuple(codes.shape)} take one scale per row: "
                                 f"{lead} or {lead + (1,)}")
-        codes, scales = self._packed(codes), self._packed(scales)
+        codes, scales = self._packed(codes), scales.contiguous()   # float32: 4-byte aligned
         y = self._output(t, out, (*lead, l.N), codes.device, [("codes", codes), ("scales", scales)],
                          where)
         rows = codes.numel() // l.K
@@ -406,25 +408,45 @@ class MappedModel(ClosedWhenCollected):
         sm_90a), x is quantized once for all of them. Enqueued on
         ``torch.cuda.current_stream()``.
 
-        layers: 1..RADIANCE_MAX_LAYERS_PER_REQUEST distinct layers (index,
-            name or Layer), all of one K.
+        layers: a list of 1..8 (RADIANCE_MAX_LAYERS_PER_REQUEST) distinct
+            layers (names, indexes or Layer objects) of one K.
         x: as linear().
-        out: optional sequence of len(layers) tensors, each as linear()'s
-            out= for its layer, overlapping neither x nor each other.
-        Returns a list of y [..., N_j] torch.bfloat16.
+        out: optional list of len(layers), each None (a new tensor) or a
+            tensor as linear()'s out= for its layer, overlapping neither x
+            nor each other.
+        Returns [y_0, ..., y_{n-1}], y_j [..., N_j] torch.bfloat16 (out[j]
+        where given).
 
-        Raises RadianceError: EINVAL (no layers, layers of different K, a
-        layer named twice, x, out), ENOENT (a layer), EBADF, ECHILD, EIO as
-        linear()."""
+        Raises RadianceError: EINVAL (layers not a list (one str, Layer or
+        index alone), no layers, more than 8, a layer named twice, layers of
+        different K: the message names them and their K; x and out as
+        linear()), ENOENT (a layer), EBADF, ECHILD, EIO as linear(). All
+        checked before anything is enqueued, for empty x too."""
         t = _torch()
+        from ._client import Layer
+
+        where = f"model '{self.model.name}' (mapped, linear_multi)"
+        if isinstance(layers, (str, bytes, int, Layer)) or not hasattr(layers, "__iter__"):
+            raise RadianceError(errno.EINVAL, f"{where}: layers must be a list of layers (names, "
+                                f"indexes or Layers), not {type(layers).__name__} {layers!r} "
+                                f"(linear() takes one layer)")
         ls = [self.model.layer(a) for a in layers]
-        where = f"layers of model '{self.model.name}' (mapped, linear_multi)"
-        if not ls:
-            raise RadianceError(errno.EINVAL, f"{where}: linear_multi needs at least one layer")
-        ks = {l.K for l in ls}
-        if len(ks) > 1:
-            raise RadianceError(errno.EINVAL, f"{where}: the layers take one x, so one K; they have "
-                                f"{', '.join(f'{l.name} K={l.K}' for l in ls)}")
+        if not 1 <= len(ls) <= MAX_LAYERS:
+            raise RadianceError(errno.EINVAL, f"{where}: {len(ls)} layers; linear_multi takes 1.."
+                                f"{MAX_LAYERS}")
+        for j, l in enumerate(ls):
+            for i in range(j):
+                if ls[i] == l:
+                    raise RadianceError(errno.EINVAL, f"{where}: layers[{j}] ('{l.name}') repeats "
+                                        f"layers[{i}]")
+            if l.K != ls[0].K:
+                raise RadianceError(errno.EINVAL, f"{where}: layers[{j}] ('{l.name}') has K={l.K} "
+                                    f"but layers[0] ('{ls[0].name}') K={ls[0].K}: the layers of one "
+                                    f"call share x")
+        if out is not None and (isinstance(out, t.Tensor) or not hasattr(out, "__len__")
+                                or len(out) != len(ls)):
+            raise RadianceError(errno.EINVAL, f"{where}: out must be a list of {len(ls)} entries, "
+                                f"None or a tensor for each layer")
         K = ls[0].K
         x = self._on_device(t, x, "x", where)
         elem = _lib.torch_elem(t, x, where)
@@ -432,18 +454,17 @@ class MappedModel(ClosedWhenCollected):
             raise RadianceError(errno.EINVAL, f"{where}: x has shape {tuple(x.shape)}: the layers "
                                 f"take a last dimension of K={K}")
         x = self._packed(x)
-        if out is not None and (isinstance(out, t.Tensor) or len(out) != len(ls)):
-            raise RadianceError(errno.EINVAL, f"{where}: out must be a sequence of {len(ls)} "
-                                f"tensors, one per layer")
         lead = tuple(x.shape[:-1])
         ys: List[Any] = []
         for j, l in enumerate(ls):
             ys.append(self._output(t, None if out is None else out[j], (*lead, l.N), x.device,
                                    [("x", x)] + [(f"out[{i}]", v) for i, v in enumerate(ys)],
                                    f"{where}, out[{j}] ({l.name})"))
+        # out's own tensors where given (the same storage as ys[j])
+        result = [y if out is None or out[j] is None else out[j] for j, y in enumerate(ys)]
         rows = x.numel() // K
         if rows == 0:
-            return list(out) if out is not None else ys
+            return result
         ffi, glib, g = self._ffi, self._glib, self._g
         idx = ffi.new("uint32_t[]", [l.index for l in ls])
         yv = ffi.new("void *[]", len(ls))
@@ -459,7 +480,7 @@ class MappedModel(ClosedWhenCollected):
                 if rc < 0:
                     raise RadianceError(-rc, f"{where}: {_message(ffi, glib)}")
         self._launch(t, x.device, launch)
-        return list(out) if out is not None else ys
+        return result
 
     def close(self) -> None:
         """Unmaps: waits for this mapping's device (torch.cuda.synchronize,

@@ -25,7 +25,7 @@ import errno
 import itertools
 import threading
 import weakref
-from typing import Dict, Iterable, List, NamedTuple, Optional, Union
+from typing import Dict, Iterable, List, NamedTuple, Optional, Tuple, Union
 
 try:
     import torch
@@ -97,6 +97,53 @@ def linear(x: torch.Tensor, model_key: int, layer: int, n: int) -> torch.Tensor:
 @linear.register_fake
 def _(x: torch.Tensor, model_key: int, layer: int, n: int) -> torch.Tensor:
     return x.new_empty((*x.shape[:-1], n), dtype=torch.bfloat16)
+
+
+#: vLLM's floor on the per-token scale, 1 / (448 * 512) (kernels/numerics.h)
+MIN_SCALE = 1.0 / (448.0 * 512.0)
+
+
+def quant_e4m3(x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """radiance's per-token fp8 quant of x, in torch ops: the codes and
+    scales that ``MappedModel.linear_fp8`` takes, equal bit for bit to the
+    ones radiance's own quant makes from x (so linear_fp8 on them returns
+    ``linear(x)``'s bits).
+
+    x: [..., K] torch.bfloat16 or torch.float16, any device (not copied).
+    Returns (codes [..., K] torch.float8_e4m3fn, scales [...] torch.float32),
+    new tensors on x's device, enqueued on its current stream.
+
+    The definition (docs/numerics.md "Activations", kernels/numerics.h; the
+    form of vLLM's dynamic per-token scaled_fp8_quant), per row:
+    amax = max |x| in fp32; s = max(amax / 448, 1 / (448 * 512)); codes =
+    e4m3(x * (1 / s)) rounded to nearest even, saturated to +-448. A row
+    holding Inf or NaN gets s = NaN and every code 0x7F (its outputs NaN).
+    The divisions are tensor by tensor on purpose: torch turns a division
+    by a Python number into a multiply by its rounded reciprocal, which
+    changes the last bit of some scales.
+
+    Bit-identity holds for these eager ops (tests/python/test_torch_cuda.py
+    checks it on CUDA). Under torch.compile a generated kernel may round a
+    division differently; its codes and scales are still a valid input of
+    linear_fp8 (any codes x scales that stand for x are), just not bit for
+    bit linear(x)'s. Raises RadianceError EINVAL for another dtype or a 0-d
+    tensor."""
+    if not isinstance(x, torch.Tensor) or x.dtype not in (torch.bfloat16, torch.float16) \
+            or x.dim() == 0:
+        what = f"dtype {x.dtype}, shape {tuple(x.shape)}" if isinstance(x, torch.Tensor) else \
+            type(x).__name__
+        raise RadianceError(errno.EINVAL, f"quant_e4m3 takes a torch.bfloat16 or torch.float16 "
+                                          f"tensor [..., K]; got {what}")
+    xf = x.float()
+    amax = xf.abs().amax(dim=-1)
+    bad = ~torch.isfinite(amax)
+    s = torch.maximum(amax / torch.full_like(amax, 448.0), torch.full_like(amax, MIN_SCALE))
+    s = torch.where(bad, torch.full_like(s, float("nan")), s)
+    inv = torch.ones_like(s) / s
+    q = torch.clamp(xf * inv.unsqueeze(-1), -448.0, 448.0)
+    codes = q.to(torch.float8_e4m3fn).view(torch.uint8)
+    codes = torch.where(bad.unsqueeze(-1), torch.full_like(codes, 0x7F), codes)
+    return codes.view(torch.float8_e4m3fn), s
 
 
 class RadianceLinear(nn.Module):

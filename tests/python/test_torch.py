@@ -15,6 +15,7 @@ torch = pytest.importorskip("torch", reason="torch is not installed in this venv
 import radiance  # noqa: E402
 import radiance.torch as rt  # noqa: E402
 from conftest import CKPT, DATA  # noqa: E402
+import numerics_ref as ref  # noqa: E402
 from torch import nn  # noqa: E402
 
 Q = "encoder.layer.0.attention.self.query"
@@ -28,6 +29,46 @@ def tbits(t):
 def rand(*shape, seed=0, dtype=torch.bfloat16):
     g = torch.Generator().manual_seed(seed)
     return torch.randn(*shape, generator=g).to(dtype)
+
+
+def special_rows(k, dtype, seed):
+    """40 rows: magnitudes over many binades, then the edges of the quant:
+    zeros (and -0), one Inf, one NaN, subnormal-only, the dtype's largest
+    value, a single nonzero element, ties of the e4m3 rounding."""
+    g = torch.Generator().manual_seed(seed)
+    mags = torch.tensor([1e-6, 1e-3, 0.1, 1.0, 30.0, 1e3]).repeat(7)[:40, None]
+    x = (torch.randn(40, k, generator=g) * mags).to(dtype)
+    fi = torch.finfo(dtype)
+    x[32] = 0.0
+    x[32, ::3] = -0.0
+    x[33, 5] = float("inf")
+    x[34, 7] = float("nan")
+    x[35] = (torch.randn(k, generator=g) * fi.smallest_normal / 4).to(dtype)
+    x[36, 0] = fi.max
+    x[37] = 0.0
+    x[37, 11] = -3.0
+    # amax 448 makes s = 1: codes are x itself, and values half-way between
+    # two e4m3 neighbours (1.0625, 17.0, 208.0) round to even
+    x[38] = torch.tensor([448.0, 1.0625, 17.0, 208.0, -1.0625, -17.0]).repeat(k // 6 + 1)[:k].to(dtype)
+    x[39] = x[38] * 2
+    return x
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_quant_e4m3_on_cpu_tensors(dtype):
+    """radiance.torch.quant_e4m3 on CPU tensors against the numpy
+    transcription of the definition, bit for bit (test_torch_cuda.py does
+    the same on CUDA and feeds the codes to linear_fp8)."""
+    x = special_rows(384, dtype, 41)
+    codes, scales = rt.quant_e4m3(x.reshape(2, 20, 384))
+    assert codes.dtype == torch.float8_e4m3fn and codes.shape == (2, 20, 384)
+    assert scales.dtype == torch.float32 and scales.shape == (2, 20)
+    xn = x.view(torch.int16).numpy().view(ml_dtypes.bfloat16) if dtype == torch.bfloat16 else x.numpy()
+    want_s, want_c = ref.quant_ref(xn)
+    got_c = codes.reshape(40, 384).view(torch.uint8).numpy()
+    bad = np.nonzero((got_c != want_c).any(axis=1))[0]
+    assert bad.size == 0, f"codes differ in rows {bad.tolist()}"
+    np.testing.assert_array_equal(scales.reshape(40).numpy(), want_s)
 
 
 def test_tensors_through_the_binding(model):

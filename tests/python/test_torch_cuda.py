@@ -24,6 +24,7 @@ import radiance._gpu as rgpu  # noqa: E402
 import radiance.torch as rt  # noqa: E402
 from conftest import CKPT, _running_daemon  # noqa: E402
 from test_numerics import check_floor, layer_ref  # noqa: E402
+from test_torch import special_rows  # noqa: E402
 import numerics_ref as ref  # noqa: E402
 from torch import nn  # noqa: E402
 
@@ -203,6 +204,31 @@ def bits_t(t):
     return t.detach().contiguous().view(torch.int16)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_quant_e4m3_is_radiance_quant(mapped, dtype):
+    """radiance.torch.quant_e4m3 on CUDA against the numpy transcription of
+    the definition, bit for bit (codes and scales), on ordinary and edge
+    rows; then linear_fp8 on its output gives linear(x)'s bits."""
+    l = mapped.model.layer(FFN_IN)
+    x = special_rows(l.K, dtype, 40)
+    codes, scales = rt.quant_e4m3(x.cuda())
+    assert codes.dtype == torch.float8_e4m3fn and codes.shape == x.shape and codes.is_cuda
+    assert scales.dtype == torch.float32 and scales.shape == (40,)
+    want_s, want_c = ref.quant_ref(np_bf16(x) if dtype == torch.bfloat16 else x.numpy())
+    got_c = codes.view(torch.uint8).cpu().numpy()
+    got_s = scales.cpu().numpy()
+    bad = np.nonzero((got_c != want_c).any(axis=1))[0]
+    assert bad.size == 0, f"codes differ in rows {bad.tolist()}"
+    np.testing.assert_array_equal(got_s, want_s)   # exact; NaN (the Inf and NaN rows) where it is
+    y = mapped.linear_fp8(FFN_IN, codes, scales)
+    assert torch.equal(bits_t(y), bits_t(mapped.linear(FFN_IN, x.cuda())))
+    # the refusals
+    for bad_x in (x.float().cuda(), torch.tensor(1.0, dtype=dtype), "x"):
+        with pytest.raises(radiance.RadianceError) as ei:
+            rt.quant_e4m3(bad_x)
+        assert ei.value.errno == errno.EINVAL and "quant_e4m3 takes" in ei.value.message
+
+
 def test_linear_fp8_random_codes_against_the_reference(mapped, ckpt_tensors):
     """Codes no quant made (every e4m3 value but NaN, scales over 8 binades)
     against docs/numerics.md in numpy, within the bf16 floor."""
@@ -250,8 +276,12 @@ def test_linear_fp8_refusals(mapped):
     refused(errno.EINVAL, "codes is on cpu", Q, c.cpu(), s)
     refused(errno.EINVAL, "scales is on cpu", Q, c, s.cpu())
     refused(errno.ENOENT, "has no layer", "encoder.nothing", c, s)
-    refused(errno.EINVAL, "shape (8, 384)", Q, c, s,
+    refused(errno.EINVAL, "it is shape (8, 1536)", Q, c, s,
             out=torch.empty(8, 1536, dtype=torch.bfloat16, device="cuda"))
+    buf = torch.empty(8 * l.N, dtype=torch.bfloat16, device="cuda")   # out, scales at its start
+    sc = buf.view(torch.float32)[:8]
+    sc.copy_(s)
+    refused(errno.EINVAL, "overlaps scales", Q, c, sc, out=buf.view(8, l.N))
     both = torch.empty(8 * l.N * 2, dtype=torch.uint8, device="cuda")   # y's bytes, codes at their start
     refused(errno.EINVAL, "overlaps codes", Q, both[:8 * l.K].view(8, l.K), s,
             out=both.view(torch.bfloat16).view(8, l.N))
@@ -279,11 +309,15 @@ def test_linear_multi_gives_linear_bits(mapped):
             mapped.linear_multi(*args, **kw)
         assert ei.value.errno == code and what in ei.value.message, ei.value.message
 
-    refused(errno.EINVAL, "at least one layer", [], x)
-    refused(errno.EINVAL, f"{FFN_OUT} K=1536", [Q, FFN_OUT], x)
+    ys = mapped.linear_multi(names, x, out=[outs[0], None, None])
+    assert ys[0] is outs[0] and ys[1] is not None and torch.equal(ys[1], mapped.linear(names[1], x))
+    refused(errno.EINVAL, "1..8", [], x)
+    refused(errno.EINVAL, "layers must be a list", Q, x)
+    refused(errno.EINVAL, "repeats layers[0]", [Q, Q], x[:0])   # checked with no rows too
+    refused(errno.EINVAL, f"('{FFN_OUT}') has K=1536", [Q, FFN_OUT], x)
     refused(errno.EINVAL, "repeats layers[0]", [Q, Q], x)
     refused(errno.ENOENT, "has no layer", [Q, "encoder.nothing"], x)
-    refused(errno.EINVAL, "a sequence of 3 tensors", names, x, out=outs[:2])
+    refused(errno.EINVAL, "a list of 3 entries", names, x, out=outs[:2])
     refused(errno.EINVAL, "overlaps out[0]", names[:2], x, out=[outs[0], outs[0]])
     refused(errno.EINVAL, "overlaps x", [Q], x.view(torch.bfloat16), out=[x])
 
