@@ -727,6 +727,36 @@ class Model(Closing):
     def client(self) -> Client:
         return self._client
 
+    def _multi_layers(self, layers: Sequence[Union[int, str, Layer]], where: str, unit: str,
+                      most: Optional[int] = None) -> List[Layer]:
+        """The Layers of a several-layer call (linear_multi here and in
+        MappedModel), checked: a list (not one layer alone), not empty (nor
+        above `most` where given), no layer twice, all of one K. Raises
+        RadianceError EINVAL naming the layers and their K, or ENOENT (a
+        layer) as layer()."""
+        # one layer given alone: a str would be iterated letter by letter,
+        # a Layer (a tuple) field by field
+        if isinstance(layers, (str, bytes, int, Layer)) or not hasattr(layers, "__iter__"):
+            raise RadianceError(errno.EINVAL, f"{where}: layers must be a list of layers (names, "
+                                f"indexes or Layers), not {type(layers).__name__} {layers!r} "
+                                f"(linear() takes one layer)")
+        ls = [self.layer(l) for l in layers]
+        if most is not None and not 1 <= len(ls) <= most:
+            raise RadianceError(errno.EINVAL, f"{where}: {len(ls)} layers; linear_multi takes 1.."
+                                f"{most}")
+        if not ls:
+            raise RadianceError(errno.EINVAL, f"{where}: linear_multi needs at least one layer")
+        for j, l in enumerate(ls):
+            for i in range(j):
+                if ls[i] == l:
+                    raise RadianceError(errno.EINVAL, f"{where}: layers[{j}] ('{l.name}') repeats "
+                                        f"layers[{i}]")
+            if l.K != ls[0].K:
+                raise RadianceError(errno.EINVAL, f"{where}: layers[{j}] ('{l.name}') has K={l.K} "
+                                    f"but layers[0] ('{ls[0].name}') K={ls[0].K}: the layers of one "
+                                    f"{unit} share x")
+        return ls
+
     def layer(self, layer: Union[int, str, Layer]) -> Layer:
         """The Layer called `layer` (a name), at index `layer` (an int), or
         `layer` itself if it is one of this model's. RadianceError ENOENT
@@ -899,27 +929,10 @@ class Model(Closing):
         requests: "not supported by this daemon"), EBADF, the daemon's
         status for a refused request, a connection error."""
         where = f"model '{self.name}'"
-        # one layer given alone: a str would be iterated letter by letter,
-        # a Layer (a tuple) field by field
-        if isinstance(layers, (str, bytes, int, Layer)) or not hasattr(layers, "__iter__"):
-            raise RadianceError(errno.EINVAL, f"{where}: layers must be a list of layers (names, "
-                                f"indexes or Layers), not {type(layers).__name__} {layers!r} "
-                                f"(linear() takes one layer)")
         if out is not None and (isinstance(out, np.ndarray) or _is_torch(out)):
             raise RadianceError(errno.EINVAL, f"{where}: out must be a list of one output (or "
                                 f"None) per layer, not {type(out).__name__}")
-        ls = [self.layer(l) for l in layers]
-        if not ls:
-            raise RadianceError(errno.EINVAL, f"{where}: linear_multi needs at least one layer")
-        for j, l in enumerate(ls):
-            for i in range(j):
-                if ls[i] == l:
-                    raise RadianceError(errno.EINVAL, f"{where}: layers[{j}] ('{l.name}') repeats "
-                                        f"layers[{i}]")
-            if l.K != ls[0].K:
-                raise RadianceError(errno.EINVAL, f"{where}: layers[{j}] ('{l.name}') has K={l.K} "
-                                    f"but layers[0] ('{ls[0].name}') K={ls[0].K}: the layers of one "
-                                    f"request share x")
+        ls = self._multi_layers(layers, where, "request")
         outs = list(out) if out is not None else [None] * len(ls)
         if len(outs) != len(ls):
             raise RadianceError(errno.EINVAL, f"{where}: out has {len(outs)} entries for "

@@ -423,26 +423,8 @@ class MappedModel(ClosedWhenCollected):
         linear()), ENOENT (a layer), EBADF, ECHILD, EIO as linear(). All
         checked before anything is enqueued, for empty x too."""
         t = _torch()
-        from ._client import Layer
-
         where = f"model '{self.model.name}' (mapped, linear_multi)"
-        if isinstance(layers, (str, bytes, int, Layer)) or not hasattr(layers, "__iter__"):
-            raise RadianceError(errno.EINVAL, f"{where}: layers must be a list of layers (names, "
-                                f"indexes or Layers), not {type(layers).__name__} {layers!r} "
-                                f"(linear() takes one layer)")
-        ls = [self.model.layer(a) for a in layers]
-        if not 1 <= len(ls) <= MAX_LAYERS:
-            raise RadianceError(errno.EINVAL, f"{where}: {len(ls)} layers; linear_multi takes 1.."
-                                f"{MAX_LAYERS}")
-        for j, l in enumerate(ls):
-            for i in range(j):
-                if ls[i] == l:
-                    raise RadianceError(errno.EINVAL, f"{where}: layers[{j}] ('{l.name}') repeats "
-                                        f"layers[{i}]")
-            if l.K != ls[0].K:
-                raise RadianceError(errno.EINVAL, f"{where}: layers[{j}] ('{l.name}') has K={l.K} "
-                                    f"but layers[0] ('{ls[0].name}') K={ls[0].K}: the layers of one "
-                                    f"call share x")
+        ls = self.model._multi_layers(layers, where, "call", MAX_LAYERS)
         if out is not None and (isinstance(out, t.Tensor) or not hasattr(out, "__len__")
                                 or len(out) != len(ls)):
             raise RadianceError(errno.EINVAL, f"{where}: out must be a list of {len(ls)} entries, "
