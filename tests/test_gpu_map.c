@@ -229,6 +229,25 @@ static void fill(uint16_t *x, size_t n, enum radiance_dtype dt)
 		x[i] = to_dtype(nrand() * mag, dt);
 }
 
+/* y rows are poisoned with this quiet-NaN bf16 before a call; the guard row
+ * after the last one must still hold it afterwards. */
+#define POISON 0x7FC1
+
+static void poison(uint16_t *y, size_t count)
+{
+	for (size_t i = 0; i < count; i++)
+		y[i] = POISON;
+}
+
+/* -1 when the call wrote into the guard row m of y [m + 1][n], else 0. */
+static int guard_touched(const uint16_t *y, uint32_t m, uint32_t n)
+{
+	for (size_t i = (size_t)m * n; i < (size_t)(m + 1) * n; i++)
+		if (y[i] != POISON)
+			return -1;
+	return 0;
+}
+
 /* Runs layer li of g on m rows through the mapping (path forced or AUTO);
  * y gets m rows; the guard row after them must stay poisoned. */
 static int run_mapped(struct radiance_gpu_model *g, uint32_t li, const struct radiance_layer *l, const uint16_t *x,
@@ -236,8 +255,7 @@ static int run_mapped(struct radiance_gpu_model *g, uint32_t li, const struct ra
 		      const char **path)
 {
 	const size_t ybytes = (size_t)(m + 1) * l->n * 2;
-	for (size_t i = 0; i < (size_t)(m + 1) * l->n; i++)
-		y[i] = 0x7FC1;
+	poison(y, (size_t)(m + 1) * l->n);
 	assert_int_equal(radiance__gpu_h2d_async(dx, x, (size_t)m * l->k * 2, stream), 0);
 	assert_int_equal(radiance__gpu_h2d_async(dy, y, ybytes, stream), 0);
 	int rc = radiance__gpu_model_run(g, li, dx, dy, m, (enum radiance_elem)dt, stream, force, path);
@@ -245,10 +263,7 @@ static int run_mapped(struct radiance_gpu_model *g, uint32_t li, const struct ra
 		fail_msg("layer %s m=%u: %s", l->name, m, radiance_gpu_error_message());
 	assert_int_equal(radiance__gpu_d2h_async(y, dy, ybytes, stream), 0);
 	assert_int_equal(radiance__gpu_stream_sync(stream), 0);
-	size_t touched = 0;
-	for (size_t i = (size_t)m * l->n; i < (size_t)(m + 1) * l->n; i++)
-		touched += y[i] != 0x7FC1;
-	return touched ? -1 : 0;
+	return guard_touched(y, m, l->n);
 }
 
 /* A session with both models loaded and mapped (MiniLM and the synthetic
@@ -386,8 +401,7 @@ static int run_fp8(struct radiance_gpu_model *g, uint32_t li, const struct radia
 		   const float *s, uint32_t m, uint8_t *dcodes, float *dscales, uint16_t *y)
 {
 	const size_t ybytes = (size_t)(m + 1) * l->n * 2;
-	for (size_t i = 0; i < (size_t)(m + 1) * l->n; i++)
-		y[i] = 0x7FC1;
+	poison(y, (size_t)(m + 1) * l->n);
 	assert_int_equal(radiance__gpu_h2d_async(dcodes, codes, (size_t)m * l->k, stream), 0);
 	assert_int_equal(radiance__gpu_h2d_async(dscales, s, (size_t)m * 4, stream), 0);
 	assert_int_equal(radiance__gpu_h2d_async(dy, y, ybytes, stream), 0);
@@ -395,10 +409,7 @@ static int run_fp8(struct radiance_gpu_model *g, uint32_t li, const struct radia
 		fail_msg("fp8 layer %s m=%u: %s", l->name, m, radiance_gpu_error_message());
 	assert_int_equal(radiance__gpu_d2h_async(y, dy, ybytes, stream), 0);
 	assert_int_equal(radiance__gpu_stream_sync(stream), 0);
-	size_t touched = 0;
-	for (size_t i = (size_t)m * l->n; i < (size_t)(m + 1) * l->n; i++)
-		touched += y[i] != 0x7FC1;
-	return touched ? -1 : 0;
+	return guard_touched(y, m, l->n);
 }
 
 /* Every W4A8 layer of model at M across the decode band and prefill:
@@ -531,8 +542,7 @@ static size_t multi_model(struct radiance_gpu_model *g, const struct radiance_mo
 			fill(x, (size_t)m * k, dt);
 			assert_int_equal(radiance__gpu_h2d_async(dx, x, (size_t)m * k * 2, stream), 0);
 			/* every y poisoned, its guard row (row m) included */
-			for (size_t i = 0; i < (size_t)(m + 1) * 1536; i++)
-				ym[i] = 0x7FC1;
+			poison(ym, (size_t)(m + 1) * 1536);
 			for (uint32_t j = 0; j < nl; j++)
 				assert_int_equal(radiance__gpu_h2d_async(dys[j], ym, (size_t)(m + 1) * 1536 * 2, stream), 0);
 			if (radiance_gpu_linear_multi(g, groups[gi], nl, dx, dys, m, (enum radiance_elem)dt, stream) != 0)
@@ -541,9 +551,7 @@ static size_t multi_model(struct radiance_gpu_model *g, const struct radiance_mo
 				const struct radiance_layer *l = &model->layers[groups[gi][j]];
 				assert_int_equal(radiance__gpu_d2h_async(ym, dys[j], (size_t)(m + 1) * l->n * 2, stream), 0);
 				assert_int_equal(radiance__gpu_stream_sync(stream), 0);
-				size_t touched = 0;
-				for (size_t i = (size_t)m * l->n; i < (size_t)(m + 1) * l->n; i++)
-					touched += ym[i] != 0x7FC1;
+				const int touched = guard_touched(ym, m, l->n);
 				const char *path = "";
 				const int guard = run_mapped(g, groups[gi][j], l, x, dt, m, y, RADIANCE_W4A8_AUTO, &path);
 				const int same = memcmp(y, ym, (size_t)m * l->n * 2) == 0;
