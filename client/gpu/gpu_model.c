@@ -186,6 +186,15 @@ unmap_daemon:
 	return rc;
 }
 
+/* The check of a call's layer index (0 or -ENOENT, its text set). */
+static int layer_index_check(const struct radiance_gpu_model *g, uint32_t layer)
+{
+	if (layer >= g->n_layers)
+		return fail(-ENOENT, "layer %u out of range: model %u has %zu layers", layer, g->model_id,
+			    g->n_layers);
+	return 0;
+}
+
 /* The checks of a call's row count (0 or the error, its text set). */
 static int rows_check(const struct radiance_gpu_model *g, uint32_t rows)
 {
@@ -216,10 +225,9 @@ int radiance__gpu_model_run(struct radiance_gpu_model *g, uint32_t layer, const 
 			    enum radiance_elem dtype, void *stream, enum radiance__w4a8_path force,
 			    const char **path)
 {
-	if (layer >= g->n_layers)
-		return fail(-ENOENT, "layer %u out of range: model %u has %zu layers", layer, g->model_id,
-			    g->n_layers);
-	int rc = run_check(g, x, y, rows, dtype);
+	int rc = layer_index_check(g, layer);
+	if (!rc)
+		rc = run_check(g, x, y, rows, dtype);
 	if (rc)
 		return rc;
 	rc = radiance__gpu_layer_run(&g->dev, &g->scratch, &g->layers[layer], x, (enum radiance_dtype)dtype,
@@ -239,13 +247,13 @@ int radiance_gpu_linear(struct radiance_gpu_model *g, uint32_t layer, const void
 int radiance_gpu_linear_fp8(struct radiance_gpu_model *g, uint32_t layer, const void *codes, const float *scales,
 			    void *y, uint32_t rows, void *stream)
 {
-	if (layer >= g->n_layers)
-		return fail(-ENOENT, "layer %u out of range: model %u has %zu layers", layer, g->model_id,
-			    g->n_layers);
+	int rc = layer_index_check(g, layer);
+	if (rc)
+		return rc;
 	if (g->layers[layer].bf16)
 		return fail(-EINVAL, "layer %u of model %u is a bf16 layer: radiance_gpu_linear_fp8 serves W4A8 "
 			    "layers (use radiance_gpu_linear)", layer, g->model_id);
-	int rc = rows_check(g, rows);
+	rc = rows_check(g, rows);
 	if (rc)
 		return rc;
 	if (((uintptr_t)codes | (uintptr_t)y) % 16 || (uintptr_t)scales % 4)
