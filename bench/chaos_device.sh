@@ -11,14 +11,13 @@
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-chaos-out}
-export LD_LIBRARY_PATH=$PWD/build-kit/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-export PYTHONPATH=$PWD/build-kit/py${PYTHONPATH:+:$PYTHONPATH}
+. build-kit/unpack.sh
 R=$(mktemp -d)/chaos
 mkdir -p "$R" "$OUT"
 rc=0
 for s in "$@"; do
 	# shellcheck disable=SC2086
-	RADIANCE_BUILD=build-kit timeout "${RUN_TIMEOUT:-120}" python3 tests/chaos.py --backend gpu \
+	timeout "${RUN_TIMEOUT:-120}" python3 tests/chaos.py --backend gpu \
 		--clients "${CLIENTS:-1000}" --seed "$s" ${CHAOS_ARGS:-} --json "$R/chaos-$s.json" \
 		--daemon-log "$R/chaos-daemon-$s.log" >"$R/chaos-$s.txt" 2>&1 || rc=1
 	echo "seed $s: $(grep -E '^chaos: (PASS|FAIL)' "$R/chaos-$s.txt" || tail -n 1 "$R/chaos-$s.txt")"
