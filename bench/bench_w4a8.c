@@ -67,7 +67,9 @@ struct result {
 	double us, us_quant, us_quant_unfused, us_probe, us_blas, us_wgmma, us_tiled, us_wgmma_exact, bytes, flops;
 	double us_wk1, us_wk1_quant;   /* streaming kernel, one warp per K range (the policy before wk) */
 	double us_probe_bf16;          /* M = 1: the probe over cuBLAS's bf16 weights (is it a ceiling?) */
-	char plan_exact[48], plan_wk1[48];
+	double us_band;                /* M = 17..64: the streaming kernel forced (decode_kernel = 2) */
+	double us_ring;                /* M = 17..32: the cp.async-ring kernel forced (decode_kernel = 1) */
+	char plan_exact[48], plan_wk1[48], plan_band[48], plan_ring[48];
 };
 
 static struct radiance__gpu_device dev;
@@ -403,6 +405,13 @@ static void run_sweep(struct ctx *c, FILE *csv)
 	static const uint32_t ntwcg[][2] = {{1, 2}, {1, 4}, {2, 1}, {2, 2}};
 	const uint32_t G = c->k / 128;
 	double best = 1e30;
+	/* above 32 rows the streaming kernel runs only forced, on the decode
+	 * path, over codes in the natural order (the policy's may be WGMMA's) */
+	if (c->m > 32) {
+		c->path = RADIANCE_W4A8_DECODE;
+		GCHECK(radiance__gpu_quant(c->x, RADIANCE_DTYPE_BF16, c->m, c->k, RADIANCE_CODES_NATURAL, c->codes,
+					  c->s, stream));
+	}
 	char bs[48] = "";
 	for (uint32_t wk = 1; wk <= 4; wk *= 2)
 	for (size_t ni = 0; ni < sizeof ntwcg / sizeof ntwcg[0]; ni++)
@@ -433,6 +442,7 @@ static void run_sweep(struct ctx *c, FILE *csv)
 				}
 			}
 	c->set = (struct radiance__w4a8_settings){0};
+	c->path = RADIANCE_W4A8_AUTO;
 	const double p2 = time_us(run_probe, c);
 	const double pr = p1 < p2 ? p1 : p2;
 	printf("SWEEP %6ux%-6u M=%-3u probe %7.2f | old %7.2f (%.3f) | policy %-22s %7.2f (%.3f) | best %-22s %7.2f (%.3f)\n",
@@ -663,7 +673,7 @@ int main(int argc, char **argv)
 				continue;
 			if (only_m && ms[mi] != only_m)
 				continue;
-			if (sweep && ms[mi] > 16)
+			if (sweep && ms[mi] > 64)
 				continue;
 			c.m = ms[mi];
 			struct result *r = &res[nres++];
@@ -701,6 +711,28 @@ int main(int argc, char **argv)
 				printf("  %s (wk 1): %.2f us, quant launch + gemm %.2f us\n", r->plan_wk1, r->us_wk1,
 				       r->us_wk1_quant);
 				c.set.decode_wk = 0;
+			}
+			/* the band M = 17..64 (issue 12): both decode kernels forced on
+			 * the decode path, whatever the policy picked, over codes in the
+			 * natural order: the streaming kernel (32- and 64-token
+			 * launches) and, to M = 32, the cp.async-ring kernel */
+			if (c.m > 16 && c.m <= 64 && dev.gemv_blocks) {
+				GCHECK(radiance__gpu_quant(c.x, RADIANCE_DTYPE_BF16, c.m, sh->k, RADIANCE_CODES_NATURAL,
+							  c.codes, c.s, stream));
+				c.path = RADIANCE_W4A8_DECODE;
+				for (int kern = 2; kern >= (c.m <= 32 ? 1 : 2); kern--) {
+					c.set.decode_kernel = kern;
+					struct radiance__w4a8_args a1 = args_for(&c, 0);
+					struct radiance__w4a8_plan p1;
+					radiance__w4a8_plan(&dev, &a1, &p1);
+					char *ps = kern == 2 ? r->plan_band : r->plan_ring;
+					radiance__w4a8_plan_format(ps, sizeof r->plan_band, &p1);
+					double *t = kern == 2 ? &r->us_band : &r->us_ring;
+					*t = time_us(run_gemm, &c);
+					printf("  %s (%s, forced): %.2f us\n", ps, kern == 2 ? "streaming" : "cp.async ring", *t);
+				}
+				c.set.decode_kernel = 0;
+				c.path = RADIANCE_W4A8_AUTO;
 			}
 			r->us_blas = time_us(run_blas, &c);
 			if (c.m == 1)
@@ -827,7 +859,7 @@ int main(int argc, char **argv)
 	}
 	fprintf(csv, "date,gpu,shape,m,plan,us,us_quant_gemm,gbps,tflops,probe_us,fraction_of_probe,"
 		     "bf16_blas_us,ratio_vs_bf16_blas,torch_int4_us,ratio_vs_torch_int4,torch_fp8_us,ratio_vs_torch_fp8,"
-		     "wgmma_fp8_us,us_quant_launch_gemm,tiled_exact_us,wgmma_exact_us,wk1_us,wk1_quant_launch_gemm_us,probe_bf16_us\n");
+		     "wgmma_fp8_us,us_quant_launch_gemm,tiled_exact_us,wgmma_exact_us,wk1_us,wk1_quant_launch_gemm_us,probe_bf16_us,gemv_band_us,ring_us\n");
 	fprintf(md, "# W4A8 benchmark, %s, %s\n\n", date, dev.name);
 	fprintf(md, "Measured by `bench/bench_w4a8` (one process: our kernels, the streaming-read probe over the same\n"
 		    "weight buffers, and %s bf16 GEMM on the dequantized weights). Torch peers were measured by\n"
@@ -844,8 +876,8 @@ int main(int argc, char **argv)
 		    "GB/s and the probe fraction count weight + scale bytes; ratios are peer time / our time (> 1: we are faster).\n\n",
 		strcmp(dev.vendor, "cuda") == 0 ? "cuBLAS" : "hipBLAS", npeers ? "" : " (not available in this run)",
 		l2 / 1e6, REPS, BATCH, getenv("BENCH_FUSE_ROWS") ? atoi(getenv("BENCH_FUSE_ROWS")) : RADIANCE_W4A8_FUSE_ROWS);
-	fprintf(md, "| shape (N x K) | M | plan | us | quant+gemm us | quant launch + gemm us | GB/s | TFLOP/s | of probe | vs bf16 BLAS | vs torch int4 | vs torch fp8 | fp8 wgmma us (prefill = fast) | wgmma vs bf16 BLAS | tiled f16 HMMA us | f16 wgmma (forced) | wk 1 us (the policy before) | wk 1 quant launch + gemm us |\n");
-	fprintf(md, "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+	fprintf(md, "| shape (N x K) | M | plan | us | quant+gemm us | quant launch + gemm us | GB/s | TFLOP/s | of probe | vs bf16 BLAS | vs torch int4 | vs torch fp8 | fp8 wgmma us (prefill = fast) | wgmma vs bf16 BLAS | tiled f16 HMMA us | f16 wgmma (forced) | wk 1 us (the policy before) | wk 1 quant launch + gemm us | streaming kernel forced us (M 17-64) | cp.async-ring kernel forced us (M 17-32) |\n");
+	fprintf(md, "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
 	for (size_t i = 0; i < nres; i++) {
 		const struct result *r = &res[i];
 		const struct peer *p4 = peer_find(r->n, r->k, r->m, "torch_int4");
@@ -853,7 +885,11 @@ int main(int argc, char **argv)
 		char r4[32], r8[32];
 		fmt_ratio(r4, sizeof r4, p4, r->us);
 		fmt_ratio(r8, sizeof r8, p8, r->us);
-		char wg[32] = "", wgr[32] = "", tl[32] = "", wx[80] = "", w1[80] = "", w1q[32] = "";
+		char wg[32] = "", wgr[32] = "", tl[32] = "", wx[80] = "", w1[80] = "", w1q[32] = "", rg[80] = "", bd[80] = "";
+		if (r->us_band > 0)
+			snprintf(bd, sizeof bd, "%.2f (%s)", r->us_band, r->plan_band);
+		if (r->us_ring > 0)
+			snprintf(rg, sizeof rg, "%.2f (%s)", r->us_ring, r->plan_ring);
 		if (r->us_wk1 > 0) {
 			snprintf(w1, sizeof w1, "%.2f (%s)", r->us_wk1, r->plan_wk1);
 			snprintf(w1q, sizeof w1q, "%.2f", r->us_wk1_quant);
@@ -866,16 +902,16 @@ int main(int argc, char **argv)
 			snprintf(wg, sizeof wg, "%.2f", r->us_wgmma);
 			snprintf(wgr, sizeof wgr, "%.2fx", r->us_blas / r->us_wgmma);
 		}
-		fprintf(md, "| %ux%u | %u | %s | %.2f | %.2f | %.2f | %.0f | %.1f | %.3f | %.2fx | %s | %s | %s | %s | %s | %s | %s | %s |\n", r->n,
+		fprintf(md, "| %ux%u | %u | %s | %.2f | %.2f | %.2f | %.0f | %.1f | %.3f | %.2fx | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", r->n,
 			r->k, r->m, r->plan, r->us, r->us_quant, r->us_quant_unfused, r->bytes / r->us / 1e3, r->flops / r->us / 1e6,
-			r->us_probe / r->us, r->us_blas / r->us, r4, r8, wg, wgr, tl, wx, w1, w1q);
-		fprintf(csv, "%s,%s,%ux%u,%u,%s,%.3f,%.3f,%.1f,%.2f,%.3f,%.4f,%.3f,%.4f,%.3f,%.4f,%.3f,%.4f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f\n", date,
+			r->us_probe / r->us, r->us_blas / r->us, r4, r8, wg, wgr, tl, wx, w1, w1q, bd, rg);
+		fprintf(csv, "%s,%s,%ux%u,%u,%s,%.3f,%.3f,%.1f,%.2f,%.3f,%.4f,%.3f,%.4f,%.3f,%.4f,%.3f,%.4f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f\n", date,
 			dev.name, r->n, r->k, r->m, r->plan, r->us, r->us_quant, r->bytes / r->us / 1e3,
 			r->flops / r->us / 1e6, r->us_probe, r->us_probe / r->us, r->us_blas, r->us_blas / r->us,
 			p4 ? p4->us : 0.0, p4 ? p4->us / r->us : 0.0, p8 ? p8->us : 0.0, p8 ? p8->us / r->us : 0.0,
 			r->us_wgmma, r->us_quant_unfused, r->us_tiled,
 			r->us_wgmma_exact > 0 ? r->us_wgmma_exact : strncmp(r->plan, "wgmma-exact", 11) == 0 ? r->us : 0.0,
-			r->us_wk1, r->us_wk1_quant, r->us_probe_bf16);
+			r->us_wk1, r->us_wk1_quant, r->us_probe_bf16, r->us_band, r->us_ring);
 	}
 	/* the summed step only where M = 1 ran on every shape (not for --m 16
 	 * or --n alone) */

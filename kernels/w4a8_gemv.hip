@@ -12,7 +12,7 @@
 
 #ifdef RAD_HAVE_BULK
 /*
- * GEMV (decode, m <= 16, sm_90): the same swap-AB f16 MMAs as the kernel
+ * GEMV (decode, sm_90; 8 or 16 tokens a launch, 32 or 64 when forced): the same swap-AB f16 MMAs as the kernel
  * above, organised for bytes in flight and few instructions per weight byte.
  * A block is GV_WARPS independent warps in columns of wk (plan.wk: 1, 2 or
  * 4); a column owns NTW adjacent n-tiles and one split's K range, which its
@@ -39,8 +39,11 @@
 #define GV_BAR_BYTES (GV_WARPS * GV_MAX_STAGES * 8)
 #define GV_SLOT(NTW, CG) ((uint32_t)(NTW) * (CG) * (RAD_TILE_BYTES + RAD_SCALE_BYTES))
 /* resident blocks asked of the register allocator: 7 for the 8-token,
- * one-tile instances (72 registers), the rest 3 or 4 */
-#define GV_MINB(TOK, NTW) ((TOK) == 8 && (NTW) == 1 ? 7 : (TOK) / 8 * (NTW) >= 4 ? 3 : 4)
+ * one-tile instances (72 registers), 2 for 8 MMA chains (32 tokens and two
+ * tiles, 64 tokens and one: their accumulators and two sets of activation
+ * fragments), the rest 3 or 4 */
+#define GV_MINB(TOK, NTW)                                                                          \
+	((TOK) == 8 && (NTW) == 1 ? 7 : (TOK) / 8 * (NTW) >= 8 ? 2 : (TOK) / 8 * (NTW) >= 4 ? 3 : 4)
 
 #define GV_FQ_ROWS RADIANCE_W4A8_FUSE_MAX_ROWS
 
@@ -552,6 +555,9 @@ int radiance__w4a8_gemv_launch(const gemm_params &p, const struct radiance__w4a8
 	const uint32_t wk = plan.wk ? plan.wk : 1;
 	if (i < 0 || plan.stages < 1 || plan.stages > GV_MAX_STAGES || (plan.fused && !gemv_insts[i].launch_fused) ||
 	    GV_WARPS % wk || (wk > 1 && (plan.fused || (uint64_t)wk * plan.split > p.groups)))
+		return -EINVAL;
+	/* wk > 1: a warp's ring holds its fp32 partials for the column's sum */
+	if (wk > 1 && plan.stages * GV_SLOT(plan.ntw, plan.cg) < plan.ntw * (plan.tok / 8) * 4u * 32u * 4u)
 		return -EINVAL;
 	(plan.fused ? gemv_insts[i].launch_fused : gemv_insts[i].launch)(
 		p, dim3(ceil_div(p.ntiles, GV_WARPS / wk * plan.ntw), plan.split, 1), plan.stages, wk, (hipStream_t)stream,

@@ -9,7 +9,7 @@
  *   w4a8_mma.hip      DECODE / TILED: the matrix-core kernel (mma.sync
  *                     m16n8k16 f16 on NVIDIA, v_wmma_f32_16x16x16_fp8_fp8 on
  *                     gfx12), split-K, tiled over tokens for prefill;
- *   w4a8_gemv.hip     DECODE on sm_90, m <= 16: the bulk-copy streaming kernel;
+ *   w4a8_gemv.hip     DECODE on sm_90, m <= 16 (64 forced): the bulk-copy streaming kernel;
  *   w4a8_wgmma.hip    WGMMA: the sm_90a fp8 prefill (prefill = fast);
  *                     WGMMA_EXACT: its f16 twin (prefill = exact);
  *   w4a8_portable.hip PORTABLE: bit-identical to the CPU reference, any GPU;

@@ -152,7 +152,11 @@ static int gemv_find(uint32_t tok, uint32_t ntw, uint32_t cg)
 static int gemv_usable(const struct radiance__gpu_device *dev, const struct radiance__w4a8_args *a,
 		       const struct radiance__w4a8_settings *st)
 {
-	if (!dev->gemv_blocks || st->decode_kernel == 1 || a->m > 16 || !is_cuda(dev) || dev->cc_major < 9)
+	/* m <= 16 by default (8 or 16 tokens a launch); 32 and 64 tokens only
+	 * when forced (decode_kernel 2), to be measured against the cp.async-ring
+	 * and f16 wgmma kernels that take m = 17..64 (bench_w4a8's band columns) */
+	if (!dev->gemv_blocks || st->decode_kernel == 1 || a->m > (st->decode_kernel == 2 ? 64u : 16u) ||
+	    !is_cuda(dev) || dev->cc_major < 9)
 		return 0;
 	/* bulk copies need 16-byte aligned sources */
 	return (((uintptr_t)a->w | (uintptr_t)a->sc) & 15u) == 0;
@@ -171,6 +175,7 @@ static int gemv_usable(const struct radiance__gpu_device *dev, const struct radi
  * (else 2), whose blocks fit one wave; 2 groups per slot, 2 slots. The
  * settings' decode overrides (and args.split) replace any of these.
  */
+#define GV_SLOT_TILE_BYTES 1056u   /* a tile-group in a ring slot: 1 KiB weights, 32 B scales */
 #define GV_DEF_CG 2u
 #define GV_DEF_STAGES 2u
 #define GV_MAX_SPLIT 8u
@@ -180,7 +185,7 @@ static void plan_gemv(const struct radiance__gpu_device *dev, const struct radia
 		      const struct radiance__w4a8_settings *ovr, struct radiance__w4a8_plan *plan)
 {
 	const uint32_t m = a->m, ntiles = ceil_div(a->n, TILE_N), G = a->k / GROUP;
-	const uint32_t tok = m <= 8 ? 8 : 16;
+	const uint32_t tok = m <= 8 ? 8 : m <= 16 ? 16 : m <= 32 ? 32 : 64;
 	const int allow = a->partials && a->counters && a->counters_n >= radiance__w4a8_counters_needed(a->n);
 	const uint32_t sms = dev->sm_count > 0 ? (uint32_t)dev->sm_count : 1u;
 	uint32_t st = ovr->decode_stages ? ovr->decode_stages : GV_DEF_STAGES;
@@ -240,6 +245,12 @@ static void plan_gemv(const struct radiance__gpu_device *dev, const struct radia
 	/* every warp's part of every split's K range non-empty */
 	while (wk > 1 && (uint64_t)wk * S > G)
 		wk /= 2;
+	/* warps splitting K add their fp32 partials ([ntw][tok / 8][4] a lane)
+	 * through their rings: a ring must hold them (64 tokens, 1-slot rings) */
+	const uint32_t ntw_i = gemv_insts[inst].ntw;
+	while (wk > 1 && st < RADIANCE_W4A8_GEMV_MAX_STAGES &&
+	       st * ntw_i * gemv_insts[inst].cg * GV_SLOT_TILE_BYTES < ntw_i * (tok / 8) * 4 * 32 * 4)
+		st++;
 	plan->tok = tok;
 	plan->wk = wk;
 	plan->ntw = gemv_insts[inst].ntw;

@@ -28,8 +28,8 @@ extern "C" {
  * and kernels/w4a8_gemv.hip both expand this list. */
 #define RADIANCE_W4A8_GEMV_INSTANCES(X)                                                            \
 	X(8, 1, 1) X(8, 1, 2) X(8, 1, 4) X(8, 2, 1) X(8, 2, 2) X(8, 4, 1) X(16, 1, 1) X(16, 1, 2)   \
-	X(16, 1, 4) X(16, 2, 1) X(16, 2, 2)
-#define RADIANCE_W4A8_GEMV_NINST 11u
+	X(16, 1, 4) X(16, 2, 1) X(16, 2, 2) X(32, 1, 2) X(32, 2, 2) X(64, 1, 2)
+#define RADIANCE_W4A8_GEMV_NINST 14u
 #define RADIANCE_W4A8_GEMV_MAX_STAGES 8u   /* ring slots per warp, at most */
 #define RADIANCE_W4A8_GEMV_WARPS 4u        /* warps per block of the streaming kernel */
 #define RADIANCE_W4A8_GEMM_WARPS 8u        /* warps per block of the matrix-core kernel */
@@ -87,7 +87,7 @@ struct radiance__w4a8_settings {
 	                              leaves SMs idle), 128 or 96 */
 	/* decode overrides, for measurement and tests: decode_kernel 0 the
 	 * policy, 1 the cp.async-ring kernel, 2 the streaming kernel (sm_90,
-	 * m <= 16) with decode_ntw n-tiles per warp, decode_cg groups per slot
+	 * m <= 16; forced, m <= 64 on path DECODE) with decode_ntw n-tiles per warp, decode_cg groups per slot
 	 * and decode_stages slots (each 0: the policy's) */
 	int decode_kernel;
 	uint32_t decode_ntw, decode_cg, decode_stages;

@@ -412,7 +412,7 @@ static int run_shape(uint32_t n, uint32_t k, const uint32_t *ms, size_t nms, int
 				continue;
 			/* the decode path: the policy's split, then a forced 3-way split,
 			 * then each decode kernel in several of its launch shapes (the
-			 * streaming kernel serves m <= 16: its policy with warps
+			 * streaming kernel serves m <= 16, and m <= 64 when forced: its policy with warps
 			 * splitting K, then one warp per K range (wk 1) and 2 or 4
 			 * warps splitting K (another summation order: against the CPU
 			 * only)); the wgmma path in each of its kernel variants */
@@ -427,7 +427,7 @@ static int run_shape(uint32_t n, uint32_t k, const uint32_t *ms, size_t nms, int
 				{2, 1, 1, 5, 0, 4}, {2, 2, 1, 2, 2, 4}, {2, 1, 4, 3, 1, 4}, {2, 1, 2, 8, 1, 4},
 				{2, 4, 1, 2, 0, 4},
 			};
-			const uint32_t ndec = m <= 16 ? sizeof dec / sizeof dec[0] : 4u;
+			const uint32_t ndec = m <= 64 ? sizeof dec / sizeof dec[0] : 4u;
 			const uint32_t reps = path == RADIANCE_W4A8_DECODE      ? ndec
 					      : path == RADIANCE_W4A8_WGMMA       ? 3u
 					      : path == RADIANCE_W4A8_WGMMA_EXACT ? 2u
@@ -558,7 +558,7 @@ static void test_w4a8_wide(void **state)
 {
 	(void)state;
 	NEED_GPU();
-	static const uint32_t ms[] = {1, 5, 16, 33, 64, 65, 128, 300};
+	static const uint32_t ms[] = {1, 5, 16, 32, 33, 64, 65, 128, 300};
 	assert_int_equal(run_shape(1000, 1152, ms, sizeof ms / sizeof ms[0], 1), 0);
 }
 
@@ -569,7 +569,7 @@ static void test_w4a8_odd_n(void **state)
 	/* N = 100: not a multiple of 8, so every kernel stores y element by
 	 * element at the end of a row (the streaming kernel with 1, 2 and 4
 	 * warps splitting K among them); 6 groups */
-	static const uint32_t ms[] = {1, 3, 8, 13, 16, 33, 65};
+	static const uint32_t ms[] = {1, 3, 8, 13, 16, 17, 32, 33, 65};
 	assert_int_equal(run_shape(100, 768, ms, sizeof ms / sizeof ms[0], 1), 0);
 }
 
@@ -849,16 +849,16 @@ static int y_rows_run(const struct radiance__w4a8_args *plain, const uint16_t *y
  * to write several requests' y in place) on every path that takes them:
  * decode with the policy's split, a forced split (the last-block fixup),
  * the cp.async-ring kernel, the streaming kernel in several shapes (m <=
- * 16), tiled, portable and (sm_90a) the f16 wgmma kernel with the policy's
+ * 64), tiled, portable and (sm_90a) the f16 wgmma kernel with the policy's
  * split and a forced one. Each run bit for bit against the same plan with
  * plain y, whose result is against the CPU reference and the contract's
  * bound; n = 200 leaves a half tile and no 16-byte piece past the last
  * whole one, n = 100 (n % 8 != 0) takes the 2-byte stores. */
 static int y_rows_shape(uint32_t n, uint32_t k)
 {
-	static const uint32_t ms[] = {1, 3, 8, 16, 40};
-	static const uint32_t parts[][4] = {{1}, {1, 2}, {1, 3, 4}, {5, 1, 10}, {1, 7, 2, 30}};
-	static const uint32_t nparts[] = {1, 2, 3, 3, 4};
+	static const uint32_t ms[] = {1, 3, 8, 16, 24, 40};
+	static const uint32_t parts[][4] = {{1}, {1, 2}, {1, 3, 4}, {5, 1, 10}, {4, 20}, {1, 7, 2, 30}};
+	static const uint32_t nparts[] = {1, 2, 3, 3, 2, 4};
 	static const struct {
 		enum radiance__w4a8_path path;
 		int kernel;
@@ -899,7 +899,7 @@ static int y_rows_shape(uint32_t n, uint32_t k)
 		for (size_t ci = 0; ci < sizeof cfg / sizeof cfg[0]; ci++) {
 			if (cfg[ci].path != RADIANCE_W4A8_PORTABLE && !dev.fp8_mma)
 				continue;
-			if (cfg[ci].kernel == 2 && m > 16)
+			if (cfg[ci].kernel == 2 && m > 64)
 				continue;
 			if (cfg[ci].path == RADIANCE_W4A8_WGMMA_EXACT && (!dev.wgmma || k % 128))
 				continue;

@@ -32,9 +32,9 @@
 /* Registers per thread of each streaming-kernel instance, in the order of
  * RADIANCE_W4A8_GEMV_INSTANCES, as ptxas reported them for sm_90a (nvcc
  * 13.0, kernels/w4a8_gemv.hip; tools/gpu-compile-check.sh prints them). */
-static const unsigned gemv_regs[RADIANCE_W4A8_GEMV_NINST] = {71, 68, 70, 90, 92, 112, 102, 104, 106, 120, 122};
-static const unsigned gemv_ntw[RADIANCE_W4A8_GEMV_NINST] = {1, 1, 1, 2, 2, 4, 1, 1, 1, 2, 2};
-static const unsigned gemv_cg[RADIANCE_W4A8_GEMV_NINST] = {1, 2, 4, 1, 2, 1, 1, 2, 4, 1, 2};
+static const unsigned gemv_regs[RADIANCE_W4A8_GEMV_NINST] = {71, 68, 70, 90, 92, 112, 102, 104, 106, 120, 122, 150, 190, 252};
+static const unsigned gemv_ntw[RADIANCE_W4A8_GEMV_NINST] = {1, 1, 1, 2, 2, 4, 1, 1, 1, 2, 2, 1, 2, 1};
+static const unsigned gemv_cg[RADIANCE_W4A8_GEMV_NINST] = {1, 2, 4, 1, 2, 1, 1, 2, 4, 1, 2, 2, 2, 2};
 
 /* sm_90 occupancy as the CUDA occupancy calculator computes it: registers
  * in units of 256 per warp, 65536 per SM; 228 KiB shared memory per SM, 1 KiB
@@ -365,6 +365,8 @@ static void h200_minilm(void **state)
 	expect(&d, &a, "gemv t8 n1 c2 q2 s1 w2");
 	a = args(32, 384, 384);
 	expect(&d, &a, "decode t32 wk1 s1");
+	a = args(33, 384, 384);
+	expect(&d, &a, "wgmma-exact t64 s1");
 	struct radiance__w4a8_plan p;
 	for (int i = 0; i < 2; i++) {
 		a = args(512, i ? 1536 : 384, 384);
@@ -463,6 +465,33 @@ static void overrides(void **state)
 	expect(&d, &a, "gemv t8 n1 c2 q2 s2 w2");
 	a.split = 5;
 	expect(&d, &a, "gemv t8 n1 c2 q2 s5");
+	/* 64-token streaming launches only when forced, on the decode path
+	 * (AUTO keeps the f16 wgmma kernel at m = 33..64) */
+	const struct radiance__w4a8_settings k2 = {.decode_kernel = 2};
+	a = args(64, 16384, 5120);
+	a.settings = &k2;
+	expect(&d, &a, "wgmma-exact t64 s1");
+	a.path = RADIANCE_W4A8_DECODE;
+	assert_int_equal(radiance__w4a8_plan(&d, &a, &p), 0);
+	assert_int_equal(p.tok, 64);
+	assert_int_equal(p.ntw, 1);
+	/* warps splitting K add 64 tokens' partials (4 KiB a warp) through
+	 * their rings: a 1-slot ring of 2-group slots (2112 B) is made 2 */
+	const struct radiance__w4a8_settings k2s1 = {.decode_kernel = 2, .decode_stages = 1, .decode_wk = 4};
+	a.settings = &k2s1;
+	expect(&d, &a, "gemv t64 n1 c2 q2 s1 w4");
+	a = args(32, 16384, 5120);
+	a.settings = &k2s1;
+	expect(&d, &a, "gemv t32 n2 c2 q1 s1 w4");   /* 4 KiB of 4224 B: kept */
+	a = args(64, 16384, 5120);
+	a.path = RADIANCE_W4A8_DECODE;
+	a.settings = NULL;
+	assert_int_equal(radiance__w4a8_plan(&d, &a, &p), 0);
+	assert_int_equal(p.ntw, 0);   /* the cp.async-ring kernel */
+	a = args(65, 16384, 5120);
+	a.path = RADIANCE_W4A8_DECODE;
+	a.settings = &k2;
+	expect(&d, &a, "tiled t64 wk1 s1");
 	/* a forced split on the matrix-core kernel, even below 4 groups a warp */
 	a = args(33, 200, 640);
 	a.split = 3;
@@ -600,7 +629,7 @@ static void invariants(void **state)
 						assert_true(G / (p.wk * p.split) >= 4);
 					assert_true(p.wk * p.split <= G);
 					if (p.ntw) {
-						assert_true(m <= 16);
+						assert_true(m <= 16 && p.tok >= m && p.tok <= 16);
 						assert_true(p.stages >= 1 && p.stages <= RADIANCE_W4A8_GEMV_MAX_STAGES);
 					} else if (p.path == RADIANCE_W4A8_WGMMA_EXACT) {
 						assert_int_equal(p.tok, m <= 64 ? 64 : 128);
