@@ -388,15 +388,21 @@ static void run_sweep(struct ctx *c, FILE *csv)
 	struct radiance__w4a8_plan plan;
 	char ps[48];
 	const double p1 = time_us(run_probe, c);
+	/* "old": the cp.async-ring kernel, on the decode path (above 32 rows
+	 * AUTO is the f16 wgmma kernel) over codes in the natural order */
 	c->set = (struct radiance__w4a8_settings){.decode_kernel = 1};
+	c->path = RADIANCE_W4A8_DECODE;
 	a = args_for(c, 0);
 	radiance__w4a8_plan(&dev, &a, &plan);
+	GCHECK(radiance__gpu_quant(c->x, RADIANCE_DTYPE_BF16, c->m, c->k, plan.order, c->codes, c->s, stream));
 	radiance__w4a8_plan_format(ps, sizeof ps, &plan);
 	const double t_old = time_us(run_gemm, c);
 	fprintf(csv, "%u,%u,%u,%s,%.3f\n", c->n, c->k, c->m, ps, t_old);
 	c->set = (struct radiance__w4a8_settings){0};
+	c->path = RADIANCE_W4A8_AUTO;
 	a = args_for(c, 0);
 	radiance__w4a8_plan(&dev, &a, &plan);
+	GCHECK(radiance__gpu_quant(c->x, RADIANCE_DTYPE_BF16, c->m, c->k, plan.order, c->codes, c->s, stream));
 	char pol[48];
 	radiance__w4a8_plan_format(pol, sizeof pol, &plan);
 	const double t_pol = time_us(run_gemm, c);
@@ -405,13 +411,11 @@ static void run_sweep(struct ctx *c, FILE *csv)
 	static const uint32_t ntwcg[][2] = {{1, 2}, {1, 4}, {2, 1}, {2, 2}};
 	const uint32_t G = c->k / 128;
 	double best = 1e30;
-	/* above 32 rows the streaming kernel runs only forced, on the decode
-	 * path, over codes in the natural order (the policy's may be WGMMA's) */
-	if (c->m > 32) {
-		c->path = RADIANCE_W4A8_DECODE;
-		GCHECK(radiance__gpu_quant(c->x, RADIANCE_DTYPE_BF16, c->m, c->k, RADIANCE_CODES_NATURAL, c->codes,
-					  c->s, stream));
-	}
+	/* the streaming kernel forced, on the decode path (above 32 rows AUTO
+	 * is the f16 wgmma kernel), over codes in the natural order */
+	c->path = RADIANCE_W4A8_DECODE;
+	GCHECK(radiance__gpu_quant(c->x, RADIANCE_DTYPE_BF16, c->m, c->k, RADIANCE_CODES_NATURAL, c->codes, c->s,
+				  stream));
 	char bs[48] = "";
 	for (uint32_t wk = 1; wk <= 4; wk *= 2)
 	for (size_t ni = 0; ni < sizeof ntwcg / sizeof ntwcg[0]; ni++)

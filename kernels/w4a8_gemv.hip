@@ -114,6 +114,9 @@ __global__ void __launch_bounds__(GV_THREADS, GV_MINB(TOK, NTW)) rad_w4a8_gemv(g
 	constexpr int NT = TOK / 8;                 /* 8-token tiles */
 	constexpr uint32_t GV_TILES = NTW * CG;      /* tile-groups per slot */
 	constexpr uint32_t SLOT = GV_SLOT(NTW, CG);
+	/* y staged through a column's first warp's ring ([TOK][NTW x 16] bf16),
+	 * which has at least one slot */
+	static_assert(TOK * NTW * RAD_TILE_N * 2 <= SLOT, "y staging must fit one ring slot");
 	constexpr int CH = NT * NTW >= 4 ? 1 : 2;    /* MMA chains per (tile, token tile) */
 	extern __shared__ __align__(16) uint8_t dsmem[];
 	__shared__ uint32_t last_block;

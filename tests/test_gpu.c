@@ -425,9 +425,9 @@ static int run_shape(uint32_t n, uint32_t k, const uint32_t *ms, size_t nms, int
 				{2, 2, 2, 1, 0, 1}, {2, 4, 1, 3, 1, 1}, {2, 2, 2, 8, 3, 1}, {2, 1, 1, 5, 7, 1},
 				{2, 1, 2, 2, 1, 2}, {2, 1, 2, 2, 3, 4}, {2, 2, 2, 2, 0, 2}, {2, 4, 1, 3, 2, 2},
 				{2, 1, 1, 5, 0, 4}, {2, 2, 1, 2, 2, 4}, {2, 1, 4, 3, 1, 4}, {2, 1, 2, 8, 1, 4},
-				{2, 4, 1, 2, 0, 4},
+				{2, 4, 1, 2, 0, 4}, {2, 1, 2, 1, 0, 1}, {2, 1, 2, 1, 0, 4},
 			};
-			const uint32_t ndec = m <= 64 ? sizeof dec / sizeof dec[0] : 4u;
+			const uint32_t ndec = sizeof dec / sizeof dec[0];   /* m <= 64 here */
 			const uint32_t reps = path == RADIANCE_W4A8_DECODE      ? ndec
 					      : path == RADIANCE_W4A8_WGMMA       ? 3u
 					      : path == RADIANCE_W4A8_WGMMA_EXACT ? 2u

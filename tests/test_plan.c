@@ -643,10 +643,59 @@ static void invariants(void **state)
 	assert_int_equal(plans, 2 * 9 * 6 * 16);
 }
 
+/* Forced streaming launches (decode_kernel 2, path DECODE; test_gpu and the
+ * bench's band columns and sweep) at m = 1..64 over many shapes and
+ * overrides: the smallest token tile that holds m, and every plan one the
+ * launch takes (a warp's ring holds the partials warps splitting K add). */
+static void forced_streaming(void **state)
+{
+	(void)state;
+	const struct radiance__gpu_device d = h200();
+	static const uint32_t ns[] = {16, 100, 1000, 5120, 16384, 34816};
+	static const uint32_t ks[] = {128, 768, 1152, 5120, 17408};
+	static const uint32_t ms[] = {1, 8, 9, 16, 17, 24, 32, 33, 48, 64};
+	static const uint32_t ovr[][4] = {   /* ntw, cg, stages, wk; 0: the policy's */
+		{0, 0, 0, 0}, {1, 1, 1, 1}, {1, 2, 1, 4}, {2, 2, 1, 2}, {4, 1, 3, 4}, {1, 4, 8, 4}, {2, 1, 2, 0},
+	};
+	size_t plans = 0;
+	for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++)
+		for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++)
+			for (size_t mi = 0; mi < sizeof ms / sizeof ms[0]; mi++)
+				for (size_t oi = 0; oi < sizeof ovr / sizeof ovr[0]; oi++)
+					for (uint32_t split = 0; split <= 3; split += 3) {
+						const uint32_t n = ns[ni], k = ks[ki], m = ms[mi], G = k / 128;
+						const struct radiance__w4a8_settings st = {
+							.decode_kernel = 2, .decode_ntw = ovr[oi][0], .decode_cg = ovr[oi][1],
+							.decode_stages = ovr[oi][2], .decode_wk = ovr[oi][3]};
+						struct radiance__w4a8_args a = args(m, n, k);
+						a.partials_bytes = radiance__w4a8_partials_bytes(64, n);
+						a.path = RADIANCE_W4A8_DECODE;
+						a.split = split;
+						a.settings = &st;
+						struct radiance__w4a8_plan p;
+						assert_int_equal(radiance__w4a8_plan(&d, &a, &p), 0);
+						plans++;
+						assert_int_equal(p.path, RADIANCE_W4A8_DECODE);
+						assert_true(p.ntw >= 1);
+						assert_int_equal(p.tok, m <= 8 ? 8u : m <= 16 ? 16u : m <= 32 ? 32u : 64u);
+						assert_true(p.stages >= 1 && p.stages <= RADIANCE_W4A8_GEMV_MAX_STAGES);
+						assert_true(p.wk == 1 || p.wk == 2 || p.wk == 4);
+						/* warps splitting K each keep a part of every split
+						 * (at wk 1 a forced split may leave one empty) */
+						assert_true(p.wk == 1 || p.wk * p.split <= G);
+						if (p.split > 1)
+							assert_true((uint64_t)p.split * m * n * 4 <= a.partials_bytes);
+						if (p.wk > 1)
+							assert_true(p.stages * p.ntw * p.cg * 1056u >= p.ntw * (p.tok / 8) * 512u);
+					}
+	assert_int_equal(plans, 6 * 5 * 10 * 7 * 2);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(h200_27b_shapes),
+		cmocka_unit_test(forced_streaming),
 		cmocka_unit_test(h200_fast_prefill),
 		cmocka_unit_test(prefill_choice),
 		cmocka_unit_test(fused_quant),
