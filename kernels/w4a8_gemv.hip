@@ -38,6 +38,7 @@
 #define GV_MAX_STAGES RADIANCE_W4A8_GEMV_MAX_STAGES
 #define GV_BAR_BYTES (GV_WARPS * GV_MAX_STAGES * 8)
 #define GV_SLOT(NTW, CG) ((uint32_t)(NTW) * (CG) * (RAD_TILE_BYTES + RAD_SCALE_BYTES))
+static_assert(GV_SLOT(1, 1) == RADIANCE_W4A8_GEMV_SLOT_BYTES(1, 1), "w4a8_plan.h's ring slot size");
 /* resident blocks asked of the register allocator: 7 for the 8-token,
  * one-tile instances (72 registers), 2 for 8 MMA chains (32 tokens and two
  * tiles, 64 tokens and one: their accumulators and two sets of activation
@@ -560,7 +561,7 @@ int radiance__w4a8_gemv_launch(const gemm_params &p, const struct radiance__w4a8
 	    GV_WARPS % wk || (wk > 1 && (plan.fused || (uint64_t)wk * plan.split > p.groups)))
 		return -EINVAL;
 	/* wk > 1: a warp's ring holds its fp32 partials for the column's sum */
-	if (wk > 1 && plan.stages * GV_SLOT(plan.ntw, plan.cg) < plan.ntw * (plan.tok / 8) * 4u * 32u * 4u)
+	if (wk > 1 && !RADIANCE_W4A8_GEMV_RING_HOLDS_PARTIALS(plan.ntw, plan.cg, plan.tok, plan.stages))
 		return -EINVAL;
 	(plan.fused ? gemv_insts[i].launch_fused : gemv_insts[i].launch)(
 		p, dim3(ceil_div(p.ntiles, GV_WARPS / wk * plan.ntw), plan.split, 1), plan.stages, wk, (hipStream_t)stream,

@@ -175,7 +175,6 @@ static int gemv_usable(const struct radiance__gpu_device *dev, const struct radi
  * (else 2), whose blocks fit one wave; 2 groups per slot, 2 slots. The
  * settings' decode overrides (and args.split) replace any of these.
  */
-#define GV_SLOT_TILE_BYTES 1056u   /* a tile-group in a ring slot: 1 KiB weights, 32 B scales */
 #define GV_DEF_CG 2u
 #define GV_DEF_STAGES 2u
 #define GV_MAX_SPLIT 8u
@@ -245,11 +244,10 @@ static void plan_gemv(const struct radiance__gpu_device *dev, const struct radia
 	/* every warp's part of every split's K range non-empty */
 	while (wk > 1 && (uint64_t)wk * S > G)
 		wk /= 2;
-	/* warps splitting K add their fp32 partials ([ntw][tok / 8][4] a lane)
-	 * through their rings: a ring must hold them (64 tokens, 1-slot rings) */
-	const uint32_t ntw_i = gemv_insts[inst].ntw;
+	/* warps splitting K add their partials through their rings (64
+	 * tokens with 1-slot rings need a second slot) */
 	while (wk > 1 && st < RADIANCE_W4A8_GEMV_MAX_STAGES &&
-	       st * ntw_i * gemv_insts[inst].cg * GV_SLOT_TILE_BYTES < ntw_i * (tok / 8) * 4 * 32 * 4)
+	       !RADIANCE_W4A8_GEMV_RING_HOLDS_PARTIALS(gemv_insts[inst].ntw, gemv_insts[inst].cg, tok, st))
 		st++;
 	plan->tok = tok;
 	plan->wk = wk;

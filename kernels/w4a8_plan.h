@@ -32,6 +32,15 @@ extern "C" {
 #define RADIANCE_W4A8_GEMV_NINST 14u
 #define RADIANCE_W4A8_GEMV_MAX_STAGES 8u   /* ring slots per warp, at most */
 #define RADIANCE_W4A8_GEMV_WARPS 4u        /* warps per block of the streaming kernel */
+/* A streaming-kernel ring slot holds ntw x cg tile-groups of 1 KiB weights
+ * and 32 B scales. Warps splitting K (wk > 1) add their fp32 partials,
+ * [ntw][tok / 8][4] a lane, through their rings: a plan of wk > 1 needs
+ * stages slots that hold them (the planner adds slots, the launch refuses
+ * a plan without). */
+#define RADIANCE_W4A8_GEMV_SLOT_BYTES(ntw, cg) ((uint32_t)(ntw) * (cg) * 1056u)
+#define RADIANCE_W4A8_GEMV_PARTIAL_BYTES(ntw, tok) ((uint32_t)(ntw) * ((tok) / 8u) * 4u * 32u * 4u)
+#define RADIANCE_W4A8_GEMV_RING_HOLDS_PARTIALS(ntw, cg, tok, stages) \
+	((uint32_t)(stages) * RADIANCE_W4A8_GEMV_SLOT_BYTES(ntw, cg) >= RADIANCE_W4A8_GEMV_PARTIAL_BYTES(ntw, tok))
 #define RADIANCE_W4A8_GEMM_WARPS 8u        /* warps per block of the matrix-core kernel */
 
 struct radiance__gpu_device {
